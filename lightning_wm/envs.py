@@ -1,0 +1,223 @@
+"""Gymnasium environments: one factory for single and vector envs, and the :class:`EnvSpec`
+that models are built from.
+
+Pixel observations are ``uint8 [H, W, C]`` (``C`` = 3, or 1 with ``grayscale``). Vector
+envs use gymnasium's *next-step* autoreset: the step after an episode ends returns the first
+observation of the next one with reward 0 and ignores the action, which is exactly the row
+convention of the replay data (``is_first`` rows carry reward 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import gymnasium as gym
+import numpy as np
+
+PIXEL_KEY = "pixels"
+_ATARI_REGISTERED = False
+
+
+@dataclass
+class EnvConfig:
+    """What environment to build.
+
+    Args:
+        id: gymnasium id, e.g. ``CartPole-v1``, ``Pendulum-v1``, ``CarRacing-v3``, ``ALE/Pong-v5``.
+        num_envs: envs stepped together by a vector env.
+        seed: seed of the first env; env ``i`` gets ``seed + i``.
+        pixels: observe rendered frames instead of the state vector (classic control);
+            envs whose observations are already images are resized either way.
+        size: frame size ``(height, width)`` for image observations.
+        grayscale: single-channel frames.
+        action_repeat: repeat each action this many times, summing rewards.
+        max_episode_steps: truncate episodes after this many (agent) steps.
+        vectorization: ``sync`` (one process) or ``async`` (one process per env).
+        kwargs: extra keyword arguments for ``gym.make``.
+    """
+
+    id: str = "CartPole-v1"
+    num_envs: int = 1
+    seed: int = 0
+    pixels: bool = False
+    size: tuple[int, int] = (64, 64)
+    grayscale: bool = False
+    action_repeat: int = 1
+    max_episode_steps: int | None = None
+    vectorization: Literal["sync", "async"] = "sync"
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """Spaces of *one* env (not batched), what a model needs to build itself."""
+
+    observation_space: gym.spaces.Box
+    action_space: gym.spaces.Space
+    env_id: str = ""
+
+    @property
+    def discrete(self) -> bool:
+        return isinstance(self.action_space, gym.spaces.Discrete)
+
+    @property
+    def action_dim(self) -> int:
+        """Number of actions (discrete) or action vector size (continuous)."""
+        if self.discrete:
+            return int(self.action_space.n)
+        return int(np.prod(self.action_space.shape))
+
+    @property
+    def obs_shape(self) -> tuple[int, ...]:
+        return tuple(self.observation_space.shape)
+
+    @property
+    def is_pixels(self) -> bool:
+        """Observations are ``uint8 [H, W, C]`` images."""
+        return self.observation_space.dtype == np.uint8 and len(self.obs_shape) == 3
+
+    @property
+    def action_low(self) -> np.ndarray:
+        return np.asarray(self.action_space.low, dtype=np.float32)
+
+    @property
+    def action_high(self) -> np.ndarray:
+        return np.asarray(self.action_space.high, dtype=np.float32)
+
+
+class EnvError(ValueError):
+    """An environment that cannot be built or is not supported."""
+
+
+def _register_atari() -> None:
+    global _ATARI_REGISTERED
+    if not _ATARI_REGISTERED:
+        try:
+            import ale_py
+
+            gym.register_envs(ale_py)
+        except ImportError:  # pragma: no cover - ale-py is a dependency
+            pass
+        _ATARI_REGISTERED = True
+
+
+def _resize(frame: np.ndarray, size: tuple[int, int], grayscale: bool) -> np.ndarray:
+    from PIL import Image
+
+    image = Image.fromarray(frame)
+    if grayscale:
+        image = image.convert("L")
+    if image.size != (size[1], size[0]):
+        image = image.resize((size[1], size[0]), Image.BILINEAR)
+    out = np.asarray(image, dtype=np.uint8)
+    return out[..., None] if out.ndim == 2 else out
+
+
+class PixelObservation(gym.ObservationWrapper):
+    """Observations become ``uint8 [H, W, C]`` frames: the env's rendering (``render=True``)
+    or its own image observation, resized (and converted to grayscale) with PIL."""
+
+    def __init__(self, env: gym.Env, size: tuple[int, int], grayscale: bool, render: bool) -> None:
+        super().__init__(env)
+        self.size, self.grayscale, self.render_frames = tuple(size), grayscale, render
+        channels = 1 if grayscale else 3
+        self.observation_space = gym.spaces.Box(0, 255, (*self.size, channels), np.uint8)
+
+    def observation(self, observation: Any) -> np.ndarray:
+        frame = self.env.render() if self.render_frames else observation
+        return _resize(np.asarray(frame), self.size, self.grayscale)
+
+
+class ActionRepeat(gym.Wrapper):
+    """Repeat an action ``repeat`` times (stopping at episode end), summing the rewards."""
+
+    def __init__(self, env: gym.Env, repeat: int) -> None:
+        super().__init__(env)
+        self.repeat = repeat
+
+    def step(self, action: Any):
+        total = 0.0
+        for _ in range(self.repeat):
+            obs, reward, terminated, truncated, info = self.env.step(action)
+            total += float(reward)
+            if terminated or truncated:
+                break
+        return obs, total, terminated, truncated, info
+
+
+def _check_spaces(env: gym.Env, env_id: str) -> None:
+    obs, act = env.observation_space, env.action_space
+    if not isinstance(obs, gym.spaces.Box):
+        raise EnvError(
+            f"{env_id}: observation space {obs} is not supported; lightning_wm supports Box "
+            "observations (float vectors or uint8 images)"
+        )
+    if not isinstance(act, (gym.spaces.Discrete, gym.spaces.Box)):
+        raise EnvError(
+            f"{env_id}: action space {act} is not supported; lightning_wm supports Discrete "
+            "and Box actions"
+        )
+    if isinstance(act, gym.spaces.Box) and not np.all(np.isfinite(act.low) & np.isfinite(act.high)):
+        raise EnvError(f"{env_id}: continuous actions need finite bounds, got {act}")
+
+
+def make_env(config: EnvConfig, render_mode: str | None = None) -> gym.Env:
+    """Build one env with the configured wrappers.
+
+    Raises:
+        EnvError: the id is unknown or its spaces are not supported.
+    """
+    if config.id.startswith("ALE/") or "NoFrameskip" in config.id:
+        _register_atari()
+    if config.action_repeat < 1:
+        raise EnvError(f"action_repeat must be >= 1, got {config.action_repeat}")
+    kwargs = dict(config.kwargs)
+    if config.pixels:
+        render_mode = "rgb_array"
+    if render_mode is not None:
+        kwargs["render_mode"] = render_mode
+    try:
+        env = gym.make(config.id, **kwargs)
+    except gym.error.Error as err:
+        known = sorted(k for k in gym.registry if "/" not in k or k.startswith("ALE/"))
+        hint = ", ".join(k for k in known if config.id.split("-")[0].lower() in k.lower())[:300]
+        raise EnvError(
+            f"unknown or unbuildable env id {config.id!r} ({err}). "
+            f"Use a registered gymnasium id such as CartPole-v1, Pendulum-v1, CarRacing-v3 or "
+            f"ALE/Pong-v5{'; close matches: ' + hint if hint else ''}"
+        ) from None
+    if config.action_repeat > 1:
+        env = ActionRepeat(env, config.action_repeat)
+    if config.max_episode_steps is not None:
+        env = gym.wrappers.TimeLimit(env, config.max_episode_steps)
+    is_image = isinstance(env.observation_space, gym.spaces.Box) and len(env.observation_space.shape) == 3
+    if config.pixels or is_image:
+        env = PixelObservation(env, config.size, config.grayscale, render=config.pixels and not is_image)
+    _check_spaces(env, config.id)
+    return env
+
+
+def make_vector_env(config: EnvConfig) -> gym.vector.VectorEnv:
+    """``config.num_envs`` envs with next-step autoreset, env ``i`` seeded ``seed + i``
+    on its first reset (done by the caller: ``env.reset(seed=config.seed)``)."""
+    fns = [lambda: make_env(config) for _ in range(config.num_envs)]
+    kwargs = dict(autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
+    if config.vectorization == "async":
+        return gym.vector.AsyncVectorEnv(fns, **kwargs)
+    if config.vectorization != "sync":
+        raise EnvError(f"vectorization must be 'sync' or 'async', got {config.vectorization!r}")
+    return gym.vector.SyncVectorEnv(fns, **kwargs)
+
+
+_SPEC_CACHE: dict[str, EnvSpec] = {}
+
+
+def env_spec(config: EnvConfig) -> EnvSpec:
+    """The spaces of one env of ``config`` (builds and closes one env; cached)."""
+    key = repr((config.id, config.pixels, tuple(config.size), config.grayscale, sorted(config.kwargs.items())))
+    if key not in _SPEC_CACHE:
+        env = make_env(config)
+        _SPEC_CACHE[key] = EnvSpec(env.observation_space, env.action_space, config.id)
+        env.close()
+    return _SPEC_CACHE[key]

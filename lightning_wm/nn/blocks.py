@@ -1,0 +1,161 @@
+"""Network building blocks shared by the agent families.
+
+Pixel tensors follow the row convention: observations are stored ``uint8 [..., H, W, C]``;
+:func:`preprocess_pixels` turns them into ``float [..., C, H, W]`` in ``[-0.5, 0.5]``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+from torch import Tensor, nn
+
+
+def activation(name: str) -> type[nn.Module]:
+    """Look up an activation class by its lower-case name (``silu``, ``elu``, ``relu``, ``tanh``)."""
+    table = {"silu": nn.SiLU, "elu": nn.ELU, "relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU}
+    if name.lower() not in table:
+        raise ValueError(f"unknown activation {name!r}; choose one of {sorted(table)}")
+    return table[name.lower()]
+
+
+def preprocess_pixels(obs: Tensor) -> Tensor:
+    """``uint8 [..., H, W, C]`` -> ``float32 [..., C, H, W]`` in ``[-0.5, 0.5]``."""
+    return obs.movedim(-1, -3).float().div_(255.0).sub_(0.5)
+
+
+def postprocess_pixels(image: Tensor) -> Tensor:
+    """Inverse of :func:`preprocess_pixels`: ``[..., C, H, W]`` -> ``uint8 [..., H, W, C]``."""
+    return ((image + 0.5).clamp(0, 1) * 255).round().to(torch.uint8).movedim(-3, -1)
+
+
+class MLP(nn.Sequential):
+    """``[..., in_dim] -> [..., out_dim]``: ``layers`` hidden layers of ``hidden`` units.
+
+    Each hidden layer is Linear -> (LayerNorm) -> activation. ``out_dim=None`` ends on the
+    last hidden layer. ``zero_init_output`` zeroes the output layer (DreamerV3 reward/critic).
+    """
+
+    def __init__(
+        self,
+        in_dim: int,
+        out_dim: int | None,
+        hidden: int = 256,
+        layers: int = 2,
+        act: str = "silu",
+        norm: bool = True,
+        zero_init_output: bool = False,
+    ) -> None:
+        modules: list[nn.Module] = []
+        dim = in_dim
+        for _ in range(layers):
+            modules.append(nn.Linear(dim, hidden, bias=not norm))
+            if norm:
+                modules.append(nn.LayerNorm(hidden, eps=1e-3))
+            modules.append(activation(act)())
+            dim = hidden
+        if out_dim is not None:
+            out = nn.Linear(dim, out_dim)
+            if zero_init_output:
+                nn.init.zeros_(out.weight)
+                nn.init.zeros_(out.bias)
+            modules.append(out)
+            dim = out_dim
+        super().__init__(*modules)
+        self.out_dim = dim
+
+
+class ChannelNorm(nn.Module):
+    """LayerNorm over the channel axis of ``[N, C, H, W]``."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(channels, eps=1e-3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+class ConvEncoder(nn.Module):
+    """Strided conv stack, kernel 4 stride 2 (World Models / Dreamer).
+
+    ``[..., C, H, W]`` float -> ``[..., out_dim]``. With ``depth=32, stages=4`` the channels
+    are 32-64-128-256 as in the World Models VAE; a 64x64 input gives 256x2x2 = 1024 features
+    without padding (``padding=0``, the papers' layout) or 256x4x4 with ``padding=1``.
+    """
+
+    def __init__(
+        self,
+        in_channels: int = 3,
+        image_size: int = 64,
+        depth: int = 32,
+        stages: int = 4,
+        act: str = "relu",
+        norm: bool = False,
+        padding: int = 0,
+    ) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        channels, size = in_channels, image_size
+        for i in range(stages):
+            out_ch = depth * 2**i
+            layers.append(nn.Conv2d(channels, out_ch, 4, 2, padding=padding, bias=not norm))
+            if norm:
+                layers.append(ChannelNorm(out_ch))
+            layers.append(activation(act)())
+            channels = out_ch
+            size = (size + 2 * padding - 4) // 2 + 1
+        self.net = nn.Sequential(*layers)
+        self.out_shape = (channels, size, size)
+        self.out_dim = channels * size * size
+
+    def forward(self, x: Tensor) -> Tensor:
+        batch = x.shape[:-3]
+        y = self.net(x.reshape(-1, *x.shape[-3:]))
+        return y.reshape(*batch, -1)
+
+
+class ConvDecoder(nn.Module):
+    """Transposed-conv stack mirroring :class:`ConvEncoder`: ``[..., in_dim] -> [..., C, 64, 64]``.
+
+    The World Models layout: a linear layer to ``depth*32`` features seen as a 1x1 image, then
+    transposed convs with kernels 5, 5, 6, 6 (stride 2) giving 5, 13, 30, 64 pixels.
+    """
+
+    def __init__(
+        self,
+        in_dim: int,
+        out_channels: int = 3,
+        depth: int = 32,
+        act: str = "relu",
+        norm: bool = False,
+        image_size: int = 64,
+    ) -> None:
+        super().__init__()
+        if image_size != 64:
+            raise ValueError(f"ConvDecoder produces 64x64 images; got image_size={image_size}")
+        self.depth = depth
+        self.linear = nn.Linear(in_dim, depth * 32)
+        chans = [depth * 32, depth * 4, depth * 2, depth]
+        kernels = [5, 5, 6]
+        layers: list[nn.Module] = []
+        for cin, cout, k in zip(chans[:-1], chans[1:], kernels):
+            layers.append(nn.ConvTranspose2d(cin, cout, k, 2, bias=not norm))
+            if norm:
+                layers.append(ChannelNorm(cout))
+            layers.append(activation(act)())
+        layers.append(nn.ConvTranspose2d(chans[-1], out_channels, 6, 2))
+        self.net = nn.Sequential(*layers)
+        self.out_shape = (out_channels, image_size, image_size)
+
+    def forward(self, x: Tensor) -> Tensor:
+        batch = x.shape[:-1]
+        y = self.linear(x.reshape(-1, x.shape[-1])).reshape(-1, self.depth * 32, 1, 1)
+        return self.net(y).reshape(*batch, *self.out_shape)
+
+
+def flat_size(shape: Sequence[int]) -> int:
+    """Number of elements of one item of ``shape``."""
+    return int(math.prod(shape))

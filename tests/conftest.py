@@ -1,0 +1,16 @@
+"""Test setup: tiny networks run fastest on one thread on this 2-core machine."""
+
+import os
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp_cwd(tmp_path, monkeypatch):
+    """Every test runs in its own temporary working directory (lightning_logs/ lands there)."""
+    monkeypatch.chdir(tmp_path)
+    yield

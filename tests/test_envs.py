@@ -1,0 +1,87 @@
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from lightning_wm.envs import EnvConfig, EnvError, env_spec, make_env, make_vector_env
+
+
+@pytest.mark.parametrize(
+    "config, shape, dtype, discrete",
+    [
+        (EnvConfig("CartPole-v1"), (4,), np.float32, True),
+        (EnvConfig("CartPole-v1", pixels=True), (64, 64, 3), np.uint8, True),
+        (EnvConfig("CartPole-v1", pixels=True, size=(32, 48), grayscale=True), (32, 48, 1), np.uint8, True),
+        (EnvConfig("Pendulum-v1"), (3,), np.float32, False),
+        (EnvConfig("CarRacing-v3"), (64, 64, 3), np.uint8, False),
+        (EnvConfig("ALE/Pong-v5"), (64, 64, 3), np.uint8, True),
+    ],
+    ids=["cartpole", "cartpole-pixels", "cartpole-gray", "pendulum", "carracing", "pong"],
+)
+def test_each_env_builds_and_steps(config, shape, dtype, discrete):
+    spec = env_spec(config)
+    assert spec.obs_shape == shape and spec.discrete == discrete
+    env = make_env(config)
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == shape and obs.dtype == dtype
+    for _ in range(3):
+        obs, reward, terminated, truncated, _ = env.step(env.action_space.sample())
+        assert obs.shape == shape and obs.dtype == dtype
+        assert np.isfinite(reward)
+    env.close()
+
+
+def test_pixel_frames_show_the_pole_moving():
+    env = make_env(EnvConfig("CartPole-v1", pixels=True))
+    first, _ = env.reset(seed=0)
+    for _ in range(8):
+        obs, *_ = env.step(1)
+    assert first.std() > 0, "frame is blank"
+    assert np.abs(obs.astype(int) - first.astype(int)).sum() > 0
+    env.close()
+
+
+def test_vector_env_seeds_and_next_step_autoreset():
+    env = make_vector_env(EnvConfig("CartPole-v1", num_envs=3))
+    obs, _ = env.reset(seed=5)
+    again = make_vector_env(EnvConfig("CartPole-v1", num_envs=3))
+    obs2, _ = again.reset(seed=5)
+    np.testing.assert_array_equal(obs, obs2)
+    assert not np.allclose(obs[0], obs[1])
+    done_seen = False
+    for _ in range(200):
+        obs, reward, terminated, truncated, _ = env.step(np.zeros(3, np.int64))
+        if done_seen:
+            # the step after an episode end is a reset: reward 0, not done
+            assert reward[i] == 0 and not terminated[i]
+            break
+        if (terminated | truncated).any():
+            i = int(np.flatnonzero(terminated | truncated)[0])
+            done_seen = True
+    assert done_seen
+
+
+def test_action_repeat_and_time_limit():
+    env = make_env(EnvConfig("CartPole-v1", action_repeat=2, max_episode_steps=5))
+    env.reset(seed=0)
+    _, reward, *_ = env.step(0)
+    assert reward == 2.0
+    steps, truncated, terminated = 1, False, False
+    while not (truncated or terminated):
+        _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+        steps += 1
+    assert steps <= 5
+
+
+def test_unknown_env_id_is_named():
+    with pytest.raises(EnvError, match="CartPol-v1"):
+        make_env(EnvConfig("CartPol-v1"))
+
+
+def test_unsupported_action_space_is_named():
+    class MultiDiscreteEnv(gym.Env):
+        observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+        action_space = gym.spaces.MultiDiscrete([2, 3])
+
+    gym.register("MultiDiscreteTest-v0", entry_point=lambda: MultiDiscreteEnv())
+    with pytest.raises(EnvError, match="MultiDiscrete"):
+        make_env(EnvConfig("MultiDiscreteTest-v0"))
