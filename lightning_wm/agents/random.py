@@ -1,0 +1,41 @@
+"""A policy that acts at random: the default for ``record`` and the prefill of online agents."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lightning_wm.agents.base import RLModule
+from lightning_wm.data.collector import RandomAgent
+from lightning_wm.envs import EnvSpec
+
+
+class RandomPolicy(RLModule):
+    """Uniform random actions, optionally temporally correlated (see :class:`RandomAgent`).
+
+    Args:
+        env_spec: linked from the datamodule.
+        correlation: 0 for independent actions; e.g. 0.9 for CarRacing's smooth steering.
+        seed: seed of the action sampler.
+    """
+
+    def __init__(self, env_spec: EnvSpec | None = None, correlation: float = 0.0, seed: int | None = None) -> None:
+        super().__init__(env_spec)
+        if env_spec is None:
+            raise ValueError("RandomPolicy needs the env spec (linked from the datamodule's env)")
+        self.sampler = RandomAgent(env_spec, correlation=correlation, seed=seed)
+        self._dummy = torch.nn.Parameter(torch.zeros(()), requires_grad=False)
+
+    def initial_state(self, batch_size: int) -> Tensor:
+        return self.sampler.initial_state(batch_size)
+
+    def act(self, obs: Tensor, state: Any, explore: bool) -> tuple[Tensor, Any, dict[str, Tensor]]:
+        return self.sampler.act(obs.cpu(), state.cpu(), explore)
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        raise RuntimeError("RandomPolicy does not train; use it with `record` or `evaluate`")
+
+    def configure_optimizers(self) -> Any:
+        return None

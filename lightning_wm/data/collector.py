@@ -1,0 +1,241 @@
+"""Collector: steps a vector env with any agent and writes rows (see DESIGN.md's row convention).
+
+The vector env must use gymnasium's next-step autoreset (``lightning_wm.envs.make_vector_env``
+does): after a row with ``is_last``, the next ``step`` call resets that env and returns its
+first observation with reward 0, so every row belongs to exactly one episode.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Callable, Iterable
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import Tensor
+
+from lightning_wm.data.episodes import EpisodeStore
+from lightning_wm.data.replay import ReplayBuffer
+from lightning_wm.envs import EnvSpec
+
+
+def reset_where(state: Any, mask: Tensor, initial: Any) -> Any:
+    """Replace the batch entries of ``state`` where ``mask [B]`` is true by ``initial``'s.
+
+    Works on any pytree (tensor, tuple, list, dict, None) of tensors with batch dim 0.
+    """
+    if state is None:
+        return None
+    if isinstance(state, Tensor):
+        shaped = mask.to(state.device).view(-1, *([1] * (state.dim() - 1)))
+        return torch.where(shaped, initial.to(state.device, state.dtype), state)
+    if isinstance(state, dict):
+        return {k: reset_where(v, mask, initial[k]) for k, v in state.items()}
+    if isinstance(state, (tuple, list)):
+        return type(state)(reset_where(s, mask, i) for s, i in zip(state, initial))
+    raise TypeError(f"agent state of type {type(state).__name__} is not a pytree of tensors")
+
+
+class EpisodeStats:
+    """Env steps taken and the episodes finished since the last :meth:`pop_finished`."""
+
+    def __init__(self, window: int = 100) -> None:
+        self.env_steps = 0
+        self.episodes = 0
+        self.recent: deque[dict[str, float]] = deque(maxlen=window)
+        self._unread: list[dict[str, float]] = []
+
+    def add_episode(self, episode_return: float, length: int) -> None:
+        record = {"return": float(episode_return), "length": float(length)}
+        self.episodes += 1
+        self.recent.append(record)
+        self._unread.append(record)
+
+    def pop_finished(self) -> list[dict[str, float]]:
+        out, self._unread = self._unread, []
+        return out
+
+    def mean_return(self) -> float:
+        return float(np.mean([r["return"] for r in self.recent])) if self.recent else float("nan")
+
+    def state_dict(self) -> dict[str, int]:
+        return {"env_steps": self.env_steps, "episodes": self.episodes}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.env_steps, self.episodes = int(state["env_steps"]), int(state["episodes"])
+
+
+class Collector:
+    """Steps ``env`` (a gymnasium VectorEnv) with ``agent`` and records rows.
+
+    Args:
+        env: vector env with next-step autoreset.
+        agent: anything with ``initial_state(batch_size)`` and ``act(obs, state, explore)``.
+        buffer: rows are added here (one entry per env) if given.
+        store: finished episodes are written here if given.
+        seed: seed of the first reset (env ``i`` gets ``seed + i``).
+    """
+
+    def __init__(
+        self,
+        env: gym.vector.VectorEnv,
+        agent: Any,
+        buffer: ReplayBuffer | None = None,
+        store: EpisodeStore | None = None,
+        seed: int | None = None,
+        spec: EnvSpec | None = None,
+    ) -> None:
+        self.env, self.agent, self.buffer, self.store = env, agent, buffer, store
+        self.num_envs = env.num_envs
+        self.spec = spec or EnvSpec(env.single_observation_space, env.single_action_space)
+        self.seed = seed
+        self.stats = EpisodeStats()
+        self._obs: np.ndarray | None = None
+        self._state: Any = None
+
+    # ----------------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Start fresh episodes in every env (the next row of each is ``is_first``)."""
+        obs, _ = self.env.reset(seed=self.seed)
+        self.seed = None  # seed only the first reset; later episodes continue the env RNG
+        n = self.num_envs
+        self._obs = obs
+        self._reward = np.zeros(n, np.float32)
+        self._is_first = np.ones(n, bool)
+        self._is_last = np.zeros(n, bool)
+        self._is_terminal = np.zeros(n, bool)
+        self._state = self.agent.initial_state(n)
+        self._episode_return = np.zeros(n, np.float64)
+        self._episode_length = np.zeros(n, np.int64)
+        self._episodes: list[list[dict[str, np.ndarray]]] = [[] for _ in range(n)]
+
+    def set_agent(self, agent: Any) -> None:
+        """Act with ``agent`` from now on (its recurrent state starts afresh)."""
+        self.agent = agent
+        if self._obs is not None:
+            self._state = agent.initial_state(self.num_envs)
+
+    def _device(self) -> torch.device:
+        device = getattr(self.agent, "device", None)
+        return device if isinstance(device, torch.device) else torch.device("cpu")
+
+    def _zero_action(self, action: np.ndarray) -> np.ndarray:
+        action = action.copy()
+        action[self._is_last] = 0
+        return action
+
+    def _env_action(self, action: np.ndarray) -> np.ndarray:
+        if self.spec.discrete:
+            return action.astype(np.int64)
+        return np.clip(action, self.spec.action_low, self.spec.action_high).astype(np.float32)
+
+    @torch.no_grad()
+    def collect(self, num_steps: int, explore: bool = True) -> list[dict[str, float]]:
+        """Take ``num_steps`` vector steps (``num_steps * num_envs`` rows).
+
+        Returns the episodes finished during the call as ``{"return", "length"}`` dicts.
+        """
+        if self._obs is None:
+            self.reset()
+        finished: list[dict[str, float]] = []
+        device = self._device()
+        for _ in range(num_steps):
+            is_first = torch.from_numpy(self._is_first)
+            if is_first.any():
+                self._state = reset_where(self._state, is_first, self.agent.initial_state(self.num_envs))
+            obs = torch.as_tensor(self._obs).to(device)
+            action, self._state, extras = self.agent.act(obs, self._state, explore)
+            action = self._env_action(action.detach().cpu().numpy())
+            row = {
+                "obs": self._obs,
+                "reward": self._reward,
+                "is_first": self._is_first,
+                "is_last": self._is_last,
+                "is_terminal": self._is_terminal,
+                "action": self._zero_action(action),
+            }
+            for key, value in extras.items():
+                row[key] = value.detach().cpu().numpy()
+            self._record(row, finished)
+            obs, reward, terminated, truncated, _ = self.env.step(action)
+            self._is_first = self._is_last.copy()
+            self._obs = obs
+            self._reward = np.where(self._is_first, 0.0, reward).astype(np.float32)
+            self._is_last = np.asarray(terminated | truncated, bool) & ~self._is_first
+            self._is_terminal = np.asarray(terminated, bool) & ~self._is_first
+        return finished
+
+    def _record(self, row: dict[str, np.ndarray], finished: list[dict[str, float]]) -> None:
+        if self.buffer is not None:
+            self.buffer.add(row)
+        self.stats.env_steps += self.num_envs
+        self._episode_return = np.where(row["is_first"], 0.0, self._episode_return + row["reward"])
+        self._episode_length = np.where(row["is_first"], 0, self._episode_length + 1)
+        for i in range(self.num_envs):
+            if self.store is not None:
+                if row["is_first"][i]:
+                    self._episodes[i] = []
+                self._episodes[i].append({k: np.array(v[i]) for k, v in row.items()})
+            if row["is_last"][i]:
+                # length counts actions taken: the rows of the episode minus its first.
+                episode = {"return": float(self._episode_return[i]), "length": float(self._episode_length[i])}
+                self.stats.add_episode(episode["return"], int(episode["length"]))
+                finished.append(episode)
+                if self.store is not None:
+                    self.store.add(stack_rows(self._episodes[i]))
+                    self._episodes[i] = []
+
+    def run_episodes(
+        self, episodes: int, explore: bool = False, progress: Callable[[int], None] | None = None
+    ) -> list[dict[str, float]]:
+        """Step until ``episodes`` episodes have finished (counting from now)."""
+        done: list[dict[str, float]] = []
+        while len(done) < episodes:
+            new = self.collect(1, explore=explore)
+            done.extend(new)
+            if progress is not None and new:
+                progress(len(new))
+        return done[:episodes]
+
+
+class RandomAgent:
+    """Uniform random actions, optionally temporally correlated.
+
+    ``correlation`` ρ in ``[0, 1)``: continuous actions follow an AR(1) process
+    ``u_t = ρ u_{t-1} + sqrt(1-ρ²) ε`` mapped from ``[-1, 1]`` onto the action bounds
+    (smooth steering for CarRacing, as World Models' data collection does); discrete actions
+    repeat the previous action with probability ρ.
+    """
+
+    def __init__(self, spec: EnvSpec, correlation: float = 0.0, seed: int | None = None) -> None:
+        if not 0.0 <= correlation < 1.0:
+            raise ValueError(f"correlation must be in [0, 1), got {correlation}")
+        self.spec, self.correlation = spec, correlation
+        self.generator = torch.Generator().manual_seed(seed if seed is not None else torch.seed() % 2**31)
+
+    def initial_state(self, batch_size: int) -> Tensor:
+        if self.spec.discrete:
+            return torch.randint(self.spec.action_dim, (batch_size,), generator=self.generator)
+        return torch.rand(batch_size, self.spec.action_dim, generator=self.generator) * 2 - 1
+
+    def act(self, obs: Tensor, state: Tensor, explore: bool = True) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        batch, rho = obs.shape[0], self.correlation
+        if self.spec.discrete:
+            fresh = torch.randint(self.spec.action_dim, (batch,), generator=self.generator)
+            keep = torch.rand(batch, generator=self.generator) < rho
+            action = torch.where(keep, state, fresh)
+            return action, action, {}
+        noise = torch.randn(batch, self.spec.action_dim, generator=self.generator)
+        u = (rho * state + (1 - rho**2) ** 0.5 * noise).clamp(-1, 1) if rho > 0 else torch.rand(
+            batch, self.spec.action_dim, generator=self.generator
+        ) * 2 - 1
+        low, high = torch.from_numpy(self.spec.action_low), torch.from_numpy(self.spec.action_high)
+        action = low + (u + 1) / 2 * (high - low)
+        return action, u, {}
+
+
+def stack_rows(rows: Iterable[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """List of single-env rows -> dict of ``[T, ...]`` arrays."""
+    rows = list(rows)
+    return {k: np.stack([r[k] for r in rows]) for k in rows[0]}

@@ -1,0 +1,106 @@
+"""The command line end to end: help, config errors, fit/resume, record, evaluate."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from lightning_wm.cli import main
+from lightning_wm.data.episodes import EpisodeStore
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+
+TINY_FIT = [
+    "--model", "tiny_agent.TinyAgent",
+    "--data", "lightning_wm.data.modules.ReplayDataModule",
+    "--data.env.id", "CartPole-v1", "--data.env.num_envs", "2",
+    "--data.batch_size", "4", "--data.sequence_length", "8", "--data.prefill", "64",
+    "--data.replay_ratio", "0.5", "--data.eval_episodes", "2",
+    "--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false",
+    "--trainer.log_every_n_steps", "5", "--trainer.run_name", "tiny",
+]
+
+
+def run_cli(args):
+    return main(args=args)
+
+
+def test_help_lists_extra_subcommands():
+    out = subprocess.run([sys.executable, str(ROOT / "main.py"), "--help"], capture_output=True, text=True,
+                         cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    for command in ("fit", "validate", "record", "evaluate", "convert"):
+        assert command in out.stdout
+
+
+def test_unknown_config_key_exits_2_naming_it(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(["fit", *TINY_FIT, "--model.hiden", "3"])
+    assert exit_info.value.code == 2
+    assert "hiden" in capsys.readouterr().err
+
+
+def test_abbreviated_option_is_rejected(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(["fit", *TINY_FIT, "--trainer.max_step", "3"])
+    assert exit_info.value.code == 2
+    assert "max_step" in capsys.readouterr().err
+
+
+def test_fit_then_resume_from_last(monkeypatch):
+    monkeypatch.syspath_prepend(str(TESTS))
+    cli = run_cli(["fit", *TINY_FIT, "--data.save_buffer", "true",
+                   "--trainer.max_steps", "30", "--trainer.checkpoint_every_n_steps", "20",
+                   "--trainer.val_check_interval", "15", "--trainer.check_val_every_n_epoch", "null",
+                   "--trainer.limit_val_batches", "1"])
+    dm = cli.datamodule
+    first_env_steps = dm.collector.stats.env_steps
+    # 64 prefill rows + 2 rows per batch (replay ratio 0.5); Lightning fetches one batch
+    # ahead of the step it trains on, so 30 steps draw 31 batches
+    assert first_env_steps == 64 + (30 + 1) * 2
+    last = Path("lightning_logs/tiny/checkpoints/last.ckpt")
+    assert last.is_file()
+    ckpt = torch.load(last, weights_only=False)
+    assert ckpt["global_step"] == 30
+    assert "val/return" in cli.trainer.callback_metrics
+    rows_before = len(dm.buffer)
+    cli = run_cli(["fit", *TINY_FIT, "--data.save_buffer", "true", "--trainer.max_steps", "40", "--ckpt_path", "last"])
+    assert cli.trainer.global_step == 40
+    # the env-step counter continues (no second prefill, no catch-up burst)
+    assert cli.datamodule.collector.stats.env_steps == first_env_steps + (10 + 1) * 2
+    assert len(cli.datamodule.buffer) == rows_before + (10 + 1) * 2, "the saved buffer was not restored"
+    assert len(list(Path("lightning_logs/tiny").glob("version_*"))) == 2
+
+
+def test_record_pixels_then_evaluate_random(tmp_path):
+    store_dir = tmp_path / "eps"
+    args = [
+        "--model", "lightning_wm.agents.random.RandomPolicy",
+        "--data", "lightning_wm.data.modules.EpisodeDataModule",
+        "--data.directory", str(store_dir), "--data.env", '{"id": "CartPole-v1", "pixels": true, "num_envs": 2}',
+    ]
+    out = subprocess.run([sys.executable, str(ROOT / "main.py"), "record", *args, "--episodes", "3"],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    store = EpisodeStore(store_dir)
+    assert len(store) == 3
+    episode = next(store.episodes())
+    assert episode["obs"].shape[1:] == (64, 64, 3) and episode["obs"].dtype == np.uint8
+    assert episode["is_first"][0] and episode["is_last"][-1]
+    assert store.read_metadata()["env"]["pixels"] is True
+    gif = tmp_path / "ep.gif"
+    out = subprocess.run([sys.executable, str(ROOT / "main.py"), "evaluate", *args, "--episodes", "2",
+                          "--video", str(gif)], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "return" in out.stdout and "±" in out.stdout
+    assert gif.stat().st_size > 1000
+
+
+def test_missing_checkpoint_is_reported(monkeypatch):
+    monkeypatch.syspath_prepend(str(TESTS))
+    with pytest.raises(FileNotFoundError, match="no_such.ckpt"):
+        run_cli(["fit", *TINY_FIT, "--trainer.max_steps", "2", "--ckpt_path", "no_such.ckpt"])

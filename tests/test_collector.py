@@ -1,0 +1,149 @@
+"""The Collector against a hand-stepped env: rows follow the row convention across auto-resets."""
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from lightning_wm.data.collector import Collector, RandomAgent, reset_where
+from lightning_wm.data.episodes import EpisodeStore
+from lightning_wm.data.replay import ReplayBuffer
+from lightning_wm.envs import EnvConfig, EnvSpec, env_spec, make_vector_env
+
+
+class CountdownEnv(gym.Env):
+    """obs = [episode id, step]; reward = 10 * step + action; terminates after ``length``
+    steps, or truncates there when ``truncate``."""
+
+    observation_space = gym.spaces.Box(-1e6, 1e6, (2,), np.float32)
+    action_space = gym.spaces.Discrete(3)
+
+    def __init__(self, length: int, truncate: bool = False):
+        self.length, self.truncate, self.episode, self.t = length, truncate, -1, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.episode += 1
+        self.t = 0
+        return np.array([self.episode, 0], np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        done = self.t >= self.length
+        obs = np.array([self.episode, self.t], np.float32)
+        return obs, float(10 * self.t + action), done and not self.truncate, done and self.truncate, {}
+
+
+class CountingAgent:
+    """Acts ``step % 3``; its state counts calls since the last reset (to check resets)."""
+
+    def initial_state(self, batch_size):
+        return torch.zeros(batch_size, dtype=torch.long)
+
+    def act(self, obs, state, explore):
+        action = obs[:, 1].long() % 3
+        return action, state + 1, {"calls": state.float()}
+
+
+def make_env(lengths, truncate=False):
+    return gym.vector.SyncVectorEnv(
+        [lambda n=n: CountdownEnv(n, truncate) for n in lengths],
+        autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP,
+    )
+
+
+def expected_rows(length, total, truncate=False):
+    """Rows of one env, built by hand from the env's rules."""
+    rows, episode, t = [], 0, 0
+    while len(rows) < total:
+        first = t == 0
+        last = t == length
+        reward = 0.0 if first else 10 * t + (t - 1) % 3
+        action = 0 if last else t % 3
+        rows.append(dict(obs=(episode, t), reward=reward, is_first=first, is_last=last,
+                         is_terminal=last and not truncate, action=action, calls=t))
+        if last:
+            episode, t = episode + 1, 0
+        else:
+            t += 1
+    return rows
+
+
+def test_rows_match_hand_stepped_env():
+    lengths, steps = [2, 3], 11
+    buffer = ReplayBuffer(100, num_envs=2)
+    collector = Collector(make_env(lengths), CountingAgent(), buffer=buffer)
+    finished = collector.collect(steps)
+    # each stream holds exactly `steps` rows, so a full-length window is the whole stream;
+    # the streams differ by episode length (the largest step index in obs)
+    data = buffer.sample_sequences(64, steps)
+    for length in lengths:
+        picks = [b for b in range(64) if int(data["obs"][b, :, 1].max()) == length]
+        assert picks, f"no sequence of the env with episodes of {length} steps was sampled"
+        got = {k: v[picks[0]].numpy() for k, v in data.items()}
+        for t, row in enumerate(expected_rows(length, steps)):
+            assert tuple(got["obs"][t]) == row["obs"], (length, t)
+            assert got["reward"][t] == row["reward"], (length, t)
+            assert bool(got["is_first"][t]) == row["is_first"], (length, t)
+            assert bool(got["is_last"][t]) == row["is_last"], (length, t)
+            assert bool(got["is_terminal"][t]) == row["is_terminal"], (length, t)
+            assert int(got["action"][t]) == row["action"], (length, t)
+            assert got["calls"][t] == row["calls"], "agent state was not reset at is_first"
+    # env0 (length 2) ends at rows 2, 5, 8; env1 (length 3) at rows 3, 7
+    assert sorted(e["length"] for e in finished) == [2, 2, 2, 3, 3]
+    assert collector.stats.env_steps == 2 * steps
+
+
+def test_truncation_is_not_termination():
+    buffer = ReplayBuffer(50, num_envs=1)
+    Collector(make_env([3], truncate=True), CountingAgent(), buffer=buffer).collect(8)
+    data = buffer.sample_sequences(1, 8)
+    assert data["is_last"][0].any()
+    assert not data["is_terminal"][0].any()
+
+
+def test_episodes_written_to_store(tmp_path):
+    store = EpisodeStore(tmp_path / "eps")
+    collector = Collector(make_env([4, 2]), CountingAgent(), store=store)
+    collector.collect(9)
+    episodes = list(store.episodes())
+    assert len(episodes) == len(collector.stats.recent)
+    for ep in episodes:
+        assert ep["is_first"][0] and ep["is_last"][-1]
+        assert not ep["is_first"][1:].any() and not ep["is_last"][:-1].any()
+        assert (ep["obs"][:, 0] == ep["obs"][0, 0]).all(), "an episode mixes two resets"
+        np.testing.assert_array_equal(ep["obs"][:, 1], np.arange(len(ep["obs"])))
+    assert store.total_steps() == sum(len(e["obs"]) for e in episodes)
+
+
+def test_reset_where_on_pytrees():
+    state = {"h": torch.ones(3, 2), "z": (torch.full((3,), 5.0),)}
+    init = {"h": torch.zeros(3, 2), "z": (torch.zeros(3),)}
+    out = reset_where(state, torch.tensor([True, False, True]), init)
+    assert out["h"][:, 0].tolist() == [0, 1, 0] and out["z"][0].tolist() == [0, 5, 0]
+
+
+def test_random_agent_respects_bounds_and_correlation():
+    spec = env_spec(EnvConfig("CarRacing-v3"))
+    agent = RandomAgent(spec, correlation=0.9, seed=0)
+    state = agent.initial_state(64)
+    actions = []
+    for _ in range(50):
+        a, state, _ = agent.act(torch.zeros(64, 1), state, True)
+        actions.append(a)
+    actions = torch.stack(actions)
+    low, high = torch.tensor(spec.action_low), torch.tensor(spec.action_high)
+    assert (actions >= low).all() and (actions <= high).all()
+    steering = actions[..., 0]
+    lag1 = torch.corrcoef(torch.stack([steering[:-1].flatten(), steering[1:].flatten()]))[0, 1]
+    assert lag1 > 0.7, "smoothed random actions should be strongly autocorrelated"
+
+
+def test_collector_on_real_pixel_env():
+    cfg = EnvConfig("CartPole-v1", num_envs=2, pixels=True)
+    env = make_vector_env(cfg)
+    spec: EnvSpec = env_spec(cfg)
+    buffer = ReplayBuffer(200, num_envs=2)
+    Collector(env, RandomAgent(spec, seed=0), buffer=buffer, seed=0).collect(30)
+    batch = buffer.sample_sequences(3, 10)
+    assert batch["obs"].shape == (3, 10, 64, 64, 3) and batch["obs"].dtype == torch.uint8
+    assert batch["action"].dtype == torch.int64
