@@ -190,8 +190,17 @@ class ReplayDataModule(pl.LightningDataModule):
         if self.collector is not None:
             state["stats"] = self.collector.stats.state_dict()
         if self.save_buffer and self.buffer is not None:
-            state["buffer"] = self.buffer.state_dict()
+            rank, world = _rank_and_world(getattr(self, "trainer", None))
+            if rank == 0:
+                state["buffer"] = self.buffer.state_dict()
+            else:  # Lightning saves the datamodule state of rank 0 only: other ranks keep a side file
+                torch.save(self.buffer.state_dict(), self._side_file(rank))
         return state
+
+    def _side_file(self, rank: int) -> str:
+        directory = getattr(getattr(self, "trainer", None), "checkpoint_dir", None) or "."
+        os.makedirs(directory, exist_ok=True)
+        return os.path.join(directory, f"replay_rank{rank}.pt")
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.collector is None:
@@ -203,8 +212,11 @@ class ReplayDataModule(pl.LightningDataModule):
         self._credit = float(state.get("credit", 0.0))
         if "stats" in state:
             self.collector.stats.load_state_dict(state["stats"])
-        if "buffer" in state:
+        rank, _ = _rank_and_world(getattr(self, "trainer", None))
+        if rank == 0 and "buffer" in state:
             self.buffer.load_state_dict(state["buffer"])
+        elif rank > 0 and self.save_buffer and os.path.isfile(self._side_file(rank)):
+            self.buffer.load_state_dict(torch.load(self._side_file(rank), weights_only=True))
 
 
 # ---------------------------------------------------------------------------------------
