@@ -1,0 +1,130 @@
+"""Dreamer on CartPole-v1 (vector observations): env steps and wall time until the evaluation
+return (mean of 10 episodes, actor mode) reaches 475, or a budget runs out.
+
+    python bench/dreamer_cartpole.py                       # configs/dreamer/cartpole.yaml as shipped
+    python bench/dreamer_cartpole.py --env-steps 20000 --minutes 30 --eval-every 250 --seed 1
+
+Trains with the real ReplayDataModule (online collection with the current actor, streamed
+replay) and Lightning's Trainer, using the model and data settings of the config file;
+evaluates every ``--eval-every`` gradient steps. Env steps are training env steps (the random
+prefill included, evaluation episodes not). Prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+import yaml
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
+
+from dreamer_speed import keep_freed_memory  # noqa: E402
+
+from lightning_wm.agents.dreamer import Dreamer  # noqa: E402
+from lightning_wm.data.modules import ReplayDataModule  # noqa: E402
+from lightning_wm.envs import EnvConfig  # noqa: E402
+
+
+class StopAtReturn(pl.Callback):
+    """Record every evaluation; stop at ``target`` return or when the env-step budget is spent."""
+
+    def __init__(self, target: float, env_steps: int) -> None:
+        self.target, self.env_steps = target, env_steps
+        self.start = time.perf_counter()
+        self.history: list[tuple[int, int, float, float]] = []  # (grad steps, env steps, return, seconds)
+        self.solved: tuple[int, int, float, float] | None = None
+
+    def _env_steps(self, trainer: pl.Trainer) -> int:
+        stats = trainer.datamodule.collector_stats
+        return 0 if stats is None else int(stats.env_steps)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        value = trainer.callback_metrics.get("val/return")
+        if value is None:
+            return
+        row = (trainer.global_step, self._env_steps(trainer), float(value), time.perf_counter() - self.start)
+        self.history.append(row)
+        print(f"[eval] step {row[0]:6d}  env steps {row[1]:6d}  return {row[2]:7.1f}  {row[3] / 60:5.1f} min",
+              flush=True)
+        if row[2] >= self.target and self.solved is None:
+            self.solved = row
+            trainer.should_stop = True
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        if self._env_steps(trainer) >= self.env_steps:
+            trainer.should_stop = True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    default_config = os.path.join(os.path.dirname(__file__), "..", "configs/dreamer/cartpole.yaml")
+    parser.add_argument("--config", default=default_config)
+    parser.add_argument("--env-steps", type=int, default=20_000)
+    parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument("--eval-every", type=int, default=250, help="gradient steps between evaluations")
+    parser.add_argument("--eval-episodes", type=int, default=10)
+    parser.add_argument("--target", type=float, default=475.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--precision", default="32-true", help="e.g. bf16-mixed")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="override model init_args, e.g. --set lr_actor=3e-4 deter=256")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    keep_freed_memory()
+    pl.seed_everything(args.seed, workers=True)
+
+    with open(args.config) as f:
+        config = yaml.safe_load(f)
+    model_args = dict(config["model"].get("init_args", {}))
+    for item in args.set:
+        key, value = item.split("=", 1)
+        model_args[key] = yaml.safe_load(value)
+    data_args = dict(config["data"]["init_args"])
+    env = EnvConfig(**{**data_args.pop("env"), "seed": args.seed})
+    data_args.update(eval_episodes=args.eval_episodes, eval_envs=min(args.eval_episodes, 5))
+    datamodule = ReplayDataModule(env=env, **data_args)
+    model = Dreamer(datamodule.spec, **model_args)
+
+    budget_steps = int((args.env_steps - datamodule.prefill) * datamodule.replay_ratio) + 1
+    stopper = StopAtReturn(args.target, args.env_steps)
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, max_steps=budget_steps, max_time={"minutes": args.minutes},
+        val_check_interval=args.eval_every, check_val_every_n_epoch=None, limit_val_batches=1,
+        num_sanity_val_steps=0, log_every_n_steps=50, enable_checkpointing=False, callbacks=[stopper],
+        enable_progress_bar=False, logger=pl.loggers.TensorBoardLogger("lightning_logs", name="bench-dreamer-cartpole"),
+        precision=args.precision,
+    )
+    start = time.perf_counter()
+    trainer.fit(model, datamodule)
+    wall = time.perf_counter() - start
+    env_steps = stopper._env_steps(trainer)
+
+    print()
+    print(f"Dreamer on CartPole-v1 (vector), config {os.path.relpath(args.config)}, seed {args.seed}, "
+          f"{args.threads} thread(s), precision {args.precision}")
+    print()
+    print("| outcome | env steps | gradient steps | wall time | best eval return |")
+    print("| --- | --- | --- | --- | --- |")
+    best = max((h[2] for h in stopper.history), default=float("nan"))
+    if stopper.solved is not None:
+        g, e, r, s = stopper.solved
+        print(f"| solved (eval >= {args.target:g}) | {e} | {g} | {s / 60:.1f} min | {r:.1f} |")
+    else:
+        print(f"| not solved within {args.env_steps} env steps / {args.minutes:g} min | {env_steps} | "
+              f"{trainer.global_step} | {wall / 60:.1f} min | {best:.1f} |")
+    print()
+    print("evaluations (gradient steps, env steps, return, minutes):")
+    for g, e, r, s in stopper.history:
+        print(f"  {g:6d} {e:6d} {r:7.1f} {s / 60:5.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""Dreamer hot-path speed: seconds per gradient step (world model + actor + critic) and env
+steps per second while acting, on vector CartPole.
+
+    python bench/dreamer_speed.py                      # XS preset, batch 16x64, horizon 15
+    python bench/dreamer_speed.py --threads 2 --steps 10 --deter 512 --hidden 512 --layers 2
+
+The batch comes from a replay buffer prefilled with random CartPole episodes (the real
+ReplayBuffer when it is available, else a synthetic batch of the same shapes). One gradient
+step runs exactly what ``Dreamer.training_step`` runs, minus Lightning's logging: the world
+model loss, backward, clip and Adam step; the imagined rollout; the actor and critic losses,
+backward, clip and Adam steps; the slow-critic update. Prints a markdown table with the median
+(and min) wall-clock and process CPU seconds; the machine is shared, so CPU time is the
+steadier number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from lightning_wm.agents.dreamer import Dreamer  # noqa: E402
+from lightning_wm.envs import EnvConfig, env_spec, make_vector_env  # noqa: E402
+
+
+def random_batch(cfg: EnvConfig, batch: int, length: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """``[B, L]`` sequences from a prefilled replay buffer of random-policy CartPole rows."""
+    try:
+        from lightning_wm.data.collector import Collector, RandomAgent
+        from lightning_wm.data.replay import ReplayBuffer
+
+        spec = env_spec(cfg)
+        buffer = ReplayBuffer(10_000, cfg.num_envs, seed=seed)
+        env = make_vector_env(cfg)
+        collector = Collector(env, RandomAgent(spec, seed=seed), buffer, seed=seed, spec=spec)
+        collector.collect(max(2 * length, 2_000 // cfg.num_envs))
+        env.close()
+        return buffer.sample_sequences(batch, length, True)
+    except ImportError:  # the data package is not there: same shapes, synthetic values
+        g = torch.Generator().manual_seed(seed)
+        return {
+            "obs": torch.randn(batch, length, 4, generator=g),
+            "action": torch.randint(0, 2, (batch, length), generator=g),
+            "reward": torch.ones(batch, length),
+            "is_first": torch.rand(batch, length, generator=g) < 0.05,
+            "is_last": torch.zeros(batch, length, dtype=torch.bool),
+            "is_terminal": torch.rand(batch, length, generator=g) < 0.05,
+        }
+
+
+def keep_freed_memory() -> bool:
+    """Ask glibc to keep freed memory instead of unmapping it: big temporaries ([16, 1024, 255]
+    critic outputs, 84 MB of stacked imagined features) are then reused instead of being
+    page-faulted in again on every step, which costs a lot inside this VM. Same effect as
+    ``MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=2147483647`` in the environment."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc
+        return False
+    m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
+    ok = libc.mallopt(m_mmap_threshold, 32 << 20) and libc.mallopt(m_trim_threshold, 2**31 - 1)
+    return bool(ok and libc.mallopt(m_top_pad, 64 << 20))
+
+
+def gradient_step(model: Dreamer, optimizers: list[torch.optim.Optimizer], batch: dict[str, torch.Tensor]) -> None:
+    """What ``training_step`` does, without Lightning."""
+    hp = model.hparams
+    B, L = batch["is_first"].shape
+    loss, _, post = model.world_model_loss(batch)
+    for opt, module, clip, l in [(optimizers[0], model.wm, hp.clip_model, loss)]:
+        opt.zero_grad(set_to_none=True)
+        l.backward()
+        torch.nn.utils.clip_grad_norm_(module.parameters(), clip)
+        opt.step()
+    start = {k: post[k].detach().flatten(0, 1) for k in ("h", "z", "idx") if k in post}
+    traj = model.imagine(start, 1.0 - batch["is_terminal"].reshape(B * L).float())
+    actor_loss, critic_loss, _ = model.behaviour_losses(traj)
+    for opt, module, clip, l in [(optimizers[1], model.actor, hp.clip_actor, actor_loss),
+                                 (optimizers[2], model.critic, hp.clip_critic, critic_loss)]:
+        opt.zero_grad(set_to_none=True)
+        l.backward()
+        torch.nn.utils.clip_grad_norm_(module.parameters(), clip)
+        opt.step()
+    model._update_slow_critic()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=7, help="timed gradient steps (after 2 warm-up steps)")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--length", type=int, default=64)
+    parser.add_argument("--horizon", type=int, default=15)
+    parser.add_argument("--deter", type=int, default=256)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=1)
+    parser.add_argument("--stoch", type=int, default=32)
+    parser.add_argument("--classes", type=int, default=32)
+    parser.add_argument("--bins", type=int, default=255)
+    parser.add_argument("--num-envs", type=int, default=4, help="envs stepped together while acting")
+    parser.add_argument("--act-steps", type=int, default=300)
+    parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--bf16", action="store_true", help="bf16 autocast (what --trainer.precision bf16-mixed does)")
+    parser.add_argument("--no-malloc-tuning", action="store_true",
+                        help="leave glibc's malloc defaults (large freed blocks go back to the OS)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if not args.no_malloc_tuning:
+        keep_freed_memory()
+    torch.manual_seed(0)
+
+    cfg = EnvConfig(id="CartPole-v1", num_envs=args.num_envs, seed=0)
+    spec = env_spec(cfg)
+    model = Dreamer(spec, deter=args.deter, hidden=args.hidden, layers=args.layers, stoch=args.stoch,
+                    classes=args.classes, bins=args.bins, horizon=args.horizon, compile=args.compile)
+    optimizers = model.configure_optimizers()
+    batch = random_batch(cfg, args.batch, args.length)
+
+    wall, cpu = [], []
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16)
+    for i in range(args.steps + 2):
+        w0, c0 = time.perf_counter(), time.process_time()
+        with autocast:
+            gradient_step(model, optimizers, batch)
+        if i >= 2:
+            wall.append(time.perf_counter() - w0)
+            cpu.append(time.process_time() - c0)
+
+    # acting: the collector's path (posterior filter + actor) on a real vector env
+    env = make_vector_env(cfg)
+    obs, _ = env.reset(seed=0)
+    state = model.initial_state(args.num_envs)
+    t0 = time.perf_counter()
+    for _ in range(args.act_steps):
+        action, state, _ = model.act(torch.as_tensor(obs), state, explore=True)
+        obs, *_ = env.step(action.numpy())
+    act_rate = args.act_steps * args.num_envs / (time.perf_counter() - t0)
+    env.close()
+
+    params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    print(f"Dreamer speed on CartPole-v1 vector obs, torch {torch.__version__}, {args.threads} thread(s), "
+          f"{os.cpu_count()} CPUs, compile={args.compile}, bf16={args.bf16}, "
+          f"malloc tuning={not args.no_malloc_tuning}")
+    print()
+    print("| preset | params | batch | horizon | s/grad step (median) | min | CPU s/step (median) | env steps/s acting |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print(f"| deter {args.deter}, hidden {args.hidden}x{args.layers}, {args.stoch}x{args.classes}, {args.bins} bins "
+          f"| {params / 1e6:.2f}M | {args.batch}x{args.length} | {args.horizon} | {statistics.median(wall):.3f} "
+          f"| {min(wall):.3f} | {statistics.median(cpu):.3f} | {act_rate:.0f} ({args.num_envs} envs) |")
+    print()
+    print("wall per step:", " ".join(f"{w:.2f}" for w in wall))
+    print("load average:", " ".join(f"{x:.2f}" for x in os.getloadavg()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""symlog, two-hot, KL balancing, categorical and Gaussian helpers."""
+
+import math
+
+import torch
+
+from lightning_wm.nn import dists
+
+torch.set_num_threads(1)
+
+
+def test_symlog_symexp_inverse_and_values():
+    x = torch.tensor([-1e6, -3.0, -1.0, 0.0, 0.5, 1.0, 1e3, 1e8], dtype=torch.float64)
+    assert torch.allclose(dists.symexp(dists.symlog(x)), x, rtol=1e-10)
+    assert torch.allclose(dists.symlog(torch.tensor([0.0, 1.0, -1.0])), torch.tensor([0.0, math.log(2), -math.log(2)]))
+    y = torch.linspace(-20, 20, 41, dtype=torch.float64)
+    assert torch.allclose(dists.symlog(dists.symexp(y)), y)
+
+
+def test_symexp_bins():
+    bins = dists.symexp_bins(255, -20, 20)
+    assert bins.shape == (255,)
+    assert bins[127] == 0
+    assert torch.all(bins[1:] > bins[:-1])
+    assert torch.allclose(bins, -bins.flip(0))
+    assert math.isclose(bins[-1].item(), math.expm1(20), rel_tol=1e-5)
+
+
+def test_twohot_round_trip_two_neighbours():
+    bins = dists.symexp_bins(255)
+    x = torch.tensor([0.0, 0.3, -0.7, 1.0, 2.5, -13.0, 100.0, 5e4, -2e6])
+    enc = dists.twohot_encode(x, bins)
+    assert enc.shape == (9, 255)
+    assert torch.allclose(enc.sum(-1), torch.ones(9))
+    assert ((enc > 0).sum(-1) <= 2).all()
+    for i in range(len(x)):
+        nz = torch.nonzero(enc[i]).flatten()
+        if len(nz) == 2:
+            assert nz[1] - nz[0] == 1  # neighbours
+            assert bins[nz[0]] <= x[i] <= bins[nz[1]]
+    dec = dists.twohot_decode(enc, bins)
+    assert torch.allclose(dec, x, rtol=1e-5, atol=1e-5)
+
+
+def test_twohot_hand_values_and_clipping():
+    bins = torch.tensor([-2.0, 0.0, 1.0, 3.0])
+    enc = dists.twohot_encode(torch.tensor([0.25, 2.5, -5.0, 3.0, 1.0]), bins)
+    want = torch.tensor(
+        [
+            [0.0, 0.75, 0.25, 0.0],
+            [0.0, 0.0, 0.25, 0.75],
+            [1.0, 0.0, 0.0, 0.0],  # clipped to the lowest bin
+            [0.0, 0.0, 0.0, 1.0],
+            [0.0, 0.0, 1.0, 0.0],
+        ]
+    )
+    assert torch.allclose(enc, want)
+
+
+def test_twohot_loss_and_mean():
+    bins = dists.symexp_bins(255)
+    # uniform logits decode to exactly 0 despite the +-4.9e8 outer bins
+    assert dists.twohot_mean(torch.zeros(3, 255), bins).abs().max() < 1e-6
+    target = torch.tensor([1.0, -4.0])
+    logits = torch.log(dists.twohot_encode(target, bins) + 1e-12)
+    assert torch.allclose(dists.twohot_mean(logits, bins), target, rtol=1e-4)
+    # loss is the cross-entropy: minimal (= entropy of the two-hot) at the matching logits
+    loss = dists.twohot_loss(logits, target, bins)
+    p = dists.twohot_encode(target, bins)
+    entropy = -(p * torch.log(p.clamp_min(1e-12))).sum(-1)
+    assert torch.allclose(loss, entropy, atol=1e-4)
+    assert (dists.twohot_loss(torch.zeros(2, 255), target, bins) > loss).all()
+
+
+def test_unimix_and_straight_through_sample():
+    logits = torch.tensor([[10.0, -10.0, -10.0, -10.0]], requires_grad=True)
+    probs = dists.unimix_probs(logits, 0.01)
+    assert torch.allclose(probs.sum(-1), torch.ones(1))
+    assert probs.min() >= 0.01 / 4 - 1e-7
+    assert torch.allclose(dists.unimix_logits(logits, 0.01).exp(), probs)
+    torch.manual_seed(0)
+    sample = dists.sample_onehot(probs)
+    assert torch.equal(sample.detach(), torch.tensor([[1.0, 0.0, 0.0, 0.0]]))  # value is an exact one-hot
+    (sample * torch.tensor([1.0, 2.0, 3.0, 4.0])).sum().backward()
+    assert logits.grad is not None and logits.grad.abs().sum() > 0  # gradient through the probs
+    # sampling frequencies follow the probabilities
+    p = torch.tensor([0.2, 0.5, 0.3])
+    counts = dists.sample_onehot(p.expand(20000, 3)).sum(0) / 20000
+    assert torch.allclose(counts, p, atol=0.02)
+
+
+def test_kl_balance_categorical_hand_values():
+    # one group of two classes: post (0.5, 0.5), prior (0.9, 0.1)
+    post = torch.log(torch.tensor([[[0.5, 0.5]]]))
+    prior = torch.log(torch.tensor([[[0.9, 0.1]]]))
+    kl = 0.5 * math.log(0.5 / 0.9) + 0.5 * math.log(0.5 / 0.1)  # 0.5108...
+    loss, parts = dists.kl_balance(post, prior, dyn_scale=0.5, rep_scale=0.1, free_nats=0.0)
+    assert math.isclose(parts["kl"].item(), kl, rel_tol=1e-5)
+    assert math.isclose(loss.item(), 0.6 * kl, rel_tol=1e-5)
+    # free bits: KL below 1 nat is clipped to 1 nat and gives no gradient
+    post_p = post.clone().requires_grad_(True)
+    prior_p = prior.clone().requires_grad_(True)
+    loss, parts = dists.kl_balance(post_p, prior_p, 0.5, 0.1, free_nats=1.0)
+    assert math.isclose(loss.item(), 0.6, rel_tol=1e-6)
+    assert math.isclose(parts["kl"].item(), kl, rel_tol=1e-5)
+    loss.sum().backward()
+    assert post_p.grad.abs().sum() == 0 and prior_p.grad.abs().sum() == 0
+
+
+def test_kl_balance_gradients_split_dyn_and_rep():
+    # two groups -> KL summed over groups; check dyn trains only the prior and rep only the posterior
+    post = torch.log(torch.tensor([[[0.5, 0.5], [0.2, 0.8]]])).requires_grad_(True)
+    prior = torch.log(torch.tensor([[[0.9, 0.1], [0.6, 0.4]]])).requires_grad_(True)
+    kl = 0.5 * math.log(0.5 / 0.9) + 0.5 * math.log(0.5 / 0.1) + 0.2 * math.log(0.2 / 0.6) + 0.8 * math.log(0.8 / 0.4)
+    loss, parts = dists.kl_balance(post, prior, dyn_scale=1.0, rep_scale=0.0, free_nats=0.0)
+    assert math.isclose(parts["kl"].item(), kl, rel_tol=1e-5)
+    loss.sum().backward()
+    assert post.grad.abs().sum() == 0 and prior.grad.abs().sum() > 0
+    post.grad = prior.grad = None
+    loss, _ = dists.kl_balance(post, prior, dyn_scale=0.0, rep_scale=1.0, free_nats=0.0)
+    loss.sum().backward()
+    assert post.grad.abs().sum() > 0 and prior.grad.abs().sum() == 0
+
+
+def test_kl_balance_gaussian_hand_values():
+    # KL(N(0,1) || N(1,2)) = log 2 + (1 + 1)/8 - 1/2
+    post = (torch.zeros(1, 1), torch.ones(1, 1))
+    prior = (torch.ones(1, 1), torch.full((1, 1), 2.0))
+    kl = math.log(2) + 2 / 8 - 0.5
+    loss, parts = dists.kl_balance(post, prior, 0.5, 0.1, free_nats=0.0)
+    assert math.isclose(parts["kl"].item(), kl, rel_tol=1e-5)
+    assert math.isclose(loss.item(), 0.6 * kl, rel_tol=1e-5)
+    # D=3 identical dims: 3x the KL, above 1 free nat
+    post3 = (torch.zeros(1, 3), torch.ones(1, 3))
+    prior3 = (torch.ones(1, 3), torch.full((1, 3), 2.0))
+    loss, parts = dists.kl_balance(post3, prior3, 0.5, 0.1, free_nats=0.5)
+    assert math.isclose(parts["dyn"].item(), 3 * kl, rel_tol=1e-5)
+
+
+def test_gaussian_helpers_match_torch_distributions():
+    torch.manual_seed(0)
+    m, s, x = torch.randn(5, 3), torch.rand(5, 3) + 0.1, torch.randn(5, 3)
+    ref = torch.distributions.Normal(m, s)
+    assert torch.allclose(dists.normal_log_prob(x, m, s), ref.log_prob(x).sum(-1), atol=1e-5)
+    assert torch.allclose(dists.normal_entropy(s), ref.entropy().sum(-1), atol=1e-5)
+    m2, s2 = torch.randn(5, 3), torch.rand(5, 3) + 0.1
+    ref_kl = torch.distributions.kl_divergence(ref, torch.distributions.Normal(m2, s2)).sum(-1)
+    assert torch.allclose(dists.normal_kl((m, s), (m2, s2)), ref_kl, atol=1e-5)
+    logits, logits2 = torch.randn(4, 6), torch.randn(4, 6)
+    c1, c2 = torch.distributions.Categorical(logits=logits), torch.distributions.Categorical(logits=logits2)
+    assert torch.allclose(dists.categorical_entropy(logits), c1.entropy(), atol=1e-5)
+    assert torch.allclose(dists.categorical_kl(logits, logits2), torch.distributions.kl_divergence(c1, c2), atol=1e-5)
+
+
+def test_action_distributions():
+    torch.manual_seed(0)
+    raw = torch.randn(1000, 4) * 3
+    mean, std = dists.bounded_normal(raw, 0.1, 1.0)
+    assert mean.abs().max() <= 1 and std.min() >= 0.1 and std.max() <= 1.0
+    action, x = dists.bounded_normal_sample(mean, std)
+    assert action.abs().max() <= 1.0
+    mean, std = dists.tanh_normal(raw)
+    action, logp = dists.tanh_normal_sample(mean, std)
+    assert action.abs().max() <= 1.0
+    # log-density of the tanh-transformed sample by change of variables
+    u = torch.atanh(action.clamp(-0.999999, 0.999999).double())
+    ref = dists.normal_log_prob(u, mean.double(), std.double()) - torch.log1p(-action.double().square()).sum(-1)
+    ok = action.abs().max(-1).values < 0.999
+    assert torch.allclose(logp.double()[ok], ref[ok], atol=1e-3)
+
+
+def test_bernoulli_nll():
+    logits = torch.tensor([0.0, 2.0, -1.0])
+    target = torch.tensor([1.0, 0.0, 1.0])
+    want = torch.tensor([math.log(2), math.log1p(math.exp(2)), math.log1p(math.exp(1))])
+    assert torch.allclose(dists.bernoulli_nll(logits, target), want, atol=1e-6)
+    assert torch.allclose(dists.bernoulli_nll(logits, torch.tensor([True, False, True])), want, atol=1e-6)
+
+
+def test_symlog_mse():
+    pred = torch.tensor([[math.log(2), 0.0]])
+    assert torch.allclose(dists.symlog_mse(pred, torch.tensor([[1.0, 0.0]])), torch.zeros(1), atol=1e-6)
+    want = torch.tensor([math.log(2) ** 2 + 1])
+    assert torch.allclose(dists.symlog_mse(pred, torch.tensor([[0.0, 1.0]]), transform=False), want)

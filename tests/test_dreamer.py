@@ -1,0 +1,273 @@
+"""Dreamer: RSSM resets, the sparse one-hot path, imagination gradients, losses falling on a
+fixed batch, acting, and tiny CLI fits (vector and pixel CartPole) with resume."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_wm.agents.dreamer import Dreamer, onehot_linear
+from lightning_wm.cli import main
+from lightning_wm.envs import EnvConfig, env_spec
+
+torch.set_num_threads(1)
+ROOT = Path(__file__).resolve().parents[1]
+TINY = dict(deter=16, stoch=4, classes=4, hidden=16, layers=1, bins=31, horizon=4, cnn_depth=4)
+
+
+def cartpole_batch(B: int = 4, L: int = 12, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    is_first = torch.zeros(B, L, dtype=torch.bool)
+    is_first[:, 0] = True
+    is_first[0, 5] = is_first[2, 7] = True
+    is_terminal = torch.zeros(B, L, dtype=torch.bool)
+    is_terminal[0, 4] = True
+    return {
+        "obs": torch.randn(B, L, 4, generator=g),
+        "action": torch.randint(0, 2, (B, L), generator=g),
+        "reward": torch.where(is_first, 0.0, 1.0),
+        "is_first": is_first,
+        "is_last": is_terminal.clone(),
+        "is_terminal": is_terminal,
+    }
+
+
+@pytest.fixture(scope="module")
+def cartpole_spec():
+    return env_spec(EnvConfig(id="CartPole-v1"))
+
+
+def test_rssm_resets_where_is_first(cartpole_spec):
+    torch.manual_seed(0)
+    model = Dreamer(cartpole_spec, **TINY)
+    batch = cartpole_batch()
+    wm = model.wm
+    with torch.no_grad():
+        embed = wm.encode(batch["obs"])
+        out = wm.observe(embed, model._action_input(batch["action"]), batch["is_first"])
+        # after a reset, h depends on nothing (zero state, zero action): same for every reset entry
+        h0 = out["h"][0, 0]
+        for b, t in [(0, 5), (2, 7), (1, 0), (3, 0)]:
+            assert torch.allclose(out["h"][b, t], h0, atol=1e-6)
+        assert not torch.allclose(out["h"][0, 4], h0)
+        # ... and the posterior there depends only on the observation: restart the sequence at t=5
+        rest = wm.observe(embed[:, 5:], model._action_input(batch["action"][:, 5:]), batch["is_first"][:, 5:])
+        assert torch.allclose(out["post"][0, 5], rest["post"][0, 0], atol=1e-5)
+        assert not torch.allclose(out["post"][1, 5], rest["post"][1, 0], atol=1e-3)  # no reset for b=1
+        # the agent's initial state gives the same filter step as a reset in training
+        state = model.initial_state(4)
+        assert set(state) == {"h", "z", "action"} and all(v.shape[0] == 4 and not v.any() for v in state.values())
+        post = wm.obs_step(state, state["action"], embed[:, 0])
+        assert torch.allclose(post["h"], out["h"][:, 0], atol=1e-6)
+
+
+def test_onehot_linear_and_sparse_heads_match_dense(cartpole_spec):
+    torch.manual_seed(0)
+    index = torch.randint(0, 4, (6, 3))
+    z = torch.nn.functional.one_hot(index, 4).float().flatten(-2)
+    flat = index + torch.arange(3) * 4
+    weight = torch.randn(5, 12, requires_grad=True)
+    dense = z @ weight.t()
+    sparse = onehot_linear(flat, z, weight)
+    assert torch.allclose(dense, sparse, atol=1e-6)
+    g = torch.randn(6, 5)
+    (grad_dense,) = torch.autograd.grad(dense, weight, g)
+    (grad_sparse,) = torch.autograd.grad(sparse, weight, g)
+    assert torch.allclose(grad_dense, grad_sparse, atol=1e-6)
+
+    model = Dreamer(cartpole_spec, **{**TINY, "stoch": 3})
+    state = {"h": torch.randn(6, 16), "z": z, "idx": flat}
+    feat = model.wm.features(state)
+    for mlp in (model.wm.reward_head, model.wm.cont_head, model.critic, model.actor):
+        assert torch.allclose(model.wm.first_layer(mlp, state), mlp(feat), atol=1e-5)
+    assert torch.equal(model.wm.onehot_index(z), flat)
+
+
+def test_imagination_gradients_reach_only_their_networks(cartpole_spec):
+    torch.manual_seed(0)
+    model = Dreamer(cartpole_spec, **TINY)
+    batch = cartpole_batch()
+    _, _, post = model.world_model_loss(batch)
+    start = {k: post[k].detach().flatten(0, 1) for k in ("h", "z", "idx")}
+    traj = model.imagine(start, 1.0 - batch["is_terminal"].flatten().float())
+    H, N = TINY["horizon"], 4 * 12
+    assert traj["features"].shape == (H + 1, N, 16 + 16)
+    assert traj["actions"].shape == (H, N, 2) and traj["returns"].shape == (H, N)
+    assert traj["weight"].shape == (H + 1, N)
+    assert torch.all(traj["weight"][:, 4] == 0)  # imagination from a terminal state counts for nothing
+    actor_loss, critic_loss, logs = model.behaviour_losses(traj)
+    actor_loss.backward(retain_graph=True)
+    assert all(p.grad is None for p in model.wm.parameters())
+    assert all(p.grad is None for p in model.critic.parameters())
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.actor.parameters())
+    model.zero_grad()
+    critic_loss.backward()
+    assert all(p.grad is None for p in model.wm.parameters()) and all(p.grad is None for p in model.actor.parameters())
+    assert model.critic[-1].weight.grad.abs().sum() > 0
+    assert float(logs["train/return_scale"]) >= 1.0
+
+
+def _train(model: Dreamer, batch: dict[str, torch.Tensor], steps: int) -> list[dict[str, float]]:
+    optimizers = model.configure_optimizers()
+    history = []
+    B, L = batch["is_first"].shape
+    for _ in range(steps):
+        loss, logs, post = model.world_model_loss(batch)
+        optimizers[0].zero_grad()
+        loss.backward()
+        optimizers[0].step()
+        start = {k: post[k].detach().flatten(0, 1) for k in ("h", "z", "idx") if k in post}
+        traj = model.imagine(start, 1.0 - batch["is_terminal"].reshape(B * L).float())
+        actor_loss, critic_loss, blogs = model.behaviour_losses(traj)
+        for opt, l in ((optimizers[1], actor_loss), (optimizers[2], critic_loss)):
+            opt.zero_grad()
+            l.backward()
+            opt.step()
+        model._update_slow_critic()
+        history.append({k: float(v) for k, v in {**logs, **blogs}.items()})
+    return history
+
+
+def test_losses_fall_on_a_fixed_batch(cartpole_spec):
+    torch.manual_seed(0)
+    model = Dreamer(cartpole_spec, **TINY, lr_model=3e-3, lr_critic=3e-3, lr_actor=1e-3)
+    history = _train(model, cartpole_batch(), 40)
+    first, last = history[0], history[-1]
+    assert last["train/loss_model"] < 0.7 * first["train/loss_model"]
+    assert last["train/loss_recon"] < 0.7 * first["train/loss_recon"]
+    assert last["train/loss_reward"] < 0.5 * first["train/loss_reward"]
+    assert last["train/loss_critic"] < first["train/loss_critic"]
+    # rewards of 1 are learnt: imagined rewards, returns and values rise from 0
+    assert last["train/imag_reward"] > 0.3 and last["train/imag_return"] > 0.8
+    assert last["train/imag_value"] > 0.1
+
+
+@pytest.mark.parametrize(
+    "options",
+    [dict(latent="gaussian"), dict(twohot=False, symlog_obs=False, return_norm=False)],
+    ids=["gaussian", "mse-heads"],
+)
+def test_variants_train(cartpole_spec, options):
+    torch.manual_seed(0)
+    model = Dreamer(cartpole_spec, **{**TINY, **options}, lr_model=3e-3)
+    history = _train(model, cartpole_batch(), 15)
+    assert history[-1]["train/loss_model"] < history[0]["train/loss_model"]
+    assert all(torch.isfinite(torch.tensor(list(h.values()))).all() for h in history)
+
+
+def test_act_discrete_explore_and_mode(cartpole_spec):
+    torch.manual_seed(0)
+    model = Dreamer(cartpole_spec, **TINY)
+    state = model.initial_state(3)
+    obs = torch.randn(3, 4)
+    action, new_state, extras = model.act(obs, state, explore=True)
+    assert action.dtype == torch.int64 and action.shape == (3,) and extras == {}
+    assert set(new_state) == {"h", "z", "action"}
+    assert torch.equal(new_state["action"].argmax(-1), action)
+    # explore=False is the actor's mode: deterministic given the state
+    torch.manual_seed(1)
+    a1, s1, _ = model.act(obs, state, explore=False)
+    logits = model.actor(model.wm.features(s1))
+    assert torch.equal(a1, logits.argmax(-1))
+
+
+def test_continuous_pendulum_dynamics_backprop():
+    torch.manual_seed(0)
+    spec = env_spec(EnvConfig(id="Pendulum-v1"))
+    model = Dreamer(spec, **TINY)
+    assert model.actor_grad == "dynamics"
+    state = model.initial_state(5)
+    action, state, _ = model.act(torch.randn(5, 3), state, explore=True)
+    assert action.shape == (5, 1) and action.dtype == torch.float32
+    assert action.abs().max() <= 2.0  # Pendulum torque bounds
+    B, L = 3, 8
+    batch = {
+        "obs": torch.randn(B, L, 3), "action": torch.rand(B, L, 1) * 4 - 2, "reward": -torch.rand(B, L),
+        "is_first": torch.zeros(B, L, dtype=torch.bool), "is_last": torch.zeros(B, L, dtype=torch.bool),
+        "is_terminal": torch.zeros(B, L, dtype=torch.bool),
+    }
+    assert model._action_input(batch["action"]).abs().max() <= 1.0
+    _, _, post = model.world_model_loss(batch)
+    traj = model.imagine({k: post[k].detach().flatten(0, 1) for k in ("h", "z")}, torch.ones(B * L))
+    actor_loss, critic_loss, _ = model.behaviour_losses(traj)
+    actor_loss.backward()
+    # gradients flow through the (frozen) dynamics into the actor, never into the model
+    assert model.actor[0].weight.grad.abs().sum() > 0
+    assert all(p.grad is None for p in model.wm.parameters())
+    assert all(p.grad is None for p in model.critic.parameters())
+
+
+# -- command line -------------------------------------------------------------------------------
+def _scalars(run_dir: Path, tag: str) -> list[float]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    values = []
+    for version in sorted(run_dir.glob("version_*")):
+        acc = EventAccumulator(str(version))
+        acc.Reload()
+        if tag in acc.Tags()["scalars"]:
+            values += [e.value for e in acc.Scalars(tag)]
+    return values
+
+
+def _fit_args(config: str, steps: int, extra: list[str] = ()) -> list[str]:
+    return [
+        "fit", "--config", str(ROOT / "configs/dreamer" / config),
+        "--config", str(ROOT / "configs/dreamer/presets/debug.yaml"),
+        "--trainer.max_steps", str(steps), "--trainer.log_every_n_steps", "1",
+        "--trainer.val_check_interval", str(steps), "--trainer.enable_progress_bar", "false",
+        "--trainer.run_name", "run", "--model.init_args.lr_model", "3e-3",
+        "--data.init_args.batch_size", "4", "--data.init_args.sequence_length", "16",
+        "--data.init_args.prefill", "64", "--data.init_args.eval_episodes", "1",
+        "--data.init_args.eval_envs", "1", *extra,
+    ]
+
+
+def test_cli_fit_cartpole_vector_losses_fall():
+    cli = main(args=_fit_args("cartpole.yaml", 24))
+    assert cli.trainer.global_step == 24  # one counted optimizer step per gradient step
+    losses = _scalars(Path("lightning_logs/run"), "train/loss_model")
+    assert len(losses) >= 20
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5
+    for tag in ("train/loss_kl_dyn", "train/loss_actor", "train/loss_critic", "train/entropy",
+                "train/imag_return", "grad_norm/model", "val/return", "val/openloop_mse"):
+        assert _scalars(Path("lightning_logs/run"), tag), tag
+
+
+def test_cli_fit_pendulum_continuous():
+    cli = main(args=_fit_args("pendulum.yaml", 8))
+    assert cli.trainer.global_step == 8 and cli.model.actor_grad == "dynamics"
+    losses = _scalars(Path("lightning_logs/run"), "train/loss_model")
+    assert len(losses) == 8 and all(map(torch.isfinite, torch.tensor(losses)))
+    assert losses[-1] < losses[0]
+    assert _scalars(Path("lightning_logs/run"), "val/return")
+
+
+def test_cli_fit_cartpole_pixels_losses_fall_and_logs_openloop_image():
+    cli = main(args=_fit_args("cartpole_pixels.yaml", 12, ["--data.init_args.sequence_length", "8"]))
+    assert cli.model.wm.pixels
+    losses = _scalars(Path("lightning_logs/run"), "train/loss_recon")
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(next(Path("lightning_logs/run").glob("version_*"))))
+    acc.Reload()
+    assert "val/openloop" in acc.Tags()["images"]
+
+
+def test_cli_resume_restores_optimizers_slow_critic_and_return_norm():
+    main(args=_fit_args("cartpole.yaml", 6))
+    ckpt_path = Path("lightning_logs/run/checkpoints/last.ckpt")
+    ckpt = torch.load(ckpt_path, weights_only=False)
+    assert ckpt["global_step"] == 6
+    assert len(ckpt["optimizer_states"]) == 3 and all(s["state"] for s in ckpt["optimizer_states"])
+    state = ckpt["state_dict"]
+    assert any(k.startswith("slow_critic.") for k in state)
+    assert state["ret_high"] != 0 or state["ret_low"] != 0
+    # the slow critic moved towards the critic but is its own copy
+    assert not torch.equal(state["slow_critic.0.weight"], state["critic.0.weight"])
+    cli = main(args=_fit_args("cartpole.yaml", 10, ["--ckpt_path", "last"]))
+    assert cli.trainer.global_step == 10
+    model = cli.model
+    assert model.ret_high.item() != state["ret_high"].item()  # kept updating from the restored value
+    assert len(cli.trainer.optimizers) == 3
