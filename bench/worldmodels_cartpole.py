@@ -1,0 +1,182 @@
+"""Benchmark: World Models (V + M + C) on pixel CartPole-v1, the whole pipeline through the CLI.
+
+Stages (each the CLI command README documents, run in-process in ``--workdir``):
+
+1. ``record``  random-policy episodes (64x64x3 frames)           configs/worldmodels/cartpole_pixels/record.yaml
+2. ``fit`` V   the VAE                                            .../vision.yaml
+3. ``convert`` every episode into V's latents                     .../vision.yaml --ckpt_path last
+4. ``fit`` M   the MDN-RNN on the latents                         .../memory.yaml
+5. ``fit`` C   CMA-ES in the real env                             .../controller.yaml
+6. ``fit`` C   CMA-ES inside M's dream (DreamEnv)                 .../controller.yaml --model.init_args.train_in dream
+
+and prints per stage the wall time and its figure: V's held-out reconstruction MSE (per
+pixel value on the [0, 1] scale), M's held-out NLL (nats per latent dimension), and each
+controller's mean ± std return over ``--eval-episodes`` real episodes (one episode per env,
+run to the end: no bias towards short episodes).
+
+    python bench/worldmodels_cartpole.py                  # the full run
+    python bench/worldmodels_cartpole.py --quick          # a minutes-long smoke run (numbers meaningless)
+    python bench/worldmodels_cartpole.py --stages controller,dream   # reuse earlier stages in --workdir
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+CONFIGS = ROOT / "configs" / "worldmodels" / "cartpole_pixels"
+STAGES = ("record", "vision", "convert", "memory", "controller", "dream")
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workdir", default="bench_runs/worldmodels_cartpole")
+    p.add_argument("--stages", default=",".join(STAGES), help="comma-separated subset of " + ",".join(STAGES))
+    p.add_argument("--episodes", type=int, default=600, help="random episodes recorded")
+    p.add_argument("--vision-epochs", type=int, default=4)
+    p.add_argument("--memory-epochs", type=int, default=10)
+    p.add_argument("--memory-batches", type=int, default=100, help="M training batches per epoch")
+    p.add_argument("--generations", type=int, default=15, help="CMA-ES generations in the real env")
+    p.add_argument("--dream-generations", type=int, default=30, help="CMA-ES generations inside the dream")
+    p.add_argument("--popsize", type=int, default=16)
+    p.add_argument("--episodes-per-member", type=int, default=2)
+    p.add_argument("--dream-episodes-per-member", type=int, default=8)
+    p.add_argument("--dream-temperature", type=float, default=1.0)
+    p.add_argument("--eval-episodes", type=int, default=20)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for these small nets)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes: checks the pipeline, not the figures")
+    args = p.parse_args()
+    if args.quick:
+        args.episodes, args.vision_epochs, args.memory_epochs, args.memory_batches = 40, 1, 1, 20
+        args.generations, args.dream_generations, args.popsize, args.eval_episodes = 2, 2, 4, 4
+        args.episodes_per_member = args.dream_episodes_per_member = 1
+    return args
+
+
+def run(command: list[str]):
+    from lightning_wm.cli import main
+
+    return main(args=command)
+
+
+QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+
+
+def evaluate_real(model, episodes: int, seed: int = 900_000) -> tuple[float, float]:
+    """Mean ± std return of the controller's weights over ``episodes`` real episodes."""
+    import torch
+
+    from lightning_wm.envs import EnvConfig
+
+    env = EnvConfig(id="CartPole-v1", pixels=True, size=(64, 64), seed=seed)
+    model.eval()
+    with torch.no_grad():
+        returns = model.evaluate_population(model.params.detach()[None], episodes, seed, where="real", config=env,
+                                            per_episode=True)[0]
+    return float(returns.mean()), float(returns.std(unbiased=False))
+
+
+def main() -> None:
+    args = parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    stages = [s.strip() for s in args.stages.split(",") if s.strip()]
+    unknown = set(stages) - set(STAGES)
+    if unknown:
+        raise SystemExit(f"unknown stages {sorted(unknown)}; choose from {STAGES}")
+    work = Path(args.workdir).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    os.chdir(work)
+    if "record" in stages:  # a fresh pipeline: clear this bench's own outputs
+        for sub in ("data", "lightning_logs"):
+            shutil.rmtree(work / sub, ignore_errors=True)
+    if "convert" in stages:
+        shutil.rmtree(work / "data/worldmodels/cartpole_pixels/latents", ignore_errors=True)
+    runs = {"vision": "vision", "memory": "memory", "controller": "controller", "dream": "controller-dream"}
+    for name, run_name in runs.items():  # a re-run stage starts from scratch, not from its last checkpoint
+        if name in stages:
+            shutil.rmtree(work / "lightning_logs" / f"worldmodels-cartpole_pixels-{run_name}", ignore_errors=True)
+
+    rows: list[tuple[str, float, str]] = []
+    total = time.time()
+
+    def stage(name: str, fn):
+        start = time.time()
+        figure = fn()
+        rows.append((name, time.time() - start, figure))
+        print(f"\n=== {name}: {rows[-1][1]:.0f} s  {figure}\n", flush=True)
+
+    def record() -> str:
+        run(["record", "--config", str(CONFIGS / "record.yaml"), "--episodes", str(args.episodes)])
+        from lightning_wm.data.episodes import EpisodeStore
+
+        store = EpisodeStore("data/worldmodels/cartpole_pixels/frames")
+        return f"{len(store)} episodes, {store.total_steps()} frames"
+
+    def vision() -> str:
+        cli = run(["fit", "--config", str(CONFIGS / "vision.yaml"), *QUIET,
+                   "--trainer.max_epochs", str(args.vision_epochs)])
+        m = cli.trainer.callback_metrics
+        return f"val recon MSE {float(m['val/mse']):.5f} per pixel value, KL {float(m['val/kl']):.1f} nats"
+
+    def convert() -> str:
+        run(["convert", "--config", str(CONFIGS / "vision.yaml"), "--ckpt_path", "last",
+             "--target", "data/worldmodels/cartpole_pixels/latents"])
+        return "latent store written"
+
+    def memory() -> str:
+        cli = run(["fit", "--config", str(CONFIGS / "memory.yaml"), *QUIET,
+                   "--trainer.max_epochs", str(args.memory_epochs),
+                   "--data.init_args.train_batches", str(args.memory_batches)])
+        m = cli.trainer.callback_metrics
+        return (f"val NLL {float(m['val/nll']):.3f} nats/dim, done BCE {float(m['val/done_loss']):.3f} "
+                f"(acc {float(m['val/done_acc']):.3f})")
+
+    def controller(dream: bool) -> str:
+        generations = args.dream_generations if dream else args.generations
+        command = ["fit", "--config", str(CONFIGS / "controller.yaml"), *QUIET,
+                   "--trainer.max_steps", str(generations), "--trainer.val_check_interval", str(10**6),
+                   "--model.init_args.popsize", str(args.popsize)]
+        if dream:
+            command += ["--trainer.run_name", "worldmodels-cartpole_pixels-controller-dream",
+                        "--model.init_args.train_in", "dream",
+                        "--model.init_args.dream_dir", "data/worldmodels/cartpole_pixels/latents",
+                        "--model.init_args.dream_temperature", str(args.dream_temperature),
+                        "--model.init_args.episodes_per_member", str(args.dream_episodes_per_member)]
+        else:
+            command += ["--model.init_args.episodes_per_member", str(args.episodes_per_member)]
+        cli = run(command)
+        m = cli.trainer.callback_metrics
+        fit_seconds = time.time() - start_times[-1]
+        mean, std = evaluate_real(cli.model, args.eval_episodes)
+        where = "dream" if dream else "real-env"
+        return (f"last generation {where} fitness mean {float(m['fitness/mean']):.1f} best "
+                f"{float(m['fitness/best']):.1f}; fit {fit_seconds:.0f} s; real return {mean:.1f} ± {std:.1f} "
+                f"over {args.eval_episodes} episodes")
+
+    start_times: list[float] = []
+    plan = {"record": record, "vision": vision, "convert": convert, "memory": memory,
+            "controller": lambda: controller(False), "dream": lambda: controller(True)}
+    for name in STAGES:
+        if name in stages:
+            start_times.append(time.time())
+            stage(name, plan[name])
+
+    elapsed = time.time() - total
+    print("\n| stage | wall time (s) | figure |\n| --- | ---: | --- |")
+    for name, seconds, figure in rows:
+        print(f"| {name} | {seconds:.0f} | {figure} |")
+    print(f"| total | {elapsed:.0f} | {'quick smoke settings' if args.quick else 'full settings'}, "
+          f"{args.threads} torch thread(s) |")
+
+
+if __name__ == "__main__":
+    main()

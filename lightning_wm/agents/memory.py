@@ -1,0 +1,292 @@
+"""World Models memory (M): an MDN-RNN over V's latents.
+
+An LSTM reads ``[z_t, a_t]`` and its output ``h_{t+1}`` predicts a mixture of ``K`` diagonal
+Gaussians for ``z_{t+1}``, the reward ``r_{t+1}`` received on arriving there and whether the
+episode terminated there (row convention: ``reward[t+1]``, ``is_terminal[t+1]``).
+
+Training sequences come from a latent store (``EpisodeDataModule(mode='sequences')`` over the
+output of ``convert``): ``mu``, ``logvar`` ``[B, L, Z]``, ``action``, ``reward``, ``is_first``,
+``is_terminal`` ``[B, L]``; ``z`` is drawn from ``N(mu, exp(logvar))`` every batch as in the
+reference. Sequences may cross episode borders: the LSTM state is reset where ``is_first`` and
+no prediction target crosses a border.
+
+Mixture layout (``mixture``): ``per_dim`` (default, the reference implementation: every latent
+dimension has its own ``K``-component 1-D mixture) or ``joint`` (``K`` components over the
+whole ``z``). Both go through :func:`lightning_wm.nn.mdn.mdn_log_prob`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lightning_wm.envs import EnvSpec
+from lightning_wm.nn.mdn import mdn_log_prob, mdn_sample, per_dim_layout
+
+LSTMState = tuple[Tensor, Tensor]
+
+
+def load_checkpoint_module(cls: type[pl.LightningModule], path: str, device: torch.device | str = "cpu") -> Any:
+    """Load a trained module of class ``cls`` from a Lightning checkpoint, frozen, in eval mode."""
+    from pathlib import Path
+
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{cls.__name__} checkpoint {path!r} does not exist; train it first with `fit`")
+    module = cls.load_from_checkpoint(path, map_location=device, weights_only=False)
+    module.eval()
+    module.requires_grad_(False)
+    return module
+
+
+class Memory(pl.LightningModule):
+    """MDN-RNN (World Models' M).
+
+    Args:
+        env_spec: spec of the env the latents were recorded in (linked by the CLI); gives
+            the action space.
+        z_size: V's latent size.
+        hidden_size: LSTM units (256 in the paper).
+        num_mixtures: Gaussians per mixture (5).
+        mixture: ``per_dim`` (reference) or ``joint``.
+        temperature: sampling temperature of dreams (1.0; 1.15 for Doom).
+        lr: Adam learning rate (1e-3 in the reference, with gradient clipping 1.0 set in
+            the trainer: ``gradient_clip_val``).
+        reward_weight, done_weight: weights of the reward (MSE) and done (BCE) losses; 0
+            disables a head's loss.
+        done_pos_weight: weight of the positive (terminal) class in the done BCE.
+        burn_in: first steps of every window that only warm the LSTM (no loss).
+        sample_z: draw ``z`` from ``mu``/``logvar`` per batch (reference); else use ``mu``.
+        vision_ckpt: V's checkpoint; when given, validation logs a decoded open-loop dream.
+        dream_length, dream_sequences: size of that dream image.
+        action_dim, discrete: the action space when no ``env_spec`` is given.
+    """
+
+    def __init__(
+        self,
+        env_spec: EnvSpec | None = None,
+        z_size: int = 32,
+        hidden_size: int = 256,
+        num_mixtures: int = 5,
+        mixture: Literal["per_dim", "joint"] = "per_dim",
+        temperature: float = 1.0,
+        lr: float = 1e-3,
+        reward_weight: float = 1.0,
+        done_weight: float = 1.0,
+        done_pos_weight: float = 1.0,
+        burn_in: int = 0,
+        sample_z: bool = True,
+        vision_ckpt: str | None = None,
+        dream_length: int = 16,
+        dream_sequences: int = 4,
+        action_dim: int | None = None,
+        discrete: bool | None = None,
+    ) -> None:
+        super().__init__()
+        if env_spec is not None:
+            action_dim, discrete = env_spec.action_dim, env_spec.discrete
+        if action_dim is None or discrete is None:
+            raise ValueError("Memory needs the action space: pass env_spec (the CLI links it) or action_dim and discrete")
+        if mixture not in ("per_dim", "joint"):
+            raise ValueError(f"mixture must be 'per_dim' or 'joint', got {mixture!r}")
+        self.save_hyperparameters(ignore=["env_spec"])
+        self.hparams["action_dim"], self.hparams["discrete"] = int(action_dim), bool(discrete)
+        self.env_spec = env_spec
+        self.z_size, self.hidden_size, self.num_mixtures, self.mixture = z_size, hidden_size, num_mixtures, mixture
+        self.action_dim, self.discrete = int(action_dim), bool(discrete)
+        self.temperature, self.lr = temperature, lr
+        self.reward_weight, self.done_weight, self.done_pos_weight = reward_weight, done_weight, done_pos_weight
+        self.burn_in, self.sample_z = burn_in, sample_z
+        self.vision_ckpt, self.dream_length, self.dream_sequences = vision_ckpt, dream_length, dream_sequences
+        self.lstm = nn.LSTM(z_size + self.action_dim, hidden_size, batch_first=True)
+        k, d = num_mixtures, z_size
+        self.mdn_out = 3 * k * d if mixture == "per_dim" else k + 2 * k * d
+        self.mdn_head = nn.Linear(hidden_size, self.mdn_out)
+        self.reward_head = nn.Linear(hidden_size, 1)
+        self.done_head = nn.Linear(hidden_size, 1)
+        self._vision: list[Any] = []  # V, loaded lazily for dream images (not a submodule)
+
+    # -- pieces -----------------------------------------------------------------------
+    def action_input(self, action: Tensor) -> Tensor:
+        """Env actions -> LSTM input: int64 ``[...]`` -> one-hot ``[..., A]``; float ``[..., A]`` as is."""
+        if not torch.is_floating_point(action):
+            return F.one_hot(action.long(), self.action_dim).float()
+        if action.shape[-1] != self.action_dim:
+            raise ValueError(f"actions must be [..., {self.action_dim}] floats or integer indices, got {tuple(action.shape)}")
+        return action.float()
+
+    def initial_state(self, batch_size: int, device: torch.device | None = None) -> LSTMState:
+        """Zero LSTM state ``(h, c)``, each ``[B, hidden]``."""
+        device = device if device is not None else self.device
+        zeros = torch.zeros(batch_size, self.hidden_size, device=device)
+        return zeros, zeros.clone()
+
+    def step(self, z: Tensor, action_in: Tensor, state: LSTMState) -> tuple[Tensor, LSTMState]:
+        """One LSTM step: ``z [B, Z]``, ``action_in [B, A]`` -> ``(h' [B, H], (h', c'))``."""
+        x = torch.cat([z, action_in], -1).unsqueeze(1)
+        out, (h, c) = self.lstm(x, (state[0].unsqueeze(0).contiguous(), state[1].unsqueeze(0).contiguous()))
+        return out[:, 0], (h[0], c[0])
+
+    def unroll(self, z: Tensor, action_in: Tensor, is_first: Tensor | None = None,
+               state: LSTMState | None = None) -> tuple[Tensor, LSTMState]:
+        """Run the LSTM over ``[B, L]`` steps, resetting the state to zero where ``is_first``.
+
+        Args:
+            z: ``[B, L, Z]``; action_in: ``[B, L, A]``; is_first: bool ``[B, L]`` or None.
+            state: ``(h, c)`` ``[B, H]`` before the first step (zeros if None).
+        Returns:
+            ``(out [B, L, H], final state)``; ``out[:, t]`` has read ``z_t, a_t`` and predicts ``t+1``.
+        """
+        b, length = z.shape[:2]
+        x = torch.cat([z, action_in], -1)
+        h, c = state if state is not None else self.initial_state(b, z.device)
+        if is_first is None:
+            is_first = torch.zeros(b, length, dtype=torch.bool, device=z.device)
+        # split the window where any sequence starts a new episode; reset the state there
+        starts = [0] + [t for t in range(1, length) if bool(is_first[:, t].any())]
+        outs = []
+        for i, t0 in enumerate(starts):
+            t1 = starts[i + 1] if i + 1 < len(starts) else length
+            keep = (~is_first[:, t0]).float().unsqueeze(-1)
+            h, c = h * keep, c * keep
+            out, (hn, cn) = self.lstm(x[:, t0:t1], (h.unsqueeze(0).contiguous(), c.unsqueeze(0).contiguous()))
+            h, c = hn[0], cn[0]
+            outs.append(out)
+        return torch.cat(outs, 1), (h, c)
+
+    def heads(self, out: Tensor) -> dict[str, Tensor]:
+        """``out [..., H]`` -> mixture parameters in :func:`mdn_log_prob` layout, ``reward [...]``,
+        ``done_logit [...]``. ``per_dim``: ``logit_pi [..., Z, K]``, ``mu/log_sigma [..., Z, K, 1]``;
+        ``joint``: ``logit_pi [..., K]``, ``mu/log_sigma [..., K, Z]``."""
+        p = self.mdn_head(out)
+        k, d = self.num_mixtures, self.z_size
+        if self.mixture == "per_dim":
+            logit_pi, mu, log_sigma = p.unflatten(-1, (d, 3 * k)).split(k, -1)
+            logit_pi, mu, log_sigma = per_dim_layout(logit_pi, mu, log_sigma)
+        else:
+            logit_pi = p[..., :k]
+            mu, log_sigma = p[..., k:].unflatten(-1, (2, k, d)).unbind(-3)
+        log_sigma = log_sigma.clamp(-7.0, 3.0)
+        return {
+            "logit_pi": logit_pi,
+            "mu": mu,
+            "log_sigma": log_sigma,
+            "reward": self.reward_head(out).squeeze(-1),
+            "done_logit": self.done_head(out).squeeze(-1),
+        }
+
+    def log_prob(self, heads: dict[str, Tensor], z: Tensor) -> Tensor:
+        """``log p(z [..., Z])`` under the predicted mixture -> ``[...]`` (summed over dimensions)."""
+        if self.mixture == "per_dim":
+            return mdn_log_prob(heads["logit_pi"], heads["mu"], heads["log_sigma"], z.unsqueeze(-1)).sum(-1)
+        return mdn_log_prob(heads["logit_pi"], heads["mu"], heads["log_sigma"], z)
+
+    def sample_next(self, heads: dict[str, Tensor], temperature: float | None = None,
+                    generator: torch.Generator | None = None) -> Tensor:
+        """Draw ``z_{t+1} [..., Z]`` from the predicted mixture at ``temperature``."""
+        tau = self.temperature if temperature is None else temperature
+        z = mdn_sample(heads["logit_pi"], heads["mu"], heads["log_sigma"], tau, generator)
+        return z.squeeze(-1) if self.mixture == "per_dim" else z
+
+    # -- training ---------------------------------------------------------------------
+    def losses(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Losses on a ``[B, L, ...]`` batch of the latent store.
+
+        The output at ``t`` is scored on row ``t+1`` unless ``is_first[t+1]`` (new episode) or
+        ``t < burn_in``. Returns ``loss``, ``nll`` (per latent dimension), ``reward_loss`` (MSE),
+        ``done_loss`` (BCE on ``is_terminal``) and ``done_acc``.
+        """
+        mu, logvar = batch["mu"].float(), batch["logvar"].float()
+        z = mu + (0.5 * logvar).exp() * torch.randn_like(mu) if self.sample_z else mu
+        is_first = batch["is_first"].bool()
+        out, _ = self.unroll(z, self.action_input(batch["action"]), is_first)
+        heads = self.heads(out[:, :-1])
+        valid = ~is_first[:, 1:]
+        if self.burn_in > 0:
+            valid[:, : self.burn_in] = False
+        weight = valid.float()
+        count = weight.sum().clamp(min=1.0)
+        nll = -(self.log_prob(heads, z[:, 1:]) * weight).sum() / count / self.z_size
+        reward_loss = ((heads["reward"] - batch["reward"][:, 1:].float()).square() * weight).sum() / count
+        done_target = batch["is_terminal"][:, 1:].float()
+        pos_weight = torch.tensor(self.done_pos_weight, device=out.device)
+        done_loss = (F.binary_cross_entropy_with_logits(heads["done_logit"], done_target, reduction="none",
+                                                        pos_weight=pos_weight) * weight).sum() / count
+        done_acc = (((heads["done_logit"] > 0).float() == done_target).float() * weight).sum() / count
+        loss = nll + self.reward_weight * reward_loss + self.done_weight * done_loss
+        return {"loss": loss, "nll": nll, "reward_loss": reward_loss, "done_loss": done_loss, "done_acc": done_acc}
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        losses = self.losses(batch)
+        self.log_dict({f"train/{k}": v for k, v in losses.items() if k != "loss"})
+        self.log("train/loss", losses["loss"], prog_bar=True)
+        return losses["loss"]
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        losses = self.losses(batch)
+        self.log_dict({f"val/{k}": v for k, v in losses.items()}, batch_size=batch["mu"].shape[0], sync_dist=True)
+        if batch_idx == 0 and self.vision_ckpt:
+            from lightning_wm.agents.vision import image_grid, log_image
+
+            log_image(self, "val/real_vs_dream", image_grid(self.dream_rows(batch)))
+
+    test_step = validation_step
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=self.lr)
+
+    # -- dreams -----------------------------------------------------------------------
+    def vision(self) -> Any:
+        """V from ``vision_ckpt`` (loaded once, frozen, on this module's device)."""
+        if not self._vision:
+            from lightning_wm.agents.vision import Vision
+
+            if not self.vision_ckpt:
+                raise ValueError("Memory.vision_ckpt is not set")
+            self._vision.append(load_checkpoint_module(Vision, self.vision_ckpt, self.device))
+        vision = self._vision[0]
+        if vision.device != self.device:
+            vision.to(self.device)
+        return vision
+
+    @torch.no_grad()
+    def open_loop_dream(self, mu: Tensor, action: Tensor, is_first: Tensor, length: int,
+                        temperature: float | None = None) -> tuple[Tensor, Tensor]:
+        """Roll M out from the real ``z_0 = mu[:, 0]`` under the recorded actions (open loop).
+
+        Args:
+            mu: ``[B, L, Z]`` real latents; action: ``[B, L(, A)]``; is_first: ``[B, L]``.
+        Returns:
+            ``(dream [B, T, Z], valid [B, T])``, ``T = min(length, L)``; ``valid`` is false from
+            the first episode border after ``t = 0`` on.
+        """
+        steps = min(length, mu.shape[1])
+        actions = self.action_input(action)
+        valid = (~is_first[:, 1:steps].bool()).cumprod(1).bool()
+        valid = torch.cat([torch.ones_like(valid[:, :1]), valid], 1)
+        z, state, dream = mu[:, 0], self.initial_state(mu.shape[0], mu.device), [mu[:, 0]]
+        for t in range(steps - 1):
+            out, state = self.step(z, actions[:, t], state)
+            z = self.sample_next(self.heads(out), temperature)
+            dream.append(z)
+        return torch.stack(dream, 1), valid
+
+    @torch.no_grad()
+    def dream_rows(self, batch: dict[str, Tensor]) -> list[Tensor]:
+        """Rows of ``uint8 [T, H, W, C]`` frames: for each of ``dream_sequences`` sequences, V's
+        decoding of the real latents above the decoded open-loop dream (black past a border)."""
+        n = min(self.dream_sequences, batch["mu"].shape[0])
+        mu = batch["mu"][:n].float()
+        dream, valid = self.open_loop_dream(mu, batch["action"][:n], batch["is_first"][:n], self.dream_length)
+        vision = self.vision()
+        steps = dream.shape[1]
+        mask = valid.view(n, steps, 1, 1, 1)
+        real = vision.decode_frames(mu[:, :steps]) * mask
+        fake = vision.decode_frames(dream) * mask
+        rows: list[Tensor] = []
+        for i in range(n):
+            rows.extend([real[i], fake[i]])
+        return rows

@@ -1,0 +1,92 @@
+"""V + M as a :class:`~lightning_wm.world_model.WorldModel`: the dynamics of World Models' dream.
+
+State: a dict ``{"z": [B, Z], "h": [B, H], "c": [B, H]}`` — the current latent frame and the
+LSTM state that has read everything before it. ``features`` is ``[z, h]`` (the controller's
+input), ``step`` feeds ``[z, a]`` to the LSTM and samples ``z'`` from the mixture at the
+model's temperature, so ``features(next_state) = [z', h']`` exactly as when the controller
+runs in the real env (``h'`` after reading ``z, a``; ``z'`` encoded from the next frame).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lightning_wm.agents.memory import Memory, load_checkpoint_module
+from lightning_wm.agents.vision import Vision
+from lightning_wm.world_model import WorldModel
+
+VMState = dict[str, Tensor]
+
+
+class VisionMemoryModel(nn.Module, WorldModel):
+    """Frozen V and M stepped together.
+
+    Args:
+        vision: trained :class:`Vision` (encodes real frames, decodes dreamed ones).
+        memory: trained :class:`Memory` (z size must match V's).
+        temperature: sampling temperature (``None``: the memory's own).
+        sample_initial_z: draw the initial ``z`` from V's posterior instead of taking its mean.
+    """
+
+    def __init__(self, vision: Vision, memory: Memory, temperature: float | None = None,
+                 sample_initial_z: bool = False) -> None:
+        super().__init__()
+        if vision.z_size != memory.z_size:
+            raise ValueError(f"V's z_size {vision.z_size} differs from M's z_size {memory.z_size}")
+        self.vision, self.memory = vision, memory
+        self.temperature = memory.temperature if temperature is None else temperature
+        self.sample_initial_z = sample_initial_z
+        self.requires_grad_(False)
+        self.eval()
+
+    @classmethod
+    def from_checkpoints(cls, vision_ckpt: str, memory_ckpt: str, device: torch.device | str = "cpu",
+                         **kwargs: Any) -> "VisionMemoryModel":
+        """Load V and M from their Lightning checkpoints (frozen, eval mode)."""
+        return cls(load_checkpoint_module(Vision, vision_ckpt, device),
+                   load_checkpoint_module(Memory, memory_ckpt, device), **kwargs)
+
+    @property
+    def z_size(self) -> int:
+        return self.memory.z_size
+
+    @property
+    def feature_dim(self) -> int:
+        return self.memory.z_size + self.memory.hidden_size
+
+    # -- WorldModel -------------------------------------------------------------------
+    def initial_state(self, obs: Tensor, generator: torch.Generator | None = None) -> VMState:
+        """``uint8 [B, H, W, C]`` real frames -> state with zero LSTM memory."""
+        mu, logvar = self.vision.encode(obs)
+        return self.initial_state_from_latent(mu, logvar, generator)
+
+    def initial_state_from_latent(self, mu: Tensor, logvar: Tensor | None = None,
+                                  generator: torch.Generator | None = None) -> VMState:
+        """``mu, logvar [B, Z]`` (V's posterior of real frames) -> state with zero LSTM memory."""
+        z = mu
+        if self.sample_initial_z and logvar is not None:
+            z = Vision.sample(mu, logvar, generator)
+        h, c = self.memory.initial_state(mu.shape[0], mu.device)
+        return {"z": z, "h": h, "c": c}
+
+    def step(self, state: VMState, action: Tensor, generator: torch.Generator | None = None,
+             temperature: float | None = None) -> tuple[Tensor, VMState, Tensor]:
+        """``action [B, A]`` float (one-hot for discrete) or int64 ``[B]`` ->
+        ``(reward [B], next_state, done probability [B])``."""
+        out, (h, c) = self.memory.step(state["z"], self.memory.action_input(action), (state["h"], state["c"]))
+        heads = self.memory.heads(out)
+        tau = self.temperature if temperature is None else temperature
+        z = self.memory.sample_next(heads, tau, generator)
+        return heads["reward"], {"z": z, "h": h, "c": c}, torch.sigmoid(heads["done_logit"])
+
+    def features(self, state: VMState) -> Tensor:
+        """``[B, Z + H]``: ``[z, h]``."""
+        return torch.cat([state["z"], state["h"]], -1)
+
+    # -- rendering --------------------------------------------------------------------
+    def decode(self, state: VMState) -> Tensor:
+        """V's decoding of the state's latent frame: ``uint8 [B, 64, 64, C]``."""
+        return self.vision.decode_frames(state["z"])

@@ -1,0 +1,201 @@
+"""World Models controller: parameter count, batched policy math, CMA-ES learning and resume."""
+
+import numpy as np
+import pytest
+import pytorch_lightning as pl
+import torch
+import gymnasium as gym
+
+from lightning_wm.agents.controller import Controller, controller_forward, controller_num_params
+from lightning_wm.agents.memory import Memory
+from lightning_wm.agents.vision import Vision
+from lightning_wm.data.episodes import EpisodeStore
+from lightning_wm.data.generations import GenerationDataModule
+from lightning_wm.envs import EnvConfig, EnvSpec, env_spec
+
+torch.set_num_threads(1)
+
+CARRACING = EnvSpec(
+    gym.spaces.Box(0, 255, (64, 64, 3), np.uint8),
+    gym.spaces.Box(np.array([-1.0, 0.0, 0.0], np.float32), np.ones(3, np.float32)),
+    "CarRacing-v3",
+)
+
+
+def save_module(module: pl.LightningModule, path) -> str:
+    """A minimal Lightning checkpoint of an (untrained) module, loadable by load_from_checkpoint."""
+    torch.save({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams),
+                "pytorch-lightning_version": pl.__version__}, path)
+    return str(path)
+
+
+def test_paper_carracing_controller_has_867_parameters(tmp_path):
+    assert controller_num_params(32 + 256, 3) == 867
+    vision = save_module(Vision(CARRACING, z_size=32), tmp_path / "v.ckpt")
+    memory = save_module(Memory(CARRACING, z_size=32, hidden_size=256), tmp_path / "m.ckpt")
+    controller = Controller(CARRACING, vision_ckpt=vision, memory_ckpt=memory, popsize=4, episodes_per_member=1)
+    assert controller.num_params == 867 and controller.params.numel() == 867
+    assert controller.es.N == 867
+    # V and M are frozen; only the (gradient-free) CMA-ES weights are a trainable leaf
+    assert [n for n, p in controller.named_parameters() if p.requires_grad] == ["params"]
+    # act: features [z, h] -> tanh mapped onto the bounds; M's state advances
+    obs = torch.randint(0, 256, (5, 64, 64, 3), dtype=torch.uint8)
+    with torch.no_grad():
+        controller.params.normal_()
+    action, state, extras = controller.act(obs, controller.initial_state(5), explore=False)
+    assert action.shape == (5, 3) and action.dtype == torch.float32 and extras == {}
+    assert (action[:, 0].abs() <= 1).all() and (action[:, 1:] >= 0).all() and (action[:, 1:] <= 1).all()
+    assert state[0].shape == (5, 256) and state[0].abs().sum() > 0
+
+
+def test_one_hidden_layer_parameter_count():
+    assert controller_num_params(10, 2, hidden=4) == 11 * 4 + 5 * 2
+
+
+@pytest.mark.parametrize("hidden", [0, 3])
+def test_batched_policy_matches_a_per_member_loop(hidden):
+    g = torch.Generator().manual_seed(0)
+    f, o, b = 5, 2, 6
+    p = controller_num_params(f, o, hidden)
+    params, feats = torch.randn(b, p, generator=g), torch.randn(b, f, generator=g)
+    out = controller_forward(params, feats, f, o, hidden)
+    for i in range(b):
+        theta, x = params[i], feats[i]
+        if hidden == 0:
+            expected = theta[: o * f].view(o, f) @ x + theta[o * f :]
+        else:
+            w1, b1 = theta[: hidden * f].view(hidden, f), theta[hidden * f : hidden * f + hidden]
+            rest = theta[hidden * f + hidden :]
+            w2, b2 = rest[: o * hidden].view(o, hidden), rest[o * hidden :]
+            expected = w2 @ torch.tanh(w1 @ x + b1) + b2
+        torch.testing.assert_close(out[i], expected)
+    # a single parameter vector broadcasts over the batch
+    torch.testing.assert_close(controller_forward(params[0], feats, f, o, hidden),
+                               controller_forward(params[:1].expand(b, -1), feats, f, o, hidden))
+
+
+def _fit(model, datamodule, steps, ckpt_path=None):
+    trainer = pl.Trainer(max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0)
+    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+    return trainer
+
+
+def _cartpole_controller(**kwargs):
+    cfg = EnvConfig(id="CartPole-v1", seed=3)
+    dm = GenerationDataModule(cfg, eval_episodes=2, eval_envs=2)
+    args = dict(popsize=8, episodes_per_member=2, sigma0=0.5, seed=1)
+    args.update(kwargs)
+    return Controller(dm.spec, **args), dm
+
+
+def test_cma_es_learns_vector_cartpole_without_v_and_m():
+    model, dm = _cartpole_controller()
+    cfg = dm.env
+    start = model.evaluate_population(model.params.detach()[None], 4, seed=99, config=cfg).item()
+    trainer = _fit(model, dm, 10)
+    assert trainer.global_step == 10  # one step per generation
+    after = model.evaluate_population(model.params.detach()[None], 4, seed=99, config=cfg).item()
+    assert start < 20 and after > 150, (start, after)
+    assert trainer.callback_metrics["fitness/best"] >= trainer.callback_metrics["fitness/mean"]
+    assert trainer.callback_metrics["fitness/mean"] >= trainer.callback_metrics["fitness/worst"]
+    episodes = dm.evaluate(model, 2)  # the real-env validation path (act through the Collector)
+    assert len(episodes) == 2 and min(e["return"] for e in episodes) > 100
+
+
+def test_resume_continues_the_same_cma_es_state(tmp_path):
+    straight, dm = _cartpole_controller(popsize=4, episodes_per_member=1)
+    _fit(straight, dm, 4)
+
+    first, dm1 = _cartpole_controller(popsize=4, episodes_per_member=1)
+    trainer = _fit(first, dm1, 2)
+    ckpt = tmp_path / "gen2.ckpt"
+    trainer.save_checkpoint(ckpt)
+    saved = torch.load(ckpt, weights_only=True)  # the CMA-ES is a plain uint8 tensor
+    assert saved["cma_es"].dtype == torch.uint8
+
+    resumed, dm2 = _cartpole_controller(popsize=4, episodes_per_member=1)
+    trainer2 = _fit(resumed, dm2, 4, ckpt_path=str(ckpt))
+    assert trainer2.global_step == 4
+    assert resumed.es.countiter == straight.es.countiter == 4
+    np.testing.assert_array_equal(resumed.es.mean, straight.es.mean)
+    assert resumed.es.sigma == straight.es.sigma
+    torch.testing.assert_close(resumed.params, straight.params)
+
+
+def test_bad_configurations_are_named():
+    spec = env_spec(EnvConfig(id="CartPole-v1"))
+    with pytest.raises(ValueError, match="memory_ckpt needs vision_ckpt"):
+        Controller(spec, memory_ckpt="m.ckpt")
+    with pytest.raises(ValueError, match="train_in='dream' needs"):
+        Controller(spec, train_in="dream")
+    with pytest.raises(ValueError, match="need a trained V"):
+        Controller(CARRACING)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        Controller(CARRACING, vision_ckpt="missing.ckpt")
+
+
+class _SaveAtEnd(pl.Callback):
+    def __init__(self, path):
+        self.path = path
+
+    def on_train_end(self, trainer, pl_module):
+        trainer.save_checkpoint(self.path)  # collective; rank 0 writes
+
+
+def test_ddp_splits_the_population_and_matches_one_process(tmp_path):
+    """2 ranks (gloo, spawn): each evaluates half the population; the gathered fitness makes the
+    same CMA-ES update as one process evaluating everyone (common episode seeds per member)."""
+    single, dm = _cartpole_controller(popsize=5, episodes_per_member=2)
+    _fit(single, dm, 2)
+
+    model, dm2 = _cartpole_controller(popsize=5, episodes_per_member=2)
+    path = tmp_path / "ddp.ckpt"
+    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", max_steps=2, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         num_sanity_val_steps=0, limit_val_batches=0, callbacks=[_SaveAtEnd(str(path))])
+    trainer.fit(model, datamodule=dm2)
+    restored, _ = _cartpole_controller(popsize=5, episodes_per_member=2)
+    restored.on_load_checkpoint(torch.load(path, weights_only=True))
+    assert restored.es.countiter == single.es.countiter == 2
+    np.testing.assert_allclose(restored.es.mean, single.es.mean, rtol=1e-12, atol=1e-12)
+
+
+def test_cli_pipeline_end_to_end_and_controller_resume(capsys):
+    """record -> fit V -> convert -> fit M -> fit C (real; then resumed) -> evaluate, and C in the dream."""
+    from pathlib import Path
+
+    from lightning_wm.cli import main
+
+    cfg = Path(__file__).resolve().parents[1] / "configs" / "worldmodels" / "cartpole_pixels"
+    quiet = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+    main(["record", "--config", str(cfg / "record.yaml"), "--episodes", "6", "--data.init_args.env.num_envs", "2"])
+    assert len(EpisodeStore("data/worldmodels/cartpole_pixels/frames").paths()) == 6
+    v_args = ["--model.init_args.z_size", "4", "--model.init_args.depth", "4"]
+    main(["fit", "--config", str(cfg / "vision.yaml"), *v_args, *quiet, "--trainer.max_epochs", "1",
+          "--data.init_args.batch_size", "8", "--data.init_args.val_fraction", "0.3", "--data.init_args.val_batches", "1"])
+    main(["convert", "--config", str(cfg / "vision.yaml"), *v_args, "--ckpt_path", "last",
+          "--target", "data/worldmodels/cartpole_pixels/latents"])
+    assert len(EpisodeStore("data/worldmodels/cartpole_pixels/latents").paths()) == 6
+    main(["fit", "--config", str(cfg / "memory.yaml"), *quiet, "--trainer.max_epochs", "1",
+          "--model.init_args.z_size", "4", "--model.init_args.hidden_size", "8", "--model.init_args.num_mixtures", "2",
+          "--data.init_args.batch_size", "2", "--data.init_args.sequence_length", "6",
+          "--data.init_args.val_fraction", "0.3", "--data.init_args.val_batches", "1"])
+    c_args = [*quiet, "--model.init_args.popsize", "3", "--model.init_args.episodes_per_member", "1",
+              "--model.init_args.max_episode_steps", "30", "--data.init_args.eval_episodes", "1",
+              "--trainer.val_check_interval", "2"]
+    first = main(["fit", "--config", str(cfg / "controller.yaml"), *c_args, "--trainer.max_steps", "2"])
+    assert first.model.es.countiter == 2 and first.model.num_params == (4 + 8 + 1) * 2
+    ckpt_dir = Path("lightning_logs/worldmodels-cartpole_pixels-controller/checkpoints")
+    resumed = main(["fit", "--config", str(cfg / "controller.yaml"), *c_args, "--trainer.max_steps", "3",
+                    "--ckpt_path", "last"])
+    assert resumed.trainer.global_step == 3 and resumed.model.es.countiter == 3
+    saved = torch.load(ckpt_dir / "last.ckpt", weights_only=False)
+    assert saved["global_step"] == 3
+    capsys.readouterr()
+    main(["evaluate", "--config", str(cfg / "controller.yaml"), "--ckpt_path", "last", "--episodes", "2"])
+    assert "return" in capsys.readouterr().out
+    dream = main(["fit", "--config", str(cfg / "controller.yaml"), *c_args, "--trainer.max_steps", "1",
+                  "--trainer.run_name", "dream", "--model.init_args.train_in", "dream",
+                  "--model.init_args.dream_dir", "data/worldmodels/cartpole_pixels/latents"])
+    assert dream.model.es.countiter == 1

@@ -1,0 +1,179 @@
+"""World Models memory (MDN-RNN): episode resets, masked targets, learning, dreams."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.loggers import TensorBoardLogger
+
+from lightning_wm.agents.memory import Memory
+from lightning_wm.agents.vision import Vision, convert_episodes
+from lightning_wm.data.episodes import EpisodeStore
+from lightning_wm.envs import EnvSpec
+
+torch.set_num_threads(1)
+
+SPEC = EnvSpec(gym.spaces.Box(0, 255, (64, 64, 3), np.uint8), gym.spaces.Discrete(2), "Synthetic")
+
+
+def _batch(b=3, length=6, z=4, border=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    is_first = torch.zeros(b, length, dtype=torch.bool)
+    if border is not None:
+        is_first[0, border] = True
+    is_terminal = torch.zeros(b, length, dtype=torch.bool)
+    if border is not None:
+        is_terminal[0, border - 1] = True
+    return {
+        "mu": torch.randn(b, length, z, generator=g),
+        "logvar": torch.full((b, length, z), -2.0),
+        "action": torch.randint(0, 2, (b, length), generator=g),
+        "reward": torch.randn(b, length, generator=g),
+        "is_first": is_first,
+        "is_last": is_terminal.clone(),
+        "is_terminal": is_terminal,
+    }
+
+
+@pytest.mark.parametrize("mixture", ["per_dim", "joint"])
+def test_unroll_resets_the_state_where_is_first(mixture):
+    m = Memory(SPEC, z_size=4, hidden_size=8, num_mixtures=3, mixture=mixture)
+    batch = _batch(border=3)
+    z, a = batch["mu"], m.action_input(batch["action"])
+    out, _ = m.unroll(z, a, batch["is_first"])
+    plain, _ = m.lstm(torch.cat([z, a], -1))
+    torch.testing.assert_close(out[1:], plain[1:])  # no border: one plain LSTM pass
+    torch.testing.assert_close(out[0, :3], plain[0, :3])
+    fresh, _ = m.lstm(torch.cat([z, a], -1)[:1, 3:])  # after the border: as if from scratch
+    torch.testing.assert_close(out[0, 3:], fresh[0])
+    # step-by-step with the public step() agrees
+    state = m.initial_state(3)
+    for t in range(6):
+        if t == 3:
+            state = (state[0] * torch.tensor([[0.0], [1], [1]]), state[1] * torch.tensor([[0.0], [1], [1]]))
+        h, state = m.step(z[:, t], a[:, t], state)
+        torch.testing.assert_close(h, out[:, t])
+
+
+@pytest.mark.parametrize("mixture", ["per_dim", "joint"])
+def test_losses_score_only_targets_inside_an_episode(mixture):
+    torch.manual_seed(0)
+    m = Memory(SPEC, z_size=4, hidden_size=8, num_mixtures=3, mixture=mixture, sample_z=False)
+    batch = _batch(b=2, length=5, border=2)
+    losses = m.losses(batch)
+    # independent computation: pairs (t -> t+1) inside an episode, state from scratch per episode
+    z, a = batch["mu"], m.action_input(batch["action"])
+    nll, rew, done, count = 0.0, 0.0, 0.0, 0
+    for b in range(2):
+        state = m.initial_state(1)
+        for t in range(4):
+            if batch["is_first"][b, t]:
+                state = m.initial_state(1)
+            h, state = m.step(z[b : b + 1, t], a[b : b + 1, t], state)
+            if batch["is_first"][b, t + 1]:
+                continue  # next row starts a new episode: no target
+            heads = m.heads(h)
+            nll -= m.log_prob(heads, z[b : b + 1, t + 1]).item()
+            rew += (heads["reward"].item() - batch["reward"][b, t + 1].item()) ** 2
+            y = float(batch["is_terminal"][b, t + 1])
+            p = torch.sigmoid(heads["done_logit"]).item()
+            done -= y * np.log(p) + (1 - y) * np.log(1 - p)
+            count += 1
+    assert count == 7
+    assert losses["nll"].item() == pytest.approx(nll / count / 4, rel=1e-4)
+    assert losses["reward_loss"].item() == pytest.approx(rew / count, rel=1e-4)
+    assert losses["done_loss"].item() == pytest.approx(done / count, rel=1e-4)
+    # the terminal row (border - 1) is a valid target: the done head is trained on it
+    assert batch["is_terminal"][0, 1] and not batch["is_first"][0, 1]
+
+
+def test_mixture_layouts_have_the_paper_sizes():
+    per_dim = Memory(SPEC, z_size=32, hidden_size=256, num_mixtures=5)
+    assert per_dim.mdn_head.out_features == 3 * 5 * 32
+    assert Memory(SPEC, z_size=32, mixture="joint").mdn_head.out_features == 5 + 2 * 5 * 32
+    heads = per_dim.heads(torch.zeros(2, 7, 256))
+    assert heads["logit_pi"].shape == (2, 7, 32, 5) and heads["mu"].shape == (2, 7, 32, 5, 1)
+    assert per_dim.sample_next(heads).shape == (2, 7, 32)
+    with pytest.raises(ValueError, match="action space"):
+        Memory(None)
+
+
+def _dynamics_batch(g, b=16, length=12):
+    """z_{t+1} = 0.8 z_t + (a_t ? +0.5 : -0.5) + small noise; done when z_0 crosses 1.5."""
+    z = torch.zeros(b, length, 2)
+    z[:, 0] = torch.randn(b, 2, generator=g)
+    a = torch.randint(0, 2, (b, length), generator=g)
+    for t in range(length - 1):
+        z[:, t + 1] = 0.8 * z[:, t] + (a[:, t : t + 1].float() - 0.5) + 0.05 * torch.randn(b, 2, generator=g)
+    done = z[..., 0] > 1.5
+    return {"mu": z, "logvar": torch.full_like(z, -8.0), "action": a, "reward": z[..., 1].clone(),
+            "is_first": torch.zeros(b, length, dtype=torch.bool), "is_last": done, "is_terminal": done}
+
+
+def test_learns_synthetic_dynamics():
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    m = Memory(SPEC, z_size=2, hidden_size=32, num_mixtures=2, lr=1e-2)
+    opt = m.configure_optimizers()
+    test = _dynamics_batch(torch.Generator().manual_seed(99))
+    with torch.no_grad():
+        before = m.losses(test)
+    for _ in range(150):
+        loss = m.losses(_dynamics_batch(g))["loss"]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        after = m.losses(test)
+    assert after["nll"] < before["nll"] - 1.0, (before["nll"], after["nll"])
+    assert after["reward_loss"] < 0.3 * before["reward_loss"]
+    assert after["done_loss"] < before["done_loss"]
+
+
+def test_open_loop_dream_stops_at_the_episode_border():
+    m = Memory(SPEC, z_size=4, hidden_size=8, num_mixtures=3)
+    batch = _batch(b=2, length=6, border=4)
+    dream, valid = m.open_loop_dream(batch["mu"], batch["action"], batch["is_first"], length=5, temperature=0.0)
+    assert dream.shape == (2, 5, 4)
+    torch.testing.assert_close(dream[:, 0], batch["mu"][:, 0])  # starts from the real latent
+    assert valid[0].tolist() == [True, True, True, True, False] and valid[1].all()
+    again, _ = m.open_loop_dream(batch["mu"], batch["action"], batch["is_first"], length=5, temperature=0.0)
+    torch.testing.assert_close(dream, again)  # temperature 0 is deterministic
+
+
+def test_fit_on_a_converted_store_logs_losses_and_a_dream_image(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from lightning_wm.data.modules import EpisodeDataModule
+
+    rng = np.random.default_rng(0)
+    pixels = EpisodeStore(tmp_path / "pixels")
+    for _ in range(4):
+        n = 10
+        flags = np.zeros(n, bool)
+        first, last = flags.copy(), flags.copy()
+        first[0], last[-1] = True, True
+        pixels.add({"obs": rng.integers(0, 256, (n, 64, 64, 3), dtype=np.uint8), "action": rng.integers(0, 2, n),
+                    "reward": np.ones(n, np.float32), "is_first": first, "is_last": last, "is_terminal": last})
+    vision = Vision(SPEC, z_size=4, depth=4)
+    vision_ckpt = str(tmp_path / "v.ckpt")
+    torch.save({"state_dict": vision.state_dict(), "hyper_parameters": dict(vision.hparams),
+                "pytorch-lightning_version": pl.__version__}, vision_ckpt)
+    latents = EpisodeStore(tmp_path / "latents")
+    assert convert_episodes(vision, pixels, latents) == 4
+
+    dm = EpisodeDataModule(str(tmp_path / "latents"), mode="sequences", batch_size=4, sequence_length=8,
+                           val_fraction=0.25, train_batches=3, val_batches=1)
+    model = Memory(SPEC, z_size=4, hidden_size=16, num_mixtures=2, vision_ckpt=vision_ckpt, dream_length=6,
+                   dream_sequences=2)
+    logger = TensorBoardLogger(str(tmp_path / "logs"), name="m")
+    trainer = pl.Trainer(max_epochs=1, logger=logger, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0, log_every_n_steps=1)
+    trainer.fit(model, datamodule=dm)
+    for key in ("val/nll", "val/reward_loss", "val/done_loss"):
+        assert torch.isfinite(trainer.callback_metrics[key])
+    events = EventAccumulator(logger.log_dir, size_guidance={"images": 0})
+    events.Reload()
+    image = events.Images("val/real_vs_dream")[-1]
+    assert (image.height, image.width) == (2 * 2 * 64, 6 * 64)
