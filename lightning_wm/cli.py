@@ -98,10 +98,16 @@ class Trainer(pl.Trainer):
         run_name: folder under ``lightning_logs`` for logs and checkpoints (the CLI derives it
             from the config file's path when not given).
         checkpoint_every_n_steps: periodic checkpoints (``last.ckpt`` and the newest step).
+        torch_threads: ``torch.set_num_threads`` for this process (``None`` keeps torch's
+            default). Small networks on a few CPU cores train several times faster with 1.
     """
 
     def __init__(self, *args: Any, run_name: str | None = None, checkpoint_every_n_steps: int = 1000,
-                 **kwargs: Any) -> None:
+                 torch_threads: int | None = None, **kwargs: Any) -> None:
+        if torch_threads is not None:
+            if torch_threads < 1:
+                raise ValueError(f"trainer.torch_threads must be >= 1, got {torch_threads}")
+            torch.set_num_threads(torch_threads)
         run_name = run_name or "default"
         root = kwargs.get("default_root_dir") or os.getcwd()
         log_root = os.path.join(root, "lightning_logs")
@@ -111,8 +117,11 @@ class Trainer(pl.Trainer):
         callbacks = list(kwargs.get("callbacks") or [])
         if kwargs.get("enable_checkpointing", True) is not False:
             if not any(isinstance(c, ModelCheckpoint) for c in callbacks):
+                # no version counter: a later run of the same config overwrites last.ckpt instead of
+                # writing last-v1.ckpt beside it (which `--ckpt_path last` would never find)
                 callbacks.append(ModelCheckpoint(dirpath=self.checkpoint_dir, save_last=True,
-                                                 every_n_train_steps=checkpoint_every_n_steps, save_top_k=1))
+                                                 every_n_train_steps=checkpoint_every_n_steps, save_top_k=1,
+                                                 enable_version_counter=False))
             self.checkpoint_dir = next(c for c in callbacks if isinstance(c, ModelCheckpoint)).dirpath or self.checkpoint_dir
             callbacks.append(FinalCheckpoint(self.checkpoint_dir))
         callbacks.append(NonFiniteLossGuard())

@@ -74,6 +74,19 @@ def test_fit_then_resume_from_last(monkeypatch):
     assert cli.datamodule.collector.stats.env_steps == first_env_steps + (10 + 1) * 2
     assert len(cli.datamodule.buffer) == rows_before + (10 + 1) * 2, "the saved buffer was not restored"
     assert len(list(Path("lightning_logs/tiny").glob("version_*"))) == 2
+    # the second run overwrote last.ckpt (no last-v1.ckpt that `--ckpt_path last` would miss)
+    assert sorted(p.name for p in last.parent.glob("last*.ckpt")) == ["last.ckpt"]
+    assert torch.load(last, weights_only=False)["global_step"] == 40
+
+
+def test_torch_threads_option(monkeypatch):
+    monkeypatch.syspath_prepend(str(TESTS))
+    before = torch.get_num_threads()
+    try:
+        run_cli(["fit", *TINY_FIT, "--trainer.max_steps", "1", "--trainer.torch_threads", "2"])
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_record_pixels_then_evaluate_random(tmp_path):
