@@ -1,13 +1,17 @@
-"""Dreamer on CartPole-v1 (vector observations): env steps and wall time until the evaluation
-return (mean of 10 episodes, actor mode) reaches 475, or a budget runs out.
+"""Dreamer learning bench: env steps and wall time until the evaluation return (mean of 10
+episodes, actor mode) reaches a target, or a budget runs out. Any vector-observation Dreamer
+config; CartPole-v1 by default.
 
-    python bench/dreamer_cartpole.py                       # configs/dreamer/cartpole.yaml as shipped
+    python bench/dreamer_cartpole.py                       # configs/dreamer/cartpole.yaml, target 475
     python bench/dreamer_cartpole.py --env-steps 20000 --minutes 30 --eval-every 250 --seed 1
+    python bench/dreamer_cartpole.py --config configs/dreamer/pendulum.yaml --minutes 35   # target -200
 
 Trains with the real ReplayDataModule (online collection with the current actor, streamed
 replay) and Lightning's Trainer, using the model and data settings of the config file;
 evaluates every ``--eval-every`` gradient steps. Env steps are training env steps (the random
-prefill included, evaluation episodes not). Prints a markdown table.
+prefill included, evaluation episodes not), counted as agent steps: with ``action_repeat`` k
+the simulator ran k frames per step (printed too). ``--target`` defaults to the env's "solved"
+return (CartPole-v1 475, Pendulum-v1 -200). Prints a markdown table and every evaluation.
 """
 
 from __future__ import annotations
@@ -32,11 +36,14 @@ from lightning_wm.data.modules import ReplayDataModule  # noqa: E402
 from lightning_wm.envs import EnvConfig  # noqa: E402
 
 
+TARGETS = {"CartPole-v1": 475.0, "Pendulum-v1": -200.0}
+
+
 class StopAtReturn(pl.Callback):
     """Record every evaluation; stop at ``target`` return or when the env-step budget is spent."""
 
-    def __init__(self, target: float, env_steps: int) -> None:
-        self.target, self.env_steps = target, env_steps
+    def __init__(self, target: float, env_steps: int, keep_going: bool = False) -> None:
+        self.target, self.env_steps, self.keep_going = target, env_steps, keep_going
         self.start = time.perf_counter()
         self.history: list[tuple[int, int, float, float]] = []  # (grad steps, env steps, return, seconds)
         self.solved: tuple[int, int, float, float] | None = None
@@ -55,7 +62,7 @@ class StopAtReturn(pl.Callback):
               flush=True)
         if row[2] >= self.target and self.solved is None:
             self.solved = row
-            trainer.should_stop = True
+            trainer.should_stop = not self.keep_going
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
         if self._env_steps(trainer) >= self.env_steps:
@@ -70,7 +77,10 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--eval-every", type=int, default=250, help="gradient steps between evaluations")
     parser.add_argument("--eval-episodes", type=int, default=10)
-    parser.add_argument("--target", type=float, default=475.0)
+    parser.add_argument("--target", type=float, default=None,
+                        help=f"evaluation return that counts as solved (default per env: {TARGETS})")
+    parser.add_argument("--keep-going", action="store_true",
+                        help="train on to the env-step/time budget after reaching the target (is it stable?)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--precision", default="32-true", help="e.g. bf16-mixed")
@@ -89,17 +99,22 @@ def main() -> None:
         model_args[key] = yaml.safe_load(value)
     data_args = dict(config["data"]["init_args"])
     env = EnvConfig(**{**data_args.pop("env"), "seed": args.seed})
+    if args.target is None:
+        if env.id not in TARGETS:
+            parser.error(f"no default --target for {env.id}; pass one")
+        args.target = TARGETS[env.id]
     data_args.update(eval_episodes=args.eval_episodes, eval_envs=min(args.eval_episodes, 5))
     datamodule = ReplayDataModule(env=env, **data_args)
     model = Dreamer(datamodule.spec, **model_args)
 
     budget_steps = int((args.env_steps - datamodule.prefill) * datamodule.replay_ratio) + 1
-    stopper = StopAtReturn(args.target, args.env_steps)
+    stopper = StopAtReturn(args.target, args.env_steps, args.keep_going)
     trainer = pl.Trainer(
         accelerator="cpu", devices=1, max_steps=budget_steps, max_time={"minutes": args.minutes},
         val_check_interval=args.eval_every, check_val_every_n_epoch=None, limit_val_batches=1,
         num_sanity_val_steps=0, log_every_n_steps=50, enable_checkpointing=False, callbacks=[stopper],
-        enable_progress_bar=False, logger=pl.loggers.TensorBoardLogger("lightning_logs", name="bench-dreamer-cartpole"),
+        enable_progress_bar=False,
+        logger=pl.loggers.TensorBoardLogger("lightning_logs", name=f"bench-dreamer-{env.id}"),
         precision=args.precision,
     )
     start = time.perf_counter()
@@ -108,22 +123,27 @@ def main() -> None:
     env_steps = stopper._env_steps(trainer)
 
     print()
-    print(f"Dreamer on CartPole-v1 (vector), config {os.path.relpath(args.config)}, seed {args.seed}, "
-          f"{args.threads} thread(s), precision {args.precision}")
+    print(f"Dreamer on {env.id} (vector), config {os.path.relpath(args.config)}, seed {args.seed}, "
+          f"{args.threads} thread(s), precision {args.precision}, action repeat {env.action_repeat}"
+          + (f", overrides {' '.join(args.set)}" if args.set else ""))
     print()
     print("| outcome | env steps | gradient steps | wall time | best eval return |")
     print("| --- | --- | --- | --- | --- |")
     best = max((h[2] for h in stopper.history), default=float("nan"))
     if stopper.solved is not None:
         g, e, r, s = stopper.solved
-        print(f"| solved (eval >= {args.target:g}) | {e} | {g} | {s / 60:.1f} min | {r:.1f} |")
+        print(f"| solved (eval >= {args.target:g}) | {e} | {g} | {s / 60:.1f} min | {best:.1f} |")
+        if args.keep_going:
+            print(f"| end of run (--keep-going) | {env_steps} | {trainer.global_step} | {wall / 60:.1f} min "
+                  f"| last {stopper.history[-1][2]:.1f} |")
     else:
         print(f"| not solved within {args.env_steps} env steps / {args.minutes:g} min | {env_steps} | "
               f"{trainer.global_step} | {wall / 60:.1f} min | {best:.1f} |")
     print()
-    print("evaluations (gradient steps, env steps, return, minutes):")
+    print(f"evaluations (gradient steps, env steps, frames = env steps x {env.action_repeat}, return, minutes):")
     for g, e, r, s in stopper.history:
-        print(f"  {g:6d} {e:6d} {r:7.1f} {s / 60:5.1f}")
+        print(f"  {g:6d} {e:6d} {e * env.action_repeat:6d} {r:8.1f} {s / 60:5.1f}")
+    print("load average:", " ".join(f"{x:.2f}" for x in os.getloadavg()))
 
 
 if __name__ == "__main__":

@@ -7,10 +7,10 @@ steps per second while acting, on vector CartPole.
 The batch comes from a replay buffer prefilled with random CartPole episodes (the real
 ReplayBuffer when it is available, else a synthetic batch of the same shapes). One gradient
 step runs exactly what ``Dreamer.training_step`` runs, minus Lightning's logging: the world
-model loss, backward, clip and Adam step; the imagined rollout; the actor and critic losses,
-backward, clip and Adam steps; the slow-critic update. Prints a markdown table with the median
-(and min) wall-clock and process CPU seconds; the machine is shared, so CPU time is the
-steadier number.
+model loss; the imagined rollout; the actor and critic losses; one backward of their sum;
+per-network gradient clipping and three Adam steps; the slow-critic update. Prints a
+markdown table with the median (and min) wall-clock and process CPU seconds; the machine is
+shared, so CPU time is the steadier number.
 """
 
 from __future__ import annotations
@@ -71,25 +71,13 @@ def keep_freed_memory() -> bool:
 
 
 def gradient_step(model: Dreamer, optimizers: list[torch.optim.Optimizer], batch: dict[str, torch.Tensor]) -> None:
-    """What ``training_step`` does, without Lightning."""
-    hp = model.hparams
-    B, L = batch["is_first"].shape
-    loss, _, post = model.world_model_loss(batch)
-    for opt, module, clip, l in [(optimizers[0], model.wm, hp.clip_model, loss)]:
+    """What ``training_step`` does, without Lightning: the three losses, one backward of their
+    sum, per-network clipping, three optimizer steps, the slow-critic update."""
+    losses, _ = model.losses(batch)
+    for opt in optimizers:
         opt.zero_grad(set_to_none=True)
-        l.backward()
-        torch.nn.utils.clip_grad_norm_(module.parameters(), clip)
-        opt.step()
-    start = {k: post[k].detach().flatten(0, 1) for k in ("h", "z", "idx") if k in post}
-    traj = model.imagine(start, 1.0 - batch["is_terminal"].reshape(B * L).float())
-    actor_loss, critic_loss, _ = model.behaviour_losses(traj)
-    for opt, module, clip, l in [(optimizers[1], model.actor, hp.clip_actor, actor_loss),
-                                 (optimizers[2], model.critic, hp.clip_critic, critic_loss)]:
-        opt.zero_grad(set_to_none=True)
-        l.backward()
-        torch.nn.utils.clip_grad_norm_(module.parameters(), clip)
-        opt.step()
-    model._update_slow_critic()
+    (losses["model"] + losses["actor"] + losses["critic"]).backward()
+    model.clip_and_step(optimizers)
 
 
 def main() -> None:

@@ -1,5 +1,6 @@
-"""Dreamer: RSSM resets, the sparse one-hot path, imagination gradients, losses falling on a
-fixed batch, acting, and tiny CLI fits (vector and pixel CartPole) with resume."""
+"""Dreamer: RSSM resets, the sparse one-hot path, imagination gradients, one backward of the summed
+losses equal to per-loss backwards, losses falling on a fixed batch, acting, and tiny CLI fits
+(vector and pixel CartPole, with the open-loop image and GIF) with resume."""
 
 from pathlib import Path
 
@@ -108,24 +109,57 @@ def test_imagination_gradients_reach_only_their_networks(cartpole_spec):
 
 
 def _train(model: Dreamer, batch: dict[str, torch.Tensor], steps: int) -> list[dict[str, float]]:
+    """What ``training_step`` does, without Lightning: one backward of the summed losses."""
     optimizers = model.configure_optimizers()
     history = []
-    B, L = batch["is_first"].shape
     for _ in range(steps):
-        loss, logs, post = model.world_model_loss(batch)
-        optimizers[0].zero_grad()
-        loss.backward()
-        optimizers[0].step()
-        start = {k: post[k].detach().flatten(0, 1) for k in ("h", "z", "idx") if k in post}
-        traj = model.imagine(start, 1.0 - batch["is_terminal"].reshape(B * L).float())
-        actor_loss, critic_loss, blogs = model.behaviour_losses(traj)
-        for opt, l in ((optimizers[1], actor_loss), (optimizers[2], critic_loss)):
+        losses, logs = model.losses(batch)
+        for opt in optimizers:
             opt.zero_grad()
-            l.backward()
-            opt.step()
-        model._update_slow_critic()
-        history.append({k: float(v) for k, v in {**logs, **blogs}.items()})
+        sum(losses.values()).backward()
+        logs.update(model.clip_and_step(optimizers))
+        history.append({k: float(v) for k, v in logs.items()})
     return history
+
+
+def pendulum_batch(B: int = 3, L: int = 8, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    is_first = torch.zeros(B, L, dtype=torch.bool)
+    is_first[:, 0] = True
+    return {
+        "obs": torch.randn(B, L, 3, generator=g), "action": torch.rand(B, L, 1, generator=g) * 4 - 2,
+        "reward": -torch.rand(B, L, generator=g), "is_first": is_first,
+        "is_last": torch.zeros(B, L, dtype=torch.bool), "is_terminal": torch.zeros(B, L, dtype=torch.bool),
+    }
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"], ids=["reinforce", "dynamics-backprop"])
+def test_one_backward_of_the_summed_losses_gives_each_network_its_own_gradient(env_id):
+    """The three losses touch disjoint parameter sets, so ``training_step``'s single backward of
+    their sum (what DDP needs) equals three separate backwards, network by network."""
+    torch.manual_seed(0)
+    model = Dreamer(env_spec(EnvConfig(id=env_id)), **TINY)
+    batch = cartpole_batch() if env_id == "CartPole-v1" else pendulum_batch()
+    losses, _ = model.losses(batch)
+    groups = {"model": list(model.wm.parameters()), "actor": list(model.actor.parameters()),
+              "critic": list(model.critic.parameters())}
+    assert all(not p.requires_grad for p in model.slow_critic.parameters())
+    every = [p for params in groups.values() for p in params]
+    assert len(every) == sum(p.requires_grad for p in model.parameters())  # nothing else is trained
+    per_loss = {}
+    for name, loss in losses.items():
+        grads = torch.autograd.grad(loss, every, retain_graph=True, allow_unused=True)
+        per_loss[name] = dict(zip(every, grads))
+        for owner, params in groups.items():
+            if owner == name:  # every parameter of its own network is in its graph, some get a gradient
+                assert all(per_loss[name][p] is not None for p in params), (name, owner)
+                assert any(per_loss[name][p].abs().sum() > 0 for p in params), name
+            else:  # no path at all into another network's parameters
+                assert all(per_loss[name][p] is None for p in params), f"{name} loss reaches the {owner}"
+    sum(losses.values()).backward()
+    for owner, params in groups.items():
+        for p in params:
+            torch.testing.assert_close(p.grad, per_loss[owner][p])
 
 
 def test_losses_fall_on_a_fixed_batch(cartpole_spec):
@@ -243,16 +277,28 @@ def test_cli_fit_pendulum_continuous():
     assert _scalars(Path("lightning_logs/run"), "val/return")
 
 
-def test_cli_fit_cartpole_pixels_losses_fall_and_logs_openloop_image():
+def test_cli_fit_cartpole_pixels_losses_fall_and_logs_openloop_image_and_gif():
     cli = main(args=_fit_args("cartpole_pixels.yaml", 12, ["--data.init_args.sequence_length", "8"]))
     assert cli.model.wm.pixels
     losses = _scalars(Path("lightning_logs/run"), "train/loss_recon")
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(str(next(Path("lightning_logs/run").glob("version_*"))))
+    version = next(Path("lightning_logs/run").glob("version_*"))
+    acc = EventAccumulator(str(version))
     acc.Reload()
     assert "val/openloop" in acc.Tags()["images"]
+    # ... and an animated GIF in the run's log directory: real | model side by side, one row per sequence
+    from PIL import Image
+
+    gif = version / "openloop" / "step_12.gif"
+    assert gif.is_file(), sorted(p.name for p in version.rglob("*"))
+    with Image.open(gif) as image:
+        assert image.n_frames == 8  # one frame per step of the (8-step) sequences
+        assert image.size == (2 * 64 + 2, 4 * (3 + 64 + 2))  # 4 sequences of [bar, frame, gap]
+        image.seek(6)  # open-loop (after the 5 context steps): the model half differs from the real half
+        frame = torch.tensor(list(image.convert("RGB").getdata()), dtype=torch.float32).reshape(276, 130, 3)
+    assert frame[3:67, :64].std() > 0 and frame[3:67, 66:].std() > 0
 
 
 def test_cli_resume_restores_optimizers_slow_critic_and_return_norm():

@@ -21,6 +21,7 @@ accelerators): distributions, two-hot decoding and losses are computed in float3
 from __future__ import annotations
 
 import copy
+import os
 from typing import Any, Literal
 
 import torch
@@ -361,14 +362,18 @@ class Dreamer(RLModule):
     """Dreamer agent (world model + actor + critic), trained online with manual optimization.
 
     Each ``training_step`` on a replay batch ``[B, L, ...]``: (1) world-model losses
-    (reconstruction, reward, continue, balanced KL with free bits) and an update; (2) an
+    (reconstruction, reward, continue, balanced KL with free bits); (2) an
     imagined rollout of ``horizon`` steps from all ``B*L`` posterior states with
-    :func:`~lightning_wm.world_model.rollout`; lambda returns; actor update (REINFORCE for
-    discrete actions, dynamics backprop for continuous by default) and critic update (two-hot
+    :func:`~lightning_wm.world_model.rollout`; lambda returns; actor loss (REINFORCE for
+    discrete actions, dynamics backprop for continuous by default) and critic loss (two-hot
     regression on the returns plus a regulariser towards the slow EMA critic).
 
-    Only the world-model optimizer steps through Lightning (so ``trainer.global_step`` counts
-    gradient steps, not three per batch); the actor and critic optimizers step directly.
+    The three losses touch disjoint parameters and are summed into ONE backward per step (as
+    DistributedDataParallel requires); each network's gradient norm is clipped separately and
+    the three Adam optimizers step. Only the world-model optimizer steps through Lightning (so
+    ``trainer.global_step`` counts gradient steps, not three per batch); the actor and critic
+    optimizers step directly. Under DDP the return-normalisation percentiles are averaged
+    across ranks, so every rank uses the same scale.
 
     Args:
         env_spec: linked from the datamodule (Discrete or Box actions; vector or 64x64 pixels).
@@ -626,6 +631,9 @@ class Dreamer(RLModule):
             return returns.new_ones(())
         flat = returns.detach().flatten().float()
         q = torch.quantile(flat, torch.tensor([hp.return_norm_low, hp.return_norm_high], device=flat.device))
+        trainer = self._trainer
+        if trainer is not None and trainer.world_size > 1:  # the same scale (and buffers) on every rank
+            q = trainer.strategy.reduce(q, reduce_op="mean")
         decay = hp.return_norm_decay
         self.ret_low.mul_(decay).add_((1 - decay) * q[0])
         self.ret_high.mul_(decay).add_((1 - decay) * q[1])
@@ -684,15 +692,44 @@ class Dreamer(RLModule):
         }
         return actor_loss, critic_loss, logs
 
-    def _optimize(self, optimizer: Any, loss: Tensor, module: nn.Module, clip: float, count_step: bool) -> Tensor:
-        optimizer.zero_grad(set_to_none=True)
-        self.manual_backward(loss)
-        norm = torch.nn.utils.clip_grad_norm_(module.parameters(), clip)
-        if count_step:
-            optimizer.step()  # LightningOptimizer: advances trainer.global_step
-        else:
-            getattr(optimizer, "optimizer", optimizer).step()
-        return norm
+    def losses(self, batch: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """The three losses of one gradient step on a replay batch ``[B, L, ...]`` and the logged values.
+
+        ``{"model", "actor", "critic"}``: the world-model loss; then an imagined rollout from
+        every (detached) posterior state with the world model frozen, and the actor and critic
+        losses on it. Each loss reaches only its own network's parameters (the actor's never the
+        world model's or the critic's, the critic's never the actor's or the world model's), so
+        one backward of their sum gives every network exactly its own loss's gradient.
+        """
+        B, L = batch["is_first"].shape[:2]
+        model_loss, logs, post = self.world_model_loss(batch)
+        start = {k: post[k].detach().flatten(0, 1) for k in ("h", "z", "idx") if k in post}
+        start_cont = 1.0 - batch["is_terminal"].reshape(B * L).float()
+        traj = self.imagine(start, start_cont)
+        actor_loss, critic_loss, behaviour_logs = self.behaviour_losses(traj)
+        logs.update(behaviour_logs)
+        return {"model": model_loss, "actor": actor_loss, "critic": critic_loss}, logs
+
+    def clip_and_step(self, optimizers: list[Any]) -> dict[str, Tensor]:
+        """After the backward: clip each network's gradient norm separately (``clip_model``,
+        ``clip_actor``, ``clip_critic``), step the three optimizers (world model, actor, critic)
+        and move the slow critic. Returns the pre-clip gradient norms.
+
+        Only the world model's optimizer steps through Lightning (a ``LightningOptimizer`` step
+        advances ``trainer.global_step``: one per gradient step, which the replay ratio and the
+        checkpoint schedule count on); the actor's and critic's step their plain optimizer.
+        """
+        hp = self.hparams
+        norms = {}
+        for name, module, clip in (("model", self.wm, hp.clip_model), ("actor", self.actor, hp.clip_actor),
+                                   ("critic", self.critic, hp.clip_critic)):
+            norms[f"grad_norm/{name}"] = torch.nn.utils.clip_grad_norm_(module.parameters(), clip)
+        opt_model, opt_actor, opt_critic = optimizers
+        opt_model.step()
+        for opt in (opt_actor, opt_critic):
+            getattr(opt, "optimizer", opt).step()
+        self._update_slow_critic()
+        return norms
 
     def _update_slow_critic(self) -> None:
         hp = self.hparams
@@ -702,24 +739,24 @@ class Dreamer(RLModule):
                     slow.lerp_(fast, hp.slow_critic)
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        """One gradient step: :meth:`losses`, ONE backward of their sum, :meth:`clip_and_step`.
+
+        A single backward per ``training_step`` is what DistributedDataParallel needs (it wraps
+        ``training_step`` as its forward and all-reduces the gradients of every parameter during
+        the one backward that follows); the losses touch disjoint parameter sets, so the sum
+        gives the same gradients as three separate backwards.
+        """
         hp = self.hparams
-        opt_model, opt_actor, opt_critic = self.optimizers()
-        B, L = batch["is_first"].shape[:2]
+        optimizers = self.optimizers()
+        B = batch["is_first"].shape[0]
         self._openloop_batch = {k: v[: hp.openloop_sequences].detach().clone() for k, v in batch.items()}
-
-        model_loss, logs, post = self.world_model_loss(batch)
-        logs["grad_norm/model"] = self._optimize(opt_model, model_loss, self.wm, hp.clip_model, True)
-
-        start = {k: post[k].detach().flatten(0, 1) for k in ("h", "z", "idx") if k in post}
-        start_cont = 1.0 - batch["is_terminal"].reshape(B * L).float()
-        traj = self.imagine(start, start_cont)
-        actor_loss, critic_loss, behaviour_logs = self.behaviour_losses(traj)
-        logs.update(behaviour_logs)
-        logs["grad_norm/actor"] = self._optimize(opt_actor, actor_loss, self.actor, hp.clip_actor, False)
-        logs["grad_norm/critic"] = self._optimize(opt_critic, critic_loss, self.critic, hp.clip_critic, False)
-        self._update_slow_critic()
+        losses, logs = self.losses(batch)
+        for opt in optimizers:
+            opt.zero_grad(set_to_none=True)
+        self.manual_backward(losses["model"] + losses["actor"] + losses["critic"])
+        logs.update(self.clip_and_step(optimizers))
         self.log_dict(logs, on_step=True, on_epoch=False, batch_size=B)
-        self.log("train/loss", model_loss.detach(), prog_bar=True, batch_size=B)
+        self.log("train/loss", losses["model"].detach(), prog_bar=True, batch_size=B)
 
     # -- validation: open-loop prediction --------------------------------------------------------
     def validation_step(self, batch: Any, batch_idx: int) -> None:
@@ -746,8 +783,11 @@ class Dreamer(RLModule):
         return obs, wm.decode(torch.cat(feats, 1))
 
     def log_openloop(self) -> None:
-        """Log the open-loop error (and for pixels an image grid: real / model / difference rows,
-        time along the columns) of the last training batch's first sequences."""
+        """Log the open-loop error of the last training batch's first sequences; for pixels also
+        an image grid (real / model / difference rows, time along the columns) to TensorBoard and
+        an animated GIF ``<log_dir>/openloop/step_<N>.gif`` (real | model side by side per frame,
+        one row per sequence, a green bar over the model frames filtered with the posterior and
+        a red one over those it imagines open-loop)."""
         batch = self._openloop_batch
         if batch is None:
             return
@@ -761,11 +801,15 @@ class Dreamer(RLModule):
         if err_open.numel():
             self.log("val/openloop_mse", err_open.mean(), batch_size=real.shape[0])
         logger = self.logger
-        experiment = getattr(logger, "experiment", None) if logger is not None else None
-        if not self.wm.pixels or not hasattr(experiment, "add_image"):
+        if not self.wm.pixels or logger is None or not self.trainer.is_global_zero:
             return
-        grid = openloop_grid(real[:, : context + 24], pred[:, : context + 24])
-        experiment.add_image("val/openloop", grid, self.global_step, dataformats="HWC")
+        experiment = getattr(logger, "experiment", None)
+        if hasattr(experiment, "add_image"):
+            grid = openloop_grid(real[:, : context + 24], pred[:, : context + 24])
+            experiment.add_image("val/openloop", grid, self.global_step, dataformats="HWC")
+        log_dir = getattr(logger, "log_dir", None)
+        if log_dir:
+            write_openloop_gif(real, pred, context, os.path.join(log_dir, "openloop", f"step_{self.global_step}.gif"))
 
 
 def openloop_grid(real: Tensor, pred: Tensor) -> Tensor:
@@ -775,3 +819,31 @@ def openloop_grid(real: Tensor, pred: Tensor) -> Tensor:
     diff = (real.float() - pred.float()).abs().to(torch.uint8)
     rows = torch.stack([real, pred, diff], 1)  # [B, 3, T, H, W, C]
     return rows.permute(0, 1, 3, 2, 4, 5).reshape(B * 3 * H, T * W, C).cpu()
+
+
+def openloop_frames(real: Tensor, pred: Tensor, context: int, gap: int = 2, bar: int = 3) -> Tensor:
+    """uint8 frames ``[B, T, H, W, C]`` (real and model) -> video ``[T, B*(bar+H+gap), 2*W+gap, 3]``:
+    per frame one row per sequence, the real frame left and the model's right, with a bar over
+    the model frame: green where it is filtered with the posterior (``t < context``), red where it
+    is imagined open-loop."""
+    B, T, H, W, C = real.shape
+    real, pred = real.cpu(), pred.cpu()
+    if C == 1:
+        real, pred = real.expand(-1, -1, -1, -1, 3), pred.expand(-1, -1, -1, -1, 3)
+    elif C != 3:
+        real, pred = real[..., :3], pred[..., :3]
+    video = torch.full((T, B, bar + H + gap, 2 * W + gap, 3), 255, dtype=torch.uint8)
+    video[:, :, bar : bar + H, :W] = real.transpose(0, 1)
+    video[:, :, bar : bar + H, W + gap :] = pred.transpose(0, 1)
+    color = torch.tensor([[40, 170, 40] if t < context else [210, 40, 40] for t in range(T)], dtype=torch.uint8)
+    video[:, :, :bar, W + gap :] = color[:, None, None, None]
+    return video.reshape(T, B * (bar + H + gap), 2 * W + gap, 3)
+
+
+def write_openloop_gif(real: Tensor, pred: Tensor, context: int, path: str, fps: int = 8) -> str:
+    """Write :func:`openloop_frames` as an animated GIF at ``path`` (folders created); returns it."""
+    from lightning_wm.cli import _write_gif
+
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    _write_gif(list(openloop_frames(real, pred, context).numpy()), path, fps=fps)
+    return path
