@@ -2,7 +2,8 @@
 
 Stages (each the CLI command README documents, run in-process in ``--workdir``):
 
-1. ``record``  random-policy episodes (64x64x3 frames)           configs/worldmodels/cartpole_pixels/record.yaml
+1. ``record``  random-policy episodes (64x64x3 frames of the     configs/worldmodels/cartpole_pixels/record.yaml
+               rendering cropped to the pole and cart)
 2. ``fit`` V   the VAE                                            .../vision.yaml
 3. ``convert`` every episode into V's latents                     .../vision.yaml --ckpt_path last
 4. ``fit`` M   the MDN-RNN on the latents                         .../memory.yaml
@@ -42,10 +43,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--vision-epochs", type=int, default=4)
     p.add_argument("--memory-epochs", type=int, default=10)
     p.add_argument("--memory-batches", type=int, default=100, help="M training batches per epoch")
-    p.add_argument("--generations", type=int, default=15, help="CMA-ES generations in the real env")
+    p.add_argument("--generations", type=int, default=60, help="CMA-ES generations in the real env")
     p.add_argument("--dream-generations", type=int, default=30, help="CMA-ES generations inside the dream")
     p.add_argument("--popsize", type=int, default=16)
-    p.add_argument("--episodes-per-member", type=int, default=2)
+    p.add_argument("--episodes-per-member", type=int, default=1,
+                   help="real episodes per member (1: more generations for the time; all members share the seed)")
     p.add_argument("--dream-episodes-per-member", type=int, default=8)
     p.add_argument("--dream-temperature", type=float, default=1.0)
     p.add_argument("--eval-episodes", type=int, default=20)
@@ -68,13 +70,14 @@ def run(command: list[str]):
 QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
 
 
-def evaluate_real(model, episodes: int, seed: int = 900_000) -> tuple[float, float]:
-    """Mean ± std return of the controller's weights over ``episodes`` real episodes."""
+def evaluate_real(model, env, episodes: int, seed: int = 900_000) -> tuple[float, float]:
+    """Mean ± std return of the controller's weights over ``episodes`` real episodes of ``env``
+    (the controller config's env: same frame size and crop as V was trained on)."""
+    import dataclasses
+
     import torch
 
-    from lightning_wm.envs import EnvConfig
-
-    env = EnvConfig(id="CartPole-v1", pixels=True, size=(64, 64), seed=seed)
+    env = dataclasses.replace(env, seed=seed, num_envs=1)
     model.eval()
     with torch.no_grad():
         returns = model.evaluate_population(model.params.detach()[None], episodes, seed, where="real", config=env,
@@ -156,7 +159,7 @@ def main() -> None:
         cli = run(command)
         m = cli.trainer.callback_metrics
         fit_seconds = time.time() - start_times[-1]
-        mean, std = evaluate_real(cli.model, args.eval_episodes)
+        mean, std = evaluate_real(cli.model, cli.datamodule.env, args.eval_episodes)
         where = "dream" if dream else "real-env"
         return (f"last generation {where} fitness mean {float(m['fitness/mean']):.1f} best "
                 f"{float(m['fitness/best']):.1f}; fit {fit_seconds:.0f} s; real return {mean:.1f} ± {std:.1f} "

@@ -31,6 +31,13 @@ class EnvConfig:
             envs whose observations are already images are resized either way.
         size: frame size ``(height, width)`` for image observations.
         grayscale: single-channel frames.
+        crop: ``(top, left, height, width)`` in pixels of the env's full frame (its rendering, or
+            its own image observation): the box kept *before* the resize to ``size``. ``None``
+            (default) keeps the whole frame. A box that does not fit in the frame raises
+            :class:`EnvError` (on construction for image observations, on the first frame for
+            rendered ones), and so does a crop without image observations. E.g.
+            ``[160, 0, 160, 600]`` keeps pixel CartPole's pole and cart (rows 160-319 of its
+            400x600 rendering) at full width.
         action_repeat: repeat each action this many times, summing rewards.
         max_episode_steps: truncate episodes after this many (agent) steps.
         vectorization: ``sync`` (one process) or ``async`` (one process per env).
@@ -43,6 +50,7 @@ class EnvConfig:
     pixels: bool = False
     size: tuple[int, int] = (64, 64)
     grayscale: bool = False
+    crop: tuple[int, int, int, int] | None = None
     action_repeat: int = 1
     max_episode_steps: int | None = None
     vectorization: Literal["sync", "async"] = "sync"
@@ -114,19 +122,70 @@ def _resize(frame: np.ndarray, size: tuple[int, int], grayscale: bool) -> np.nda
     return out[..., None] if out.ndim == 2 else out
 
 
+def check_crop(crop: Any, frame_shape: tuple[int, ...] | None = None) -> tuple[int, int, int, int]:
+    """Validate a crop box ``(top, left, height, width)``, against ``frame_shape`` ``(H, W, ...)`` if given.
+
+    Returns the box as a tuple of ints.
+
+    Raises:
+        EnvError: not four integers, a non-positive height/width, a negative corner, or a box
+            that extends past the frame.
+    """
+    try:
+        values = [int(v) for v in crop]
+        ok = len(values) == 4 and all(float(v) == float(w) for v, w in zip(values, crop))
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise EnvError(f"crop must be four integers [top, left, height, width], got {crop!r}")
+    top, left, height, width = values
+    if top < 0 or left < 0 or height <= 0 or width <= 0:
+        raise EnvError(
+            f"crop [top, left, height, width] = {values} needs top, left >= 0 and height, width > 0"
+        )
+    if frame_shape is not None:
+        frame_h, frame_w = int(frame_shape[0]), int(frame_shape[1])
+        if top + height > frame_h or left + width > frame_w:
+            raise EnvError(
+                f"crop [top, left, height, width] = {values} falls outside the {frame_h}x{frame_w} "
+                f"(height x width) frame: rows {top}..{top + height - 1} and columns {left}..{left + width - 1} "
+                f"must lie within 0..{frame_h - 1} and 0..{frame_w - 1}"
+            )
+    return top, left, height, width
+
+
 class PixelObservation(gym.ObservationWrapper):
     """Observations become ``uint8 [H, W, C]`` frames: the env's rendering (``render=True``)
-    or its own image observation, resized (and converted to grayscale) with PIL."""
+    or its own image observation, optionally cropped to ``crop`` ``(top, left, height, width)``
+    first, then resized (and converted to grayscale) with PIL."""
 
-    def __init__(self, env: gym.Env, size: tuple[int, int], grayscale: bool, render: bool) -> None:
+    def __init__(
+        self,
+        env: gym.Env,
+        size: tuple[int, int],
+        grayscale: bool,
+        render: bool,
+        crop: tuple[int, int, int, int] | None = None,
+    ) -> None:
         super().__init__(env)
         self.size, self.grayscale, self.render_frames = tuple(size), grayscale, render
+        self.crop = None if crop is None else check_crop(crop)
+        self._crop_checked = False
+        if self.crop is not None and not render:  # the frame size is known: check now
+            check_crop(self.crop, env.observation_space.shape)
+            self._crop_checked = True
         channels = 1 if grayscale else 3
         self.observation_space = gym.spaces.Box(0, 255, (*self.size, channels), np.uint8)
 
     def observation(self, observation: Any) -> np.ndarray:
-        frame = self.env.render() if self.render_frames else observation
-        return _resize(np.asarray(frame), self.size, self.grayscale)
+        frame = np.asarray(self.env.render() if self.render_frames else observation)
+        if self.crop is not None:
+            if not self._crop_checked:
+                check_crop(self.crop, frame.shape)
+                self._crop_checked = True
+            top, left, height, width = self.crop
+            frame = np.ascontiguousarray(frame[top : top + height, left : left + width])
+        return _resize(frame, self.size, self.grayscale)
 
 
 class ActionRepeat(gym.Wrapper):
@@ -192,8 +251,11 @@ def make_env(config: EnvConfig, render_mode: str | None = None) -> gym.Env:
     if config.max_episode_steps is not None:
         env = gym.wrappers.TimeLimit(env, config.max_episode_steps)
     is_image = isinstance(env.observation_space, gym.spaces.Box) and len(env.observation_space.shape) == 3
+    if config.crop is not None and not (config.pixels or is_image):
+        raise EnvError(f"{config.id}: crop applies to image observations; set pixels: true or drop crop")
     if config.pixels or is_image:
-        env = PixelObservation(env, config.size, config.grayscale, render=config.pixels and not is_image)
+        env = PixelObservation(env, config.size, config.grayscale, render=config.pixels and not is_image,
+                               crop=config.crop)
     _check_spaces(env, config.id)
     return env
 

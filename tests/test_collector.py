@@ -147,3 +147,72 @@ def test_collector_on_real_pixel_env():
     batch = buffer.sample_sequences(3, 10)
     assert batch["obs"].shape == (3, 10, 64, 64, 3) and batch["obs"].dtype == torch.uint8
     assert batch["action"].dtype == torch.int64
+
+
+def test_random_agent_biased_scheme_drives_carracing():
+    """``action_mean``/``action_std``: smooth steering, gas mostly on, braking rare and light."""
+    spec = env_spec(EnvConfig("CarRacing-v3"))
+    agent = RandomAgent(spec, correlation=0.95, seed=0, action_mean=[0.0, 0.15, -0.3], action_std=[0.3, 0.1, 0.2])
+    state = agent.initial_state(64)
+    actions = []
+    for _ in range(200):
+        a, state, _ = agent.act(torch.zeros(64, 1), state, True)
+        actions.append(a)
+    actions = torch.stack(actions)  # [T, B, 3]
+    low, high = torch.tensor(spec.action_low), torch.tensor(spec.action_high)
+    assert (actions >= low).all() and (actions <= high).all()
+    steer, gas, brake = actions.unbind(-1)
+    assert abs(steer.mean()) < 0.1 and 0.2 < steer.std() < 0.4
+    lag1 = torch.corrcoef(torch.stack([steer[:-1].flatten(), steer[1:].flatten()]))[0, 1]
+    assert lag1 > 0.9, "steering should be smooth"
+    assert (gas > 0).float().mean() > 0.85 and 0.1 < gas.mean() < 0.2
+    assert (brake > 0).float().mean() < 0.12 and brake.mean() < 0.02
+    # the default uniform mapping brakes about half the time (what the scheme above avoids)
+    uniform = RandomAgent(spec, correlation=0.95, seed=0)
+    state, brakes = uniform.initial_state(64), []
+    for _ in range(200):
+        a, state, _ = uniform.act(torch.zeros(64, 1), state, True)
+        brakes.append(a[:, 2])
+    assert (torch.stack(brakes) > 0).float().mean() > 0.4
+
+
+def test_random_agent_biased_scheme_checks_its_arguments():
+    import pytest
+
+    spec = env_spec(EnvConfig("CarRacing-v3"))
+    with pytest.raises(ValueError, match="one value per action dimension"):
+        RandomAgent(spec, action_mean=[0.0, 0.5])
+    with pytest.raises(ValueError, match=">= 0"):
+        RandomAgent(spec, action_std=[1.0, -1.0, 1.0])
+    with pytest.raises(ValueError, match="discrete"):
+        RandomAgent(env_spec(EnvConfig("CartPole-v1")), action_mean=[0.0])
+
+
+def test_random_agent_default_is_unchanged():
+    """Without ``action_mean``/``action_std`` the sampler draws exactly the uniform AR(1) mapping."""
+    spec = env_spec(EnvConfig("CarRacing-v3"))
+    agent, g = RandomAgent(spec, correlation=0.5, seed=3), torch.Generator().manual_seed(3)
+    state = agent.initial_state(4)
+    u = torch.rand(4, 3, generator=g) * 2 - 1
+    low, high = torch.tensor(spec.action_low), torch.tensor(spec.action_high)
+    for _ in range(5):
+        a, state, _ = agent.act(torch.zeros(4, 1), state, True)
+        u = (0.5 * u + 0.75**0.5 * torch.randn(4, 3, generator=g)).clamp(-1, 1)
+        torch.testing.assert_close(a, low + (u + 1) / 2 * (high - low))
+
+
+def test_carracing_record_config_drives(capsys):
+    """``record`` with configs/worldmodels/carracing/record.yaml: gas mostly on, braking rare."""
+    from pathlib import Path
+
+    from lightning_wm.cli import main
+
+    cfg = Path(__file__).resolve().parents[1] / "configs" / "worldmodels" / "carracing" / "record.yaml"
+    main(["record", "--config", str(cfg), "--episodes", "1", "--data.init_args.env.num_envs", "1",
+          "--data.init_args.env.max_episode_steps", "60", "--data.init_args.directory", "frames"])
+    store = EpisodeStore("frames")
+    (path,) = store.paths()
+    action = store.load(path)["action"][:-1]  # the last row's action is zero by convention
+    assert action.shape == (60, 3)
+    assert (action[:, 1] > 0).mean() > 0.8 and action[:, 2].mean() < 0.05
+    assert "recorded 1 episodes" in capsys.readouterr().out

@@ -1,6 +1,7 @@
 import gymnasium as gym
 import numpy as np
 import pytest
+from PIL import Image
 
 from lightning_wm.envs import EnvConfig, EnvError, env_spec, make_env, make_vector_env
 
@@ -85,3 +86,53 @@ def test_unsupported_action_space_is_named():
     gym.register("MultiDiscreteTest-v0", entry_point=lambda: MultiDiscreteEnv())
     with pytest.raises(EnvError, match="MultiDiscrete"):
         make_env(EnvConfig("MultiDiscreteTest-v0"))
+
+
+def test_crop_selects_the_box_before_the_resize():
+    # CartPole renders 400x600; the box [150, 0, 180, 600] holds the pole and the cart.
+    box = (150, 0, 180, 600)
+    env = make_env(EnvConfig("CartPole-v1", pixels=True, crop=box))
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (64, 64, 3) and obs.dtype == np.uint8
+    assert env.observation_space.shape == (64, 64, 3)
+    full = env.unwrapped.render()
+    top, left, height, width = box
+    expected = np.asarray(Image.fromarray(full[top : top + height, left : left + width]).resize((64, 64), Image.BILINEAR))
+    np.testing.assert_array_equal(obs, expected)
+    # the cart (black) fills more of the cropped frame than of the uncropped one
+    uncropped, _ = make_env(EnvConfig("CartPole-v1", pixels=True)).reset(seed=0)
+    assert (obs < 60).all(-1).mean() > 2 * (uncropped < 60).all(-1).mean()
+    env.close()
+
+
+def test_crop_of_an_image_observation_and_grayscale():
+    env = make_env(EnvConfig("CarRacing-v3", size=(32, 32), grayscale=True, crop=(0, 0, 84, 96)))
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (32, 32, 1) and obs.dtype == np.uint8
+    env.close()
+
+
+@pytest.mark.parametrize(
+    "config, match",
+    [
+        (EnvConfig("CartPole-v1", pixels=True, crop=(300, 0, 200, 600)), "outside the 400x600"),
+        (EnvConfig("CartPole-v1", pixels=True, crop=(0, 10, 100, 600)), "outside the 400x600"),
+        (EnvConfig("CarRacing-v3", crop=(0, 0, 97, 96)), "outside the 96x96"),
+        (EnvConfig("CartPole-v1", pixels=True, crop=(0, 0, 0, 600)), "height, width > 0"),
+        (EnvConfig("CartPole-v1", pixels=True, crop=(-1, 0, 10, 600)), "top, left >= 0"),
+        (EnvConfig("CartPole-v1", pixels=True, crop=(0, 0, 10)), "four integers"),
+        (EnvConfig("CartPole-v1", crop=(0, 0, 10, 10)), "set pixels: true"),
+    ],
+    ids=["rows-past-bottom", "columns-past-right", "image-obs", "empty", "negative", "three-values", "no-pixels"],
+)
+def test_bad_crop_is_named(config, match):
+    with pytest.raises(EnvError, match=match):
+        env = make_env(config)
+        env.reset(seed=0)
+
+
+def test_default_has_no_crop():
+    assert EnvConfig().crop is None
+    plain, _ = make_env(EnvConfig("CartPole-v1", pixels=True)).reset(seed=3)
+    whole, _ = make_env(EnvConfig("CartPole-v1", pixels=True, crop=(0, 0, 400, 600))).reset(seed=3)
+    np.testing.assert_array_equal(plain, whole)

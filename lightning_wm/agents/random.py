@@ -13,19 +13,31 @@ from lightning_wm.envs import EnvSpec
 
 
 class RandomPolicy(RLModule):
-    """Uniform random actions, optionally temporally correlated (see :class:`RandomAgent`).
+    """Random actions, optionally temporally correlated and biased (see :class:`RandomAgent`).
 
     Args:
         env_spec: linked from the datamodule.
-        correlation: 0 for independent actions; e.g. 0.9 for CarRacing's smooth steering.
+        correlation: 0 for independent actions; e.g. 0.95 for CarRacing's smooth steering.
         seed: seed of the action sampler.
+        action_mean, action_std: continuous actions only, one value per action dimension:
+            act ``clip(mean + std * x_t)`` with ``x_t`` a unit-variance AR(1) process instead of
+            mapping it uniformly onto the bounds (None: the uniform mapping). E.g. CarRacing
+            ``[0, 0.15, -0.3]`` / ``[0.3, 0.1, 0.2]``: smooth steering, gas mostly on, rare braking.
     """
 
-    def __init__(self, env_spec: EnvSpec | None = None, correlation: float = 0.0, seed: int | None = None) -> None:
+    def __init__(
+        self,
+        env_spec: EnvSpec | None = None,
+        correlation: float = 0.0,
+        seed: int | None = None,
+        action_mean: list[float] | None = None,
+        action_std: list[float] | None = None,
+    ) -> None:
         super().__init__(env_spec)
         if env_spec is None:
             raise ValueError("RandomPolicy needs the env spec (linked from the datamodule's env)")
-        self.sampler = RandomAgent(env_spec, correlation=correlation, seed=seed)
+        self.sampler = RandomAgent(env_spec, correlation=correlation, seed=seed, action_mean=action_mean,
+                                   action_std=action_std)
         self._dummy = torch.nn.Parameter(torch.zeros(()), requires_grad=False)
 
     def initial_state(self, batch_size: int) -> Tensor:
