@@ -43,7 +43,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--vision-epochs", type=int, default=4)
     p.add_argument("--memory-epochs", type=int, default=10)
     p.add_argument("--memory-batches", type=int, default=100, help="M training batches per epoch")
-    p.add_argument("--generations", type=int, default=60, help="CMA-ES generations in the real env")
+    p.add_argument("--generations", type=int, default=80, help="CMA-ES generations in the real env")
     p.add_argument("--dream-generations", type=int, default=30, help="CMA-ES generations inside the dream")
     p.add_argument("--popsize", type=int, default=16)
     p.add_argument("--episodes-per-member", type=int, default=1,

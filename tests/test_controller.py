@@ -199,3 +199,35 @@ def test_cli_pipeline_end_to_end_and_controller_resume(capsys):
                   "--trainer.run_name", "dream", "--model.init_args.train_in", "dream",
                   "--model.init_args.dream_dir", "data/worldmodels/cartpole_pixels/latents"])
     assert dream.model.es.countiter == 1
+
+
+def test_env_pool_in_worker_processes_matches_in_process_envs():
+    """Stepping a subset of envs in 2 subprocesses gives what in-process envs give."""
+    from lightning_wm.envs import EnvPool
+
+    config = EnvConfig(id="CartPole-v1", pixels=True, size=(16, 16), crop=(160, 0, 160, 600))
+    local, remote = EnvPool(config, 5), EnvPool(config, 5, workers=2)
+    try:
+        seeds = [11, 12, 13, 14, 15]
+        np.testing.assert_array_equal(local.reset(seeds), remote.reset(seeds))
+        rng = np.random.default_rng(0)
+        for index in (np.arange(5), np.array([4, 1, 2]), np.array([3]), np.array([0, 2, 4, 1])):
+            actions = rng.integers(0, 2, len(index))
+            for a, b in zip(local.step(index, actions), remote.step(index, actions)):
+                np.testing.assert_array_equal(a, b)
+    finally:
+        local.close()
+        remote.close()
+    assert remote._procs == []
+
+
+def test_env_pool_worker_errors_are_reported():
+    from lightning_wm.envs import EnvPool
+
+    pool = EnvPool(EnvConfig(id="CartPole-v1"), 2, workers=2)
+    try:
+        pool.reset([0, 1])
+        with pytest.raises(RuntimeError, match="env worker"):
+            pool.step(np.arange(2), np.array([[0.5, 0.5], [0.1, 0.2]]))  # not a Discrete action
+    finally:
+        pool.close()

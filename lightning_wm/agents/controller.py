@@ -28,13 +28,12 @@ import pickle
 import warnings
 from typing import Any, Literal
 
-import gymnasium as gym
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from lightning_wm.agents.base import RLModule
-from lightning_wm.envs import EnvConfig, EnvSpec, make_env
+from lightning_wm.envs import EnvConfig, EnvPool, EnvSpec
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # cma warns that matplotlib is missing
@@ -93,40 +92,6 @@ class _Randn:
 
 
 # ---------------------------------------------------------------------------------------
-# the population's real envs
-# ---------------------------------------------------------------------------------------
-
-
-class EnvPool:
-    """``n`` envs of ``config`` stepped together, only where still running (finished envs
-    cost nothing: the population's vector env for one-episode-per-env evaluation)."""
-
-    def __init__(self, config: EnvConfig, n: int) -> None:
-        self.config, self.envs = config, [make_env(config) for _ in range(n)]
-
-    def __len__(self) -> int:
-        return len(self.envs)
-
-    def reset(self, seeds: list[int]) -> np.ndarray:
-        """Reset every env (env ``i`` with ``seeds[i]``) -> observations ``[n, ...]``."""
-        return np.stack([env.reset(seed=int(s))[0] for env, s in zip(self.envs, seeds)])
-
-    def step(self, index: np.ndarray, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Step envs ``index [M]`` with ``actions [M, ...]`` -> ``(obs [M, ...], reward [M], done [M])``."""
-        obs, rewards, dones = [], [], []
-        for i, a in zip(index, actions):
-            o, r, terminated, truncated, _ = self.envs[i].step(a)
-            obs.append(o)
-            rewards.append(r)
-            dones.append(terminated or truncated)
-        return np.stack(obs), np.asarray(rewards, np.float64), np.asarray(dones, bool)
-
-    def close(self) -> None:
-        for env in self.envs:
-            env.close()
-
-
-# ---------------------------------------------------------------------------------------
 # the LightningModule
 # ---------------------------------------------------------------------------------------
 
@@ -149,6 +114,8 @@ class Controller(RLModule):
         sample_z: in the real env, feed ``z`` sampled from V's posterior (reference) instead of its mean.
         act_with: weights ``act()`` uses: the CMA-ES ``mean`` (favourite) or the ``best`` member
             of the latest generation.
+        env_workers: subprocesses that step the population's real envs (0: in this process);
+            2 on a 2-core machine renders pixel frames on both cores.
         seed: seed of CMA-ES's sampler and of the fitness episodes.
     """
 
@@ -170,6 +137,7 @@ class Controller(RLModule):
         max_episode_steps: int | None = None,
         sample_z: bool = False,
         act_with: Literal["mean", "best"] = "mean",
+        env_workers: int = 0,
         seed: int = 0,
     ) -> None:
         super().__init__(env_spec)
@@ -183,6 +151,8 @@ class Controller(RLModule):
             raise ValueError("train_in='dream' needs vision_ckpt, memory_ckpt and dream_dir (episodes to start dreams)")
         if act_with not in ("mean", "best"):
             raise ValueError(f"act_with must be 'mean' or 'best', got {act_with!r}")
+        if env_workers < 0:
+            raise ValueError(f"env_workers must be >= 0, got {env_workers}")
         if popsize < 2 or episodes_per_member < 1:
             raise ValueError(f"popsize must be >= 2 and episodes_per_member >= 1 (got {popsize}, {episodes_per_member})")
         self.save_hyperparameters(ignore=["env_spec"])
@@ -192,6 +162,7 @@ class Controller(RLModule):
         self.dream_temperature, self.dream_max_steps = dream_temperature, dream_max_steps
         self.dream_done_threshold, self.dream_reward = dream_done_threshold, dream_reward
         self.max_episode_steps, self.sample_z, self.act_with, self.seed = max_episode_steps, sample_z, act_with, seed
+        self.env_workers = env_workers
 
         from lightning_wm.agents.memory import Memory, load_checkpoint_module
         from lightning_wm.agents.vision import Vision
@@ -280,7 +251,7 @@ class Controller(RLModule):
         if self._pool is None or len(self._pool) != n or self._pool.config != cfg:
             if self._pool is not None:
                 self._pool.close()
-            self._pool = EnvPool(cfg, n)
+            self._pool = EnvPool(cfg, n, workers=self.env_workers)
         return self._pool
 
     def _dream_env(self, n: int) -> Any:
