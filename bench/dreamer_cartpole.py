@@ -27,13 +27,11 @@ import torch
 import yaml
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-sys.path.insert(0, os.path.dirname(__file__))
-
-from dreamer_speed import keep_freed_memory  # noqa: E402
 
 from lightning_wm.agents.dreamer import Dreamer  # noqa: E402
 from lightning_wm.data.modules import ReplayDataModule  # noqa: E402
 from lightning_wm.envs import EnvConfig  # noqa: E402
+from lightning_wm.runtime import keep_freed_memory  # noqa: E402
 
 
 TARGETS = {"CartPole-v1": 475.0, "Pendulum-v1": -200.0}

@@ -4,8 +4,7 @@ steps per second while acting, on vector CartPole.
     python bench/dreamer_speed.py                      # XS preset, batch 16x64, horizon 15
     python bench/dreamer_speed.py --threads 2 --steps 10 --deter 512 --hidden 512 --layers 2
 
-The batch comes from a replay buffer prefilled with random CartPole episodes (the real
-ReplayBuffer when it is available, else a synthetic batch of the same shapes). One gradient
+The batch comes from a replay buffer prefilled with random CartPole episodes. One gradient
 step runs exactly what ``Dreamer.training_step`` runs, minus Lightning's logging: the world
 model loss; the imagined rollout; the actor and critic losses; one backward of their sum;
 per-network gradient clipping and three Adam steps; the slow-critic update. Prints a
@@ -26,48 +25,21 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from lightning_wm.agents.dreamer import Dreamer  # noqa: E402
+from lightning_wm.data.collector import Collector, RandomAgent  # noqa: E402
+from lightning_wm.data.replay import ReplayBuffer  # noqa: E402
 from lightning_wm.envs import EnvConfig, env_spec, make_vector_env  # noqa: E402
+from lightning_wm.runtime import keep_freed_memory  # noqa: E402
 
 
 def random_batch(cfg: EnvConfig, batch: int, length: int, seed: int = 0) -> dict[str, torch.Tensor]:
     """``[B, L]`` sequences from a prefilled replay buffer of random-policy CartPole rows."""
-    try:
-        from lightning_wm.data.collector import Collector, RandomAgent
-        from lightning_wm.data.replay import ReplayBuffer
-
-        spec = env_spec(cfg)
-        buffer = ReplayBuffer(10_000, cfg.num_envs, seed=seed)
-        env = make_vector_env(cfg)
-        collector = Collector(env, RandomAgent(spec, seed=seed), buffer, seed=seed, spec=spec)
-        collector.collect(max(2 * length, 2_000 // cfg.num_envs))
-        env.close()
-        return buffer.sample_sequences(batch, length, True)
-    except ImportError:  # the data package is not there: same shapes, synthetic values
-        g = torch.Generator().manual_seed(seed)
-        return {
-            "obs": torch.randn(batch, length, 4, generator=g),
-            "action": torch.randint(0, 2, (batch, length), generator=g),
-            "reward": torch.ones(batch, length),
-            "is_first": torch.rand(batch, length, generator=g) < 0.05,
-            "is_last": torch.zeros(batch, length, dtype=torch.bool),
-            "is_terminal": torch.rand(batch, length, generator=g) < 0.05,
-        }
-
-
-def keep_freed_memory() -> bool:
-    """Ask glibc to keep freed memory instead of unmapping it: big temporaries ([16, 1024, 255]
-    critic outputs, 84 MB of stacked imagined features) are then reused instead of being
-    page-faulted in again on every step, which costs a lot inside this VM. Same effect as
-    ``MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=2147483647`` in the environment."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc
-        return False
-    m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
-    ok = libc.mallopt(m_mmap_threshold, 32 << 20) and libc.mallopt(m_trim_threshold, 2**31 - 1)
-    return bool(ok and libc.mallopt(m_top_pad, 64 << 20))
+    spec = env_spec(cfg)
+    buffer = ReplayBuffer(10_000, cfg.num_envs, seed=seed)
+    env = make_vector_env(cfg)
+    collector = Collector(env, RandomAgent(spec, seed=seed), buffer, seed=seed, spec=spec)
+    collector.collect(max(2 * length, 2_000 // cfg.num_envs))
+    env.close()
+    return buffer.sample_sequences(batch, length, True)
 
 
 def gradient_step(model: Dreamer, optimizers: list[torch.optim.Optimizer], batch: dict[str, torch.Tensor]) -> None:

@@ -89,6 +89,27 @@ def test_torch_threads_option(monkeypatch):
         torch.set_num_threads(before)
 
 
+def test_keep_freed_memory_is_on_by_default_and_can_be_switched_off(monkeypatch):
+    from lightning_wm import runtime
+
+    monkeypatch.syspath_prepend(str(TESTS))
+    calls = []
+    monkeypatch.setattr(runtime, "keep_freed_memory", lambda: calls.append(1) or True)
+    run_cli(["fit", *TINY_FIT, "--trainer.max_steps", "1"])
+    assert calls == [1]
+    run_cli(["fit", *TINY_FIT, "--trainer.max_steps", "1", "--trainer.keep_freed_memory", "false"])
+    assert calls == [1]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc tuning")
+def test_keep_freed_memory_applies_on_glibc():
+    import platform
+
+    from lightning_wm import runtime
+
+    assert runtime.keep_freed_memory() == (platform.libc_ver()[0] == "glibc")
+
+
 def test_record_pixels_then_evaluate_random(tmp_path):
     store_dir = tmp_path / "eps"
     args = [
