@@ -277,7 +277,8 @@ _SPEC_CACHE: dict[str, EnvSpec] = {}
 
 def env_spec(config: EnvConfig) -> EnvSpec:
     """The spaces of one env of ``config`` (builds and closes one env; cached)."""
-    key = repr((config.id, config.pixels, tuple(config.size), config.grayscale, sorted(config.kwargs.items())))
+    key = repr((config.id, config.pixels, tuple(config.size), config.grayscale,
+                None if config.crop is None else tuple(config.crop), sorted(config.kwargs.items())))
     if key not in _SPEC_CACHE:
         env = make_env(config)
         _SPEC_CACHE[key] = EnvSpec(env.observation_space, env.action_space, config.id)

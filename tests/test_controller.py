@@ -161,44 +161,55 @@ def test_ddp_splits_the_population_and_matches_one_process(tmp_path):
     np.testing.assert_allclose(restored.es.mean, single.es.mean, rtol=1e-12, atol=1e-12)
 
 
-def test_cli_pipeline_end_to_end_and_controller_resume(capsys):
-    """record -> fit V -> convert -> fit M -> fit C (real; then resumed) -> evaluate, and C in the dream."""
+def _run_pipeline(name: str, capsys, env: list[str] = (), member_steps: int = 30) -> None:
+    """record -> fit V -> convert -> fit M -> fit C (real; then resumed) -> evaluate, and C in the
+    dream, from the CLI with the configs of ``configs/worldmodels/<name>``, sizes shrunk."""
     from pathlib import Path
 
     from lightning_wm.cli import main
 
-    cfg = Path(__file__).resolve().parents[1] / "configs" / "worldmodels" / "cartpole_pixels"
+    cfg = Path(__file__).resolve().parents[1] / "configs" / "worldmodels" / name
+    frames, latents = f"data/worldmodels/{name}/frames", f"data/worldmodels/{name}/latents"
     quiet = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
-    main(["record", "--config", str(cfg / "record.yaml"), "--episodes", "6", "--data.init_args.env.num_envs", "2"])
-    assert len(EpisodeStore("data/worldmodels/cartpole_pixels/frames").paths()) == 6
+    main(["record", "--config", str(cfg / "record.yaml"), "--episodes", "6", "--data.init_args.env.num_envs", "2", *env])
+    assert len(EpisodeStore(frames).paths()) == 6
     v_args = ["--model.init_args.z_size", "4", "--model.init_args.depth", "4"]
     main(["fit", "--config", str(cfg / "vision.yaml"), *v_args, *quiet, "--trainer.max_epochs", "1",
           "--data.init_args.batch_size", "8", "--data.init_args.val_fraction", "0.3", "--data.init_args.val_batches", "1"])
-    main(["convert", "--config", str(cfg / "vision.yaml"), *v_args, "--ckpt_path", "last",
-          "--target", "data/worldmodels/cartpole_pixels/latents"])
-    assert len(EpisodeStore("data/worldmodels/cartpole_pixels/latents").paths()) == 6
+    main(["convert", "--config", str(cfg / "vision.yaml"), *v_args, "--ckpt_path", "last", "--target", latents])
+    assert len(EpisodeStore(latents).paths()) == 6
     main(["fit", "--config", str(cfg / "memory.yaml"), *quiet, "--trainer.max_epochs", "1",
           "--model.init_args.z_size", "4", "--model.init_args.hidden_size", "8", "--model.init_args.num_mixtures", "2",
           "--data.init_args.batch_size", "2", "--data.init_args.sequence_length", "6",
           "--data.init_args.val_fraction", "0.3", "--data.init_args.val_batches", "1"])
     c_args = [*quiet, "--model.init_args.popsize", "3", "--model.init_args.episodes_per_member", "1",
-              "--model.init_args.max_episode_steps", "30", "--data.init_args.eval_episodes", "1",
-              "--trainer.val_check_interval", "2"]
+              "--model.init_args.max_episode_steps", str(member_steps), "--data.init_args.eval_episodes", "1",
+              "--data.init_args.eval_envs", "1", "--trainer.val_check_interval", "2", *env]
     first = main(["fit", "--config", str(cfg / "controller.yaml"), *c_args, "--trainer.max_steps", "2"])
-    assert first.model.es.countiter == 2 and first.model.num_params == (4 + 8 + 1) * 2
-    ckpt_dir = Path("lightning_logs/worldmodels-cartpole_pixels-controller/checkpoints")
+    n_actions = first.model.num_params // (4 + 8 + 1)
+    assert first.model.es.countiter == 2 and first.model.num_params == (4 + 8 + 1) * n_actions
+    ckpt_dir = Path(f"lightning_logs/worldmodels-{name}-controller/checkpoints")
     resumed = main(["fit", "--config", str(cfg / "controller.yaml"), *c_args, "--trainer.max_steps", "3",
                     "--ckpt_path", "last"])
     assert resumed.trainer.global_step == 3 and resumed.model.es.countiter == 3
     saved = torch.load(ckpt_dir / "last.ckpt", weights_only=False)
     assert saved["global_step"] == 3
     capsys.readouterr()
-    main(["evaluate", "--config", str(cfg / "controller.yaml"), "--ckpt_path", "last", "--episodes", "2"])
+    main(["evaluate", "--config", str(cfg / "controller.yaml"), "--ckpt_path", "last", "--episodes", "2", *env])
     assert "return" in capsys.readouterr().out
     dream = main(["fit", "--config", str(cfg / "controller.yaml"), *c_args, "--trainer.max_steps", "1",
                   "--trainer.run_name", "dream", "--model.init_args.train_in", "dream",
-                  "--model.init_args.dream_dir", "data/worldmodels/cartpole_pixels/latents"])
+                  "--model.init_args.dream_dir", latents, "--model.init_args.dream_max_steps", str(member_steps)])
     assert dream.model.es.countiter == 1
+
+
+def test_cli_pipeline_end_to_end_and_controller_resume(capsys):
+    _run_pipeline("cartpole_pixels", capsys)
+
+
+def test_cli_pipeline_carracing_configs(capsys):
+    """The paper-sized CarRacing configs run end to end with shrunk sizes and short episodes."""
+    _run_pipeline("carracing", capsys, env=["--data.init_args.env.max_episode_steps", "12"], member_steps=12)
 
 
 def test_env_pool_in_worker_processes_matches_in_process_envs():

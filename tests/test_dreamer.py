@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from lightning_wm.agents.dreamer import Dreamer, onehot_linear
 from lightning_wm.cli import main
@@ -266,6 +267,19 @@ def test_cli_fit_cartpole_vector_losses_fall():
     for tag in ("train/loss_kl_dyn", "train/loss_actor", "train/loss_critic", "train/entropy",
                 "train/imag_return", "grad_norm/model", "val/return", "val/openloop_mse"):
         assert _scalars(Path("lightning_logs/run"), tag), tag
+
+
+@pytest.mark.parametrize("preset", ["xs", "s", "m"])
+def test_cli_size_presets_build_and_take_a_step(preset):
+    """Each size preset instantiates from the CLI over a family config and trains one step."""
+    args = _fit_args("cartpole.yaml", 1, ["--config", str(ROOT / f"configs/dreamer/presets/{preset}.yaml"),
+                                          "--model.init_args.horizon", "3", "--data.init_args.sequence_length", "8",
+                                          "--data.init_args.batch_size", "2", "--trainer.limit_val_batches", "0"])
+    cli = main(args=args)
+    wanted = yaml.safe_load((ROOT / f"configs/dreamer/presets/{preset}.yaml").read_text())["model"]["init_args"]
+    assert cli.trainer.global_step == 1
+    assert cli.model.hparams.deter == wanted["deter"] and cli.model.hparams.hidden == wanted["hidden"]
+    assert torch.isfinite(torch.tensor(_scalars(Path("lightning_logs/run"), "train/loss_model"))).all()
 
 
 def test_cli_fit_pendulum_continuous():
