@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from lightning_wm import runtime
 from lightning_wm.data.collector import Collector
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.envs import EnvConfig, make_env, make_vector_env
+from lightning_wm.video import check_video_path, write_video
 
 
 class FinalCheckpoint(Callback):
@@ -83,13 +85,6 @@ def _env_of(datamodule: Any) -> EnvConfig:
     if env is None:
         raise ValueError(f"{type(datamodule).__name__} names no env; set data.init_args.env")
     return env
-
-
-def _write_gif(frames: list[np.ndarray], path: str, fps: int = 30) -> None:
-    from PIL import Image
-
-    images = [Image.fromarray(np.asarray(f)) for f in frames]
-    images[0].save(path, save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)
 
 
 class Trainer(pl.Trainer):
@@ -164,9 +159,12 @@ class Trainer(pl.Trainer):
     def evaluate(self, model: pl.LightningModule, datamodule: pl.LightningDataModule, ckpt_path: str | None = None,
                  episodes: int = 10, video: str | None = None, explore: bool = False) -> dict[str, float]:
         """Run ``episodes`` episodes (``explore=False``), print mean ± std return; with
-        ``video=path.gif`` also write the first episode as an animated GIF."""
+        ``video=path.gif`` or ``path.mp4`` also write the first episode as a video (MP4 needs the
+        ``video`` extra, imageio-ffmpeg)."""
         from tqdm import tqdm
 
+        if video:
+            check_video_path(video)  # before the episodes, not after
         env = _env_of(datamodule)
         ckpt = resolve_checkpoint(self, ckpt_path)
         if ckpt is not None:
@@ -192,8 +190,6 @@ class Trainer(pl.Trainer):
 
     @staticmethod
     def _record_video(model: Any, cfg: EnvConfig, path: str, explore: bool) -> None:
-        if not path.endswith(".gif"):
-            raise ValueError(f"video must be a .gif path (TensorBoard/moviepy-free); got {path!r}")
         one = EnvConfig(**{**vars(cfg), "num_envs": 1})
         import gymnasium as gym
 
@@ -208,7 +204,7 @@ class Trainer(pl.Trainer):
                 frames.append(env.envs[0].render())
         finally:
             env.close()
-        _write_gif(frames, path)
+        write_video(frames, path)
 
     def convert(self, model: pl.LightningModule, datamodule: pl.LightningDataModule, ckpt_path: str | None = None,
                 target: str = "latents", batch_size: int = 256) -> int:
@@ -258,8 +254,42 @@ def derive_run_name(config: Any) -> str:
     return class_path.rsplit(".", 1)[-1].lower()
 
 
+# errors that describe bad input (config values, env ids, files, a diverged loss): on the command
+# line they are printed as one message, without a traceback
+USER_ERRORS = (ValueError, FileNotFoundError, FloatingPointError)
+
+
 def main(args: list[str] | None = None) -> CLI:
-    """Entry point of ``python main.py`` and the ``lightning-wm`` console script."""
+    """Entry point of ``python main.py`` and the ``lightning-wm`` console script.
+
+    From the command line (``args`` None) an error about bad input (:data:`USER_ERRORS`) is
+    printed as ``error: <message>`` and the process exits with code 1; set
+    ``LIGHTNING_WM_TRACEBACK=1`` to see the traceback instead. Config errors (unknown key, wrong
+    type, unknown class) exit with code 2 from the argument parser. Called with ``args``
+    (tests, scripts), exceptions propagate.
+    """
+    if args is not None or os.environ.get("LIGHTNING_WM_TRACEBACK"):
+        return _cli(args)
+    try:
+        return _cli(args)
+    except USER_ERRORS as err:
+        print(f"error: {user_message(err)}\n(set LIGHTNING_WM_TRACEBACK=1 for the traceback)", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+def user_message(err: BaseException) -> str:
+    """The message of ``err`` without jsonargparse's wrapping: an error raised while a subclass
+    (``--data``/``--model``) is built comes back as "Does not validate against any of the Union
+    subtypes" followed by every alternative and the whole namespace; keep only the real cause."""
+    text = str(err)
+    if "Union subtypes" not in text:
+        return text
+    causes = [line.strip()[2:] for line in text.splitlines()
+              if line.startswith("  - ") and "Expected a <class 'NoneType'>" not in line]
+    return "\n".join(causes) or text
+
+
+def _cli(args: list[str] | None) -> CLI:
     return CLI(
         model_class=None,
         datamodule_class=None,

@@ -134,6 +134,34 @@ def test_record_pixels_then_evaluate_random(tmp_path):
     assert gif.stat().st_size > 1000
 
 
+RANDOM_CARTPOLE = ["--model", "lightning_wm.agents.random.RandomPolicy",
+                   "--data", "lightning_wm.data.modules.EpisodeDataModule", "--data.directory", "eps"]
+
+
+def test_evaluate_writes_an_mp4_of_the_first_episode(capsys):
+    run_cli(["evaluate", *RANDOM_CARTPOLE, "--data.env", '{"id": "CartPole-v1", "seed": 3}',
+             "--episodes", "2", "--video", "first.mp4"])
+    video = Path("first.mp4")
+    assert video.stat().st_size > 1000
+    assert b"ftyp" in video.read_bytes()[:64]  # an MP4 container
+    assert "wrote first.mp4" in capsys.readouterr().out
+
+
+def test_evaluate_refuses_an_unknown_video_format_before_running_episodes(capsys):
+    with pytest.raises(ValueError, match=r"must end in \.gif or \.mp4"):
+        run_cli(["evaluate", *RANDOM_CARTPOLE, "--data.env", '{"id": "CartPole-v1"}', "--video", "ep.avi"])
+    assert "return" not in capsys.readouterr().out
+
+
+def test_command_line_errors_are_one_message_without_traceback(tmp_path):
+    out = subprocess.run([sys.executable, str(ROOT / "main.py"), "evaluate", *RANDOM_CARTPOLE,
+                          "--data.env", '{"id": "CartPole-v9"}', "--episodes", "1"],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert "error: unknown or unbuildable env id 'CartPole-v9'" in out.stderr
+    assert "Traceback" not in out.stderr and "Union subtypes" not in out.stderr
+
+
 def test_missing_checkpoint_is_reported(monkeypatch):
     monkeypatch.syspath_prepend(str(TESTS))
     with pytest.raises(FileNotFoundError, match="no_such.ckpt"):

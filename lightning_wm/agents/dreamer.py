@@ -842,8 +842,8 @@ def openloop_frames(real: Tensor, pred: Tensor, context: int, gap: int = 2, bar:
 
 def write_openloop_gif(real: Tensor, pred: Tensor, context: int, path: str, fps: int = 8) -> str:
     """Write :func:`openloop_frames` as an animated GIF at ``path`` (folders created); returns it."""
-    from lightning_wm.cli import _write_gif
+    from lightning_wm.video import write_gif
 
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    _write_gif(list(openloop_frames(real, pred, context).numpy()), path, fps=fps)
+    write_gif(list(openloop_frames(real, pred, context).numpy()), path, fps=fps)
     return path
