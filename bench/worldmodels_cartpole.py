@@ -50,6 +50,8 @@ def parse_args() -> argparse.Namespace:
                    help="real episodes per member (1: more generations for the time; all members share the seed)")
     p.add_argument("--dream-episodes-per-member", type=int, default=8)
     p.add_argument("--dream-temperature", type=float, default=1.0)
+    p.add_argument("--dream-done-threshold", type=float, default=0.5,
+                   help="a dream episode ends where M's done probability exceeds this")
     p.add_argument("--eval-episodes", type=int, default=20)
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for these small nets)")
     p.add_argument("--quick", action="store_true", help="tiny sizes: checks the pipeline, not the figures")
@@ -82,6 +84,7 @@ def evaluate_real(model, env, episodes: int, seed: int = 900_000) -> tuple[float
     with torch.no_grad():
         returns = model.evaluate_population(model.params.detach()[None], episodes, seed, where="real", config=env,
                                             per_episode=True)[0]
+    model.close_envs()
     return float(returns.mean()), float(returns.std(unbiased=False))
 
 
@@ -153,6 +156,7 @@ def main() -> None:
                         "--model.init_args.train_in", "dream",
                         "--model.init_args.dream_dir", "data/worldmodels/cartpole_pixels/latents",
                         "--model.init_args.dream_temperature", str(args.dream_temperature),
+                        "--model.init_args.dream_done_threshold", str(args.dream_done_threshold),
                         "--model.init_args.episodes_per_member", str(args.dream_episodes_per_member)]
         else:
             command += ["--model.init_args.episodes_per_member", str(args.episodes_per_member)]

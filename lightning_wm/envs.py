@@ -388,6 +388,12 @@ def _step(env: gym.Env, action: Any) -> tuple[np.ndarray, float, bool]:
 def _env_worker(conn: Any, config: EnvConfig, count: int) -> None:
     """Subprocess of :class:`EnvPool`: owns ``count`` envs; answers ``reset``/``step`` batches
     with ``(True, results)`` or ``(False, message)``; exits on ``close``."""
+    import signal
+
+    # a forked worker inherits the parent's handlers (Lightning's SIGTERM handler only sets a
+    # flag): restore the default so that terminate() at exit ends it, and leave Ctrl-C to the parent
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         envs = [make_env(config) for _ in range(count)]
     except Exception as e:  # reported at the first request

@@ -242,3 +242,25 @@ def test_env_pool_worker_errors_are_reported():
             pool.step(np.arange(2), np.array([[0.5, 0.5], [0.1, 0.2]]))  # not a Discrete action
     finally:
         pool.close()
+
+
+def test_env_pool_workers_end_on_terminate_despite_an_inherited_sigterm_handler():
+    """Lightning installs a SIGTERM handler that only sets a flag; forked workers must not keep it
+    (else multiprocessing's terminate() at interpreter exit waits for them forever)."""
+    import signal
+
+    from lightning_wm.envs import EnvPool
+
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        pool = EnvPool(EnvConfig(id="CartPole-v1"), 2, workers=2)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    try:
+        pool.reset([0, 1])
+        for proc in pool._procs:
+            proc.terminate()
+            proc.join(timeout=10)
+            assert not proc.is_alive()
+    finally:
+        pool.close()

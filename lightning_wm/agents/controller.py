@@ -349,11 +349,15 @@ class Controller(RLModule):
         # CMA-ES updates the weights; this optimizer only lets Lightning count generations.
         return torch.optim.SGD([self.params], lr=0.0)
 
-    def on_fit_end(self) -> None:
+    def close_envs(self) -> None:
+        """Close the real envs (and their worker processes) and drop the dream env."""
         if self._pool is not None:
             self._pool.close()
             self._pool = None
         self._dream = None
+
+    def on_fit_end(self) -> None:
+        self.close_envs()
 
     # -- checkpoints ------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
