@@ -39,7 +39,8 @@ class EnvConfig:
             ``[160, 0, 160, 600]`` keeps pixel CartPole's pole and cart (rows 160-319 of its
             400x600 rendering) at full width.
         action_repeat: repeat each action this many times, summing rewards.
-        max_episode_steps: truncate episodes after this many (agent) steps.
+        max_episode_steps: truncate episodes after this many (agent) steps; replaces the limit the
+            env id is registered with (longer or shorter).
         vectorization: ``sync`` (one process) or ``async`` (one process per env).
         kwargs: extra keyword arguments for ``gym.make``.
     """
@@ -236,6 +237,12 @@ def make_env(config: EnvConfig, render_mode: str | None = None) -> gym.Env:
         render_mode = "rgb_array"
     if render_mode is not None:
         kwargs["render_mode"] = render_mode
+    if config.max_episode_steps is not None:
+        if config.max_episode_steps < 1:
+            raise EnvError(f"max_episode_steps must be >= 1, got {config.max_episode_steps}")
+        # given to gym.make, it replaces the registered limit (CartPole-v1's 500) instead of
+        # adding a second TimeLimit that could only shorten episodes
+        kwargs["max_episode_steps"] = config.max_episode_steps * config.action_repeat
     try:
         env = gym.make(config.id, **kwargs)
     except gym.error.Error as err:
@@ -248,8 +255,6 @@ def make_env(config: EnvConfig, render_mode: str | None = None) -> gym.Env:
         ) from None
     if config.action_repeat > 1:
         env = ActionRepeat(env, config.action_repeat)
-    if config.max_episode_steps is not None:
-        env = gym.wrappers.TimeLimit(env, config.max_episode_steps)
     is_image = isinstance(env.observation_space, gym.spaces.Box) and len(env.observation_space.shape) == 3
     if config.crop is not None and not (config.pixels or is_image):
         raise EnvError(f"{config.id}: crop applies to image observations; set pixels: true or drop crop")

@@ -136,3 +136,33 @@ def test_default_has_no_crop():
     plain, _ = make_env(EnvConfig("CartPole-v1", pixels=True)).reset(seed=3)
     whole, _ = make_env(EnvConfig("CartPole-v1", pixels=True, crop=(0, 0, 400, 600))).reset(seed=3)
     np.testing.assert_array_equal(plain, whole)
+
+
+@pytest.mark.parametrize("limit, repeat", [(10, 2), (300, 1)])
+def test_max_episode_steps_replaces_the_registered_limit(limit, repeat):
+    """Pendulum-v1 is registered with 200 steps; the configured limit wins, counted in agent steps."""
+    env = make_env(EnvConfig(id="Pendulum-v1", max_episode_steps=limit, action_repeat=repeat))
+    env.reset(seed=0)
+    steps, truncated = 0, False
+    while not truncated:
+        _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+        steps += 1
+        assert not terminated
+    assert steps == limit
+    env.close()
+
+
+def test_async_vector_env_steps_like_the_sync_one():
+    sync = make_vector_env(EnvConfig(id="CartPole-v1", num_envs=2, seed=5))
+    async_ = make_vector_env(EnvConfig(id="CartPole-v1", num_envs=2, seed=5, vectorization="async"))
+    try:
+        assert isinstance(async_, gym.vector.AsyncVectorEnv)
+        np.testing.assert_array_equal(sync.reset(seed=5)[0], async_.reset(seed=5)[0])
+        for _ in range(30):
+            a = np.array([1, 0])
+            out_s, out_a = sync.step(a), async_.step(a)
+            for x, y in zip(out_s[:4], out_a[:4]):
+                np.testing.assert_array_equal(x, y)
+    finally:
+        sync.close()
+        async_.close()
