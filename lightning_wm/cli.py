@@ -24,7 +24,7 @@ from pytorch_lightning.cli import LightningCLI
 from pytorch_lightning.loggers import TensorBoardLogger
 
 from lightning_wm import runtime
-from lightning_wm.data.collector import Collector
+from lightning_wm.data.collector import Collector, run_evaluation
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.envs import EnvConfig, make_env, make_vector_env
 from lightning_wm.video import check_video_path, write_video
@@ -159,10 +159,12 @@ class Trainer(pl.Trainer):
     def evaluate(self, model: pl.LightningModule, datamodule: pl.LightningDataModule, ckpt_path: str | None = None,
                  episodes: int = 10, video: str | None = None, explore: bool = False) -> dict[str, float]:
         """Run ``episodes`` episodes (``explore=False``), print mean ± std return; with
-        ``video=path.gif`` or ``path.mp4`` also write the first episode as a video (MP4 needs the
-        ``video`` extra, imageio-ffmpeg)."""
+        ``video=path.gif`` or ``path.mp4`` the first of them is filmed (MP4 needs the ``video``
+        extra, imageio-ffmpeg)."""
         from tqdm import tqdm
 
+        if episodes < 1:
+            raise ValueError(f"--episodes must be >= 1, got {episodes}")
         if video:
             check_video_path(video)  # before the episodes, not after
         env = _env_of(datamodule)
@@ -170,13 +172,15 @@ class Trainer(pl.Trainer):
         if ckpt is not None:
             load_weights(model, ckpt)
         model.eval()
-        cfg = EnvConfig(**{**vars(env), "num_envs": max(1, min(episodes, 8)), "seed": env.seed + 777_000})
-        vector_env = make_vector_env(cfg)
-        try:
-            with tqdm(total=episodes, desc=f"evaluate {env.id}", unit="ep") as bar:
-                finished = Collector(vector_env, model, seed=cfg.seed).run_episodes(episodes, explore, bar.update)
-        finally:
-            vector_env.close()
+        seed = env.seed + 777_000
+        finished: list[dict[str, float]] = []
+        with tqdm(total=episodes, desc=f"evaluate {env.id}", unit="ep") as bar:
+            if video:  # episode 1 in a rendering env, the others as usual
+                finished.append(self._film_episode(model, env, seed, video, explore))
+                bar.update(1)
+            if episodes > len(finished):
+                finished += run_evaluation(env, model, episodes - len(finished), 8, seed + len(finished),
+                                           explore=explore, progress=bar.update)
         returns = np.array([e["return"] for e in finished])
         lengths = np.array([e["length"] for e in finished])
         result = {"return_mean": float(returns.mean()), "return_std": float(returns.std()),
@@ -184,27 +188,28 @@ class Trainer(pl.Trainer):
         print(f"{env.id}: return {result['return_mean']:.2f} ± {result['return_std']:.2f} over {len(returns)} "
               f"episodes (mean length {result['length_mean']:.1f})")
         if video:
-            self._record_video(model, cfg, video, explore)
-            print(f"wrote {video}")
+            print(f"wrote {video} (episode 1, return {finished[0]['return']:.2f})")
         return result
 
     @staticmethod
-    def _record_video(model: Any, cfg: EnvConfig, path: str, explore: bool) -> None:
-        one = EnvConfig(**{**vars(cfg), "num_envs": 1})
+    def _film_episode(model: Any, config: EnvConfig, seed: int, path: str, explore: bool) -> dict[str, float]:
+        """One episode in an env that also renders full frames; writes them to ``path``."""
         import gymnasium as gym
 
+        one = EnvConfig(**{**vars(config), "num_envs": 1, "seed": seed})
         env = gym.vector.SyncVectorEnv([lambda: make_env(one, render_mode="rgb_array")],
                                        autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
         try:
-            collector = Collector(env, model, seed=one.seed)
+            collector = Collector(env, model, seed=seed)
             frames: list[np.ndarray] = []
             collector.reset()
             frames.append(env.envs[0].render())
-            while not collector.collect(1, explore):
+            while not (done := collector.collect(1, explore)):
                 frames.append(env.envs[0].render())
         finally:
             env.close()
         write_video(frames, path)
+        return done[0]
 
     def convert(self, model: pl.LightningModule, datamodule: pl.LightningDataModule, ckpt_path: str | None = None,
                 target: str = "latents", batch_size: int = 256) -> int:
@@ -232,6 +237,12 @@ class CLI(LightningCLI):
         for name in ("record", "evaluate", "convert"):
             commands[name] = {"model", "datamodule"}
         return commands
+
+    def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs: Any) -> Any:
+        parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
+        if subcommand == "record":  # random episodes unless a --model (and --ckpt_path) is given
+            parser.set_defaults({"model": {"class_path": "lightning_wm.agents.random.RandomPolicy"}})
+        return parser
 
     def add_arguments_to_parser(self, parser: Any) -> None:
         parser.link_arguments("data", "model.init_args.env_spec", compute_fn=lambda data: data.spec,

@@ -70,9 +70,10 @@ def test_fit_then_resume_from_last(monkeypatch):
     rows_before = len(dm.buffer)
     cli = run_cli(["fit", *TINY_FIT, "--data.save_buffer", "true", "--trainer.max_steps", "40", "--ckpt_path", "last"])
     assert cli.trainer.global_step == 40
-    # the env-step counter continues (no second prefill, no catch-up burst)
-    assert cli.datamodule.collector.stats.env_steps == first_env_steps + (10 + 1) * 2
-    assert len(cli.datamodule.buffer) == rows_before + (10 + 1) * 2, "the saved buffer was not restored"
+    # the env-step counter continues (no second prefill, no catch-up burst); the batch fetched
+    # ahead before the checkpoint already took its env steps, so the resumed run does not repeat them
+    assert cli.datamodule.collector.stats.env_steps == first_env_steps + 10 * 2
+    assert len(cli.datamodule.buffer) == rows_before + 10 * 2, "the saved buffer was not restored"
     assert len(list(Path("lightning_logs/tiny").glob("version_*"))) == 2
     # the second run overwrote last.ckpt (no last-v1.ckpt that `--ckpt_path last` would miss)
     assert sorted(p.name for p in last.parent.glob("last*.ckpt")) == ["last.ckpt"]
@@ -166,3 +167,31 @@ def test_missing_checkpoint_is_reported(monkeypatch):
     monkeypatch.syspath_prepend(str(TESTS))
     with pytest.raises(FileNotFoundError, match="no_such.ckpt"):
         run_cli(["fit", *TINY_FIT, "--trainer.max_steps", "2", "--ckpt_path", "no_such.ckpt"])
+
+
+def test_record_is_random_without_a_model():
+    run_cli(["record", "--data", "lightning_wm.data.modules.EpisodeDataModule", "--data.directory", "rnd",
+             "--data.env", '{"id": "CartPole-v1", "num_envs": 2}', "--episodes", "3"])
+    store = EpisodeStore("rnd")
+    assert len(store) == 3
+    actions = np.concatenate([e["action"][:-1] for e in store.episodes()])
+    assert set(np.unique(actions)) == {0, 1}  # both actions taken: a random policy, not a constant one
+
+
+def test_a_nan_loss_stops_training_with_a_message_and_keeps_the_last_checkpoint(monkeypatch):
+    monkeypatch.syspath_prepend(str(TESTS))
+    import tiny_agent
+
+    run_cli(["fit", *TINY_FIT, "--trainer.max_steps", "4"])
+    last = Path("lightning_logs/tiny/checkpoints/last.ckpt")
+    good = torch.load(last, weights_only=False)["global_step"]
+    original = tiny_agent.TinyAgent.training_step
+
+    def diverging(self, batch, batch_idx):
+        loss = original(self, batch, batch_idx)
+        return loss * float("nan") if self.global_step >= 6 else loss
+
+    monkeypatch.setattr(tiny_agent.TinyAgent, "training_step", diverging)
+    with pytest.raises(FloatingPointError, match=r"loss became nan at step \d+.*last good checkpoint"):
+        run_cli(["fit", *TINY_FIT, "--trainer.max_steps", "20", "--ckpt_path", "last"])
+    assert torch.load(last, weights_only=False)["global_step"] == good  # not overwritten with NaN weights

@@ -216,3 +216,19 @@ def test_carracing_record_config_drives(capsys):
     assert action.shape == (60, 3)
     assert (action[:, 1] > 0).mean() > 0.8 and action[:, 2].mean() < 0.05
     assert "recorded 1 episodes" in capsys.readouterr().out
+
+
+def test_run_episodes_takes_a_fixed_share_from_each_env(tmp_path):
+    """Env 0's episodes last 2 steps, env 1's 9: 'the first 6 to finish' would be five short
+    ones; fixed shares give 3 + 3, and the store holds exactly those 6."""
+    env = make_env([2, 9])
+    spec = EnvSpec(env.single_observation_space, env.single_action_space, "countdown")
+    store = EpisodeStore(tmp_path / "eps")
+    collector = Collector(env, CountingAgent(), store=store, spec=spec)
+    episodes = collector.run_episodes(6)
+    assert sorted(e["length"] for e in episodes) == [2, 2, 2, 9, 9, 9]
+    assert sorted(e["env"] for e in episodes) == [0, 0, 0, 1, 1, 1]
+    assert len(store) == 6 and collector.stats.episodes == 6
+    # 5 episodes over 2 envs: shares 3 and 2
+    assert sorted(e["length"] for e in Collector(make_env([2, 9]), CountingAgent(), spec=spec).run_episodes(5)) \
+        == [2, 2, 2, 9, 9]

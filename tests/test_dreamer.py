@@ -265,7 +265,8 @@ def test_cli_fit_cartpole_vector_losses_fall():
     assert len(losses) >= 20
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5
     for tag in ("train/loss_kl_dyn", "train/loss_actor", "train/loss_critic", "train/entropy",
-                "train/imag_return", "grad_norm/model", "val/return", "val/openloop_mse"):
+                "train/imag_return", "grad_norm/model", "val/return", "val/openloop_mse",
+                "env/steps", "env/episode_return", "env/episode_length"):
         assert _scalars(Path("lightning_logs/run"), tag), tag
 
 
@@ -313,6 +314,43 @@ def test_cli_fit_cartpole_pixels_losses_fall_and_logs_openloop_image_and_gif():
         image.seek(6)  # open-loop (after the 5 context steps): the model half differs from the real half
         frame = torch.tensor(list(image.convert("RGB").getdata()), dtype=torch.float32).reshape(276, 130, 3)
     assert frame[3:67, :64].std() > 0 and frame[3:67, 66:].std() > 0
+
+
+def test_resume_after_a_crash_continues_from_the_checkpoint_exactly(monkeypatch):
+    """A fit dies at step 7 (last checkpoint at 6); `fit --ckpt_path last` starts from step 6 with
+    the checkpoint's weights, slow critic, return norm, three optimizer states, env-step counter
+    and replay buffer, and then takes only the steps still due."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    import resume_probe
+
+    base = ["--data.init_args.save_buffer", "true", "--trainer.checkpoint_every_n_steps", "3"]
+    with pytest.raises(RuntimeError, match="simulated crash at step 7"):
+        main(args=_fit_args("cartpole.yaml", 12, [*base, "--trainer.callbacks",
+                                                  '[{"class_path": "resume_probe.CrashAt", "init_args": {"step": 7}}]']))
+    ckpt = torch.load("lightning_logs/run/checkpoints/last.ckpt", weights_only=False)
+    assert ckpt["global_step"] == 6
+    data_state = ckpt["ReplayDataModule"]
+    cli = main(args=_fit_args("cartpole.yaml", 12, [*base, "--ckpt_path", "last", "--trainer.callbacks",
+                                                    '[{"class_path": "resume_probe.RecordStart"}]']))
+    seen = resume_probe.SEEN
+    assert seen["global_step"] == 6
+    assert seen["env_steps"] == data_state["stats"]["env_steps"]
+    for key, value in data_state["buffer"].items():
+        if torch.is_tensor(value):
+            assert torch.equal(seen["buffer"][key], value), key
+    for name, tensor in ckpt["state_dict"].items():  # incl. slow_critic.*, ret_low, ret_high
+        assert torch.equal(seen["model"][name], tensor), name
+    assert len(seen["optimizers"]) == 3
+    for restored, saved in zip(seen["optimizers"], ckpt["optimizer_states"]):
+        assert restored.keys() == saved["state"].keys() and restored
+        for k in saved["state"]:
+            assert torch.equal(restored[k]["exp_avg"], saved["state"][k]["exp_avg"])
+    # the resumed run took the 6 remaining steps and their env steps: as many as a run that never
+    # crashed (prefill + one batch's steps per gradient step, + the batch Lightning fetches ahead)
+    assert cli.trainer.global_step == 12
+    per_step = 1 / cli.datamodule.replay_ratio  # one env here
+    assert cli.datamodule.collector.stats.env_steps == seen["env_steps"] + 6 * per_step
+    assert cli.datamodule.collector.stats.env_steps == cli.datamodule.prefill + (12 + 1) * per_step
 
 
 def test_cli_resume_restores_optimizers_slow_critic_and_return_norm():

@@ -115,3 +115,38 @@ def test_replay_stream_follows_replay_ratio():
         next(stream)
     assert dm.collector.stats.env_steps == steps + 5 * 4
     dm.teardown("fit")
+
+
+def test_replay_module_refuses_a_prefill_larger_than_the_buffer():
+    with pytest.raises(ValueError, match=r"prefill \(500 rows\) exceeds the replay capacity \(100 rows\)"):
+        ReplayDataModule(EnvConfig(id="CartPole-v1"), capacity=100, prefill=500)
+
+
+def test_ddp_side_files_follow_the_checkpoint_step(tmp_path):
+    """A rank > 0 keeps its buffer in a side file per checkpoint step; resuming an older
+    checkpoint loads that step's buffer, not the newest one."""
+    from types import SimpleNamespace
+
+    def module(trainer):
+        dm = ReplayDataModule(EnvConfig(id="CartPole-v1", num_envs=2), capacity=1000, prefill=20,
+                              batch_size=2, sequence_length=4, save_buffer=True)
+        dm.trainer = trainer
+        dm.setup("fit")
+        return dm
+
+    trainer = SimpleNamespace(global_rank=1, world_size=2, global_step=0, checkpoint_dir=str(tmp_path))
+    dm = module(trainer)
+    states, sizes = {}, {}
+    for step in (10, 20, 30):
+        dm.collector.collect(step)
+        trainer.global_step = step
+        states[step], sizes[step] = dm.state_dict(), len(dm.buffer)
+        assert "buffer" not in states[step] and states[step]["buffer_step"] == step
+    assert sorted(p.name for p in tmp_path.glob("replay_rank1_*")) == ["replay_rank1_step20.pt", "replay_rank1_step30.pt"]
+    resumed = module(SimpleNamespace(global_rank=1, world_size=2, global_step=0, checkpoint_dir=str(tmp_path)))
+    resumed.load_state_dict(states[20])
+    assert len(resumed.buffer) == sizes[20] < sizes[30]
+    older = module(SimpleNamespace(global_rank=1, world_size=2, global_step=0, checkpoint_dir=str(tmp_path)))
+    with pytest.warns(UserWarning, match="no replay side file"):
+        older.load_state_dict(states[10])  # pruned: starts afresh instead of taking a newer buffer
+    assert len(older.buffer) == 0

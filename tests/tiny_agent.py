@@ -8,7 +8,6 @@ streaming, logging, checkpoints and DDP without depending on an agent family.
 from typing import Any
 
 import torch
-from torch import nn
 
 from lightning_wm.agents.base import RLModule
 from lightning_wm.envs import EnvSpec

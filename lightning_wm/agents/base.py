@@ -69,6 +69,8 @@ class RLModule(pl.LightningModule):
         every = max(1, self.trainer.log_every_n_steps)
         if (self.trainer.global_step % every) != 0:
             return
+        for metric in (self.episode_return_sum, self.episode_length_sum, self.episode_count):
+            metric.update(0.0)  # sums unchanged; a rank without finished episodes still has state to reduce
         env_steps = torch.tensor(float(stats.env_steps), device=self.device)
         env_steps = self.trainer.strategy.reduce(env_steps, reduce_op="sum")
         self.log("env/steps", env_steps, on_step=True, prog_bar=True, rank_zero_only=True, batch_size=1)

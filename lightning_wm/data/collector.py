@@ -17,7 +17,7 @@ from torch import Tensor
 
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.data.replay import ReplayBuffer
-from lightning_wm.envs import EnvSpec
+from lightning_wm.envs import EnvConfig, EnvSpec, make_vector_env
 
 
 def reset_where(state: Any, mask: Tensor, initial: Any) -> Any:
@@ -93,6 +93,7 @@ class Collector:
         self.stats = EpisodeStats()
         self._obs: np.ndarray | None = None
         self._state: Any = None
+        self._keep: np.ndarray | None = None  # [num_envs] envs whose finished episodes count (None: all)
 
     # ----------------------------------------------------------------------------------
     def reset(self) -> None:
@@ -173,13 +174,16 @@ class Collector:
         self._episode_return = np.where(row["is_first"], 0.0, self._episode_return + row["reward"])
         self._episode_length = np.where(row["is_first"], 0, self._episode_length + 1)
         for i in range(self.num_envs):
+            if self._keep is not None and not self._keep[i]:
+                continue  # this env has given run_episodes its share
             if self.store is not None:
                 if row["is_first"][i]:
                     self._episodes[i] = []
                 self._episodes[i].append({k: np.array(v[i]) for k, v in row.items()})
             if row["is_last"][i]:
                 # length counts actions taken: the rows of the episode minus its first.
-                episode = {"return": float(self._episode_return[i]), "length": float(self._episode_length[i])}
+                episode = {"return": float(self._episode_return[i]), "length": float(self._episode_length[i]),
+                           "env": i}
                 self.stats.add_episode(episode["return"], int(episode["length"]))
                 finished.append(episode)
                 if self.store is not None:
@@ -189,14 +193,44 @@ class Collector:
     def run_episodes(
         self, episodes: int, explore: bool = False, progress: Callable[[int], None] | None = None
     ) -> list[dict[str, float]]:
-        """Step until ``episodes`` episodes have finished (counting from now)."""
+        """Step until ``episodes`` episodes have finished (counting from now), each env giving a
+        fixed share: env ``i`` gives ``episodes // n`` (+1 for ``i < episodes % n``).
+
+        Fixed shares keep the sample unbiased: taking whichever episodes finish first would
+        over-represent short ones (a policy's failures) when ``episodes > num_envs``. Episodes
+        an env finishes beyond its share are neither returned, counted nor stored.
+        """
+        if episodes < 1:
+            raise ValueError(f"episodes must be >= 1, got {episodes}")
+        n = self.num_envs
+        share = np.array([episodes // n + (i < episodes % n) for i in range(n)])
         done: list[dict[str, float]] = []
-        while len(done) < episodes:
-            new = self.collect(1, explore=explore)
-            done.extend(new)
-            if progress is not None and new:
-                progress(len(new))
-        return done[:episodes]
+        self._keep = share > 0
+        try:
+            while len(done) < episodes:
+                new = self.collect(1, explore=explore)
+                for episode in new:
+                    share[int(episode["env"])] -= 1
+                self._keep = share > 0
+                done.extend(new)
+                if progress is not None and new:
+                    progress(len(new))
+        finally:
+            self._keep = None
+        return done
+
+
+def run_evaluation(config: EnvConfig, agent: Any, episodes: int, num_envs: int, seed: int, explore: bool = False,
+                   spec: EnvSpec | None = None, progress: Callable[[int], None] | None = None) -> list[dict[str, float]]:
+    """``episodes`` episodes of ``agent`` in fresh envs built from ``config`` (``min(num_envs,
+    episodes)`` of them, seeded from ``seed``), closed afterwards; each env gives a fixed share
+    (:meth:`Collector.run_episodes`). Returns ``{"return", "length", "env"}`` per episode."""
+    cfg = EnvConfig(**{**vars(config), "num_envs": max(1, min(num_envs, episodes)), "seed": seed})
+    env = make_vector_env(cfg)
+    try:
+        return Collector(env, agent, seed=seed, spec=spec).run_episodes(episodes, explore=explore, progress=progress)
+    finally:
+        env.close()
 
 
 class RandomAgent:

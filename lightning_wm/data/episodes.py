@@ -27,7 +27,6 @@ import zipfile
 import zlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 

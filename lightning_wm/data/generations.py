@@ -16,19 +16,15 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from lightning_wm.data.collector import Collector
-from lightning_wm.envs import EnvConfig, EnvSpec, env_spec, make_vector_env
+from lightning_wm.data.collector import run_evaluation
+from lightning_wm.data.modules import OneItem
+from lightning_wm.envs import EnvConfig, EnvSpec, env_spec
 
 
 class _Generations(IterableDataset):
     def __iter__(self) -> Iterator[torch.Tensor]:
         for generation in itertools.count():
             yield torch.tensor(generation)
-
-
-class _OneItem(IterableDataset):
-    def __iter__(self) -> Iterator[int]:
-        yield 0
 
 
 class GenerationDataModule(pl.LightningDataModule):
@@ -50,20 +46,13 @@ class GenerationDataModule(pl.LightningDataModule):
         return DataLoader(_Generations(), batch_size=None, num_workers=0)
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(_OneItem(), batch_size=None, num_workers=0)
+        return DataLoader(OneItem(), batch_size=None, num_workers=0)
 
     test_dataloader = val_dataloader
 
     def evaluate(self, agent: Any, episodes: int | None = None) -> list[dict[str, float]]:
         """Run ``episodes`` real episodes of ``agent`` with ``explore=False`` (seeds distinct per DDP rank)."""
-        episodes = episodes or self.eval_episodes
         trainer = getattr(self, "trainer", None)
         rank = trainer.global_rank if trainer is not None else 0
-        cfg = EnvConfig(**{**vars(self.env)})
-        cfg.num_envs = max(1, min(self.eval_envs, episodes))
-        cfg.seed = self.env.seed + 500_000 + 1000 * rank
-        env = make_vector_env(cfg)
-        try:
-            return Collector(env, agent, seed=cfg.seed, spec=self.spec).run_episodes(episodes, explore=False)
-        finally:
-            env.close()
+        return run_evaluation(self.env, agent, episodes or self.eval_episodes, self.eval_envs,
+                              self.env.seed + 500_000 + 1000 * rank, spec=self.spec)

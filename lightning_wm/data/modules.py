@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 import zlib
 from pathlib import Path
 from typing import Any, Iterator, Literal
@@ -19,7 +20,7 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from lightning_wm.data.collector import Collector, EpisodeStats, RandomAgent
+from lightning_wm.data.collector import Collector, EpisodeStats, RandomAgent, run_evaluation
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.data.replay import ReplayBuffer
 from lightning_wm.envs import EnvConfig, EnvSpec, env_spec, make_vector_env
@@ -31,7 +32,7 @@ def _rank_and_world(trainer: pl.Trainer | None) -> tuple[int, int]:
     return trainer.global_rank, trainer.world_size
 
 
-class _OneItem(IterableDataset):
+class OneItem(IterableDataset):
     """A single dummy item: validation of online agents runs episodes, not batches."""
 
     def __iter__(self) -> Iterator[int]:
@@ -91,6 +92,9 @@ class ReplayDataModule(pl.LightningDataModule):
         super().__init__()
         if replay_ratio <= 0:
             raise ValueError(f"replay_ratio (gradient steps per env step) must be > 0, got {replay_ratio}")
+        if prefill > capacity:
+            raise ValueError(f"prefill ({prefill} rows) exceeds the replay capacity ({capacity} rows): the buffer "
+                             "could never hold it; raise data.init_args.capacity or lower prefill")
         self.env = env
         self.spec: EnvSpec = env_spec(env)
         self.capacity, self.batch_size, self.sequence_length = capacity, batch_size, sequence_length
@@ -101,6 +105,8 @@ class ReplayDataModule(pl.LightningDataModule):
         self.buffer: ReplayBuffer | None = None
         self.collector: Collector | None = None
         self._credit = 0.0  # env rows owed to the replay ratio
+        self._batches_collected = 0  # batches whose env steps have been taken
+        self._collected_ahead = 0  # after a resume: batches whose env steps the checkpoint already holds
         self._pending_state: dict[str, Any] | None = None
 
     # -- setup ------------------------------------------------------------------------
@@ -149,9 +155,15 @@ class ReplayDataModule(pl.LightningDataModule):
         if len(self.buffer) < self.prefill:  # a fresh run, or a resume without a saved buffer
             collector.set_agent(RandomAgent(self.spec, seed=self._rank_env().seed))
             collector.collect(math.ceil((self.prefill - len(self.buffer)) / collector.num_envs))
+        if self._collected_ahead > 0:
+            # Lightning fetches one batch ahead of the step it trains, so a checkpoint holds the env
+            # steps of a batch that was never trained on; this batch is that one: do not act again
+            self._collected_ahead -= 1
+            return
         agent = self._agent()
         if collector.agent is not agent:
             collector.set_agent(agent)
+        self._batches_collected += 1
         self._credit += 1.0 / self.replay_ratio
         steps = int(self._credit // collector.num_envs)
         if steps > 0:
@@ -168,39 +180,52 @@ class ReplayDataModule(pl.LightningDataModule):
         return DataLoader(_ReplayStream(self), batch_size=None, num_workers=0)
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(_OneItem(), batch_size=None, num_workers=0)
+        return DataLoader(OneItem(), batch_size=None, num_workers=0)
 
     test_dataloader = val_dataloader
 
     # -- evaluation -------------------------------------------------------------------
     def evaluate(self, agent: Any, episodes: int | None = None) -> list[dict[str, float]]:
         """Run ``episodes`` episodes with ``explore=False`` in fresh envs; return their stats."""
-        episodes = episodes or self.eval_episodes
         cfg = self._rank_env(offset=500_000)
-        cfg.num_envs = max(1, min(self.eval_envs, episodes))
-        env = make_vector_env(cfg)
-        try:
-            return Collector(env, agent, seed=cfg.seed, spec=self.spec).run_episodes(episodes, explore=False)
-        finally:
-            env.close()
+        return run_evaluation(cfg, agent, episodes or self.eval_episodes, self.eval_envs, cfg.seed, spec=self.spec)
 
     # -- checkpointing ----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"credit": self._credit}
+        trainer = getattr(self, "trainer", None)
+        state: dict[str, Any] = {"credit": self._credit, "batches_collected": self._batches_collected,
+                                 "global_step": int(getattr(trainer, "global_step", 0) or 0)}
         if self.collector is not None:
             state["stats"] = self.collector.stats.state_dict()
         if self.save_buffer and self.buffer is not None:
-            rank, world = _rank_and_world(getattr(self, "trainer", None))
+            rank, _ = _rank_and_world(trainer)
+            step = state["global_step"]
+            state["buffer_step"] = step
             if rank == 0:
                 state["buffer"] = self.buffer.state_dict()
-            else:  # Lightning saves the datamodule state of rank 0 only: other ranks keep a side file
-                torch.save(self.buffer.state_dict(), self._side_file(rank))
+            else:  # Lightning saves the datamodule state of rank 0 only: other ranks keep side files
+                torch.save(self.buffer.state_dict(), self._side_file(rank, step))
+                self._prune_side_files(rank, keep=self.keep_side_files)
         return state
 
-    def _side_file(self, rank: int) -> str:
+    keep_side_files = 2  # the newest side files per rank (the last checkpoint and the one before)
+
+    def _side_dir(self) -> str:
         directory = getattr(getattr(self, "trainer", None), "checkpoint_dir", None) or "."
         os.makedirs(directory, exist_ok=True)
-        return os.path.join(directory, f"replay_rank{rank}.pt")
+        return directory
+
+    def _side_file(self, rank: int, step: int) -> str:
+        """The buffer of DDP rank ``rank > 0`` as of global step ``step`` (a checkpoint of that step
+        names the step in ``buffer_step``, so resuming an older checkpoint finds the matching file)."""
+        return os.path.join(self._side_dir(), f"replay_rank{rank}_step{step}.pt")
+
+    def _prune_side_files(self, rank: int, keep: int) -> None:
+        prefix = f"replay_rank{rank}_step"
+        files = [f for f in os.listdir(self._side_dir()) if f.startswith(prefix) and f.endswith(".pt")]
+        files.sort(key=lambda f: int(f[len(prefix):-3]))
+        for f in files[:-keep]:
+            os.remove(os.path.join(self._side_dir(), f))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.collector is None:
@@ -210,13 +235,20 @@ class ReplayDataModule(pl.LightningDataModule):
 
     def _restore(self, state: dict[str, Any]) -> None:
         self._credit = float(state.get("credit", 0.0))
+        self._batches_collected = int(state.get("batches_collected", 0))
+        self._collected_ahead = max(0, self._batches_collected - int(state.get("global_step", self._batches_collected)))
         if "stats" in state:
             self.collector.stats.load_state_dict(state["stats"])
         rank, _ = _rank_and_world(getattr(self, "trainer", None))
         if rank == 0 and "buffer" in state:
             self.buffer.load_state_dict(state["buffer"])
-        elif rank > 0 and self.save_buffer and os.path.isfile(self._side_file(rank)):
-            self.buffer.load_state_dict(torch.load(self._side_file(rank), weights_only=True))
+        elif rank > 0 and self.save_buffer and "buffer_step" in state:
+            path = self._side_file(rank, int(state["buffer_step"]))
+            if os.path.isfile(path):
+                self.buffer.load_state_dict(torch.load(path, weights_only=True))
+            else:
+                warnings.warn(f"rank {rank}: no replay side file {path} for this checkpoint's step; this rank "
+                              "starts with an empty buffer and prefills again", stacklevel=2)
 
 
 # ---------------------------------------------------------------------------------------
@@ -409,12 +441,5 @@ class EpisodeDataModule(pl.LightningDataModule):
         """Run episodes of ``agent`` in ``env`` with ``explore=False``."""
         if self.env is None:
             raise ValueError("this EpisodeDataModule has no env to evaluate in; set data.init_args.env")
-        episodes = episodes or self.eval_episodes
-        cfg = EnvConfig(**{**vars(self.env)})
-        cfg.num_envs = max(1, min(self.eval_envs, episodes))
-        cfg.seed = self.env.seed + 500_000
-        env = make_vector_env(cfg)
-        try:
-            return Collector(env, agent, seed=cfg.seed, spec=self.spec).run_episodes(episodes, explore=False)
-        finally:
-            env.close()
+        return run_evaluation(self.env, agent, episodes or self.eval_episodes, self.eval_envs, self.env.seed + 500_000,
+                              spec=self.spec)

@@ -1,0 +1,35 @@
+"""Callbacks for resume tests: crash a fit at a given step; record what a resumed fit starts from."""
+
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+
+SEEN: dict[str, Any] = {}
+
+
+class CrashAt(pl.Callback):
+    """Raise (like a killed process, nothing saved on the way out) once ``step`` steps are done."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step >= self.step:
+            raise RuntimeError(f"simulated crash at step {trainer.global_step}")
+
+
+class RecordStart(pl.Callback):
+    """Copy the state a fit starts training from into ``SEEN``."""
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        dm = trainer.datamodule
+        SEEN.clear()
+        SEEN.update(
+            global_step=trainer.global_step,
+            env_steps=dm.collector.stats.env_steps,
+            buffer=dm.buffer.state_dict(),
+            model={k: v.detach().clone() for k, v in pl_module.state_dict().items()},
+            optimizers=[{k: {n: t.clone() if torch.is_tensor(t) else t for n, t in s.items()}
+                         for k, s in opt.state_dict()["state"].items()} for opt in trainer.optimizers],
+        )
