@@ -29,6 +29,8 @@ class EnvConfig:
         seed: seed of the first env; env ``i`` gets ``seed + i``.
         pixels: observe rendered frames instead of the state vector (classic control);
             envs whose observations are already images are resized either way.
+        keep_state: with ``pixels``, observe both: a dict ``{"image": uint8 [H, W, C], "state":
+            the env's own vector observation}`` (Dreamer encodes and decodes both).
         size: frame size ``(height, width)`` for image observations.
         grayscale: single-channel frames.
         crop: ``(top, left, height, width)`` in pixels of the env's full frame (its rendering, or
@@ -49,6 +51,7 @@ class EnvConfig:
     num_envs: int = 1
     seed: int = 0
     pixels: bool = False
+    keep_state: bool = False
     size: tuple[int, int] = (64, 64)
     grayscale: bool = False
     crop: tuple[int, int, int, int] | None = None
@@ -62,7 +65,7 @@ class EnvConfig:
 class EnvSpec:
     """Spaces of *one* env (not batched), what a model needs to build itself."""
 
-    observation_space: gym.spaces.Box
+    observation_space: gym.spaces.Space
     action_space: gym.spaces.Space
     env_id: str = ""
 
@@ -78,13 +81,28 @@ class EnvSpec:
         return int(np.prod(self.action_space.shape))
 
     @property
+    def is_dict(self) -> bool:
+        """Observations are dicts of arrays (e.g. ``{"image", "state"}``)."""
+        return isinstance(self.observation_space, gym.spaces.Dict)
+
+    @property
+    def obs_spaces(self) -> dict[str, gym.spaces.Box]:
+        """The observation's parts: the Dict's entries, or ``{"obs": space}`` for one array."""
+        if self.is_dict:
+            return dict(self.observation_space.spaces)
+        return {"obs": self.observation_space}
+
+    @property
     def obs_shape(self) -> tuple[int, ...]:
+        if self.is_dict:
+            raise ValueError(f"{self.env_id}: dict observations have one shape per key: "
+                             f"{ {k: v.shape for k, v in self.obs_spaces.items()} }")
         return tuple(self.observation_space.shape)
 
     @property
     def is_pixels(self) -> bool:
-        """Observations are ``uint8 [H, W, C]`` images."""
-        return self.observation_space.dtype == np.uint8 and len(self.obs_shape) == 3
+        """Observations are ``uint8 [H, W, C]`` images (a single array, not a dict)."""
+        return not self.is_dict and is_image_space(self.observation_space)
 
     @property
     def action_low(self) -> np.ndarray:
@@ -93,6 +111,11 @@ class EnvSpec:
     @property
     def action_high(self) -> np.ndarray:
         return np.asarray(self.action_space.high, dtype=np.float32)
+
+
+def is_image_space(space: gym.spaces.Box) -> bool:
+    """``uint8 [H, W, C]``."""
+    return space.dtype == np.uint8 and len(space.shape) == 3
 
 
 class EnvError(ValueError):
@@ -167,18 +190,32 @@ class PixelObservation(gym.ObservationWrapper):
         grayscale: bool,
         render: bool,
         crop: tuple[int, int, int, int] | None = None,
+        keep_state: bool = False,
     ) -> None:
         super().__init__(env)
         self.size, self.grayscale, self.render_frames = tuple(size), grayscale, render
+        self.keep_state = keep_state
         self.crop = None if crop is None else check_crop(crop)
         self._crop_checked = False
         if self.crop is not None and not render:  # the frame size is known: check now
             check_crop(self.crop, env.observation_space.shape)
             self._crop_checked = True
         channels = 1 if grayscale else 3
-        self.observation_space = gym.spaces.Box(0, 255, (*self.size, channels), np.uint8)
+        image_space = gym.spaces.Box(0, 255, (*self.size, channels), np.uint8)
+        if keep_state:
+            state = env.observation_space
+            self.observation_space = gym.spaces.Dict(
+                {"image": image_space, "state": gym.spaces.Box(state.low, state.high, state.shape, np.float32)})
+        else:
+            self.observation_space = image_space
 
-    def observation(self, observation: Any) -> np.ndarray:
+    def observation(self, observation: Any) -> Any:
+        image = self._frame(observation)
+        if self.keep_state:
+            return {"image": image, "state": np.asarray(observation, np.float32)}
+        return image
+
+    def _frame(self, observation: Any) -> np.ndarray:
         frame = np.asarray(self.env.render() if self.render_frames else observation)
         if self.crop is not None:
             if not self._crop_checked:
@@ -208,10 +245,11 @@ class ActionRepeat(gym.Wrapper):
 
 def _check_spaces(env: gym.Env, env_id: str) -> None:
     obs, act = env.observation_space, env.action_space
-    if not isinstance(obs, gym.spaces.Box):
+    parts = obs.spaces.values() if isinstance(obs, gym.spaces.Dict) else [obs]
+    if not all(isinstance(p, gym.spaces.Box) for p in parts):
         raise EnvError(
             f"{env_id}: observation space {obs} is not supported; lightning_wm supports Box "
-            "observations (float vectors or uint8 images)"
+            "observations (float vectors or uint8 images) and Dicts of them"
         )
     if not isinstance(act, (gym.spaces.Discrete, gym.spaces.Box)):
         raise EnvError(
@@ -258,9 +296,12 @@ def make_env(config: EnvConfig, render_mode: str | None = None) -> gym.Env:
     is_image = isinstance(env.observation_space, gym.spaces.Box) and len(env.observation_space.shape) == 3
     if config.crop is not None and not (config.pixels or is_image):
         raise EnvError(f"{config.id}: crop applies to image observations; set pixels: true or drop crop")
+    if config.keep_state and not (config.pixels and not is_image):
+        raise EnvError(f"{config.id}: keep_state adds the state vector to rendered frames; it needs pixels: true "
+                       "and an env whose own observation is a vector")
     if config.pixels or is_image:
         env = PixelObservation(env, config.size, config.grayscale, render=config.pixels and not is_image,
-                               crop=config.crop)
+                               crop=config.crop, keep_state=config.keep_state)
     _check_spaces(env, config.id)
     return env
 
@@ -282,7 +323,7 @@ _SPEC_CACHE: dict[str, EnvSpec] = {}
 
 def env_spec(config: EnvConfig) -> EnvSpec:
     """The spaces of one env of ``config`` (builds and closes one env; cached)."""
-    key = repr((config.id, config.pixels, tuple(config.size), config.grayscale,
+    key = repr((config.id, config.pixels, config.keep_state, tuple(config.size), config.grayscale,
                 None if config.crop is None else tuple(config.crop), sorted(config.kwargs.items())))
     if key not in _SPEC_CACHE:
         env = make_env(config)

@@ -292,6 +292,24 @@ def test_cli_fit_pendulum_continuous():
     assert _scalars(Path("lightning_logs/run"), "val/return")
 
 
+def test_cli_fit_on_dict_observations_frame_and_state():
+    """{"image", "state"} observations: both parts are encoded and reconstructed, replay keeps
+    the frame uint8, acting and the open-loop video work on the dict."""
+    cli = main(args=_fit_args("cartpole_pixels_state.yaml", 12, ["--data.init_args.sequence_length", "8"]))
+    codec = cli.model.wm.codec
+    assert codec.is_dict and set(codec.encoders) == {"image", "state"} and codec.images == ["image"]
+    assert cli.datamodule.buffer.sample_sequences(2, 4, True)["obs"]["image"].dtype == torch.uint8
+    losses = _scalars(Path("lightning_logs/run"), "train/loss_recon")
+    assert len(losses) == 12 and sum(losses[-3:]) / 3 < sum(losses[:3]) / 3
+    assert _scalars(Path("lightning_logs/run"), "val/return")
+    assert _scalars(Path("lightning_logs/run"), "val/openloop_mse")
+    assert list(Path("lightning_logs/run").glob("version_*/openloop/step_12.gif"))
+    # the decoder gives back both parts in the env's format
+    decoded = cli.model.wm.decode(torch.zeros(3, cli.model.wm.feat_dim))
+    assert decoded["image"].shape == (3, 64, 64, 3) and decoded["image"].dtype == torch.uint8
+    assert decoded["state"].shape == (3, 4)
+
+
 def test_cli_fit_cartpole_pixels_losses_fall_and_logs_openloop_image_and_gif():
     cli = main(args=_fit_args("cartpole_pixels.yaml", 12, ["--data.init_args.sequence_length", "8"]))
     assert cli.model.wm.pixels

@@ -166,3 +166,41 @@ def test_async_vector_env_steps_like_the_sync_one():
     finally:
         sync.close()
         async_.close()
+
+
+def test_keep_state_gives_a_dict_of_frame_and_vector():
+    cfg = EnvConfig(id="CartPole-v1", pixels=True, keep_state=True, num_envs=2, size=(32, 32))
+    spec = env_spec(cfg)
+    assert spec.is_dict and not spec.is_pixels and set(spec.obs_spaces) == {"image", "state"}
+    with pytest.raises(ValueError, match="one shape per key"):
+        spec.obs_shape
+    env = make_vector_env(cfg)
+    obs, _ = env.reset(seed=0)
+    assert obs["image"].shape == (2, 32, 32, 3) and obs["image"].dtype == np.uint8
+    assert obs["state"].shape == (2, 4) and obs["state"].dtype == np.float32
+    obs, *_ = env.step(np.array([0, 1]))
+    assert np.abs(obs["state"]).max() < 1  # CartPole's state, next to its frame
+    env.close()
+
+
+@pytest.mark.parametrize("config", [EnvConfig(id="CartPole-v1", keep_state=True),
+                                    EnvConfig(id="CarRacing-v3", keep_state=True)])
+def test_keep_state_without_a_rendered_vector_env_is_refused(config):
+    with pytest.raises(EnvError, match="keep_state"):
+        make_env(config)
+
+
+def test_collector_stores_dict_observations(tmp_path):
+    from lightning_wm.data.collector import Collector, RandomAgent
+    from lightning_wm.data.episodes import EpisodeStore
+
+    cfg = EnvConfig(id="CartPole-v1", pixels=True, keep_state=True, num_envs=2, size=(16, 16))
+    spec = env_spec(cfg)
+    env = make_vector_env(cfg)
+    store = EpisodeStore(tmp_path / "eps")
+    episodes = Collector(env, RandomAgent(spec, seed=0), store=store, seed=0, spec=spec).run_episodes(2)
+    env.close()
+    assert len(store) == 2
+    for stats, episode in zip(sorted(episodes, key=lambda e: e["length"]), sorted(store.episodes(), key=lambda e: len(e["reward"]))):
+        assert episode["obs"]["image"].shape == (stats["length"] + 1, 16, 16, 3)
+        assert episode["obs"]["state"].shape == (stats["length"] + 1, 4)

@@ -29,9 +29,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lightning_wm.agents.base import RLModule
+from lightning_wm.data.nested import first_leaf, tree_map
 from lightning_wm.envs import EnvSpec
 from lightning_wm.nn import dists
-from lightning_wm.nn.blocks import MLP, ConvDecoder, ConvEncoder, activation, postprocess_pixels, preprocess_pixels
+from lightning_wm.nn.blocks import MLP, activation
+from lightning_wm.nn.codec import Obs, ObservationCodec
 from lightning_wm.returns import lambda_return
 from lightning_wm.world_model import WorldModel, frozen, rollout
 
@@ -121,7 +123,6 @@ class DreamerWorldModel(nn.Module, WorldModel):
         self.spec = spec
         self.deter, self.stoch, self.classes, self.latent = deter, stoch, classes, latent
         self.unimix, self.symlog_obs, self.twohot, self.min_std = unimix, symlog_obs, twohot, min_std
-        self.pixels = spec.is_pixels
         self.action_dim = spec.action_dim
         categorical = latent == "categorical"
         self.stoch_dim = stoch * classes if categorical else stoch
@@ -129,22 +130,11 @@ class DreamerWorldModel(nn.Module, WorldModel):
         self.feat_dim = deter + self.stoch_dim
         self.act_fn = activation(act)()
 
-        # encoder / decoder chosen from the observation space
-        if self.pixels:
-            h_, w_, c_ = spec.obs_shape
-            if (h_, w_) != (64, 64):
-                raise ValueError(f"Dreamer's conv encoder/decoder expect 64x64 frames, got {h_}x{w_}")
-            self.encoder: nn.Module = ConvEncoder(c_, 64, depth=cnn_depth, stages=4, act=act, norm=norm)
-            self.decoder: nn.Module = ConvDecoder(self.feat_dim, c_, depth=cnn_depth, act=act, norm=norm)
-            embed_dim = self.encoder.out_dim
-        else:
-            if len(spec.obs_shape) != 1:
-                raise ValueError(f"Dreamer supports vector [D] or image [H, W, C] observations, got {spec.obs_shape}")
-            obs_dim = spec.obs_shape[0]
-            self.encoder = MLP(obs_dim, None, hidden, layers, act, norm)
-            self.decoder = MLP(self.feat_dim, obs_dim, hidden, layers, act, norm)
-            embed_dim = self.encoder.out_dim
-        self.embed_dim = embed_dim
+        # encoder / decoder chosen from the observation space (one part per key of a dict)
+        self.codec = ObservationCodec(spec.observation_space, self.feat_dim, hidden, layers, act, norm, cnn_depth,
+                                      symlog_obs)
+        self.pixels = self.codec.has_image
+        self.embed_dim = embed_dim = self.codec.embed_dim
 
         # RSSM; the input projections are split so that the parts that do not depend on the
         # recurrent state can be computed for a whole sequence at once
@@ -165,27 +155,17 @@ class DreamerWorldModel(nn.Module, WorldModel):
         self.register_buffer("group_offsets", torch.arange(stoch) * classes, persistent=False)
 
     # -- encoding / decoding ---------------------------------------------------------------
-    def encode(self, obs: Tensor) -> Tensor:
-        """Observations ``[..., obs]`` (uint8 frames or float vectors) -> ``[..., E]``."""
-        if self.pixels:
-            return self.encoder(preprocess_pixels(obs))
-        obs = obs.float()
-        return self.encoder(dists.symlog(obs) if self.symlog_obs else obs)
+    def encode(self, obs: Obs) -> Tensor:
+        """Observations ``[..., *]`` (uint8 frames, float vectors, or a dict of both) -> ``[..., E]``."""
+        return self.codec.encode(obs)
 
-    def decoder_loss(self, feat: Tensor, obs: Tensor) -> Tensor:
-        """Reconstruction loss ``[...]`` of ``obs [..., obs]`` from ``feat [..., F]`` (summed squared
-        error, in symlog space for vectors with ``symlog_obs``)."""
-        pred = self.decoder(feat).float()
-        if self.pixels:
-            return (pred - preprocess_pixels(obs)).square().sum((-3, -2, -1))
-        return dists.symlog_mse(pred, obs.float(), transform=self.symlog_obs)
+    def decoder_loss(self, feat: Tensor, obs: Obs) -> Tensor:
+        """Reconstruction loss ``[...]`` of ``obs`` from ``feat [..., F]`` (see :meth:`ObservationCodec.loss`)."""
+        return self.codec.loss(feat, obs)
 
-    def decode(self, feat: Tensor) -> Tensor:
-        """Predicted observations: uint8 ``[..., H, W, C]`` frames or float ``[..., D]`` vectors."""
-        pred = self.decoder(feat).float()
-        if self.pixels:
-            return postprocess_pixels(pred)
-        return dists.symexp(pred) if self.symlog_obs else pred
+    def decode(self, feat: Tensor) -> Obs:
+        """Predicted observations in the env's format (uint8 frames, float vectors, or a dict)."""
+        return self.codec.decode(feat)
 
     # -- heads -----------------------------------------------------------------------------
     def head_mean(self, out: Tensor) -> Tensor:
@@ -339,8 +319,9 @@ class DreamerWorldModel(nn.Module, WorldModel):
 
     def initial_state(self, obs: Tensor) -> State:
         """Posterior state after the first observation ``obs [B, ...]`` of an episode."""
-        zero = self.zero_state(obs.shape[0], obs.device)
-        return self.obs_step(zero, obs.new_zeros(obs.shape[0], self.action_dim, dtype=torch.float32), self.encode(obs))
+        leaf = first_leaf(obs)
+        zero = self.zero_state(leaf.shape[0], leaf.device)
+        return self.obs_step(zero, leaf.new_zeros(leaf.shape[0], self.action_dim, dtype=torch.float32), self.encode(obs))
 
     def step(self, state: State, action: Tensor) -> tuple[Tensor, State, Tensor]:
         """Prior step; returns ``(reward [B], next_state, termination probability [B])``."""
@@ -549,7 +530,7 @@ class Dreamer(RLModule):
         """Filter ``obs [B, ...]`` with the posterior and act: a sample of the actor
         (``explore``) or its mode."""
         if state is None:
-            state = self.initial_state(obs.shape[0])
+            state = self.initial_state(first_leaf(obs).shape[0])
         post = self.wm.obs_step(state, state["action"], self.wm.encode(obs))
         action, _ = self.policy(self.wm.features(post), explore)
         post = {"h": post["h"], "z": post["z"], "action": action}
@@ -557,7 +538,7 @@ class Dreamer(RLModule):
             env_action = action.argmax(-1)
         else:
             env_action = self.action_low + (action + 1.0) * 0.5 * (self.action_high - self.action_low)
-            env_action = env_action.reshape(obs.shape[0], *self.env_spec.action_space.shape)
+            env_action = env_action.reshape(action.shape[0], *self.env_spec.action_space.shape)
         return env_action, post, {}
 
     # -- training ------------------------------------------------------------------------------
@@ -749,7 +730,7 @@ class Dreamer(RLModule):
         hp = self.hparams
         optimizers = self.optimizers()
         B = batch["is_first"].shape[0]
-        self._openloop_batch = {k: v[: hp.openloop_sequences].detach().clone() for k, v in batch.items()}
+        self._openloop_batch = tree_map(lambda v: v[: hp.openloop_sequences].detach().clone(), batch)
         losses, logs = self.losses(batch)
         for opt in optimizers:
             opt.zero_grad(set_to_none=True)
@@ -772,9 +753,10 @@ class Dreamer(RLModule):
         wm = self.wm
         obs, is_first = batch["obs"], batch["is_first"].bool()
         action = self._action_input(batch["action"])
-        L = obs.shape[1]
+        L = first_leaf(obs).shape[1]
         context = max(1, min(context, L))
-        out = wm.observe(wm.encode(obs[:, :context]), action[:, :context], is_first[:, :context])
+        observed = tree_map(lambda x: x[:, :context], obs)
+        out = wm.observe(wm.encode(observed), action[:, :context], is_first[:, :context])
         feats = [torch.cat([out["h"], out["z"]], -1)]
         state = {k: out[k][:, -1] for k in ("h", "z", "idx") if k in out}
         for t in range(context, L):
@@ -793,16 +775,13 @@ class Dreamer(RLModule):
             return
         context = self.hparams.openloop_context
         real, pred = self.openloop(batch, context)
-        if self.wm.pixels:
-            err = (real.float() - pred.float()).div(255.0).square()
-        else:
-            err = (dists.symlog(real.float()) - dists.symlog(pred.float())).square()
-        err_open = err[:, context:]
+        err_open = self.wm.codec.openloop_error(real, pred)[:, context:]  # [B, L - context]
         if err_open.numel():
-            self.log("val/openloop_mse", err_open.mean(), batch_size=real.shape[0])
+            self.log("val/openloop_mse", err_open.mean(), batch_size=err_open.shape[0])
         logger = self.logger
         if not self.wm.pixels or logger is None or not self.trainer.is_global_zero:
             return
+        real, pred = self.wm.codec.image(real), self.wm.codec.image(pred)
         experiment = getattr(logger, "experiment", None)
         if hasattr(experiment, "add_image"):
             grid = openloop_grid(real[:, : context + 24], pred[:, : context + 24])

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from lightning_wm.data.episodes import EpisodeStore
+from lightning_wm.data.nested import tree_map
 from lightning_wm.data.replay import ReplayBuffer
 from lightning_wm.envs import EnvConfig, EnvSpec, make_vector_env
 
@@ -145,7 +146,7 @@ class Collector:
             is_first = torch.from_numpy(self._is_first)
             if is_first.any():
                 self._state = reset_where(self._state, is_first, self.agent.initial_state(self.num_envs))
-            obs = torch.as_tensor(self._obs).to(device)
+            obs = tree_map(lambda x: torch.as_tensor(x).to(device), self._obs)
             action, self._state, extras = self.agent.act(obs, self._state, explore)
             action = self._env_action(action.detach().cpu().numpy())
             row = {
@@ -179,7 +180,7 @@ class Collector:
             if self.store is not None:
                 if row["is_first"][i]:
                     self._episodes[i] = []
-                self._episodes[i].append({k: np.array(v[i]) for k, v in row.items()})
+                self._episodes[i].append(tree_map(lambda v: np.array(v[i]), row))
             if row["is_last"][i]:
                 # length counts actions taken: the rows of the episode minus its first.
                 episode = {"return": float(self._episode_return[i]), "length": float(self._episode_length[i]),
@@ -287,7 +288,7 @@ class RandomAgent:
         return torch.rand(batch_size, self.spec.action_dim, generator=self.generator) * 2 - 1
 
     def act(self, obs: Tensor, state: Tensor, explore: bool = True) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        batch, rho = obs.shape[0], self.correlation
+        batch, rho = state.shape[0], self.correlation
         if self.spec.discrete:
             fresh = torch.randint(self.spec.action_dim, (batch,), generator=self.generator)
             keep = torch.rand(batch, generator=self.generator) < rho
@@ -309,4 +310,10 @@ class RandomAgent:
 def stack_rows(rows: Iterable[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """List of single-env rows -> dict of ``[T, ...]`` arrays."""
     rows = list(rows)
-    return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+
+    def stack(key_rows: list[Any]) -> Any:
+        if isinstance(key_rows[0], dict):  # a dict observation: stack each key
+            return {k: stack([r[k] for r in key_rows]) for k in key_rows[0]}
+        return np.stack(key_rows)
+
+    return {k: stack([r[k] for r in rows]) for k in rows[0]}

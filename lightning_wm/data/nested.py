@@ -32,3 +32,17 @@ def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
             node = node.setdefault(part, {})
         node[parts[-1]] = value
     return out
+
+
+def tree_map(fn: Any, tree: Any) -> Any:
+    """Apply ``fn`` to every leaf of nested mappings (a bare leaf is a tree of one)."""
+    if isinstance(tree, Mapping):
+        return {k: tree_map(fn, v) for k, v in tree.items()}
+    return fn(tree)
+
+
+def first_leaf(tree: Any) -> Any:
+    """A leaf of ``tree`` (e.g. to read the batch size of a dict observation)."""
+    while isinstance(tree, Mapping):
+        tree = next(iter(tree.values()))
+    return tree
