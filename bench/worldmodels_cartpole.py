@@ -50,6 +50,9 @@ def parse_args() -> argparse.Namespace:
                    help="real episodes per member (1: more generations for the time; all members share the seed)")
     p.add_argument("--dream-episodes-per-member", type=int, default=8)
     p.add_argument("--dream-temperature", type=float, default=1.0)
+    p.add_argument("--dream-sample-z", action="store_true",
+                   help="the dream-trained controller sees z sampled from V's posterior in the real env "
+                        "(as M's training targets were) instead of V's mean")
     p.add_argument("--dream-done-threshold", type=float, default=0.5,
                    help="a dream episode ends where M's done probability exceeds this")
     p.add_argument("--eval-episodes", type=int, default=20)
@@ -157,6 +160,7 @@ def main() -> None:
                         "--model.init_args.dream_dir", "data/worldmodels/cartpole_pixels/latents",
                         "--model.init_args.dream_temperature", str(args.dream_temperature),
                         "--model.init_args.dream_done_threshold", str(args.dream_done_threshold),
+                        "--model.init_args.sample_z", str(args.dream_sample_z).lower(),
                         "--model.init_args.episodes_per_member", str(args.dream_episodes_per_member)]
         else:
             command += ["--model.init_args.episodes_per_member", str(args.episodes_per_member)]
