@@ -283,6 +283,17 @@ def test_cli_size_presets_build_and_take_a_step(preset):
     assert torch.isfinite(torch.tensor(_scalars(Path("lightning_logs/run"), "train/loss_model"))).all()
 
 
+def test_horizon_schedule_grows_the_imagination_with_env_steps():
+    # debug fit: 64 prefill rows, then 4 env steps per gradient step (one env, replay ratio 0.25)
+    cli = main(args=_fit_args("cartpole.yaml", 10, ["--model.init_args.horizon", "6",
+                                                    "--model.init_args.horizon_schedule", "[70, 2, 100]"]))
+    horizons = _scalars(Path("lightning_logs/run"), "train/horizon")
+    assert horizons[0] == 2 and horizons[-1] == 6 and horizons == sorted(horizons) and len(set(horizons)) > 2
+    assert cli.model.current_horizon() == 6
+    with pytest.raises(ValueError, match="horizon_schedule"):
+        Dreamer(env_spec(EnvConfig("CartPole-v1")), **{**TINY, "horizon": 4}, horizon_schedule=(0, 5, 10))
+
+
 def test_cli_fit_pendulum_continuous():
     cli = main(args=_fit_args("pendulum.yaml", 8))
     assert cli.trainer.global_step == 8 and cli.model.actor_grad == "dynamics"

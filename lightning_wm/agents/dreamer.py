@@ -35,7 +35,7 @@ from lightning_wm.nn import dists
 from lightning_wm.nn.blocks import MLP, activation
 from lightning_wm.nn.codec import Obs, ObservationCodec
 from lightning_wm.returns import lambda_return
-from lightning_wm.world_model import WorldModel, frozen, rollout
+from lightning_wm.world_model import RolloutSchedule, WorldModel, frozen, rollout
 
 State = dict[str, Tensor]
 
@@ -369,6 +369,9 @@ class Dreamer(RLModule):
             when ``twohot`` is off.
         twohot, bins: reward and critic as categoricals over ``bins`` symexp-spaced bins.
         horizon, gamma, lambda_: imagination and returns.
+        horizon_schedule: ``[start_step, min_horizon, end_step]``: imagine ``min_horizon`` steps
+            until ``start_step`` env steps (this rank's), then linearly more, ``horizon`` from
+            ``end_step`` on (:class:`~lightning_wm.world_model.RolloutSchedule`); None: always ``horizon``.
         kl_dyn, kl_rep, free_nats: KL balancing and free bits.
         loss_decoder, loss_reward, loss_cont: world-model loss scales.
         lr_*, clip_*, eps_*: Adam learning rates, gradient-norm clips and epsilons.
@@ -405,6 +408,7 @@ class Dreamer(RLModule):
         twohot: bool = True,
         bins: int = 255,
         horizon: int = 15,
+        horizon_schedule: tuple[int, int, int] | None = None,
         gamma: float = 0.997,
         lambda_: float = 0.95,
         kl_dyn: float = 0.5,
@@ -456,6 +460,13 @@ class Dreamer(RLModule):
         if actor_grad == "dynamics" and self.discrete:
             raise ValueError("actor_grad='dynamics' needs continuous actions; use 'reinforce' for Discrete")
         self.actor_grad = actor_grad
+        self.horizon_schedule: RolloutSchedule | None = None
+        if horizon_schedule is not None:
+            start, min_horizon, end = (int(v) for v in horizon_schedule)
+            if not (1 <= min_horizon <= horizon and 0 <= start <= end):
+                raise ValueError(f"horizon_schedule [start_step, min_horizon, end_step] needs 1 <= min_horizon <= "
+                                 f"horizon ({horizon}) and 0 <= start_step <= end_step; got {list(horizon_schedule)}")
+            self.horizon_schedule = RolloutSchedule(min_horizon, horizon, start, end)
 
         self.wm = DreamerWorldModel(
             env_spec, deter, stoch, classes, hidden, layers, latent, act, norm, unimix, symlog_obs, twohot, bins,
@@ -575,6 +586,13 @@ class Dreamer(RLModule):
         }
         return loss, logs, out
 
+    def current_horizon(self) -> int:
+        """Imagination length now: ``horizon``, or the schedule's value at this rank's env steps."""
+        if self.horizon_schedule is None:
+            return self.hparams.horizon
+        stats = self._collector_stats()
+        return self.horizon_schedule(stats.env_steps if stats is not None else 0)
+
     def imagine(self, start: State, start_cont: Tensor) -> dict[str, Tensor]:
         """Imagine ``horizon`` steps from ``start`` (``[N, ...]``, detached) with the actor;
         returns the trajectory, the lambda returns and the weights of every imagined step."""
@@ -587,7 +605,7 @@ class Dreamer(RLModule):
             raws.append(raw)
             return action if dynamics else action.detach()
 
-        traj = rollout(self.wm, start, actor_fn, hp.horizon)
+        traj = rollout(self.wm, start, actor_fn, self.current_horizon())
         traj["raw"] = torch.stack(raws)  # [H, N, *]
         feats = traj["features"]  # [H+1, N, F]
         cont = 1.0 - traj["dones"]  # [H, N]
@@ -670,6 +688,7 @@ class Dreamer(RLModule):
             "train/imag_reward": traj["rewards"].mean().detach(),
             "train/imag_value": value.mean().detach(),
             "train/return_scale": scale.detach(),
+            "train/horizon": torch.tensor(float(traj["rewards"].shape[0])),
         }
         return actor_loss, critic_loss, logs
 
