@@ -100,9 +100,19 @@ def test_seeded_dreams_are_reproducible_and_temperature_matters():
 
     np.testing.assert_array_equal(trajectory(7), trajectory(7))
     assert not np.array_equal(trajectory(7), trajectory(8))
-    cold_a, cold_b = trajectory(7, 0.0), trajectory(8, 0.0)
-    # temperature 0: the dynamics are deterministic given the start; only start frames differ
-    assert np.isfinite(cold_a).all() and np.isfinite(cold_b).all()
+
+    def one_start(seed, temperature):  # every dream starts from the same latent
+        model = _model()
+        env = DreamEnv(model, DISCRETE.action_space, torch.ones(1, 4), None, num_envs=2, temperature=temperature)
+        out = [env.reset(seed=seed)[0]]
+        for t in range(4):
+            out.append(env.step(np.array([t % 2, 1]))[0])
+        return np.stack(out)
+
+    # temperature 0: the dynamics are deterministic given the start, whatever the seed;
+    # temperature 1: the sampled z differ from seed to seed
+    np.testing.assert_array_equal(one_start(7, 0.0), one_start(8, 0.0))
+    assert not np.allclose(one_start(7, 1.0), one_start(8, 1.0))
 
 
 def test_collector_records_dream_rows():
@@ -157,3 +167,23 @@ def test_controller_trains_inside_the_dream(tmp_path):
                          enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0)
     trainer.fit(controller, datamodule=_Synthetic())
     assert controller.es.countiter == 2 and trainer.callback_metrics["fitness/mean"] == 7.0
+
+
+def test_load_dream_env_from_checkpoints_matches_the_models(tmp_path):
+    from lightning_wm.dream_env import load_dream_env
+
+    model = _model()
+    v, m = _save(model.vision, tmp_path / "v.ckpt"), _save(model.memory, tmp_path / "m.ckpt")
+    store = EpisodeStore(tmp_path / "latents")
+    for i in range(2):
+        store.add({"mu": np.full((3, 4), i, np.float32), "logvar": np.full((3, 4), -20.0, np.float32)})
+    env = load_dream_env(v, m, str(tmp_path / "latents"), DISCRETE.action_space, num_envs=2, max_episode_steps=5,
+                         temperature=0.5)
+    assert env.temperature == 0.5 and env.model.temperature == 0.5
+    assert sorted(env.start_mu[:, 0].tolist()) == [0.0, 1.0]
+    for a, b in zip(env.model.memory.state_dict().values(), model.memory.state_dict().values()):
+        torch.testing.assert_close(a, b)
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (2, 4 + 8)
+    with pytest.raises(FileNotFoundError, match="record"):
+        load_dream_env(v, m, str(tmp_path / "missing"), DISCRETE.action_space)

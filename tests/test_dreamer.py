@@ -268,6 +268,13 @@ def test_cli_fit_cartpole_vector_losses_fall():
                 "train/imag_return", "grad_norm/model", "val/return", "val/openloop_mse",
                 "env/steps", "env/episode_return", "env/episode_length"):
         assert _scalars(Path("lightning_logs/run"), tag), tag
+    # the open-loop plot of the vector observation (4 panels, one per CartPole dimension)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(next(Path("lightning_logs/run").glob("version_*"))), size_guidance={"images": 0})
+    acc.Reload()
+    image = acc.Images("val/openloop")[-1]
+    assert (image.height, image.width) == (4 * 60, 16 * 6)
 
 
 @pytest.mark.parametrize("preset", ["xs", "s", "m"])

@@ -134,7 +134,9 @@ def test_tiny_fit_lowers_reconstruction_and_logs_image_grid(tmp_path):
 def test_validation_without_logger_does_not_fail(tmp_path):
     model = Vision(PIXELS, z_size=4, depth=4)
     batch = {"obs": torch.randint(0, 256, (3, 64, 64, 3), dtype=torch.uint8)}
-    model.validation_step(batch, 0)  # no trainer, no logger: losses only
+    model.validation_step(batch, 0)  # no trainer, no logger: the losses and the grid are still computed
+    losses, _ = model._losses(batch["obs"])
+    assert all(torch.isfinite(v) for v in losses.values())
 
 
 def test_convert_episodes_writes_latents_and_keeps_the_rest(tmp_path):

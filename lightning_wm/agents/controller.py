@@ -256,16 +256,12 @@ class Controller(RLModule):
 
     def _dream_env(self, n: int) -> Any:
         if self._dream is None or self._dream.num_envs != n:
-            from lightning_wm.agents.vm_model import VisionMemoryModel
-            from lightning_wm.data.episodes import EpisodeStore
-            from lightning_wm.dream_env import DreamEnv, initial_latents_from_store
+            from lightning_wm.dream_env import dream_env_from_models
 
-            model = VisionMemoryModel(self.vision, self.memory, temperature=self.dream_temperature)
-            mu, logvar = initial_latents_from_store(EpisodeStore(self.dream_dir), self.vision)
-            steps = self.max_episode_steps or self.dream_max_steps
-            self._dream = DreamEnv(model, self.env_spec.action_space, mu.to(self.device), logvar.to(self.device),
-                                   num_envs=n, temperature=self.dream_temperature, max_episode_steps=steps,
-                                   done_threshold=self.dream_done_threshold, reward=self.dream_reward)
+            self._dream = dream_env_from_models(
+                self.vision, self.memory, self.dream_dir, self.env_spec.action_space, num_envs=n,
+                temperature=self.dream_temperature, max_episode_steps=self.max_episode_steps or self.dream_max_steps,
+                done_threshold=self.dream_done_threshold, reward=self.dream_reward)
         return self._dream
 
     @torch.no_grad()

@@ -24,6 +24,7 @@ import copy
 import os
 from typing import Any, Literal
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -788,7 +789,8 @@ class Dreamer(RLModule):
         an image grid (real / model / difference rows, time along the columns) to TensorBoard and
         an animated GIF ``<log_dir>/openloop/step_<N>.gif`` (real | model side by side per frame,
         one row per sequence, a green bar over the model frames filtered with the posterior and
-        a red one over those it imagines open-loop)."""
+        a red one over those it imagines open-loop). For vector observations the image is a plot
+        per dimension of the first sequence: the real values and the model's over time."""
         batch = self._openloop_batch
         if batch is None:
             return
@@ -798,16 +800,51 @@ class Dreamer(RLModule):
         if err_open.numel():
             self.log("val/openloop_mse", err_open.mean(), batch_size=err_open.shape[0])
         logger = self.logger
-        if not self.wm.pixels or logger is None or not self.trainer.is_global_zero:
+        if logger is None or not self.trainer.is_global_zero:
+            return
+        experiment = getattr(logger, "experiment", None)
+        if not self.wm.pixels:
+            if hasattr(experiment, "add_image"):
+                plot = openloop_curves(real[0], pred[0], context)
+                experiment.add_image("val/openloop", plot, self.global_step, dataformats="HWC")
             return
         real, pred = self.wm.codec.image(real), self.wm.codec.image(pred)
-        experiment = getattr(logger, "experiment", None)
         if hasattr(experiment, "add_image"):
             grid = openloop_grid(real[:, : context + 24], pred[:, : context + 24])
             experiment.add_image("val/openloop", grid, self.global_step, dataformats="HWC")
         log_dir = getattr(logger, "log_dir", None)
         if log_dir:
             write_openloop_gif(real, pred, context, os.path.join(log_dir, "openloop", f"step_{self.global_step}.gif"))
+
+
+def openloop_curves(real: Tensor, pred: Tensor, context: int, max_dims: int = 8, height: int = 60,
+                    step_px: int = 6) -> np.ndarray:
+    """Vector observations ``[T, D]`` (real and model) -> a uint8 RGB plot ``[P*height, T*step_px, 3]``:
+    one panel per dimension (the first ``max_dims``), the real values in white and the model's
+    in red, each panel scaled to its own range; a grey line where the model stops filtering
+    (``context``) and starts imagining."""
+    from PIL import Image, ImageDraw
+
+    real, pred = real.float().cpu().numpy(), pred.float().cpu().numpy()
+    T, D = real.shape
+    dims = min(D, max_dims)
+    width = max(2, T * step_px)
+    image = Image.new("RGB", (width, dims * height), (20, 20, 20))
+    draw = ImageDraw.Draw(image)
+    for d in range(dims):
+        top = d * height
+        both = np.concatenate([real[:, d], pred[:, d]])
+        low, high = float(both.min()), float(both.max())
+        span = max(high - low, 1e-6)
+
+        def y(v: float) -> float:
+            return top + 3 + (height - 6) * (1 - (v - low) / span)
+
+        draw.line([(0, top), (width, top)], fill=(60, 60, 60))
+        draw.line([(context * step_px, top), (context * step_px, top + height)], fill=(110, 110, 110))
+        for series, color in ((real[:, d], (235, 235, 235)), (pred[:, d], (230, 60, 60))):
+            draw.line([(t * step_px, y(float(v))) for t, v in enumerate(series)], fill=color, width=2)
+    return np.asarray(image)
 
 
 def openloop_grid(real: Tensor, pred: Tensor) -> Tensor:
