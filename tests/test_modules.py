@@ -117,6 +117,16 @@ def test_replay_stream_follows_replay_ratio():
     dm.teardown("fit")
 
 
+def test_replay_stream_of_single_transitions():
+    dm = ReplayDataModule(EnvConfig("Pendulum-v1", num_envs=2), capacity=1000, batch_size=5, sequence_length=1,
+                          sample="transitions", prefill=20, replay_ratio=0.5)
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    assert batch["obs"].shape == (5, 3) and batch["action"].shape == (5, 1) and batch["reward"].shape == (5,)
+    assert dm.collector.stats.env_steps == 20 + 2
+    dm.teardown("fit")
+
+
 def test_replay_module_refuses_a_prefill_larger_than_the_buffer():
     with pytest.raises(ValueError, match=r"prefill \(500 rows\) exceeds the replay capacity \(100 rows\)"):
         ReplayDataModule(EnvConfig(id="CartPole-v1"), capacity=100, prefill=500)

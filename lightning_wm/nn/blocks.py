@@ -6,9 +6,6 @@ Pixel tensors follow the row convention: observations are stored ``uint8 [..., H
 
 from __future__ import annotations
 
-import math
-from typing import Sequence
-
 import torch
 from torch import Tensor, nn
 
@@ -154,8 +151,3 @@ class ConvDecoder(nn.Module):
         batch = x.shape[:-1]
         y = self.linear(x.reshape(-1, x.shape[-1])).reshape(-1, self.depth * 32, 1, 1)
         return self.net(y).reshape(*batch, *self.out_shape)
-
-
-def flat_size(shape: Sequence[int]) -> int:
-    """Number of elements of one item of ``shape``."""
-    return int(math.prod(shape))
