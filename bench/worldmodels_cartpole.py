@@ -7,7 +7,8 @@ Stages (each the CLI command README documents, run in-process in ``--workdir``):
 2. ``fit`` V   the VAE                                            .../vision.yaml
 3. ``convert`` every episode into V's latents                     .../vision.yaml --ckpt_path last
 4. ``fit`` M   the MDN-RNN on the latents                         .../memory.yaml
-5. ``fit`` C   CMA-ES in the real env                             .../controller.yaml
+5. ``fit`` C   CMA-ES in the real env, for the time the 30-minute  .../controller.yaml --trainer.max_time ...
+               budget leaves (``--budget-minutes``, ``--reserve-minutes``; or ``--generations N``)
 6. ``fit`` C   CMA-ES inside M's dream (DreamEnv)                 .../controller.yaml --model.init_args.train_in dream
 
 and prints per stage the wall time and its figure: V's held-out reconstruction MSE (per
@@ -43,7 +44,16 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--vision-epochs", type=int, default=4)
     p.add_argument("--memory-epochs", type=int, default=10)
     p.add_argument("--memory-batches", type=int, default=100, help="M training batches per epoch")
-    p.add_argument("--generations", type=int, default=80, help="CMA-ES generations in the real env")
+    p.add_argument("--generations", type=int, default=None,
+                   help="CMA-ES generations in the real env (default: as many as --budget-minutes leaves, "
+                        "at most 1000)")
+    p.add_argument("--budget-minutes", type=float, default=30.0,
+                   help="whole-pipeline budget: the real-env controller gets what the stages before it left, "
+                        "minus --reserve-minutes (Lightning's max_time)")
+    p.add_argument("--reserve-minutes", type=float, default=3.0,
+                   help="kept back from the budget for the controller's evaluation and the dream stage")
+    p.add_argument("--controller-minutes", type=float, default=None,
+                   help="wall-clock limit of the real-env controller, instead of the one from the budget")
     p.add_argument("--dream-generations", type=int, default=30, help="CMA-ES generations inside the dream")
     p.add_argument("--popsize", type=int, default=16)
     p.add_argument("--episodes-per-member", type=int, default=1,
@@ -62,6 +72,7 @@ def parse_args() -> argparse.Namespace:
     if args.quick:
         args.episodes, args.vision_epochs, args.memory_epochs, args.memory_batches = 40, 1, 1, 20
         args.generations, args.dream_generations, args.popsize, args.eval_episodes = 2, 2, 4, 4
+        args.budget_minutes = 0.0
         args.episodes_per_member = args.dream_episodes_per_member = 1
     return args
 
@@ -150,10 +161,24 @@ def main() -> None:
                 f"(acc {float(m['val/done_acc']):.3f})")
 
     def controller(dream: bool) -> str:
-        generations = args.dream_generations if dream else args.generations
+        limit = ""
+        if dream:
+            generations = args.dream_generations
+        else:
+            minutes = args.controller_minutes
+            if minutes is None and args.generations is None and args.budget_minutes > 0:
+                minutes = args.budget_minutes - (time.time() - total) / 60 - args.reserve_minutes
+            generations = args.generations or 1000
+            if minutes is not None:
+                if minutes <= 0:
+                    raise SystemExit(f"no time left for the controller in a {args.budget_minutes}-minute budget")
+                seconds = int(minutes * 60)
+                limit = f"00:{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
         command = ["fit", "--config", str(CONFIGS / "controller.yaml"), *QUIET,
                    "--trainer.max_steps", str(generations), "--trainer.val_check_interval", str(10**6),
                    "--model.init_args.popsize", str(args.popsize)]
+        if limit:
+            command += ["--trainer.max_time", limit]
         if dream:
             command += ["--trainer.run_name", "worldmodels-cartpole_pixels-controller-dream",
                         "--model.init_args.train_in", "dream",
@@ -169,7 +194,8 @@ def main() -> None:
         fit_seconds = time.time() - start_times[-1]
         mean, std = evaluate_real(cli.model, cli.datamodule.env, args.eval_episodes)
         where = "dream" if dream else "real-env"
-        return (f"last generation {where} fitness mean {float(m['fitness/mean']):.1f} best "
+        return (f"{cli.trainer.global_step} generations{' (time limit ' + limit + ')' if limit else ''}; "
+                f"last generation {where} fitness mean {float(m['fitness/mean']):.1f} best "
                 f"{float(m['fitness/best']):.1f}; fit {fit_seconds:.0f} s; real return {mean:.1f} ± {std:.1f} "
                 f"over {args.eval_episodes} episodes")
 

@@ -29,6 +29,7 @@ class DumpRankState(Callback):
             "env_seed": dm._rank_env().seed,
             "env_steps": dm.collector.stats.env_steps,
             "obs_sum": float(dm.buffer.sample_sequences(64, 8)["obs"].double().abs().sum()),
+            "first_obs": dm.buffer.state_dict()["data"]["obs"][:, 0].clone(),  # [envs, 4]: each stream's reset
         }, os.path.join(self.out_dir, f"rank{trainer.global_rank}.pt"))
 
 
