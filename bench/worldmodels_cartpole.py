@@ -155,7 +155,8 @@ def main() -> None:
     def memory() -> str:
         cli = run(["fit", "--config", str(CONFIGS / "memory.yaml"), *QUIET,
                    "--trainer.max_epochs", str(args.memory_epochs),
-                   "--data.init_args.train_batches", str(args.memory_batches)])
+                   "--data.init_args.train_batches", str(args.memory_batches),
+                   *(["--data.init_args.sequence_length", "8"] if args.quick else [])])
         m = cli.trainer.callback_metrics
         return (f"val NLL {float(m['val/nll']):.3f} nats/dim, done BCE {float(m['val/done_loss']):.3f} "
                 f"(acc {float(m['val/done_acc']):.3f})")
