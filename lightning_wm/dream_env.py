@@ -239,28 +239,26 @@ class DreamSingleEnv(gym.Env):
         return None if frames is None else frames[0]
 
 
-def dream_env_from_models(vision: Any, memory: Any, start_dir: str, action_space: gym.Space, num_envs: int = 1,
-                          temperature: float = 1.0, **kwargs: Any) -> DreamEnv:
-    """A :class:`DreamEnv` over trained V and M whose dreams start from the first frames of the
-    episodes in the store ``start_dir`` (pixel or latent episodes); ``kwargs`` go to DreamEnv."""
-    from lightning_wm.agents.vm_model import VisionMemoryModel
+def dream_env_from_model(model: Any, start_dir: str, action_space: gym.Space, num_envs: int = 1,
+                         **kwargs: Any) -> DreamEnv:
+    """A :class:`DreamEnv` over a V+M ``model`` (:class:`VisionMemoryModel`, sampling at its own
+    temperature) whose dreams start from the first frames of the episodes in the store
+    ``start_dir`` (pixel or latent episodes); ``kwargs`` go to DreamEnv."""
     from lightning_wm.data.episodes import EpisodeStore
 
     if not Path(start_dir).is_dir():
         raise FileNotFoundError(f"dream start store {start_dir!r} does not exist; record (and convert) episodes first")
-    model = VisionMemoryModel(vision, memory, temperature=temperature)
-    device = next(memory.parameters()).device
-    mu, logvar = initial_latents_from_store(EpisodeStore(start_dir), vision)
+    device = next(model.memory.parameters()).device
+    mu, logvar = initial_latents_from_store(EpisodeStore(start_dir), model.vision)
     return DreamEnv(model, action_space, mu.to(device), logvar.to(device), num_envs=num_envs,
-                    temperature=temperature, **kwargs)
+                    temperature=model.temperature, **kwargs)
 
 
 def load_dream_env(vision_ckpt: str, memory_ckpt: str, start_dir: str, action_space: gym.Space,
-                   num_envs: int = 1, device: torch.device | str = "cpu", **kwargs: Any) -> DreamEnv:
-    """:func:`dream_env_from_models` with V and M loaded from their Lightning checkpoints."""
-    from lightning_wm.agents.memory import Memory, load_checkpoint_module
-    from lightning_wm.agents.vision import Vision
+                   num_envs: int = 1, device: torch.device | str = "cpu", temperature: float = 1.0,
+                   **kwargs: Any) -> DreamEnv:
+    """:func:`dream_env_from_model` with V and M loaded from their Lightning checkpoints."""
+    from lightning_wm.agents.vm_model import VisionMemoryModel
 
-    vision = load_checkpoint_module(Vision, vision_ckpt, device)
-    memory = load_checkpoint_module(Memory, memory_ckpt, device)
-    return dream_env_from_models(vision, memory, start_dir, action_space, num_envs, **kwargs)
+    model = VisionMemoryModel.from_checkpoints(vision_ckpt, memory_ckpt, device, temperature=temperature)
+    return dream_env_from_model(model, start_dir, action_space, num_envs, **kwargs)

@@ -14,8 +14,8 @@ def keep_freed_memory() -> bool:
     255]`` critic logits, ~84 MB of stacked imagined features). With glibc's defaults each is
     ``mmap``-ed and unmapped again, so every step page-faults fresh zeroed pages in; inside the
     2-core VM this project is benchmarked on that cost 2-9% of a CPU step (``python
-    bench/dreamer_speed.py`` with and without ``--no-malloc-tuning``). Raising the mmap threshold to 32 MB and disabling trimming
-    lets the step reuse its own freed blocks. Same effect as ``MALLOC_MMAP_THRESHOLD_=33554432
+    bench/dreamer_speed.py`` with and without ``--no-malloc-tuning``). Raising the mmap threshold
+    to 32 MB and disabling trimming lets the step reuse its own freed blocks. Same effect as ``MALLOC_MMAP_THRESHOLD_=33554432
     MALLOC_TRIM_THRESHOLD_=2147483647`` in the environment. The process's resident memory then
     stays at its peak. Returns False (and changes nothing) where libc is not glibc.
     """

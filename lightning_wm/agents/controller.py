@@ -256,11 +256,13 @@ class Controller(RLModule):
 
     def _dream_env(self, n: int) -> Any:
         if self._dream is None or self._dream.num_envs != n:
-            from lightning_wm.dream_env import dream_env_from_models
+            from lightning_wm.agents.vm_model import VisionMemoryModel
+            from lightning_wm.dream_env import dream_env_from_model
 
-            self._dream = dream_env_from_models(
-                self.vision, self.memory, self.dream_dir, self.env_spec.action_space, num_envs=n,
-                temperature=self.dream_temperature, max_episode_steps=self.max_episode_steps or self.dream_max_steps,
+            model = VisionMemoryModel(self.vision, self.memory, temperature=self.dream_temperature)
+            self._dream = dream_env_from_model(
+                model, self.dream_dir, self.env_spec.action_space, num_envs=n,
+                max_episode_steps=self.max_episode_steps or self.dream_max_steps,
                 done_threshold=self.dream_done_threshold, reward=self.dream_reward)
         return self._dream
 

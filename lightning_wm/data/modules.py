@@ -221,11 +221,11 @@ class ReplayDataModule(pl.LightningDataModule):
         return os.path.join(self._side_dir(), f"replay_rank{rank}_step{step}.pt")
 
     def _prune_side_files(self, rank: int, keep: int) -> None:
-        prefix = f"replay_rank{rank}_step"
-        files = [f for f in os.listdir(self._side_dir()) if f.startswith(prefix) and f.endswith(".pt")]
+        prefix, directory = f"replay_rank{rank}_step", self._side_dir()
+        files = [f for f in os.listdir(directory) if f.startswith(prefix) and f.endswith(".pt")]
         files.sort(key=lambda f: int(f[len(prefix):-3]))
         for f in files[:-keep]:
-            os.remove(os.path.join(self._side_dir(), f))
+            os.remove(os.path.join(directory, f))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.collector is None:
