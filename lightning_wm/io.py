@@ -1,0 +1,85 @@
+"""Files that are either whole or absent: write to a temp file *beside* the target, fsync, rename.
+
+A temp file in the target's own folder is on the same filesystem, so ``os.replace`` is atomic
+(a temp dir on tmpfs would make the final rename a copy that ``kill -9`` can cut in half). The
+temp names are unique per process and call (two writers never share one) and start with
+``.`` and end with ``.tmp``: :func:`clean_stale_temps` removes the ones a killed process left.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import IO, Any, Callable
+
+__all__ = ["atomic_write", "atomic_torch_save", "fsync_dir", "clean_stale_temps", "TEMP_SUFFIX"]
+
+TEMP_SUFFIX = ".tmp"
+
+
+def fsync_dir(directory: str | os.PathLike) -> None:
+    """Make a rename inside ``directory`` durable (no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _temp_path(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}{TEMP_SUFFIX}")
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[IO[Any]], None], binary: bool = True) -> Path:
+    """Call ``write(file)`` on a temp file beside ``path``, fsync it and rename it onto ``path``.
+
+    On any error (or interrupt) the temp file is removed and ``path`` is untouched. Returns the path.
+    """
+    path = Path(path)
+    tmp = _temp_path(path)
+    try:
+        with open(tmp, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+    return path
+
+
+def atomic_torch_save(obj: Any, path: str | os.PathLike) -> Path:
+    """``torch.save(obj)`` to ``path`` atomically (see :func:`atomic_write`)."""
+    import torch
+
+    return atomic_write(path, lambda f: torch.save(obj, f))
+
+
+def clean_stale_temps(directory: str | os.PathLike, older_than_s: float = 60.0) -> list[Path]:
+    """Remove temp files of :func:`atomic_write` in ``directory`` that are older than
+    ``older_than_s`` seconds (left by a killed process; a live writer's file is younger).
+    Returns the removed paths."""
+    directory = Path(directory)
+    removed: list[Path] = []
+    if not directory.is_dir():
+        return removed
+    now = time.time()
+    for entry in directory.iterdir():
+        if not (entry.name.startswith(".") and entry.name.endswith(TEMP_SUFFIX)) or not entry.is_file():
+            continue
+        try:
+            if now - entry.stat().st_mtime >= older_than_s:
+                entry.unlink()
+                removed.append(entry)
+        except FileNotFoundError:
+            continue
+    return removed
