@@ -133,7 +133,7 @@ class ReplayDataModule(pl.LightningDataModule):
             storage_dir=storage, seed=cfg.seed,
         )
         self.collector = Collector(make_vector_env(cfg), RandomAgent(self.spec, seed=cfg.seed), self.buffer,
-                                   seed=cfg.seed, spec=self.spec)
+                                   seeds=cfg.seed, spec=self.spec)
         if self._pending_state is not None:
             self._restore(self._pending_state)
             self._pending_state = None
