@@ -190,3 +190,40 @@ def test_no_orphans_when_the_learner_dies(how, tmp_path):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_ray_backend_on_a_local_instance(monkeypatch):
+    """The same pool as Ray actors: chunks, versions through the object store, errors with tracebacks."""
+    ray = pytest.importorskip("ray")
+    # Ray's workers import the test policies from tests/ (a local instance inherits the environment)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), str(REPO), os.environ.get("PYTHONPATH", "")]))
+    ray.init(num_cpus=3, include_dashboard=False, configure_logging=False)
+    try:
+        module = _set(MarkedPolicy(), 0.0)
+        with ActorPool(EnvConfig("CartPole-v1"), module, num_actors=2, envs_per_actor=2, chunk_length=4, seed=3,
+                       backend="ray", timeout_s=120) as pool:
+            pids = pool.pids()
+            assert len(set(pids)) == 2 and os.getpid() not in pids
+            firsts, newest = {}, None
+            pool.publish(_set(module, 1.0), 1)
+            for _ in range(50):
+                chunk = pool.get(timeout=120)
+                assert chunk is not None
+                assert chunk.rows["obs"].shape == (4, 2, 4) and (chunk.rows["policy_version"] == chunk.version).all()
+                assert (chunk.rows["mark"][~chunk.rows["is_last"]] == chunk.version).all()
+                firsts.setdefault(chunk.actor, chunk.rows["obs"][0])
+                newest = chunk.version
+                if newest == 1 and len(firsts) == 2:
+                    break
+            assert newest == 1 and sorted(firsts) == [0, 1]
+            for actor, obs in firsts.items():
+                for j, s in enumerate(env_seeds(3, 2, "train", 0, actor)):
+                    np.testing.assert_array_equal(obs[j], gym.make("CartPole-v1").reset(seed=s)[0])
+        assert not _wait_gone(pids) and ray.is_initialized(), "a pool leaves a Ray instance it did not start running"
+        crashing = ActorPool(EnvConfig("CartPole-v1"), CrashingPolicy(crash_at=3), num_actors=1, chunk_length=1,
+                             backend="ray")
+        with pytest.raises(ActorError, match=r"(?s)ray actor 0 raised:.*ValueError: policy exploded on call 3"):
+            for _ in range(100):
+                crashing.get(timeout=120)
+    finally:
+        ray.shutdown()

@@ -32,6 +32,7 @@ import threading
 import time
 import traceback
 import weakref
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -388,7 +389,8 @@ class _RayWorker:
 
 
 class _RayBackend:
-    """Ray actors with two chunk calls in flight each; results collected with ``ray.wait``."""
+    """Ray actors with two chunk calls in flight each (one runs while the learner reads the other);
+    an actor's results are taken in call order with ``ray.wait`` over each actor's oldest call."""
 
     def __init__(self, config: ActorConfig, module: nn.Module, num_actors: int, address: str | None) -> None:
         try:
@@ -400,7 +402,7 @@ class _RayBackend:
         if self.owns_ray:
             if address is None:  # a local instance, with room for every actor
                 ray.init(num_cpus=max(num_actors, os.cpu_count() or 1), include_dashboard=False,
-                         log_to_driver=True, configure_logging=False)
+                         configure_logging=False)
             else:
                 ray.init(address=address, include_dashboard=False, configure_logging=False)
         remote = ray.remote(num_cpus=1)(_RayWorker)
@@ -408,7 +410,7 @@ class _RayBackend:
         self.weights: Any = None
         self.version = config.initial_version
         self.sent = [config.initial_version] * num_actors  # newest version handed to each actor
-        self.inflight: dict[Any, tuple[int, float]] = {}  # ref -> (actor, submitted at)
+        self.calls: list[deque[tuple[Any, float]]] = [deque() for _ in range(num_actors)]  # (ref, submitted at)
         self.last_seen = [time.monotonic() + STARTUP_GRACE_S] * num_actors
         self.closed = False
         for i in range(num_actors):
@@ -418,21 +420,25 @@ class _RayBackend:
     def _submit(self, actor: int) -> None:
         weights = self.weights if self.sent[actor] != self.version else None
         self.sent[actor] = self.version
-        self.inflight[self.actors[actor].chunk.remote(weights, self.version)] = (actor, time.monotonic())
+        self.calls[actor].append((self.actors[actor].chunk.remote(weights, self.version), time.monotonic()))
+
+    def _oldest(self) -> dict[Any, int]:
+        return {calls[0][0]: actor for actor, calls in enumerate(self.calls) if calls}
 
     def pids(self) -> list[int | None]:
-        return list(self.ray.get([a.pid.remote() for a in self.actors], timeout=60))
+        return list(self.ray.get([a.pid.remote() for a in self.actors], timeout=120))
 
     def publish(self, module: nn.Module, version: int) -> None:
         self.weights = self.ray.put({k: v.detach().cpu().clone() for k, v in module.state_dict().items()})
         self.version = int(version)
 
     def get(self, timeout: float) -> Chunk | None:
-        ready, _ = self.ray.wait(list(self.inflight), num_returns=1, timeout=timeout)
+        oldest = self._oldest()
+        ready, _ = self.ray.wait(list(oldest), num_returns=1, timeout=timeout)
         if not ready:
             return None
-        ref = ready[0]
-        actor, _ = self.inflight.pop(ref)
+        actor = oldest[ready[0]]
+        ref, _ = self.calls[actor].popleft()
         self.last_seen[actor] = time.monotonic()
         try:
             chunk = self.ray.get(ref)
@@ -443,24 +449,24 @@ class _RayBackend:
         self._submit(actor)
         return chunk
 
+    def _ready(self) -> list[Any]:
+        refs = [ref for calls in self.calls for ref, _ in calls]
+        return self.ray.wait(refs, num_returns=len(refs), timeout=0)[0] if refs else []
+
     def qsize(self) -> int:
-        if not self.inflight:
-            return 0
-        ready, _ = self.ray.wait(list(self.inflight), num_returns=len(self.inflight), timeout=0)
-        return len(ready)
+        return len(self._ready())
 
     def failure(self, timeout_s: float) -> str | None:
         now = time.monotonic()
-        if not self.inflight:
-            return None
-        ready, _ = self.ray.wait(list(self.inflight), num_returns=len(self.inflight), timeout=0)
-        for ref in ready:
-            self.last_seen[self.inflight[ref][0]] = now
-        for ref, (actor, submitted) in self.inflight.items():
-            silent = now - max(submitted, self.last_seen[actor])
-            if silent > timeout_s:
-                return (f"ray actor {actor} hung: no chunk for {silent:.1f} s (actor_timeout_s={timeout_s:g}); it may "
-                        "be stuck in env.step or in the policy")
+        ready = set(self._ready())
+        for actor, calls in enumerate(self.calls):
+            if any(ref in ready for ref, _ in calls):
+                self.last_seen[actor] = now
+            elif calls:
+                silent = now - max(calls[0][1], self.last_seen[actor])
+                if silent > timeout_s:
+                    return (f"ray actor {actor} hung: no chunk for {silent:.1f} s (actor_timeout_s={timeout_s:g}); "
+                            "it may be stuck in env.step or in the policy")
         return None
 
     def close(self) -> None:
@@ -472,7 +478,8 @@ class _RayBackend:
                 self.ray.kill(actor)
             except Exception:  # noqa: BLE001 - already dead
                 pass
-        self.inflight.clear()
+        for calls in self.calls:
+            calls.clear()
         if self.owns_ray:
             self.ray.shutdown()
 
@@ -583,7 +590,11 @@ class ActorPool:
                 if failure is not None:
                     self.close()
                     raise ActorError(failure)
-            chunk = self._impl.get(min(0.1, max(0.0, deadline - now)))
+            try:
+                chunk = self._impl.get(min(0.1, max(0.0, deadline - now)))
+            except ActorError:
+                self.close()
+                raise
             if chunk is not None or time.monotonic() >= deadline:
                 return chunk
 
