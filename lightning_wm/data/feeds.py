@@ -220,3 +220,63 @@ class UnrollBatcher:
                 del self._unrolls[i]
                 del self._uses[i]
         return tree_map(lambda *xs: torch.from_numpy(np.stack(xs)), picked[0], *picked[1:])
+
+
+class ActorLink:
+    """A datamodule's handle on its actors: the pool starts at the first weights published (the
+    ``WeightPublisher`` callback publishes when fit starts), later versions go out every
+    ``publish_every`` versions, and :class:`ActorMetrics` gathers the gauges.
+
+    Args:
+        env: the env config of the actors (``num_envs`` is replaced by ``envs_per_actor``).
+        num_actors, envs_per_actor, chunk_length, backend, ray_address, timeout_s: see
+            :class:`ActorPool`.
+        publish_every: optimizer steps between weight versions sent to the actors.
+        overlap: unroll chunks (``chunk_length + 1`` rows, consecutive ones sharing a row).
+    """
+
+    def __init__(self, env: Any, num_actors: int, envs_per_actor: int, chunk_length: int,
+                 backend: str = "local", ray_address: str | None = None, timeout_s: float = 60.0,
+                 publish_every: int = 1, overlap: bool = False) -> None:
+        if publish_every < 1:
+            raise ValueError(f"publish_every must be >= 1, got {publish_every}")
+        if backend not in ("local", "ray"):
+            raise ValueError(f"actor_backend must be 'local' or 'ray', got {backend!r}")
+        self.env, self.num_actors, self.envs_per_actor, self.chunk_length = env, num_actors, envs_per_actor, chunk_length
+        self.backend, self.ray_address, self.timeout_s = backend, ray_address, timeout_s
+        self.publish_every, self.overlap = publish_every, overlap
+        self.pool: ActorPool | None = None
+        self.version: int | None = None  # newest version sent to the actors
+        self.metrics = ActorMetrics()
+
+    @property
+    def num_streams(self) -> int:
+        return self.num_actors * self.envs_per_actor
+
+    def publish(self, module: Any, version: int, rank: int = 0, random_steps: int = 0) -> bool:
+        """Send ``module.acting_copy()`` as ``version`` if due (always the first time, which
+        starts the actors with ``random_steps`` random vector steps each). Returns whether sent."""
+        if self.pool is None:
+            self.pool = ActorPool(self.env, module.acting_copy(), self.num_actors, self.envs_per_actor,
+                                  self.chunk_length, seed=self.env.seed, rank=rank, backend=self.backend,
+                                  ray_address=self.ray_address, timeout_s=self.timeout_s, overlap=self.overlap,
+                                  random_steps=random_steps, initial_version=version)
+        elif self.version is None or version < self.version or version - self.version >= self.publish_every:
+            self.pool.publish(module.acting_copy(), version)
+        else:
+            return False
+        self.version = version
+        return True
+
+    def require_pool(self) -> ActorPool:
+        if self.pool is None:
+            raise RuntimeError(
+                "num_actors > 0 but no weights were published, so no actor was started: the WeightPublisher "
+                "callback (lightning_wm.callbacks.WeightPublisher, added by the CLI's Trainer) publishes them "
+                "when fit starts; add it to your Trainer's callbacks")
+        return self.pool
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
