@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lightning_wm.agents.base import RLModule
-from lightning_wm.data.nested import first_leaf, tree_map
+from lightning_wm.tree import first_leaf, tree_map
 from lightning_wm.envs import EnvSpec
 from lightning_wm.nn import dists
 from lightning_wm.nn.blocks import MLP, activation
