@@ -137,6 +137,9 @@ def _register_atari() -> None:
 def _resize(frame: np.ndarray, size: tuple[int, int], grayscale: bool) -> np.ndarray:
     from PIL import Image
 
+    if frame.ndim == 3 and frame.shape[-1] not in (1, 3) and not grayscale:
+        # not RGB (e.g. stacked gray frames): each channel on its own (PIL would take 4 as RGBA)
+        return np.stack([_resize(frame[..., c], size, False)[..., 0] for c in range(frame.shape[-1])], -1)
     image = Image.fromarray(frame)
     if grayscale:
         image = image.convert("L")
@@ -200,7 +203,8 @@ class PixelObservation(gym.ObservationWrapper):
         if self.crop is not None and not render:  # the frame size is known: check now
             check_crop(self.crop, env.observation_space.shape)
             self._crop_checked = True
-        channels = 1 if grayscale else 3
+        # an env's own image keeps its channels (e.g. 4 stacked gray frames); renderings are RGB
+        channels = 1 if grayscale else (3 if render else int(env.observation_space.shape[-1]))
         image_space = gym.spaces.Box(0, 255, (*self.size, channels), np.uint8)
         if keep_state:
             state = env.observation_space

@@ -204,3 +204,28 @@ def test_collector_stores_dict_observations(tmp_path):
     for stats, episode in zip(sorted(episodes, key=lambda e: e["length"]), sorted(store.episodes(), key=lambda e: len(e["reward"]))):
         assert episode["obs"]["image"].shape == (stats["length"] + 1, 16, 16, 3)
         assert episode["obs"]["state"].shape == (stats["length"] + 1, 4)
+
+
+def test_an_image_observation_keeps_its_channels():
+    """An env whose own observation is an image with 4 channels (e.g. stacked gray frames) is
+    resized channel by channel, not squeezed into RGB."""
+    import gymnasium as gym
+
+    class Stacked(gym.Env):
+        observation_space = gym.spaces.Box(0, 255, (32, 24, 4), np.uint8)
+        action_space = gym.spaces.Discrete(2)
+
+        def reset(self, *, seed=None, options=None):
+            return np.full((32, 24, 4), [10, 20, 30, 40], np.uint8), {}
+
+        def step(self, action):
+            return self.reset()[0], 0.0, False, False, {}
+
+    gym.register("StackedTest-v0", entry_point=Stacked)
+    try:
+        env = make_env(EnvConfig("StackedTest-v0", size=(16, 12)))
+        obs, _ = env.reset(seed=0)
+        assert env.observation_space.shape == obs.shape == (16, 12, 4)
+        assert obs[0, 0].tolist() == [10, 20, 30, 40]
+    finally:
+        del gym.registry["StackedTest-v0"]

@@ -38,6 +38,11 @@ def _rank_and_world(trainer: pl.Trainer | None) -> tuple[int, int]:
     return trainer.global_rank, trainer.world_size
 
 
+def _learner_version(trainer: pl.Trainer | None) -> int:
+    """The learner's weight version: its optimizer steps so far (0 outside a Trainer)."""
+    return int(trainer.global_step) if trainer is not None else 0
+
+
 def evaluation_loader(evaluate: Callable[[Agent, int | None], list[dict[str, float]]]) -> DataLoader:
     """The validation loader of an online datamodule: ONE batch, an :class:`EvaluationRequest`
     around ``evaluate(agent, episodes)`` (the model's ``validation_step`` calls ``batch.run(self)``)."""
@@ -213,9 +218,6 @@ class ReplayDataModule(pl.LightningDataModule):
                                     self.ratio_slack, self._actors.metrics)
             self._feed.rows, self._feed.batches = self._actor_counts
 
-    def _learner_version(self) -> int:
-        trainer = getattr(self, "trainer", None)
-        return int(trainer.global_step) if trainer is not None else 0
 
     # -- the stream -------------------------------------------------------------------
     def _agent(self) -> Any:
@@ -228,7 +230,7 @@ class ReplayDataModule(pl.LightningDataModule):
         if self._actors is not None:
             if self._feed is None:
                 self._actors.require_pool()
-            self._feed.before_batch(self._learner_version())
+            self._feed.before_batch(_learner_version(getattr(self, "trainer", None)))
             return
         collector = self.collector
         assert collector is not None, "setup() was not called"
@@ -644,7 +646,7 @@ class UnrollDataModule(pl.LightningDataModule):
                 self.batcher.add(collector.collect_chunk(self.unroll_length, explore=True, overlap=True))
             return self.batcher.batch()
         pool = self._actors.require_pool()
-        metrics, version = self._actors.metrics, self._learner_version()
+        metrics, version = self._actors.metrics, _learner_version(getattr(self, "trainer", None))
         # wait while the batch lacks unrolls; with replay also take (without waiting) up to one
         # chunk per actor, so fresh unrolls keep coming while old ones are reused
         taken, waited = 0, 0.0
@@ -664,10 +666,6 @@ class UnrollDataModule(pl.LightningDataModule):
         metrics.queue_depth = pool.qsize()
         metrics.waited(waited)
         return self.batcher.batch()
-
-    def _learner_version(self) -> int:
-        trainer = getattr(self, "trainer", None)
-        return int(trainer.global_step) if trainer is not None else 0
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(_UnrollStream(self), batch_size=None, num_workers=0)
