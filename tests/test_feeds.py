@@ -24,6 +24,9 @@ class FakePool:
     def qsize(self):
         return 1
 
+    def check(self):
+        pass
+
     def get(self, timeout=0.0):
         if not self.available():
             return None

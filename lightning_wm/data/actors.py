@@ -579,24 +579,31 @@ class ActorPool:
             ActorError: an actor raised (its traceback in the message), died or hung; the
                 pool is closed first.
         """
-        if self._closed:
-            raise RuntimeError("the actor pool is closed")
         deadline = time.monotonic() + timeout
         while True:
-            now = time.monotonic()
-            if now - self._last_check >= 0.5:  # also while chunks keep coming: another actor may be dead
-                self._last_check = now
-                failure = self._impl.failure(self.timeout_s)
-                if failure is not None:
-                    self.close()
-                    raise ActorError(failure)
+            self.check()
             try:
-                chunk = self._impl.get(min(0.1, max(0.0, deadline - now)))
+                chunk = self._impl.get(min(0.1, max(0.0, deadline - time.monotonic())))
             except ActorError:
                 self.close()
                 raise
             if chunk is not None or time.monotonic() >= deadline:
                 return chunk
+
+    def check(self, every_s: float = 0.5) -> None:
+        """Raise :class:`ActorError` (after closing the pool) if an actor raised, died or hung;
+        looks at most every ``every_s`` seconds (``get`` calls it; a learner that holds back
+        chunks calls it itself)."""
+        if self._closed:
+            raise RuntimeError("the actor pool is closed")
+        now = time.monotonic()
+        if now - self._last_check < every_s:
+            return
+        self._last_check = now
+        failure = self._impl.failure(self.timeout_s)
+        if failure is not None:
+            self.close()
+            raise ActorError(failure)
 
     def close(self) -> None:
         """Stop every actor (idempotent)."""

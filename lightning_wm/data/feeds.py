@@ -134,6 +134,8 @@ class ReplayFeed:
     def _take(self, timeout: float) -> Chunk | None:
         if self._held is None:
             self._held = self.pool.get(timeout=timeout)
+        else:
+            self.pool.check()  # holding back chunks: still notice a failed actor
         return self._held
 
     def _ingest(self, chunk: Chunk, learner_version: int) -> None:

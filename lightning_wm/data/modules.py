@@ -646,6 +646,7 @@ class UnrollDataModule(pl.LightningDataModule):
                 self.batcher.add(collector.collect_chunk(self.unroll_length, explore=True, overlap=True))
             return self.batcher.batch()
         pool = self._actors.require_pool()
+        pool.check()
         metrics, version = self._actors.metrics, _learner_version(getattr(self, "trainer", None))
         # wait while the batch lacks unrolls; with replay also take (without waiting) up to one
         # chunk per actor, so fresh unrolls keep coming while old ones are reused
