@@ -137,6 +137,8 @@ def _register_atari() -> None:
 def _resize(frame: np.ndarray, size: tuple[int, int], grayscale: bool) -> np.ndarray:
     from PIL import Image
 
+    if not grayscale and frame.shape[:2] == tuple(size):  # nothing to do (e.g. an 84x84 Atari stack)
+        return frame if frame.ndim == 3 else frame[..., None]
     if frame.ndim == 3 and frame.shape[-1] not in (1, 3) and not grayscale:
         # not RGB (e.g. stacked gray frames): each channel on its own (PIL would take 4 as RGBA)
         return np.stack([_resize(frame[..., c], size, False)[..., 0] for c in range(frame.shape[-1])], -1)
