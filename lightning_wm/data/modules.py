@@ -192,14 +192,17 @@ class ReplayDataModule(pl.LightningDataModule):
     def teardown(self, stage: str) -> None:
         if self.collector is not None:
             self.collector.env.close()
-        if self._actors is not None:
-            self._actors.close()
-            self._feed = None
+        self._stop_actors()
 
     def on_exception(self, exception: BaseException) -> None:
         """Stop the actors on Ctrl-C or an error (Lightning skips ``teardown`` then)."""
+        self._stop_actors()
+
+    def _stop_actors(self) -> None:
         if self._actors is not None:
             self._actors.close()
+        if self._feed is not None:  # a later fit starts new actors and continues the counts
+            self._actor_counts = (self._feed.rows, self._feed.batches)
             self._feed = None
 
     # -- actors -----------------------------------------------------------------------
