@@ -506,7 +506,9 @@ class ActorPool:
             on the others).
         queue_size: chunks waiting for the learner before actors block (local); default
             ``2 * num_actors``.
-        timeout_s: an actor silent for this long is reported as hung.
+        timeout_s: an actor silent for this long is reported as hung (actors beat between
+            chunks and while they wait on a full queue: it must exceed the time of one chunk;
+            starting gets ``STARTUP_GRACE_S`` more).
         overlap: chunks of ``chunk_length + 1`` rows, consecutive ones sharing a row (unrolls).
         random_steps: vector steps each actor takes with the random policy first (prefill);
             their rows carry ``policy_version`` ``-1``.
