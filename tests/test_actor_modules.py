@@ -140,3 +140,32 @@ def test_ctrl_c_on_a_fit_with_actors_leaves_no_orphans(tmp_path):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_weight_publisher_cadence():
+    """Publishes when fit starts (starting the actors), when training starts (the restored step of
+    a resume) and after every publish_every-th optimizer step, with the step as the version."""
+    from types import SimpleNamespace
+
+    from lightning_wm.callbacks import WeightPublisher
+
+    class Sink:
+        def __init__(self):
+            self.versions = []
+
+        def publish_weights(self, module, version):
+            self.versions.append(version)
+
+    sink, module = Sink(), object()
+    trainer = SimpleNamespace(datamodule=sink, global_step=0)
+    callback = WeightPublisher(publish_every=3)
+    callback.on_fit_start(trainer, module)
+    trainer.global_step = 30  # a resumed run: the step is restored after on_fit_start
+    callback.on_train_start(trainer, module)
+    for step in range(31, 38):
+        trainer.global_step = step
+        callback.on_train_batch_end(trainer, module, None, None, step)
+        callback.on_train_batch_end(trainer, module, None, None, step)  # a batch without an optimizer step (accumulation)
+    assert sink.versions == [0, 30, 33, 36]
+    trainer.datamodule = object()  # a datamodule without the protocol: nothing happens
+    callback.on_train_batch_end(trainer, module, None, None, 39)
