@@ -165,7 +165,7 @@ def test_weight_publisher_cadence():
     for step in range(31, 38):
         trainer.global_step = step
         callback.on_train_batch_end(trainer, module, None, None, step)
-        callback.on_train_batch_end(trainer, module, None, None, step)  # a batch without an optimizer step (accumulation)
+        callback.on_train_batch_end(trainer, module, None, None, step)  # same step again: no second publish
     assert sink.versions == [0, 30, 33, 36]
     trainer.datamodule = object()  # a datamodule without the protocol: nothing happens
     callback.on_train_batch_end(trainer, module, None, None, 39)
