@@ -51,7 +51,8 @@ class MLPPolicy(nn.Module):
 
     def __init__(self, obs_dim: int, actions: int) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(obs_dim, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, actions))
+        self.net = nn.Sequential(nn.Linear(obs_dim, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(),
+                                 nn.Linear(64, actions))
 
     def logits(self, obs: torch.Tensor) -> torch.Tensor:
         return self.net(obs.float())

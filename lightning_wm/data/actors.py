@@ -113,7 +113,8 @@ class WeightStore:
         state = module.state_dict()
         if state.keys() != self._tensors.keys():
             missing, extra = self._tensors.keys() - state.keys(), state.keys() - self._tensors.keys()
-            raise ValueError(f"acting module's state_dict changed keys (missing {sorted(missing)}, new {sorted(extra)}); "
+            raise ValueError(f"acting module's state_dict changed keys (missing {sorted(missing)}, "
+                             f"new {sorted(extra)}); "
                              "acting_copy() must keep the same layout for the weight store")
         self._seq.value += 1  # odd: a write is in progress
         with torch.no_grad():

@@ -244,7 +244,8 @@ class ActorLink:
             raise ValueError(f"publish_every must be >= 1, got {publish_every}")
         if backend not in ("local", "ray"):
             raise ValueError(f"actor_backend must be 'local' or 'ray', got {backend!r}")
-        self.env, self.num_actors, self.envs_per_actor, self.chunk_length = env, num_actors, envs_per_actor, chunk_length
+        self.env, self.num_actors = env, num_actors
+        self.envs_per_actor, self.chunk_length = envs_per_actor, chunk_length
         self.backend, self.ray_address, self.timeout_s = backend, ray_address, timeout_s
         self.publish_every, self.overlap = publish_every, overlap
         self.pool: ActorPool | None = None
