@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lightning_wm.actions import ActionCodec
 from lightning_wm.world_model import WorldModel
 
 
@@ -117,10 +118,7 @@ class DreamEnv(gym.vector.VectorEnv):
         self.action_space = gym.vector.utils.batch_space(action_space, num_envs)
         self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (feature_dim,), np.float32)
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
-        self._discrete = isinstance(action_space, gym.spaces.Discrete)
-        if not self._discrete:
-            self._low = torch.as_tensor(action_space.low, dtype=torch.float32, device=self.device)
-            self._high = torch.as_tensor(action_space.high, dtype=torch.float32, device=self.device)
+        self.actions = ActionCodec(action_space).to(self.device)
         self._default_seed = seed
         self.generator = torch.Generator(device=self.device)
         self.state: dict[str, Tensor] | None = None
@@ -149,10 +147,7 @@ class DreamEnv(gym.vector.VectorEnv):
 
     def _action_tensor(self, actions: Any) -> Tensor:
         a = torch.as_tensor(np.asarray(actions) if not isinstance(actions, Tensor) else actions, device=self.device)
-        if self._discrete:
-            return torch.nn.functional.one_hot(a.long().reshape(self.num_envs), int(self.single_action_space.n)).float()
-        a = a.float().reshape(self.num_envs, -1)
-        return torch.maximum(torch.minimum(a, self._high), self._low)
+        return self.actions.encode(a.reshape(self.num_envs, *self.actions.shape))
 
     @torch.no_grad()
     def step_tensor(self, actions: Any) -> tuple[Tensor, Tensor, Tensor, Tensor]:

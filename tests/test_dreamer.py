@@ -46,14 +46,14 @@ def test_rssm_resets_where_is_first(cartpole_spec):
     wm = model.wm
     with torch.no_grad():
         embed = wm.encode(batch["obs"])
-        out = wm.observe(embed, model._action_input(batch["action"]), batch["is_first"])
+        out = wm.observe(embed, model.actions.encode(batch["action"]), batch["is_first"])
         # after a reset, h depends on nothing (zero state, zero action): same for every reset entry
         h0 = out["h"][0, 0]
         for b, t in [(0, 5), (2, 7), (1, 0), (3, 0)]:
             assert torch.allclose(out["h"][b, t], h0, atol=1e-6)
         assert not torch.allclose(out["h"][0, 4], h0)
         # ... and the posterior there depends only on the observation: restart the sequence at t=5
-        rest = wm.observe(embed[:, 5:], model._action_input(batch["action"][:, 5:]), batch["is_first"][:, 5:])
+        rest = wm.observe(embed[:, 5:], model.actions.encode(batch["action"][:, 5:]), batch["is_first"][:, 5:])
         assert torch.allclose(out["post"][0, 5], rest["post"][0, 0], atol=1e-5)
         assert not torch.allclose(out["post"][1, 5], rest["post"][1, 0], atol=1e-3)  # no reset for b=1
         # the agent's initial state gives the same filter step as a reset in training
@@ -221,7 +221,7 @@ def test_continuous_pendulum_dynamics_backprop():
         "is_first": torch.zeros(B, L, dtype=torch.bool), "is_last": torch.zeros(B, L, dtype=torch.bool),
         "is_terminal": torch.zeros(B, L, dtype=torch.bool),
     }
-    assert model._action_input(batch["action"]).abs().max() <= 1.0
+    assert model.actions.encode(batch["action"]).abs().max() <= 1.0
     _, _, post = model.world_model_loss(batch)
     traj = model.imagine({k: post[k].detach().flatten(0, 1) for k in ("h", "z")}, torch.ones(B * L))
     actor_loss, critic_loss, _ = model.behaviour_losses(traj)

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from lightning_wm.actions import ActionCodec
 from lightning_wm.agents.base import RLModule
 from lightning_wm.envs import EnvConfig, EnvPool, EnvSpec
 from lightning_wm.protocols import GenerationTask
@@ -185,9 +186,7 @@ class Controller(RLModule):
         self.num_params = controller_num_params(in_dim, self.out_dim, hidden)
         # the weights act() uses; a Parameter (never given a gradient) so DDP has something to wrap
         self.params = nn.Parameter(torch.zeros(self.num_params))
-        if not env_spec.discrete:
-            self.register_buffer("action_low", torch.as_tensor(env_spec.action_low), persistent=False)
-            self.register_buffer("action_high", torch.as_tensor(env_spec.action_high), persistent=False)
+        self.actions = ActionCodec(env_spec)  # env actions <-> M's input (one-hot / env values)
         self.es = cma.CMAEvolutionStrategy(
             np.zeros(self.num_params), sigma0,
             {"popsize": popsize, "seed": np.nan, "randn": _Randn(seed), "verbose": -9},
@@ -211,12 +210,8 @@ class Controller(RLModule):
     def _actions(self, params: Tensor, features: Tensor) -> tuple[Tensor, Tensor]:
         """-> ``(env action [B] int64 | [B, A] float, M's action input [B, A] float)``."""
         y = controller_forward(params, features, self.in_dim, self.out_dim, self.hidden)
-        if self.env_spec.discrete:
-            action = y.argmax(-1)
-            return action, torch.nn.functional.one_hot(action, self.out_dim).float()
-        u = torch.tanh(y)
-        action = self.action_low + (u + 1) * 0.5 * (self.action_high - self.action_low)
-        return action, action
+        action = self.actions.decode(y) if self.actions.discrete else self.actions.from_unit(torch.tanh(y))
+        return action, self.actions.encode(action)
 
     @torch.no_grad()
     def policy_step(self, obs: Tensor, state: tuple[Tensor, Tensor] | None, params: Tensor) -> tuple[Tensor, Any]:

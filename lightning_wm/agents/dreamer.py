@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lightning_wm.actions import ActionCodec
 from lightning_wm.agents.base import RLModule
 from lightning_wm.tree import first_leaf, tree_map
 from lightning_wm.envs import EnvSpec
@@ -480,9 +481,8 @@ class Dreamer(RLModule):
         # return-normalisation state (EMA of the low/high return percentiles), saved in checkpoints
         self.register_buffer("ret_low", torch.zeros(()))
         self.register_buffer("ret_high", torch.zeros(()))
-        if not self.discrete:
-            self.register_buffer("action_low", torch.as_tensor(env_spec.action_low).flatten(), persistent=False)
-            self.register_buffer("action_high", torch.as_tensor(env_spec.action_high).flatten(), persistent=False)
+        # env actions <-> the actor's one-hot / [-1, 1] actions (bounds: non-persistent buffers)
+        self.actions = ActionCodec(env_spec, normalize=True)
         self._openloop_batch: dict[str, Tensor] | None = None
         if compile:
             self.wm._recurrent = torch.compile(self.wm._recurrent, dynamic=False)  # type: ignore[method-assign]
@@ -492,14 +492,6 @@ class Dreamer(RLModule):
             self.actor.compile(dynamic=False)
 
     # -- actions -------------------------------------------------------------------------------
-    def _action_input(self, action: Tensor) -> Tensor:
-        """Replay actions -> model input ``[..., A]``: one-hot for discrete indices, scaled to
-        ``[-1, 1]`` for continuous env actions."""
-        if self.discrete:
-            return F.one_hot(action.long(), self.wm.action_dim).float()
-        action = action.float().reshape(*action.shape[: action.dim() - len(self.env_spec.action_space.shape)], -1)
-        return (2.0 * (action - self.action_low) / (self.action_high - self.action_low) - 1.0).clamp(-1.0, 1.0)
-
     def _continuous(self, raw: Tensor) -> tuple[Tensor, Tensor]:
         if self.hparams.actor_dist == "bounded_normal":
             return dists.bounded_normal(raw, self.hparams.action_min_std, self.hparams.action_max_std)
@@ -534,7 +526,7 @@ class Dreamer(RLModule):
     def initial_state(self, batch_size: int) -> State:
         """``{"h": [B, D], "z": [B, S], "action": [B, A]}`` zeros on the module's device."""
         state = self.wm.zero_state(batch_size, self.device)
-        state["action"] = torch.zeros(batch_size, self.wm.action_dim, device=self.device)
+        state["action"] = self.actions.zeros(batch_size, self.device)
         return state
 
     @torch.no_grad()
@@ -546,12 +538,7 @@ class Dreamer(RLModule):
         post = self.wm.obs_step(state, state["action"], self.wm.encode(obs))
         action, _ = self.policy(self.wm.features(post), explore)
         post = {"h": post["h"], "z": post["z"], "action": action}
-        if self.discrete:
-            env_action = action.argmax(-1)
-        else:
-            env_action = self.action_low + (action + 1.0) * 0.5 * (self.action_high - self.action_low)
-            env_action = env_action.reshape(action.shape[0], *self.env_spec.action_space.shape)
-        return env_action, post, {}
+        return self.actions.decode(action), post, {}
 
     # -- training ------------------------------------------------------------------------------
     def configure_optimizers(self) -> list[torch.optim.Optimizer]:
@@ -567,7 +554,7 @@ class Dreamer(RLModule):
         hp = self.hparams
         wm = self.wm
         obs, is_first = batch["obs"], batch["is_first"].bool()
-        action = self._action_input(batch["action"])
+        action = self.actions.encode(batch["action"])
         out = wm.observe(wm.encode(obs), action, is_first)
         feat = torch.cat([out["h"], out["z"]], -1)  # [B, L, F]
         rec = wm.decoder_loss(feat, obs)
@@ -771,7 +758,7 @@ class Dreamer(RLModule):
         ``[B, L, ...]`` in observation format."""
         wm = self.wm
         obs, is_first = batch["obs"], batch["is_first"].bool()
-        action = self._action_input(batch["action"])
+        action = self.actions.encode(batch["action"])
         L = first_leaf(obs).shape[1]
         context = max(1, min(context, L))
         observed = tree_map(lambda x: x[:, :context], obs)

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lightning_wm.actions import ActionCodec
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.data.replay import ReplayBuffer
 from lightning_wm.envs import EnvConfig, EnvSpec, make_vector_env
@@ -73,6 +74,7 @@ class Collector:
         self.env, self.agent, self.buffer, self.store = env, agent, buffer, store
         self.num_envs = env.num_envs
         self.spec = spec or EnvSpec(env.single_observation_space, env.single_action_space)
+        self.actions = ActionCodec(self.spec)
         self.seed = seed
         self.stats = EpisodeStats()
         self._obs: np.ndarray | None = None
@@ -110,11 +112,6 @@ class Collector:
         action[self._is_last] = 0
         return action
 
-    def _env_action(self, action: np.ndarray) -> np.ndarray:
-        if self.spec.discrete:
-            return action.astype(np.int64)
-        return np.clip(action, self.spec.action_low, self.spec.action_high).astype(np.float32)
-
     @torch.no_grad()
     def collect(self, num_steps: int, explore: bool = True) -> list[dict[str, float]]:
         """Take ``num_steps`` vector steps (``num_steps * num_envs`` rows).
@@ -131,7 +128,7 @@ class Collector:
                 self._state = where(is_first, self.agent.initial_state(self.num_envs), self._state)
             obs = tree_map(lambda x: torch.as_tensor(x).to(device), self._obs)
             action, self._state, extras = self.agent.act(obs, self._state, explore)
-            action = self._env_action(action.detach().cpu().numpy())
+            action = self.actions.clip(action.detach().cpu().numpy())
             row = {
                 "obs": self._obs,
                 "reward": self._reward,
