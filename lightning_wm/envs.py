@@ -26,7 +26,8 @@ class EnvConfig:
     Args:
         id: gymnasium id, e.g. ``CartPole-v1``, ``Pendulum-v1``, ``CarRacing-v3``, ``ALE/Pong-v5``.
         num_envs: envs stepped together by a vector env.
-        seed: seed of the first env; env ``i`` gets ``seed + i``.
+        seed: the root of the run's env seeds: each env's seed derives from it by role (training,
+            evaluation, ...), DDP rank and env index (:mod:`lightning_wm.seeding`).
         pixels: observe rendered frames instead of the state vector (classic control);
             envs whose observations are already images are resized either way.
         keep_state: with ``pixels``, observe both: a dict ``{"image": uint8 [H, W, C], "state":
@@ -307,8 +308,8 @@ def make_env(config: EnvConfig, render_mode: str | None = None) -> gym.Env:
 
 
 def make_vector_env(config: EnvConfig) -> gym.vector.VectorEnv:
-    """``config.num_envs`` envs with next-step autoreset, env ``i`` seeded ``seed + i``
-    on its first reset (done by the caller: ``env.reset(seed=config.seed)``)."""
+    """``config.num_envs`` envs with next-step autoreset (unseeded: the caller seeds the first
+    reset, e.g. ``env.reset(seed=lightning_wm.seeding.env_seeds(config.seed, n, role))``)."""
     fns = [lambda: make_env(config) for _ in range(config.num_envs)]
     kwargs = dict(autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
     if config.vectorization == "async":

@@ -93,8 +93,8 @@ def test_cma_es_learns_vector_cartpole_without_v_and_m():
     model, dm = _cartpole_controller()
     cfg = dm.env
     start = model.evaluate_population(model.params.detach()[None], 4, seed=99, config=cfg).item()
-    trainer = _fit(model, dm, 10)
-    assert trainer.global_step == 10  # one step per generation
+    trainer = _fit(model, dm, 15)  # > 150 after 15 generations for each of the seeds 0-4 (min 260)
+    assert trainer.global_step == 15  # one step per generation
     after = model.evaluate_population(model.params.detach()[None], 4, seed=99, config=cfg).item()
     assert start < 20 and after > 150, (start, after)
     assert trainer.callback_metrics["fitness/best"] >= trainer.callback_metrics["fitness/mean"]

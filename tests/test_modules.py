@@ -160,3 +160,29 @@ def test_ddp_side_files_follow_the_checkpoint_step(tmp_path):
     with pytest.warns(UserWarning, match="no replay side file"):
         older.load_state_dict(states[10])  # pruned: starts afresh instead of taking a newer buffer
     assert len(older.buffer) == 0
+
+
+def test_seeded_fits_are_identical_run_to_run(monkeypatch):
+    """Two fits with the same seed: the same env rows, the same weights (seeds come from
+    lightning_wm.seeding roles: train envs, prefill policy, replay sampler)."""
+    import pytorch_lightning as pl
+
+    from lightning_wm.cli import Trainer
+
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    from tiny_agent import TinyAgent
+
+    def fit():
+        pl.seed_everything(7)
+        dm = ReplayDataModule(EnvConfig("CartPole-v1", num_envs=2, seed=11), capacity=500, batch_size=4,
+                              sequence_length=8, prefill=40, replay_ratio=0.5)
+        model = TinyAgent(dm.spec)
+        Trainer(max_steps=12, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                enable_model_summary=False, limit_val_batches=0).fit(model, dm)
+        return model.state_dict(), dm.buffer.state_dict()["data"]
+
+    (w1, d1), (w2, d2) = fit(), fit()
+    for key in w1:
+        assert torch.equal(w1[key], w2[key]), key
+    for key in d1:
+        assert torch.equal(torch.as_tensor(d1[key]), torch.as_tensor(d2[key])), key

@@ -36,6 +36,7 @@ from lightning_wm.actions import ActionCodec
 from lightning_wm.agents.base import RLModule
 from lightning_wm.envs import EnvConfig, EnvPool, EnvSpec
 from lightning_wm.protocols import GenerationTask
+from lightning_wm.seeding import derive_seed
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # cma warns that matplotlib is missing
@@ -189,7 +190,7 @@ class Controller(RLModule):
         self.actions = ActionCodec(env_spec)  # env actions <-> M's input (one-hot / env values)
         self.es = cma.CMAEvolutionStrategy(
             np.zeros(self.num_params), sigma0,
-            {"popsize": popsize, "seed": np.nan, "randn": _Randn(seed), "verbose": -9},
+            {"popsize": popsize, "seed": np.nan, "randn": _Randn(derive_seed(seed, "cmaes")), "verbose": -9},
         )
         self._pool: EnvPool | None = None
         self._dream: Any = None
@@ -319,7 +320,7 @@ class Controller(RLModule):
         per_rank = math.ceil(self.popsize / world)
         order = np.arange(per_rank * world) % self.popsize  # padded with repeats, dropped below
         mine = torch.as_tensor(solutions[order[rank * per_rank : (rank + 1) * per_rank]], dtype=torch.float32)
-        seed = self.seed + 1_000_003 * (generation + 1)
+        seed = derive_seed(self.seed, "fitness", index=generation)  # the same on every rank (common random numbers)
         fitness = self.evaluate_population(mine, self.episodes_per_member, seed, config=batch.env)
         gathered = self.all_gather(fitness).reshape(-1)[: self.popsize].double().cpu().numpy()
         self.es.tell(list(solutions), list(-gathered))  # cma minimises
