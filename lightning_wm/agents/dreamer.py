@@ -21,7 +21,6 @@ accelerators): distributions, two-hot decoding and losses are computed in float3
 from __future__ import annotations
 
 import copy
-import os
 from typing import Any, Literal
 
 import numpy as np
@@ -33,6 +32,7 @@ from lightning_wm.actions import ActionCodec
 from lightning_wm.agents.base import RLModule
 from lightning_wm.tree import first_leaf, tree_map
 from lightning_wm.envs import EnvSpec
+from lightning_wm.logging import log_gif, log_image
 from lightning_wm.nn import dists
 from lightning_wm.nn.blocks import MLP, activation
 from lightning_wm.nn.codec import Obs, ObservationCodec
@@ -785,22 +785,15 @@ class Dreamer(RLModule):
         err_open = self.wm.codec.openloop_error(real, pred)[:, context:]  # [B, L - context]
         if err_open.numel():
             self.log("val/openloop_mse", err_open.mean(), batch_size=err_open.shape[0])
-        logger = self.logger
-        if logger is None or not self.trainer.is_global_zero:
+        if self._trainer is None or not self.trainer.is_global_zero:
             return
-        experiment = getattr(logger, "experiment", None)
         if not self.wm.pixels:
-            if hasattr(experiment, "add_image"):
-                plot = openloop_curves(real[0], pred[0], context)
-                experiment.add_image("val/openloop", plot, self.global_step, dataformats="HWC")
+            log_image(self, "val/openloop", openloop_curves(real[0], pred[0], context), dataformats="HWC")
             return
         real, pred = self.wm.codec.image(real), self.wm.codec.image(pred)
-        if hasattr(experiment, "add_image"):
-            grid = openloop_grid(real[:, : context + 24], pred[:, : context + 24])
-            experiment.add_image("val/openloop", grid, self.global_step, dataformats="HWC")
-        log_dir = getattr(logger, "log_dir", None)
-        if log_dir:
-            write_openloop_gif(real, pred, context, os.path.join(log_dir, "openloop", f"step_{self.global_step}.gif"))
+        log_image(self, "val/openloop", openloop_grid(real[:, : context + 24], pred[:, : context + 24]),
+                  dataformats="HWC")
+        log_gif(self, "openloop", openloop_frames(real, pred, context))
 
 
 def openloop_curves(real: Tensor, pred: Tensor, context: int, max_dims: int = 8, height: int = 60,
@@ -859,12 +852,3 @@ def openloop_frames(real: Tensor, pred: Tensor, context: int, gap: int = 2, bar:
     color = torch.tensor([[40, 170, 40] if t < context else [210, 40, 40] for t in range(T)], dtype=torch.uint8)
     video[:, :, :bar, W + gap :] = color[:, None, None, None]
     return video.reshape(T, B * (bar + H + gap), 2 * W + gap, 3)
-
-
-def write_openloop_gif(real: Tensor, pred: Tensor, context: int, path: str, fps: int = 8) -> str:
-    """Write :func:`openloop_frames` as an animated GIF at ``path`` (folders created); returns it."""
-    from lightning_wm.video import write_gif
-
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    write_gif(list(openloop_frames(real, pred, context).numpy()), path, fps=fps)
-    return path

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from lightning_wm.actions import ActionCodec
 from lightning_wm.envs import EnvSpec
+from lightning_wm.logging import image_grid, log_image
 from lightning_wm.nn.mdn import mdn_log_prob, mdn_sample, per_dim_layout
 
 LSTMState = tuple[Tensor, Tensor]
@@ -232,8 +233,6 @@ class Memory(pl.LightningModule):
         losses = self.losses(batch)
         self.log_dict({f"val/{k}": v for k, v in losses.items()}, batch_size=batch["mu"].shape[0], sync_dist=True)
         if batch_idx == 0 and self.vision_ckpt:
-            from lightning_wm.agents.vision import image_grid, log_image
-
             log_image(self, "val/real_vs_dream", image_grid(self.dream_rows(batch)))
 
     test_step = validation_step
