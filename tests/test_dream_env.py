@@ -14,7 +14,8 @@ from lightning_wm.agents.controller import Controller
 from lightning_wm.agents.memory import Memory
 from lightning_wm.agents.vision import Vision
 from lightning_wm.agents.vm_model import VisionMemoryModel
-from lightning_wm.data.collector import Collector, RandomAgent
+from lightning_wm.data.collector import Collector
+from lightning_wm.policies import RandomAgent
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.dream_env import DreamEnv, DreamSingleEnv, initial_latents_from_store
 from lightning_wm.envs import EnvSpec

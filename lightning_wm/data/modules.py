@@ -20,7 +20,8 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from lightning_wm.data.collector import Collector, RandomAgent, run_evaluation
+from lightning_wm.data.collector import Collector, run_evaluation
+from lightning_wm.policies import RandomAgent
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.data.replay import ReplayBuffer
 from lightning_wm.envs import EnvConfig, EnvSpec, env_spec, make_vector_env
