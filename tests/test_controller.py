@@ -214,7 +214,7 @@ def test_cli_pipeline_carracing_configs(capsys):
 
 def test_env_pool_in_worker_processes_matches_in_process_envs():
     """Stepping a subset of envs in 2 subprocesses gives what in-process envs give."""
-    from lightning_wm.envs import EnvPool
+    from lightning_wm.env_pool import EnvPool
 
     config = EnvConfig(id="CartPole-v1", pixels=True, size=(16, 16), crop=(160, 0, 160, 600))
     local, remote = EnvPool(config, 5), EnvPool(config, 5, workers=2)
@@ -233,7 +233,7 @@ def test_env_pool_in_worker_processes_matches_in_process_envs():
 
 
 def test_env_pool_worker_errors_are_reported():
-    from lightning_wm.envs import EnvPool
+    from lightning_wm.env_pool import EnvPool
 
     pool = EnvPool(EnvConfig(id="CartPole-v1"), 2, workers=2)
     try:
@@ -249,7 +249,7 @@ def test_env_pool_workers_end_on_terminate_despite_an_inherited_sigterm_handler(
     (else multiprocessing's terminate() at interpreter exit waits for them forever)."""
     import signal
 
-    from lightning_wm.envs import EnvPool
+    from lightning_wm.env_pool import EnvPool
 
     previous = signal.signal(signal.SIGTERM, lambda *_: None)
     try:

@@ -34,7 +34,12 @@ from torch import Tensor, nn
 
 from lightning_wm.actions import ActionCodec
 from lightning_wm.agents.base import RLModule
-from lightning_wm.envs import EnvConfig, EnvPool, EnvSpec
+from lightning_wm.agents.memory import Memory, load_checkpoint_module
+from lightning_wm.agents.vision import Vision
+from lightning_wm.agents.vm_model import VisionMemoryModel
+from lightning_wm.dream_env import DreamEnv
+from lightning_wm.env_pool import EnvPool
+from lightning_wm.envs import EnvConfig, EnvSpec
 from lightning_wm.protocols import GenerationTask
 from lightning_wm.seeding import derive_seed
 
@@ -167,9 +172,6 @@ class Controller(RLModule):
         self.max_episode_steps, self.sample_z, self.act_with, self.seed = max_episode_steps, sample_z, act_with, seed
         self.env_workers = env_workers
 
-        from lightning_wm.agents.memory import Memory, load_checkpoint_module
-        from lightning_wm.agents.vision import Vision
-
         # frozen V and M; kept in train mode like the rest (they hold no dropout or batch norm)
         self.vision = load_checkpoint_module(Vision, vision_ckpt).train() if vision_ckpt else None
         self.memory = load_checkpoint_module(Memory, memory_ckpt).train() if memory_ckpt else None
@@ -193,7 +195,7 @@ class Controller(RLModule):
             {"popsize": popsize, "seed": np.nan, "randn": _Randn(derive_seed(seed, "cmaes")), "verbose": -9},
         )
         self._pool: EnvPool | None = None
-        self._dream: Any = None
+        self._dream: DreamEnv | None = None
 
     # -- policy -----------------------------------------------------------------------
     def initial_state(self, batch_size: int) -> tuple[Tensor, Tensor] | None:
@@ -247,14 +249,11 @@ class Controller(RLModule):
             self._pool = EnvPool(cfg, n, workers=self.env_workers)
         return self._pool
 
-    def _dream_env(self, n: int) -> Any:
+    def _dream_env(self, n: int) -> DreamEnv:
         if self._dream is None or self._dream.num_envs != n:
-            from lightning_wm.agents.vm_model import VisionMemoryModel
-            from lightning_wm.dream_env import dream_env_from_model
-
             model = VisionMemoryModel(self.vision, self.memory, temperature=self.dream_temperature)
-            self._dream = dream_env_from_model(
-                model, self.dream_dir, self.env_spec.action_space, num_envs=n,
+            self._dream = model.dream_env(
+                self.dream_dir, self.env_spec.action_space, num_envs=n,
                 max_episode_steps=self.max_episode_steps or self.dream_max_steps,
                 done_threshold=self.dream_done_threshold, reward=self.dream_reward)
         return self._dream

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lightning_wm.actions import ActionCodec
+from lightning_wm.agents.vision import Vision
 from lightning_wm.envs import EnvSpec
 from lightning_wm.logging import image_grid, log_image
 from lightning_wm.nn.mdn import mdn_log_prob, mdn_sample, per_dim_layout
@@ -241,11 +242,9 @@ class Memory(pl.LightningModule):
         return torch.optim.Adam(self.parameters(), lr=self.lr)
 
     # -- dreams -----------------------------------------------------------------------
-    def vision(self) -> Any:
+    def vision(self) -> Vision:
         """V from ``vision_ckpt`` (loaded once, frozen, on this module's device)."""
         if not self._vision:
-            from lightning_wm.agents.vision import Vision
-
             if not self.vision_ckpt:
                 raise ValueError("Memory.vision_ckpt is not set")
             self._vision.append(load_checkpoint_module(Vision, self.vision_ckpt, self.device))
