@@ -132,6 +132,35 @@ def test_replay_module_refuses_a_prefill_larger_than_the_buffer():
         ReplayDataModule(EnvConfig(id="CartPole-v1"), capacity=100, prefill=500)
 
 
+def test_prefill_must_fit_the_capacity_the_env_streams_can_use():
+    """100 rows over 3 env streams are 3 rings of 33 rows: 99 usable. A prefill of 100 could never
+    be reached, and the random policy would act before every batch for the whole run."""
+    with pytest.raises(ValueError, match=r"prefill \(100 rows\) exceeds the replay capacity \(99 rows: 3 env streams "
+                                         r"of 33 rows"):
+        ReplayDataModule(EnvConfig("CartPole-v1", num_envs=3), capacity=100, prefill=100)
+
+    class Agent:
+        def initial_state(self, n):
+            return None
+
+        def act(self, obs, state, explore):
+            return torch.ones(obs.shape[0], dtype=torch.long), state, {}
+
+    dm = ReplayDataModule(EnvConfig("CartPole-v1", num_envs=3), capacity=100, prefill=99, batch_size=2,
+                          sequence_length=4, replay_ratio=0.25)
+    dm.setup("fit")
+    agent = Agent()
+    dm._agent = lambda: agent
+    stream = iter(dm.train_dataloader())
+    for batch in range(1, 7):
+        next(stream)
+        # the prefill once, then only the replay ratio's rows (4 per batch, in whole vector steps of 3)
+        assert dm.collector.stats.env_steps == 99 + 3 * (4 * batch // 3)
+        assert dm.collector.agent is agent
+    assert len(dm.buffer) == 99
+    dm.teardown("fit")
+
+
 def test_ddp_side_files_follow_the_checkpoint_step(tmp_path):
     """A rank > 0 keeps its buffer in a side file per checkpoint step; resuming an older
     checkpoint loads that step's buffer, not the newest one."""

@@ -60,12 +60,14 @@ class ReplayDataModule(pl.LightningDataModule):
     Args:
         env: the training environment; its ``seed`` is the root of this module's seeds
             (:mod:`lightning_wm.seeding` roles ``train``, ``prefill``, ``replay``, ``eval``, per DDP rank).
-        capacity: replay rows kept (all env streams together).
+        capacity: replay rows kept (all env streams together; each of the ``num_envs`` streams
+            keeps ``capacity // num_envs``).
         batch_size: sequences (or transitions) per batch.
         sequence_length: rows per sequence; 1 with ``sample="transitions"``.
         sample: ``sequences`` (``[B, L, ...]``) or ``transitions`` (``[B, ...]``).
         cross_episodes: sequences may cross episode borders (``is_first`` marks resets).
-        prefill: env steps (rows) taken with a random policy before training starts.
+        prefill: env steps (rows) taken with a random policy before training starts; at most the
+            usable capacity ``num_envs * (capacity // num_envs)``.
         replay_ratio: gradient steps per env step (rows): 0.5 collects 2 rows per batch.
         prioritized, alpha, beta: proportional prioritized replay.
         storage_dir: memory-map the buffer here (for buffers larger than RAM).
@@ -95,9 +97,13 @@ class ReplayDataModule(pl.LightningDataModule):
         super().__init__()
         if replay_ratio <= 0:
             raise ValueError(f"replay_ratio (gradient steps per env step) must be > 0, got {replay_ratio}")
-        if prefill > capacity:
-            raise ValueError(f"prefill ({prefill} rows) exceeds the replay capacity ({capacity} rows): the buffer "
-                             "could never hold it; raise data.init_args.capacity or lower prefill")
+        streams = env.num_envs
+        usable = streams * (capacity // streams)  # one ring of capacity // num_envs rows per env stream
+        if prefill > usable:
+            split = f": {streams} env streams of {capacity // streams} rows" if usable != capacity else ""
+            raise ValueError(f"prefill ({prefill} rows) exceeds the replay capacity ({usable} rows{split}): the buffer "
+                             "could never hold it and the random policy would act before every batch; raise "
+                             f"data.init_args.capacity or lower prefill to at most {usable}")
         self.env = env
         self.spec: EnvSpec = env_spec(env)
         self.capacity, self.batch_size, self.sequence_length = capacity, batch_size, sequence_length
