@@ -117,6 +117,11 @@ class Dreamer(RLModule):
     optimizers step directly. Under DDP the return-normalisation percentiles are averaged
     across ranks, so every rank uses the same scale.
 
+    The settings are flat init args on purpose (one YAML level; the size presets and every
+    ``--model.init_args.<name>`` override address them by name, as DreamerV3's own configs do):
+    grouping them into dataclasses would lengthen every override and move every config, preset,
+    test and bench without making one of them clearer. The groups are the paragraphs below.
+
     Args:
         env_spec: linked from the datamodule (Discrete or Box actions; vector or 64x64 pixels).
         deter, stoch, classes: RSSM sizes (``stoch`` groups of ``classes`` for categorical
