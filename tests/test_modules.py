@@ -93,18 +93,24 @@ def test_corrupt_episode_is_named_or_skipped(tmp_path):
         assert len(list(dm.train_dataloader())) == 4
 
 
+class ConstantAgent:
+    """Always the same discrete action; no state."""
+
+    def __init__(self, action: int = 0) -> None:
+        self.action = action
+
+    def initial_state(self, n):
+        return None
+
+    def act(self, obs, state, explore):
+        return torch.full((obs.shape[0],), self.action, dtype=torch.long), state, {}
+
+
 def test_replay_stream_follows_replay_ratio():
-    class Agent:
-        def initial_state(self, n):
-            return None
-
-        def act(self, obs, state, explore):
-            return torch.zeros(obs.shape[0], dtype=torch.long), state, {}
-
     dm = ReplayDataModule(EnvConfig("CartPole-v1", num_envs=2), capacity=1000, batch_size=3, sequence_length=4,
                           prefill=20, replay_ratio=0.25)
     dm.setup("fit")
-    dm.collector.agent = Agent()
+    dm.collector.agent = ConstantAgent()
     dm._agent = lambda: dm.collector.agent
     stream = iter(dm.train_dataloader())
     batch = next(stream)
@@ -139,17 +145,10 @@ def test_prefill_must_fit_the_capacity_the_env_streams_can_use():
                                          r"of 33 rows"):
         ReplayDataModule(EnvConfig("CartPole-v1", num_envs=3), capacity=100, prefill=100)
 
-    class Agent:
-        def initial_state(self, n):
-            return None
-
-        def act(self, obs, state, explore):
-            return torch.ones(obs.shape[0], dtype=torch.long), state, {}
-
     dm = ReplayDataModule(EnvConfig("CartPole-v1", num_envs=3), capacity=100, prefill=99, batch_size=2,
                           sequence_length=4, replay_ratio=0.25)
     dm.setup("fit")
-    agent = Agent()
+    agent = ConstantAgent(1)
     dm._agent = lambda: agent
     stream = iter(dm.train_dataloader())
     for batch in range(1, 7):
