@@ -41,8 +41,9 @@ import torch
 import torch.multiprocessing as tmp
 from torch import nn
 
-from lightning_wm.data.collector import Collector, RandomAgent
+from lightning_wm.data.collector import Collector
 from lightning_wm.envs import EnvConfig, EnvSpec, env_spec, make_vector_env
+from lightning_wm.policies import RandomAgent
 from lightning_wm.seeding import derive_seed, env_seeds
 
 __all__ = ["ActorError", "ActorPool", "Chunk", "WeightStore", "RANDOM_POLICY_VERSION"]
@@ -185,7 +186,7 @@ class _Worker:
         self.random_left = config.random_steps
         if self.random_left > 0:
             seed = derive_seed(config.seed, "prefill", config.rank, actor)
-            self.collector.set_agent(RandomAgent(self.spec, seed=seed % 2**31))
+            self.collector.set_agent(RandomAgent(self.spec, seed=seed))
 
     def chunk(self, version: int) -> Chunk:
         """Act for one chunk with the weights of ``version`` (already in ``module``)."""
