@@ -131,3 +131,17 @@ def test_unroll_replay_max_use():
     assert sum(uses.values()) == 30 * 4 and next_id < 30 * 4, "replay reused unrolls"
     with pytest.raises(ValueError, match="at least batch_size"):
         UnrollBatcher(batch_size=4, replay_size=2)
+
+
+def test_replay_feed_ingests_until_the_buffer_holds_the_prefill():
+    """Rows counted but not held (one actor's rings wrapped): the feed keeps ingesting past the
+    ratio's upper bound until the buffer really holds ``prefill`` rows, instead of waiting forever."""
+
+    class SmallRings(FakeBuffer):
+        def __len__(self):
+            return min(self.rows, 40)  # what the rings keep
+
+    pool, buffer = FakePool(), SmallRings()
+    feed = ReplayFeed(pool, buffer, replay_ratio=0.25, prefill=40, slack=16)
+    feed.rows = 200  # e.g. restored counts, or streams that wrapped
+    assert feed.before_batch() == 0.0 and len(buffer) >= 40

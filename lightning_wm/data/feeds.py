@@ -95,7 +95,8 @@ class ReplayFeed:
 
     * before batch ``b`` the learner **waits** for rows while ``rows < owed(b) - slack``, or
       while the buffer holds fewer than ``prefill`` rows (actors too slow: the learner waits);
-    * a chunk of ``c`` rows is **ingested** only while ``rows + c <= owed(b) + slack``; otherwise
+    * a chunk of ``c`` rows is **ingested** only while ``rows + c <= owed(b) + slack`` (or the
+      buffer still holds fewer than ``prefill`` rows, e.g. one actor's streams wrapped); otherwise
       it stays with the learner (one chunk) and in the bounded queue, and the actors block on
       the full queue (learner too slow: the actors wait).
 
@@ -151,10 +152,11 @@ class ReplayFeed:
         waited = 0.0
         while True:
             chunk = self._take(timeout=0.0)
-            if chunk is not None and self.rows + chunk.env_steps <= owed + self.slack:
+            prefilled = len(self.buffer) >= self.prefill  # (a full ring per stream can hold it back)
+            if chunk is not None and (self.rows + chunk.env_steps <= owed + self.slack or not prefilled):
                 self._ingest(chunk, learner_version)
                 continue
-            if self.rows >= owed - self.slack and len(self.buffer) >= self.prefill:
+            if self.rows >= owed - self.slack and prefilled:
                 break
             start = time.monotonic()
             self._take(timeout=0.5)  # the rule needs rows: wait for the actors
