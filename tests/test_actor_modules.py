@@ -189,3 +189,19 @@ def test_ddp_ranks_with_actors(tmp_path):
         for env, seed in enumerate(env_seeds(3, 2, "train", rank, 0)):
             expected, _ = gym.make("CartPole-v1").reset(seed=seed)
             torch.testing.assert_close(ranks[rank]["first_obs"][env], torch.as_tensor(expected))
+
+
+def test_resume_with_actors_continues_the_counts():
+    """fit, then fit --ckpt_path last: the step and the rows received continue; the resumed buffer
+    (not saved here) is prefilled again by the new actors instead of waiting forever."""
+    args = ["fit", "--model", "tiny_agent.TinyAgent", "--data", "lightning_wm.data.modules.ReplayDataModule",
+            "--data.env.id", "CartPole-v1", "--data.batch_size", "4", "--data.sequence_length", "8",
+            "--data.prefill", "64", "--data.replay_ratio", "0.5", "--data.num_actors", "1",
+            "--data.chunk_length", "8", "--data.actor_timeout_s", "240", "--trainer.enable_progress_bar", "false",
+            "--trainer.limit_val_batches", "0", "--trainer.run_name", "resume", "--trainer.logger", "false"]
+    first = main(args=[*args, "--trainer.max_steps", "10"])
+    rows = first.datamodule.pop_env_stats().env_steps
+    assert rows >= 64 + 10 / 0.5 - 16
+    second = main(args=[*args, "--trainer.max_steps", "20", "--ckpt_path", "last"])
+    assert second.trainer.global_step == 20
+    assert second.datamodule.pop_env_stats().env_steps >= rows + 64, "no new prefill and rows after the resume"
