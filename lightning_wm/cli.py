@@ -26,6 +26,7 @@ from pytorch_lightning.loggers import TensorBoardLogger
 from lightning_wm import runtime
 from lightning_wm.data.collector import Collector, run_evaluation
 from lightning_wm.data.episodes import EpisodeStore
+from lightning_wm.data.feedback import BufferCheckpoint, ReplayFeedback
 from lightning_wm.envs import EnvConfig, make_env, make_vector_env
 from lightning_wm.video import check_video_path, write_video
 
@@ -126,6 +127,7 @@ class Trainer(pl.Trainer):
             self.checkpoint_dir = next(c for c in callbacks if isinstance(c, ModelCheckpoint)).dirpath or self.checkpoint_dir
             callbacks.append(FinalCheckpoint(self.checkpoint_dir))
         callbacks.append(NonFiniteLossGuard())
+        callbacks += [kind() for kind in (ReplayFeedback, BufferCheckpoint) if not any(isinstance(c, kind) for c in callbacks)]
         kwargs["callbacks"] = callbacks
         super().__init__(*args, **kwargs)
 

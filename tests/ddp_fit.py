@@ -14,6 +14,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from lightning_wm.cli import Trainer  # noqa: E402
 from lightning_wm.data.modules import ReplayDataModule  # noqa: E402
+from lightning_wm.data.samplers import SequenceSampler  # noqa: E402
 from lightning_wm.envs import EnvConfig  # noqa: E402
 from tiny_agent import TinyAgent  # noqa: E402
 
@@ -28,7 +29,7 @@ class DumpRankState(Callback):
             "weights": {k: v.detach().cpu().clone() for k, v in module.state_dict().items()},
             "env_seed": dm._rank_env().seed,
             "env_steps": dm.collector.stats.env_steps,
-            "obs_sum": float(dm.buffer.sample_sequences(64, 8)["obs"].double().abs().sum()),
+            "obs_sum": float(SequenceSampler(8).sample(dm.buffer, 64)["obs"].double().abs().sum()),
             "first_obs": dm.buffer.state_dict()["data"]["obs"][:, 0].clone(),  # [envs, 4]: each stream's reset
         }, os.path.join(self.out_dir, f"rank{trainer.global_rank}.pt"))
 

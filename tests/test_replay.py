@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from lightning_wm.data.replay import ReplayBuffer
+from lightning_wm.data.samplers import RowSampler, SequenceSampler
 from lightning_wm.data.sumtree import SumTree
 
 torch.set_num_threads(1)
@@ -25,6 +26,14 @@ def make_row(t: int, num_envs: int, is_first=None, pixels: bool = False) -> dict
     if pixels:
         row["pixels"] = np.full((num_envs, 4, 4, 3), t % 256, dtype=np.uint8)
     return row
+
+
+def rows(buf: ReplayBuffer, batch_size: int) -> dict:
+    return RowSampler().sample(buf, batch_size)
+
+
+def seqs(buf: ReplayBuffer, batch_size: int, length: int, cross_episodes: bool = True) -> dict:
+    return SequenceSampler(length, cross_episodes).sample(buf, batch_size)
 
 
 def fill(buf: ReplayBuffer, steps: int, **kw) -> None:
@@ -60,13 +69,13 @@ def test_dtypes_shapes_and_len():
     assert len(buf) == 0 and buf.num_streams == 2
     fill(buf, 3, pixels=True)
     assert len(buf) == 6
-    batch = buf.sample(5)
+    batch = rows(buf, 5)
     assert batch["pixels"].dtype == torch.uint8 and batch["pixels"].shape == (5, 4, 4, 3)
     assert batch["is_first"].dtype == torch.bool
     assert batch["reward"].dtype == torch.float32
     assert batch["action"].dtype == torch.int64 and batch["action"].shape == (5,)
     assert batch["index"].dtype == torch.int64 and "weight" not in batch
-    seq = buf.sample_sequences(4, 3)
+    seq = seqs(buf, 4, 3)
     assert seq["pixels"].shape == (4, 3, 4, 4, 3) and seq["pixels"].dtype == torch.uint8
     assert seq["obs"].shape == (4, 3, 2) and seq["index"].shape == (4,)
     # storage is not promoted either
@@ -84,8 +93,8 @@ def test_torch_input_and_dict_obs_nesting():
             }
         )
     assert sorted(buf.keys) == ["is_first", "logits", "obs/image", "obs/state"]
-    seq = buf.sample_sequences(2, 4)
-    assert set(seq) == {"obs", "is_first", "logits", "index"}
+    seq = seqs(buf, 2, 4)
+    assert set(seq) == {"obs", "is_first", "logits", "index", "generation", "row_index", "row_generation"}
     assert seq["obs"]["image"].shape == (2, 4, 2, 2, 1) and seq["obs"]["image"].dtype == torch.uint8
     assert seq["obs"]["state"].shape == (2, 4, 5)
     assert torch.equal(seq["obs"]["image"][:, :, 0, 0, 0], torch.arange(4, dtype=torch.uint8).expand(2, 4))
@@ -94,7 +103,7 @@ def test_torch_input_and_dict_obs_nesting():
 def test_sequences_never_mix_streams_and_are_consecutive():
     buf = ReplayBuffer(5 * 30, 5, seed=1)
     fill(buf, 25)
-    seq = buf.sample_sequences(512, 8)
+    seq = seqs(buf, 512, 8)
     stream, t = seq["obs"][..., 0], seq["obs"][..., 1]
     assert torch.all(stream == stream[:, :1])
     assert torch.all(t[:, 1:] - t[:, :-1] == 1)
@@ -107,22 +116,22 @@ def test_ring_wraparound_only_newest_rows_and_head_never_crossed():
     buf = ReplayBuffer(2 * 10, 2, seed=2)
     fill(buf, 27)  # each stream keeps t = 17..26, write head between 26 and 17
     assert len(buf) == 20
-    rows = buf.sample(2000)["obs"][:, 1]
-    assert set(rows.tolist()) == set(range(17, 27))
-    seq = buf.sample_sequences(4000, 5)
+    stored = rows(buf, 2000)["obs"][:, 1]
+    assert set(stored.tolist()) == set(range(17, 27))
+    seq = seqs(buf, 4000, 5)
     t = seq["obs"][..., 1]
     assert torch.all(t[:, 1:] - t[:, :-1] == 1), "window spans the write head"
     assert set(t[:, 0].tolist()) == set(range(17, 23))  # every valid start, and only those
-    full = buf.sample_sequences(50, 10)["obs"][..., 1]  # the whole ring in order
+    full = seqs(buf, 50, 10)["obs"][..., 1]  # the whole ring in order
     assert torch.all(full == torch.arange(17, 27))
 
 
 def test_partially_filled_ring_never_returns_unwritten_rows():
     buf = ReplayBuffer(100, 1, seed=3)
     fill(buf, 7)
-    t = buf.sample_sequences(1000, 7)["obs"][..., 1]
+    t = seqs(buf, 1000, 7)["obs"][..., 1]
     assert torch.all(t == torch.arange(7))
-    assert set(buf.sample(1000)["obs"][:, 1].tolist()) == set(range(7))
+    assert set(rows(buf, 1000)["obs"][:, 1].tolist()) == set(range(7))
 
 
 def _episodic_buffer(prioritized: bool = False) -> ReplayBuffer:
@@ -141,19 +150,19 @@ def _episodic_buffer(prioritized: bool = False) -> ReplayBuffer:
 @pytest.mark.parametrize("prioritized", [False, True])
 def test_cross_episodes_flag(prioritized):
     buf = _episodic_buffer(prioritized)
-    crossing = buf.sample_sequences(2000, 6, cross_episodes=True)["is_first"]
+    crossing = seqs(buf, 2000, 6, True)["is_first"]
     assert crossing[:, 1:].any(), "cross_episodes=True should allow resets inside windows"
-    seq = buf.sample_sequences(2000, 6, cross_episodes=False)
+    seq = seqs(buf, 2000, 6, False)
     assert not seq["is_first"][:, 1:].any()
     t = seq["obs"][..., 1]
     assert torch.all(t[:, 1:] - t[:, :-1] == 1)
     assert seq["is_first"][:, 0].any()  # windows may start at a reset
     # length 15 fits only in stream 1's 15-step episode: rejection falls back to exact enumeration
-    long = buf.sample_sequences(64, 15, cross_episodes=False)
+    long = seqs(buf, 64, 15, False)
     assert torch.all(long["obs"][:, 0, 0] == 1) and not long["is_first"][:, 1:].any()
     with pytest.raises(ValueError, match="no valid window"):
-        buf.sample_sequences(4, 16, cross_episodes=False)
-    buf.sample_sequences(4, 16, cross_episodes=True)  # fine when crossing is allowed
+        seqs(buf, 4, 16, False)
+    seqs(buf, 4, 16, True)  # fine when crossing is allowed
 
 
 # ---------------------------------------------------------------------------- priorities
@@ -164,7 +173,7 @@ def test_prioritized_row_frequencies_match_priorities():
     buf.update_priorities(np.arange(8), priority)
     counts = np.zeros(8)
     for _ in range(50):
-        counts += np.bincount(buf.sample(1000)["index"].numpy(), minlength=8)
+        counts += np.bincount(rows(buf, 1000)["index"].numpy(), minlength=8)
     expected = np.arange(1, 9) / 36 * 50_000
     np.testing.assert_allclose(counts, expected, rtol=0.05)
     chi2 = ((counts - expected) ** 2 / expected).sum()
@@ -180,7 +189,7 @@ def test_prioritized_sequence_frequencies_exclude_invalid_starts():
     cap, L = 10, 4
     counts = np.zeros(20)
     for _ in range(40):
-        seq = buf.sample_sequences(1000, L)
+        seq = seqs(buf, 1000, L)
         counts += np.bincount(seq["index"].numpy(), minlength=20)
         t = seq["obs"][..., 1]
         assert torch.all(t[:, 1:] - t[:, :-1] == 1)
@@ -196,13 +205,13 @@ def test_importance_weights_hand_computed():
     fill(buf, 2)
     buf.update_priorities(torch.tensor([0, 1]), torch.tensor([1.0, 4.0]))
     # N = 2, P = [0.2, 0.8]: w = (N P)^-beta = [0.4^-0.5, 1.6^-0.5] -> / max = [1, 0.5]
-    batch = buf.sample(64)
+    batch = rows(buf, 64)
     idx, w = batch["index"].numpy(), batch["weight"].numpy()
     assert set(idx) == {0, 1}
     np.testing.assert_allclose(w[idx == 0], 1.0, rtol=1e-6)
     np.testing.assert_allclose(w[idx == 1], 0.5, rtol=1e-6)
     assert batch["weight"].dtype == torch.float32
-    seq = buf.sample_sequences(8, 1)
+    seq = seqs(buf, 8, 1)
     np.testing.assert_allclose(seq["weight"].numpy(), np.where(seq["index"].numpy() == 0, 1.0, 0.5), rtol=1e-6)
 
 
@@ -210,13 +219,13 @@ def test_update_priorities_and_new_rows_get_max_priority():
     buf = ReplayBuffer(4, 1, prioritized=True, alpha=1.0, seed=8)
     fill(buf, 3)
     buf.update_priorities(np.array([0, 1, 2]), np.array([0.0, 0.0, 5.0]))
-    assert set(buf.sample(200)["index"].tolist()) == {2}
+    assert set(rows(buf, 200)["index"].tolist()) == {2}
     buf.add(make_row(3, 1))  # slot 3 gets the max priority seen (5)
-    counts = np.bincount(buf.sample(1000)["index"].numpy(), minlength=4)
+    counts = np.bincount(rows(buf, 1000)["index"].numpy(), minlength=4)
     assert counts[0] == counts[1] == 0
     assert abs(counts[2] - 500) <= 5 and abs(counts[3] - 500) <= 5
     buf.add(make_row(4, 1))  # overwrites slot 0: reused slot gets max priority again
-    assert abs(np.bincount(buf.sample(999)["index"].numpy(), minlength=4)[0] - 333) <= 1
+    assert abs(np.bincount(rows(buf, 999)["index"].numpy(), minlength=4)[0] - 333) <= 1
     with pytest.raises(ValueError, match="finite"):
         buf.update_priorities(np.array([0]), np.array([np.nan]))
     with pytest.raises(ValueError, match="out of range"):
@@ -250,7 +259,7 @@ def test_save_load_round_trip(tmp_path, prioritized):
     for b in (buf, other):  # the ring position is restored: the next add overwrites the same slot
         b.add(make_row(11, 3, pixels=True))
     for _ in range(3):
-        a, b = buf.sample_sequences(16, 5), other.sample_sequences(16, 5)
+        a, b = seqs(buf, 16, 5), seqs(other, 16, 5)
         for key in a:
             assert torch.equal(a[key], b[key]), key
     if prioritized:
@@ -266,7 +275,7 @@ def test_partial_state_saves_only_written_rows_and_checks_shape():
     other = ReplayBuffer(1000, 2, seed=0)
     other.load_state_dict(state)
     assert len(other) == 8
-    assert torch.equal(other.sample_sequences(5, 4)["obs"], buf.sample_sequences(5, 4)["obs"])
+    assert torch.equal(seqs(other, 5, 4)["obs"], seqs(buf, 5, 4)["obs"])
     with pytest.raises(ValueError, match="capacity"):
         ReplayBuffer(500, 2).load_state_dict(state)
 
@@ -281,7 +290,7 @@ def test_memmap_storage_matches_in_memory(tmp_path):
     assert isinstance(disk._data["pixels"], np.memmap)
     assert sorted(p.suffix for p in (tmp_path / "rb").iterdir()) == [".npy"] * 7
     for _ in range(3):
-        a, b = mem.sample_sequences(8, 4, cross_episodes=False), disk.sample_sequences(8, 4, cross_episodes=False)
+        a, b = seqs(mem, 8, 4, False), seqs(disk, 8, 4, False)
         for key in a:
             assert torch.equal(a[key], b[key]), key
     disk.flush()
@@ -292,17 +301,17 @@ def test_memmap_storage_matches_in_memory(tmp_path):
     disk.save(path)
     restored = ReplayBuffer.load(path, storage_dir=tmp_path / "rb2")
     assert isinstance(restored._data["pixels"], np.memmap)
-    assert torch.equal(restored.sample(4)["pixels"], disk.sample(4)["pixels"])
+    assert torch.equal(rows(restored, 4)["pixels"], rows(disk, 4)["pixels"])
 
 
 # ---------------------------------------------------------------------------- errors
 def test_clear_errors():
     buf = ReplayBuffer(20, 2, seed=12)
     with pytest.raises(ValueError, match=r"empty \(0 rows\)"):
-        buf.sample(4)
+        rows(buf, 4)
     with pytest.raises(ValueError, match="empty"):
-        buf.sample_sequences(4, 2)
-    with pytest.raises(ValueError, match=r"'reward'.*num_envs=2"):
+        seqs(buf, 4, 2)
+    with pytest.raises(ValueError, match=r"'reward': expected a leading dimension of 2"):
         buf.add({**make_row(0, 2), "reward": np.zeros(3)})
     fill(buf, 3)
     with pytest.raises(ValueError, match=r"'obs' changed shape"):
@@ -314,18 +323,18 @@ def test_clear_errors():
     with pytest.raises(ValueError, match="reserved"):
         buf.add({**make_row(3, 2), "index": np.zeros(2)})
     assert len(buf) == 6  # failed adds wrote nothing
-    with pytest.raises(ValueError, match=r"holds only 3 rows \(6 rows in total"):
-        buf.sample_sequences(4, 4)
+    with pytest.raises(ValueError, match=r"windows of 4 rows: the fullest of the 2 streams holds only 3 rows \(6 rows in total"):
+        seqs(buf, 4, 4)
     no_flags = ReplayBuffer(10, 1)
     for _ in range(5):
         no_flags.add({"obs": np.zeros((1, 2))})
     with pytest.raises(ValueError, match="needs an 'is_first' key"):
-        no_flags.sample_sequences(2, 3, cross_episodes=False)
+        seqs(no_flags, 2, 3, False)
 
 
 def test_new_key_later_is_zero_filled():
     buf = ReplayBuffer(10, 1, seed=13)
     fill(buf, 3)
     buf.add({**make_row(3, 1), "logits": np.ones((1, 2), np.float32)})
-    seq = buf.sample_sequences(3, 4)
+    seq = seqs(buf, 3, 4)
     assert torch.equal(seq["logits"][:, :, 0], torch.tensor([[0.0, 0.0, 0.0, 1.0]]).expand(3, 4))
