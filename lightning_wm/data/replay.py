@@ -316,6 +316,8 @@ class ReplayBuffer:
         pri = self._new_priorities(priority, (T, s.size))
         cap = self.cap_per_stream
         gen0 = self._written[s].copy()  # generation of the chunk's first row per stream
+        if pri is not None:  # every given priority counts as seen, also of rows the chunk itself overwrites
+            self._max_priority = max(self._max_priority, float(pri.max()))
         skip = max(0, T - cap)  # only the last `cap` rows of a long chunk survive
         if skip:
             arrays = {k: a[skip:] for k, a in arrays.items()}
@@ -334,8 +336,6 @@ class ReplayBuffer:
         leaves = (s[None, :] * cap + slot).reshape(-1)
         if self._tree is not None:
             values = self._max_priority if pri is None else pri.reshape(-1)
-            if pri is not None:
-                self._max_priority = max(self._max_priority, float(pri.max()))
             self._tree.set_unchecked(leaves, np.power(values, self.alpha))
         self._pos[s] = (self._pos[s] + T) % cap
         self._count[s] = np.minimum(self._count[s] + T, cap)
