@@ -462,11 +462,6 @@ class ReplayBuffer:
         return int(stream.size)
 
     # ------------------------------------------------------------------ drawing positions
-    @property
-    def rng(self) -> np.random.Generator:
-        """The buffer's random generator (samplers draw from it; its state is checkpointed)."""
-        return self._rng
-
     def generation(self, stream: np.ndarray, slot: np.ndarray) -> np.ndarray:
         """Generations of rows ``(stream, slot)`` (any broadcastable int shapes), int64."""
         return self._gen[stream, slot]
