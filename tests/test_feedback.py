@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lightning_wm.cli import Trainer
-from lightning_wm.data.feedback import BufferCheckpoint
+from lightning_wm.callbacks import BufferCheckpoint
 from lightning_wm.data.modules import ReplayDataModule
 from lightning_wm.data.samplers import RowSampler, SequenceSampler, WindowSampler
 from lightning_wm.envs import EnvConfig
@@ -155,3 +155,16 @@ def test_buffers_that_opt_out_are_not_saved(tmp_path):
     BufferCheckpoint().on_save_checkpoint(dm.trainer, None, checkpoint)
     assert checkpoint == {} and not (tmp_path / "ckpt").exists()
     dm.teardown("fit")
+
+
+def test_a_checkpoint_with_the_buffer_inline_still_restores_it(tmp_path):
+    """Checkpoints written before BufferCheckpoint held rank 0's buffer in the datamodule state."""
+    dm = _datamodule(tmp_path, rank=0)
+    dm.collector.collect(12)
+    old_state = {**dm.state_dict(), "buffer": dm.buffer.state_dict()}
+    resumed = _datamodule(tmp_path, rank=0)
+    resumed.load_state_dict(old_state)
+    assert len(resumed.buffer) == len(dm.buffer) == 24 and resumed.collector.stats.env_steps == 24
+    assert resumed.buffer.column("is_last")[[0, 1], resumed.buffer.newest].all()
+    for d in (dm, resumed):
+        d.teardown("fit")

@@ -137,7 +137,7 @@ def test_ddp_side_files_follow_the_checkpoint_step(tmp_path):
     older checkpoint loads that step's buffer, not the newest one."""
     from types import SimpleNamespace
 
-    from lightning_wm.data.feedback import BufferCheckpoint
+    from lightning_wm.callbacks import BufferCheckpoint
 
     def module(rank):
         dm = ReplayDataModule(EnvConfig(id="CartPole-v1", num_envs=2), capacity=1000, prefill=20,

@@ -99,7 +99,7 @@ class ReplayBuffer:
             directory (created if needed; existing files of the same name are overwritten),
             for buffers larger than RAM.
         seed: seed of the buffer's own ``numpy.random.Generator`` (samplers draw from it).
-        checkpoint: whether :class:`~lightning_wm.data.feedback.BufferCheckpoint` saves this
+        checkpoint: whether :class:`~lightning_wm.callbacks.BufferCheckpoint` saves this
             buffer beside the trainer's checkpoints (an imagination buffer opts out).
     """
 
