@@ -188,9 +188,8 @@ class BufferCheckpoint(Callback):
 
     @staticmethod
     def _directory(trainer: pl.Trainer) -> Path:
-        callback = trainer.checkpoint_callback
-        dirpath = getattr(callback, "dirpath", None) if callback is not None else None
-        return Path(dirpath or trainer.default_root_dir)
+        callback = trainer.checkpoint_callback  # the first ModelCheckpoint, if any
+        return Path((callback.dirpath if callback is not None else None) or trainer.default_root_dir)
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
         buffers = self._buffers(trainer)
