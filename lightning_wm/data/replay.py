@@ -160,6 +160,10 @@ class ReplayBuffer:
         """Total rows stored over all streams."""
         return int(self._count.sum())
 
+    def __contains__(self, key: str) -> bool:
+        """Whether flat key ``key`` (e.g. ``'is_first'``, ``'obs/image'``) is stored."""
+        return key in self._data
+
     @property
     def keys(self) -> list[str]:
         """Flattened stored keys (e.g. ``'obs/image'`` for dict observations)."""
@@ -501,16 +505,21 @@ class ReplayBuffer:
             raise ValueError(f"batch_size must be >= 1, got {n}")
         if span < 1:
             raise ValueError(f"span must be >= 1, got {span}")
-        if len(self) == 0:
+        most = int(self._count[0]) if self._lockstep else int(self._count.max())
+        if most == 0:
             raise ValueError("cannot sample: the replay buffer is empty (0 rows)")
-        starts = np.maximum(self._count - span + 1, 0)  # candidate positions per stream
-        if starts.sum() == 0:
+        if most < span:
             raise ValueError(
                 f"cannot sample windows of {span} rows: the fullest of the {self.num_streams} streams holds only "
-                f"{int(self._count.max())} rows ({len(self)} rows in total; ring size {self.cap_per_stream} per stream)"
+                f"{most} rows ({len(self)} rows in total; ring size {self.cap_per_stream} per stream)"
             )
+        if self._tree is None and accept is None and self._lockstep:  # the common case, in Python ints
+            stream = self._rng.integers(0, self.num_streams, n)
+            offset = self._rng.integers(0, most - span + 1, n)
+            return stream, (int(self._pos[0]) - most + offset) % self.cap_per_stream
         if self._tree is not None and self._tree.total <= 0:
             raise ValueError("cannot sample: every stored row has priority 0")
+        starts = np.maximum(self._count - span + 1, 0)  # candidate positions per stream
         stream, slot = self._draw_candidates(n, starts, first=True)
         if self._tree is None and accept is None:
             return stream, slot
@@ -539,7 +548,8 @@ class ReplayBuffer:
             return np.divmod(self._tree.sample(n, self._rng, stratified=first), cap)
         if self._lockstep:
             stream = self._rng.integers(0, self.num_streams, n)
-            offset = self._rng.integers(0, starts[0], n)
+            offset = self._rng.integers(0, int(starts[0]), n)
+            return stream, (int(self._pos[0] - self._count[0]) + offset) % cap
         else:
             ends = np.cumsum(starts)
             flat = self._rng.integers(0, ends[-1], n)
@@ -552,9 +562,12 @@ class ReplayBuffer:
         valid = (slot - self.oldest[stream]) % cap < starts[stream]
         if self._tree is not None:
             valid &= self._tree.get(stream * cap + slot) > 0  # rounding can land on an empty leaf
-        if accept is not None and valid.any():
-            where = np.flatnonzero(valid)
-            valid[where] = accept(stream[where], slot[where])
+        if accept is not None:
+            if valid.all():
+                valid = accept(stream, slot)
+            elif valid.any():
+                where = np.flatnonzero(valid)
+                valid[where] = accept(stream[where], slot[where])
         return valid
 
     def _exact(self, n: int, starts: np.ndarray, accept: Accept | None, what: str) -> tuple[np.ndarray, np.ndarray]:

@@ -31,10 +31,13 @@ __all__ = ["Sampler", "SequenceSampler", "WindowSampler", "RowSampler", "Transit
 
 def _flag(buffer: ReplayBuffer, key: str, stream: np.ndarray, slot: np.ndarray, why: str) -> np.ndarray:
     """Boolean row flag ``key`` at ``(stream, slot)`` -> bool array of the index shape."""
-    if key not in buffer.keys:
+    if key not in buffer:
         raise ValueError(f"{why} needs an {key!r} key in the rows")
-    shape = np.broadcast_shapes(np.shape(stream), np.shape(slot))
-    return buffer.column(key)[stream, slot].reshape(*shape, -1).any(axis=-1)
+    column = buffer.column(key)
+    values = column[stream, slot]
+    if column.ndim == 2 and column.dtype == bool:  # one flag per row, the usual layout
+        return values
+    return values.reshape(*np.broadcast_shapes(np.shape(stream), np.shape(slot)), -1).any(axis=-1)
 
 
 class Sampler(ABC):
@@ -106,7 +109,7 @@ class SequenceSampler(Sampler):
         L, cap = self.length, buffer.cap_per_stream
         accept = None
         if not self.cross_episodes and L > 1:
-            if "is_first" not in buffer.keys:
+            if "is_first" not in buffer:
                 raise ValueError("cross_episodes=False needs an 'is_first' key in the rows")
 
             def accept(stream: np.ndarray, slot: np.ndarray) -> np.ndarray:
@@ -155,7 +158,7 @@ class WindowSampler(Sampler):
         exists = buffer.generation(rows, slot) == buffer.generation(stream, start)[:, None] + np.arange(W)
         ok = exists.copy()
         ok[:, 1:] &= ~_flag(buffer, "is_last", rows, slot[:, :-1], why)  # the episode ended before
-        if "is_first" in buffer.keys:  # a new episode began (a restart without a last row)
+        if "is_first" in buffer:  # a new episode began (a restart without a last row)
             ok[:, 1:] &= ~_flag(buffer, "is_first", rows, slot[:, 1:], why)
         out = buffer.gather(rows, slot)
         out["mask"] = torch.from_numpy(np.logical_and.accumulate(ok, axis=1))
