@@ -322,6 +322,9 @@ def test_clear_errors():
         buf.add(row)
     with pytest.raises(ValueError, match="reserved"):
         buf.add({**make_row(3, 2), "index": np.zeros(2)})
+    with pytest.raises(ValueError, match="dtype object"):
+        buf.add({**make_row(3, 2), "logits": np.zeros((2, 3)), "notes": np.array(["a", None], dtype=object)})
+    assert "logits" not in buf  # nothing allocated either
     assert len(buf) == 6  # failed adds wrote nothing
     with pytest.raises(ValueError, match=r"windows of 4 rows: the fullest of the 2 streams holds only 3 rows \(6 rows in total"):
         seqs(buf, 4, 4)

@@ -238,7 +238,9 @@ class ReplayBuffer:
                 expected = (f"a leading dimension of {lead[0]} (one row per stream written)" if len(lead) == 1 else
                             f"leading dimensions [T, {lead[1]}] (T rows for each stream written)")
                 raise ValueError(f"{what} key {key!r}: expected {expected}, got shape {tuple(arr.shape)}")
-            if stored is not None and arr.shape[len(lead):] != stored.shape[2:]:
+            if stored is None:
+                _storage_dtype(key, arr)  # refuse an unstorable dtype before anything is allocated
+            elif arr.shape[len(lead):] != stored.shape[2:]:
                 raise ValueError(
                     f"row key {key!r} changed shape: stored per-row shape {tuple(stored.shape[2:])}, "
                     f"got {tuple(arr.shape[len(lead):])}"
@@ -279,6 +281,7 @@ class ReplayBuffer:
         for key, arr in arrays.items():
             if key not in self._data:
                 self._data[key] = self._allocate(key, arr.shape[1:], _storage_dtype(key, arr))
+        for key, arr in arrays.items():
             self._data[key][:, p] = arr
         for key in self._optional:
             if key not in arrays:
@@ -426,7 +429,9 @@ class ReplayBuffer:
             if arr.ndim == 0 or arr.shape[0] != idx.size:
                 raise ValueError(f"write() column {key!r}: expected {idx.size} rows, got shape {tuple(arr.shape)}")
             stored = self._data.get(key)
-            if stored is not None and arr.shape[1:] != stored.shape[2:]:
+            if stored is None:
+                _storage_dtype(key, arr)
+            elif arr.shape[1:] != stored.shape[2:]:
                 raise ValueError(f"write() column {key!r}: stored per-row shape {tuple(stored.shape[2:])}, "
                                  f"got {tuple(arr.shape[1:])}")
             arrays[key] = arr
@@ -436,8 +441,7 @@ class ReplayBuffer:
                 self._data[key] = self._allocate(key, arr.shape[1:], _storage_dtype(key, arr))
                 self._optional.add(key)
             self._data[key][stream, slot] = arr[current]
-        if stream.size:
-            self.revision += 1
+        self.revision += 1
         return int(stream.size)
 
     def mark_episode_end(self) -> int:

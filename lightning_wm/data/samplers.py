@@ -68,10 +68,12 @@ class Sampler(ABC):
         return out
 
     @staticmethod
-    def _rows(buffer: ReplayBuffer, out: dict[str, Any], stream: np.ndarray, slot: np.ndarray) -> dict[str, Any]:
-        """Add ``row_index`` / ``row_generation`` of rows ``(stream [B, 1], slot [B, L])``."""
+    def _rows(buffer: ReplayBuffer, out: dict[str, Any], stream: np.ndarray, slot: np.ndarray,
+              generation: np.ndarray | None = None) -> dict[str, Any]:
+        """Add ``row_index`` / ``row_generation`` of rows ``(stream [B, 1], slot [B, L])`` (their
+        generations looked up unless given)."""
         out["row_index"] = torch.from_numpy(stream * buffer.cap_per_stream + slot)
-        out["row_generation"] = torch.from_numpy(buffer.generation(stream, slot))
+        out["row_generation"] = torch.from_numpy(buffer.generation(stream, slot) if generation is None else generation)
         return out
 
     def __repr__(self) -> str:
@@ -155,14 +157,14 @@ class WindowSampler(Sampler):
         )
         slot = (start[:, None] + np.arange(W)) % cap
         rows = stream[:, None]
-        exists = buffer.generation(rows, slot) == buffer.generation(stream, start)[:, None] + np.arange(W)
-        ok = exists.copy()
+        generation = buffer.generation(rows, slot)
+        ok = generation == generation[:, :1] + np.arange(W)  # written after the position, not overwritten
         ok[:, 1:] &= ~_flag(buffer, "is_last", rows, slot[:, :-1], why)  # the episode ended before
         if "is_first" in buffer:  # a new episode began (a restart without a last row)
             ok[:, 1:] &= ~_flag(buffer, "is_first", rows, slot[:, 1:], why)
         out = buffer.gather(rows, slot)
         out["mask"] = torch.from_numpy(np.logical_and.accumulate(ok, axis=1))
-        self._rows(buffer, out, rows, slot)
+        self._rows(buffer, out, rows, slot, generation)
         return self._position(buffer, out, stream, start)
 
 
