@@ -168,3 +168,22 @@ def test_a_checkpoint_with_the_buffer_inline_still_restores_it(tmp_path):
     assert resumed.buffer.column("is_last")[[0, 1], resumed.buffer.newest].all()
     for d in (dm, resumed):
         d.teardown("fit")
+
+
+def test_the_sampler_is_chosen_on_the_command_line_by_short_name(monkeypatch, tmp_path):
+    from pathlib import Path
+
+    from lightning_wm.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    args = ["fit", "--model", "tiny_agent.TinyAgent", "--data", "ReplayDataModule", "--data.env.id", "CartPole-v1",
+            "--data.batch_size", "4", "--data.prefill", "32", "--data.sampler", "WindowSampler",
+            "--data.sampler.num_unroll_steps", "3", "--data.sampler.td_steps", "2", "--trainer.max_steps", "2",
+            "--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "false", "--trainer.logger", "false"]
+    cli = main(args=args)
+    sampler = cli.datamodule.sampler
+    assert isinstance(sampler, WindowSampler) and sampler.window == 6
+    assert cli.datamodule.sample_batch()["mask"].shape == (4, 6)
+    with pytest.raises(ValueError, match=r"sampler is given, so \['sequence_length'\] must not be"):
+        main(args=[*args, "--data.sequence_length", "8"])
