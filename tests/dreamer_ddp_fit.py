@@ -51,7 +51,7 @@ class DumpRankState(Callback):
             "optimizers": [opt.optimizer.state_dict() if hasattr(opt, "optimizer") else opt.state_dict()
                            for opt in trainer.optimizers],
             "global_step": trainer.global_step,
-            "env_seed": dm._rank_env().seed,
+            "env_seed": dm.train_env_seeds(),
             "env_steps": dm.collector.stats.env_steps,
             "obs_sum": float(SequenceSampler(8).sample(dm.buffer, 64)["obs"].double().abs().sum()),
         }, os.path.join(self.out_dir, f"rank{trainer.global_rank}.pt"))
