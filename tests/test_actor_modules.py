@@ -10,25 +10,17 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pytest
 import pytorch_lightning as pl
 import torch
 
 from lightning_wm.callbacks import default_callbacks
 from lightning_wm.cli import main
 from lightning_wm.data.modules import ReplayDataModule, UnrollDataModule
-from lightning_wm.data.replay import ReplayBuffer
 from lightning_wm.envs import EnvConfig
 from test_actors import _descendants, _wait_gone
 from tiny_agent import TinyAgent
 
 ROOT = Path(__file__).resolve().parents[1]
-
-# INTEGRATION: actors write chunks with ReplayBuffer.add_many (the buffer helper's branch); these
-# tests pass with it (checked on a merge of both branches) and run once it is on main. Delete
-# this marker then.
-needs_add_many = pytest.mark.skipif(not hasattr(ReplayBuffer, "add_many"),
-                                    reason="needs ReplayBuffer.add_many (two-way buffer)")
 
 
 class Recorder(pl.Callback):
@@ -53,7 +45,6 @@ def _fit(datamodule, steps: int) -> Recorder:
     return recorder
 
 
-@needs_add_many
 def test_replay_with_actors_keeps_the_ratio_and_reports():
     dm = ReplayDataModule(EnvConfig("CartPole-v1"), capacity=4000, batch_size=4, sequence_length=8, prefill=64,
                           replay_ratio=0.5, num_actors=2, envs_per_actor=2, chunk_length=8, actor_timeout_s=120)
@@ -100,7 +91,6 @@ def test_unrolls_from_actors():
     assert recorder.logged[-1]["env/steps"] > 0 and "actors/policy_lag" in recorder.logged[-1]
 
 
-@needs_add_many
 def test_dreamer_actors_config_from_the_cli():
     cli = main(args=[
         "fit", "--config", str(ROOT / "configs/dreamer/cartpole_actors.yaml"),
@@ -125,7 +115,6 @@ if __name__ == "__main__":
 """
 
 
-@needs_add_many
 def test_ctrl_c_on_a_fit_with_actors_leaves_no_orphans(tmp_path):
     script = tmp_path / "fit.py"
     script.write_text(CTRL_C_FIT.format(tests=str(ROOT / "tests")))
@@ -182,7 +171,6 @@ def test_weight_publisher_cadence():
     callback.on_train_batch_end(trainer, module, None, None, 39)
 
 
-@needs_add_many
 def test_ddp_ranks_with_actors(tmp_path):
     """Two DDP ranks, one actor each: identical weights at the end; every env of every rank's
     actor seeded apart (seeding.env_seeds by rank and actor)."""
@@ -203,7 +191,6 @@ def test_ddp_ranks_with_actors(tmp_path):
             torch.testing.assert_close(ranks[rank]["first_obs"][env], torch.as_tensor(expected))
 
 
-@needs_add_many
 def test_resume_with_actors_continues_the_counts():
     """fit, then fit --ckpt_path last: the step and the rows received continue; the resumed buffer
     (not saved here) is prefilled again by the new actors instead of waiting forever."""
