@@ -178,15 +178,15 @@ def test_ddp_ranks_with_actors(tmp_path):
 
     from lightning_wm.seeding import env_seeds
 
-    out = subprocess.run([sys.executable, str(ROOT / "tests/ddp_actors_fit.py"), str(tmp_path)], capture_output=True,
-                         text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    out = subprocess.run([sys.executable, str(ROOT / "tests/ddp_fit.py"), str(tmp_path), "ddp", "actors"],
+                         capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr[-4000:]
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
     for key, value in ranks[0]["weights"].items():
         torch.testing.assert_close(value, ranks[1]["weights"][key], msg=f"weights differ across ranks: {key}")
     for rank in (0, 1):
-        assert min(ranks[rank]["rows"]) > 0
-        for env, seed in enumerate(env_seeds(3, 2, "train", rank, 0)):
+        assert ranks[rank]["env_steps"] > 32
+        for env, seed in enumerate(env_seeds(3, 2, "train", rank, actor=0)):
             expected, _ = gym.make("CartPole-v1").reset(seed=seed)
             torch.testing.assert_close(ranks[rank]["first_obs"][env], torch.as_tensor(expected))
 
