@@ -31,7 +31,6 @@ import time
 from pathlib import Path
 
 import gymnasium as gym
-import numpy as np
 import torch
 from torch import nn
 
