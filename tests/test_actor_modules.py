@@ -47,7 +47,7 @@ def _fit(datamodule, steps: int) -> Recorder:
 
 def test_replay_with_actors_keeps_the_ratio_and_reports():
     dm = ReplayDataModule(EnvConfig("CartPole-v1"), capacity=4000, batch_size=4, sequence_length=8, prefill=64,
-                          replay_ratio=0.5, num_actors=2, envs_per_actor=2, chunk_length=8, actor_timeout_s=120)
+                          replay_ratio=0.2, num_actors=2, envs_per_actor=2, chunk_length=8, actor_timeout_s=120)
     recorder = _fit(dm, 40)
     buffer = dm.buffer
     per_stream = buffer.rows_per_stream
@@ -55,11 +55,13 @@ def test_replay_with_actors_keeps_the_ratio_and_reports():
     assert per_stream[0] == per_stream[1] and per_stream[2] == per_stream[3], "an actor's envs fill its two streams"
     slack, chunk = 2 * 16, 16
     rows = int(per_stream.sum())
-    owed = 64 + 41 / 0.5  # Lightning fetched one batch ahead of the 40 it trained on
+    owed = 64 + 41 / 0.2  # Lightning fetched one batch ahead of the 40 it trained on
     assert abs(rows - owed) <= slack + chunk, f"{rows} rows for {owed} owed by the replay ratio"
     written = np.arange(buffer.column("policy_version").shape[1])[None, :] < per_stream[:, None]
     versions = buffer.column("policy_version")[written]
     assert versions.min() == -1, "the prefill came from the random policy"
+    # up to ~7 chunks (112 rows) made with the first weights can wait in the queue and in the
+    # blocked actors; at least 269 - 48 - 64 = 157 rows past the prefill make some of them newer
     assert versions.max() >= 1, "published weights reached the actors"
     last = recorder.logged[-1]
     assert last["env/steps"] == rows
