@@ -1,0 +1,120 @@
+"""Checkpoints: one reader (weights_only, one-line errors), atomic writes, the resume rule,
+``last`` / ``best`` resolution with a fallback for a corrupt ``last.ckpt``."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_wm.checkpoints import CheckpointError, load_checkpoint, load_weights
+from lightning_wm.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS))  # tiny_agent
+
+TINY = [
+    "--model", "tiny_agent.TinyAgent",
+    "--data", "lightning_wm.data.modules.ReplayDataModule",
+    "--data.env.id", "CartPole-v1", "--data.env.num_envs", "2",
+    "--data.batch_size", "4", "--data.sequence_length", "8", "--data.prefill", "32",
+    "--data.replay_ratio", "0.5", "--data.eval_episodes", "2",
+    "--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+    "--trainer.log_every_n_steps", "5", "--trainer.run_name", "tiny",
+]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """A checkpoint folder of a 6-step TinyAgent run (hidden 16), copied into each test."""
+    root = tmp_path_factory.mktemp("trained")
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        main(args=["fit", *TINY, "--trainer.max_steps", "6"])
+    finally:
+        os.chdir(cwd)
+    return root / "lightning_logs"
+
+
+@pytest.fixture
+def run(trained) -> Path:
+    """This test's copy of the trained run: ``lightning_logs/tiny/checkpoints/last.ckpt``."""
+    shutil.copytree(trained, "lightning_logs")
+    return Path("lightning_logs/tiny/checkpoints")
+
+
+def _one_line(err: pytest.ExceptionInfo) -> str:
+    text = str(err.value)
+    assert "\n" not in text, text
+    return text
+
+
+@pytest.mark.parametrize("content, why", [
+    (b"", "empty"),
+    (None, "truncated or corrupt"),  # the first half of a real checkpoint
+    (b"this is not a checkpoint\n" * 40, "not a checkpoint file"),
+], ids=["empty", "truncated", "garbage"])
+def test_unreadable_checkpoints_are_one_line_errors_naming_the_file(run, content, why):
+    bad = Path("bad.ckpt")
+    real = (run / "last.ckpt").read_bytes()
+    bad.write_bytes(real[: len(real) // 2] if content is None else content)
+    with pytest.raises(CheckpointError, match=why) as err:
+        load_checkpoint(bad)
+    assert "bad.ckpt" in _one_line(err)
+
+
+def test_a_checkpoint_holding_python_objects_is_refused_not_executed(tmp_path):
+    torch.save({"state_dict": {}, "thing": Path("x")}, tmp_path / "obj.ckpt")
+    with pytest.raises(CheckpointError, match="holds Python objects") as err:
+        load_checkpoint(tmp_path / "obj.ckpt")
+    _one_line(err)
+    torch.save(torch.zeros(3), tmp_path / "tensor.ckpt")
+    with pytest.raises(CheckpointError, match="not a Lightning checkpoint"):
+        load_checkpoint(tmp_path / "tensor.ckpt")
+
+
+def test_fit_from_a_garbage_checkpoint_prints_one_error_line_without_traceback(tmp_path):
+    Path(tmp_path / "bad.ckpt").write_bytes(b"\x00garbage" * 100)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(TESTS)])}
+    out = subprocess.run([sys.executable, str(ROOT / "main.py"), "fit", *TINY, "--trainer.max_steps", "2",
+                          "--ckpt_path", "bad.ckpt"], capture_output=True, text=True, cwd=tmp_path, timeout=300, env=env)
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "bad.ckpt" in errors[0] and "not a checkpoint file" in errors[0], out.stderr[-3000:]
+
+
+@pytest.mark.parametrize("ckpt_path", ["last", "FILE"])
+def test_resume_refuses_a_config_that_contradicts_the_checkpoint_naming_the_keys(run, ckpt_path):
+    """One rule for ``last`` and an explicit file: the checkpoint's architecture is kept, and a
+    config that differs is refused (it was silently overridden by a file, ignored for last)."""
+    path = str(run / "last.ckpt") if ckpt_path == "FILE" else "last"
+    with pytest.raises(CheckpointError, match=r"hidden: checkpoint 16, config 32") as err:
+        main(args=["fit", *TINY, "--trainer.max_steps", "8", "--model.hidden", "32", "--ckpt_path", path])
+    assert "epsilon" not in _one_line(err)  # only the differing keys are named
+    cli = main(args=["fit", *TINY, "--trainer.max_steps", "8", "--ckpt_path", path])  # the same config resumes
+    assert cli.trainer.global_step == 8 and cli.model.net[0].out_features == 16
+
+
+def test_evaluating_another_familys_checkpoint_is_refused_by_name(run):
+    with pytest.raises(CheckpointError, match=r"holds a TinyAgent .* builds a RandomPolicy") as err:
+        main(args=["evaluate", "--model", "lightning_wm.agents.random.RandomPolicy",
+                   *TINY[2:], "--ckpt_path", "last", "--episodes", "1"])
+    _one_line(err)
+
+
+def test_weights_that_do_not_fit_are_one_line_naming_the_tensors(run):
+    from tiny_agent import TinyAgent
+
+    from lightning_wm.envs import EnvConfig, env_spec
+
+    model = TinyAgent(env_spec(EnvConfig("CartPole-v1")), hidden=32)
+    model._hparams = type(model.hparams)()  # a module that records no settings: only its weights are compared
+    with pytest.raises(CheckpointError, match=r"shapes differ .*net\.0\.weight \(16, 4\) vs \(32, 4\)") as err:
+        load_weights(model, run / "last.ckpt")
+    _one_line(err)
