@@ -118,3 +118,111 @@ def test_weights_that_do_not_fit_are_one_line_naming_the_tensors(run):
     with pytest.raises(CheckpointError, match=r"shapes differ .*net\.0\.weight \(16, 4\) vs \(32, 4\)") as err:
         load_weights(model, run / "last.ckpt")
     _one_line(err)
+
+
+# -- writing: atomic, loud, no stale temps -------------------------------------------------------
+
+
+def test_a_checkpoint_folder_that_cannot_be_written_stops_fit_at_start(tmp_path, capsys):
+    """It used to train, exit 0 and write nothing (Lightning swallows the PermissionError)."""
+    Path("lightning_logs/tiny").mkdir(parents=True)
+    Path("lightning_logs/tiny/checkpoints").write_text("a file where the folder should be")
+    with pytest.raises(PermissionError, match=r"checkpoint folder .*lightning_logs/tiny/checkpoints.* is not writable"):
+        main(args=["fit", *TINY, "--trainer.max_steps", "2"])
+    assert not list(Path("lightning_logs/tiny").glob("version_*")), "no run folder for a run that cannot be saved"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_a_read_only_checkpoint_folder_stops_fit_at_start():
+    Path("lightning_logs/tiny/checkpoints").mkdir(parents=True)
+    os.chmod("lightning_logs/tiny/checkpoints", 0o555)
+    try:
+        with pytest.raises(PermissionError, match="not writable"):
+            main(args=["fit", *TINY, "--trainer.max_steps", "2"])
+    finally:
+        os.chmod("lightning_logs/tiny/checkpoints", 0o755)
+
+
+def test_a_save_that_fails_mid_run_stops_the_run(monkeypatch):
+    import lightning_wm.checkpoints as checkpoints
+
+    real, calls = checkpoints.atomic_torch_save, []
+
+    def failing(obj, path):
+        calls.append(path)
+        if len(calls) >= 2:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(obj, path)
+
+    monkeypatch.setattr(checkpoints, "atomic_torch_save", failing)
+    with pytest.raises(PermissionError, match="Permission denied"):
+        main(args=["fit", *TINY, "--trainer.max_steps", "6", "--trainer.checkpoint_every_n_steps", "2"])
+    assert len(calls) == 2
+
+
+def test_kill_9_during_a_checkpoint_write_keeps_last_ckpt_and_the_next_run_cleans_up(tmp_path):
+    """The temp dir is another folder than the logs: the half-written file must be a temp file
+    beside the target, never last.ckpt; the resumed run removes it once it is stale."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(TESTS)]), "TMPDIR": str(tmp_path / "tmp")}
+    (tmp_path / "tmp").mkdir()
+    args = [*TINY, "--trainer.max_steps", "8", "--trainer.checkpoint_every_n_steps", "2"]
+    # saves: step=2.ckpt (1), its copy to last.ckpt (no torch.save), step=4.ckpt (2: killed half-way)
+    out = subprocess.run([sys.executable, str(TESTS / "kill_during_save.py"), "2", "fit", *args],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=300, env=env)
+    assert out.returncode == -9, out.stderr[-3000:]
+    folder = tmp_path / "lightning_logs/tiny/checkpoints"
+    assert load_checkpoint(folder / "last.ckpt")["global_step"] == 2
+    temps = list(folder.glob(".*.tmp"))
+    assert len(temps) == 1 and temps[0].name.startswith(".step=4.ckpt."), sorted(p.name for p in folder.iterdir())
+    assert not list((tmp_path / "tmp").iterdir()), "nothing is written through the temp dir"
+    old = temps[0].stat().st_mtime - 3600
+    os.utime(temps[0], (old, old))  # stale: its writer is long gone
+    os.chdir(tmp_path)
+    cli = main(args=["fit", *args, "--ckpt_path", "last"])
+    assert cli.trainer.global_step == 8
+    assert not list(folder.glob(".*.tmp"))
+
+
+def test_a_corrupt_last_ckpt_falls_back_to_the_newest_intact_checkpoint_with_a_warning():
+    from lightning_wm.checkpoints import CheckpointWarning
+
+    main(args=["fit", *TINY, "--trainer.max_steps", "5", "--trainer.checkpoint_every_n_steps", "2"])
+    folder = Path("lightning_logs/tiny/checkpoints")
+    assert sorted(p.name for p in folder.glob("*.ckpt")) == ["last.ckpt", "step=2.ckpt", "step=4.ckpt"]
+    (folder / "last.ckpt").write_bytes(b"")
+    with pytest.warns(CheckpointWarning, match=r"last\.ckpt in .* cannot be read \(it is empty .*\); using "
+                                            r"step=4\.ckpt, the newest intact"):
+        cli = main(args=["fit", *TINY, "--trainer.max_steps", "7", "--trainer.checkpoint_every_n_steps", "2",
+                         "--ckpt_path", "last"])
+    assert cli.trainer.global_step == 7
+    assert load_checkpoint(folder / "last.ckpt")["global_step"] == 7
+
+
+def test_resume_from_last_without_a_last_ckpt_is_refused_naming_the_folder():
+    """A typo in run_name used to train from scratch and exit 0."""
+    with pytest.raises(FileNotFoundError, match=r"no last\.ckpt in .*lightning_logs/tiny/checkpoints"):
+        main(args=["fit", *TINY, "--trainer.max_steps", "2", "--ckpt_path", "last"])
+    cli = main(args=["fit", *TINY, "--trainer.max_steps", "2", "--resume_if_exists", "true"])  # starts fresh
+    assert cli.trainer.global_step == 2
+    cli = main(args=["fit", *TINY, "--trainer.max_steps", "4", "--resume_if_exists", "true"])  # resumes
+    assert cli.trainer.global_step == 4 and load_checkpoint("lightning_logs/tiny/checkpoints/last.ckpt")["global_step"] == 4
+
+
+def test_best_ckpt_holds_the_highest_validation_return_and_evaluate_takes_it(monkeypatch, capsys):
+    import tiny_agent
+
+    returns = iter([3.0, 7.0, 5.0, 7.0, 2.0, 4.0])  # validations at steps 2, 4, ..., 12: best 7 (twice)
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val/return", next(returns), batch_size=1)
+
+    monkeypatch.setattr(tiny_agent.TinyAgent, "validation_step", validation_step)
+    main(args=["fit", *TINY, "--trainer.max_steps", "12", "--trainer.val_check_interval", "2",
+               "--trainer.check_val_every_n_epoch", "null", "--trainer.limit_val_batches", "1"])
+    best = load_checkpoint("lightning_logs/tiny/checkpoints/best.ckpt")
+    assert best["global_step"] == 8  # the second 7.0: ties go to the newer checkpoint
+    state = next(v for k, v in best["callbacks"].items() if k.startswith("RunCheckpoints"))
+    assert state == {"best": 7.0, "best_step": 8}
+    assert load_checkpoint("lightning_logs/tiny/checkpoints/last.ckpt")["global_step"] == 12
+    main(args=["evaluate", *TINY, "--ckpt_path", "best", "--episodes", "1"])
+    assert "return" in capsys.readouterr().out
