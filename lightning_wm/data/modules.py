@@ -21,9 +21,10 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from lightning_wm.data.collector import Collector, EpisodeStats, RandomAgent, run_evaluation
-from lightning_wm.data.episodes import EpisodeStore
+from lightning_wm.data.episodes import CorruptEpisodeError, EpisodeStore, check_layout, row_layout
 from lightning_wm.data.replay import ReplayBuffer
 from lightning_wm.envs import EnvConfig, EnvSpec, env_spec, make_vector_env
+from lightning_wm.io import check_writable
 
 
 def _rank_and_world(trainer: pl.Trainer | None) -> tuple[int, int]:
@@ -92,6 +93,12 @@ class ReplayDataModule(pl.LightningDataModule):
         super().__init__()
         if replay_ratio <= 0:
             raise ValueError(f"replay_ratio (gradient steps per env step) must be > 0, got {replay_ratio}")
+        for name, value, least in (("prefill", prefill, 0), ("batch_size", batch_size, 1),
+                                   ("sequence_length", sequence_length, 1), ("capacity", capacity, 1)):
+            if value < least:
+                raise ValueError(f"data.init_args.{name} must be >= {least}, got {value}")
+        if storage_dir is not None:
+            check_writable(storage_dir, "replay storage_dir")
         if prefill > capacity:
             raise ValueError(f"prefill ({prefill} rows) exceeds the replay capacity ({capacity} rows): the buffer "
                              "could never hold it; raise data.init_args.capacity or lower prefill")
@@ -288,11 +295,23 @@ class _EpisodeStream(IterableDataset):
         self.seed, self.shuffle, self.rank, self.world, self.keys = seed, shuffle, rank, world, keys
         self.cross_episodes, self.skip_corrupt, self.pool_episodes = cross_episodes, skip_corrupt, pool_episodes
         self.epoch = 0
+        self._layout: dict[str, tuple[tuple[int, ...], str]] | None = None
 
     def _load(self, path: Path) -> dict[str, np.ndarray] | None:
         episode = self.store.load(path, skip_corrupt=self.skip_corrupt)
         if episode is not None and self.keys is not None:
             episode = {k: episode[k] for k in self.keys}
+        if episode is None:
+            return None
+        if self._layout is None:  # the first episode read defines the rows every other one must have
+            self._layout = row_layout(episode)
+        try:
+            check_layout(episode, self._layout, path)
+        except CorruptEpisodeError as err:
+            if not self.skip_corrupt:
+                raise
+            warnings.warn(f"skipping {err}", RuntimeWarning, stacklevel=2)
+            return None
         return episode
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
