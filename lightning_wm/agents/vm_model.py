@@ -14,7 +14,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lightning_wm.agents.memory import Memory, load_checkpoint_module
+from lightning_wm.agents.memory import Memory
+from lightning_wm.checkpoints import load_module
 from lightning_wm.agents.vision import Vision
 from lightning_wm.world_model import WorldModel
 
@@ -46,8 +47,8 @@ class VisionMemoryModel(nn.Module, WorldModel):
     def from_checkpoints(cls, vision_ckpt: str, memory_ckpt: str, device: torch.device | str = "cpu",
                          **kwargs: Any) -> "VisionMemoryModel":
         """Load V and M from their Lightning checkpoints (frozen, eval mode)."""
-        return cls(load_checkpoint_module(Vision, vision_ckpt, device),
-                   load_checkpoint_module(Memory, memory_ckpt, device), **kwargs)
+        return cls(load_module(Vision, vision_ckpt, device),
+                   load_module(Memory, memory_ckpt, device), **kwargs)
 
     @property
     def z_size(self) -> int:
