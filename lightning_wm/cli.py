@@ -26,6 +26,7 @@ from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 from pytorch_lightning.loggers import TensorBoardLogger
 
 from lightning_wm import console, runtime
+from lightning_wm.callbacks import default_callbacks
 from lightning_wm.checkpoints import (LAST, AtomicCheckpointIO, RunCheckpoints, check_compatible, load_checkpoint,
                                       load_weights, resolve_checkpoint)
 from lightning_wm.data.collector import Collector, run_evaluation
@@ -33,6 +34,7 @@ from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.data.modules import EpisodeDataModule
 from lightning_wm.envs import EnvConfig, make_env, make_vector_env
 from lightning_wm.io import check_writable
+from lightning_wm.protocols import EnvHolder
 from lightning_wm.seeding import derive_seed
 from lightning_wm.video import check_video_path, write_video
 
@@ -58,7 +60,7 @@ class NonFiniteLossGuard(Callback):
 
 
 def _env_of(datamodule: Any) -> EnvConfig:
-    env = getattr(datamodule, "env", None)
+    env = datamodule.env if isinstance(datamodule, EnvHolder) else None
     if env is None:
         raise ValueError(f"{type(datamodule).__name__} names no env; set data.init_args.env")
     return env
@@ -107,6 +109,7 @@ class Trainer(pl.Trainer):
             else:  # (Lightning adds no ModelCheckpoint of its own beside it)
                 callbacks.append(RunCheckpoints(self.checkpoint_dir, checkpoint_every_n_steps))
         callbacks.append(NonFiniteLossGuard())
+        callbacks += [c for c in default_callbacks() if not any(type(x) is type(c) for x in callbacks)]
         if kwargs.get("enable_progress_bar", True) is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
             callbacks.append(console.RunProgress())
         kwargs["callbacks"] = callbacks

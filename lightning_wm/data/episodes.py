@@ -38,8 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from lightning_wm.data.nested import flatten as _flatten, unflatten as _unflatten
 from lightning_wm.io import atomic_write, check_writable, clean_stale_temps
+from lightning_wm.tree import flatten as _flatten, unflatten as _unflatten
 
 __all__ = ["CorruptEpisodeError", "EpisodeStore", "check_layout", "row_layout"]
 
