@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import math
 import os
 import shutil
@@ -223,8 +224,8 @@ def check_compatible(checkpoint: Mapping[str, Any], model: pl.LightningModule, p
     if differences:
         listed = "; ".join(f"{k}: checkpoint {a!r}, config {b!r}" for k, (a, b) in differences.items())
         raise CheckpointError(f"{action} refused: the config contradicts the model in {str(path)!r} ({listed}); a "
-                              "checkpoint keeps its architecture: drop these overrides or set them to the checkpoint's "
-                              "values (a new run: another --trainer.run_name without --ckpt_path)")
+                              "checkpoint keeps its architecture: use the config it was trained with or set these keys "
+                              "to its values (another model is a new run: another --trainer.run_name)")
     mismatch = _state_dict_mismatch(model.state_dict(), checkpoint["state_dict"])
     if mismatch:
         raise CheckpointError(f"{action} refused: the weights in {str(path)!r} do not fit this "
@@ -296,7 +297,10 @@ def load_module(cls: type[M], path: str | os.PathLike, device: torch.device | st
     if saved_class is not None and saved_class.rsplit(".", 1)[-1] != cls.__name__:
         raise CheckpointError(f"{str(path)!r} holds a {saved_class.rsplit('.', 1)[-1]} checkpoint, not a {what}")
     hparams = {k: v for k, v in (checkpoint.get("hyper_parameters") or {}).items() if k not in _IGNORED_HPARAMS}
-    module = cls(**hparams)
+    # built in an empty context: inside a module that the CLI is building (e.g. the controller
+    # loading V and M), Lightning's context variable would make save_hyperparameters record the
+    # outer module's settings instead of these
+    module = contextvars.Context().run(cls, **hparams)
     load_weights(module, checkpoint, path)
     module.to(device)
     module.eval()

@@ -12,20 +12,13 @@ import torch
 
 from lightning_wm.checkpoints import CheckpointError, load_checkpoint, load_weights
 from lightning_wm.cli import main
+from test_cli import TINY_FIT
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))  # tiny_agent
 
-TINY = [
-    "--model", "tiny_agent.TinyAgent",
-    "--data", "lightning_wm.data.modules.ReplayDataModule",
-    "--data.env.id", "CartPole-v1", "--data.env.num_envs", "2",
-    "--data.batch_size", "4", "--data.sequence_length", "8", "--data.prefill", "32",
-    "--data.replay_ratio", "0.5", "--data.eval_episodes", "2",
-    "--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
-    "--trainer.log_every_n_steps", "5", "--trainer.run_name", "tiny",
-]
+TINY = [*TINY_FIT, "--data.prefill", "32", "--trainer.enable_model_summary", "false"]
 
 
 @pytest.fixture(scope="module")
