@@ -13,9 +13,11 @@
   tensors and plain values, never code); an empty, truncated or foreign file is one
   :class:`CheckpointError` line naming the file.
 * **The resume rule** (:func:`check_compatible`): a checkpoint keeps its architecture. A config
-  whose model class differs is refused by name; one whose model settings differ is refused with
-  the differing keys. The same rule holds for ``fit --ckpt_path`` (resume) and for the weights
-  that ``evaluate`` / ``record`` / ``convert`` load.
+  whose model class differs, or whose weights do not fit, is refused by name (resume and
+  evaluation alike); for resuming, a config whose model settings differ is refused too, naming
+  the differing keys (``--ckpt_path last`` and a file path alike); weights that are only
+  evaluated (``evaluate`` / ``record`` / ``convert`` / ``validate`` / ``test``) report such
+  differences in one warning.
 * **Weights into a module** (:func:`load_weights`, :func:`load_module`).
 """
 
@@ -71,9 +73,17 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
 
     Raises:
         FileNotFoundError: there is no such file.
-        CheckpointError: the file is a folder, empty, truncated, not a checkpoint, or holds
-            Python objects other than tensors and plain values.
+        CheckpointError: the file is a folder, empty, truncated, not a checkpoint, holds
+            Python objects other than tensors and plain values, or holds no ``state_dict``.
     """
+    checkpoint = read_torch_file(path)
+    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), Mapping):
+        raise CheckpointError(f"{str(path)!r} is not a Lightning checkpoint (it holds no 'state_dict')")
+    return checkpoint
+
+
+def read_torch_file(path: str | os.PathLike) -> Any:
+    """``torch.load(path, weights_only=True)`` onto the CPU, with the errors of :func:`load_checkpoint`."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
@@ -98,8 +108,6 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         what = "is truncated or corrupt" if zipped else "is not a checkpoint file"
         raise CheckpointError(f"checkpoint {str(path)!r} {what} ({reason}): delete it and use another "
                               "checkpoint of the run") from None
-    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), Mapping):
-        raise CheckpointError(f"{str(path)!r} is not a Lightning checkpoint (it holds no 'state_dict')")
     return checkpoint
 
 
@@ -201,13 +209,16 @@ def hparam_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> 
 
 
 def check_compatible(checkpoint: Mapping[str, Any], model: pl.LightningModule, path: str | os.PathLike,
-                     action: str = "loading") -> None:
+                     action: str = "loading", settings: str = "refuse") -> None:
     """Refuse a checkpoint that ``model`` (built from the config) contradicts.
 
-    The checkpoint keeps its architecture: another model class is refused by name, and so is
-    any model setting (hyperparameter) that differs between the checkpoint and the config —
-    the message lists the keys with both values — and weights whose names or shapes do not
-    match the model's (modules that record no hyperparameters are checked by these alone).
+    The checkpoint keeps its architecture: another model class is refused by name, and so are
+    weights whose names or shapes do not match the model's. Model settings (hyperparameters)
+    that differ between the checkpoint and the config are listed with both values and refused
+    (``settings="refuse"``: resuming, where the config would silently train another model) or
+    reported in one :class:`CheckpointWarning` (``settings="warn"``: evaluating or recording
+    with trained weights, where e.g. a population size or an env-step budget of training does
+    not matter).
 
     Raises:
         CheckpointError: one line naming the classes, the differing keys or the weights.
@@ -221,15 +232,19 @@ def check_compatible(checkpoint: Mapping[str, Any], model: pl.LightningModule, p
     saved = checkpoint.get("hyper_parameters") or {}
     current = dict(model.hparams)
     differences = hparam_differences(saved, current) if saved and current else {}
-    if differences:
-        listed = "; ".join(f"{k}: checkpoint {a!r}, config {b!r}" for k, (a, b) in differences.items())
+    listed = "; ".join(f"{k}: checkpoint {a!r}, config {b!r}" for k, (a, b) in differences.items())
+    if differences and settings == "warn":
+        warnings.warn(f"{action}: the model in {str(path)!r} was trained with other settings than this config's "
+                      f"({listed}); its weights are used with the config's settings", CheckpointWarning, stacklevel=3)
+    elif differences:
         raise CheckpointError(f"{action} refused: the config contradicts the model in {str(path)!r} ({listed}); a "
                               "checkpoint keeps its architecture: use the config it was trained with or set these keys "
                               "to its values (another model is a new run: another --trainer.run_name)")
     mismatch = _state_dict_mismatch(model.state_dict(), checkpoint["state_dict"])
     if mismatch:
         raise CheckpointError(f"{action} refused: the weights in {str(path)!r} do not fit this "
-                              f"{own.__name__} ({mismatch}); use the config the checkpoint was trained with")
+                              f"{own.__name__} ({mismatch}){f' (settings that differ: {listed})' if listed else ''}; "
+                              "use the config the checkpoint was trained with")
 
 
 def _state_dict_mismatch(expected: Mapping[str, torch.Tensor], given: Mapping[str, Any]) -> str:
@@ -258,12 +273,13 @@ def _state_dict_mismatch(expected: Mapping[str, torch.Tensor], given: Mapping[st
 
 
 def load_weights(model: pl.LightningModule, checkpoint: str | os.PathLike | Mapping[str, Any],
-                 path: str | os.PathLike | None = None, action: str = "loading") -> dict[str, Any]:
+                 path: str | os.PathLike | None = None, action: str = "loading", settings: str = "warn") -> dict[str, Any]:
     """Load a checkpoint's weights (and the module's own extra state) into ``model``.
 
     Args:
         checkpoint: a path, or a checkpoint already read by :func:`load_checkpoint` (then
             ``path`` names it in messages).
+        action, settings: see :func:`check_compatible` (other settings give a warning here).
 
     Returns the checkpoint dict. Raises :class:`CheckpointError` (one line) when it does not fit.
     """
@@ -271,7 +287,7 @@ def load_weights(model: pl.LightningModule, checkpoint: str | os.PathLike | Mapp
         path = checkpoint
         checkpoint = load_checkpoint(checkpoint)
     path = path if path is not None else "<checkpoint>"
-    check_compatible(checkpoint, model, path, action)
+    check_compatible(checkpoint, model, path, action, settings)
     model.on_load_checkpoint(dict(checkpoint))
     model.load_state_dict(checkpoint["state_dict"])
     return dict(checkpoint)
@@ -339,7 +355,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
         preloaded = self._preloaded.pop(os.path.abspath(path), None)
-        return preloaded if preloaded is not None else load_checkpoint(path)
+        # not only checkpoints: e.g. DDP-spawn hands the trained weights back as a bare state dict
+        return preloaded if preloaded is not None else read_torch_file(path)
 
 
 def copy_atomic(source: str | os.PathLike, target: str | os.PathLike) -> Path:

@@ -121,7 +121,7 @@ class Trainer(pl.Trainer):
 
     # -- checkpoints -------------------------------------------------------------------
     def _checkpoint_for(self, model: pl.LightningModule | None, ckpt_path: str | None, action: str,
-                        resume_if_exists: bool = False) -> str | None:
+                        resume_if_exists: bool = False, settings: str = "warn") -> str | None:
         """Resolve ``ckpt_path`` (``last``, ``best``, a file), read it and check it against ``model``
         before Lightning does anything with it; the checked checkpoint is handed to the
         checkpoint reader so it is not read twice."""
@@ -135,7 +135,7 @@ class Trainer(pl.Trainer):
             return None
         checkpoint = load_checkpoint(path)
         if model is not None:
-            check_compatible(checkpoint, model, path, action)
+            check_compatible(checkpoint, model, path, action, settings)
         reader = self.strategy.checkpoint_io
         if isinstance(reader, AtomicCheckpointIO):
             reader.preload(path, checkpoint)
@@ -154,7 +154,7 @@ class Trainer(pl.Trainer):
         check_writable(self.run_dir, "log folder")
         if any(isinstance(c, RunCheckpoints) for c in self.callbacks):
             check_writable(self.checkpoint_dir, "checkpoint folder")
-        path = self._checkpoint_for(model, ckpt_path, "resume", resume_if_exists)
+        path = self._checkpoint_for(model, ckpt_path, "resume", resume_if_exists, settings="refuse")
         super().fit(model, train_dataloaders, val_dataloaders, datamodule, ckpt_path=path, weights_only=True)
 
     def validate(self, model: pl.LightningModule | None = None, dataloaders: Any = None, ckpt_path: str | None = None,

@@ -101,6 +101,16 @@ def test_evaluating_another_familys_checkpoint_is_refused_by_name(run):
     _one_line(err)
 
 
+def test_evaluating_with_other_settings_that_fit_the_weights_warns_naming_them(run, capsys):
+    from lightning_wm.checkpoints import CheckpointWarning
+
+    with pytest.warns(CheckpointWarning, match=r"epsilon: checkpoint 0\.3, config 0\.5"):
+        main(args=["evaluate", *TINY, "--model.epsilon", "0.5", "--ckpt_path", "last", "--episodes", "1"])
+    assert "return" in capsys.readouterr().out
+    with pytest.raises(CheckpointError, match=r"do not fit this TinyAgent .*hidden: checkpoint 16, config 32"):
+        main(args=["evaluate", *TINY, "--model.hidden", "32", "--ckpt_path", "last", "--episodes", "1"])
+
+
 def test_weights_that_do_not_fit_are_one_line_naming_the_tensors(run):
     from tiny_agent import TinyAgent
 

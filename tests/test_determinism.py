@@ -39,12 +39,16 @@ def _fit(workdir: Path, args: list[str]) -> dict[str, Any]:
     return {p.name: torch.load(p, map_location="cpu", weights_only=True) for p in sorted(folder.iterdir())}
 
 
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The raw bytes of a tensor (NaN == NaN, -0.0 != 0.0: bit-identical means the same bits)."""
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
 def _differences(a: Any, b: Any, where: str = "") -> list[str]:
     """Paths at which two loaded checkpoints differ (tensors compared bit for bit)."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         same = (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype
-                and a.shape == b.shape and torch.equal(a.view(torch.uint8) if a.is_floating_point() else a,
-                                                       b.view(torch.uint8) if b.is_floating_point() else b))
+                and a.shape == b.shape and torch.equal(_bits(a), _bits(b)))
         return [] if same else [where]
     if isinstance(a, dict) and isinstance(b, dict):
         if set(a) != set(b):
