@@ -2,11 +2,13 @@
 
 * env spaces are linked from the datamodule (``data.spec``) into the model (``env_spec``);
 * the default logger is TensorBoard under ``lightning_logs/<run_name>/version_N`` and
-  checkpoints go to ``lightning_logs/<run_name>/checkpoints`` — stable across runs of one
-  config, so ``fit --ckpt_path last`` resumes the last run; a final ``last.ckpt`` is written
-  at the end of every fit;
+  checkpoints (:mod:`lightning_wm.checkpoints`: ``last.ckpt``, ``step=N.ckpt``, ``best.ckpt``)
+  go to ``lightning_logs/<run_name>/checkpoints`` — stable across runs of one config, so
+  ``fit --ckpt_path last`` resumes the last run; ``--ckpt_path`` is checked against the config
+  before Lightning reads it;
 * ``record`` rolls a policy out into the datamodule's episode store, ``evaluate`` reports
-  mean ± std return of a trained agent, ``convert`` encodes a store with a trained Vision model.
+  mean ± std return of a trained agent, ``convert`` encodes a store with a trained Vision model;
+* what is printed (hidden lines, progress, command-line errors) is :mod:`lightning_wm.console`'s.
 """
 
 from __future__ import annotations
