@@ -25,7 +25,8 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from lightning_wm.agents.dreamer import Dreamer  # noqa: E402
-from lightning_wm.data.collector import Collector, RandomAgent  # noqa: E402
+from lightning_wm.data.collector import Collector  # noqa: E402
+from lightning_wm.policies import RandomAgent  # noqa: E402
 from lightning_wm.data.replay import ReplayBuffer  # noqa: E402
 from lightning_wm.envs import EnvConfig, env_spec, make_vector_env  # noqa: E402
 from lightning_wm.runtime import keep_freed_memory  # noqa: E402

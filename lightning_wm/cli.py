@@ -217,7 +217,7 @@ class Trainer(pl.Trainer):
         env = _env_of(datamodule)
         self._load_weights(model, ckpt_path, "evaluation")
         model.eval()
-        seed = env.seed + 777_000
+        seed = derive_seed(env.seed, "evaluate")
         finished: list[dict[str, float]] = []
         with console.progress(episodes, f"evaluate {env.id}", unit="ep") as bar:
             if video:  # episode 1 in a rendering env, the others as usual

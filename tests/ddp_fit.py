@@ -26,7 +26,7 @@ class DumpRankState(Callback):
         dm = trainer.datamodule
         torch.save({
             "weights": {k: v.detach().cpu().clone() for k, v in module.state_dict().items()},
-            "env_seed": dm._rank_env().seed,
+            "env_seed": dm.train_env_seeds(),
             "env_steps": dm.collector.stats.env_steps,
             "obs_sum": float(dm.buffer.sample_sequences(64, 8)["obs"].double().abs().sum()),
             "first_obs": dm.buffer.state_dict()["data"]["obs"][:, 0].clone(),  # [envs, 4]: each stream's reset

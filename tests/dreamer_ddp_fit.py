@@ -50,7 +50,7 @@ class DumpRankState(Callback):
             "optimizers": [opt.optimizer.state_dict() if hasattr(opt, "optimizer") else opt.state_dict()
                            for opt in trainer.optimizers],
             "global_step": trainer.global_step,
-            "env_seed": dm._rank_env().seed,
+            "env_seed": dm.train_env_seeds(),
             "env_steps": dm.collector.stats.env_steps,
             "obs_sum": float(dm.buffer.sample_sequences(64, 8)["obs"].double().abs().sum()),
         }, os.path.join(self.out_dir, f"rank{trainer.global_rank}.pt"))

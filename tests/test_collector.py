@@ -4,7 +4,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from lightning_wm.data.collector import Collector, RandomAgent
+from lightning_wm.data.collector import Collector
+from lightning_wm.policies import RandomAgent
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.data.replay import ReplayBuffer
 from lightning_wm.envs import EnvConfig, EnvSpec, env_spec, make_vector_env

@@ -19,10 +19,12 @@ def test_ddp_two_ranks_share_weights_but_not_envs(tmp_path):
     assert ranks[0]["env_seed"] != ranks[1]["env_seed"]
     assert ranks[0]["env_steps"] == ranks[1]["env_steps"] > 0
     assert ranks[0]["obs_sum"] != ranks[1]["obs_sum"], "both ranks collected the same data"
-    # each rank's envs really were seeded seed + 1000 * rank + i (ddp_fit.py: seed 3, 2 envs)
+    # each rank's envs really were seeded with the "train" seeds of its rank (ddp_fit.py: seed 3, 2 envs)
     from lightning_wm.envs import EnvConfig, make_env
+    from lightning_wm.seeding import env_seeds
 
     for rank in (0, 1):
+        assert ranks[rank]["env_seed"] == env_seeds(3, 2, "train", rank)
         for i in range(2):
-            expected, _ = make_env(EnvConfig("CartPole-v1")).reset(seed=3 + 1000 * rank + i)
+            expected, _ = make_env(EnvConfig("CartPole-v1")).reset(seed=env_seeds(3, 2, "train", rank)[i])
             torch.testing.assert_close(ranks[rank]["first_obs"][i], torch.as_tensor(expected))

@@ -20,12 +20,14 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from lightning_wm.data.collector import Collector, RandomAgent, run_evaluation
+from lightning_wm.data.collector import Collector, run_evaluation
 from lightning_wm.data.episodes import CorruptEpisodeError, EpisodeStore, check_layout, row_layout
 from lightning_wm.data.replay import ReplayBuffer
 from lightning_wm.envs import EnvConfig, EnvSpec, env_spec, make_vector_env
 from lightning_wm.io import check_writable
+from lightning_wm.policies import RandomAgent
 from lightning_wm.protocols import Agent, EnvStats, EvaluationRequest
+from lightning_wm.seeding import derive_seed, env_seeds
 
 
 def _rank_and_world(trainer: pl.Trainer | None) -> tuple[int, int]:
@@ -57,13 +59,16 @@ class ReplayDataModule(pl.LightningDataModule):
     """Online data: env -> Collector -> ReplayBuffer -> batches.
 
     Args:
-        env: the training environment (``env.seed + 1000 * global_rank`` per DDP rank).
-        capacity: replay rows kept (all env streams together).
+        env: the training environment; its ``seed`` is the root of this module's seeds
+            (:mod:`lightning_wm.seeding` roles ``train``, ``prefill``, ``replay``, ``eval``, per DDP rank).
+        capacity: replay rows kept (all env streams together; each of the ``num_envs`` streams
+            keeps ``capacity // num_envs``).
         batch_size: sequences (or transitions) per batch.
         sequence_length: rows per sequence; 1 with ``sample="transitions"``.
         sample: ``sequences`` (``[B, L, ...]``) or ``transitions`` (``[B, ...]``).
         cross_episodes: sequences may cross episode borders (``is_first`` marks resets).
-        prefill: env steps (rows) taken with a random policy before training starts.
+        prefill: env steps (rows) taken with a random policy before training starts; at most the
+            usable capacity ``num_envs * (capacity // num_envs)``.
         replay_ratio: gradient steps per env step (rows): 0.5 collects 2 rows per batch.
         prioritized, alpha, beta: proportional prioritized replay.
         storage_dir: memory-map the buffer here (for buffers larger than RAM).
@@ -99,9 +104,13 @@ class ReplayDataModule(pl.LightningDataModule):
                 raise ValueError(f"data.init_args.{name} must be >= {least}, got {value}")
         if storage_dir is not None:
             check_writable(storage_dir, "replay storage_dir")
-        if prefill > capacity:
-            raise ValueError(f"prefill ({prefill} rows) exceeds the replay capacity ({capacity} rows): the buffer "
-                             "could never hold it; raise data.init_args.capacity or lower prefill")
+        streams = env.num_envs
+        usable = streams * (capacity // streams)  # one ring of capacity // num_envs rows per env stream
+        if prefill > usable:
+            split = f": {streams} env streams of {capacity // streams} rows" if usable != capacity else ""
+            raise ValueError(f"prefill ({prefill} rows) exceeds the replay capacity ({usable} rows{split}): the buffer "
+                             "could never hold it and the random policy would act before every batch; raise "
+                             f"data.init_args.capacity or lower prefill to at most {usable}")
         self.env = env
         self.spec: EnvSpec = env_spec(env)
         self.capacity, self.batch_size, self.sequence_length = capacity, batch_size, sequence_length
@@ -124,26 +133,29 @@ class ReplayDataModule(pl.LightningDataModule):
         stats = self.collector.stats
         return EnvStats(env_steps=stats.env_steps, episodes=stats.pop_finished())
 
-    def _rank_env(self, offset: int = 0) -> EnvConfig:
+    def _seed(self, role: str) -> int:
+        """This rank's seed for ``role`` (``lightning_wm.seeding``)."""
         rank, _ = _rank_and_world(getattr(self, "trainer", None))
-        cfg = EnvConfig(**{**vars(self.env)})
-        cfg.seed = self.env.seed + 1000 * rank + offset
-        return cfg
+        return derive_seed(self.env.seed, role, rank)
+
+    def train_env_seeds(self) -> list[int]:
+        """The first-reset seeds of this rank's training envs (one per env)."""
+        rank, _ = _rank_and_world(getattr(self, "trainer", None))
+        return env_seeds(self.env.seed, self.env.num_envs, "train", rank)
 
     def setup(self, stage: str) -> None:
         if self.buffer is not None:
             return
-        cfg = self._rank_env()
         storage = None
         if self.storage_dir is not None:
             rank, _ = _rank_and_world(getattr(self, "trainer", None))
             storage = os.path.join(self.storage_dir, f"rank{rank}")
         self.buffer = ReplayBuffer(
-            self.capacity, cfg.num_envs, prioritized=self.prioritized, alpha=self.alpha, beta=self.beta,
-            storage_dir=storage, seed=cfg.seed,
+            self.capacity, self.env.num_envs, prioritized=self.prioritized, alpha=self.alpha, beta=self.beta,
+            storage_dir=storage, seed=self._seed("replay"),
         )
-        self.collector = Collector(make_vector_env(cfg), RandomAgent(self.spec, seed=cfg.seed), self.buffer,
-                                   seed=cfg.seed, spec=self.spec)
+        self.collector = Collector(make_vector_env(self.env), RandomAgent(self.spec, seed=self._seed("prefill")),
+                                   self.buffer, seed=self.train_env_seeds(), spec=self.spec)
         if self._pending_state is not None:
             self._restore(self._pending_state)
             self._pending_state = None
@@ -163,7 +175,7 @@ class ReplayDataModule(pl.LightningDataModule):
         collector = self.collector
         assert collector is not None, "setup() was not called"
         if len(self.buffer) < self.prefill:  # a fresh run, or a resume without a saved buffer
-            collector.set_agent(RandomAgent(self.spec, seed=self._rank_env().seed))
+            collector.set_agent(RandomAgent(self.spec, seed=self._seed("prefill")))
             collector.collect(math.ceil((self.prefill - len(self.buffer)) / collector.num_envs))
         if self._collected_ahead > 0:
             # Lightning fetches one batch ahead of the step it trains, so a checkpoint holds the env
@@ -197,8 +209,8 @@ class ReplayDataModule(pl.LightningDataModule):
     # -- evaluation -------------------------------------------------------------------
     def evaluate(self, agent: Any, episodes: int | None = None) -> list[dict[str, float]]:
         """Run ``episodes`` episodes with ``explore=False`` in fresh envs; return their stats."""
-        cfg = self._rank_env(offset=500_000)
-        return run_evaluation(cfg, agent, episodes or self.eval_episodes, self.eval_envs, cfg.seed, spec=self.spec)
+        return run_evaluation(self.env, agent, episodes or self.eval_episodes, self.eval_envs, self._seed("eval"),
+                              spec=self.spec)
 
     # -- checkpointing ----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -425,7 +437,8 @@ class EpisodeDataModule(pl.LightningDataModule):
     def _stream(self, paths: list[Path], batches: int, shuffle: bool) -> DataLoader:
         rank, world = _rank_and_world(getattr(self, "trainer", None))
         ds = _EpisodeStream(
-            self.store, paths, self.mode, self.batch_size, self.sequence_length, batches, self.seed + 1000 * rank,
+            self.store, paths, self.mode, self.batch_size, self.sequence_length, batches,
+            derive_seed(self.seed, "episodes", rank),
             shuffle, rank, world, self.keys, self.cross_episodes, self.skip_corrupt, self.pool_episodes,
         )
         return DataLoader(ds, batch_size=None, num_workers=self.num_workers,
