@@ -5,7 +5,7 @@
   onto it (:mod:`lightning_wm.io`), so ``kill -9`` mid-write leaves the previous file intact and
   only a ``.*.tmp`` that the next run removes. A failed write raises (Lightning's own writer
   swallows a ``PermissionError``).
-* **Finding** (:func:`resolve_checkpoint`): ``last`` / ``best`` name ``last.ckpt`` / ``best.ckpt``
+* **Finding** (:func:`open_checkpoint`): ``last`` / ``best`` name ``last.ckpt`` / ``best.ckpt``
   of the run's checkpoint folder; a missing one is an error naming the folder that was searched;
   a corrupt ``last.ckpt`` falls back to the newest intact checkpoint beside it, with a warning
   naming both.
@@ -47,7 +47,7 @@ __all__ = [
     "load_checkpoint",
     "load_module",
     "load_weights",
-    "resolve_checkpoint",
+    "open_checkpoint",
 ]
 
 LAST, BEST = "last.ckpt", "best.ckpt"
@@ -111,56 +111,54 @@ def read_torch_file(path: str | os.PathLike) -> Any:
     return checkpoint
 
 
-def _is_intact(path: Path) -> bool:
-    try:
-        load_checkpoint(path)
-    except (CheckpointError, FileNotFoundError):
-        return False
-    return True
+def open_checkpoint(ckpt_path: str | os.PathLike | None,
+                    checkpoint_dir: str | os.PathLike) -> tuple[Path, dict[str, Any]] | None:
+    """Find and read the checkpoint that ``--ckpt_path`` means (``None``: none).
 
+    ``last`` / ``best`` are ``last.ckpt`` / ``best.ckpt`` in ``checkpoint_dir``; anything else is
+    a path. A ``last.ckpt`` that cannot be read is replaced by the newest intact ``*.ckpt``
+    beside it (a :class:`CheckpointWarning` names both); ``best`` and paths are used as given.
 
-def resolve_checkpoint(ckpt_path: str | os.PathLike | None, checkpoint_dir: str | os.PathLike) -> Path | None:
-    """The file that ``--ckpt_path`` means: ``last`` / ``best`` in ``checkpoint_dir``, or a path.
-
-    A ``last.ckpt`` that cannot be read is replaced by the newest intact ``*.ckpt`` beside it
-    (a :class:`CheckpointWarning` names both); ``best`` and explicit paths are used as given.
-
+    Returns:
+        ``(path, checkpoint)``, the checkpoint read by :func:`load_checkpoint`.
     Raises:
         FileNotFoundError: the file (or ``last.ckpt`` / ``best.ckpt`` in ``checkpoint_dir``) does
             not exist; the message names the folder that was searched.
-        CheckpointError: ``last.ckpt`` is corrupt and no intact checkpoint is beside it.
+        CheckpointError: the checkpoint cannot be read (for ``last``: nor any beside it).
     """
     if ckpt_path is None:
         return None
     folder = Path(checkpoint_dir)
     if str(ckpt_path) == "best":
-        best = folder / BEST
-        if not best.is_file():
+        path = folder / BEST
+        if not path.is_file():
             raise FileNotFoundError(f"--ckpt_path best: there is no {BEST} in {str(folder)!r}; it is written when "
                                     "validation logs val/return (online agents), beside last.ckpt")
-        return best
+        return path, load_checkpoint(path)
     if str(ckpt_path) != "last":
         path = Path(ckpt_path)
         if not path.is_file():
             raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
-        return path
+        return path, load_checkpoint(path)
     last = folder / LAST
     if not last.is_file():
-        raise FileNotFoundError(f"--ckpt_path last: there is no {LAST} in {str(folder)!r} (searched there){_runs_hint(folder)}; "
-                                "train first with `fit`, or check --trainer.run_name")
+        raise FileNotFoundError(f"--ckpt_path last: there is no {LAST} in {str(folder)!r} (searched there)"
+                                f"{_runs_hint(folder)}; train first with `fit`, or check --trainer.run_name")
     try:
-        load_checkpoint(last)
+        return last, load_checkpoint(last)
     except CheckpointError as err:
         others = sorted((p for p in folder.glob("*.ckpt") if p.name != LAST), key=lambda p: p.stat().st_mtime,
                         reverse=True)
-        fallback = next((p for p in others if _is_intact(p)), None)
-        if fallback is None:
-            raise CheckpointError(f"{err}; no intact checkpoint is beside it to resume from") from None
-        why = str(err).replace(f"checkpoint {str(last)!r} ", "").split(": delete it")[0]
-        warnings.warn(f"{LAST} in {str(folder)!r} cannot be read (it {why}); using {fallback.name}, the newest "
-                      "intact checkpoint beside it, instead", CheckpointWarning, stacklevel=2)
-        return fallback
-    return last
+        for fallback in others:
+            try:
+                checkpoint = load_checkpoint(fallback)
+            except (CheckpointError, FileNotFoundError):
+                continue
+            why = str(err).replace(f"checkpoint {str(last)!r} ", "").split(": delete it")[0]
+            warnings.warn(f"{LAST} in {str(folder)!r} cannot be read (it {why}); using {fallback.name}, the newest "
+                          "intact checkpoint beside it, instead", CheckpointWarning, stacklevel=2)
+            return fallback, checkpoint
+        raise CheckpointError(f"{err}; no intact checkpoint is beside it to resume from") from None
 
 
 def _runs_hint(folder: Path) -> str:

@@ -29,8 +29,8 @@ from pytorch_lightning.loggers import TensorBoardLogger
 
 from lightning_wm import console, runtime
 from lightning_wm.callbacks import default_callbacks
-from lightning_wm.checkpoints import (LAST, AtomicCheckpointIO, RunCheckpoints, check_compatible, load_checkpoint,
-                                      load_weights, resolve_checkpoint)
+from lightning_wm.checkpoints import (LAST, AtomicCheckpointIO, RunCheckpoints, check_compatible, load_weights,
+                                      open_checkpoint)
 from lightning_wm.data.collector import Collector, run_evaluation
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.data.modules import EpisodeDataModule
@@ -132,10 +132,10 @@ class Trainer(pl.Trainer):
                 print(f"no {LAST} in {self.checkpoint_dir}: starting a new run", file=sys.stderr)
                 return None
             ckpt_path = "last"
-        path = resolve_checkpoint(ckpt_path, self.checkpoint_dir)
-        if path is None:
+        found = open_checkpoint(ckpt_path, self.checkpoint_dir)
+        if found is None:
             return None
-        checkpoint = load_checkpoint(path)
+        path, checkpoint = found
         if model is not None:
             check_compatible(checkpoint, model, path, action, settings)
         reader = self.strategy.checkpoint_io
@@ -172,9 +172,9 @@ class Trainer(pl.Trainer):
         return super().test(model, dataloaders, path, verbose, datamodule, weights_only=True)
 
     def _load_weights(self, model: pl.LightningModule, ckpt_path: str | None, action: str) -> None:
-        path = resolve_checkpoint(ckpt_path, self.checkpoint_dir)
-        if path is not None:
-            load_weights(model, path, action=action)
+        found = open_checkpoint(ckpt_path, self.checkpoint_dir)
+        if found is not None:
+            load_weights(model, found[1], found[0], action=action)
 
     # -- extra subcommands -------------------------------------------------------------
     def record(self, model: pl.LightningModule, datamodule: pl.LightningDataModule, episodes: int = 10,

@@ -51,14 +51,8 @@ HIDDEN: tuple[Hidden, ...] = (
     Hidden(r"isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning,
            why="torch deprecates an API that pytorch_lightning's own _pytree helper still calls; "
                "nothing of ours uses it and it changes no result"),
-    Hidden(r"does not have many workers", category=UserWarning,
-           why="the online train stream acts with the current policy in the learner process on purpose "
-               "(DataLoader workers would hold frozen copies of buffer and policy); offline stores set "
-               "num_workers themselves"),
     Hidden(r"LightningCLI's args parameter is intended to run from within Python", category=UserWarning,
            why="tests and scripts call main(args=...) on purpose"),
-    Hidden(r"Environment variable TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", category=UserWarning,
-           why="checkpoints are always read with weights_only=True here (lightning_wm.checkpoints)"),
     # -- Lightning's info lines ---------------------------------------------------------------
     Hidden(r"^💡 Tip:", logger="pytorch_lightning.utilities.rank_zero",
            why="an advertisement for another logging service"),
@@ -161,7 +155,7 @@ class _LineProgress:
         self.n = self._start = initial
         self.postfix = ""
         self._t0 = self._last = time.monotonic()
-        self._printed_n: int | None = None
+        self._printed: tuple[int, str] | None = None
 
     def line(self) -> str:
         """``train: 1,250/5,000 steps (25%) | <postfix> | 0:05:12 elapsed, ~0:15:36 left``."""
@@ -188,10 +182,10 @@ class _LineProgress:
 
     def _emit(self) -> None:
         print(self.line(), file=self.file, flush=True)
-        self._printed_n = self.n
+        self._printed = (self.n, self.postfix)
 
     def close(self) -> None:
-        if self._printed_n != self.n:
+        if self._printed != (self.n, self.postfix):  # the last state is always shown
             self._emit()
 
     def __enter__(self) -> "_LineProgress":
@@ -260,6 +254,8 @@ class RunProgress(ProgressBar):
     Validation runs without a bar of its own.
     """
 
+    FIELDS_EVERY_S = 0.5
+
     def __init__(self, file: IO[str] | None = None, every_s: float | None = None) -> None:
         super().__init__()
         self._enabled = True
@@ -268,6 +264,7 @@ class RunProgress(ProgressBar):
         self._bar: Any = None
         self._rate = _Rate()
         self._batches = 0
+        self._fields_at = -math.inf
 
     # -- ProgressBar API --------------------------------------------------------------
     def disable(self) -> None:
@@ -331,13 +328,18 @@ class RunProgress(ProgressBar):
         else:
             self._bar = _LineProgress(total, "train", unit, file, every, initial)
 
-    def _show(self, trainer: pl.Trainer, n: int) -> None:
+    def _show(self, trainer: pl.Trainer, n: int, fields: bool = False) -> None:
+        """Move the bar to ``n``; refresh its fields at most every ``FIELDS_EVERY_S`` seconds
+        (reading metrics synchronises with an accelerator) or when ``fields`` is asked for."""
         if self._bar is None:
             return
-        text = self.fields(trainer)
-        if not self._steps:
-            text = " | ".join(p for p in (f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs}", text) if p)
-        self._bar.set_postfix_str(text, refresh=False)
+        now = time.monotonic()
+        if fields or now - self._fields_at >= self.FIELDS_EVERY_S:
+            self._fields_at = now
+            text = self.fields(trainer)
+            if not self._steps:
+                text = " | ".join(p for p in (f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs}", text) if p)
+            self._bar.set_postfix_str(text, refresh=False)
         self._bar.update(n - self._bar.n)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
@@ -347,11 +349,11 @@ class RunProgress(ProgressBar):
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.state.fn == "fit" and self._bar is not None:
-            self._show(trainer, self._bar.n)
+            self._show(trainer, self._bar.n, fields=True)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._bar is not None:
-            self._show(trainer, trainer.global_step if self._steps else self._batches)
+            self._show(trainer, trainer.global_step if self._steps else self._batches, fields=True)
             self._bar.close()
             self._bar = None
 
