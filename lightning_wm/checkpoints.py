@@ -231,10 +231,7 @@ def check_compatible(checkpoint: Mapping[str, Any], model: pl.LightningModule, p
     current = dict(model.hparams)
     differences = hparam_differences(saved, current) if saved and current else {}
     listed = "; ".join(f"{k}: checkpoint {a!r}, config {b!r}" for k, (a, b) in differences.items())
-    if differences and settings == "warn":
-        warnings.warn(f"{action}: the model in {str(path)!r} was trained with other settings than this config's "
-                      f"({listed}); its weights are used with the config's settings", CheckpointWarning, stacklevel=3)
-    elif differences:
+    if differences and settings == "refuse":
         raise CheckpointError(f"{action} refused: the config contradicts the model in {str(path)!r} ({listed}); a "
                               "checkpoint keeps its architecture: use the config it was trained with or set these keys "
                               "to its values (another model is a new run: another --trainer.run_name)")
@@ -243,6 +240,9 @@ def check_compatible(checkpoint: Mapping[str, Any], model: pl.LightningModule, p
         raise CheckpointError(f"{action} refused: the weights in {str(path)!r} do not fit this "
                               f"{own.__name__} ({mismatch}){f' (settings that differ: {listed})' if listed else ''}; "
                               "use the config the checkpoint was trained with")
+    if differences:
+        warnings.warn(f"{action}: the model in {str(path)!r} was trained with other settings than this config's "
+                      f"({listed}); its weights are used with the config's settings", CheckpointWarning, stacklevel=3)
 
 
 def _state_dict_mismatch(expected: Mapping[str, torch.Tensor], given: Mapping[str, Any]) -> str:
