@@ -62,8 +62,8 @@ HIDDEN: tuple[Hidden, ...] = (
            why="no GPU at all; a GPU that is present (used or not) is still reported"),
     Hidden(r"^`Trainer\(limit_\w+_batches=1(\.0)?\)` was configured", logger="pytorch_lightning.utilities.rank_zero",
            why="repeats a setting of the config (online validation is one batch of episodes)"),
-    Hidden(r"^`Trainer\.fit` stopped: `max_steps=\d+` reached\.$", logger="pytorch_lightning.utilities.rank_zero",
-           why="the planned end of the run; the progress already shows max_steps of max_steps (other stops are shown)"),
+    Hidden(r"^`Trainer\.fit` stopped: `max_(steps|epochs)=\d+` reached\.$", logger="pytorch_lightning.utilities.rank_zero",
+           why="the planned end of the run, which the progress shows; other stops (max_time, ...) are shown"),
     Hidden(r"^Seed set to \d+$", logger="lightning_fabric.utilities.seed",
            why="the seed is in the run's saved config.yaml and in --print_config"),
 )
@@ -93,13 +93,32 @@ def headless_rendering() -> None:
 
 
 @contextlib.contextmanager
+def _own_warnings_as_lines() -> Iterator[None]:
+    """Warnings of lightning_wm's own categories print as ``warning: <message>``: they are
+    meant for the user, and the source line of the ``warnings.warn`` call is not."""
+    original = warnings.formatwarning
+
+    def formatwarning(message: Any, category: type[Warning], filename: str, lineno: int, line: Any = None) -> str:
+        if category.__module__.split(".")[0] == "lightning_wm":
+            return f"warning: {message}\n"
+        return original(message, category, filename, lineno, line)
+
+    warnings.formatwarning = formatwarning  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        warnings.formatwarning = original
+
+
+@contextlib.contextmanager
 def quiet(verbose: bool | None = None) -> Iterator[None]:
     """Hide the :data:`HIDDEN` lines while the block runs (all are shown when ``verbose``,
     default :func:`is_verbose`). Restores the warning filters and log filters afterwards."""
     headless_rendering()
     verbose = is_verbose() if verbose is None else verbose
     if verbose:
-        yield
+        with _own_warnings_as_lines():
+            yield
         return
     by_logger: dict[str, list[re.Pattern[str]]] = {}
     for entry in HIDDEN:
@@ -109,7 +128,7 @@ def quiet(verbose: bool | None = None) -> Iterator[None]:
     for logger, log_filter in filters:
         logger.addFilter(log_filter)
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _own_warnings_as_lines():
             for entry in HIDDEN:
                 if entry.category is not None:
                     warnings.filterwarnings("ignore", message=f".*{entry.pattern}", category=entry.category)
@@ -338,7 +357,9 @@ class RunProgress(ProgressBar):
             self._fields_at = now
             text = self.fields(trainer)
             if not self._steps:
-                text = " | ".join(p for p in (f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs}", text) if p)
+                epochs = trainer.max_epochs if trainer.max_epochs is not None and trainer.max_epochs > 0 else None
+                epoch = trainer.current_epoch + 1 if epochs is None else min(trainer.current_epoch + 1, epochs)
+                text = " | ".join(p for p in (f"epoch {epoch}" + (f"/{epochs}" if epochs else ""), text) if p)
             self._bar.set_postfix_str(text, refresh=False)
         self._bar.update(n - self._bar.n)
 
