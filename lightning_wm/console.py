@@ -436,6 +436,13 @@ def explain_parser_error(message: str) -> tuple[str, str | None]:
     if key and class_path and key in _SUBCLASS_KEYS and len(keys) > 1:
         key = f"{key}.init_args.{keys[1]}"
     expected = next((m for m in map(_EXPECTED.search, lines) if m and "NoneType" not in m.group(1)), None)
+    if expected is None and key:  # an optional value: "- Expected a T" per alternative, then "Given value: v"
+        inner = lines[next((i for i, line in enumerate(lines) if _KEY.search(line) and keys[-1] in line), 0):]
+        types = [m.group(1) for m in (re.search(r"- Expected a (.+)$", line) for line in inner)
+                 if m and "NoneType" not in m.group(1)]
+        given = next((m.group(1) for m in (re.search(r"Given value: (.*)$", line) for line in inner) if m), None)
+        if types and given is not None:
+            return f"--{key} expects {' or '.join(_type_name(t) for t in types)}, got {given.strip()!r}", class_path
     not_accepted = next((m for m in map(_NOT_ACCEPTED.search, lines) if m), None)
     if not_accepted and class_path:
         option = not_accepted.group(1)

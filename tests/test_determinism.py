@@ -29,14 +29,25 @@ FAMILIES = {
 
 def _fit(workdir: Path, args: list[str]) -> dict[str, Any]:
     """Run ``fit`` in a fresh process (nothing carried over in memory) and return every file of
-    its checkpoint folder, loaded."""
+    its checkpoint folder, loaded, with the run's own folder in stored paths replaced by ``<run>``."""
     workdir.mkdir(parents=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, str(ROOT / "main.py"), "fit", *args, "--trainer.run_name", "run"],
                          capture_output=True, text=True, cwd=workdir, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     folder = workdir / "lightning_logs/run/checkpoints"
-    return {p.name: torch.load(p, map_location="cpu", weights_only=True) for p in sorted(folder.iterdir())}
+    loaded = {p.name: torch.load(p, map_location="cpu", weights_only=True) for p in sorted(folder.iterdir())}
+    return _relative(loaded, str(workdir))
+
+
+def _relative(value: Any, root: str) -> Any:
+    if isinstance(value, str):
+        return value.replace(root, "<run>")
+    if isinstance(value, dict):
+        return {k: _relative(v, root) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_relative(v, root) for v in value)
+    return value
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

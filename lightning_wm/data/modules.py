@@ -109,7 +109,7 @@ class ReplayDataModule(pl.LightningDataModule):
             raise ValueError(f"replay_ratio (gradient steps per env step) must be > 0, got {replay_ratio}")
         for name, value, least in (("prefill", prefill, 0), ("batch_size", batch_size, 1),
                                    ("sequence_length", sequence_length, 1), ("capacity", capacity, 1)):
-            if value < least:
+            if value is not None and value < least:
                 raise ValueError(f"data.init_args.{name} must be >= {least}, got {value}")
         if storage_dir is not None:
             check_writable(storage_dir, "replay storage_dir")
