@@ -34,9 +34,10 @@ from torch import Tensor, nn
 
 from lightning_wm.actions import ActionCodec
 from lightning_wm.agents.base import RLModule
-from lightning_wm.agents.memory import Memory, load_checkpoint_module
+from lightning_wm.agents.memory import Memory
 from lightning_wm.agents.vision import Vision
 from lightning_wm.agents.vm_model import VisionMemoryModel
+from lightning_wm.checkpoints import load_module
 from lightning_wm.dream_env import DreamEnv
 from lightning_wm.env_pool import EnvPool
 from lightning_wm.envs import EnvConfig, EnvSpec
@@ -173,8 +174,8 @@ class Controller(RLModule):
         self.env_workers = env_workers
 
         # frozen V and M; kept in train mode like the rest (they hold no dropout or batch norm)
-        self.vision = load_checkpoint_module(Vision, vision_ckpt).train() if vision_ckpt else None
-        self.memory = load_checkpoint_module(Memory, memory_ckpt).train() if memory_ckpt else None
+        self.vision = load_module(Vision, vision_ckpt).train() if vision_ckpt else None
+        self.memory = load_module(Memory, memory_ckpt).train() if memory_ckpt else None
         if self.vision is not None:
             if not env_spec.is_pixels:
                 raise ValueError(f"vision_ckpt given but {env_spec.env_id} observes vectors; set env.pixels: true")

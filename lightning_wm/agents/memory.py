@@ -28,23 +28,12 @@ from torch import Tensor, nn
 
 from lightning_wm.actions import ActionCodec
 from lightning_wm.agents.vision import Vision
+from lightning_wm.checkpoints import load_module
 from lightning_wm.envs import EnvSpec
 from lightning_wm.logging import image_grid, log_image
 from lightning_wm.nn.mdn import mdn_log_prob, mdn_sample, per_dim_layout
 
 LSTMState = tuple[Tensor, Tensor]
-
-
-def load_checkpoint_module(cls: type[pl.LightningModule], path: str, device: torch.device | str = "cpu") -> Any:
-    """Load a trained module of class ``cls`` from a Lightning checkpoint, frozen, in eval mode."""
-    from pathlib import Path
-
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"{cls.__name__} checkpoint {path!r} does not exist; train it first with `fit`")
-    module = cls.load_from_checkpoint(path, map_location=device, weights_only=False)
-    module.eval()
-    module.requires_grad_(False)
-    return module
 
 
 class Memory(pl.LightningModule):
@@ -247,7 +236,7 @@ class Memory(pl.LightningModule):
         if not self._vision:
             if not self.vision_ckpt:
                 raise ValueError("Memory.vision_ckpt is not set")
-            self._vision.append(load_checkpoint_module(Vision, self.vision_ckpt, self.device))
+            self._vision.append(load_module(Vision, self.vision_ckpt, self.device))
         vision = self._vision[0]
         if vision.device != self.device:
             vision.to(self.device)

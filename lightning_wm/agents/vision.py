@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import numpy as np
 import pytorch_lightning as pl
@@ -175,7 +175,8 @@ def encode_frames(vision: Vision, obs: np.ndarray | Tensor, batch_size: int = 25
     return torch.cat(mus), torch.cat(logvars)
 
 
-def convert_episodes(vision: Vision, source: Any, target: Any, batch_size: int = 256) -> int:
+def convert_episodes(vision: Vision, source: Any, target: Any, batch_size: int = 256,
+                     progress: Callable[[int], Any] | None = None) -> int:
     """Encode every episode of ``source`` (pixel EpisodeStore) into ``target`` (latent store).
 
     Each target episode holds ``mu``, ``logvar`` (``float32 [T, Z]``) for every frame and every
@@ -188,6 +189,7 @@ def convert_episodes(vision: Vision, source: Any, target: Any, batch_size: int =
         source: ``EpisodeStore`` of pixel episodes (``obs uint8 [T, 64, 64, C]``).
         target: ``EpisodeStore`` to write into; must hold no episodes yet.
         batch_size: frames per encoder forward.
+        progress: called with 1 after each episode (e.g. a progress bar's ``update``).
     Returns:
         the number of episodes written.
     Raises:
@@ -215,6 +217,8 @@ def convert_episodes(vision: Vision, source: Any, target: Any, batch_size: int =
             out["mu"], out["logvar"] = mu.numpy(), logvar.numpy()
             target.add(out)
             written += 1
+            if progress is not None:
+                progress(1)
     finally:
         vision.train(was_training)
     meta = dict(target.read_metadata() or {})

@@ -21,8 +21,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from lightning_wm.agents.memory import Memory, load_checkpoint_module
+from lightning_wm.agents.memory import Memory
 from lightning_wm.agents.vision import Vision, encode_frames
+from lightning_wm.checkpoints import load_module
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.dream_env import DreamEnv
 from lightning_wm.world_model import WorldModel
@@ -55,8 +56,8 @@ class VisionMemoryModel(nn.Module, WorldModel):
     def from_checkpoints(cls, vision_ckpt: str, memory_ckpt: str, device: torch.device | str = "cpu",
                          **kwargs: Any) -> "VisionMemoryModel":
         """Load V and M from their Lightning checkpoints (frozen, eval mode)."""
-        return cls(load_checkpoint_module(Vision, vision_ckpt, device),
-                   load_checkpoint_module(Memory, memory_ckpt, device), **kwargs)
+        return cls(load_module(Vision, vision_ckpt, device),
+                   load_module(Memory, memory_ckpt, device), **kwargs)
 
     @property
     def z_size(self) -> int:

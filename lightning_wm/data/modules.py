@@ -25,11 +25,13 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from lightning_wm.data.collector import Collector, run_evaluation
 from lightning_wm.policies import RandomAgent
-from lightning_wm.data.episodes import EpisodeStore
+from lightning_wm.data.episodes import CorruptEpisodeError, EpisodeStore, check_layout, row_layout
 from lightning_wm.data.feeds import ActorLink, ReplayFeed, UnrollBatcher
 from lightning_wm.data.replay import ReplayBuffer
 from lightning_wm.data.samplers import RowSampler, Sampler, SequenceSampler
 from lightning_wm.envs import EnvConfig, EnvSpec, env_spec, make_vector_env
+from lightning_wm.io import check_writable
+from lightning_wm.policies import RandomAgent
 from lightning_wm.protocols import Agent, EnvStats, EvaluationRequest
 from lightning_wm.seeding import derive_seed, env_seeds
 
@@ -139,6 +141,12 @@ class ReplayDataModule(pl.LightningDataModule):
         super().__init__()
         if replay_ratio <= 0:
             raise ValueError(f"replay_ratio (gradient steps per env step) must be > 0, got {replay_ratio}")
+        for name, value, least in (("prefill", prefill, 0), ("batch_size", batch_size, 1),
+                                   ("sequence_length", sequence_length, 1), ("capacity", capacity, 1)):
+            if value is not None and value < least:
+                raise ValueError(f"data.init_args.{name} must be >= {least}, got {value}")
+        if storage_dir is not None:
+            check_writable(storage_dir, "replay storage_dir")
         streams = env.num_envs
         usable = streams * (capacity // streams)  # one ring of capacity // num_envs rows per env stream
         if prefill > usable:
@@ -419,11 +427,23 @@ class _EpisodeStream(IterableDataset):
         self.seed, self.shuffle, self.rank, self.world, self.keys = seed, shuffle, rank, world, keys
         self.cross_episodes, self.skip_corrupt, self.pool_episodes = cross_episodes, skip_corrupt, pool_episodes
         self.epoch = 0
+        self._layout: dict[str, tuple[tuple[int, ...], str]] | None = None
 
     def _load(self, path: Path) -> dict[str, np.ndarray] | None:
         episode = self.store.load(path, skip_corrupt=self.skip_corrupt)
         if episode is not None and self.keys is not None:
             episode = {k: episode[k] for k in self.keys}
+        if episode is None:
+            return None
+        if self._layout is None:  # the first episode read defines the rows every other one must have
+            self._layout = row_layout(episode)
+        try:
+            check_layout(episode, self._layout, path)
+        except CorruptEpisodeError as err:
+            if not self.skip_corrupt:
+                raise
+            warnings.warn(f"skipping {err}", RuntimeWarning, stacklevel=2)
+            return None
         return episode
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:

@@ -214,6 +214,8 @@ class Dreamer(RLModule):
                 "Dreamer needs env_spec (the CLI links it from the datamodule's spec; in code pass "
                 "env_spec=lightning_wm.envs.env_spec(EnvConfig(...)))"
             )
+        if horizon < 1:
+            raise ValueError(f"horizon must be >= 1, got {horizon} (imagined steps per actor-critic update)")
         if actor_grad not in ("auto", "reinforce", "dynamics"):
             raise ValueError(f"actor_grad must be auto, reinforce or dynamics, got {actor_grad!r}")
         if actor_dist not in ("bounded_normal", "tanh_normal"):
