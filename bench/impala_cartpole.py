@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -193,6 +194,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
+        # a terminated worker still runs its finally blocks, so Ray's processes go with it
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         print(RESULT_PREFIX + json.dumps(run_rllib(args)), flush=True)
         return
     records = [run_seed(args, seed) for seed in args.seeds]
