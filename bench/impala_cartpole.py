@@ -78,7 +78,9 @@ def run_rllib(args: argparse.Namespace) -> dict[str, Any]:
     from ray.rllib.core.columns import Columns
 
     torch.set_num_threads(1)
-    ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
+    # address="local": always a fresh instance of our own (never one somebody started with `ray start`),
+    # so that ray.shutdown() below ends every process of it
+    ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
     try:
         config = (
             IMPALAConfig()
