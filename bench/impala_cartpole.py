@@ -39,6 +39,11 @@ DEFAULT_RLLIB_PYTHON = "/work/venvs/rllib/bin/python"
 RESULT_PREFIX = "RESULT "
 
 
+def _exit_on_signal(signum: int, frame: Any) -> None:
+    """SIGTERM handler: leave through ``finally`` blocks (Ray shut down, worker processes ended)."""
+    raise SystemExit(128 + signum)
+
+
 # -- evaluation shared by the systems ------------------------------------------------------
 def greedy_episodes(policy: Any, episodes: int, seed: int, env_id: str = "CartPole-v1") -> list[float]:
     """Returns of ``episodes`` episodes of ``policy`` (a function ``obs [N, D] float32 numpy
@@ -81,6 +86,9 @@ def run_rllib(args: argparse.Namespace) -> dict[str, Any]:
     # address="local": always a fresh instance of our own (never one somebody started with `ray start`),
     # so that ray.shutdown() below ends every process of it
     ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
+    # Ray's own SIGTERM handler aborts the process and leaves agents behind: exit through the
+    # finally blocks below instead (installed after ray.init, which replaces handlers)
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     try:
         config = (
             IMPALAConfig()
@@ -151,8 +159,14 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     if args.keep_going:
         cmd.append("--keep-going")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # RLlib's venv, not our packages
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        stdout, _ = proc.communicate()
+    finally:  # interrupted or terminated: the worker shuts its Ray instance down before we go
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait()
+    lines = [line for line in stdout.splitlines() if line.startswith(RESULT_PREFIX)]
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"error: seed {seed} failed (exit {proc.returncode}); its log is above")
     return json.loads(lines[-1][len(RESULT_PREFIX):])
@@ -195,9 +209,8 @@ def main() -> None:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     if args.worker:
-        # a terminated worker still runs its finally blocks, so Ray's processes go with it
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         print(RESULT_PREFIX + json.dumps(run_rllib(args)), flush=True)
         return
     records = [run_seed(args, seed) for seed in args.seeds]
