@@ -20,7 +20,8 @@ evaluation's own time is left out of the wall time; env steps are training env s
 last at least ``min_time_s_per_iteration`` (its default, 10 s), which is the granularity of
 its figures. ``frames/s`` is training env steps / training wall time. With ``--keep-going``
 training continues to the budget after the target and the last evaluation says whether the
-policy stays solved. Every Ray process is shut down before a seed's process exits.
+policy stays solved. Every Ray process is shut down before a seed's process exits, also when
+the bench is terminated (SIGTERM) or interrupted.
 """
 
 from __future__ import annotations
