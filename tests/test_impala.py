@@ -17,6 +17,7 @@ from lightning_wm.agents.impala import (
 )
 from lightning_wm.data.collector import Collector
 from lightning_wm.envs import EnvConfig, EnvSpec, env_spec, make_vector_env
+from lightning_wm.protocols import Agent
 from lightning_wm.returns import UnrollSteps, lambda_return
 
 CARTPOLE = EnvSpec(gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2), "CartPole-v1")
@@ -53,6 +54,7 @@ def _collect(spec_cfg, net, steps, num_envs=3, seed=0):
 def test_discrete_act_shapes_and_modes(lstm_size):
     torch.manual_seed(0)
     net = ActorCritic(CARTPOLE, hidden_size=32, lstm_size=lstm_size)
+    assert isinstance(net, Agent)
     state = net.initial_state(5)
     assert (state is None) == (lstm_size == 0)
     obs = torch.randn(5, 4)
