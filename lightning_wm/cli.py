@@ -149,7 +149,7 @@ class Trainer(pl.Trainer):
         vector_env = make_vector_env(env)
         try:
             with tqdm(total=episodes, desc=f"record {env.id}", unit="ep") as bar:
-                collector = Collector(vector_env, model, store=store, seed=env.seed)
+                collector = Collector(vector_env, model, store=store, seeds=env.seed)
                 model.eval()
                 finished = collector.run_episodes(episodes, explore=explore, progress=bar.update)
         finally:
@@ -203,7 +203,7 @@ class Trainer(pl.Trainer):
         env = gym.vector.SyncVectorEnv([lambda: make_env(one, render_mode="rgb_array")],
                                        autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
         try:
-            collector = Collector(env, model, seed=seed)
+            collector = Collector(env, model, seeds=seed)
             frames: list[np.ndarray] = []
             collector.reset()
             frames.append(env.envs[0].render())

@@ -118,7 +118,7 @@ def test_seeded_dreams_are_reproducible_and_temperature_matters():
 def test_collector_records_dream_rows():
     env = _dream(num_envs=2, done_threshold=2.0, max_episode_steps=4)
     spec = EnvSpec(env.single_observation_space, env.single_action_space)
-    collector = Collector(env, RandomAgent(spec, seed=0), seed=0, spec=spec)
+    collector = Collector(env, RandomAgent(spec, seed=0), seeds=0, spec=spec)
     finished = collector.collect(10)
     assert [e["length"] for e in finished] == [4.0, 4.0, 4.0, 4.0]
 

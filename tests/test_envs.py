@@ -198,7 +198,7 @@ def test_collector_stores_dict_observations(tmp_path):
     spec = env_spec(cfg)
     env = make_vector_env(cfg)
     store = EpisodeStore(tmp_path / "eps")
-    episodes = Collector(env, RandomAgent(spec, seed=0), store=store, seed=0, spec=spec).run_episodes(2)
+    episodes = Collector(env, RandomAgent(spec, seed=0), store=store, seeds=0, spec=spec).run_episodes(2)
     env.close()
     assert len(store) == 2
     for stats, episode in zip(sorted(episodes, key=lambda e: e["length"]), sorted(store.episodes(), key=lambda e: len(e["reward"]))):
