@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -144,7 +145,7 @@ class Trainer(pl.Trainer):
         if ckpt is not None:
             load_weights(model, ckpt)
         store = EpisodeStore(datamodule.directory)
-        store.write_metadata({"env": {**vars(env), "size": list(env.size)}})
+        store.write_metadata({"env": {**dataclasses.asdict(env), "size": list(env.size)}})
         before = store.total_steps()
         vector_env = make_vector_env(env)
         try:
