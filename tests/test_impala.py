@@ -7,14 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_wm.agents.impala import (
-    ActorCritic,
-    CategoricalHead,
-    GaussianHead,
-    VTraceLossConfig,
-    impala_loss,
-    unroll_loss,
-)
+from lightning_wm.agents.impala import VTraceLossConfig, impala_loss, unroll_loss
+from lightning_wm.nn.actor_critic import ActorCritic, CategoricalHead, GaussianHead
 from lightning_wm.data.collector import Collector
 from lightning_wm.envs import EnvConfig, EnvSpec, env_spec, make_vector_env
 from lightning_wm.protocols import Agent
@@ -43,7 +37,7 @@ def _collect(spec_cfg, net, steps, num_envs=3, seed=0):
     env = make_vector_env(EnvConfig(**spec_cfg, num_envs=num_envs, seed=seed))
     recorder = RowRecorder()
     try:
-        Collector(env, net, buffer=recorder, seed=seed).collect(steps)
+        Collector(env, net, buffer=recorder, seeds=seed).collect(steps)
     finally:
         env.close()
     return recorder.unrolls()

@@ -1,377 +1,39 @@
-"""IMPALA (Espeholt et al. 2018) with DI-engine's options: the actor-critic network, its action
-heads, and the V-trace loss on row-convention unrolls.
+"""IMPALA (Espeholt et al. 2018) with DI-engine's options: the V-trace loss on row-convention
+unrolls and the LightningModule that learns from actors' unrolls.
 
-* :class:`ActorCritic` — observation encoder (MLP for vectors; the IMPALA conv stack,
-  ``deep`` or ``shallow``, for ``uint8 [H, W, C]`` frames; one encoder per key of a dict
-  observation), an optional LSTM core reset where ``is_first``, a policy head and a value
-  head. It implements the Agent protocol (``initial_state`` / ``act``), so a CPU copy of it
-  is what actors act with.
-* :class:`CategoricalHead` (discrete actions, extras ``logits``) and :class:`GaussianHead`
-  (continuous actions, extras ``mu`` / ``sigma``) sample as DI-engine names it:
-  ``multinomial_sample`` / ``reparam_sample`` while collecting, ``argmax_sample`` /
-  ``deterministic_sample`` in evaluation.
 * :func:`impala_loss` — policy gradient with V-trace advantages + ``value_weight`` * value
   loss - ``entropy_weight`` * entropy, as a pure function of time-major tensors;
-  :func:`unroll_loss` runs the network over a batch of unrolls ``[B, T+1, ...]`` and calls it.
+  :func:`unroll_loss` runs an :class:`~lightning_wm.nn.actor_critic.ActorCritic` over a batch of
+  unrolls ``[B, T+1, ...]`` and calls it.
+* :class:`IMPALA` — the learner on an :class:`~lightning_wm.data.modules.UnrollDataModule`:
+  unrolls acted in process or by actor processes (rows carry the behaviour policy and the
+  ``policy_version`` that made them), one optimizer step per batch, optional prioritized
+  replay feedback. The network, its heads and sampling are in :mod:`lightning_wm.nn.actor_critic`.
 
-Continuous actions live in ``[-1, 1]^A`` inside the network, mapped affinely onto the env's
-bounds (identity for unbounded spaces). The Gaussian's sample is clipped to the bounds before
-it reaches the env, so the behaviour policy is a *censored* Gaussian: an action on a bound
-has the probability mass beyond it. :meth:`GaussianHead.log_prob` computes exactly that
-likelihood, so the importance ratios compare the policies on the actions really taken.
+LSTM core: actors store the core state they acted from in every row (``core_h`` / ``core_c``);
+the learner starts each unroll from the state of its first row and resets it where
+``is_first`` inside the unroll. This costs two ``[lstm_size]`` columns per row and needs no
+burn-in; the start state is the actor's (made by the weights of the row's ``policy_version``),
+as in the IMPALA paper and torchbeast.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Callable, Literal, NamedTuple
 
-import gymnasium as gym
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from lightning_wm.envs import EnvSpec, is_image_space
-from lightning_wm.nn import dists
-from lightning_wm.nn.blocks import MLP, preprocess_pixels
+from lightning_wm.agents.base import RLModule
+from lightning_wm.envs import EnvSpec
+from lightning_wm.nn.actor_critic import ActorCritic, CoreState, Obs
+from lightning_wm.optim import GradClipper, build_optimizer, optimizer_beta
 from lightning_wm.returns import UnrollSteps, unroll_steps, vtrace
 
-Obs = Tensor | dict[str, Tensor]
-CoreState = tuple[Tensor, Tensor] | None  # LSTM (h, c), each [B, H]; None without a core
-
-
-# -- sampling (DI-engine's names) --------------------------------------------------------------
-def multinomial_sample(logits: Tensor) -> Tensor:
-    """Actions ``int64 [...]`` drawn from ``softmax(logits [..., N])``."""
-    return dists.sample_index(torch.softmax(logits.float(), -1))
-
-
-def argmax_sample(logits: Tensor) -> Tensor:
-    """The most probable actions ``int64 [...]`` of ``logits [..., N]``."""
-    return logits.argmax(-1)
-
-
-def reparam_sample(mu: Tensor, sigma: Tensor) -> Tensor:
-    """``mu + sigma * eps``, ``eps ~ N(0, 1)``: ``[..., A]``."""
-    return mu + sigma * torch.randn_like(mu)
-
-
-def deterministic_sample(mu: Tensor, sigma: Tensor) -> Tensor:
-    """The mean ``mu [..., A]``."""
-    return mu
-
-
-# -- action heads ------------------------------------------------------------------------------
-class CategoricalHead(nn.Module):
-    """``features [..., F]`` -> ``{"logits": [..., N]}``; actions ``int64 [...]``.
-
-    The output layer starts at 1% of its default scale, so the first policy is near uniform.
-    """
-
-    behaviour_keys = ("logits",)
-
-    def __init__(self, in_dim: int, num_actions: int) -> None:
-        super().__init__()
-        self.linear = nn.Linear(in_dim, num_actions)
-        with torch.no_grad():
-            self.linear.weight.mul_(0.01)
-            self.linear.bias.zero_()
-
-    def forward(self, features: Tensor) -> dict[str, Tensor]:
-        return {"logits": self.linear(features)}
-
-    def sample(self, params: dict[str, Tensor], explore: bool) -> Tensor:
-        """``multinomial_sample`` when exploring, else ``argmax_sample``."""
-        return multinomial_sample(params["logits"]) if explore else argmax_sample(params["logits"])
-
-    def log_prob(self, params: dict[str, Tensor], action: Tensor) -> Tensor:
-        """``log pi(action)`` ``[...]`` for ``action`` ``[...]`` (any integer or float dtype)."""
-        logp = torch.log_softmax(params["logits"].float(), -1)
-        return logp.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
-
-    def entropy(self, params: dict[str, Tensor]) -> Tensor:
-        return dists.categorical_entropy(params["logits"].float())
-
-
-class GaussianHead(nn.Module):
-    """``features [..., F]`` -> ``{"mu", "sigma"}`` ``[..., A]`` in the normalised action space
-    ``[-1, 1]^A``; actions in the env's units ``float32 [..., A]``, within its bounds.
-
-    Args:
-        in_dim: feature size.
-        space: the env's Box action space (bounded in every dimension or in none).
-        sigma_type: ``independent`` (a learned state-independent log sigma, DI-engine's
-            default) or ``conditioned`` (a linear layer of the features, log sigma clamped to
-            ``[-20, 2]`` as DI-engine).
-        bound_type: None (DI-engine's default) or ``tanh``: ``mu = tanh(.)`` stays inside the
-            bounds.
-        init_sigma: sigma at initialisation (normalised units).
-    """
-
-    behaviour_keys = ("mu", "sigma")
-
-    def __init__(self, in_dim: int, space: gym.spaces.Box, sigma_type: str = "independent",
-                 bound_type: str | None = None, init_sigma: float = 1.0) -> None:
-        super().__init__()
-        if sigma_type not in ("independent", "conditioned"):
-            raise ValueError(f"sigma_type must be 'independent' or 'conditioned', got {sigma_type!r}")
-        if bound_type not in (None, "tanh"):
-            raise ValueError(f"bound_type must be None or 'tanh', got {bound_type!r}")
-        if not init_sigma > 0:
-            raise ValueError(f"init_sigma must be > 0, got {init_sigma}")
-        low = np.asarray(space.low, np.float32).reshape(-1)
-        high = np.asarray(space.high, np.float32).reshape(-1)
-        finite = np.isfinite(low) & np.isfinite(high)
-        if finite.any() and not finite.all():
-            raise ValueError("continuous actions need bounds in every dimension or in none; "
-                             f"got low {low.tolist()}, high {high.tolist()}")
-        self.bounded = bool(finite.all())
-        dim = low.shape[0]
-        self.register_buffer("low", torch.from_numpy(low if self.bounded else np.full(dim, -1, np.float32)))
-        self.register_buffer("high", torch.from_numpy(high if self.bounded else np.full(dim, 1, np.float32)))
-        self.sigma_type, self.bound_type = sigma_type, bound_type
-        self.mu = nn.Linear(in_dim, dim)
-        with torch.no_grad():
-            self.mu.weight.mul_(0.01)
-            self.mu.bias.zero_()
-        log_init = float(np.log(init_sigma))
-        if sigma_type == "independent":
-            self.log_sigma = nn.Parameter(torch.full((dim,), log_init))
-        else:
-            self.log_sigma_layer = nn.Linear(in_dim, dim)
-            with torch.no_grad():
-                self.log_sigma_layer.weight.mul_(0.01)
-                self.log_sigma_layer.bias.fill_(log_init)
-
-    def forward(self, features: Tensor) -> dict[str, Tensor]:
-        mu = self.mu(features)
-        if self.bound_type == "tanh":
-            mu = torch.tanh(mu)
-        if self.sigma_type == "independent":
-            sigma = self.log_sigma.exp().expand_as(mu)
-        else:
-            sigma = self.log_sigma_layer(features).clamp(-20.0, 2.0).exp()
-        return {"mu": mu, "sigma": sigma}
-
-    def to_env(self, u: Tensor) -> Tensor:
-        """Normalised ``u [..., A]`` -> env actions: ``clip(u, -1, 1)`` mapped onto ``[low, high]``
-        (unbounded spaces: ``u`` itself)."""
-        if not self.bounded:
-            return u
-        return self.low + (u.clamp(-1.0, 1.0) + 1.0) * 0.5 * (self.high - self.low)
-
-    def from_env(self, action: Tensor) -> Tensor:
-        """Env actions ``[..., A]`` -> normalised ``[-1, 1]`` (inverse of :meth:`to_env` on the bounds)."""
-        if not self.bounded:
-            return action.float()
-        return ((action.float() - self.low) / (self.high - self.low) * 2.0 - 1.0).clamp(-1.0, 1.0)
-
-    def sample(self, params: dict[str, Tensor], explore: bool) -> Tensor:
-        """``reparam_sample`` when exploring, else ``deterministic_sample``; in env units."""
-        sampler = reparam_sample if explore else deterministic_sample
-        return self.to_env(sampler(params["mu"], params["sigma"]))
-
-    def log_prob(self, params: dict[str, Tensor], action: Tensor, edge: float = 1e-6) -> Tensor:
-        """Log-likelihood ``[...]`` of env ``action [..., A]`` under the censored Gaussian: the
-        density inside the bounds, ``log P(u <= -1)`` / ``log P(u >= 1)`` on them (within
-        ``edge``), summed over dimensions."""
-        mu, sigma = params["mu"].float(), params["sigma"].float()
-        u = self.from_env(action)
-        inside = dists.normal_log_prob(u.unsqueeze(-1), mu.unsqueeze(-1), sigma.unsqueeze(-1))  # per dimension
-        if not self.bounded:
-            return inside.sum(-1)
-        below = torch.special.log_ndtr((-1.0 - mu) / sigma)
-        above = torch.special.log_ndtr((mu - 1.0) / sigma)
-        logp = torch.where(u <= -1.0 + edge, below, torch.where(u >= 1.0 - edge, above, inside))
-        return logp.sum(-1)
-
-    def entropy(self, params: dict[str, Tensor]) -> Tensor:
-        """Entropy of the (uncensored) Gaussian ``[...]``."""
-        return dists.normal_entropy(params["sigma"].float())
-
-
-# -- encoders ------------------------------------------------------------------------------
-class ResidualBlock(nn.Module):
-    """``x + conv(relu(conv(relu(x))))`` with 3x3 convs keeping the channels."""
-
-    def __init__(self, channels: int) -> None:
-        super().__init__()
-        self.conv0 = nn.Conv2d(channels, channels, 3, padding=1)
-        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
-
-
-def impala_deep_stack(in_channels: int, channels: tuple[int, ...] = (16, 32, 32)) -> nn.Sequential:
-    """The IMPALA paper's deep stack: per stage a 3x3 conv, 3x3 max-pool (stride 2) and two
-    residual blocks; a final ReLU. ``[N, C, H, W]`` -> ``[N, channels[-1], H/8, W/8]`` (rounded up)."""
-    layers: list[nn.Module] = []
-    for out in channels:
-        layers += [nn.Conv2d(in_channels, out, 3, padding=1), nn.MaxPool2d(3, 2, padding=1),
-                   ResidualBlock(out), ResidualBlock(out)]
-        in_channels = out
-    layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
-
-
-def impala_shallow_stack(in_channels: int) -> nn.Sequential:
-    """The IMPALA paper's shallow stack: 16 8x8 filters stride 4, 32 4x4 filters stride 2, ReLUs."""
-    return nn.Sequential(nn.Conv2d(in_channels, 16, 8, 4), nn.ReLU(), nn.Conv2d(16, 32, 4, 2), nn.ReLU())
-
-
-class FrameEncoder(nn.Module):
-    """``uint8 [N, H, W, C]`` frames -> ``[N, fc_size]``: a conv stack, flatten, linear, ReLU."""
-
-    def __init__(self, shape: tuple[int, int, int], conv: str = "deep", channels: tuple[int, ...] = (16, 32, 32),
-                 fc_size: int = 256) -> None:
-        super().__init__()
-        h, w, c = shape
-        if conv == "deep":
-            self.stack = impala_deep_stack(c, tuple(channels))
-        elif conv == "shallow":
-            self.stack = impala_shallow_stack(c)
-        else:
-            raise ValueError(f"conv must be 'deep' or 'shallow', got {conv!r}")
-        with torch.no_grad():
-            flat = self.stack(torch.zeros(1, c, h, w)).numel()
-        self.fc = nn.Linear(flat, fc_size)
-        self.out_dim = fc_size
-
-    def forward(self, frames: Tensor) -> Tensor:
-        x = self.stack(preprocess_pixels(frames))
-        return torch.relu(self.fc(x.flatten(1)))
-
-
-class ObservationEncoder(nn.Module):
-    """One encoder per observation part (a plain Box is the part ``"obs"``): frames (``uint8
-    [H, W, C]``) through :class:`FrameEncoder`, float arrays flattened through an MLP; the
-    embeddings concatenated. ``obs [N, ...]`` (or a dict of them) -> ``[N, out_dim]``."""
-
-    def __init__(self, spec: EnvSpec, hidden_size: int, hidden_layers: int, act: str, conv: str,
-                 conv_channels: tuple[int, ...], fc_size: int) -> None:
-        super().__init__()
-        self.is_dict = spec.is_dict
-        self.parts = nn.ModuleDict()
-        self.out_dim = 0
-        for key, space in spec.obs_spaces.items():
-            if is_image_space(space):
-                encoder = FrameEncoder(tuple(space.shape), conv, conv_channels, fc_size)
-                self.parts[key], self.out_dim = encoder, self.out_dim + encoder.out_dim
-            else:
-                mlp = MLP(int(np.prod(space.shape)), None, hidden_size, hidden_layers, act, norm=False)
-                self.parts[key], self.out_dim = nn.Sequential(nn.Flatten(), mlp), self.out_dim + mlp.out_dim
-
-    def forward(self, obs: Obs) -> Tensor:
-        if not self.is_dict:
-            obs = {"obs": obs}
-        out = []
-        for key, part in self.parts.items():
-            x = obs[key]
-            out.append(part(x if x.dtype == torch.uint8 else x.float()))
-        return out[0] if len(out) == 1 else torch.cat(out, -1)
-
-
-# -- the network ------------------------------------------------------------------------------
-class ActorCritic(nn.Module):
-    """IMPALA's actor-critic: encoder -> (LSTM core) -> policy head and value head.
-
-    Args:
-        spec: the env's spaces (Discrete or Box actions).
-        hidden_size, hidden_layers: MLP of vector observations (ReLU, no normalisation).
-        activation: of the MLP.
-        conv: ``deep`` (IMPALA's residual stack) or ``shallow`` for frame observations.
-        conv_channels: channels of the deep stack's stages.
-        fc_size: features after the conv stack.
-        lstm_size: 0 for a feed-forward net, else the LSTM core's size (reset where
-            ``is_first``; acting stores the core state in rows as ``core_h`` / ``core_c``).
-        sigma_type, bound_type, init_sigma: the Gaussian head (continuous actions).
-    """
-
-    def __init__(
-        self,
-        spec: EnvSpec,
-        hidden_size: int = 64,
-        hidden_layers: int = 2,
-        activation: str = "relu",
-        conv: str = "deep",
-        conv_channels: tuple[int, ...] = (16, 32, 32),
-        fc_size: int = 256,
-        lstm_size: int = 0,
-        sigma_type: str = "independent",
-        bound_type: str | None = None,
-        init_sigma: float = 1.0,
-    ) -> None:
-        super().__init__()
-        if not isinstance(spec.action_space, (gym.spaces.Discrete, gym.spaces.Box)):
-            raise ValueError(f"IMPALA supports Discrete and Box action spaces; {spec.env_id or 'this env'} has "
-                             f"{spec.action_space}")
-        self.spec = spec
-        self.encoder = ObservationEncoder(spec, hidden_size, hidden_layers, activation, conv, tuple(conv_channels),
-                                          fc_size)
-        feat = self.encoder.out_dim
-        self.lstm_size = int(lstm_size)
-        self.core = nn.LSTMCell(feat, self.lstm_size) if self.lstm_size > 0 else None
-        if self.core is not None:
-            feat = self.lstm_size
-        if spec.discrete:
-            self.head: CategoricalHead | GaussianHead = CategoricalHead(feat, spec.action_dim)
-        else:
-            self.head = GaussianHead(feat, spec.action_space, sigma_type, bound_type, init_sigma)
-        self.value = nn.Linear(feat, 1)
-
-    # -- core -------------------------------------------------------------------------------
-    def initial_state(self, batch_size: int) -> CoreState:
-        """``None`` (feed-forward) or zero LSTM state ``(h, c)``, each ``[B, lstm_size]``."""
-        if self.core is None:
-            return None
-        device = self.value.weight.device
-        zeros = torch.zeros(batch_size, self.lstm_size, device=device)
-        return zeros, zeros.clone()
-
-    def unroll(self, obs: Obs, is_first: Tensor, state: CoreState = None
-               ) -> tuple[dict[str, Tensor], Tensor, CoreState]:
-        """Run the net over time-major ``obs [T, B, ...]`` from ``state`` (zeros if None);
-        the core restarts from zeros where ``is_first [T, B]``.
-
-        Returns the policy parameters ``{name: [T, B, ...]}``, ``value [T, B]`` and the state
-        after the last step.
-        """
-        first = obs if isinstance(obs, Tensor) else next(iter(obs.values()))
-        T, B = first.shape[:2]
-        flat_obs = obs.flatten(0, 1) if isinstance(obs, Tensor) else {k: v.flatten(0, 1) for k, v in obs.items()}
-        flat = self.encoder(flat_obs)
-        if self.core is not None:
-            h, c = state if state is not None else self.initial_state(B)
-            keep = (~is_first.bool()).to(flat.dtype).unsqueeze(-1)  # [T, B, 1]
-            feats = flat.view(T, B, -1)
-            outs = []
-            for t in range(T):
-                h, c = self.core(feats[t], (h * keep[t], c * keep[t]))
-                outs.append(h)
-            flat = torch.stack(outs).flatten(0, 1)
-            state = (h, c)
-        params = {k: v.view(T, B, *v.shape[1:]) for k, v in self.head(flat).items()}
-        return params, self.value(flat).view(T, B), state
-
-    # -- Agent protocol ------------------------------------------------------------------
-    @torch.no_grad()
-    def act(self, obs: Obs, state: CoreState, explore: bool) -> tuple[Tensor, CoreState, dict[str, Tensor]]:
-        """``obs [B, ...]`` -> ``(action, state, extras)``: extras are the behaviour policy
-        (``logits`` or ``mu`` / ``sigma``) and, with a core, the state it acted from
-        (``core_h`` / ``core_c`` ``[B, lstm_size]``), so that learners start unrolls there."""
-        single = obs.unsqueeze(0) if isinstance(obs, Tensor) else {k: v.unsqueeze(0) for k, v in obs.items()}
-        first = obs if isinstance(obs, Tensor) else next(iter(obs.values()))
-        batch = first.shape[0]
-        if self.core is not None and state is None:
-            state = self.initial_state(batch)
-        is_first = torch.zeros(1, batch, dtype=torch.bool, device=first.device)  # the Collector resets states
-        params, _, new_state = self.unroll(single, is_first, state)
-        params = {k: v[0].float().contiguous() for k, v in params.items()}
-        extras = dict(params)
-        if state is not None:
-            extras["core_h"], extras["core_c"] = state[0].float(), state[1].float()
-        return self.head.sample(params, explore), new_state, extras
+__all__ = ["IMPALA", "ImpalaLoss", "VTraceLossConfig", "impala_loss", "unroll_loss"]
 
 
 # -- loss ------------------------------------------------------------------------------------
@@ -461,14 +123,14 @@ def impala_loss(
     return ImpalaLoss(total, policy_loss, value_loss, entropy_loss, stats, priority)
 
 
-def unroll_loss(net: ActorCritic, batch: dict[str, Any], config: VTraceLossConfig | None = None
-                ) -> ImpalaLoss:
+def unroll_loss(net: ActorCritic, batch: dict[str, Any], config: VTraceLossConfig | None = None,
+                weight: Tensor | None = None) -> ImpalaLoss:
     """The loss of ``net`` on a batch of unrolls in the row convention, batch-major ``[B, T+1, ...]``.
 
     ``batch`` holds ``obs``, ``reward``, ``is_first``, ``is_last``, ``is_terminal``,
     ``action`` and the behaviour policy the rows were acted with (``logits``, or ``mu`` and
     ``sigma``); with an LSTM core, ``core_h`` / ``core_c`` of row 0 start the unroll (zeros if
-    absent); an optional ``weight [B]`` holds prioritized replay's IS weights.
+    absent). ``weight [B]``: prioritized replay's IS weights, or None.
     """
     cfg = config or VTraceLossConfig()
     missing = [k for k in ("obs", "reward", "is_first", "is_last", "is_terminal", "action", *net.head.behaviour_keys)
@@ -491,4 +153,158 @@ def unroll_loss(net: ActorCritic, batch: dict[str, Any], config: VTraceLossConfi
     target = {k: v[:-1] for k, v in params.items()}
     behaviour = {k: tm(batch[k])[:-1].float() for k in net.head.behaviour_keys}
     return impala_loss(net.head.log_prob(target, action), net.head.log_prob(behaviour, action),
-                       net.head.entropy(target), value, steps, cfg, batch.get("weight"))
+                       net.head.entropy(target), value, steps, cfg, weight)
+
+
+# -- the learner -----------------------------------------------------------------------------
+class IMPALA(RLModule):
+    """IMPALA's learner: V-trace actor-critic on batches of unrolls ``[B, T+1, ...]``.
+
+    Feed it an :class:`~lightning_wm.data.modules.UnrollDataModule` (``unroll_length`` is
+    DI-engine's ``unroll_len``, its ``batch_size`` DI-engine's ``learn.batch_size``,
+    ``replay_size`` / ``max_use`` DI-engine's ``replay_buffer_size`` / ``max_use``). Options
+    keep DI-engine's names and defaults (``policy.learn.*``); the network's are those of
+    :class:`~lightning_wm.nn.actor_critic.ActorCritic`.
+
+    Args:
+        env_spec: the env's spaces (linked from the datamodule by the CLI).
+        hidden_size, hidden_layers, activation, conv, conv_channels, fc_size, lstm_size,
+            sigma_type, bound_type, init_sigma: the network.
+        encoder: build the observation encoder from the env spec instead (YAML ``class_path``
+            of a module whose first argument is the :class:`EnvSpec`, e.g. another model's
+            representation network); see ``ActorCritic``'s ``encoder``.
+        learning_rate: the optimizer's step size, logged as ``train/cur_lr``.
+        lr_anneal_steps: anneal the learning rate linearly to 0 over this many optimizer steps
+            (the IMPALA paper's schedule); None keeps it constant (DI-engine).
+        value_weight, entropy_weight, discount_factor, lambda_, rho_clip_ratio, c_clip_ratio,
+            rho_pg_clip_ratio: the loss (:class:`VTraceLossConfig`).
+        optim: ``adam`` or ``rmsprop``; ``betas``, ``eps``, ``alpha``, ``momentum``: their constants.
+        grad_clip_type, clip_value, clip_coef, clip_norm_type, clip_momentum_timestep: gradient
+            clipping (:class:`~lightning_wm.optim.GradClipper`).
+        priority: return each unroll's priority (mean ``|vs - V|`` over its steps) as
+            ``"priority"`` so a prioritized unroll replay (``data.prioritized: true``) updates it.
+        priority_IS_weight: weight each unroll's loss terms by the batch's importance weights
+            (``weight``; needs ``priority`` and a prioritized replay).
+    """
+
+    def __init__(
+        self,
+        env_spec: EnvSpec | None = None,
+        *,
+        hidden_size: int = 64,
+        hidden_layers: int = 2,
+        activation: str = "relu",
+        conv: Literal["deep", "shallow"] = "deep",
+        conv_channels: tuple[int, ...] = (16, 32, 32),
+        fc_size: int = 256,
+        lstm_size: int = 0,
+        sigma_type: Literal["independent", "conditioned"] = "independent",
+        bound_type: Literal["tanh"] | None = None,
+        init_sigma: float = 1.0,
+        encoder: Callable[[EnvSpec], nn.Module] | None = None,
+        learning_rate: float = 0.0005,
+        lr_anneal_steps: int | None = None,
+        value_weight: float = 0.5,
+        entropy_weight: float = 0.0001,
+        discount_factor: float = 0.99,
+        lambda_: float = 0.95,
+        rho_clip_ratio: float = 1.0,
+        c_clip_ratio: float = 1.0,
+        rho_pg_clip_ratio: float = 1.0,
+        optim: Literal["adam", "rmsprop"] = "adam",
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        alpha: float = 0.99,
+        momentum: float = 0.0,
+        grad_clip_type: Literal["clip_value", "clip_norm", "clip_momentum", "clip_momentum_norm"] | None = None,
+        clip_value: float = 0.5,
+        clip_coef: float = 5.0,
+        clip_norm_type: float = 2.0,
+        clip_momentum_timestep: int = 100,
+        priority: bool = False,
+        priority_IS_weight: bool = False,
+    ) -> None:
+        super().__init__(env_spec)
+        if env_spec is None:
+            raise ValueError("IMPALA needs the env's spaces (env_spec); the CLI links them from the datamodule, "
+                             "in Python pass env_spec=datamodule.spec")
+        if priority_IS_weight and not priority:
+            raise ValueError("priority_IS_weight corrects prioritized sampling: it needs priority: true (as DI-engine)")
+        if lr_anneal_steps is not None and lr_anneal_steps < 1:
+            raise ValueError(f"lr_anneal_steps must be >= 1 or null, got {lr_anneal_steps}")
+        self.save_hyperparameters(ignore=["env_spec", "encoder"])
+        self.net = ActorCritic(env_spec, hidden_size, hidden_layers, activation, conv, tuple(conv_channels), fc_size,
+                               lstm_size, sigma_type, bound_type, init_sigma,
+                               encoder=encoder(env_spec) if encoder is not None else None)
+        self.loss_config = VTraceLossConfig(value_weight, entropy_weight, discount_factor, lambda_, rho_clip_ratio,
+                                            c_clip_ratio, rho_pg_clip_ratio)
+        self.clipper = GradClipper(grad_clip_type, clip_value, clip_coef, clip_norm_type, clip_momentum_timestep)
+        self._clip_stats: dict[str, Tensor] = {}
+
+    # -- Agent protocol ------------------------------------------------------------------
+    def initial_state(self, batch_size: int) -> CoreState:
+        return self.net.initial_state(batch_size)
+
+    def act(self, obs: Obs, state: CoreState, explore: bool) -> tuple[Tensor, CoreState, dict[str, Tensor]]:
+        return self.net.act(obs, state, explore)
+
+    def acting_copy(self) -> nn.Module:
+        """Only the network (an :class:`ActorCritic`, an Agent itself): CPU, eval mode, no gradients."""
+        return copy.deepcopy(self.net).cpu().eval().requires_grad_(False)
+
+    # -- optimization ----------------------------------------------------------------------
+    def configure_optimizers(self) -> Any:
+        hp = self.hparams
+        optimizer = build_optimizer(self.parameters(), hp.optim, hp.learning_rate, hp.betas, hp.eps, hp.alpha,
+                                    hp.momentum)
+        self.clipper.beta = optimizer_beta(optimizer)
+        if hp.lr_anneal_steps is None:
+            return optimizer
+        steps = hp.lr_anneal_steps
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: max(0.0, 1.0 - step / steps))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: Any = None,
+                                    gradient_clip_algorithm: Any = None) -> None:
+        """DI-engine's ``grad_clip_type`` between backward and the step (after DDP's all-reduce,
+        so every rank clips the same gradients); Lightning's own ``gradient_clip_val`` still works."""
+        if gradient_clip_val:
+            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        self._clip_stats = self.clipper(self.parameters())
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, Tensor]:
+        """V-trace loss of a batch of unrolls; returns ``{"loss"}`` (and ``"priority" [B]`` with
+        ``priority``) and logs ``train/*``."""
+        hp = self.hparams
+        weight = None
+        if hp.priority_IS_weight:
+            if "weight" not in batch:
+                raise ValueError("priority_IS_weight: the batch has no importance weights; use a prioritized unroll "
+                                 "replay (data.init_args.prioritized: true, replay_size > 0)")
+            weight = batch["weight"]
+        out = unroll_loss(self.net, batch, self.loss_config, weight)
+        B = int(batch["is_first"].shape[0])
+        logs = {"train/total_loss": out.total_loss.detach(), "train/policy_loss": out.policy_loss.detach(),
+                "train/value_loss": out.value_loss.detach(), "train/entropy_loss": out.entropy_loss.detach(),
+                "train/cur_lr": torch.tensor(float(self.trainer.optimizers[0].param_groups[0]["lr"])),
+                "train/rho_mean": out.stats["rho_mean"], "train/rho_clipped_fraction": out.stats["rho_clipped_fraction"]}
+        if "policy_version" in batch:  # rows of the random prefill policy carry -1
+            version = batch["policy_version"][:, :-1]
+            acted = version >= 0
+            if acted.any():
+                logs["train/policy_lag"] = (self.global_step - version[acted].double()).mean().float()
+        logs.update({f"train/{k}": v for k, v in self._clip_stats.items()})
+        self.log_dict(logs, on_step=True, on_epoch=False, batch_size=B)
+        self.log("train/loss", out.total_loss.detach(), prog_bar=True, on_step=True, on_epoch=False, batch_size=B)
+        result = {"loss": out.total_loss}
+        if hp.priority:
+            result["priority"] = out.priority.detach()
+        return result
+
+    # -- checkpoints -----------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["grad_clipper"] = self.clipper.state_dict()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if "grad_clipper" in checkpoint:
+            self.clipper.load_state_dict(checkpoint["grad_clipper"])
