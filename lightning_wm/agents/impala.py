@@ -286,7 +286,7 @@ class IMPALA(RLModule):
         B = int(batch["is_first"].shape[0])
         logs = {"train/total_loss": out.total_loss.detach(), "train/policy_loss": out.policy_loss.detach(),
                 "train/value_loss": out.value_loss.detach(), "train/entropy_loss": out.entropy_loss.detach(),
-                "train/cur_lr": torch.tensor(float(self.trainer.optimizers[0].param_groups[0]["lr"])),
+                "train/cur_lr": torch.tensor(self._current_lr()),
                 "train/rho_mean": out.stats["rho_mean"], "train/rho_clipped_fraction": out.stats["rho_clipped_fraction"]}
         if "policy_version" in batch:  # rows of the random prefill policy carry -1
             version = batch["policy_version"][:, :-1]
@@ -300,6 +300,10 @@ class IMPALA(RLModule):
         if hp.priority:
             result["priority"] = out.priority.detach()
         return result
+
+    def _current_lr(self) -> float:
+        optimizers = self._trainer.optimizers if self._trainer is not None else []
+        return float(optimizers[0].param_groups[0]["lr"]) if optimizers else float(self.hparams.learning_rate)
 
     # -- checkpoints -----------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
