@@ -287,18 +287,20 @@ class ActorLink:
             :class:`ActorPool`.
         publish_every: optimizer steps between weight versions sent to the actors.
         overlap: unroll chunks (``chunk_length + 1`` rows, consecutive ones sharing a row).
+        queue_size: chunks waiting for the learner before actors block (local backend);
+            default ``2 * num_actors``.
     """
 
     def __init__(self, env: Any, num_actors: int, envs_per_actor: int, chunk_length: int,
                  backend: str = "local", ray_address: str | None = None, timeout_s: float = 60.0,
-                 publish_every: int = 1, overlap: bool = False) -> None:
+                 publish_every: int = 1, overlap: bool = False, queue_size: int | None = None) -> None:
         if publish_every < 1:
             raise ValueError(f"publish_every must be >= 1, got {publish_every}")
         if backend not in ("local", "ray"):
             raise ValueError(f"actor_backend must be 'local' or 'ray', got {backend!r}")
         self.env, self.num_actors, self.envs_per_actor, self.chunk_length = env, num_actors, envs_per_actor, chunk_length
         self.backend, self.ray_address, self.timeout_s = backend, ray_address, timeout_s
-        self.publish_every, self.overlap = publish_every, overlap
+        self.publish_every, self.overlap, self.queue_size = publish_every, overlap, queue_size
         self.pool: ActorPool | None = None
         self.version: int | None = None  # newest version sent to the actors
         self.metrics = ActorMetrics()
@@ -314,7 +316,7 @@ class ActorLink:
             self.pool = ActorPool(self.env, module.acting_copy(), self.num_actors, self.envs_per_actor,
                                   self.chunk_length, seed=self.env.seed, rank=rank, backend=self.backend,
                                   ray_address=self.ray_address, timeout_s=self.timeout_s, overlap=self.overlap,
-                                  random_steps=random_steps, initial_version=version)
+                                  random_steps=random_steps, initial_version=version, queue_size=self.queue_size)
         elif self.version is None or version < self.version or version - self.version >= self.publish_every:
             self.pool.publish(module.acting_copy(), version)
         else:

@@ -557,6 +557,9 @@ class UnrollDataModule(pl.LightningDataModule):
             ``replay_size`` unrolls and draws each batch uniformly among those used fewer than
             ``max_use`` times.
         max_use: uses of an unroll at most (with replay).
+        queue_size: chunks that may wait for the learner before the actors block (local
+            backend; default 2 per actor). Fewer keep the policy lag lower when the learner is
+            the slower side: each waiting chunk was made by older weights.
         prioritized: draw replayed unrolls in proportion to ``priority ** alpha`` (needs
             ``replay_size > 0``); batches then carry the importance weights ``weight [B]``
             (exponent ``beta``) and the learner's ``"priority"`` outputs come back through
@@ -576,6 +579,7 @@ class UnrollDataModule(pl.LightningDataModule):
         envs_per_actor: int | None = None,
         publish_every: int = 1,
         actor_timeout_s: float = 60.0,
+        queue_size: int | None = None,
         replay_size: int = 0,
         max_use: int = 1,
         prioritized: bool = False,
@@ -597,7 +601,8 @@ class UnrollDataModule(pl.LightningDataModule):
         self.batcher = UnrollBatcher(batch_size, replay_size, max_use, seed=env.seed, prioritized=prioritized,
                                      alpha=alpha, beta=beta)
         self._actors = ActorLink(env, num_actors, envs_per_actor or env.num_envs, unroll_length, actor_backend,
-                                 ray_address, actor_timeout_s, publish_every, overlap=True) if num_actors > 0 else None
+                                 ray_address, actor_timeout_s, publish_every, overlap=True,
+                                 queue_size=queue_size) if num_actors > 0 else None
         self.collector: Collector | None = None
         self._actor_steps = 0  # env steps the actors' chunks brought
 
