@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import statistics
@@ -345,10 +346,12 @@ def report(args: argparse.Namespace, records: list[dict[str, Any]]) -> None:
         wall = f"{s['seconds']:.0f} s" if s else f"> {r['train_seconds']:.0f} s"
         print(f"| {r['seed']} | {steps} | {wall} | {r['frames_per_s']:,.0f} | {r['final_eval_return']:.1f} "
               f"({r['env_steps']:,}) |")
-    solved = [r["solved"] for r in records if r["solved"]]
-    if len(solved) == len(records):
-        print(f"| median | {statistics.median(s['env_steps'] for s in solved):,.0f} | "
-              f"{statistics.median(s['seconds'] for s in solved):.0f} s | "
+    if records:  # an unsolved seed counts as "more than its budget" (the median may be one)
+        steps = sorted((r["solved"]["env_steps"], "") if r["solved"] else (math.inf, f"> {r['env_steps']:,}")
+                       for r in records)[(len(records) - 1) // 2]
+        wall = sorted((r["solved"]["seconds"], "") if r["solved"] else (math.inf, f"> {r['train_seconds']:.0f} s")
+                      for r in records)[(len(records) - 1) // 2]
+        print(f"| median | {steps[1] or f'{steps[0]:,.0f}'} | {wall[1] or f'{wall[0]:.0f} s'} | "
               f"{statistics.median(r['frames_per_s'] for r in records):,.0f} | "
               f"{statistics.median(r['final_eval_return'] for r in records):.1f} |")
     print()
