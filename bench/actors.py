@@ -32,7 +32,6 @@ import time
 from pathlib import Path
 
 import gymnasium as gym
-import numpy as np
 import torch
 from torch import nn
 
@@ -50,7 +49,8 @@ class MLPPolicy(nn.Module):
 
     def __init__(self, obs_dim: int, actions: int) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(obs_dim, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, actions))
+        self.net = nn.Sequential(nn.Linear(obs_dim, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(),
+                                 nn.Linear(64, actions))
 
     def logits(self, obs: torch.Tensor) -> torch.Tensor:
         return self.net(obs.float())
@@ -82,13 +82,13 @@ def settings(name: str) -> dict:
         env = EnvConfig("CartPole-v1")
         spec = env_spec(env)
         return dict(env=env, policy=lambda: MLPPolicy(spec.obs_shape[0], spec.action_dim), envs_per_actor=16,
-                    chunk_length=64, batch=256, capacity=200_000)
+                    chunk_length=64, batch=256, capacity=200_000, skip=1)
     if name == "pong":
         env = EnvConfig("ALE/Pong-v5", atari_preprocessing=AtariPreprocessingConfig(), frame_stack=4,
                         max_episode_steps=27_000)
         spec = env_spec(env)
         return dict(env=env, policy=lambda: ConvPolicy(spec.obs_shape[-1], spec.action_dim), envs_per_actor=4,
-                    chunk_length=32, batch=32, capacity=20_000)
+                    chunk_length=32, batch=32, capacity=20_000, skip=4)
     raise ValueError(f"unknown env {name!r}; choose cartpole or pong")
 
 
@@ -203,20 +203,24 @@ def main() -> None:
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name in args.envs.split(","):
         s = settings(name)
+
+        def fps(value: float) -> str:  # agent steps per second (and emulator frames with frame skip)
+            return f"{value:,.0f}" + (f" ({s['skip'] * value:,.0f} emulator)" if s["skip"] > 1 else "")
+
         for actors in [int(a) for a in args.actors.split(",")]:
             if actors == 0:
                 r = in_process(s, args.seconds, args.prefill)
-                print(f"| {name} | 0 (in process) | {s['envs_per_actor']} | {s['chunk_length']} | {r['fps']:,.0f} "
+                print(f"| {name} | 0 (in process) | {s['envs_per_actor']} | {s['chunk_length']} | {fps(r['fps'])} "
                       f"| {r['steps_per_s']:.1f} | - | {100 * r['wait']:.0f}% acting |", flush=True)
                 continue
             flat = with_actors(s, actors, args.seconds, args.prefill, None)
             rows_per_step = 0.5 * flat["fps"] / max(flat["steps_per_s"], 1e-9)
             keep = with_actors(s, actors, args.seconds, args.prefill, rows_per_step)
-            print(f"| {name} | {actors} | {s['envs_per_actor']} | {s['chunk_length']} | {flat['fps']:,.0f} "
-                  f"| {flat['steps_per_s']:.1f} | {keep['fps']:,.0f} | {100 * keep['wait']:.1f}% |", flush=True)
-        fps = async_ceiling(s, args.async_envs, args.seconds)
+            print(f"| {name} | {actors} | {s['envs_per_actor']} | {s['chunk_length']} | {fps(flat['fps'])} "
+                  f"| {flat['steps_per_s']:.1f} | {fps(keep['fps'])} | {100 * keep['wait']:.1f}% |", flush=True)
+        ceiling = async_ceiling(s, args.async_envs, args.seconds)
         print(f"| {name} | AsyncVectorEnv alone ({args.async_envs} envs, random actions, no learner) | | | "
-              f"{fps:,.0f} | | | |", flush=True)
+              f"{fps(ceiling)} | | | |", flush=True)
     print(f"\nload average {os.getloadavg()[0]:.2f} at the end")
 
 

@@ -24,29 +24,17 @@ class MarkedPolicy(nn.Module):
         return torch.randint(self.actions, (batch,)), state, {"mark": self.w.detach().expand(batch).clone()}
 
 
-class CrashingPolicy(MarkedPolicy):
-    """Raises on its ``crash_at``-th call."""
+class FaultyPolicy(MarkedPolicy):
+    """Raises (``fault="raise"``) or sleeps practically forever (``fault="hang"``) on its ``at``-th call."""
 
-    def __init__(self, crash_at: int = 5) -> None:
+    def __init__(self, fault: str, at: int = 5) -> None:
         super().__init__()
-        self.crash_at, self.calls = crash_at, 0
+        self.fault, self.at, self.calls = fault, at, 0
 
     def act(self, obs: Any, state: Any, explore: bool):
         self.calls += 1
-        if self.calls >= self.crash_at:
-            raise ValueError(f"policy exploded on call {self.calls}")
-        return super().act(obs, state, explore)
-
-
-class HangingPolicy(MarkedPolicy):
-    """Sleeps (practically) forever on its ``hang_at``-th call."""
-
-    def __init__(self, hang_at: int = 5) -> None:
-        super().__init__()
-        self.hang_at, self.calls = hang_at, 0
-
-    def act(self, obs: Any, state: Any, explore: bool):
-        self.calls += 1
-        if self.calls >= self.hang_at:
+        if self.calls >= self.at:
+            if self.fault == "raise":
+                raise ValueError(f"policy exploded on call {self.calls}")
             time.sleep(3600)
         return super().act(obs, state, explore)

@@ -140,3 +140,68 @@ def test_ctrl_c_on_a_fit_with_actors_leaves_no_orphans(tmp_path):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_weight_publisher_cadence():
+    """Publishes when fit starts (starting the actors), when training starts (the restored step of
+    a resume) and after every publish_every-th optimizer step, with the step as the version."""
+    from types import SimpleNamespace
+
+    from lightning_wm.callbacks import WeightPublisher
+
+    class Sink:
+        def __init__(self):
+            self.versions = []
+
+        def publish_weights(self, module, version):
+            self.versions.append(version)
+
+    sink, module = Sink(), object()
+    trainer = SimpleNamespace(datamodule=sink, global_step=0)
+    callback = WeightPublisher(publish_every=3)
+    callback.on_fit_start(trainer, module)
+    trainer.global_step = 30  # a resumed run: the step is restored after on_fit_start
+    callback.on_train_start(trainer, module)
+    for step in range(31, 38):
+        trainer.global_step = step
+        callback.on_train_batch_end(trainer, module, None, None, step)
+        callback.on_train_batch_end(trainer, module, None, None, step)  # same step again: no second publish
+    assert sink.versions == [0, 30, 33, 36]
+    trainer.datamodule = object()  # a datamodule without the protocol: nothing happens
+    callback.on_train_batch_end(trainer, module, None, None, 39)
+
+
+def test_ddp_ranks_with_actors(tmp_path):
+    """Two DDP ranks, one actor each: identical weights at the end; every env of every rank's
+    actor seeded apart (seeding.env_seeds by rank and actor)."""
+    import gymnasium as gym
+
+    from lightning_wm.seeding import env_seeds
+
+    out = subprocess.run([sys.executable, str(ROOT / "tests/ddp_fit.py"), str(tmp_path), "ddp", "actors"],
+                         capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-4000:]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+    for key, value in ranks[0]["weights"].items():
+        torch.testing.assert_close(value, ranks[1]["weights"][key], msg=f"weights differ across ranks: {key}")
+    for rank in (0, 1):
+        assert ranks[rank]["env_steps"] > 32
+        for env, seed in enumerate(env_seeds(3, 2, "train", rank, actor=0)):
+            expected, _ = gym.make("CartPole-v1").reset(seed=seed)
+            torch.testing.assert_close(ranks[rank]["first_obs"][env], torch.as_tensor(expected))
+
+
+def test_resume_with_actors_continues_the_counts():
+    """fit, then fit --ckpt_path last: the step and the rows received continue; the resumed buffer
+    (not saved here) is prefilled again by the new actors instead of waiting forever."""
+    args = ["fit", "--model", "tiny_agent.TinyAgent", "--data", "lightning_wm.data.modules.ReplayDataModule",
+            "--data.env.id", "CartPole-v1", "--data.batch_size", "4", "--data.sequence_length", "8",
+            "--data.prefill", "64", "--data.replay_ratio", "0.5", "--data.num_actors", "1",
+            "--data.chunk_length", "8", "--data.actor_timeout_s", "240", "--trainer.enable_progress_bar", "false",
+            "--trainer.limit_val_batches", "0", "--trainer.run_name", "resume", "--trainer.logger", "false"]
+    first = main(args=[*args, "--trainer.max_steps", "10"])
+    rows = first.datamodule.pop_env_stats().env_steps
+    assert rows >= 64 + 10 / 0.5 - 16
+    second = main(args=[*args, "--trainer.max_steps", "20", "--ckpt_path", "last"])
+    assert second.trainer.global_step == 20
+    assert second.datamodule.pop_env_stats().env_steps >= rows + 64, "no new prefill and rows after the resume"

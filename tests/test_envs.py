@@ -191,7 +191,8 @@ def test_keep_state_without_a_rendered_vector_env_is_refused(config):
 
 
 def test_collector_stores_dict_observations(tmp_path):
-    from lightning_wm.data.collector import Collector, RandomAgent
+    from lightning_wm.data.collector import Collector
+    from lightning_wm.policies import RandomAgent
     from lightning_wm.data.episodes import EpisodeStore
 
     cfg = EnvConfig(id="CartPole-v1", pixels=True, keep_state=True, num_envs=2, size=(16, 16))
@@ -273,3 +274,28 @@ def test_frame_stack_of_rendered_frames():
         previous = obs
     assert not np.array_equal(obs[..., 0], obs[..., 2]), "the cart moved between the oldest and newest frame"
     env.close()
+
+
+def test_an_image_observation_keeps_its_channels():
+    """An env whose own observation is an image with 4 channels (e.g. stacked gray frames) is
+    resized channel by channel, not squeezed into RGB."""
+    import gymnasium as gym
+
+    class Stacked(gym.Env):
+        observation_space = gym.spaces.Box(0, 255, (32, 24, 4), np.uint8)
+        action_space = gym.spaces.Discrete(2)
+
+        def reset(self, *, seed=None, options=None):
+            return np.full((32, 24, 4), [10, 20, 30, 40], np.uint8), {}
+
+        def step(self, action):
+            return self.reset()[0], 0.0, False, False, {}
+
+    gym.register("StackedTest-v0", entry_point=Stacked)
+    try:
+        env = make_env(EnvConfig("StackedTest-v0", size=(16, 12)))
+        obs, _ = env.reset(seed=0)
+        assert env.observation_space.shape == obs.shape == (16, 12, 4)
+        assert obs[0, 0].tolist() == [10, 20, 30, 40]
+    finally:
+        del gym.registry["StackedTest-v0"]

@@ -24,6 +24,9 @@ class FakePool:
     def qsize(self):
         return 1
 
+    def check(self):
+        pass
+
     def get(self, timeout=0.0):
         if not self.available():
             return None
@@ -159,3 +162,17 @@ def test_prioritized_unroll_feedback_skips_unrolls_that_left():
         UnrollBatcher(batch_size=2, prioritized=True)
     with pytest.raises(ValueError, match="finite"):
         batcher.update_priorities([2], [float("nan")])
+
+
+def test_replay_feed_ingests_until_the_buffer_holds_the_prefill():
+    """Rows counted but not held (one actor's rings wrapped): the feed keeps ingesting past the
+    ratio's upper bound until the buffer really holds ``prefill`` rows, instead of waiting forever."""
+
+    class SmallRings(FakeBuffer):
+        def __len__(self):
+            return min(self.rows, 40)  # what the rings keep
+
+    pool, buffer = FakePool(), SmallRings()
+    feed = ReplayFeed(pool, buffer, replay_ratio=0.25, prefill=40, slack=16)
+    feed.rows = 200  # e.g. restored counts, or streams that wrapped
+    assert feed.before_batch() == 0.0 and len(buffer) >= 40

@@ -41,8 +41,9 @@ import torch
 import torch.multiprocessing as tmp
 from torch import nn
 
-from lightning_wm.data.collector import Collector, RandomAgent
+from lightning_wm.data.collector import Collector
 from lightning_wm.envs import EnvConfig, EnvSpec, env_spec, make_vector_env
+from lightning_wm.policies import RandomAgent
 from lightning_wm.seeding import derive_seed, env_seeds
 
 __all__ = ["ActorError", "ActorPool", "Chunk", "WeightStore", "RANDOM_POLICY_VERSION"]
@@ -113,7 +114,8 @@ class WeightStore:
         state = module.state_dict()
         if state.keys() != self._tensors.keys():
             missing, extra = self._tensors.keys() - state.keys(), state.keys() - self._tensors.keys()
-            raise ValueError(f"acting module's state_dict changed keys (missing {sorted(missing)}, new {sorted(extra)}); "
+            raise ValueError(f"acting module's state_dict changed keys (missing {sorted(missing)}, "
+                             f"new {sorted(extra)}); "
                              "acting_copy() must keep the same layout for the weight store")
         self._seq.value += 1  # odd: a write is in progress
         with torch.no_grad():
@@ -184,7 +186,7 @@ class _Worker:
         self.random_left = config.random_steps
         if self.random_left > 0:
             seed = derive_seed(config.seed, "prefill", config.rank, actor)
-            self.collector.set_agent(RandomAgent(self.spec, seed=seed % 2**31))
+            self.collector.set_agent(RandomAgent(self.spec, seed=seed))
 
     def chunk(self, version: int) -> Chunk:
         """Act for one chunk with the weights of ``version`` (already in ``module``)."""
@@ -506,7 +508,9 @@ class ActorPool:
             on the others).
         queue_size: chunks waiting for the learner before actors block (local); default
             ``2 * num_actors``.
-        timeout_s: an actor silent for this long is reported as hung.
+        timeout_s: an actor silent for this long is reported as hung (actors beat between
+            chunks and while they wait on a full queue: it must exceed the time of one chunk;
+            starting gets ``STARTUP_GRACE_S`` more).
         overlap: chunks of ``chunk_length + 1`` rows, consecutive ones sharing a row (unrolls).
         random_steps: vector steps each actor takes with the random policy first (prefill);
             their rows carry ``policy_version`` ``-1``.
@@ -579,24 +583,31 @@ class ActorPool:
             ActorError: an actor raised (its traceback in the message), died or hung; the
                 pool is closed first.
         """
-        if self._closed:
-            raise RuntimeError("the actor pool is closed")
         deadline = time.monotonic() + timeout
         while True:
-            now = time.monotonic()
-            if now - self._last_check >= 0.5:  # also while chunks keep coming: another actor may be dead
-                self._last_check = now
-                failure = self._impl.failure(self.timeout_s)
-                if failure is not None:
-                    self.close()
-                    raise ActorError(failure)
+            self.check()
             try:
-                chunk = self._impl.get(min(0.1, max(0.0, deadline - now)))
+                chunk = self._impl.get(min(0.1, max(0.0, deadline - time.monotonic())))
             except ActorError:
                 self.close()
                 raise
             if chunk is not None or time.monotonic() >= deadline:
                 return chunk
+
+    def check(self, every_s: float = 0.5) -> None:
+        """Raise :class:`ActorError` (after closing the pool) if an actor raised, died or hung;
+        looks at most every ``every_s`` seconds (``get`` calls it; a learner that holds back
+        chunks calls it itself)."""
+        if self._closed:
+            raise RuntimeError("the actor pool is closed")
+        now = time.monotonic()
+        if now - self._last_check < every_s:
+            return
+        self._last_check = now
+        failure = self._impl.failure(self.timeout_s)
+        if failure is not None:
+            self.close()
+            raise ActorError(failure)
 
     def close(self) -> None:
         """Stop every actor (idempotent)."""

@@ -95,7 +95,8 @@ class ReplayFeed:
 
     * before batch ``b`` the learner **waits** for rows while ``rows < owed(b) - slack``, or
       while the buffer holds fewer than ``prefill`` rows (actors too slow: the learner waits);
-    * a chunk of ``c`` rows is **ingested** only while ``rows + c <= owed(b) + slack``; otherwise
+    * a chunk of ``c`` rows is **ingested** only while ``rows + c <= owed(b) + slack`` (or the
+      buffer still holds fewer than ``prefill`` rows, e.g. one actor's streams wrapped); otherwise
       it stays with the learner (one chunk) and in the bounded queue, and the actors block on
       the full queue (learner too slow: the actors wait).
 
@@ -134,6 +135,8 @@ class ReplayFeed:
     def _take(self, timeout: float) -> Chunk | None:
         if self._held is None:
             self._held = self.pool.get(timeout=timeout)
+        else:
+            self.pool.check()  # holding back chunks: still notice a failed actor
         return self._held
 
     def _ingest(self, chunk: Chunk, learner_version: int) -> None:
@@ -149,10 +152,11 @@ class ReplayFeed:
         waited = 0.0
         while True:
             chunk = self._take(timeout=0.0)
-            if chunk is not None and self.rows + chunk.env_steps <= owed + self.slack:
+            prefilled = len(self.buffer) >= self.prefill  # (a full ring per stream can hold it back)
+            if chunk is not None and (self.rows + chunk.env_steps <= owed + self.slack or not prefilled):
                 self._ingest(chunk, learner_version)
                 continue
-            if self.rows >= owed - self.slack and len(self.buffer) >= self.prefill:
+            if self.rows >= owed - self.slack and prefilled:
                 break
             start = time.monotonic()
             self._take(timeout=0.5)  # the rule needs rows: wait for the actors
@@ -298,7 +302,8 @@ class ActorLink:
             raise ValueError(f"publish_every must be >= 1, got {publish_every}")
         if backend not in ("local", "ray"):
             raise ValueError(f"actor_backend must be 'local' or 'ray', got {backend!r}")
-        self.env, self.num_actors, self.envs_per_actor, self.chunk_length = env, num_actors, envs_per_actor, chunk_length
+        self.env, self.num_actors = env, num_actors
+        self.envs_per_actor, self.chunk_length = envs_per_actor, chunk_length
         self.backend, self.ray_address, self.timeout_s = backend, ray_address, timeout_s
         self.publish_every, self.overlap, self.queue_size = publish_every, overlap, queue_size
         self.pool: ActorPool | None = None
