@@ -12,7 +12,6 @@ import pytorch_lightning as pl
 import torch
 
 from lightning_wm.agents.impala import IMPALA, unroll_loss
-from lightning_wm import callbacks
 from lightning_wm.callbacks import default_callbacks
 from lightning_wm.cli import main
 from lightning_wm.data.modules import UnrollDataModule
@@ -72,14 +71,27 @@ def test_same_seed_gives_bit_identical_weights_in_process():
     assert not all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), c.state_dict().values()))
 
 
-def test_priorities_come_back_to_the_unroll_replay():
-    _, outputs, fitted = _fit(0, steps=8, replay_size=12, max_use=3, prioritized=True)
+def test_priorities_come_back_to_the_unroll_replay(monkeypatch):
+    applied = []
+    original = UnrollDataModule.apply_feedback
+
+    def spy(self, batch, feedback):
+        result = original(self, batch, feedback)
+        applied.append((batch["index"].clone(), feedback["priority"].clone(), result))
+        return result
+
+    monkeypatch.setattr(UnrollDataModule, "apply_feedback", spy)
+    _, outputs, _ = _fit(0, steps=8, replay_size=12, max_use=3, prioritized=True)
     for item in outputs:
         batch, out = item["batch"], item["out"]
         assert out["priority"].shape == (3,) and (out["priority"] >= 0).all()
         assert "weight" in batch and batch["index"].shape == (3,)
-    if hasattr(callbacks, "ReplayFeedback"):  # the buffer branch's callback, in the CLI's default callbacks
-        assert any(abs(p - 1.0) > 1e-3 for p in fitted.batcher._priority), "no priority came back"
+    # the ReplayFeedback callback (in the default callbacks) hands every step's priorities back
+    assert len(applied) == 8
+    for (index, priority, result), item in zip(applied, outputs):
+        assert torch.equal(index, item["batch"]["index"]) and torch.equal(priority, item["out"]["priority"])
+        assert result["applied"] + result["stale"] == 3
+    assert sum(r["applied"] for *_, r in applied) > 0
     # the datamodule hands priorities of a batch's unrolls to its replay
     dm = UnrollDataModule(EnvConfig("CartPole-v1", num_envs=3), unroll_length=5, batch_size=3, replay_size=12,
                           max_use=2, prioritized=True)
