@@ -13,8 +13,9 @@ For each env and actor count it measures, after a warm-up, for ``--seconds`` sec
 
 The ceiling is gymnasium's ``AsyncVectorEnv`` alone (random actions, no learner, one process per
 env). Envs: CartPole-v1 (MLP policy) and ALE/Pong-v5 through gymnasium's ``AtariPreprocessing``
-(84x84 gray, frame skip 4) and ``FrameStackObservation`` (4), a small conv policy; Pong needs
-opencv (``pip install "gymnasium[other]"``). One Pong frame here is one agent step (4 emulator
+(84x84 gray, frame skip 4) and ``FrameStackObservation`` (4) -- the env options
+``atari_preprocessing: {}`` and ``frame_stack: 4`` -- with a small conv policy; Pong needs
+opencv (``pip install -e ".[atari]"``). One Pong frame here is one agent step (4 emulator
 frames).
 
     python bench/actors.py                      # both envs, 0/1/2/4 actors, 20 s each
@@ -40,9 +41,7 @@ from lightning_wm.data.collector import Collector  # noqa: E402
 from lightning_wm.data.feeds import ReplayFeed, add_chunk  # noqa: E402
 from lightning_wm.data.replay import ReplayBuffer  # noqa: E402
 from lightning_wm.data.samplers import RowSampler  # noqa: E402
-from lightning_wm.envs import EnvConfig, env_spec, make_vector_env  # noqa: E402
-
-PONG_ID = "actors_bench_pong:PongStack-v0"  # registered by bench/actors_bench_pong.py (importable by actors)
+from lightning_wm.envs import AtariPreprocessingConfig, EnvConfig, env_spec, make_vector_env  # noqa: E402
 
 
 class MLPPolicy(nn.Module):
@@ -85,7 +84,8 @@ def settings(name: str) -> dict:
         return dict(env=env, policy=lambda: MLPPolicy(spec.obs_shape[0], spec.action_dim), envs_per_actor=16,
                     chunk_length=64, batch=256, capacity=200_000, skip=1)
     if name == "pong":
-        env = EnvConfig(PONG_ID, size=(84, 84))
+        env = EnvConfig("ALE/Pong-v5", atari_preprocessing=AtariPreprocessingConfig(), frame_stack=4,
+                        max_episode_steps=27_000)
         spec = env_spec(env)
         return dict(env=env, policy=lambda: ConvPolicy(spec.obs_shape[-1], spec.action_dim), envs_per_actor=4,
                     chunk_length=32, batch=32, capacity=20_000, skip=4)
@@ -195,8 +195,6 @@ def main() -> None:
     if args.quick:
         args.envs, args.actors, args.seconds, args.prefill, args.async_envs = "cartpole", "0,2", 4.0, 1000, 2
     torch.set_num_threads(1)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))  # actors import the Pong registration from here
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")])
     load = os.getloadavg()[0]
     print(f"machine: {os.cpu_count()} CPUs, load average {load:.2f} at start; torch threads 1 in the learner and in "
           f"each actor\n")

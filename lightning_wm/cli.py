@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -190,7 +191,7 @@ class Trainer(pl.Trainer):
         env = _env_of(datamodule)
         self._load_weights(model, ckpt_path, "record")
         store = EpisodeStore(check_writable(datamodule.directory, "episode store"))
-        first = store.start_recording({**vars(env), "size": list(env.size)}, episodes, env.num_envs)
+        first = store.start_recording({**dataclasses.asdict(env), "size": list(env.size)}, episodes, env.num_envs)
         seeds = [derive_seed(env.seed, "record", index=first + i) for i in range(env.num_envs)]
         vector_env = make_vector_env(env)
         try:

@@ -133,6 +133,37 @@ def test_unroll_replay_max_use():
         UnrollBatcher(batch_size=4, replay_size=2)
 
 
+def test_prioritized_unroll_replay_draws_by_priority_and_weights():
+    batcher = UnrollBatcher(batch_size=2, replay_size=4, max_use=1000, seed=0, prioritized=True, alpha=1.0, beta=1.0)
+    batcher.add({"id": np.broadcast_to(np.arange(4), (3, 4)).copy()})  # unrolls 0..3, all at priority 1
+    first = batcher.batch()
+    assert first["index"].tolist() == first["id"][:, 0].tolist() and torch.equal(first["index"], first["generation"])
+    torch.testing.assert_close(first["weight"], torch.ones(2))  # equal priorities: equal weights
+    assert batcher.update_priorities([0, 1, 2, 3], [9.0, 1.0, 1.0, 1.0]) == {"applied": 4, "stale": 0}
+    counts = np.zeros(4)
+    for _ in range(400):
+        batch = batcher.batch()
+        counts[batch["index"].numpy()] += 1
+        if 0 in batch["index"].tolist():  # P(0) = 9/12 = 0.75, the others 1/12: weights (4P)^-1 / max
+            other = batch["weight"][batch["index"] != 0]
+            torch.testing.assert_close(batch["weight"][batch["index"] == 0], other / 9.0)
+    assert counts[0] > 340 and counts[0] > 2 * counts[1:].max(), "the high-priority unroll is drawn most"
+    assert counts[1:].min() > 50, "the others stay drawable"
+
+
+def test_prioritized_unroll_feedback_skips_unrolls_that_left():
+    batcher = UnrollBatcher(batch_size=2, replay_size=2, max_use=1, seed=0, prioritized=True)
+    batcher.add({"id": np.zeros((3, 2))})
+    batch = batcher.batch()  # both used up (max_use 1): they leave the replay
+    batcher.add({"id": np.zeros((3, 2))})
+    assert batcher.update_priorities(batch["index"], [5.0, 5.0]) == {"applied": 0, "stale": 2}
+    assert batcher.update_priorities([2, 7], [5.0, 5.0]) == {"applied": 1, "stale": 1}
+    with pytest.raises(ValueError, match="replay_size > 0"):
+        UnrollBatcher(batch_size=2, prioritized=True)
+    with pytest.raises(ValueError, match="finite"):
+        batcher.update_priorities([2], [float("nan")])
+
+
 def test_replay_feed_ingests_until_the_buffer_holds_the_prefill():
     """Rows counted but not held (one actor's rings wrapped): the feed keeps ingesting past the
     ratio's upper bound until the buffer really holds ``prefill`` rows, instead of waiting forever."""

@@ -170,23 +170,42 @@ class UnrollBatcher:
     """Unrolls of ``T+1`` rows batched to ``[B, T+1, ...]``, optionally through a small replay.
 
     Chunks come time-major ``[T+1, N, ...]`` (``Collector.collect_chunk(T, overlap=True)``:
-    consecutive chunks of one env share a row); each env's column becomes one unroll.
+    consecutive chunks of one env share a row); each env's column becomes one unroll, with an
+    id that is never reused.
 
     Without replay (``replay_size = 0``) every unroll is used once, oldest first. With
     ``replay_size > 0`` the newest ``replay_size`` unrolls are kept and a batch draws ``B``
-    distinct ones uniformly among those used fewer than ``max_use`` times; an unroll leaves
-    after its ``max_use``-th use (or when newer ones push it out).
+    distinct ones among those used fewer than ``max_use`` times: uniformly, or with
+    ``prioritized`` in proportion to ``priority ** alpha`` (a new unroll gets the largest
+    priority seen so far; :meth:`update_priorities` sets them). An unroll leaves after its
+    ``max_use``-th use (or when newer ones push it out).
+
+    Every batch carries ``index`` and ``generation`` int64 ``[B]`` (both the unrolls' ids: an id
+    names one unroll for ever, so it is its own generation) and, when prioritized, ``weight``
+    float32 ``[B]``: the importance weights ``(n * P(i)) ** -beta`` over the ``n`` unrolls
+    available, divided by the batch's largest.
     """
 
-    def __init__(self, batch_size: int, replay_size: int = 0, max_use: int = 1, seed: int = 0) -> None:
+    def __init__(self, batch_size: int, replay_size: int = 0, max_use: int = 1, seed: int = 0,
+                 prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4) -> None:
         if batch_size < 1 or max_use < 1 or replay_size < 0:
             raise ValueError(f"batch_size and max_use must be >= 1 and replay_size >= 0, got {batch_size}, "
                              f"{max_use}, {replay_size}")
         if 0 < replay_size < batch_size:
             raise ValueError(f"replay_size ({replay_size}) must be 0 (no replay) or at least batch_size ({batch_size})")
+        if prioritized and replay_size == 0:
+            raise ValueError("prioritized sampling draws from a replay: set replay_size > 0 (unrolls kept), "
+                             "or prioritized: false")
+        if alpha < 0 or beta < 0:
+            raise ValueError(f"alpha and beta must be >= 0, got {alpha}, {beta}")
         self.batch_size, self.replay_size, self.max_use = batch_size, replay_size, max_use
+        self.prioritized, self.alpha, self.beta = prioritized, alpha, beta
         self._unrolls: deque[dict[str, Any]] = deque()
         self._uses: deque[int] = deque()
+        self._ids: deque[int] = deque()  # increasing along the deque
+        self._priority: deque[float] = deque()
+        self._next_id = 0
+        self._max_priority = 1.0
         self._rng = np.random.default_rng(seed)
 
     def __len__(self) -> int:
@@ -199,31 +218,66 @@ class UnrollBatcher:
         for j in range(envs):
             self._unrolls.append(tree_map(lambda x: np.ascontiguousarray(x[:, j]), rows))
             self._uses.append(0)
+            self._ids.append(self._next_id)
+            self._priority.append(self._max_priority)
+            self._next_id += 1
         limit = self.replay_size or None
         while limit is not None and len(self._unrolls) > limit:
-            self._unrolls.popleft()
-            self._uses.popleft()
+            self._drop(0)
+
+    def _drop(self, i: int) -> None:
+        for d in (self._unrolls, self._uses, self._ids, self._priority):
+            del d[i]
 
     def ready(self) -> bool:
         return len(self._unrolls) >= self.batch_size
 
     def batch(self) -> dict[str, Any]:
-        """``B`` unrolls stacked batch-major: every leaf a tensor ``[B, T+1, ...]``."""
+        """``B`` unrolls stacked batch-major: every leaf a tensor ``[B, T+1, ...]``, plus ``index``,
+        ``generation`` (and ``weight`` when prioritized) ``[B]``."""
         if not self.ready():
             raise ValueError(f"only {len(self._unrolls)} unrolls for a batch of {self.batch_size}")
+        weight = None
         if self.replay_size == 0:
-            picked = [self._unrolls.popleft() for _ in range(self.batch_size)]
-            for _ in picked:
-                self._uses.popleft()
+            which = np.arange(self.batch_size)
+        elif self.prioritized:
+            p = np.asarray(self._priority, np.float64) ** self.alpha
+            p /= p.sum()
+            which = np.sort(self._rng.choice(len(p), self.batch_size, replace=False, p=p))
+            w = (len(p) * p[which]) ** -self.beta
+            weight = (w / w.max()).astype(np.float32)
         else:
             which = np.sort(self._rng.choice(len(self._unrolls), self.batch_size, replace=False))
-            picked = [self._unrolls[i] for i in which]
-            for i in which:
-                self._uses[i] += 1
-            for i in sorted((int(i) for i in which if self._uses[i] >= self.max_use), reverse=True):
-                del self._unrolls[i]
-                del self._uses[i]
-        return tree_map(lambda *xs: torch.from_numpy(np.stack(xs)), picked[0], *picked[1:])
+        picked = [self._unrolls[i] for i in which]
+        ids = np.array([self._ids[i] for i in which], np.int64)
+        for i in which:
+            self._uses[i] += 1
+        for i in sorted((int(i) for i in which if self.replay_size == 0 or self._uses[i] >= self.max_use),
+                        reverse=True):
+            self._drop(i)
+        out = tree_map(lambda *xs: torch.from_numpy(np.stack(xs)), picked[0], *picked[1:])
+        out["index"], out["generation"] = torch.from_numpy(ids), torch.from_numpy(ids.copy())
+        if weight is not None:
+            out["weight"] = torch.from_numpy(weight)
+        return out
+
+    def update_priorities(self, index: Any, priority: Any) -> dict[str, int]:
+        """Set the priorities ``[N]`` of the unrolls with ids ``index [N]``; unrolls that left
+        the replay since they were sampled are skipped. Returns ``{"applied", "stale"}`` counts."""
+        index = np.asarray(index, np.int64).reshape(-1)
+        priority = np.asarray(priority, np.float64).reshape(-1)
+        if index.shape != priority.shape:
+            raise ValueError(f"{len(index)} unroll ids but {len(priority)} priorities")
+        if not np.isfinite(priority).all() or (priority < 0).any():
+            raise ValueError(f"priorities must be finite and >= 0, got {priority}")
+        ids = np.fromiter(self._ids, np.int64, len(self._ids))
+        pos = np.searchsorted(ids, index)
+        found = (pos < len(ids)) & (ids[np.minimum(pos, len(ids) - 1)] == index) if len(ids) else np.zeros_like(index, bool)
+        for i, value in zip(pos[found], priority[found]):
+            value = float(value) + 1e-6  # never exactly 0: every unroll stays drawable
+            self._priority[int(i)] = value
+            self._max_priority = max(self._max_priority, value)
+        return {"applied": int(found.sum()), "stale": int((~found).sum())}
 
 
 class ActorLink:
@@ -237,11 +291,13 @@ class ActorLink:
             :class:`ActorPool`.
         publish_every: optimizer steps between weight versions sent to the actors.
         overlap: unroll chunks (``chunk_length + 1`` rows, consecutive ones sharing a row).
+        queue_size: chunks waiting for the learner before actors block (local backend);
+            default ``2 * num_actors``.
     """
 
     def __init__(self, env: Any, num_actors: int, envs_per_actor: int, chunk_length: int,
                  backend: str = "local", ray_address: str | None = None, timeout_s: float = 60.0,
-                 publish_every: int = 1, overlap: bool = False) -> None:
+                 publish_every: int = 1, overlap: bool = False, queue_size: int | None = None) -> None:
         if publish_every < 1:
             raise ValueError(f"publish_every must be >= 1, got {publish_every}")
         if backend not in ("local", "ray"):
@@ -249,7 +305,7 @@ class ActorLink:
         self.env, self.num_actors = env, num_actors
         self.envs_per_actor, self.chunk_length = envs_per_actor, chunk_length
         self.backend, self.ray_address, self.timeout_s = backend, ray_address, timeout_s
-        self.publish_every, self.overlap = publish_every, overlap
+        self.publish_every, self.overlap, self.queue_size = publish_every, overlap, queue_size
         self.pool: ActorPool | None = None
         self.version: int | None = None  # newest version sent to the actors
         self.metrics = ActorMetrics()
@@ -265,7 +321,7 @@ class ActorLink:
             self.pool = ActorPool(self.env, module.acting_copy(), self.num_actors, self.envs_per_actor,
                                   self.chunk_length, seed=self.env.seed, rank=rank, backend=self.backend,
                                   ray_address=self.ray_address, timeout_s=self.timeout_s, overlap=self.overlap,
-                                  random_steps=random_steps, initial_version=version)
+                                  random_steps=random_steps, initial_version=version, queue_size=self.queue_size)
         elif self.version is None or version < self.version or version - self.version >= self.publish_every:
             self.pool.publish(module.acting_copy(), version)
         else:

@@ -625,6 +625,14 @@ class UnrollDataModule(pl.LightningDataModule):
             ``replay_size`` unrolls and draws each batch uniformly among those used fewer than
             ``max_use`` times.
         max_use: uses of an unroll at most (with replay).
+        queue_size: chunks that may wait for the learner before the actors block (local
+            backend; default 2 per actor). Fewer keep the policy lag lower when the learner is
+            the slower side: each waiting chunk was made by older weights.
+        prioritized: draw replayed unrolls in proportion to ``priority ** alpha`` (needs
+            ``replay_size > 0``); batches then carry the importance weights ``weight [B]``
+            (exponent ``beta``) and the learner's ``"priority"`` outputs come back through
+            :meth:`apply_feedback` (the ``ReplayFeedback`` callback).
+        alpha, beta: prioritization and importance-weight exponents.
         eval_episodes, eval_envs: validation episodes and their envs.
     """
 
@@ -639,8 +647,12 @@ class UnrollDataModule(pl.LightningDataModule):
         envs_per_actor: int | None = None,
         publish_every: int = 1,
         actor_timeout_s: float = 60.0,
+        queue_size: int | None = None,
         replay_size: int = 0,
         max_use: int = 1,
+        prioritized: bool = False,
+        alpha: float = 0.6,
+        beta: float = 0.4,
         eval_episodes: int = 5,
         eval_envs: int = 5,
     ) -> None:
@@ -654,9 +666,11 @@ class UnrollDataModule(pl.LightningDataModule):
         self.unroll_length, self.batch_size, self.num_actors = unroll_length, batch_size, num_actors
         self.replay_size, self.max_use = replay_size, max_use
         self.eval_episodes, self.eval_envs = eval_episodes, eval_envs
-        self.batcher = UnrollBatcher(batch_size, replay_size, max_use, seed=env.seed)
+        self.batcher = UnrollBatcher(batch_size, replay_size, max_use, seed=env.seed, prioritized=prioritized,
+                                     alpha=alpha, beta=beta)
         self._actors = ActorLink(env, num_actors, envs_per_actor or env.num_envs, unroll_length, actor_backend,
-                                 ray_address, actor_timeout_s, publish_every, overlap=True) if num_actors > 0 else None
+                                 ray_address, actor_timeout_s, publish_every, overlap=True,
+                                 queue_size=queue_size) if num_actors > 0 else None
         self.collector: Collector | None = None
         self._actor_steps = 0  # env steps the actors' chunks brought
 
@@ -683,6 +697,19 @@ class UnrollDataModule(pl.LightningDataModule):
         if self._actors is not None:
             rank, _ = _rank_and_world(getattr(self, "trainer", None))
             self._actors.publish(module, version, rank=rank)
+
+    def apply_feedback(self, batch: dict, feedback: dict) -> dict[str, int]:
+        """:class:`~lightning_wm.protocols.FeedbackSink`: the learner's ``"priority" [B]`` for the
+        unrolls ``batch["index"]``; unrolls that left the replay since are skipped. Returns
+        ``{"applied", "stale"}`` counts."""
+        if "priority" not in feedback:
+            return {"applied": 0, "stale": 0}
+        if not self.batcher.prioritized:
+            raise ValueError("the learner returns priorities but the unroll replay is not prioritized: set "
+                             "data.init_args.prioritized: true (and replay_size > 0), or the model's priority: false")
+        priority = feedback["priority"]
+        priority = priority.detach().cpu().numpy() if isinstance(priority, torch.Tensor) else priority
+        return self.batcher.update_priorities(batch["index"].cpu().numpy(), priority)
 
     def pop_env_stats(self) -> EnvStats:
         """:class:`~lightning_wm.protocols.EnvStatsSource`: env steps, finished episodes, actor gauges."""
