@@ -35,13 +35,15 @@ from lightning_wm.nn.mdn import mdn_log_prob, mdn_sample, per_dim_layout
 LSTMState = tuple[Tensor, Tensor]
 
 
-def load_checkpoint_module(cls: type[pl.LightningModule], path: str, device: torch.device | str = "cpu") -> Any:
-    """Load a trained module of class ``cls`` from a Lightning checkpoint, frozen, in eval mode."""
+def load_checkpoint_module(cls: type[pl.LightningModule], path: str, device: torch.device | str = "cpu",
+                           **kwargs: Any) -> Any:
+    """Load a trained module of class ``cls`` from a Lightning checkpoint, frozen, in eval mode
+    (``kwargs``: constructor arguments the checkpoint does not hold, e.g. ``env_spec``)."""
     from pathlib import Path
 
     if not Path(path).is_file():
         raise FileNotFoundError(f"{cls.__name__} checkpoint {path!r} does not exist; train it first with `fit`")
-    module = cls.load_from_checkpoint(path, map_location=device, weights_only=False)
+    module = cls.load_from_checkpoint(path, map_location=device, weights_only=False, **kwargs)
     module.eval()
     module.requires_grad_(False)
     return module
