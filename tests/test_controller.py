@@ -358,3 +358,33 @@ def test_controller_on_dreamers_world_model_in_the_dream_and_the_real_env(tmp_pa
     assert real.shape == (2,) and (real >= 1).all() and (real <= 20).all()
     episodes = model_dm.evaluate(controller, 1)
     assert len(episodes) == 1
+
+
+def test_cli_controller_in_dreamers_dream_end_to_end(capsys):
+    """configs/worldmodels/cartpole_dreamer: Dreamer (debug size) -> record -> controller in its
+    dream -> evaluate in the real env, from the CLI with sizes shrunk."""
+    from pathlib import Path
+
+    from lightning_wm.cli import main
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = root / "configs" / "worldmodels" / "cartpole_dreamer"
+    quiet = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+    main(["fit", "--config", str(root / "configs/dreamer/cartpole.yaml"),
+          "--config", str(root / "configs/dreamer/presets/debug.yaml"), *quiet, "--trainer.max_steps", "2",
+          "--trainer.run_name", "dreamer-cartpole",  # what the config's path gives from the repository root
+          "--trainer.val_check_interval", "2", "--data.init_args.batch_size", "2",
+          "--data.init_args.sequence_length", "8", "--data.init_args.prefill", "16",
+          "--data.init_args.eval_episodes", "1", "--data.init_args.eval_envs", "1"])
+    assert Path("lightning_logs/dreamer-cartpole/checkpoints/last.ckpt").is_file()
+    main(["record", "--config", str(cfg / "record.yaml"), "--episodes", "3"])
+    assert len(EpisodeStore("data/worldmodels/cartpole_dreamer/episodes")) == 3
+    c_args = [*quiet, "--model.init_args.popsize", "3", "--model.init_args.episodes_per_member", "1",
+              "--model.init_args.max_episode_steps", "15", "--data.init_args.eval_episodes", "1",
+              "--data.init_args.eval_envs", "1", "--trainer.val_check_interval", "2"]
+    cli = main(["fit", "--config", str(cfg / "controller.yaml"), *c_args, "--trainer.max_steps", "2"])
+    assert cli.model.es.countiter == 2 and cli.model.num_params == (32 + 16 + 1) * 2
+    capsys.readouterr()
+    main(["evaluate", "--config", str(cfg / "controller.yaml"), "--ckpt_path", "last", "--episodes", "2",
+          "--model.init_args.use", "best"])
+    assert "return" in capsys.readouterr().out
