@@ -10,6 +10,7 @@ import yaml
 
 from lightning_wm.agents.dreamer import Dreamer, onehot_linear
 from lightning_wm.cli import main
+from lightning_wm.data.replay import ReplayBuffer
 from lightning_wm.envs import EnvConfig, env_spec
 
 torch.set_num_threads(1)
@@ -350,7 +351,7 @@ def test_cli_fit_on_dict_observations_frame_and_state():
     cli = main(args=_fit_args("cartpole_pixels_state.yaml", 12, ["--data.init_args.sequence_length", "8"]))
     codec = cli.model.wm.codec
     assert codec.is_dict and set(codec.encoders) == {"image", "state"} and codec.images == ["image"]
-    assert cli.datamodule.buffer.sample_sequences(2, 4, True)["obs"]["image"].dtype == torch.uint8
+    assert cli.datamodule.sample_batch()["obs"]["image"].dtype == torch.uint8
     losses = _scalars(Path("lightning_logs/run"), "train/loss_recon")
     assert len(losses) == 12 and sum(losses[-3:]) / 3 < sum(losses[:3]) / 3
     assert _scalars(Path("lightning_logs/run"), "val/return")
@@ -400,14 +401,22 @@ def test_resume_after_a_crash_continues_from_the_checkpoint_exactly(monkeypatch)
     ckpt = torch.load("lightning_logs/run/checkpoints/last.ckpt", weights_only=False)
     assert ckpt["global_step"] == 6
     data_state = ckpt["ReplayDataModule"]
+    record = ckpt["replay_buffers"]
+    assert record["step"] == 6 and "buffer" not in data_state
+    expected = ReplayBuffer.load(Path(record["dir"]) / "replay_rank0_step6.pt")  # pruned by the later saves
+    assert not expected.column("is_last")[0, expected.newest[0]]
+    assert expected.mark_episode_end() == 1
     cli = main(args=_fit_args("cartpole.yaml", 12, [*base, "--ckpt_path", "last", "--trainer.callbacks",
                                                     '[{"class_path": "resume_probe.RecordStart"}]']))
     seen = resume_probe.SEEN
     assert seen["global_step"] == 6
     assert seen["env_steps"] == data_state["stats"]["env_steps"]
-    for key, value in data_state["buffer"].items():
+    # the buffer comes back from the file beside the checkpoint, its last episode ended at the restart
+    for key, value in expected.state_dict().items():
         if torch.is_tensor(value):
             assert torch.equal(seen["buffer"][key], value), key
+    for key, value in expected.state_dict()["data"].items():
+        assert torch.equal(seen["buffer"]["data"][key], value), key
     for name, tensor in ckpt["state_dict"].items():  # incl. slow_critic.*, ret_low, ret_high
         assert torch.equal(seen["model"][name], tensor), name
     assert len(seen["optimizers"]) == 3

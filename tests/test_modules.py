@@ -161,32 +161,37 @@ def test_prefill_must_fit_the_capacity_the_env_streams_can_use():
 
 
 def test_ddp_side_files_follow_the_checkpoint_step(tmp_path):
-    """A rank > 0 keeps its buffer in a side file per checkpoint step; resuming an older
-    checkpoint loads that step's buffer, not the newest one."""
+    """Every rank keeps its buffer in a file per checkpoint step (BufferCheckpoint); resuming an
+    older checkpoint loads that step's buffer, not the newest one."""
     from types import SimpleNamespace
 
-    def module(trainer):
+    from lightning_wm.callbacks import BufferCheckpoint
+
+    def module(rank):
         dm = ReplayDataModule(EnvConfig(id="CartPole-v1", num_envs=2), capacity=1000, prefill=20,
                               batch_size=2, sequence_length=4, save_buffer=True)
-        dm.trainer = trainer
+        dm.trainer = SimpleNamespace(global_rank=rank, world_size=2, global_step=0, datamodule=dm, ckpt_path=None,
+                                     checkpoint_callback=SimpleNamespace(dirpath=str(tmp_path)), default_root_dir=".")
         dm.setup("fit")
         return dm
 
-    trainer = SimpleNamespace(global_rank=1, world_size=2, global_step=0, checkpoint_dir=str(tmp_path))
-    dm = module(trainer)
-    states, sizes = {}, {}
+    dm, callback = module(1), BufferCheckpoint()
+    checkpoints, sizes = {}, {}
     for step in (10, 20, 30):
         dm.collector.collect(step)
-        trainer.global_step = step
-        states[step], sizes[step] = dm.state_dict(), len(dm.buffer)
-        assert "buffer" not in states[step] and states[step]["buffer_step"] == step
+        dm.trainer.global_step = step
+        checkpoints[step] = {"ReplayDataModule": dm.state_dict()}
+        callback.on_save_checkpoint(dm.trainer, None, checkpoints[step])
+        sizes[step] = len(dm.buffer)
+        assert "buffer" not in checkpoints[step]["ReplayDataModule"]
+        assert checkpoints[step]["replay_buffers"]["step"] == step
     assert sorted(p.name for p in tmp_path.glob("replay_rank1_*")) == ["replay_rank1_step20.pt", "replay_rank1_step30.pt"]
-    resumed = module(SimpleNamespace(global_rank=1, world_size=2, global_step=0, checkpoint_dir=str(tmp_path)))
-    resumed.load_state_dict(states[20])
+    resumed = module(1)
+    BufferCheckpoint().on_load_checkpoint(resumed.trainer, None, checkpoints[20])
     assert len(resumed.buffer) == sizes[20] < sizes[30]
-    older = module(SimpleNamespace(global_rank=1, world_size=2, global_step=0, checkpoint_dir=str(tmp_path)))
-    with pytest.warns(UserWarning, match="no replay side file"):
-        older.load_state_dict(states[10])  # pruned: starts afresh instead of taking a newer buffer
+    older = module(1)
+    with pytest.warns(UserWarning, match="no replay file replay_rank1_step10.pt"):
+        BufferCheckpoint().on_load_checkpoint(older.trainer, None, checkpoints[10])  # pruned: starts afresh
     assert len(older.buffer) == 0
 
 
