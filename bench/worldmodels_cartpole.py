@@ -65,6 +65,13 @@ def parse_args() -> argparse.Namespace:
                         "(as M's training targets were) instead of V's mean")
     p.add_argument("--dream-done-threshold", type=float, default=0.5,
                    help="a dream episode ends where M's done probability exceeds this")
+    p.add_argument("--dream-done-mode", choices=("threshold", "sample"), default="threshold",
+                   help="end a dream where p > threshold, or by a Bernoulli draw of p")
+    p.add_argument("--dream-starts", choices=("first", "all"), default="first",
+                   help="dreams start at the recorded episodes' first rows, or at any row (M warmed up on the prefix)")
+    p.add_argument("--dream-run-name", default="worldmodels-cartpole_pixels-controller-dream",
+                   help="run folder of the dream stage (several dream experiments side by side)")
+    p.add_argument("--dream-seed", type=int, default=0, help="CMA-ES seed of the dream stage")
     p.add_argument("--eval-episodes", type=int, default=20)
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for these small nets)")
     p.add_argument("--quick", action="store_true", help="tiny sizes: checks the pipeline, not the figures")
@@ -86,9 +93,10 @@ def run(command: list[str]):
 QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
 
 
-def evaluate_real(model, env, episodes: int, seed: int = 900_000) -> tuple[float, float]:
-    """Mean ± std return of the controller's weights over ``episodes`` real episodes of ``env``
-    (the controller config's env: same frame size and crop as V was trained on)."""
+def evaluate_real(model, env, episodes: int, seed: int = 900_000, use: str = "mean") -> tuple[float, float]:
+    """Mean ± std return of the controller's ``use`` weights (the CMA-ES mean or the best member)
+    over ``episodes`` real episodes of ``env`` (the controller config's env: same frame size and
+    crop as V was trained on)."""
     import dataclasses
 
     import torch
@@ -96,7 +104,8 @@ def evaluate_real(model, env, episodes: int, seed: int = 900_000) -> tuple[float
     env = dataclasses.replace(env, seed=seed, num_envs=1)
     model.eval()
     with torch.no_grad():
-        returns = model.evaluate_population(model.params.detach()[None], episodes, seed, where="real", config=env,
+        params = model.params if use == "mean" else model.best_params
+        returns = model.evaluate_population(params.detach()[None], episodes, seed, where="real", config=env,
                                             per_episode=True)[0]
     model.close_envs()
     return float(returns.mean()), float(returns.std(unbiased=False))
@@ -120,10 +129,11 @@ def main() -> None:
             shutil.rmtree(work / sub, ignore_errors=True)
     if "convert" in stages:
         shutil.rmtree(work / "data/worldmodels/cartpole_pixels/latents", ignore_errors=True)
-    runs = {"vision": "vision", "memory": "memory", "controller": "controller", "dream": "controller-dream"}
+    runs = {"vision": "worldmodels-cartpole_pixels-vision", "memory": "worldmodels-cartpole_pixels-memory",
+            "controller": "worldmodels-cartpole_pixels-controller", "dream": args.dream_run_name}
     for name, run_name in runs.items():  # a re-run stage starts from scratch, not from its last checkpoint
         if name in stages:
-            shutil.rmtree(work / "lightning_logs" / f"worldmodels-cartpole_pixels-{run_name}", ignore_errors=True)
+            shutil.rmtree(work / "lightning_logs" / run_name, ignore_errors=True)
 
     rows: list[tuple[str, float, str]] = []
     total = time.time()
@@ -181,8 +191,11 @@ def main() -> None:
         if limit:
             command += ["--trainer.max_time", limit]
         if dream:
-            command += ["--trainer.run_name", "worldmodels-cartpole_pixels-controller-dream",
+            command += ["--trainer.run_name", args.dream_run_name,
                         "--model.init_args.train_in", "dream",
+                        "--model.init_args.dream_starts", args.dream_starts,
+                        "--model.init_args.dream_done_mode", args.dream_done_mode,
+                        "--model.init_args.seed", str(args.dream_seed),
                         "--model.init_args.dream_dir", "data/worldmodels/cartpole_pixels/latents",
                         "--model.init_args.dream_temperature", str(args.dream_temperature),
                         "--model.init_args.dream_done_threshold", str(args.dream_done_threshold),
@@ -194,11 +207,12 @@ def main() -> None:
         m = cli.trainer.callback_metrics
         fit_seconds = time.time() - start_times[-1]
         mean, std = evaluate_real(cli.model, cli.datamodule.env, args.eval_episodes)
+        best_mean, best_std = evaluate_real(cli.model, cli.datamodule.env, args.eval_episodes, use="best")
         where = "dream" if dream else "real-env"
         return (f"{cli.trainer.global_step} generations{' (time limit ' + limit + ')' if limit else ''}; "
                 f"last generation {where} fitness mean {float(m['fitness/mean']):.1f} best "
                 f"{float(m['fitness/best']):.1f}; fit {fit_seconds:.0f} s; real return {mean:.1f} ± {std:.1f} "
-                f"over {args.eval_episodes} episodes")
+                f"(CMA-ES mean), {best_mean:.1f} ± {best_std:.1f} (best member) over {args.eval_episodes} episodes")
 
     start_times: list[float] = []
     plan = {"record": record, "vision": vision, "convert": convert, "memory": memory,
