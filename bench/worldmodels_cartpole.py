@@ -69,6 +69,9 @@ def parse_args() -> argparse.Namespace:
                    help="end a dream where p > threshold, or by a Bernoulli draw of p")
     p.add_argument("--dream-starts", choices=("first", "all"), default="first",
                    help="dreams start at the recorded episodes' first rows, or at any row (M warmed up on the prefix)")
+    p.add_argument("--dream-max-steps", type=int, default=500,
+                   help="a dream episode is truncated after this many steps (M's memory is reliable for as long as "
+                        "the sequences it was trained on)")
     p.add_argument("--dream-run-name", default="worldmodels-cartpole_pixels-controller-dream",
                    help="run folder of the dream stage (several dream experiments side by side)")
     p.add_argument("--dream-seed", type=int, default=0, help="CMA-ES seed of the dream stage")
@@ -194,6 +197,7 @@ def main() -> None:
             command += ["--trainer.run_name", args.dream_run_name,
                         "--model.init_args.train_in", "dream",
                         "--model.init_args.dream_starts", args.dream_starts,
+                        "--model.init_args.dream_max_steps", str(args.dream_max_steps),
                         "--model.init_args.dream_done_mode", args.dream_done_mode,
                         "--model.init_args.seed", str(args.dream_seed),
                         "--model.init_args.dream_dir", "data/worldmodels/cartpole_pixels/latents",

@@ -3,17 +3,20 @@
 Given a trained V and M (and optionally controller checkpoints), on real episodes recorded here
 with the true CartPole state beside every frame (``keep_state``):
 
-1. **probe** — a ridge regression from V's ``mu`` to the true cart position ``x`` and pole angle
-   ``theta`` (held-out R^2): does ``z`` encode the state, and a ruler for dreams in physical units;
+1. **probe** — a small MLP from V's ``z`` (drawn from its posterior, as M's targets are) to the
+   true cart position ``x`` and pole angle ``theta`` (held-out R^2 on V's mean): does ``z``
+   encode the state, and a ruler for dreams in physical units;
 2. **open loop** — M rolled out under the recorded actions from real states (its memory warmed
    up on the real prefix, or from a zero memory as a dream that starts there without one),
    per horizon ``k``: ``z`` error relative to ``z``'s variance (1.0 = no better than the mean
-   frame), the probed ``theta`` / ``x`` error, and the same for "the frame does not move";
+   frame), the probed ``theta`` / ``x`` error against the probe of the real frame, and the
+   same for "the frame does not move";
 3. **actions** — from real states, ``theta`` after ``k`` steps of always-left vs always-right
    in M (mode) and in the real physics (CartPole reset to the true state): does the dream
    respond to the controller at all;
 4. **done head** — calibration on real rows (mean predicted probability per bin vs the
-   frequency of termination), its recall of real terminations at the 0.5 threshold;
+   frequency of termination), its recall of real terminations at the 0.5 threshold and its
+   false alarms by how long M's memory has been running (rows since the episode start);
 5. **controllers** — for each checkpoint: mean real return, mean dream return (starts at
    first rows and at all rows), and along its dreams the probed angle: how often a dream runs
    on with the pole past 12 degrees or the cart past 2.4 (what a controller can exploit).
@@ -30,6 +33,7 @@ import argparse
 import inspect
 import json
 import os
+import pickle
 import sys
 import time
 from pathlib import Path
@@ -92,12 +96,30 @@ def record_truth(random_episodes: int, balancer_episodes: int, seed: int) -> lis
     return episodes
 
 
-def ridge(x: np.ndarray, y: np.ndarray, lam: float = 1e-2) -> tuple[np.ndarray, np.ndarray]:
-    """``W, b`` minimising ``|x W + b - y|^2 + lam |W|^2``."""
-    mean_x, mean_y = x.mean(0), y.mean(0)
-    xc = x - mean_x
-    w = np.linalg.solve(xc.T @ xc + lam * len(x) * np.eye(x.shape[1]), xc.T @ (y - mean_y))
-    return w, mean_y - mean_x @ w
+def fit_probe(x: np.ndarray, y: np.ndarray, steps: int = 3000, seed: int = 0):
+    """An MLP ``[N, Z] -> [N, D]`` (2 x 128 tanh units, Adam on standardised targets); returns a
+    numpy function ``[..., Z] -> [..., D]``."""
+    import torch
+
+    torch.manual_seed(seed)
+    mx, sx, my, sy = x.mean(0), x.std(0) + 1e-6, y.mean(0), y.std(0) + 1e-6
+    xt, yt = torch.as_tensor((x - mx) / sx).float(), torch.as_tensor((y - my) / sy).float()
+    net = torch.nn.Sequential(torch.nn.Linear(x.shape[1], 128), torch.nn.Tanh(), torch.nn.Linear(128, 128),
+                              torch.nn.Tanh(), torch.nn.Linear(128, y.shape[1]))
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        i = torch.randint(len(xt), (256,), generator=g)
+        loss = (net(xt[i]) - yt[i]).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    def probe(z: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return net(torch.as_tensor((np.asarray(z) - mx) / sx).float()).numpy() * sy + my
+
+    return probe
 
 
 def r2(pred: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -121,7 +143,12 @@ def main() -> None:
     model = VisionMemoryModel.from_checkpoints(args.vision, args.memory, temperature=args.temperature)
     mem = model.memory
     t0 = time.time()
-    episodes = record_truth(args.random_episodes, args.balancer_episodes, args.seed)
+    cache = Path(f"truth_{args.random_episodes}_{args.balancer_episodes}_{args.seed}.pkl")
+    if cache.is_file():  # the same real episodes for every V and M measured in this workdir
+        episodes = pickle.loads(cache.read_bytes())
+    else:
+        episodes = record_truth(args.random_episodes, args.balancer_episodes, args.seed)
+        cache.write_bytes(pickle.dumps(episodes))
     for e in episodes:
         mu, logvar = encode_frames(model.vision, e["obs"])
         e["mu"], e["logvar"] = mu.numpy(), logvar.numpy()
@@ -134,11 +161,21 @@ def main() -> None:
     train = [e for i, e in enumerate(episodes) if i % 2 == 0]
     test = [e for i, e in enumerate(episodes) if i % 2 == 1]
     cat = lambda es, k: np.concatenate([e[k] for e in es])  # noqa: E731
-    w, b = ridge(cat(train, "mu"), cat(train, "state")[:, [0, 2]])
-    probe = lambda z: z @ w + b  # noqa: E731  [..., Z] -> [..., (x, theta)]
-    score = r2(probe(cat(test, "mu")), cat(test, "state")[:, [0, 2]])
-    report["probe_r2"] = {"x": float(score[0]), "theta": float(score[1])}
-    print(f"\n1. probe mu -> state, held-out R^2: x {score[0]:.3f}, theta {score[1]:.3f}")
+    # fit on z drawn from V's posterior (what M is trained to predict), so that the probe reads the
+    # dimensions that carry the frame and ignores those that are only posterior noise
+    rng = np.random.default_rng(args.seed)
+    draws = [cat(train, "mu") + np.exp(0.5 * cat(train, "logvar")) * rng.standard_normal(cat(train, "mu").shape)
+             for _ in range(4)]
+    probe = fit_probe(np.concatenate(draws), np.tile(cat(train, "state")[:, [0, 2]], (4, 1)))
+    held_out = probe(cat(test, "mu"))
+    score = r2(held_out, cat(test, "state")[:, [0, 2]])
+    probe_err = np.abs(held_out - cat(test, "state")[:, [0, 2]]).mean(0)
+    report["probe"] = {"r2_x": float(score[0]), "r2_theta": float(score[1]), "err_x": float(probe_err[0]),
+                       "err_theta_deg": float(np.degrees(probe_err[1]))}
+    print(f"\n1. probe mu -> state, held out: R^2 x {score[0]:.3f}, theta {score[1]:.3f}; mean |error| x "
+          f"{probe_err[0]:.3f}, theta {np.degrees(probe_err[1]):.2f} deg")
+    for e in episodes:
+        e["probed"] = probe(e["mu"])
     z_var = float(cat(episodes, "mu").var(0).sum())
 
     # 2. open-loop prediction error per horizon
@@ -171,13 +208,13 @@ def main() -> None:
                     for start in starts:
                         pred = open_loop(e, start, warm, tau)
                         real = e["mu"][start + 1 : start + 1 + len(pred)]
-                        truth = e["state"][start + 1 : start + 1 + len(pred)]
+                        truth = e["probed"][start + 1 : start + 1 + len(pred)]  # the probe of the real frames
+                        probed = probe(pred) if len(pred) else pred
                         for k in range(len(pred)):
                             err_z[k].append(((pred[k] - real[k]) ** 2).sum() / z_var)
-                            p = probe(pred[k])
-                            err_theta[k].append(abs(p[1] - truth[k, 2]))
-                            err_x[k].append(abs(p[0] - truth[k, 0]))
-                            copy_theta[k].append(abs(e["state"][start, 2] - truth[k, 2]))
+                            err_theta[k].append(abs(probed[k, 1] - truth[k, 1]))
+                            err_x[k].append(abs(probed[k, 0] - truth[k, 0]))
+                            copy_theta[k].append(abs(e["probed"][start, 1] - truth[k, 1]))
                 for k in sorted({0, 4, 9, 19, K - 1}):
                     if k < K and err_z[k]:
                         rows.append({"policy": policy, "memory": "warm" if warm else "zero", "temperature": tau,
@@ -229,7 +266,7 @@ def main() -> None:
         print(f"| {k} | {np.degrees(np.mean(dream)):.2f} | {np.degrees(np.mean(real)):.2f} | {corr:.2f} |")
 
     # 4. done head on real rows: p(done at t+1) from M after reading rows <= t
-    probs, targets = [], []
+    probs, targets, ages = [], [], []
     for e in episodes:
         states = e["post"]
         a = mem.action_input(torch.as_tensor(e["action"]))
@@ -238,7 +275,8 @@ def main() -> None:
             p = torch.sigmoid(mem.heads(out)["done_logit"]).numpy()
         probs.append(p[:-1])
         targets.append(e["is_terminal"][1:].astype(float))
-    probs, targets = np.concatenate(probs), np.concatenate(targets)
+        ages.append(np.arange(len(p) - 1))
+    probs, targets, ages = np.concatenate(probs), np.concatenate(targets), np.concatenate(ages)
     bins = [0, 0.05, 0.2, 0.5, 0.8, 1.0001]
     report["done_calibration"] = []
     print("\n4. done head on real rows (balancer + random): predicted vs actual termination")
@@ -254,6 +292,15 @@ def main() -> None:
     false_alarm = (probs[targets == 0] > 0.5).mean()
     report["done_recall"], report["done_false_alarm"] = float(hit.mean()), float(false_alarm)
     print(f"recall of real terminations at p > 0.5: {hit.mean():.2f}; false alarms {false_alarm:.4f} per row")
+    report["done_false_alarm_by_age"] = []
+    print("| rows since the episode start (M's memory) | rows | false alarms (p > 0.5, not terminal) |")
+    print("| --- | ---: | ---: |")
+    for lo, hi in ((0, 32), (32, 64), (64, 128), (128, 256), (256, 500)):
+        m = (ages >= lo) & (ages < hi) & (targets == 0)
+        if m.any():
+            rate = float((probs[m] > 0.5).mean())
+            report["done_false_alarm_by_age"].append({"rows": [lo, hi], "n": int(m.sum()), "false_alarm": rate})
+            print(f"| {lo}-{hi} | {m.sum()} | {rate:.3f} |")
 
     # 5. controllers: real return, dream return (first / all starts), what the dream lets pass
     from lightning_wm.agents.controller import Controller

@@ -388,3 +388,16 @@ def test_cli_controller_in_dreamers_dream_end_to_end(capsys):
     main(["evaluate", "--config", str(cfg / "controller.yaml"), "--ckpt_path", "last", "--episodes", "2",
           "--model.init_args.use", "best"])
     assert "return" in capsys.readouterr().out
+
+
+def test_explore_noise_replaces_actions_only_when_exploring():
+    model, _ = _cartpole_controller(popsize=4, episodes_per_member=1, explore_noise=0.5)
+    with torch.no_grad():
+        model.params.copy_(torch.tensor([0.0, 0.0, 0.0, 0.0, -1.0, 0.0, 0.0, 0.0, 0.0, 1.0]))  # always action 1
+    obs = torch.zeros(2000, 4)
+    greedy, _, _ = model.act(obs, None, explore=False)
+    assert (greedy == 1).all()
+    noisy, _, _ = model.act(obs, None, explore=True)
+    assert 0.2 < (noisy == 0).float().mean() < 0.3  # half replaced, half of those by the other action
+    with pytest.raises(ValueError, match="explore_noise"):
+        _cartpole_controller(explore_noise=1.5)

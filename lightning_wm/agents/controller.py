@@ -158,7 +158,12 @@ class Controller(RLModule):
             instead of its mean.
         env_workers: subprocesses that step the population's real envs (0: in this process);
             2 on a 2-core machine renders pixel frames on both cores.
-        seed: seed of CMA-ES's sampler, of the fitness episodes and of the dream starts.
+        explore_noise: when acting with ``explore=True`` (``record``'s default), each action is
+            replaced by a random one with this probability: varied episodes of a trained
+            controller for M's next round (the paper's iterative training). Validation,
+            ``evaluate`` and the fitness never explore.
+        seed: seed of CMA-ES's sampler, of the fitness episodes, of the dream starts and of
+            the exploration noise.
     """
 
     def __init__(
@@ -185,6 +190,7 @@ class Controller(RLModule):
         max_episode_steps: int | None = None,
         sample_z: bool = False,
         env_workers: int = 0,
+        explore_noise: float = 0.0,
         seed: int = 0,
     ) -> None:
         super().__init__(env_spec)
@@ -205,6 +211,8 @@ class Controller(RLModule):
             raise ValueError(f"dream_starts must be 'first' or 'all', got {dream_starts!r}")
         if dream_done_mode not in ("threshold", "sample"):
             raise ValueError(f"dream_done_mode must be 'threshold' or 'sample', got {dream_done_mode!r}")
+        if not 0.0 <= explore_noise <= 1.0:
+            raise ValueError(f"explore_noise is a probability, got {explore_noise}")
         if l2_decay < 0:
             raise ValueError(f"l2_decay must be >= 0, got {l2_decay}")
         if env_workers < 0:
@@ -221,7 +229,8 @@ class Controller(RLModule):
         self.dream_max_steps, self.dream_done_mode = dream_max_steps, dream_done_mode
         self.dream_done_threshold, self.dream_reward = dream_done_threshold, dream_reward
         self.max_episode_steps, self.seed = max_episode_steps, seed
-        self.env_workers = env_workers
+        self.env_workers, self.explore_noise = env_workers, explore_noise
+        self._noise = torch.Generator().manual_seed(derive_seed(seed, "policy"))
 
         # the frozen world model (V+M or Dreamer's RSSM), or V alone; kept in train mode like the
         # rest (no dropout or batch norm in them)
@@ -301,10 +310,23 @@ class Controller(RLModule):
                         "first": torch.zeros_like(state["first"])}
 
     def act(self, obs: Tensor, state: Any, explore: bool = False) -> tuple[Tensor, Any, dict[str, Tensor]]:
-        """Act with the weights ``use`` names; deterministic (``explore`` is ignored)."""
+        """Act with the weights ``use`` names: deterministic, or with ``explore`` each action
+        replaced by a uniformly random one with probability ``explore_noise``."""
         if self.world_model is not None and state is None:
             state = self.initial_state(obs.shape[0])
         action, state = self.policy_step(obs, state, self.acting_params)
+        if explore and self.explore_noise > 0:
+            n = action.shape[0]
+            swap = (torch.rand(n, generator=self._noise) < self.explore_noise).to(action.device)
+            if self.actions.discrete:
+                noise = torch.randint(self.actions.dim, (n,), generator=self._noise).to(action.device)
+            else:
+                noise = self.actions.from_unit(torch.rand(n, self.actions.dim, generator=self._noise) * 2 - 1)
+                noise = noise.to(action.device).reshape(action.shape)
+                swap = swap.view(n, *([1] * (action.dim() - 1)))
+            action = torch.where(swap, noise, action)
+            if state is not None:  # M reads the action that was taken
+                state = {**state, "action": self.world_model.actions.encode(action)}
         return action, state, {}
 
     # -- fitness ----------------------------------------------------------------------
