@@ -295,9 +295,10 @@ M = TypeVar("M", bound=pl.LightningModule)
 
 
 def load_module(cls: type[M], path: str | os.PathLike, device: torch.device | str = "cpu",
-                what: str | None = None) -> M:
-    """Build a ``cls`` with the settings saved in the checkpoint at ``path``, load its weights,
-    and return it frozen (no gradients) in eval mode on ``device``.
+                what: str | None = None, **init_args: Any) -> M:
+    """Build a ``cls`` with the settings saved in the checkpoint at ``path`` (plus ``init_args``:
+    constructor arguments a checkpoint does not hold, e.g. ``env_spec``), load its weights, and
+    return it frozen (no gradients) in eval mode on ``device``.
 
     Raises:
         FileNotFoundError: no such checkpoint (the message says to train ``cls`` first).
@@ -314,7 +315,7 @@ def load_module(cls: type[M], path: str | os.PathLike, device: torch.device | st
     # built in an empty context: inside a module that the CLI is building (e.g. the controller
     # loading V and M), Lightning's context variable would make save_hyperparameters record the
     # outer module's settings instead of these
-    module = contextvars.Context().run(cls, **hparams)
+    module = contextvars.Context().run(cls, **{**hparams, **init_args})
     load_weights(module, checkpoint, path)
     module.to(device)
     module.eval()

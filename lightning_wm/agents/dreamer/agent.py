@@ -523,7 +523,7 @@ class Dreamer(RLModule):
         for t in range(context, L):
             state = wm.img_step(state, action[:, t - 1], mode=True)
             feats.append(wm.features(state)[:, None])
-        return obs, wm.decode(torch.cat(feats, 1))
+        return obs, wm.decode_features(torch.cat(feats, 1))
 
     def log_openloop(self) -> None:
         """Log the open-loop error of the last training batch's first sequences; for pixels also
