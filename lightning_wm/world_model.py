@@ -7,8 +7,14 @@ state): any pytree (tensor, tuple, dict) of tensors whose first dimension is the
   where a model can: ``zero_state``, ``observe_step`` (filter real steps), ``decode`` (render a
   state), ``posterior_states`` (filter a recorded episode: where dreams start).
 * :func:`rollout` — imagination: actor gradients flow through the model's computation but
-  never into the model's parameters.
-* :class:`RolloutSchedule` — horizon linear in env steps.
+  never into the model's parameters; entropy-augmented rewards when the actor returns them.
+* :class:`RolloutLengthScheduler` — rollout length linear in env steps (DI-engine's names and
+  defaults).
+* :class:`Cadence` — when to train / evaluate a model beside a policy, in env steps
+  (``train_freq``, ``eval_freq``, ``should_train``, ``should_eval``).
+* :class:`DreamWorldModel` — a model with its cadence and rollout-length scheduler:
+  ``rollout(start, actor_fn, envstep, horizon=None)``. The imagination buffer (Dyna) and both
+  together (Hybrid) are in :mod:`lightning_wm.imagination`.
 * ``DreamEnv`` (in :mod:`lightning_wm.dream_env`) — a gymnasium vector env driven by a model.
 """
 
@@ -93,58 +99,171 @@ def frozen(module: nn.Module) -> Iterator[None]:
             p.requires_grad_(flag)
 
 
+ActorFn = Callable[[Tensor], Any]  # features [B, F] -> action [B, A] or (action, aug_reward [B])
+
+
+def _split_actor_output(out: Any) -> tuple[Tensor, Tensor | None]:
+    """``action`` or ``(action, aug_reward)`` -> ``(action, aug_reward or None)``."""
+    if isinstance(out, (tuple, list)):
+        if len(out) != 2:
+            raise ValueError(f"actor_fn must return an action or (action, aug_reward), got {len(out)} values")
+        return out[0], out[1]
+    return out, None
+
+
 def rollout(
     model: WorldModel,
     start: State,
-    actor_fn: Callable[[Tensor], Tensor],
+    actor_fn: ActorFn,
     horizon: int,
 ) -> dict[str, Any]:
-    """Imagine ``horizon`` steps from ``start`` with actions ``actor_fn(features)``.
+    """Imagine ``horizon`` (``N``) steps from ``start`` (batch ``B``) with the actor.
+
+    ``actor_fn(features [B, F])`` returns the action ``[B, A]`` (model format: one-hot for
+    discrete actions) or ``(action, aug_reward [B])``, where ``aug_reward`` is a bonus such as
+    SAC's entropy term ``-temperature * log pi(a|s)``. The actor is called in every state,
+    the last one included (DI-engine's shapes), so ``actions`` and ``aug_rewards`` have
+    ``N + 1`` entries.
 
     Returns a dict with
-        ``states``: the start and every imagined state, stacked: pytree of ``[H+1, B, ...]``;
-        ``features``: ``[H+1, B, F]``;
-        ``actions``: ``[H, B, A]`` (``actions[t]`` taken in ``states[t]``);
-        ``rewards``: ``[H, B]`` (received on arriving at ``states[t+1]``);
-        ``dones``: ``[H, B]`` termination probability at ``states[t+1]``.
-    The model's parameters get no gradient from anything computed here; the actor's do.
+        ``states``: the start and every imagined state: pytree of ``[N+1, B, ...]``;
+        ``features``: ``[N+1, B, F]``;
+        ``actions``: ``[N+1, B, A]`` (``actions[t]`` chosen in ``states[t]``; the last one is
+        not taken);
+        ``rewards``: ``[N, B]`` the model's reward on arriving at ``states[t+1]`` (without the
+        bonus: DI-engine adds ``aug_rewards[:-1]`` into its ``rewards``, here the learner does);
+        ``aug_rewards``: ``[N+1, B]`` the actor's bonus in ``states[t]`` (zeros when the actor
+        returns only actions);
+        ``dones``: ``[N, B]`` termination probability at ``states[t+1]``.
+    ``horizon`` 0 gives the start alone: ``rewards`` and ``dones`` are empty ``[0, B]``. The
+    model's parameters get no gradient from anything computed here; the actor's do.
     """
     if not isinstance(model, nn.Module):
         raise TypeError("rollout needs a WorldModel that is an nn.Module")
-    states, feats, actions, rewards, dones = [start], [model.features(start)], [], [], []
+    if horizon < 0:
+        raise ValueError(f"rollout horizon must be >= 0, got {horizon}")
+    feat = model.features(start)
+    states, feats, actions, rewards, dones, augs = [start], [feat], [], [], [], []
     state = start
     with frozen(model):
-        for _ in range(horizon):
-            action = actor_fn(feats[-1])
+        for t in range(horizon + 1):
+            action, aug = _split_actor_output(actor_fn(feats[-1]))
+            actions.append(action)
+            augs.append(aug if aug is not None else feat.new_zeros(feat.shape[0]))
+            if t == horizon:
+                break
             reward, state, done = model.step(state, action)
             states.append(state)
             feats.append(model.features(state))
-            actions.append(action)
             rewards.append(reward)
             dones.append(done)
+    batch = feat.shape[0]
     return {
         "states": tree.stack(states),
         "features": torch.stack(feats),
         "actions": torch.stack(actions),
-        "rewards": torch.stack(rewards),
-        "dones": torch.stack(dones),
+        "rewards": torch.stack(rewards) if rewards else feat.new_zeros(0, batch),
+        "aug_rewards": torch.stack(augs),
+        "dones": torch.stack(dones) if dones else feat.new_zeros(0, batch),
     }
 
 
 @dataclass
-class RolloutSchedule:
-    """Rollout length linear in env steps: ``min_length`` until ``start_step``, ``max_length``
-    from ``end_step`` on, and the linear interpolation (rounded down) in between."""
+class RolloutLengthScheduler:
+    """Rollout length linear in env steps (DI-engine's ``rollout_length_scheduler``,
+    ``type: linear``, with its defaults): ``rollout_length_min`` until
+    ``rollout_start_step``, ``rollout_length_max`` from ``rollout_end_step`` on, and the linear
+    interpolation (rounded down) in between."""
 
-    min_length: int = 1
-    max_length: int = 15
-    start_step: int = 0
-    end_step: int = 0
+    rollout_start_step: int = 20_000
+    rollout_end_step: int = 150_000
+    rollout_length_min: int = 1
+    rollout_length_max: int = 25
 
-    def __call__(self, env_step: int) -> int:
-        if env_step >= self.end_step:
-            return self.max_length
-        if env_step <= self.start_step:
-            return self.min_length
-        frac = (env_step - self.start_step) / (self.end_step - self.start_step)
-        return int(self.min_length + frac * (self.max_length - self.min_length))
+    def __post_init__(self) -> None:
+        if not 0 <= self.rollout_length_min <= self.rollout_length_max:
+            raise ValueError("rollout_length_scheduler needs 0 <= rollout_length_min <= rollout_length_max, got "
+                             f"{self.rollout_length_min} and {self.rollout_length_max}")
+        if not 0 <= self.rollout_start_step <= self.rollout_end_step:
+            raise ValueError("rollout_length_scheduler needs 0 <= rollout_start_step <= rollout_end_step, got "
+                             f"{self.rollout_start_step} and {self.rollout_end_step}")
+
+    def __call__(self, envstep: int) -> int:
+        if envstep >= self.rollout_end_step:
+            return self.rollout_length_max
+        if envstep <= self.rollout_start_step:
+            return self.rollout_length_min
+        frac = (envstep - self.rollout_start_step) / (self.rollout_end_step - self.rollout_start_step)
+        return int(self.rollout_length_min + frac * (self.rollout_length_max - self.rollout_length_min))
+
+
+class Cadence:
+    """When to train and evaluate a model beside a policy, counted in real env steps
+    (DI-engine's ``train_freq`` / ``eval_freq``, default 250 each).
+
+    ``should_train(envstep)``: at least ``train_freq`` env steps since the last
+    :meth:`trained`; ``should_eval(envstep)``: at least ``eval_freq`` since the last
+    :meth:`evaluated`, and only once the model was trained. A learner calls :meth:`trained` /
+    :meth:`evaluated` with the env step at which it did so.
+    """
+
+    def __init__(self, train_freq: int = 250, eval_freq: int = 250) -> None:
+        if train_freq < 0 or eval_freq < 0:
+            raise ValueError(f"train_freq and eval_freq must be >= 0 env steps, got {train_freq} and {eval_freq}")
+        self.train_freq, self.eval_freq = int(train_freq), int(eval_freq)
+        self.last_train_step = 0
+        self.last_eval_step = 0
+        self.train_count = 0
+
+    def should_train(self, envstep: int) -> bool:
+        """Whether the model is due for training at ``envstep``."""
+        return envstep - self.last_train_step >= self.train_freq
+
+    def should_eval(self, envstep: int) -> bool:
+        """Whether the model is due for evaluation at ``envstep`` (never before a first training)."""
+        return self.train_count > 0 and envstep - self.last_eval_step >= self.eval_freq
+
+    def trained(self, envstep: int) -> None:
+        """Record a training of the model at ``envstep``."""
+        self.last_train_step, self.train_count = int(envstep), self.train_count + 1
+
+    def evaluated(self, envstep: int) -> None:
+        """Record an evaluation of the model at ``envstep``."""
+        self.last_eval_step = int(envstep)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"last_train_step": self.last_train_step, "last_eval_step": self.last_eval_step,
+                "train_count": self.train_count}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.last_train_step = int(state["last_train_step"])
+        self.last_eval_step = int(state["last_eval_step"])
+        self.train_count = int(state["train_count"])
+
+
+class DreamWorldModel(Cadence):
+    """A steppable model with DI-engine's cadence and rollout-length scheduler: rollouts used
+    once, with gradients through them into the actor (Dreamer-style).
+
+    Holds a reference to ``model`` (it is not a module itself: the learner that trains the
+    model owns its parameters).
+
+    Args:
+        model: the :class:`WorldModel` (an ``nn.Module``).
+        train_freq, eval_freq: see :class:`Cadence`.
+        rollout_length_scheduler: horizon per env step (default: DI-engine's defaults).
+    """
+
+    def __init__(self, model: WorldModel, train_freq: int = 250, eval_freq: int = 250,
+                 rollout_length_scheduler: RolloutLengthScheduler | None = None) -> None:
+        super().__init__(train_freq, eval_freq)
+        if not (isinstance(model, WorldModel) and isinstance(model, nn.Module)):
+            raise TypeError(f"DreamWorldModel needs a WorldModel nn.Module, got {type(model).__name__}")
+        self.model = model
+        self.rollout_length_scheduler = rollout_length_scheduler or RolloutLengthScheduler()
+
+    def rollout(self, start: State, actor_fn: ActorFn, envstep: int, horizon: int | None = None) -> dict[str, Any]:
+        """:func:`rollout` of ``horizon`` steps (default: the scheduler's length at ``envstep``)."""
+        if horizon is None:
+            horizon = self.rollout_length_scheduler(envstep)
+        return rollout(self.model, start, actor_fn, horizon)

@@ -30,7 +30,7 @@ from lightning_wm.nn.blocks import MLP
 from lightning_wm.nn.codec import Obs
 from lightning_wm.returns import lambda_return
 from lightning_wm.tree import first_leaf, tree_map
-from lightning_wm.world_model import RolloutSchedule, frozen, rollout
+from lightning_wm.world_model import RolloutLengthScheduler, frozen, rollout
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ class Dreamer(RLModule):
         horizon, gamma, lambda_: imagination and returns.
         horizon_schedule: ``[start_step, min_horizon, end_step]``: imagine ``min_horizon`` steps
             until ``start_step`` env steps (this rank's), then linearly more, ``horizon`` from
-            ``end_step`` on (:class:`~lightning_wm.world_model.RolloutSchedule`); None: always ``horizon``.
+            ``end_step`` on (:class:`~lightning_wm.world_model.RolloutLengthScheduler`); None: always ``horizon``.
         kl_dyn, kl_rep, free_nats: KL balancing and free bits.
         loss_decoder, loss_reward, loss_cont: world-model loss scales.
         lr_*, clip_*, eps_*: Adam learning rates, gradient-norm clips and epsilons.
@@ -228,13 +228,14 @@ class Dreamer(RLModule):
         if actor_grad == "dynamics" and self.discrete:
             raise ValueError("actor_grad='dynamics' needs continuous actions; use 'reinforce' for Discrete")
         self.actor_grad = actor_grad
-        self.horizon_schedule: RolloutSchedule | None = None
+        self.horizon_schedule: RolloutLengthScheduler | None = None
         if horizon_schedule is not None:
             start, min_horizon, end = (int(v) for v in horizon_schedule)
             if not (1 <= min_horizon <= horizon and 0 <= start <= end):
                 raise ValueError(f"horizon_schedule [start_step, min_horizon, end_step] needs 1 <= min_horizon <= "
                                  f"horizon ({horizon}) and 0 <= start_step <= end_step; got {list(horizon_schedule)}")
-            self.horizon_schedule = RolloutSchedule(min_horizon, horizon, start, end)
+            self.horizon_schedule = RolloutLengthScheduler(rollout_start_step=start, rollout_end_step=end,
+                                                           rollout_length_min=min_horizon, rollout_length_max=horizon)
 
         self.wm = DreamerWorldModel(
             env_spec, deter, stoch, classes, hidden, layers, latent, act, norm, unimix, symlog_obs, twohot, bins,
@@ -348,7 +349,9 @@ class Dreamer(RLModule):
             return action if dynamics else action.detach()
 
         traj = rollout(self.wm, start, actor_fn, self.current_horizon())
-        traj["raw"] = torch.stack(raws)  # [H, N, *]
+        # the actor also chose an action in the last state (DI-engine's shapes); nothing uses it here
+        traj["raw"] = torch.stack(raws[:-1])  # [H, N, *]
+        traj["actions"] = traj["actions"][:-1]  # [H, N, A]
         feats = traj["features"]  # [H+1, N, F]
         cont = 1.0 - traj["dones"]  # [H, N]
         discount = hp.gamma * cont
