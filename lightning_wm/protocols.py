@@ -104,6 +104,18 @@ class ReplayHolder(Protocol):
 
 
 @runtime_checkable
+class ImaginationHost(Protocol):
+    """A datamodule that can mix imagined data into its batches (Dyna): ``real_buffer()`` is
+    where imagination starts from; after ``set_imagination(buffer, real_ratio)`` batches take
+    ``real_ratio`` of their items from the real data and the rest from ``buffer`` (buffers typed
+    ``Any`` so that this module does not import ``data/``)."""
+
+    def real_buffer(self) -> Any: ...
+
+    def set_imagination(self, buffer: Any, real_ratio: float) -> None: ...
+
+
+@runtime_checkable
 class WeightSink(Protocol):
     """A datamodule whose actors act with weights the learner publishes."""
 

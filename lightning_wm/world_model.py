@@ -12,8 +12,8 @@ state): any pytree (tensor, tuple, dict) of tensors whose first dimension is the
   defaults).
 * :class:`Cadence` — when to train / evaluate a model beside a policy, in env steps
   (``train_freq``, ``eval_freq``, ``should_train``, ``should_eval``).
-* :class:`DreamWorldModel` — a model with its cadence and rollout-length scheduler:
-  ``rollout(start, actor_fn, envstep, horizon=None)``. The imagination buffer (Dyna) and both
+* :class:`LearnedModel` — a model with its cadence and rollout-length scheduler;
+  :class:`DreamWorldModel` adds ``rollout(start, actor_fn, envstep, horizon=None)``. The imagination buffer (Dyna) and both
   together (Hybrid) are in :mod:`lightning_wm.imagination`.
 * ``DreamEnv`` (in :mod:`lightning_wm.dream_env`) — a gymnasium vector env driven by a model.
 """
@@ -241,9 +241,10 @@ class Cadence:
         self.train_count = int(state["train_count"])
 
 
-class DreamWorldModel(Cadence):
-    """A steppable model with DI-engine's cadence and rollout-length scheduler: rollouts used
-    once, with gradients through them into the actor (Dreamer-style).
+class LearnedModel(Cadence):
+    """A steppable model with DI-engine's cadence and rollout-length scheduler (what the seed's
+    ``WorldModel`` base holds); :class:`DreamWorldModel` and the imagination classes of
+    :mod:`lightning_wm.imagination` build on it.
 
     Holds a reference to ``model`` (it is not a module itself: the learner that trains the
     model owns its parameters).
@@ -251,16 +252,21 @@ class DreamWorldModel(Cadence):
     Args:
         model: the :class:`WorldModel` (an ``nn.Module``).
         train_freq, eval_freq: see :class:`Cadence`.
-        rollout_length_scheduler: horizon per env step (default: DI-engine's defaults).
+        rollout_length_scheduler: rollout length per env step (default: DI-engine's defaults).
     """
 
     def __init__(self, model: WorldModel, train_freq: int = 250, eval_freq: int = 250,
                  rollout_length_scheduler: RolloutLengthScheduler | None = None) -> None:
         super().__init__(train_freq, eval_freq)
         if not (isinstance(model, WorldModel) and isinstance(model, nn.Module)):
-            raise TypeError(f"DreamWorldModel needs a WorldModel nn.Module, got {type(model).__name__}")
+            raise TypeError(f"{type(self).__name__} needs a WorldModel nn.Module, got {type(model).__name__}")
         self.model = model
         self.rollout_length_scheduler = rollout_length_scheduler or RolloutLengthScheduler()
+
+
+class DreamWorldModel(LearnedModel):
+    """Dreamer-style use of a model: each rollout used once, with gradients through it into the
+    actor (DI-engine's ``DreamWorldModel``)."""
 
     def rollout(self, start: State, actor_fn: ActorFn, envstep: int, horizon: int | None = None) -> dict[str, Any]:
         """:func:`rollout` of ``horizon`` steps (default: the scheduler's length at ``envstep``)."""

@@ -28,7 +28,7 @@ from lightning_wm.policies import RandomAgent
 from lightning_wm.data.episodes import CorruptEpisodeError, EpisodeStore, check_layout, row_layout
 from lightning_wm.data.feeds import ActorLink, ReplayFeed, UnrollBatcher
 from lightning_wm.data.replay import ReplayBuffer
-from lightning_wm.data.samplers import RowSampler, Sampler, SequenceSampler
+from lightning_wm.data.samplers import MixedSampler, RowSampler, Sampler, SequenceSampler
 from lightning_wm.envs import EnvConfig, EnvSpec, env_spec, make_vector_env
 from lightning_wm.io import check_writable
 from lightning_wm.policies import RandomAgent
@@ -162,6 +162,8 @@ class ReplayDataModule(pl.LightningDataModule):
         self.storage_dir, self.save_buffer = storage_dir, save_buffer
         self.eval_episodes, self.eval_envs = eval_episodes, eval_envs
         self.buffer: ReplayBuffer | None = None
+        self.imagination: ReplayBuffer | None = None  # imagined rows (Dyna), see set_imagination
+        self._mixer: MixedSampler | None = None
         self.collector: Collector | None = None
         self._credit = 0.0  # env rows owed to the replay ratio
         self._batches_collected = 0  # batches whose env steps have been taken
@@ -302,8 +304,26 @@ class ReplayDataModule(pl.LightningDataModule):
             collector.collect(steps, explore=True)
 
     def sample_batch(self) -> dict[str, torch.Tensor]:
+        """A batch from the replay buffer; after :meth:`set_imagination`, real and imagined items
+        at ``real_ratio`` (with ``is_real [B]``)."""
         assert self.buffer is not None, "setup() was not called"
+        if self._mixer is not None:
+            return self._mixer.sample(self.buffer, self.imagination, self.batch_size)
         return self.sampler.sample(self.buffer, self.batch_size)
+
+    # -- imagination (ImaginationHost) ----------------------------------------------------
+    def real_buffer(self) -> ReplayBuffer:
+        """The buffer of real rows (where imagined rollouts start)."""
+        assert self.buffer is not None, "setup() was not called"
+        return self.buffer
+
+    def set_imagination(self, buffer: ReplayBuffer | None, real_ratio: float) -> None:
+        """From now on draw ``round(real_ratio * batch_size)`` items of every batch from the
+        real buffer and the rest from ``buffer`` (imagined rows, same keys), with this module's
+        sampler, through :class:`~lightning_wm.data.samplers.MixedSampler`; all real while
+        ``buffer`` is None or cannot give a sample."""
+        self.imagination = buffer
+        self._mixer = MixedSampler(self.sampler, real_ratio)
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(_ReplayStream(self), batch_size=None, num_workers=0)
@@ -323,7 +343,10 @@ class ReplayDataModule(pl.LightningDataModule):
     def replay_buffers(self) -> dict[str, ReplayBuffer]:
         """The buffers this datamodule holds, by name (``BufferCheckpoint`` saves those with
         ``checkpoint`` set, i.e. ``save_buffer: true``)."""
-        return {} if self.buffer is None else {"replay": self.buffer}
+        buffers = {} if self.buffer is None else {"replay": self.buffer}
+        if self.imagination is not None:
+            buffers["imagination"] = self.imagination
+        return buffers
 
     def apply_feedback(self, batch: dict[str, Any], feedback: dict[str, Any]) -> dict[str, int]:
         """Write a learner's feedback on ``batch`` back into the buffer.
