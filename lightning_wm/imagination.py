@@ -187,6 +187,7 @@ class DynaWorldModel(LearnedModel):
             self.rollout_batch_size, accept=lambda s, t: ~env_buffer.column("is_last")[s, t],
             what="imagination starts (rows that are not an episode's last row)")
         obs = env_buffer.gather(stream, slot, keys=("obs",))["obs"]
+        self.codec = self.codec.to(_device(self.model))  # the learner may have moved the model
         was_training = self.model.training
         self.model.eval()
         try:

@@ -308,6 +308,15 @@ class IMPALA(RLModule):
         self.log("train/loss", out.total_loss.detach(), prog_bar=True, on_step=True, on_epoch=False, batch_size=B)
         return result
 
+    def learner_loss(self, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
+        """The V-trace loss of a batch of unrolls (scalar) and its parts for logging (no
+        ``train/`` prefix), for learners that compose this one (``DynaLearner``)."""
+        weight = batch.get("weight") if self.hparams.priority_IS_weight else None
+        out = unroll_loss(self.net, batch, self.loss_config, weight)
+        return out.total_loss, {"total_loss": out.total_loss.detach(), "policy_loss": out.policy_loss.detach(),
+                                "value_loss": out.value_loss.detach(), "entropy_loss": out.entropy_loss.detach(),
+                                **out.stats}
+
     def _current_lr(self) -> float:
         optimizers = self._trainer.optimizers if self._trainer is not None else []
         return float(optimizers[0].param_groups[0]["lr"]) if optimizers else float(self.hparams.learning_rate)

@@ -34,6 +34,7 @@ from lightning_wm.io import check_writable
 from lightning_wm.policies import RandomAgent
 from lightning_wm.protocols import Agent, EnvStats, EvaluationRequest
 from lightning_wm.seeding import derive_seed, env_seeds
+from lightning_wm.tree import tree_map
 
 
 def _rank_and_world(trainer: pl.Trainer | None) -> tuple[int, int]:
@@ -657,6 +658,19 @@ class UnrollDataModule(pl.LightningDataModule):
             :meth:`apply_feedback` (the ``ReplayFeedback`` callback).
         alpha, beta: prioritization and importance-weight exponents.
         eval_episodes, eval_envs: validation episodes and their envs.
+        model_replay_size: > 0 also keeps the newest real rows (all envs together) in a
+            :class:`~lightning_wm.data.replay.ReplayBuffer` for a world model trained beside the
+            policy (``DynaLearner``): every batch then carries ``"model"``, sequences
+            ``[model_batch_size, model_sequence_length, ...]`` of it (once it holds that many
+            rows per env), and it is where imagined rollouts start (``ImaginationHost``). Acting
+            in process only (``num_actors: 0``).
+        model_batch_size, model_sequence_length: the shape of the ``"model"`` sequences.
+
+    Imagination (Dyna): after :meth:`set_imagination` with a non-empty buffer, a batch holds
+    ``max(1, round(real_ratio * batch_size))`` real unrolls and, for the rest, windows of ``T+1``
+    consecutive imagined rows (which may span imagined episodes, as real unrolls span real
+    ones); ``is_real [B]`` tells them apart. So a gradient step costs ``real_ratio`` times the
+    env steps it costs without imagination.
     """
 
     def __init__(
@@ -678,12 +692,30 @@ class UnrollDataModule(pl.LightningDataModule):
         beta: float = 0.4,
         eval_episodes: int = 5,
         eval_envs: int = 5,
+        model_replay_size: int = 0,
+        model_batch_size: int = 16,
+        model_sequence_length: int = 32,
     ) -> None:
         super().__init__()
         if unroll_length < 1:
             raise ValueError(f"unroll_length must be >= 1, got {unroll_length}")
         if num_actors < 0:
             raise ValueError(f"num_actors must be >= 0, got {num_actors}")
+        if model_replay_size < 0 or model_batch_size < 1 or model_sequence_length < 1:
+            raise ValueError("model_replay_size must be >= 0, model_batch_size and model_sequence_length >= 1, got "
+                             f"{model_replay_size}, {model_batch_size}, {model_sequence_length}")
+        if model_replay_size > 0 and num_actors > 0:
+            raise ValueError("model_replay_size (real rows for a world model) works with acting in process only: set "
+                             "data.init_args.num_actors: 0")
+        if model_replay_size and model_replay_size < env.num_envs * model_sequence_length:
+            raise ValueError(f"model_replay_size ({model_replay_size}) must hold model_sequence_length "
+                             f"({model_sequence_length}) rows for each of the {env.num_envs} envs")
+        self.model_replay_size = model_replay_size
+        self.model_sampler = SequenceSampler(model_sequence_length)
+        self.model_batch_size = model_batch_size
+        self.model_buffer: ReplayBuffer | None = None
+        self.imagination: ReplayBuffer | None = None
+        self.real_ratio = 1.0
         self.env = env
         self.spec: EnvSpec = env_spec(env)
         self.unroll_length, self.batch_size, self.num_actors = unroll_length, batch_size, num_actors
@@ -701,7 +733,10 @@ class UnrollDataModule(pl.LightningDataModule):
         if self._actors is None and self.collector is None:
             rank, _ = _rank_and_world(getattr(self, "trainer", None))
             # acts with the learner's module (set at the first batch); seeds as ReplayDataModule's envs
-            self.collector = Collector(make_vector_env(self.env), RandomAgent(self.spec, seed=0),
+            if self.model_replay_size > 0:
+                self.model_buffer = ReplayBuffer(self.model_replay_size, self.env.num_envs, checkpoint=False,
+                                                 seed=derive_seed(self.env.seed, "replay", rank))
+            self.collector = Collector(make_vector_env(self.env), RandomAgent(self.spec, seed=0), self.model_buffer,
                                        seeds=env_seeds(self.env.seed, self.env.num_envs, "train", rank), spec=self.spec)
 
     def teardown(self, stage: str) -> None:
@@ -757,10 +792,12 @@ class UnrollDataModule(pl.LightningDataModule):
             module, version = self._learner()
             if collector.agent is not module:
                 collector.set_agent(module)
+            imagined = self._imagination_ready()
+            self.batcher.batch_size = max(1, round(self.real_ratio * self.batch_size)) if imagined else self.batch_size
             while not self.batcher.ready():
                 collector.policy_version = version
                 self.batcher.add(collector.collect_chunk(self.unroll_length, explore=True, overlap=True))
-            return self.batcher.batch()
+            return self._with_model_data(self._mix(self.batcher.batch(), imagined))
         pool = self._actors.require_pool()
         pool.check()
         metrics, version = self._actors.metrics, _learner_version(getattr(self, "trainer", None))
@@ -783,6 +820,51 @@ class UnrollDataModule(pl.LightningDataModule):
         metrics.queue_depth = pool.qsize()
         metrics.waited(waited)
         return self.batcher.batch()
+
+    # -- a world model beside the policy, imagination (ImaginationHost) ----------------------
+    def real_buffer(self) -> ReplayBuffer:
+        """The real rows kept for the world model (``model_replay_size``): where imagination starts."""
+        if self.model_buffer is None:
+            raise ValueError("imagination starts from real rows: set data.init_args.model_replay_size > 0 (and "
+                             "num_actors: 0)")
+        return self.model_buffer
+
+    def set_imagination(self, buffer: ReplayBuffer | None, real_ratio: float) -> None:
+        """Mix imagined unrolls from ``buffer`` into the batches at ``real_ratio`` (see the class docstring)."""
+        if not 0.0 <= real_ratio <= 1.0:
+            raise ValueError(f"real_ratio must be in [0, 1], got {real_ratio}")
+        if buffer is not None and self.batcher.prioritized:
+            raise ValueError("imagined unrolls have no priorities: use data.init_args.prioritized: false with Dyna")
+        self.imagination, self.real_ratio = buffer, float(real_ratio)
+
+    def _imagination_ready(self) -> bool:
+        return self.imagination is not None and self.real_ratio < 1.0 and bool(
+            self.imagination.rows_per_stream.max(initial=0) >= self.unroll_length + 1)
+
+    def _mix(self, real: dict[str, Any], imagined: bool) -> dict[str, Any]:
+        """``real`` unrolls, completed to ``batch_size`` with imagined windows of ``T+1`` rows."""
+        missing = self.batch_size - len(real["index"])
+        if not imagined or missing <= 0:
+            return real
+        dream = SequenceSampler(self.unroll_length + 1).sample(self.imagination, missing)
+        lacking = sorted(k for k in real if k not in dream)
+        if lacking:
+            raise ValueError(f"imagined rows lack the keys {lacking} of the real unrolls")
+        out = {k: torch.cat([v, dream[k].to(v.dtype)]) if isinstance(v, torch.Tensor)
+               else tree_map(lambda a, b: torch.cat([a, b.to(a.dtype)]), v, dream[k]) for k, v in real.items()}
+        out["is_real"] = torch.arange(self.batch_size) < len(real["index"])
+        return out
+
+    def _with_model_data(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """Add ``"model"`` sequences of real rows when the model replay can give them."""
+        if self.model_buffer is not None and self.model_sampler.can_sample(self.model_buffer):
+            batch["model"] = self.model_sampler.sample(self.model_buffer, self.model_batch_size)
+        return batch
+
+    def replay_buffers(self) -> dict[str, ReplayBuffer]:
+        """:class:`~lightning_wm.protocols.ReplayHolder`: the world model's real rows and the
+        imagination (neither is checkpointed)."""
+        return {k: v for k, v in (("model", self.model_buffer), ("imagination", self.imagination)) if v is not None}
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(_UnrollStream(self), batch_size=None, num_workers=0)

@@ -1,0 +1,112 @@
+"""Dyna with IMPALA: imagined unrolls mixed into UnrollDataModule batches at real_ratio, and the
+DynaLearner (IMPALA + a Dreamer world model trained beside it) from configs/impala/cartpole_dyna.yaml."""
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from lightning_wm.agents.dyna import DynaLearner
+from lightning_wm.agents.impala import IMPALA
+from lightning_wm.cli import main
+from lightning_wm.data.modules import UnrollDataModule
+from lightning_wm.envs import EnvConfig
+from lightning_wm.imagination import DynaWorldModel
+from lightning_wm.world_model import RolloutLengthScheduler, WorldModel
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = str(ROOT / "configs/impala/cartpole_dyna.yaml")
+SHRINK = ["--trainer.max_steps", "12", "--trainer.val_check_interval", "12", "--trainer.log_every_n_steps", "1",
+          "--trainer.enable_progress_bar", "false", "--trainer.run_name", "run",
+          "--data.init_args.env.num_envs", "2", "--data.init_args.unroll_length", "4",
+          "--data.init_args.batch_size", "4", "--data.init_args.eval_episodes", "1", "--data.init_args.eval_envs", "1",
+          "--data.init_args.env.max_episode_steps", "30", "--data.init_args.model_replay_size", "1000",
+          "--data.init_args.model_batch_size", "2", "--data.init_args.model_sequence_length", "8",
+          "--model.init_args.model_train_start", "16", "--model.init_args.train_freq", "16",
+          "--model.init_args.rollout_length_min", "3", "--model.init_args.rollout_length_max", "3",
+          "--model.init_args.rollout_batch_size", "8", "--model.init_args.real_ratio", "0.5",
+          "--model.init_args.world_model.init_args.deter", "16", "--model.init_args.world_model.init_args.hidden", "16",
+          "--model.init_args.world_model.init_args.stoch", "4", "--model.init_args.world_model.init_args.classes", "4",
+          "--model.init_args.world_model.init_args.bins", "31"]
+
+
+class StepModel(nn.Module, WorldModel):
+    """CartPole-shaped toy dynamics: the state is the observation, nudged by the action."""
+
+    def __init__(self):
+        super().__init__()
+        self.push = nn.Parameter(torch.tensor([0.1, 0.0, 0.0, 0.0]))
+
+    def initial_state(self, obs):
+        return obs.float()
+
+    def step(self, state, action, generator=None):
+        nxt = state + (action[:, 1:2] - action[:, :1]) * self.push
+        return torch.ones(len(state)), nxt, torch.zeros(len(state))
+
+    def features(self, state):
+        return state
+
+    def decode(self, state):
+        return state
+
+
+def test_imagined_unrolls_fill_batches_at_real_ratio():
+    """With an imagination set, a batch of 8 unrolls holds round(0.25 * 8) = 2 real ones (so only
+    their env steps are taken) and 6 windows of T+1 imagined rows, all with the real unrolls' keys."""
+    dm = UnrollDataModule(EnvConfig("CartPole-v1", num_envs=2), unroll_length=4, batch_size=8, model_replay_size=200)
+    policy = IMPALA(dm.spec, hidden_size=8, hidden_layers=1)
+    dm.trainer = SimpleNamespace(lightning_module=policy, global_step=0, global_rank=0, world_size=1)
+    dm.setup("fit")
+    try:
+        first = dm.next_batch()
+        assert "is_real" not in first and first["obs"].shape == (8, 5, 4), "all real without imagination"
+        assert "model" not in first, "no model sequences while the replay holds < model_sequence_length rows per env"
+        rows_before = len(dm.model_buffer)
+        assert rows_before > 0, "real rows reach the world model's replay"
+        dyna = DynaWorldModel(StepModel(), dm.spec, rollout_length_scheduler=RolloutLengthScheduler(0, 0, 6, 6),
+                              real_ratio=0.25, rollout_batch_size=10, seed=0)
+        img = dyna.fill_img_buffer(policy, dm.real_buffer(), None, envstep=0, policy_version=9)
+        dm.set_imagination(img, dyna.real_ratio)
+        steps_before = dm.pop_env_stats().env_steps
+        for _ in range(3):
+            batch = dm.next_batch()
+            assert batch["is_real"].tolist() == [True] * 2 + [False] * 6
+            assert batch["obs"].shape == (8, 5, 4) and batch["logits"].shape == (8, 5, 2)
+            assert (batch["policy_version"][~batch["is_real"]] == 9).all()
+        # 3 batches x 2 real unrolls x 4 steps: at most one chunk of 2 envs x 4 steps per 2 unrolls
+        assert dm.pop_env_stats().env_steps - steps_before <= 3 * 2 * 4 + 2 * 5
+        loss, logs = policy.learner_loss(batch)
+        assert torch.isfinite(loss) and "policy_loss" in logs
+    finally:
+        dm.teardown("fit")
+
+
+def test_unroll_imagination_needs_in_process_acting():
+    with pytest.raises(ValueError, match="num_actors: 0"):
+        UnrollDataModule(EnvConfig("CartPole-v1"), num_actors=2, model_replay_size=1000)
+    dm = UnrollDataModule(EnvConfig("CartPole-v1"))
+    with pytest.raises(ValueError, match="model_replay_size"):
+        dm.real_buffer()
+
+
+def test_dyna_learner_checks_its_parts():
+    dm = UnrollDataModule(EnvConfig("CartPole-v1"))
+    with pytest.raises(ValueError, match="world_model"):
+        DynaLearner(dm.spec, policy=lambda s: IMPALA(s), world_model=lambda s: IMPALA(s))
+
+
+def test_cartpole_dyna_config_fits_with_imagination_and_evaluates(capsys):
+    cli = main(args=["fit", "--config", CONFIG, *SHRINK])
+    assert cli.trainer.global_step == 12
+    logged = cli.trainer.logged_metrics
+    assert float(logged["imagination/fills"]) >= 1 and float(logged["imagination/rows"]) > 0
+    assert float(logged["train/real_fraction"]) == 0.5, "real_ratio holds in the learner's batches"
+    for key in ("train/loss_model", "train/policy_loss", "env/steps", "val/return"):
+        assert key in logged, f"{key} not logged"
+    assert isinstance(cli.model.policy, IMPALA) and cli.model.policy.hparams.hidden_size == 64
+    assert not cli.datamodule.imagination.checkpoint
+    main(args=["evaluate", "--config", CONFIG, *SHRINK, "--ckpt_path", "last", "--episodes", "1"])
+    assert "return" in capsys.readouterr().out
