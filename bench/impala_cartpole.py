@@ -204,7 +204,7 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
 
     def policy(obs: Any) -> Any:
         with torch.no_grad():
-            action, _, _ = module.net.act(torch.from_numpy(obs).to(module.device), None, explore=False)
+            action, _, _ = module.act(torch.from_numpy(obs).to(module.device), None, explore=False)
         return action.cpu().numpy()
 
     class Evaluate(pl.Callback):
