@@ -40,7 +40,7 @@ from lightning_wm.data.samplers import MixedSampler, RowSampler, Sampler
 from lightning_wm.envs import EnvSpec
 from lightning_wm.protocols import Agent
 from lightning_wm.tree import first_leaf, stack, tree_map
-from lightning_wm.world_model import DreamWorldModel, LearnedModel, RolloutLengthScheduler, WorldModel
+from lightning_wm.world_model import DreamWorldModel, LearnedModel, RolloutLengthScheduler, State, WorldModel
 
 __all__ = ["DynaWorldModel", "HybridWorldModel", "imagine_episodes"]
 
@@ -59,6 +59,7 @@ def imagine_episodes(
     horizon: int,
     terminal_threshold: float = 0.5,
     generator: torch.Generator | None = None,
+    start: State | None = None,
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Roll ``agent`` through ``model`` for ``horizon`` steps from real observations.
 
@@ -70,6 +71,8 @@ def imagine_episodes(
         horizon: imagined steps ``H`` (>= 1).
         terminal_threshold: a step whose termination probability is above it terminates.
         generator: randomness of the model's transitions.
+        start: the model's state at ``obs`` (e.g. filtered over the rows before it); default
+            ``model.initial_state(obs)``.
     Returns:
         ``(rows, alive)``: rows in the row convention, time-major numpy ``[H+1, B, ...]``
         (``obs``, ``reward``, ``is_first``, ``is_last``, ``is_terminal``, ``action`` and the
@@ -80,7 +83,7 @@ def imagine_episodes(
         raise ValueError(f"imagined episodes need a horizon >= 1, got {horizon}")
     device = _device(model)
     obs = tree_map(lambda x: torch.as_tensor(x).to(device), obs)
-    state = model.initial_state(obs)
+    state = model.initial_state(obs) if start is None else start
     batch = first_leaf(obs).shape[0]
     agent_state = agent.initial_state(batch)
     steps: list[dict[str, Any]] = []
@@ -132,6 +135,10 @@ class DynaWorldModel(LearnedModel):
         rollout_batch_size: real starting rows per fill of the imagination buffer.
         rollout_retain: fills (model versions) whose rollouts the buffer keeps.
         terminal_threshold: termination probability above which an imagined step terminates.
+        burn_in: 0 starts each rollout from ``model.initial_state(obs)`` of its real row (right
+            for a Markov observation); ``k > 0`` filters the ``k`` real rows before it first
+            (``zero_state`` + ``observe_step``, resetting at ``is_first``), so a recurrent model
+            starts from the posterior it would have there.
         seed: seed of the imagination's randomness (model transitions, the buffer's draws).
     """
 
@@ -146,6 +153,7 @@ class DynaWorldModel(LearnedModel):
         rollout_batch_size: int = 100_000,
         rollout_retain: int = 4,
         terminal_threshold: float = 0.5,
+        burn_in: int = 0,
         seed: int | None = None,
     ) -> None:
         super().__init__(model, train_freq, eval_freq, rollout_length_scheduler)
@@ -158,6 +166,9 @@ class DynaWorldModel(LearnedModel):
         self.real_ratio = float(real_ratio)
         self.rollout_batch_size, self.rollout_retain = int(rollout_batch_size), int(rollout_retain)
         self.terminal_threshold = float(terminal_threshold)
+        if burn_in < 0:
+            raise ValueError(f"burn_in must be >= 0 rows, got {burn_in}")
+        self.burn_in = int(burn_in)
         self.seed = seed
         self.generator = torch.Generator(device=_device(model))
         if seed is not None:
@@ -183,16 +194,14 @@ class DynaWorldModel(LearnedModel):
         horizon = self.rollout_length_scheduler(envstep)
         if horizon == 0:
             return img_buffer
-        stream, slot = env_buffer.draw(
-            self.rollout_batch_size, accept=lambda s, t: ~env_buffer.column("is_last")[s, t],
-            what="imagination starts (rows that are not an episode's last row)")
-        obs = env_buffer.gather(stream, slot, keys=("obs",))["obs"]
         self.codec = self.codec.to(_device(self.model))  # the learner may have moved the model
         was_training = self.model.training
         self.model.eval()
         try:
+            with torch.no_grad():
+                obs, start = self._starts(env_buffer)
             rows, alive = imagine_episodes(self.model, agent, self.codec, obs, horizon, self.terminal_threshold,
-                                           self.generator)
+                                           self.generator, start)
         finally:
             self.model.train(was_training)
         chunk = _episodes_in_order(rows, alive)
@@ -210,6 +219,28 @@ class DynaWorldModel(LearnedModel):
         img_buffer.add_many(chunk)
         self.fills += 1
         return img_buffer
+
+    def _starts(self, env_buffer: ReplayBuffer) -> tuple[Any, State]:
+        """``rollout_batch_size`` real rows that are not an episode's last row (drawn with
+        replacement) -> their observations ``[N, ...]`` and the model's states there."""
+        n, span, cap = self.rollout_batch_size, self.burn_in + 1, env_buffer.cap_per_stream
+        is_last = env_buffer.column("is_last")
+        stream, first = env_buffer.draw(n, span=span, accept=lambda s, t: ~is_last[s, (t + span - 1) % cap],
+                                        what="imagination starts (rows that are not an episode's last row)")
+        slot = (first[:, None] + np.arange(span)) % cap
+        device = _device(self.model)
+        rows = tree_map(lambda x: x.to(device), env_buffer.gather(stream[:, None], slot,
+                                                                   keys=("obs", "action", "is_first")))
+        obs = tree_map(lambda x: x[:, -1], rows["obs"])
+        if span == 1:
+            return obs, self.model.initial_state(obs)
+        state = self.model.zero_state(n, device)
+        action = self.codec.zeros(n, device)
+        for k in range(span):
+            is_first = rows["is_first"][:, k].bool() | (k == 0)
+            state = self.model.observe_step(state, action, tree_map(lambda x: x[:, k], rows["obs"]), is_first)
+            action = self.codec.encode(rows["action"][:, k])
+        return obs, state
 
     def sample(self, env_buffer: ReplayBuffer, img_buffer: ReplayBuffer | None, batch_size: int,
                sampler: Sampler | None = None) -> dict[str, Tensor]:

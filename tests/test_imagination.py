@@ -196,6 +196,35 @@ def test_hybrid_world_model_does_both():
     assert hybrid.sample(real_buffer([-2.0]), img, 10)["is_real"].sum() == round(0.05 * 10)
 
 
+class CountModel(PushModel):
+    """PushModel whose filtered state counts the real rows read since the episode began (in y)."""
+
+    def zero_state(self, batch_size, device=None):
+        return torch.zeros(batch_size, 2)
+
+    def observe_step(self, state, action, obs, is_first=None):
+        count = torch.where(is_first, torch.zeros(len(obs)), state[:, 1] + 1)
+        return torch.stack([obs[:, 0].float(), count], -1)
+
+
+def test_burn_in_starts_from_the_filtered_state():
+    """One real episode of 6 rows; burn_in 2 filters the 2 rows before each start (never an
+    is_last row), so the state there has read 2 more rows: the imagined obs carry y = 2."""
+    x = np.arange(6, dtype=np.float32) * 0.1 - 3
+    chunk = {"obs": np.stack([x, np.zeros(6, np.float32)], -1)[:, None], "reward": np.zeros((6, 1), np.float32),
+             "is_first": (np.arange(6) == 0)[:, None], "is_last": (np.arange(6) == 5)[:, None],
+             "is_terminal": (np.arange(6) == 5)[:, None], "action": np.ones((6, 1), np.int64),
+             "logits": np.zeros((6, 1, 2), np.float32)}
+    real = ReplayBuffer(6, 1, seed=0)
+    real.add_many(chunk)
+    dyna = DynaWorldModel(CountModel(), SPACE, rollout_length_scheduler=fixed(1), rollout_batch_size=16, burn_in=2,
+                          seed=0)
+    episodes = split_episodes(stored_rows(dyna.fill_img_buffer(PushAgent(), real, None, envstep=0)))
+    starts = {round(float(ep["obs"][0, 0]), 3) for ep in episodes}
+    assert starts <= {round(float(v), 3) for v in x[2:5]}, "starts have 2 rows before them and are not last rows"
+    assert all(ep["obs"][0, 1] == 0 and ep["obs"][1, 1] == 2 for ep in episodes)
+
+
 def test_bad_options_say_what_is_wrong():
     with pytest.raises(ValueError, match="real_ratio"):
         DynaWorldModel(PushModel(), SPACE, real_ratio=1.5)

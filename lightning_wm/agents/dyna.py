@@ -64,8 +64,8 @@ class DynaLearner(RLModule):
             ``train_freq``).
         rollout_start_step, rollout_end_step, rollout_length_min, rollout_length_max: the
             rollout-length scheduler (DI-engine's ``rollout_length_scheduler``).
-        real_ratio, rollout_batch_size, rollout_retain, terminal_threshold: the imagination
-            (:class:`~lightning_wm.imagination.DynaWorldModel`).
+        real_ratio, rollout_batch_size, rollout_retain, terminal_threshold, burn_in: the
+            imagination (:class:`~lightning_wm.imagination.DynaWorldModel`).
         model_train_start: env steps before which neither the model trains nor imagination is
             used (the model needs some real data first).
 
@@ -89,6 +89,7 @@ class DynaLearner(RLModule):
         rollout_batch_size: int = 100_000,
         rollout_retain: int = 4,
         terminal_threshold: float = 0.5,
+        burn_in: int = 0,
         model_train_start: int = 0,
     ) -> None:
         super().__init__(env_spec)
@@ -106,7 +107,7 @@ class DynaLearner(RLModule):
                 raise ValueError(f"DynaLearner's {name} ({type(module).__name__}) lacks {lacking}")
         schedule = RolloutLengthScheduler(rollout_start_step, rollout_end_step, rollout_length_min, rollout_length_max)
         self.dyna = DynaWorldModel(self.world_model.wm, env_spec, train_freq, eval_freq, schedule, real_ratio,
-                                   rollout_batch_size, rollout_retain, terminal_threshold)
+                                   rollout_batch_size, rollout_retain, terminal_threshold, burn_in)
         self.model_train_start = model_train_start
         self.dyna.last_train_step = model_train_start  # the first imagination at model_train_start + train_freq
 
