@@ -18,7 +18,7 @@ CLI's Trainer adds :func:`default_callbacks` to every run.
 * :class:`WeightPublisher` — the module's acting weights to a
   :class:`~lightning_wm.protocols.WeightSink` (whose actors act with them).
 * :class:`Imagination` — for a module with a ``dyna`` world model
-  (:class:`~lightning_wm.imagination.DynaWorldModel`), refills the imagination buffer of an
+  (:class:`~lightning_wm.data.imagination.DynaWorldModel`), refills the imagination buffer of an
   :class:`~lightning_wm.protocols.ImaginationHost` every ``train_freq`` env steps.
 """
 

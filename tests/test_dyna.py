@@ -13,7 +13,7 @@ from lightning_wm.agents.impala import IMPALA
 from lightning_wm.cli import main
 from lightning_wm.data.modules import UnrollDataModule
 from lightning_wm.envs import EnvConfig
-from lightning_wm.imagination import DynaWorldModel
+from lightning_wm.data.imagination import DynaWorldModel
 from lightning_wm.world_model import RolloutLengthScheduler, WorldModel
 
 ROOT = Path(__file__).resolve().parents[1]

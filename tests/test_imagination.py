@@ -14,7 +14,7 @@ from lightning_wm.data.modules import ReplayDataModule
 from lightning_wm.data.replay import ReplayBuffer
 from lightning_wm.data.samplers import SequenceSampler
 from lightning_wm.envs import EnvConfig
-from lightning_wm.imagination import DynaWorldModel, HybridWorldModel
+from lightning_wm.data.imagination import DynaWorldModel, HybridWorldModel
 from lightning_wm.protocols import ImaginationHost
 from lightning_wm.world_model import RolloutLengthScheduler, WorldModel
 

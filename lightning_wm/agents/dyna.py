@@ -14,7 +14,7 @@ Each batch (from an :class:`~lightning_wm.data.modules.UnrollDataModule` with
 ``model_replay_size > 0``) holds the policy's unrolls — real ones and, once the imagination is
 filled, imagined ones at ``real_ratio`` — and ``"model"``, real sequences for one world-model
 step. The :class:`~lightning_wm.callbacks.Imagination` callback refills the imagination buffer
-from the model every ``train_freq`` env steps (:class:`~lightning_wm.imagination.DynaWorldModel`,
+from the model every ``train_freq`` env steps (:class:`~lightning_wm.data.imagination.DynaWorldModel`,
 DI-engine's options and defaults).
 """
 
@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from lightning_wm.agents.base import RLModule
 from lightning_wm.envs import EnvSpec
-from lightning_wm.imagination import DynaWorldModel
+from lightning_wm.data.imagination import DynaWorldModel
 from lightning_wm.world_model import RolloutLengthScheduler
 
 __all__ = ["DynaLearner"]
@@ -65,7 +65,7 @@ class DynaLearner(RLModule):
         rollout_start_step, rollout_end_step, rollout_length_min, rollout_length_max: the
             rollout-length scheduler (DI-engine's ``rollout_length_scheduler``).
         real_ratio, rollout_batch_size, rollout_retain, terminal_threshold, burn_in: the
-            imagination (:class:`~lightning_wm.imagination.DynaWorldModel`).
+            imagination (:class:`~lightning_wm.data.imagination.DynaWorldModel`).
         model_train_start: env steps before which neither the model trains nor imagination is
             used (the model needs some real data first).
 
