@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from lightning_wm.agents.dreamer import Dreamer
 from lightning_wm.agents.dyna import DynaLearner
 from lightning_wm.agents.impala import IMPALA
 from lightning_wm.cli import main
@@ -18,7 +19,7 @@ from lightning_wm.world_model import RolloutLengthScheduler, WorldModel
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "configs/impala/cartpole_dyna.yaml")
-SHRINK = ["--trainer.max_steps", "12", "--trainer.val_check_interval", "12", "--trainer.log_every_n_steps", "1",
+SHRINK = ["--trainer.max_steps", "10", "--trainer.val_check_interval", "10", "--trainer.log_every_n_steps", "1",
           "--trainer.enable_progress_bar", "false", "--trainer.run_name", "run",
           "--data.init_args.env.num_envs", "2", "--data.init_args.unroll_length", "4",
           "--data.init_args.batch_size", "4", "--data.init_args.eval_episodes", "1", "--data.init_args.eval_envs", "1",
@@ -92,15 +93,30 @@ def test_unroll_imagination_needs_in_process_acting():
         dm.real_buffer()
 
 
-def test_dyna_learner_checks_its_parts():
+def test_dyna_learner_checks_its_parts_and_checkpoints_its_cadence():
     dm = UnrollDataModule(EnvConfig("CartPole-v1"))
     with pytest.raises(ValueError, match="world_model"):
         DynaLearner(dm.spec, policy=lambda s: IMPALA(s), world_model=lambda s: IMPALA(s))
 
+    def build():
+        return DynaLearner(dm.spec, policy=lambda s: IMPALA(s, hidden_size=8, grad_clip_type="clip_norm"),
+                           world_model=lambda s: Dreamer(s, deter=8, hidden=8, stoch=2, classes=2, bins=15),
+                           model_train_start=100)
+
+    learner = build()
+    assert learner.dyna.should_train(350) and not learner.dyna.should_train(349), "first fill after the warm-up"
+    learner.dyna.trained(700)
+    checkpoint = {}
+    learner.on_save_checkpoint(checkpoint)
+    assert "grad_clipper" in checkpoint, "the policy's own checkpoint hook runs"
+    restored = build()
+    restored.on_load_checkpoint(checkpoint)
+    assert restored.dyna.state_dict() == learner.dyna.state_dict()
+
 
 def test_cartpole_dyna_config_fits_with_imagination_and_evaluates(capsys):
     cli = main(args=["fit", "--config", CONFIG, *SHRINK])
-    assert cli.trainer.global_step == 12
+    assert cli.trainer.global_step == 10
     logged = cli.trainer.logged_metrics
     assert float(logged["imagination/fills"]) >= 1 and float(logged["imagination/rows"]) > 0
     assert float(logged["train/real_fraction"]) == 0.5, "real_ratio holds in the learner's batches"

@@ -160,3 +160,17 @@ class DynaLearner(RLModule):
         B = int(batch["is_first"].shape[0])
         self.log_dict(logs, on_step=True, on_epoch=False, batch_size=B)
         self.log("train/loss", loss.detach(), prog_bar=True, on_step=True, on_epoch=False, batch_size=B)
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """The imagination's cadence and what the parts keep outside their state dicts
+        (Lightning calls these hooks on the outer module only)."""
+        checkpoint["dyna_cadence"] = self.dyna.state_dict()
+        for part in (self.policy, self.world_model):
+            part.on_save_checkpoint(checkpoint)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if "dyna_cadence" in checkpoint:
+            self.dyna.load_state_dict(checkpoint["dyna_cadence"])
+        for part in (self.policy, self.world_model):
+            part.on_load_checkpoint(checkpoint)
