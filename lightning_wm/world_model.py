@@ -13,8 +13,8 @@ state): any pytree (tensor, tuple, dict) of tensors whose first dimension is the
 * :class:`Cadence` — when to train / evaluate a model beside a policy, in env steps
   (``train_freq``, ``eval_freq``, ``should_train``, ``should_eval``).
 * :class:`LearnedModel` — a model with its cadence and rollout-length scheduler;
-  :class:`DreamWorldModel` adds ``rollout(start, actor_fn, envstep, horizon=None)``. The imagination buffer (Dyna) and both
-  together (Hybrid) are in :mod:`lightning_wm.data.imagination`.
+  :class:`DreamWorldModel` adds ``rollout(start, actor_fn, envstep, horizon=None)``. The
+  imagination buffer (Dyna) and both together (Hybrid) are in :mod:`lightning_wm.data.imagination`.
 * ``DreamEnv`` (in :mod:`lightning_wm.dream_env`) — a gymnasium vector env driven by a model.
 """
 
