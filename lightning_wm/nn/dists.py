@@ -4,6 +4,9 @@ Nothing here builds ``torch.distributions`` objects: the training hot path works
 logits / means / standard deviations.
 
 * symlog / symexp squashing (DreamerV3);
+* MuZero's value transform :func:`h_transform` / :func:`h_inverse` and categorical values over a
+  support in transformed space (:func:`h_support`, :func:`h_twohot_encode`, :func:`h_twohot_mean`,
+  :func:`h_twohot_loss`);
 * two-hot encoding over a bins tensor (e.g. :func:`symexp_bins`), its cross-entropy loss and
   its mean;
 * categorical latents: 1% uniform mix (``unimix``), straight-through one-hot sampling,
@@ -103,6 +106,59 @@ def twohot_loss(logits: Tensor, target: Tensor, bins: Tensor) -> Tensor:
     """Cross-entropy of ``logits [..., K]`` against the two-hot encoding of ``target [...]``
     (no gradient into the target) -> ``[...]``."""
     return -(twohot_encode(target, bins) * torch.log_softmax(logits, -1)).sum(-1)
+
+
+# -- MuZero value transform ------------------------------------------------------------------
+def h_transform(x: Tensor, eps: float = 0.001) -> Tensor:
+    """MuZero's (Pohlen et al.) value squashing ``h(x) = sign(x) (sqrt(|x| + 1) - 1) + eps x``,
+    elementwise; ``sqrt(|x| + 1) - 1`` is computed as ``|x| / (sqrt(|x| + 1) + 1)`` (no cancellation
+    for small ``|x|``)."""
+    return x / (torch.sqrt(torch.abs(x) + 1.0) + 1.0) + eps * x
+
+
+def h_inverse(y: Tensor, eps: float = 0.001) -> Tensor:
+    """Exact inverse of :func:`h_transform`, elementwise.
+
+    With ``s = sqrt(|x| + 1)``, ``|y| = (s - 1) + eps (s^2 - 1)`` is a quadratic in ``s``. Its root,
+    written without the cancellation of the textbook form ``((sqrt(1 + 4 eps (|y| + 1 + eps)) - 1)
+    / (2 eps))^2 - 1`` (which loses all digits for small ``|y|`` in float32):
+    ``s - 1 = 2|y| (1 - 2 eps / (a + r)) / (1 + r)`` with ``a = 1 + 2 eps``,
+    ``r = sqrt(a^2 + 4 eps |y|)``, and ``|x| = (s - 1)(s + 1)``. ``eps = 0`` gives
+    ``|x| = |y| (|y| + 2)``.
+    """
+    ay = torch.abs(y)
+    a = 1.0 + 2.0 * eps
+    r = torch.sqrt(a * a + 4.0 * eps * ay)
+    s_minus_1 = 2.0 * ay * (1.0 - 2.0 * eps / (a + r)) / (1.0 + r)
+    return torch.sign(y) * s_minus_1 * (s_minus_1 + 2.0)
+
+
+def h_support(support_size: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Bins ``[2 S + 1]`` of the categorical value / reward: the integers ``-S..S`` in
+    :func:`h_transform` space (MuZero Atari: ``S = 300`` -> 601 bins, reaching ``|x| ~ 9e4``;
+    CartPole: ``S = 10``-``25``)."""
+    if support_size < 1:
+        raise ValueError(f"support_size must be >= 1, got {support_size}")
+    return torch.arange(-support_size, support_size + 1, dtype=dtype)
+
+
+def h_twohot_encode(x: Tensor, bins: Tensor, eps: float = 0.001) -> Tensor:
+    """Target distribution ``[..., K]`` of scalars ``x [...]``: the two-hot encoding of
+    ``h_transform(x)`` over ``bins`` (values beyond the support go to the end bins)."""
+    return twohot_encode(h_transform(x.to(bins.dtype), eps), bins)
+
+
+def h_twohot_mean(logits: Tensor, bins: Tensor, eps: float = 0.001) -> Tensor:
+    """Scalar ``[...]`` a categorical over transformed ``bins`` stands for:
+    ``h_inverse(E[bin])`` for ``logits [..., K]`` (the expectation is taken in transformed
+    space, as in MuZero)."""
+    return h_inverse(twohot_mean(logits, bins), eps)
+
+
+def h_twohot_loss(logits: Tensor, target: Tensor, bins: Tensor, eps: float = 0.001) -> Tensor:
+    """Cross-entropy ``[...]`` of ``logits [..., K]`` against :func:`h_twohot_encode` of the
+    scalar ``target [...]`` (no gradient into the target)."""
+    return -(h_twohot_encode(target, bins, eps) * torch.log_softmax(logits, -1)).sum(-1)
 
 
 # -- categorical ----------------------------------------------------------------------------
