@@ -266,16 +266,17 @@ def mcts(
 class _Tree:
     """``B`` trees of ``M = N + 2`` node slots: ``N + 1`` nodes (slot 0 the root, slot ``s`` the
     node expanded by simulation ``s``) and a *sink* (slot ``N + 1``) that every unexpanded child
-    points to. Nodes are rows ``b * M + slot`` of flat tensors; edges ``(node, action)`` are
-    entries ``row * A + action`` of flat tensors (plus one spare entry, the root's incoming edge)
-    holding the child's visit count, value sum and reward, so a node's children's statistics are
-    contiguous ``[B, S, A]`` slices.
+    points to. Nodes are rows ``b * M + slot`` of flat tensors. Edges ``(node, action)`` are
+    entries ``row * A + action`` of flat tensors holding the child's visit count, value sum and
+    reward, so the children of the first ``S`` nodes are contiguous ``[B, S, A]`` slices; ``B``
+    extra entries (one per tree, after the ``B * M * A`` edges) hold the roots' own statistics
+    (their reward is 0), so a backup treats the root like any node.
 
     A simulation has no per-level loop: the rule scores the children of every expanded node at
     once, each node's best child becomes a pointer (the node itself where that child is
     unexpanded), and pointer doubling follows them from the root to the node whose best child is
-    the new leaf in ``ceil(log2(depth))`` gathers. The backup finds the path with doubled parent
-    pointers and sums the discounted rewards along it with one matrix product.
+    the new leaf in ``ceil(log2(S))`` gathers. The same doubled pointers give the path for the
+    backup, and one matrix product sums the discounted rewards along it.
     """
 
     def __init__(self, root_state: Any, root_prior: Tensor, root_value: Tensor, num_simulations: int,
@@ -284,65 +285,59 @@ class _Tree:
         dtype, device = root_value.dtype, root_value.device
         self.batch, self.num_actions, self.discount = batch, num_actions, float(discount)
         self.slots = slots = num_simulations + 2
-        self.sink = num_simulations + 1
         self.base = torch.arange(batch, device=device) * slots
-        self.rows = torch.arange(batch * slots, device=device)
-        long = dict(dtype=torch.long, device=device)
+        self.rows = torch.arange(batch * slots, device=device).view(batch, slots)
+        self.sink_rows = (self.base + slots - 1).unsqueeze(1)
         num_edges = batch * slots * num_actions
-        self.root_edge = num_edges  # the spare entry: the roots' incoming edge
-        self.children = (self.base + self.sink).repeat_interleave(slots * num_actions)
-        self.edge_n = torch.zeros(num_edges + 1, dtype=dtype, device=device)
-        self.edge_w = torch.zeros(num_edges + 1, dtype=dtype, device=device)
-        self.edge_r = torch.zeros(num_edges + 1, dtype=dtype, device=device)
-        self.prior = torch.zeros(batch, slots, num_actions, dtype=dtype, device=device)
+        shape = (batch, slots, num_actions)
+        self.children = self.sink_rows.expand(batch, slots * num_actions).reshape(-1).clone()
+        self.edge_n = torch.zeros(num_edges + batch, dtype=dtype, device=device)
+        self.edge_w = torch.zeros(num_edges + batch, dtype=dtype, device=device)
+        self.edge_r = torch.zeros(num_edges + batch, dtype=dtype, device=device)
+        self.edge_n[num_edges:] = 1.0  # a root's own evaluation is its first visit
+        self.edge_w[num_edges:] = root_value
+        self.root_edge = num_edges + torch.arange(batch, device=device)
+        self.n_view, self.w_view, self.r_view = (x[:num_edges].view(shape) for x in (self.edge_n, self.edge_w,
+                                                                                     self.edge_r))
+        self.children_view = self.children.view(shape)
+        self.prior = torch.zeros(shape, dtype=dtype, device=device)
         self.prior[:, 0] = root_prior
         self.raw_value = torch.zeros(batch, slots, dtype=dtype, device=device)
         self.raw_value[:, 0] = root_value
-        self.parent = self.rows.clone()  # a root is its own parent
-        self.in_edge = torch.full((batch * slots,), self.root_edge, **long)
-        self.depth = torch.zeros(batch * slots, **long)
-        self.root_w = root_value.clone()  # the roots' value sums (their visits: 1 + simulations)
-        self.root_n = 1
+        self.in_edge = torch.zeros(batch, slots, dtype=torch.long, device=device)
+        self.in_edge[:, 0] = self.root_edge
         self.states = tree_map(lambda x: x.new_empty((batch * slots, *x.shape[1:])), root_state)
         tree_map(lambda store, x: store.view(batch, slots, *x.shape[1:])[:, 0].copy_(x), self.states, root_state)
-        self.lo = torch.full((batch,), float("inf"), dtype=dtype, device=device)
-        self.hi = torch.full((batch,), float("-inf"), dtype=dtype, device=device)
-        # discounts[i, k] = discount^(k - i) for i <= k: returns along a path in one product
-        k = torch.arange(slots, dtype=torch.float64)
-        power = k.unsqueeze(0) - k.unsqueeze(1)
+        self.zero = torch.zeros((), dtype=dtype, device=device)
+        self.lo = torch.full((batch, 1, 1), float("inf"), dtype=dtype, device=device)
+        self.hi = torch.full((batch, 1, 1), float("-inf"), dtype=dtype, device=device)
+        self.offset = torch.zeros(batch, 1, 1, dtype=dtype, device=device)
+        self.scale = torch.ones(batch, 1, 1, dtype=dtype, device=device)
+        self.max_depth = torch.zeros(batch, dtype=torch.long, device=device)
+        # returns along a path: G[d] = sum_{k > d} discount^(k - d - 1) y[k]
+        k = torch.arange(slots + 1, dtype=torch.float64)
+        power = k.unsqueeze(1) - k.unsqueeze(0) - 1  # [k, d]
         self.discounts = torch.where(power >= 0, float(discount) ** power.clamp(min=0), 0.0).to(device, dtype)
+        self.positions = torch.arange(slots + 1, device=device)
+        self._jumps: list[Tensor] = []
+        self._leaf_edge = self.root_edge
 
     # -- reading ---------------------------------------------------------------------------
     def edges(self, count: int) -> tuple[Tensor, Tensor, Tensor]:
         """Visits, value sums and rewards ``[B, S, A]`` of the children of slots ``0..S-1``."""
-        shape = (self.batch, self.slots, self.num_actions)
-        n, w, r = (x[:-1].view(shape)[:, :count] for x in (self.edge_n, self.edge_w, self.edge_r))
-        return n, w, r
+        return self.n_view[:, :count], self.w_view[:, :count], self.r_view[:, :count]
 
     def q(self, visits: Tensor, value_sum: Tensor, reward: Tensor) -> Tensor:
         """``r + discount * value_sum / visits`` (``r`` where unvisited)."""
         return torch.addcdiv(reward, value_sum, visits.clamp(min=1), value=self.discount)
 
-    def normaliser(self) -> tuple[Tensor, Tensor]:
-        """Min-max normalisation ``(q - offset) * scale`` per tree: ``([B], [B])`` (identity
-        until the maximum exceeds the minimum)."""
-        span = self.hi - self.lo
-        ok = span > 0
-        offset = torch.where(ok, self.lo, torch.zeros_like(self.lo))
-        scale = 1.0 / torch.where(ok, span, torch.ones_like(span))
-        return offset, scale
-
     def root_children(self) -> tuple[Tensor, Tensor]:
         """Root children's visit counts ``[B, A]`` and Q values ``[B, A]`` (0 where unvisited)."""
         n, w, r = (x[:, 0] for x in self.edges(1))
-        return n, torch.where(n > 0, self.q(n, w, r), torch.zeros_like(r))
+        return n, torch.where(n > 0, self.q(n, w, r), self.zero)
 
     def root_value(self) -> Tensor:
-        return self.root_w / self.root_n
-
-    @property
-    def max_depth(self) -> Tensor:
-        return self.depth.view(self.batch, self.slots).amax(1)
+        return self.edge_w[self.root_edge] / self.edge_n[self.root_edge]
 
     def states_of(self, rows: Tensor) -> Any:
         """Latent states ``[B, ...]`` of the nodes ``rows [B]``."""
@@ -353,16 +348,18 @@ class _Tree:
         """``(parent row [B], action [B])`` of the leaf each tree expands next."""
         count = sim + 1  # expanded slots 0..sim
         action = rule.select(self, sim, *self.edges(count))  # [B, S]
-        own = self.rows.view(self.batch, self.slots)[:, :count]
-        best = self.children.index_select(0, (own * self.num_actions + action).view(-1)).view(self.batch, count)
+        best = self.children_view[:, :count].gather(2, action.unsqueeze(2)).squeeze(2)
         pointer = self.rows.clone()
-        pointer.view(self.batch, self.slots)[:, :count] = torch.where(best == (self.base + self.sink).unsqueeze(1),
-                                                                      own, best)
+        own = self.rows[:, :count]
+        pointer[:, :count] = torch.where(best == self.sink_rows, own, best)
+        pointer = pointer.view(-1)
+        jumps = [pointer]  # jumps[j]: 2^j pointer steps
         for _ in range(math.ceil(math.log2(count)) if count > 1 else 0):
             pointer = pointer.index_select(0, pointer)
+            jumps.append(pointer)
+        self._jumps = jumps
         parent = pointer.index_select(0, self.base)
-        slot = parent - self.base
-        return parent, action.view(-1).index_select(0, self.base // self.slots * count + slot)
+        return parent, action.view(-1).index_select(0, parent - self.base + self.base // self.slots * count)
 
     def expand(self, slot: int, parent: Tensor, action: Tensor, state: Any, reward: Tensor, prior: Tensor,
                value: Tensor) -> None:
@@ -370,49 +367,50 @@ class _Tree:
         batch, slots = self.batch, self.slots
         tree_map(lambda store, x: store.view(batch, slots, *x.shape[1:])[:, slot].copy_(x), self.states, state)
         edge = parent * self.num_actions + action
-        self.children.index_copy_(0, edge, self.base + slot)
+        self.children.index_copy_(0, edge, self.rows[:, slot])
         self.edge_r.index_copy_(0, edge, reward)
-        self.in_edge.view(batch, slots)[:, slot] = edge
-        self.parent.view(batch, slots)[:, slot] = parent
-        self.depth.view(batch, slots)[:, slot] = self.depth.index_select(0, parent) + 1
+        self.in_edge[:, slot] = edge
         self.prior[:, slot] = prior
         self.raw_value[:, slot] = value
+        self._leaf_edge = edge
 
     def backup(self, slot: int) -> None:
         """Back the value of the new leaves (slot ``slot``) up to the roots: visit counts, value
         sums, min-max statistics."""
         batch = self.batch
-        length = slot + 1  # nodes on a path: at most the leaf's depth + 1
-        distance = torch.arange(length, device=self.rows.device)
-        leaf = self.base + slot
-        path = leaf.unsqueeze(1).expand(batch, length)  # path[:, k]: the ancestor k levels up
-        up = self.parent
-        j = 0
-        while length > 1 << j:
-            if j:
-                up = up.index_select(0, up)
-            hop = ((distance >> j) & 1).bool()
-            path = torch.where(hop, up.index_select(0, path.reshape(-1)).view(batch, length), path)
-            j += 1
-        leaf_depth = self.depth.index_select(0, leaf)
-        on_path = distance < leaf_depth.unsqueeze(1)  # below the root
-        edge = self.in_edge.index_select(0, path.reshape(-1))  # the root's: the spare entry
-        reward = self.edge_r.index_select(0, edge).view(batch, length)
-        # G(0) = v(leaf); G(k) = r(path[k-1]) + discount * G(k-1)
-        terms = torch.cat([self.raw_value[:, slot].unsqueeze(1), reward[:, :-1]], 1)
-        returns = terms @ self.discounts[:length, :length]
+        length = slot + 1  # path positions: depth 0..slot (the deepest a new leaf can be)
+        # path[:, k]: the node at depth k, following the pointers from the root (it stays at the
+        # leaf's parent past it): positions [2^j, 2^(j+1)) are 2^j pointer steps from [0, 2^j)
+        path = self.base.unsqueeze(1)
+        for jump in self._jumps:
+            if path.shape[1] >= length:
+                break
+            path = torch.cat([path, jump.index_select(0, path.reshape(-1)).view(batch, -1)], 1)
+        path = path[:, :length]
+        # the leaf's depth L: one more than the number of steps before the path stops moving
+        depth = (path[:, 1:] != path[:, :-1]).sum(1, keepdim=True) + 1
+        self.max_depth = torch.maximum(self.max_depth, depth.squeeze(1))
+        edge = self.in_edge.view(-1).index_select(0, path.reshape(-1)).view(batch, length)
+        edge.scatter_(1, depth, self._leaf_edge.unsqueeze(1))
+        edge = edge.view(-1)
+        on_path = self.positions[:length] <= depth
+        # y[k] = reward arriving at depth k <= L, y[L + 1] = the leaf's value
+        y = torch.zeros(batch, length + 1, dtype=self.zero.dtype, device=self.zero.device)
+        y[:, :length] = torch.where(on_path, self.edge_r.index_select(0, edge).view(batch, length), self.zero)
+        y.scatter_(1, depth + 1, self.raw_value[:, slot].unsqueeze(1))
+        returns = y @ self.discounts[:length + 1, :length]
         counted = on_path.to(returns.dtype)
         self.edge_n.index_add_(0, edge, counted.view(-1))
         self.edge_w.index_add_(0, edge, (returns * counted).view(-1))
-        self.root_w = self.root_w + returns.gather(1, leaf_depth.unsqueeze(1)).squeeze(1)
-        self.root_n += 1
         # min-max over every node on the path, the root's r + discount * V included (r = 0)
-        q = self.q(self.edge_n.index_select(0, edge), self.edge_w.index_select(0, edge), reward.view(-1))
+        q = self.q(self.edge_n.index_select(0, edge), self.edge_w.index_select(0, edge), y[:, :length].reshape(-1))
         q = q.view(batch, length)
-        root_q = self.discount * self.root_w / self.root_n
-        inf = torch.tensor(float("inf"), dtype=q.dtype, device=q.device)
-        self.lo = torch.minimum(torch.minimum(self.lo, root_q), torch.where(on_path, q, inf).amin(1))
-        self.hi = torch.maximum(torch.maximum(self.hi, root_q), torch.where(on_path, q, -inf).amax(1))
+        self.lo = torch.minimum(self.lo, torch.where(on_path, q, float("inf")).amin(1).view(-1, 1, 1))
+        self.hi = torch.maximum(self.hi, torch.where(on_path, q, float("-inf")).amax(1).view(-1, 1, 1))
+        span = self.hi - self.lo
+        ok = span > 0
+        self.offset = torch.where(ok, self.lo, self.zero)
+        self.scale = torch.where(ok, span, 1.0).reciprocal()
 
 
 class _Rule:
@@ -430,19 +428,18 @@ class _PuctRule(_Rule):
         # exploration factor by parent visit count n: (pb_c_init + log((n + base + 1) / base)) sqrt(n)
         n = torch.arange(num_simulations + 2, dtype=torch.float64)
         self.factor = (pb_c_init + torch.log((n + pb_c_base + 1) / pb_c_base)) * torch.sqrt(n)
-        self.illegal = ~legal
+        self.illegal = None if bool(legal.all()) else ~legal
 
     def select(self, tree: _Tree, sim: int, n: Tensor, w: Tensor, r: Tensor) -> Tensor:
-        count = n.shape[1]
         if self.factor.dtype != n.dtype or self.factor.device != n.device:
             self.factor = self.factor.to(device=n.device, dtype=n.dtype)
-        offset, scale = tree.normaliser()
-        parent_n = n.sum(-1).add_(1)  # a node's visits: its own evaluation + its children's
-        c = self.factor.index_select(0, parent_n.long().view(-1)).view(parent_n.shape)  # [B, S]
-        qn = (tree.q(n, w, r) - offset.view(-1, 1, 1)) * scale.view(-1, 1, 1)
-        value_score = torch.where(n > 0, qn, torch.zeros_like(qn))
-        score = torch.addcdiv(value_score, tree.prior[:, :count] * c.unsqueeze(2), n + 1)
-        score[:, 0].masked_fill_(self.illegal, float("-inf"))
+        parent_n = n.sum(-1).add_(1).long()  # a node's visits: its own evaluation + its children's
+        c = self.factor.index_select(0, parent_n.view(-1)).view(parent_n.shape)  # [B, S]
+        qn = (tree.q(n, w, r) - tree.offset) * tree.scale
+        value_score = torch.where(n > 0, qn, tree.zero)
+        score = torch.addcdiv(value_score, tree.prior[:, :n.shape[1]] * c.unsqueeze(2), n + 1)
+        if self.illegal is not None:
+            score[:, 0].masked_fill_(self.illegal, float("-inf"))
         return score.argmax(-1)
 
 

@@ -129,3 +129,17 @@ def test_recurrent_fn_drives_the_search():
                    discount=0.99, explore=False)
     assert out.visit_counts.sum(-1).tolist() == [12.0] * 6
     assert out.root_value.shape == (6,) and torch.isfinite(out.root_value).all()
+
+
+def test_joint_and_separate_decoding_agree():
+    for reward_support in (None, 7):
+        model = MuZeroModel(VECTOR, 2, latent_dim=8, hidden=8, head_hidden=8, support_size=10,
+                            reward_support_size=reward_support)
+        rl = torch.randn(5, model.reward_bins.numel())
+        vl = torch.randn(5, 21)
+        reward, value = model.decode(rl, vl)
+        assert torch.allclose(reward, model.reward(rl)) and torch.allclose(value, model.value(vl))
+        state = model.initial_state(torch.randn(5, 4))
+        nxt, r, logits, v = model.recurrent_fn(state, torch.zeros(5, dtype=torch.long))
+        out = model.recurrent_inference(state, torch.zeros(5, dtype=torch.long))
+        assert torch.allclose(r, out["reward"]) and torch.allclose(v, out["value"]) and torch.equal(nxt, out["state"])

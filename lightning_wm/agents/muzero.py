@@ -256,19 +256,31 @@ class MuZeroModel(nn.Module, WorldModel):
         return {"state": state, "policy_logits": policy_logits, "value_logits": value_logits,
                 "value": self.value(value_logits)}
 
+    def decode(self, reward_logits: Tensor, value_logits: Tensor) -> tuple[Tensor, Tensor]:
+        """``(reward [...], value [...])`` from their logits, decoded together when both use the
+        same support (one softmax and one inverse transform: the search calls this every
+        simulation)."""
+        if self.reward_bins.numel() != self.value_bins.numel():
+            return self.reward(reward_logits), self.value(value_logits)
+        both = dists.h_twohot_mean(torch.stack([reward_logits, value_logits]), self.value_bins, self.value_eps)
+        return both[0], both[1]
+
     def recurrent_inference(self, state: Tensor, action: Tensor) -> dict[str, Tensor]:
         """One step in the model: ``{"state", "reward_logits", "reward", "policy_logits",
         "value_logits", "value"}`` (the state is the next one)."""
         reward_logits, nxt = self.dynamics(state, action)
         policy_logits, value_logits = self.prediction(nxt)
-        return {"state": nxt, "reward_logits": reward_logits, "reward": self.reward(reward_logits),
-                "policy_logits": policy_logits, "value_logits": value_logits, "value": self.value(value_logits)}
+        reward, value = self.decode(reward_logits, value_logits)
+        return {"state": nxt, "reward_logits": reward_logits, "reward": reward, "policy_logits": policy_logits,
+                "value_logits": value_logits, "value": value}
 
     def recurrent_fn(self, state: Tensor, action: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """The search's view of the model: ``(state [B, ...], action [B] int64) -> (next_state,
         reward [B], policy logits [B, A], value [B])`` (see :func:`lightning_wm.search.mcts`)."""
-        out = self.recurrent_inference(state, action)
-        return out["state"], out["reward"], out["policy_logits"], out["value"]
+        reward_logits, nxt = self.dynamics(state, action)
+        policy_logits, value_logits = self.prediction(nxt)
+        reward, value = self.decode(reward_logits, value_logits)
+        return nxt, reward, policy_logits, value
 
     # -- WorldModel ------------------------------------------------------------------------------
     def initial_state(self, obs: Tensor) -> Tensor:
