@@ -70,3 +70,57 @@ def nstep_return(reward: Tensor, value: Tensor, discount: Tensor, n: int) -> Ten
         disc = disc * g[k : k + T]
     boot = torch.arange(T, device=value.device).add(n).clamp(max=T)
     return ret + disc * value[boot]
+
+
+def window_nstep_values(reward: Tensor, value: Tensor, is_terminal: Tensor, valid: Tensor, discount: float,
+                        td_steps: int, num_positions: int) -> tuple[Tensor, Tensor]:
+    """n-step value targets for the first ``num_positions`` rows of windows that may hold an
+    episode end (MuZero's targets; rows in the row convention, time-major).
+
+    Row ``j`` of a window holds ``reward[j]`` (received on arriving at it), ``value[j]`` (an
+    estimate of ``V(o_j)`` to bootstrap from; it must be meaningful on the last row of a
+    truncated episode), ``is_terminal[j]`` and ``valid[j]`` (the row exists and belongs to the
+    episode of row 0, up to and including its last row; a prefix of the window). With ``e`` the
+    last valid row and ``n = td_steps`` (``-1``: no limit, Monte Carlo to ``e``), position
+    ``p <= e`` gets ``z_p = sum_{i=p+1}^{m} discount^(i-p-1) reward[i] + discount^(m-p) value[m]``
+    with ``m = min(p + n, e)``, the bootstrap dropped where row ``m`` is terminal (game over:
+    discount 0). A truncated episode, or one cut by the write head, bootstraps from its last row.
+    Positions past ``e``: target 0 if the episode terminated (absorbing state), masked otherwise.
+
+    Args:
+        reward, value: ``[W, B]`` float.
+        is_terminal, valid: ``[W, B]`` bool.
+        td_steps: ``n >= 1``, or ``-1``.
+        num_positions: ``P <= W`` positions to compute.
+    Returns:
+        ``(target [P, B], mask [P, B] bool)``.
+    """
+    if reward.shape != value.shape or reward.shape != valid.shape or reward.shape != is_terminal.shape:
+        raise ValueError(f"reward {tuple(reward.shape)}, value {tuple(value.shape)}, is_terminal "
+                         f"{tuple(is_terminal.shape)} and valid {tuple(valid.shape)} must have one shape [W, B]")
+    if td_steps == 0 or td_steps < -1:
+        raise ValueError(f"td_steps must be >= 1 or -1 (Monte Carlo), got {td_steps}")
+    window = reward.shape[0]
+    if not 1 <= num_positions <= window:
+        raise ValueError(f"num_positions must be in [1, W={window}], got {num_positions}")
+    n = window if td_steps == -1 else td_steps
+    device, dtype = reward.device, reward.dtype
+    last = valid.long().sum(0) - 1  # [B] e: the last valid row (valid is a prefix)
+    if bool((last < 0).any()):
+        raise ValueError("every window needs a valid first row")
+    terminated = is_terminal.gather(0, last.unsqueeze(0)).squeeze(0)  # [B]
+    p = torch.arange(num_positions, device=device).unsqueeze(1)  # [P, 1]
+    i = torch.arange(window, device=device).unsqueeze(0)  # [1, W]
+    # weights[p, i] = discount^(i - p - 1) for p < i <= p + n: discounted rewards in one product
+    power = (i - p - 1).to(dtype)
+    band = (i > p) & (i <= p + n)
+    weights = torch.where(band, torch.tensor(float(discount), dtype=dtype, device=device) ** power.clamp(min=0),
+                          torch.zeros((), dtype=dtype, device=device))
+    rewards = weights @ torch.where(valid, reward, torch.zeros_like(reward))  # [P, B]: rewards past e are 0
+    end = torch.minimum(p + n, last.unsqueeze(0))  # [P, B]
+    boot = value.gather(0, end) * (~is_terminal.gather(0, end)).to(dtype)
+    target = rewards + float(discount) ** (end - p).clamp(min=0).to(dtype) * boot
+    inside = p <= last.unsqueeze(0)
+    target = torch.where(inside, target, torch.zeros_like(target))
+    mask = inside | terminated.unsqueeze(0)
+    return target, mask
