@@ -288,6 +288,7 @@ class _Tree:
         self.base = torch.arange(batch, device=device) * slots
         self.rows = torch.arange(batch * slots, device=device).view(batch, slots)
         self.sink_rows = (self.base + slots - 1).unsqueeze(1)
+        self.tree = torch.arange(batch, device=device)
         num_edges = batch * slots * num_actions
         shape = (batch, slots, num_actions)
         self.children = self.sink_rows.expand(batch, slots * num_actions).reshape(-1).clone()
@@ -314,11 +315,12 @@ class _Tree:
         self.offset = torch.zeros(batch, 1, 1, dtype=dtype, device=device)
         self.scale = torch.ones(batch, 1, 1, dtype=dtype, device=device)
         self.max_depth = torch.zeros(batch, dtype=torch.long, device=device)
-        # returns along a path: G[d] = sum_{k > d} discount^(k - d - 1) y[k]
-        k = torch.arange(slots + 1, dtype=torch.float64)
+        # returns along a path: G[d] = sum_{k > d} discount^(k - d - 1) y[k] (paths are at most
+        # 2 * slots wide, see backup)
+        k = torch.arange(2 * slots + 1, dtype=torch.float64)
         power = k.unsqueeze(1) - k.unsqueeze(0) - 1  # [k, d]
         self.discounts = torch.where(power >= 0, float(discount) ** power.clamp(min=0), 0.0).to(device, dtype)
-        self.positions = torch.arange(slots + 1, device=device)
+        self.positions = torch.arange(2 * slots, device=device)
         self._jumps: list[Tensor] = []
         self._leaf_edge = self.root_edge
 
@@ -359,7 +361,7 @@ class _Tree:
             jumps.append(pointer)
         self._jumps = jumps
         parent = pointer.index_select(0, self.base)
-        return parent, action.view(-1).index_select(0, parent - self.base + self.base // self.slots * count)
+        return parent, action.view(-1).index_select(0, parent - self.base + self.tree * count)
 
     def expand(self, slot: int, parent: Tensor, action: Tensor, state: Any, reward: Tensor, prior: Tensor,
                value: Tensor) -> None:
@@ -378,39 +380,55 @@ class _Tree:
         """Back the value of the new leaves (slot ``slot``) up to the roots: visit counts, value
         sums, min-max statistics."""
         batch = self.batch
-        length = slot + 1  # path positions: depth 0..slot (the deepest a new leaf can be)
-        # path[:, k]: the node at depth k, following the pointers from the root (it stays at the
-        # leaf's parent past it): positions [2^j, 2^(j+1)) are 2^j pointer steps from [0, 2^j)
+        # path[:, k]: the node at depth k, following the pointers from the root; it stays at the
+        # leaf's parent past it. Positions [2^j, 2^(j+1)) are 2^j pointer steps from [0, 2^j);
+        # width P: the first power of 2 >= slot + 1 > the leaf's depth.
         path = self.base.unsqueeze(1)
         for jump in self._jumps:
-            if path.shape[1] >= length:
+            if path.shape[1] > slot:
                 break
-            path = torch.cat([path, jump.index_select(0, path.reshape(-1)).view(batch, -1)], 1)
-        path = path[:, :length]
+            path = torch.cat([path, jump.index_select(0, path.view(-1)).view(batch, -1)], 1)
+        width = path.shape[1]
         # the leaf's depth L: one more than the number of steps before the path stops moving
-        depth = (path[:, 1:] != path[:, :-1]).sum(1, keepdim=True) + 1
-        self.max_depth = torch.maximum(self.max_depth, depth.squeeze(1))
-        edge = self.in_edge.view(-1).index_select(0, path.reshape(-1)).view(batch, length)
+        depth = (path[:, 1:] != path[:, :-1]).sum(1, keepdim=True).add_(1)
+        self.max_depth = torch.maximum(self.max_depth, depth.view(-1))
+        edge = self.in_edge.view(-1).index_select(0, path.view(-1)).view(batch, width)
         edge.scatter_(1, depth, self._leaf_edge.unsqueeze(1))
         edge = edge.view(-1)
-        on_path = self.positions[:length] <= depth
+        counted = (self.positions[:width] <= depth).to(self.zero.dtype)  # on the path: depth <= L
         # y[k] = reward arriving at depth k <= L, y[L + 1] = the leaf's value
-        y = torch.zeros(batch, length + 1, dtype=self.zero.dtype, device=self.zero.device)
-        y[:, :length] = torch.where(on_path, self.edge_r.index_select(0, edge).view(batch, length), self.zero)
+        reward = self.edge_r.index_select(0, edge).view(batch, width) * counted
+        y = torch.cat([reward, self.zero.expand(batch, 1)], 1)
         y.scatter_(1, depth + 1, self.raw_value[:, slot].unsqueeze(1))
-        returns = y @ self.discounts[:length + 1, :length]
-        counted = on_path.to(returns.dtype)
+        returns = y @ self.discounts[:width + 1, :width]  # [B, P]: G at every depth
         self.edge_n.index_add_(0, edge, counted.view(-1))
         self.edge_w.index_add_(0, edge, (returns * counted).view(-1))
-        # min-max over every node on the path, the root's r + discount * V included (r = 0)
-        q = self.q(self.edge_n.index_select(0, edge), self.edge_w.index_select(0, edge), y[:, :length].reshape(-1))
-        q = q.view(batch, length)
-        self.lo = torch.minimum(self.lo, torch.where(on_path, q, float("inf")).amin(1).view(-1, 1, 1))
-        self.hi = torch.maximum(self.hi, torch.where(on_path, q, float("-inf")).amax(1).view(-1, 1, 1))
+        # min-max over every node on the path, the root's r + discount * V included (r = 0);
+        # positions past the leaf repeat the root's value, which is on the path anyway
+        q = self.q(self.edge_n.index_select(0, edge), self.edge_w.index_select(0, edge), reward.view(-1))
+        q = q.view(batch, width)
+        lo, hi = torch.aminmax(torch.where(counted > 0, q, q[:, :1]), dim=1)
+        self.lo = torch.minimum(self.lo, lo.view(-1, 1, 1))
+        self.hi = torch.maximum(self.hi, hi.view(-1, 1, 1))
         span = self.hi - self.lo
         ok = span > 0
         self.offset = torch.where(ok, self.lo, self.zero)
         self.scale = torch.where(ok, span, 1.0).reciprocal()
+
+def _sum_actions(x: Tensor) -> Tensor:
+    """``x.sum(-1)``; for two actions one add (reductions over a last dimension of 2 are slow)."""
+    if x.shape[-1] == 2:
+        first, second = x.unbind(-1)
+        return first + second
+    return x.sum(-1)
+
+
+def _argmax_actions(score: Tensor) -> Tensor:
+    """``score.argmax(-1)`` (ties: the lowest index); for two actions one comparison."""
+    if score.shape[-1] == 2:
+        first, second = score.unbind(-1)
+        return (second > first).long()
+    return score.argmax(-1)
 
 
 class _Rule:
@@ -433,14 +451,14 @@ class _PuctRule(_Rule):
     def select(self, tree: _Tree, sim: int, n: Tensor, w: Tensor, r: Tensor) -> Tensor:
         if self.factor.dtype != n.dtype or self.factor.device != n.device:
             self.factor = self.factor.to(device=n.device, dtype=n.dtype)
-        parent_n = n.sum(-1).add_(1).long()  # a node's visits: its own evaluation + its children's
+        parent_n = _sum_actions(n).add_(1).long()  # a node's visits: its own evaluation + its children's
         c = self.factor.index_select(0, parent_n.view(-1)).view(parent_n.shape)  # [B, S]
         qn = (tree.q(n, w, r) - tree.offset) * tree.scale
         value_score = torch.where(n > 0, qn, tree.zero)
         score = torch.addcdiv(value_score, tree.prior[:, :n.shape[1]] * c.unsqueeze(2), n + 1)
         if self.illegal is not None:
             score[:, 0].masked_fill_(self.illegal, float("-inf"))
-        return score.argmax(-1)
+        return _argmax_actions(score)
 
 
 class _GumbelRule(_Rule):
