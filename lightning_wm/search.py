@@ -210,6 +210,20 @@ def mcts(
         gumbel_scale: scale of the Gumbel noise when ``explore`` (0: deterministic).
         c_visit, c_scale: Gumbel's ``sigma(q) = (c_visit + max N) * c_scale * q``.
     """
+    with torch.inference_mode():  # no autograd bookkeeping: ~15% less overhead per tiny op
+        out = _search(recurrent_fn, root_state, root_logits, root_value, num_simulations, discount, pb_c_init,
+                      pb_c_base, dirichlet_alpha, exploration_fraction, explore, temperature, generator,
+                      legal_actions_mask, gumbel, max_num_considered_actions, gumbel_scale, c_visit, c_scale)
+    # plain tensors for the caller (inference tensors cannot be saved for backward)
+    return SearchOutput(*(x.clone() for x in (out.action, out.visit_probs, out.root_value, out.visit_counts,
+                                              out.q_values, out.root_prior, out.max_depth)))
+
+
+def _search(recurrent_fn: RecurrentFn, root_state: Any, root_logits: Tensor, root_value: Tensor, num_simulations: int,
+            discount: float, pb_c_init: float, pb_c_base: float, dirichlet_alpha: float, exploration_fraction: float,
+            explore: bool, temperature: float, generator: torch.Generator | None, legal_actions_mask: Tensor | None,
+            gumbel: bool, max_num_considered_actions: int, gumbel_scale: float, c_visit: float,
+            c_scale: float) -> SearchOutput:
     if num_simulations < 1:
         raise ValueError(f"num_simulations must be >= 1, got {num_simulations}")
     if root_logits.dim() != 2:

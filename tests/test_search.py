@@ -179,6 +179,10 @@ def test_dict_state_and_float32():
     ref = mcts(model.recurrent_fn, ids, model.logits[ids], model.value_t[ids], num_simulations=20, discount=0.99,
                explore=False)
     assert out.root_value.dtype == torch.float32
+    # outputs are plain tensors (the search runs in inference mode): usable in a graph
+    assert not any(x.is_inference() for x in (out.action, out.visit_probs, out.root_value, out.q_values))
+    w = torch.ones(2, requires_grad=True)
+    (w * out.root_value).sum().backward()
     assert torch.equal(out.visit_counts.double(), ref.visit_counts)
 
 
