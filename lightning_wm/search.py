@@ -1,10 +1,11 @@
 """Batched Monte-Carlo tree search over a learned model (MuZero; Gumbel MuZero at the root).
 
 The whole forest lives in a few tensors on the device of the root inputs: ``B`` trees (one per
-environment) of ``N = num_simulations + 1`` nodes each, plus one *sink* node per tree that stands
-for every unexpanded child (its statistics stay zero). A simulation descends all ``B`` trees at
-once, level by level, expands one new node per tree with one batched ``recurrent_fn`` call and
-backs the value up along all ``B`` paths at once. Nothing here knows the networks.
+environment) of ``num_simulations + 1`` nodes each. A simulation scores the children of every
+node of all ``B`` trees at once, finds each tree's leaf by pointer doubling (no loop over tree
+levels, no host synchronisation), expands one new node per tree with one batched
+``recurrent_fn`` call and backs the values up all ``B`` paths at once. Nothing here knows the
+networks.
 
 Tree conventions (what the per-node reference search in the tests implements too):
 
@@ -260,8 +261,9 @@ def _search(recurrent_fn: RecurrentFn, root_state: Any, root_logits: Tensor, roo
     for sim in range(num_simulations):
         parent, action = tree.descend(rule, sim)
         next_state, reward, next_logits, value = recurrent_fn(tree.states_of(parent), action)
-        tree.expand(sim + 1, parent, action, next_state, reward.to(dtype),
-                    torch.softmax(next_logits.to(dtype), -1), value.to(dtype))
+        if reward.dtype != dtype or value.dtype != dtype or next_logits.dtype != dtype:
+            reward, value, next_logits = reward.to(dtype), value.to(dtype), next_logits.to(dtype)
+        tree.expand(sim + 1, parent, action, next_state, reward, torch.softmax(next_logits, -1), value)
         tree.backup(sim + 1)
 
     visits, q = tree.root_children()
@@ -278,13 +280,13 @@ def _search(recurrent_fn: RecurrentFn, root_state: Any, root_logits: Tensor, roo
 
 
 class _Tree:
-    """``B`` trees of ``M = N + 2`` node slots: ``N + 1`` nodes (slot 0 the root, slot ``s`` the
-    node expanded by simulation ``s``) and a *sink* (slot ``N + 1``) that every unexpanded child
-    points to. Nodes are rows ``b * M + slot`` of flat tensors. Edges ``(node, action)`` are
-    entries ``row * A + action`` of flat tensors holding the child's visit count, value sum and
-    reward, so the children of the first ``S`` nodes are contiguous ``[B, S, A]`` slices; ``B``
-    extra entries (one per tree, after the ``B * M * A`` edges) hold the roots' own statistics
-    (their reward is 0), so a backup treats the root like any node.
+    """``B`` trees of ``M = N + 1`` nodes (slot 0 the root, slot ``s`` the node expanded by
+    simulation ``s``), rows ``b * M + slot`` of flat tensors. Edges ``(node, action)`` are entries
+    ``row * A + action`` of flat tensors holding the child's row (the node's own row while the
+    child is unexpanded), visit count, value sum and reward, so the children of the first ``S``
+    nodes are contiguous ``[B, S, A]`` slices; ``B`` extra entries (one per tree, after the
+    ``B * M * A`` edges) hold the roots' own statistics (their reward is 0), so a backup treats
+    the root like any node.
 
     A simulation has no per-level loop: the rule scores the children of every expanded node at
     once, each node's best child becomes a pointer (the node itself where that child is
@@ -298,14 +300,15 @@ class _Tree:
         batch, num_actions = root_prior.shape
         dtype, device = root_value.dtype, root_value.device
         self.batch, self.num_actions, self.discount = batch, num_actions, float(discount)
-        self.slots = slots = num_simulations + 2
+        self.slots = slots = num_simulations + 1
         self.base = torch.arange(batch, device=device) * slots
         self.rows = torch.arange(batch * slots, device=device).view(batch, slots)
-        self.sink_rows = (self.base + slots - 1).unsqueeze(1)
         self.tree = torch.arange(batch, device=device)
         num_edges = batch * slots * num_actions
         shape = (batch, slots, num_actions)
-        self.children = self.sink_rows.expand(batch, slots * num_actions).reshape(-1).clone()
+        # an unexpanded child is the node itself: following it goes nowhere
+        self.children = self.rows.unsqueeze(2).expand(shape).reshape(-1).clone()
+        self.pointer = self.rows.clone()
         self.edge_n = torch.zeros(num_edges + batch, dtype=dtype, device=device)
         self.edge_w = torch.zeros(num_edges + batch, dtype=dtype, device=device)
         self.edge_r = torch.zeros(num_edges + batch, dtype=dtype, device=device)
@@ -324,9 +327,11 @@ class _Tree:
         self.states = tree_map(lambda x: x.new_empty((batch * slots, *x.shape[1:])), root_state)
         tree_map(lambda store, x: store.view(batch, slots, *x.shape[1:])[:, 0].copy_(x), self.states, root_state)
         self.zero = torch.zeros((), dtype=dtype, device=device)
+        self.one = torch.ones((), dtype=dtype, device=device)
+        self._width_cache: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
         self.lo = torch.full((batch, 1, 1), float("inf"), dtype=dtype, device=device)
         self.hi = torch.full((batch, 1, 1), float("-inf"), dtype=dtype, device=device)
-        self.offset = torch.zeros(batch, 1, 1, dtype=dtype, device=device)
+        self.shift = torch.zeros(batch, 1, 1, dtype=dtype, device=device)
         self.scale = torch.ones(batch, 1, 1, dtype=dtype, device=device)
         self.max_depth = torch.zeros(batch, dtype=torch.long, device=device)
         # returns along a path: G[d] = sum_{k > d} discount^(k - d - 1) y[k] (paths are at most
@@ -337,6 +342,7 @@ class _Tree:
         self.positions = torch.arange(2 * slots, device=device)
         self._jumps: list[Tensor] = []
         self._leaf_edge = self.root_edge
+        self._leaf_value = root_value.unsqueeze(1)
 
     # -- reading ---------------------------------------------------------------------------
     def edges(self, count: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -364,18 +370,17 @@ class _Tree:
         """``(parent row [B], action [B])`` of the leaf each tree expands next."""
         count = sim + 1  # expanded slots 0..sim
         action = rule.select(self, sim, *self.edges(count))  # [B, S]
-        best = self.children_view[:, :count].gather(2, action.unsqueeze(2)).squeeze(2)
-        pointer = self.rows.clone()
-        own = self.rows[:, :count]
-        pointer[:, :count] = torch.where(best == self.sink_rows, own, best)
-        pointer = pointer.view(-1)
+        # every node points to its best child, which is itself where that child is unexpanded
+        self.pointer[:, :count] = self.children_view[:, :count].gather(2, action.unsqueeze(2)).squeeze(2)
+        pointer = self.pointer.view(-1)
         jumps = [pointer]  # jumps[j]: 2^j pointer steps
         for _ in range(math.ceil(math.log2(count)) if count > 1 else 0):
             pointer = pointer.index_select(0, pointer)
             jumps.append(pointer)
         self._jumps = jumps
         parent = pointer.index_select(0, self.base)
-        return parent, action.view(-1).index_select(0, parent - self.base + self.tree * count)
+        # the parent's entry of action [B, S]: slot (parent - b M) of row b, i.e. parent + b (S - M)
+        return parent, action.view(-1).index_select(0, torch.add(parent, self.tree, alpha=count - self.slots))
 
     def expand(self, slot: int, parent: Tensor, action: Tensor, state: Any, reward: Tensor, prior: Tensor,
                value: Tensor) -> None:
@@ -389,6 +394,7 @@ class _Tree:
         self.prior[:, slot] = prior
         self.raw_value[:, slot] = value
         self._leaf_edge = edge
+        self._leaf_value = value.unsqueeze(1)
 
     def backup(self, slot: int) -> None:
         """Back the value of the new leaves (slot ``slot``) up to the roots: visit counts, value
@@ -409,25 +415,35 @@ class _Tree:
         edge = self.in_edge.view(-1).index_select(0, path.view(-1)).view(batch, width)
         edge.scatter_(1, depth, self._leaf_edge.unsqueeze(1))
         edge = edge.view(-1)
-        counted = (self.positions[:width] <= depth).to(self.zero.dtype)  # on the path: depth <= L
+        positions, discounts, zeros = self._by_width(width)
+        on_path = positions <= depth  # depth <= L
+        counted = on_path.to(self.zero.dtype)
         # y[k] = reward arriving at depth k <= L, y[L + 1] = the leaf's value
         reward = self.edge_r.index_select(0, edge).view(batch, width) * counted
-        y = torch.cat([reward, self.zero.expand(batch, 1)], 1)
-        y.scatter_(1, depth + 1, self.raw_value[:, slot].unsqueeze(1))
-        returns = y @ self.discounts[:width + 1, :width]  # [B, P]: G at every depth
+        y = torch.cat([reward, zeros], 1)
+        y.scatter_(1, depth + 1, self._leaf_value)
+        returns = y @ discounts  # [B, P]: G at every depth
         self.edge_n.index_add_(0, edge, counted.view(-1))
         self.edge_w.index_add_(0, edge, (returns * counted).view(-1))
         # min-max over every node on the path, the root's r + discount * V included (r = 0);
         # positions past the leaf repeat the root's value, which is on the path anyway
         q = self.q(self.edge_n.index_select(0, edge), self.edge_w.index_select(0, edge), reward.view(-1))
         q = q.view(batch, width)
-        lo, hi = torch.aminmax(torch.where(counted > 0, q, q[:, :1]), dim=1)
+        lo, hi = torch.aminmax(torch.where(on_path, q, q[:, :1]), dim=1)
         self.lo = torch.minimum(self.lo, lo.view(-1, 1, 1))
         self.hi = torch.maximum(self.hi, hi.view(-1, 1, 1))
         span = self.hi - self.lo
         ok = span > 0
-        self.offset = torch.where(ok, self.lo, self.zero)
-        self.scale = torch.where(ok, span, 1.0).reciprocal()
+        self.scale = torch.where(ok, span, self.one).reciprocal()
+        self.shift = torch.where(ok, self.lo, self.zero).mul_(self.scale).neg_()
+
+    def _by_width(self, width: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Positions ``[P]``, the discount matrix ``[P + 1, P]`` and a zero column ``[B, 1]`` for
+        paths ``P`` wide (cached: P is a power of two)."""
+        if width not in self._width_cache:
+            self._width_cache[width] = (self.positions[:width], self.discounts[:width + 1, :width],
+                                        self.zero.expand(self.batch, 1))
+        return self._width_cache[width]
 
 def _sum_actions(x: Tensor) -> Tensor:
     """``x.sum(-1)``; for two actions one add (reductions over a last dimension of 2 are slow)."""
@@ -467,7 +483,7 @@ class _PuctRule(_Rule):
             self.factor = self.factor.to(device=n.device, dtype=n.dtype)
         parent_n = _sum_actions(n).add_(1).long()  # a node's visits: its own evaluation + its children's
         c = self.factor.index_select(0, parent_n.view(-1)).view(parent_n.shape)  # [B, S]
-        qn = (tree.q(n, w, r) - tree.offset) * tree.scale
+        qn = torch.addcmul(tree.shift, tree.q(n, w, r), tree.scale)  # (q - offset) * scale
         value_score = torch.where(n > 0, qn, tree.zero)
         score = torch.addcdiv(value_score, tree.prior[:, :n.shape[1]] * c.unsqueeze(2), n + 1)
         if self.illegal is not None:
