@@ -31,8 +31,7 @@ def scale_hidden(state: Tensor, eps: float = 1e-5) -> Tensor:
     """Min-max scale each sample of ``state [B, ...]`` to ``[0, 1]`` over all its features (a
     constant sample becomes 0)."""
     flat = state.flatten(1)
-    lo = flat.amin(1, keepdim=True)
-    hi = flat.amax(1, keepdim=True)
+    lo, hi = torch.aminmax(flat, dim=1, keepdim=True)
     return ((flat - lo) / (hi - lo).clamp(min=eps)).view_as(state)
 
 
