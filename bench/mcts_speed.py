@@ -2,7 +2,7 @@
 and LightZero 0.2.0's C++ tree (``ctree``) on the same network in the same process.
 
     python bench/mcts_speed.py                                   # ours only (LightZero absent)
-    PYTHONPATH=. /work/venvs/lightzero/bin/python bench/mcts_speed.py   # both, side by side
+    PYTHONPATH=. /work/venvs/lightzero/bin/python bench/mcts_speed.py   # both (bench/install_lightzero.sh)
     python bench/mcts_speed.py --batch 64 --simulations 50 --threads 1 2 --repeats 7
 
 The network is the CartPole MuZero network of LightZero's config (latent 128, two hidden layers

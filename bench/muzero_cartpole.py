@@ -1,7 +1,7 @@
 """MuZero on CartPole-v1: env steps, games and wall time until the evaluation return (10
 episodes, no noise, argmax over visit counts) reaches 475, and every evaluation after it.
 
-    # LightZero 0.2.0, its own CartPole MuZero config on CPU, one seed (its own venv):
+    # LightZero 0.2.0 (venv: bash bench/install_lightzero.sh), its CartPole MuZero config on CPU, one seed:
     nice -n 10 /work/venvs/lightzero/bin/python bench/muzero_cartpole.py --system lightzero --seeds 0 \\
         --max-env-steps 30000 --out /tmp/lz_cartpole
     # three seeds back to back, then the summary table:
