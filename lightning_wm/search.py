@@ -526,8 +526,8 @@ class _GumbelRule(_Rule):
         count = n.shape[1]
         sigma = self.sigma_q(tree, n, w, r)
         logits = torch.log(tree.prior[:, :count]) + sigma
-        score = torch.softmax(logits, -1) - n / (1 + n.sum(-1, keepdim=True))
-        action = score.argmax(-1)
+        score = torch.softmax(logits, -1) - n / (1 + _sum_actions(n).unsqueeze(-1))
+        action = _argmax_actions(score)
         action[:, 0] = self._root_score(sigma[:, 0], n[:, 0], self.considered_visit[:, sim]).argmax(-1)
         return action
 

@@ -100,8 +100,9 @@ def assert_match(out, refs) -> None:
 # -- PUCT against the reference -------------------------------------------------------------------
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("discount", [0.997, 0.5])
-def test_puct_matches_reference_on_random_models(seed, discount):
-    model = random_model(seed=seed)
+@pytest.mark.parametrize("num_actions", [3, 2])
+def test_puct_matches_reference_on_random_models(seed, discount, num_actions):
+    model = random_model(seed=seed, num_actions=num_actions)
     out, refs = run_both(model, [0, 5, 17, 42, 99, 123], num_simulations=40, discount=discount, seed=seed)
     assert_match(out, refs)
     assert (out.visit_counts.sum(-1) == 40).all()
@@ -259,8 +260,9 @@ def test_considered_visit_sequence_hand_values():
 
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("considered", [16, 2])
-def test_gumbel_matches_reference(seed, considered):
-    model = random_model(seed=seed, num_actions=4)
+@pytest.mark.parametrize("num_actions", [4, 2])
+def test_gumbel_matches_reference(seed, considered, num_actions):
+    model = random_model(seed=seed, num_actions=num_actions)
     out, refs = run_both(model, [0, 11, 22, 33], gumbel=True, num_simulations=24, discount=0.95, seed=seed,
                          max_num_considered_actions=considered)
     assert_match(out, refs)
