@@ -3,9 +3,9 @@
 The whole forest lives in a few tensors on the device of the root inputs: ``B`` trees (one per
 environment) of ``num_simulations + 1`` nodes each. A simulation scores the children of every
 node of all ``B`` trees at once, finds each tree's leaf by pointer doubling (no loop over tree
-levels, no host synchronisation), expands one new node per tree with one batched
-``recurrent_fn`` call and backs the values up all ``B`` paths at once. Nothing here knows the
-networks.
+levels, no host synchronisation in the simulation loop), expands one new node per tree with one
+batched ``recurrent_fn`` call and backs the values up all ``B`` paths at once. Nothing here knows
+the networks.
 
 Tree conventions (what the per-node reference search in the tests implements too):
 
