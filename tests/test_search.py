@@ -9,7 +9,7 @@ import torch
 
 from lightning_wm.search import (TemperatureSchedule, considered_visit_sequence, dirichlet_noise, mcts,
                                  sample_gamma, sample_gumbel, select_action)
-from tests.mcts_reference import reference_search
+from mcts_reference import reference_search  # pytest puts tests/ (no __init__.py) on sys.path
 
 torch.set_num_threads(1)
 
