@@ -160,6 +160,8 @@ def main() -> None:
     parser.add_argument("--summarize", metavar="DIR", help="only print the tables of the JSON records in DIR")
     args = parser.parse_args()
     if args.summarize:
+        if not os.path.isdir(args.summarize):
+            sys.exit(f"error: {args.summarize} is not a folder of run records")
         paths = sorted(os.path.join(args.summarize, p) for p in os.listdir(args.summarize) if p.endswith(".json"))
         if not paths:
             sys.exit(f"error: no run records (*.json) in {args.summarize}")
