@@ -29,6 +29,7 @@ from lightning_wm.data.collector import Collector, run_evaluation
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.envs import EnvConfig, make_env, make_vector_env
 from lightning_wm.protocols import EnvHolder
+from lightning_wm.seeding import derive_seed, env_seeds
 from lightning_wm.video import check_video_path, write_video
 
 
@@ -149,7 +150,7 @@ class Trainer(pl.Trainer):
         vector_env = make_vector_env(env)
         try:
             with tqdm(total=episodes, desc=f"record {env.id}", unit="ep") as bar:
-                collector = Collector(vector_env, model, store=store, seed=env.seed)
+                collector = Collector(vector_env, model, store=store, seed=env_seeds(env.seed, env.num_envs, "record"))
                 model.eval()
                 finished = collector.run_episodes(episodes, explore=explore, progress=bar.update)
         finally:
@@ -175,7 +176,7 @@ class Trainer(pl.Trainer):
         if ckpt is not None:
             load_weights(model, ckpt)
         model.eval()
-        seed = env.seed + 777_000
+        seed = derive_seed(env.seed, "evaluate")
         finished: list[dict[str, float]] = []
         with tqdm(total=episodes, desc=f"evaluate {env.id}", unit="ep") as bar:
             if video:  # episode 1 in a rendering env, the others as usual

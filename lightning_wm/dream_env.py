@@ -1,7 +1,7 @@
 """``DreamEnv``: a gymnasium vector env whose dynamics are a trained world model.
 
-Each of ``num_envs`` dream episodes starts from a real initial frame (encoded by V, drawn at
-random from a bank of real episode starts), then follows ``model.step``: ``z'`` sampled from
+Each of ``num_envs`` dream episodes starts from a real initial frame (V's posterior ``mu,
+logvar``, drawn at random from a bank of real episode starts), then follows ``model.step``: ``z'`` sampled from
 M's mixture at ``temperature``, the reward from M's reward head (or ``+1`` per step with
 ``reward="survival"``, the VizDoom setup) and termination from M's done head (``done_prob >
 done_threshold``, or a Bernoulli draw with ``done_mode="sample"``); episodes are truncated after
@@ -14,11 +14,14 @@ and ignores the action, so the Collector and the CMA-ES controller use it like a
 
 Everything random (start frames, ``z`` draws, done draws) comes from a ``torch.Generator``
 seeded by ``reset(seed=...)``, so a seeded dream is reproducible.
+
+This module knows only the :class:`~lightning_wm.world_model.WorldModel` it is given and the
+start latents; :meth:`lightning_wm.agents.vm_model.VisionMemoryModel.dream_env` builds one over
+World Models' V+M from a store of real episodes.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Literal
 
 import gymnasium as gym
@@ -26,37 +29,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lightning_wm.actions import ActionCodec
 from lightning_wm.world_model import WorldModel
-
-
-def initial_latents_from_store(store: Any, vision: Any | None = None, max_starts: int = 1024,
-                               batch_size: int = 256) -> tuple[Tensor, Tensor]:
-    """``(mu, logvar) [N, Z]`` of the first frame of (up to ``max_starts``) stored episodes.
-
-    Works on a latent store (episodes with ``mu``/``logvar``) or a pixel store (``obs``,
-    encoded with ``vision``).
-    """
-    from lightning_wm.agents.vision import encode_frames
-
-    mus, logvars, frames = [], [], []
-    for path in list(store.paths())[:max_starts]:
-        episode = store.load(path)
-        if "mu" in episode and "logvar" in episode:
-            mus.append(torch.as_tensor(np.asarray(episode["mu"][:1])).float())
-            logvars.append(torch.as_tensor(np.asarray(episode["logvar"][:1])).float())
-        elif "obs" in episode:
-            frames.append(np.asarray(episode["obs"][:1]))
-        else:
-            raise ValueError(f"episode {path} has neither latents (mu/logvar) nor pixel obs to start dreams from")
-    if frames:
-        if vision is None:
-            raise ValueError("a pixel episode store needs a Vision model to encode the dream's start frames")
-        mu, logvar = encode_frames(vision, np.concatenate(frames), batch_size)
-        mus.append(mu)
-        logvars.append(logvar)
-    if not mus:
-        raise ValueError(f"store {getattr(store, 'directory', store)} holds no episodes to start dreams from")
-    return torch.cat(mus), torch.cat(logvars)
 
 
 class DreamEnv(gym.vector.VectorEnv):
@@ -68,7 +42,7 @@ class DreamEnv(gym.vector.VectorEnv):
             ``decode(state)`` for ``render``.
         action_space: the real env's (single) action space.
         start_mu, start_logvar: ``[N, Z]`` V posteriors of real initial frames
-            (see :func:`initial_latents_from_store`).
+            (see :func:`lightning_wm.agents.vm_model.initial_latents_from_store`).
         num_envs: dreams stepped together.
         temperature: M's sampling temperature.
         max_episode_steps: truncation length.
@@ -117,10 +91,7 @@ class DreamEnv(gym.vector.VectorEnv):
         self.action_space = gym.vector.utils.batch_space(action_space, num_envs)
         self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (feature_dim,), np.float32)
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
-        self._discrete = isinstance(action_space, gym.spaces.Discrete)
-        if not self._discrete:
-            self._low = torch.as_tensor(action_space.low, dtype=torch.float32, device=self.device)
-            self._high = torch.as_tensor(action_space.high, dtype=torch.float32, device=self.device)
+        self.actions = ActionCodec(action_space).to(self.device)
         self._default_seed = seed
         self.generator = torch.Generator(device=self.device)
         self.state: dict[str, Tensor] | None = None
@@ -149,10 +120,7 @@ class DreamEnv(gym.vector.VectorEnv):
 
     def _action_tensor(self, actions: Any) -> Tensor:
         a = torch.as_tensor(np.asarray(actions) if not isinstance(actions, Tensor) else actions, device=self.device)
-        if self._discrete:
-            return torch.nn.functional.one_hot(a.long().reshape(self.num_envs), int(self.single_action_space.n)).float()
-        a = a.float().reshape(self.num_envs, -1)
-        return torch.maximum(torch.minimum(a, self._high), self._low)
+        return self.actions.encode(a.reshape(self.num_envs, *self.actions.shape))
 
     @torch.no_grad()
     def step_tensor(self, actions: Any) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -237,28 +205,3 @@ class DreamSingleEnv(gym.Env):
     def render(self) -> np.ndarray | None:
         frames = self.dream.render()
         return None if frames is None else frames[0]
-
-
-def dream_env_from_model(model: Any, start_dir: str, action_space: gym.Space, num_envs: int = 1,
-                         **kwargs: Any) -> DreamEnv:
-    """A :class:`DreamEnv` over a V+M ``model`` (:class:`VisionMemoryModel`, sampling at its own
-    temperature) whose dreams start from the first frames of the episodes in the store
-    ``start_dir`` (pixel or latent episodes); ``kwargs`` go to DreamEnv."""
-    from lightning_wm.data.episodes import EpisodeStore
-
-    if not Path(start_dir).is_dir():
-        raise FileNotFoundError(f"dream start store {start_dir!r} does not exist; record (and convert) episodes first")
-    device = next(model.memory.parameters()).device
-    mu, logvar = initial_latents_from_store(EpisodeStore(start_dir), model.vision)
-    return DreamEnv(model, action_space, mu.to(device), logvar.to(device), num_envs=num_envs,
-                    temperature=model.temperature, **kwargs)
-
-
-def load_dream_env(vision_ckpt: str, memory_ckpt: str, start_dir: str, action_space: gym.Space,
-                   num_envs: int = 1, device: torch.device | str = "cpu", temperature: float = 1.0,
-                   **kwargs: Any) -> DreamEnv:
-    """:func:`dream_env_from_model` with V and M loaded from their Lightning checkpoints."""
-    from lightning_wm.agents.vm_model import VisionMemoryModel
-
-    model = VisionMemoryModel.from_checkpoints(vision_ckpt, memory_ckpt, device, temperature=temperature)
-    return dream_env_from_model(model, start_dir, action_space, num_envs, **kwargs)

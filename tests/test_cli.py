@@ -178,6 +178,25 @@ def test_record_is_random_without_a_model():
     assert set(np.unique(actions)) == {0, 1}  # both actions taken: a random policy, not a constant one
 
 
+def test_record_random_episodes_of_a_dict_observation_env():
+    """The env of configs/dreamer/cartpole_pixels_state.yaml (frame + state vector), shrunk."""
+    import json
+
+    import yaml
+
+    config = yaml.safe_load((ROOT / "configs/dreamer/cartpole_pixels_state.yaml").read_text())
+    env = {**config["data"]["init_args"]["env"], "size": [16, 16], "max_episode_steps": 6, "num_envs": 2}
+    assert env["keep_state"] and env["pixels"]
+    run_cli(["record", "--data", "lightning_wm.data.modules.EpisodeDataModule", "--data.directory", "dict",
+             "--data.env", json.dumps(env), "--episodes", "2"])
+    episodes = list(EpisodeStore("dict").episodes())
+    assert len(episodes) == 2
+    for episode in episodes:
+        rows = len(episode["action"])
+        assert episode["obs"]["image"].shape == (rows, 16, 16, 3) and episode["obs"]["image"].dtype == np.uint8
+        assert episode["obs"]["state"].shape == (rows, 4) and episode["obs"]["state"].dtype == np.float32
+
+
 def test_a_nan_loss_stops_training_with_a_message_and_keeps_the_last_checkpoint(monkeypatch):
     monkeypatch.syspath_prepend(str(TESTS))
     import tiny_agent

@@ -4,9 +4,11 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from lightning_wm.data.collector import Collector, RandomAgent
+from lightning_wm.data.collector import Collector
+from lightning_wm.policies import RandomAgent
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.data.replay import ReplayBuffer
+from lightning_wm.data.samplers import SequenceSampler
 from lightning_wm.envs import EnvConfig, EnvSpec, env_spec, make_vector_env
 
 
@@ -75,7 +77,7 @@ def test_rows_match_hand_stepped_env():
     finished = collector.collect(steps)
     # each stream holds exactly `steps` rows, so a full-length window is the whole stream;
     # the streams differ by episode length (the largest step index in obs)
-    data = buffer.sample_sequences(64, steps)
+    data = SequenceSampler(steps).sample(buffer, 64)
     for length in lengths:
         picks = [b for b in range(64) if int(data["obs"][b, :, 1].max()) == length]
         assert picks, f"no sequence of the env with episodes of {length} steps was sampled"
@@ -96,7 +98,7 @@ def test_rows_match_hand_stepped_env():
 def test_truncation_is_not_termination():
     buffer = ReplayBuffer(50, num_envs=1)
     Collector(make_env([3], truncate=True), CountingAgent(), buffer=buffer).collect(8)
-    data = buffer.sample_sequences(1, 8)
+    data = SequenceSampler(8).sample(buffer, 1)
     assert data["is_last"][0].any()
     assert not data["is_terminal"][0].any()
 
@@ -137,7 +139,7 @@ def test_collector_on_real_pixel_env():
     spec: EnvSpec = env_spec(cfg)
     buffer = ReplayBuffer(200, num_envs=2)
     Collector(env, RandomAgent(spec, seed=0), buffer=buffer, seed=0).collect(30)
-    batch = buffer.sample_sequences(3, 10)
+    batch = SequenceSampler(10).sample(buffer, 3)
     assert batch["obs"].shape == (3, 10, 64, 64, 3) and batch["obs"].dtype == torch.uint8
     assert batch["action"].dtype == torch.int64
 

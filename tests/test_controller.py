@@ -93,8 +93,8 @@ def test_cma_es_learns_vector_cartpole_without_v_and_m():
     model, dm = _cartpole_controller()
     cfg = dm.env
     start = model.evaluate_population(model.params.detach()[None], 4, seed=99, config=cfg).item()
-    trainer = _fit(model, dm, 10)
-    assert trainer.global_step == 10  # one step per generation
+    trainer = _fit(model, dm, 15)  # > 150 after 15 generations for each of the seeds 0-4 (min 260)
+    assert trainer.global_step == 15  # one step per generation
     after = model.evaluate_population(model.params.detach()[None], 4, seed=99, config=cfg).item()
     assert start < 20 and after > 150, (start, after)
     assert trainer.callback_metrics["fitness/best"] >= trainer.callback_metrics["fitness/mean"]
@@ -214,7 +214,7 @@ def test_cli_pipeline_carracing_configs(capsys):
 
 def test_env_pool_in_worker_processes_matches_in_process_envs():
     """Stepping a subset of envs in 2 subprocesses gives what in-process envs give."""
-    from lightning_wm.envs import EnvPool
+    from lightning_wm.env_pool import EnvPool
 
     config = EnvConfig(id="CartPole-v1", pixels=True, size=(16, 16), crop=(160, 0, 160, 600))
     local, remote = EnvPool(config, 5), EnvPool(config, 5, workers=2)
@@ -233,7 +233,7 @@ def test_env_pool_in_worker_processes_matches_in_process_envs():
 
 
 def test_env_pool_worker_errors_are_reported():
-    from lightning_wm.envs import EnvPool
+    from lightning_wm.env_pool import EnvPool
 
     pool = EnvPool(EnvConfig(id="CartPole-v1"), 2, workers=2)
     try:
@@ -249,7 +249,7 @@ def test_env_pool_workers_end_on_terminate_despite_an_inherited_sigterm_handler(
     (else multiprocessing's terminate() at interpreter exit waits for them forever)."""
     import signal
 
-    from lightning_wm.envs import EnvPool
+    from lightning_wm.env_pool import EnvPool
 
     previous = signal.signal(signal.SIGTERM, lambda *_: None)
     try:

@@ -191,7 +191,8 @@ def test_keep_state_without_a_rendered_vector_env_is_refused(config):
 
 
 def test_collector_stores_dict_observations(tmp_path):
-    from lightning_wm.data.collector import Collector, RandomAgent
+    from lightning_wm.data.collector import Collector
+    from lightning_wm.policies import RandomAgent
     from lightning_wm.data.episodes import EpisodeStore
 
     cfg = EnvConfig(id="CartPole-v1", pixels=True, keep_state=True, num_envs=2, size=(16, 16))

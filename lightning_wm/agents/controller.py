@@ -32,9 +32,16 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from lightning_wm.actions import ActionCodec
 from lightning_wm.agents.base import RLModule
-from lightning_wm.envs import EnvConfig, EnvPool, EnvSpec
+from lightning_wm.agents.memory import Memory, load_checkpoint_module
+from lightning_wm.agents.vision import Vision
+from lightning_wm.agents.vm_model import VisionMemoryModel
+from lightning_wm.dream_env import DreamEnv
+from lightning_wm.env_pool import EnvPool
+from lightning_wm.envs import EnvConfig, EnvSpec
 from lightning_wm.protocols import GenerationTask
+from lightning_wm.seeding import derive_seed
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # cma warns that matplotlib is missing
@@ -165,9 +172,6 @@ class Controller(RLModule):
         self.max_episode_steps, self.sample_z, self.act_with, self.seed = max_episode_steps, sample_z, act_with, seed
         self.env_workers = env_workers
 
-        from lightning_wm.agents.memory import Memory, load_checkpoint_module
-        from lightning_wm.agents.vision import Vision
-
         # frozen V and M; kept in train mode like the rest (they hold no dropout or batch norm)
         self.vision = load_checkpoint_module(Vision, vision_ckpt).train() if vision_ckpt else None
         self.memory = load_checkpoint_module(Memory, memory_ckpt).train() if memory_ckpt else None
@@ -185,15 +189,13 @@ class Controller(RLModule):
         self.num_params = controller_num_params(in_dim, self.out_dim, hidden)
         # the weights act() uses; a Parameter (never given a gradient) so DDP has something to wrap
         self.params = nn.Parameter(torch.zeros(self.num_params))
-        if not env_spec.discrete:
-            self.register_buffer("action_low", torch.as_tensor(env_spec.action_low), persistent=False)
-            self.register_buffer("action_high", torch.as_tensor(env_spec.action_high), persistent=False)
+        self.actions = ActionCodec(env_spec)  # env actions <-> M's input (one-hot / env values)
         self.es = cma.CMAEvolutionStrategy(
             np.zeros(self.num_params), sigma0,
-            {"popsize": popsize, "seed": np.nan, "randn": _Randn(seed), "verbose": -9},
+            {"popsize": popsize, "seed": np.nan, "randn": _Randn(derive_seed(seed, "cmaes")), "verbose": -9},
         )
         self._pool: EnvPool | None = None
-        self._dream: Any = None
+        self._dream: DreamEnv | None = None
 
     # -- policy -----------------------------------------------------------------------
     def initial_state(self, batch_size: int) -> tuple[Tensor, Tensor] | None:
@@ -211,12 +213,8 @@ class Controller(RLModule):
     def _actions(self, params: Tensor, features: Tensor) -> tuple[Tensor, Tensor]:
         """-> ``(env action [B] int64 | [B, A] float, M's action input [B, A] float)``."""
         y = controller_forward(params, features, self.in_dim, self.out_dim, self.hidden)
-        if self.env_spec.discrete:
-            action = y.argmax(-1)
-            return action, torch.nn.functional.one_hot(action, self.out_dim).float()
-        u = torch.tanh(y)
-        action = self.action_low + (u + 1) * 0.5 * (self.action_high - self.action_low)
-        return action, action
+        action = self.actions.decode(y) if self.actions.discrete else self.actions.from_unit(torch.tanh(y))
+        return action, self.actions.encode(action)
 
     @torch.no_grad()
     def policy_step(self, obs: Tensor, state: tuple[Tensor, Tensor] | None, params: Tensor) -> tuple[Tensor, Any]:
@@ -251,14 +249,11 @@ class Controller(RLModule):
             self._pool = EnvPool(cfg, n, workers=self.env_workers)
         return self._pool
 
-    def _dream_env(self, n: int) -> Any:
+    def _dream_env(self, n: int) -> DreamEnv:
         if self._dream is None or self._dream.num_envs != n:
-            from lightning_wm.agents.vm_model import VisionMemoryModel
-            from lightning_wm.dream_env import dream_env_from_model
-
             model = VisionMemoryModel(self.vision, self.memory, temperature=self.dream_temperature)
-            self._dream = dream_env_from_model(
-                model, self.dream_dir, self.env_spec.action_space, num_envs=n,
+            self._dream = model.dream_env(
+                self.dream_dir, self.env_spec.action_space, num_envs=n,
                 max_episode_steps=self.max_episode_steps or self.dream_max_steps,
                 done_threshold=self.dream_done_threshold, reward=self.dream_reward)
         return self._dream
@@ -324,7 +319,7 @@ class Controller(RLModule):
         per_rank = math.ceil(self.popsize / world)
         order = np.arange(per_rank * world) % self.popsize  # padded with repeats, dropped below
         mine = torch.as_tensor(solutions[order[rank * per_rank : (rank + 1) * per_rank]], dtype=torch.float32)
-        seed = self.seed + 1_000_003 * (generation + 1)
+        seed = derive_seed(self.seed, "fitness", index=generation)  # the same on every rank (common random numbers)
         fitness = self.evaluate_population(mine, self.episodes_per_member, seed, config=batch.env)
         gathered = self.all_gather(fitness).reshape(-1)[: self.popsize].double().cpu().numpy()
         self.es.tell(list(solutions), list(-gathered))  # cma minimises

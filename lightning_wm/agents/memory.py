@@ -19,12 +19,17 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import gymnasium as gym
+import numpy as np
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lightning_wm.actions import ActionCodec
+from lightning_wm.agents.vision import Vision
 from lightning_wm.envs import EnvSpec
+from lightning_wm.logging import image_grid, log_image
 from lightning_wm.nn.mdn import mdn_log_prob, mdn_sample, per_dim_layout
 
 LSTMState = tuple[Tensor, Tensor]
@@ -101,6 +106,9 @@ class Memory(pl.LightningModule):
         self.reward_weight, self.done_weight, self.done_pos_weight = reward_weight, done_weight, done_pos_weight
         self.burn_in, self.sample_z = burn_in, sample_z
         self.vision_ckpt, self.dream_length, self.dream_sequences = vision_ckpt, dream_length, dream_sequences
+        space = env_spec.action_space if env_spec is not None else (
+            gym.spaces.Discrete(self.action_dim) if self.discrete else gym.spaces.Box(-np.inf, np.inf, (self.action_dim,)))
+        self.actions = ActionCodec(space)
         self.lstm = nn.LSTM(z_size + self.action_dim, hidden_size, batch_first=True)
         k, d = num_mixtures, z_size
         self.mdn_out = 3 * k * d if mixture == "per_dim" else k + 2 * k * d
@@ -111,12 +119,9 @@ class Memory(pl.LightningModule):
 
     # -- pieces -----------------------------------------------------------------------
     def action_input(self, action: Tensor) -> Tensor:
-        """Env actions -> LSTM input: int64 ``[...]`` -> one-hot ``[..., A]``; float ``[..., A]`` as is."""
-        if not torch.is_floating_point(action):
-            return F.one_hot(action.long(), self.action_dim).float()
-        if action.shape[-1] != self.action_dim:
-            raise ValueError(f"actions must be [..., {self.action_dim}] floats or integer indices, got {tuple(action.shape)}")
-        return action.float()
+        """Env actions -> LSTM input ``[..., A]``: int64 ``[...]`` -> one-hot; float ``[..., A]``
+        (continuous, or already one-hot) as is (see :meth:`ActionCodec.encode`)."""
+        return self.actions.encode(action)
 
     def initial_state(self, batch_size: int, device: torch.device | None = None) -> LSTMState:
         """Zero LSTM state ``(h, c)``, each ``[B, hidden]``."""
@@ -229,8 +234,6 @@ class Memory(pl.LightningModule):
         losses = self.losses(batch)
         self.log_dict({f"val/{k}": v for k, v in losses.items()}, batch_size=batch["mu"].shape[0], sync_dist=True)
         if batch_idx == 0 and self.vision_ckpt:
-            from lightning_wm.agents.vision import image_grid, log_image
-
             log_image(self, "val/real_vs_dream", image_grid(self.dream_rows(batch)))
 
     test_step = validation_step
@@ -239,11 +242,9 @@ class Memory(pl.LightningModule):
         return torch.optim.Adam(self.parameters(), lr=self.lr)
 
     # -- dreams -----------------------------------------------------------------------
-    def vision(self) -> Any:
+    def vision(self) -> Vision:
         """V from ``vision_ckpt`` (loaded once, frozen, on this module's device)."""
         if not self._vision:
-            from lightning_wm.agents.vision import Vision
-
             if not self.vision_ckpt:
                 raise ValueError("Memory.vision_ckpt is not set")
             self._vision.append(load_checkpoint_module(Vision, self.vision_ckpt, self.device))

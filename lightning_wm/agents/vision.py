@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from lightning_wm.envs import EnvSpec
+from lightning_wm.logging import image_grid, log_image
 from lightning_wm.nn.blocks import ConvDecoder, ConvEncoder, postprocess_pixels, preprocess_pixels
 from lightning_wm.nn.mdn import gaussian_kl_standard
 
@@ -50,21 +51,6 @@ def vae_losses(recon: Tensor, target: Tensor, mu: Tensor, logvar: Tensor, kl_tol
         "kl_floored": kl_floored.mean(),
         "mse": sq.mean(),
     }
-
-
-def image_grid(rows: list[Tensor]) -> Tensor:
-    """``rows`` of ``uint8 [N, H, W, C]`` frames -> one ``uint8 [C, rows*H, N*W]`` image."""
-    stacked = torch.stack([r.detach().cpu() for r in rows])  # [R, N, H, W, C]
-    r, n, h, w, c = stacked.shape
-    return stacked.permute(4, 0, 2, 1, 3).reshape(c, r * h, n * w)
-
-
-def log_image(module: pl.LightningModule, tag: str, image: Tensor) -> None:
-    """``add_image`` to the module's TensorBoard logger, if it has one (no-op otherwise)."""
-    logger = getattr(module, "logger", None) if module._trainer is not None else None
-    experiment = getattr(logger, "experiment", None) if logger is not None else None
-    if experiment is not None and hasattr(experiment, "add_image"):
-        experiment.add_image(tag, image, module.global_step, dataformats="CHW")
 
 
 class Vision(pl.LightningModule):

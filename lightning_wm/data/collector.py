@@ -13,8 +13,8 @@ from typing import Any, Callable
 import gymnasium as gym
 import numpy as np
 import torch
-from torch import Tensor
 
+from lightning_wm.actions import ActionCodec
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.data.replay import ReplayBuffer
 from lightning_wm.envs import EnvConfig, EnvSpec, make_vector_env
@@ -73,6 +73,7 @@ class Collector:
         self.env, self.agent, self.buffer, self.store = env, agent, buffer, store
         self.num_envs = env.num_envs
         self.spec = spec or EnvSpec(env.single_observation_space, env.single_action_space)
+        self.actions = ActionCodec(self.spec)
         self.seed = seed
         self.stats = EpisodeStats()
         self._obs: np.ndarray | None = None
@@ -110,11 +111,6 @@ class Collector:
         action[self._is_last] = 0
         return action
 
-    def _env_action(self, action: np.ndarray) -> np.ndarray:
-        if self.spec.discrete:
-            return action.astype(np.int64)
-        return np.clip(action, self.spec.action_low, self.spec.action_high).astype(np.float32)
-
     @torch.no_grad()
     def collect(self, num_steps: int, explore: bool = True) -> list[dict[str, float]]:
         """Take ``num_steps`` vector steps (``num_steps * num_envs`` rows).
@@ -131,7 +127,7 @@ class Collector:
                 self._state = where(is_first, self.agent.initial_state(self.num_envs), self._state)
             obs = tree_map(lambda x: torch.as_tensor(x).to(device), self._obs)
             action, self._state, extras = self.agent.act(obs, self._state, explore)
-            action = self._env_action(action.detach().cpu().numpy())
+            action = self.actions.clip(action.detach().cpu().numpy())
             row = {
                 "obs": self._obs,
                 "reward": self._reward,
@@ -215,76 +211,3 @@ def run_evaluation(config: EnvConfig, agent: Any, episodes: int, num_envs: int, 
         return Collector(env, agent, seed=seed, spec=spec).run_episodes(episodes, explore=explore, progress=progress)
     finally:
         env.close()
-
-
-class RandomAgent:
-    """Random actions, optionally temporally correlated.
-
-    ``correlation`` ρ in ``[0, 1)``. By default continuous actions follow an AR(1) process
-    ``u_t = ρ u_{t-1} + sqrt(1-ρ²) ε`` clamped to ``[-1, 1]`` and mapped linearly onto the
-    action bounds (independent uniform draws when ρ = 0); discrete actions repeat the
-    previous action with probability ρ.
-
-    ``action_mean`` / ``action_std`` (continuous actions only, one value per action
-    dimension) choose a biased scheme instead: ``a_t = clip(mean + std * x_t, low, high)``
-    with ``x_t = ρ x_{t-1} + sqrt(1-ρ²) ε`` an unclamped AR(1) process with stationary
-    distribution N(0, 1). Each dimension then sits at ``mean`` on average and crosses a bound
-    only as rarely as its z-score says: for CarRacing ``mean [0, 0.15, -0.3]``, ``std [0.3,
-    0.1, 0.2]`` steers smoothly, keeps a light gas on ~93% of the steps and brakes on ~7% of
-    them (brake > 0 needs ``x > 1.5``), so the car drives along the track instead of braking
-    half the time as under the uniform mapping.
-    """
-
-    def __init__(
-        self,
-        spec: EnvSpec,
-        correlation: float = 0.0,
-        seed: int | None = None,
-        action_mean: list[float] | None = None,
-        action_std: list[float] | None = None,
-    ) -> None:
-        if not 0.0 <= correlation < 1.0:
-            raise ValueError(f"correlation must be in [0, 1), got {correlation}")
-        self.spec, self.correlation = spec, correlation
-        self.generator = torch.Generator().manual_seed(seed if seed is not None else torch.seed() % 2**31)
-        self.mean = self.std = None
-        if action_mean is not None or action_std is not None:
-            if spec.discrete:
-                raise ValueError("action_mean/action_std apply to continuous actions; this env's actions are discrete")
-            dim = spec.action_dim
-            mean = torch.as_tensor(action_mean if action_mean is not None else [0.0] * dim, dtype=torch.float32)
-            std = torch.as_tensor(action_std if action_std is not None else [1.0] * dim, dtype=torch.float32)
-            if mean.shape != (dim,) or std.shape != (dim,):
-                raise ValueError(
-                    f"action_mean and action_std need one value per action dimension ({dim}); "
-                    f"got {list(mean.shape)} and {list(std.shape)}"
-                )
-            if (std < 0).any():
-                raise ValueError(f"action_std must be >= 0, got {std.tolist()}")
-            self.mean, self.std = mean, std
-
-    def initial_state(self, batch_size: int) -> Tensor:
-        if self.spec.discrete:
-            return torch.randint(self.spec.action_dim, (batch_size,), generator=self.generator)
-        if self.mean is not None:
-            return torch.randn(batch_size, self.spec.action_dim, generator=self.generator)
-        return torch.rand(batch_size, self.spec.action_dim, generator=self.generator) * 2 - 1
-
-    def act(self, obs: Tensor, state: Tensor, explore: bool = True) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        batch, rho = state.shape[0], self.correlation
-        if self.spec.discrete:
-            fresh = torch.randint(self.spec.action_dim, (batch,), generator=self.generator)
-            keep = torch.rand(batch, generator=self.generator) < rho
-            action = torch.where(keep, state, fresh)
-            return action, action, {}
-        low, high = torch.from_numpy(self.spec.action_low), torch.from_numpy(self.spec.action_high)
-        if self.mean is not None:
-            noise = torch.randn(batch, self.spec.action_dim, generator=self.generator)
-            x = rho * state + (1 - rho**2) ** 0.5 * noise
-            return torch.maximum(torch.minimum(self.mean + self.std * x, high), low), x, {}
-        noise = torch.randn(batch, self.spec.action_dim, generator=self.generator)
-        u = (rho * state + (1 - rho**2) ** 0.5 * noise).clamp(-1, 1) if rho > 0 else torch.rand(
-            batch, self.spec.action_dim, generator=self.generator
-        ) * 2 - 1
-        action = low + (u + 1) / 2 * (high - low)
-        return action, u, {}

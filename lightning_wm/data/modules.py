@@ -20,11 +20,14 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from lightning_wm.data.collector import Collector, RandomAgent, run_evaluation
+from lightning_wm.data.collector import Collector, run_evaluation
+from lightning_wm.policies import RandomAgent
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.data.replay import ReplayBuffer
+from lightning_wm.data.samplers import RowSampler, Sampler, SequenceSampler
 from lightning_wm.envs import EnvConfig, EnvSpec, env_spec, make_vector_env
 from lightning_wm.protocols import Agent, EnvStats, EvaluationRequest
+from lightning_wm.seeding import derive_seed, env_seeds
 
 
 def _rank_and_world(trainer: pl.Trainer | None) -> tuple[int, int]:
@@ -56,18 +59,28 @@ class ReplayDataModule(pl.LightningDataModule):
     """Online data: env -> Collector -> ReplayBuffer -> batches.
 
     Args:
-        env: the training environment (``env.seed + 1000 * global_rank`` per DDP rank).
-        capacity: replay rows kept (all env streams together).
-        batch_size: sequences (or transitions) per batch.
-        sequence_length: rows per sequence; 1 with ``sample="transitions"``.
-        sample: ``sequences`` (``[B, L, ...]``) or ``transitions`` (``[B, ...]``).
-        cross_episodes: sequences may cross episode borders (``is_first`` marks resets).
-        prefill: env steps (rows) taken with a random policy before training starts.
+        env: the training environment; its ``seed`` is the root of this module's seeds
+            (:mod:`lightning_wm.seeding` roles ``train``, ``prefill``, ``replay``, ``eval``, per DDP rank).
+        capacity: replay rows kept (all env streams together; each of the ``num_envs`` streams
+            keeps ``capacity // num_envs``).
+        batch_size: items (sequences, windows, rows) per batch.
+        sampler: how batches are read from the buffer (:mod:`lightning_wm.data.samplers`):
+            ``SequenceSampler`` (``[B, L, ...]``, the default), ``WindowSampler`` (K-step
+            unrolls with n-step targets), ``RowSampler`` or ``TransitionSampler``; in YAML a
+            ``class_path`` with ``init_args``.
+        sequence_length, sample, cross_episodes: shorthand for the sampler, kept for existing
+            configs: ``sample: sequences`` (default) is ``SequenceSampler(sequence_length
+            [64], cross_episodes [true])``, ``sample: transitions`` is ``RowSampler()``
+            (single rows ``[B, ...]``; ``sequence_length`` is ignored). Not together with ``sampler``.
+        prefill: env steps (rows) taken with a random policy before training starts; at most the
+            usable capacity ``num_envs * (capacity // num_envs)``.
         replay_ratio: gradient steps per env step (rows): 0.5 collects 2 rows per batch.
-        prioritized, alpha, beta: proportional prioritized replay.
+        prioritized, alpha, beta: proportional prioritized replay; the learner's
+            ``training_step`` returns new priorities as ``{"loss": ..., "priority": [B]}``
+            (written back by the ``ReplayFeedback`` callback).
         storage_dir: memory-map the buffer here (for buffers larger than RAM).
-        save_buffer: put the buffer into checkpoints so ``fit --ckpt_path last`` resumes
-            with the same contents.
+        save_buffer: the ``BufferCheckpoint`` callback saves the buffer beside every checkpoint
+            so that ``fit --ckpt_path last`` resumes with the same contents.
         eval_episodes: episodes per validation, run in ``eval_envs`` separate envs.
     """
 
@@ -76,9 +89,10 @@ class ReplayDataModule(pl.LightningDataModule):
         env: EnvConfig = EnvConfig(),
         capacity: int = 100_000,
         batch_size: int = 16,
-        sequence_length: int = 64,
-        sample: Literal["sequences", "transitions"] = "sequences",
-        cross_episodes: bool = True,
+        sampler: Sampler | None = None,
+        sequence_length: int | None = None,
+        sample: Literal["sequences", "transitions"] | None = None,
+        cross_episodes: bool | None = None,
         prefill: int = 1000,
         replay_ratio: float = 0.5,
         prioritized: bool = False,
@@ -92,13 +106,17 @@ class ReplayDataModule(pl.LightningDataModule):
         super().__init__()
         if replay_ratio <= 0:
             raise ValueError(f"replay_ratio (gradient steps per env step) must be > 0, got {replay_ratio}")
-        if prefill > capacity:
-            raise ValueError(f"prefill ({prefill} rows) exceeds the replay capacity ({capacity} rows): the buffer "
-                             "could never hold it; raise data.init_args.capacity or lower prefill")
+        streams = env.num_envs
+        usable = streams * (capacity // streams)  # one ring of capacity // num_envs rows per env stream
+        if prefill > usable:
+            split = f": {streams} env streams of {capacity // streams} rows" if usable != capacity else ""
+            raise ValueError(f"prefill ({prefill} rows) exceeds the replay capacity ({usable} rows{split}): the buffer "
+                             "could never hold it and the random policy would act before every batch; raise "
+                             f"data.init_args.capacity or lower prefill to at most {usable}")
         self.env = env
         self.spec: EnvSpec = env_spec(env)
-        self.capacity, self.batch_size, self.sequence_length = capacity, batch_size, sequence_length
-        self.sample, self.cross_episodes, self.prefill = sample, cross_episodes, prefill
+        self.capacity, self.batch_size, self.prefill = capacity, batch_size, prefill
+        self.sampler = self._sampler(sampler, sequence_length, sample, cross_episodes)
         self.replay_ratio, self.prioritized, self.alpha, self.beta = replay_ratio, prioritized, alpha, beta
         self.storage_dir, self.save_buffer = storage_dir, save_buffer
         self.eval_episodes, self.eval_envs = eval_episodes, eval_envs
@@ -108,6 +126,23 @@ class ReplayDataModule(pl.LightningDataModule):
         self._batches_collected = 0  # batches whose env steps have been taken
         self._collected_ahead = 0  # after a resume: batches whose env steps the checkpoint already holds
         self._pending_state: dict[str, Any] | None = None
+        self._warned_priorities = False
+
+    @staticmethod
+    def _sampler(sampler: Sampler | None, sequence_length: int | None, sample: str | None,
+                 cross_episodes: bool | None) -> Sampler:
+        """``sampler``, or the one the shorthand options describe."""
+        shorthand = {k: v for k, v in (("sequence_length", sequence_length), ("sample", sample),
+                                       ("cross_episodes", cross_episodes)) if v is not None}
+        if sampler is not None:
+            if shorthand:
+                raise ValueError(f"data.init_args.sampler is given, so {sorted(shorthand)} must not be: set them in "
+                                 "the sampler's init_args instead")
+            return sampler
+        if sample == "transitions":
+            return RowSampler()
+        return SequenceSampler(64 if sequence_length is None else sequence_length,
+                               True if cross_episodes is None else cross_episodes)
 
     # -- setup ------------------------------------------------------------------------
     def pop_env_stats(self) -> EnvStats:
@@ -117,26 +152,29 @@ class ReplayDataModule(pl.LightningDataModule):
         stats = self.collector.stats
         return EnvStats(env_steps=stats.env_steps, episodes=stats.pop_finished())
 
-    def _rank_env(self, offset: int = 0) -> EnvConfig:
+    def _seed(self, role: str) -> int:
+        """This rank's seed for ``role`` (``lightning_wm.seeding``)."""
         rank, _ = _rank_and_world(getattr(self, "trainer", None))
-        cfg = EnvConfig(**{**vars(self.env)})
-        cfg.seed = self.env.seed + 1000 * rank + offset
-        return cfg
+        return derive_seed(self.env.seed, role, rank)
+
+    def train_env_seeds(self) -> list[int]:
+        """The first-reset seeds of this rank's training envs (one per env)."""
+        rank, _ = _rank_and_world(getattr(self, "trainer", None))
+        return env_seeds(self.env.seed, self.env.num_envs, "train", rank)
 
     def setup(self, stage: str) -> None:
         if self.buffer is not None:
             return
-        cfg = self._rank_env()
         storage = None
         if self.storage_dir is not None:
             rank, _ = _rank_and_world(getattr(self, "trainer", None))
             storage = os.path.join(self.storage_dir, f"rank{rank}")
         self.buffer = ReplayBuffer(
-            self.capacity, cfg.num_envs, prioritized=self.prioritized, alpha=self.alpha, beta=self.beta,
-            storage_dir=storage, seed=cfg.seed,
+            self.capacity, self.env.num_envs, prioritized=self.prioritized, alpha=self.alpha, beta=self.beta,
+            storage_dir=storage, seed=self._seed("replay"), checkpoint=self.save_buffer,
         )
-        self.collector = Collector(make_vector_env(cfg), RandomAgent(self.spec, seed=cfg.seed), self.buffer,
-                                   seed=cfg.seed, spec=self.spec)
+        self.collector = Collector(make_vector_env(self.env), RandomAgent(self.spec, seed=self._seed("prefill")),
+                                   self.buffer, seed=self.train_env_seeds(), spec=self.spec)
         if self._pending_state is not None:
             self._restore(self._pending_state)
             self._pending_state = None
@@ -156,7 +194,7 @@ class ReplayDataModule(pl.LightningDataModule):
         collector = self.collector
         assert collector is not None, "setup() was not called"
         if len(self.buffer) < self.prefill:  # a fresh run, or a resume without a saved buffer
-            collector.set_agent(RandomAgent(self.spec, seed=self._rank_env().seed))
+            collector.set_agent(RandomAgent(self.spec, seed=self._seed("prefill")))
             collector.collect(math.ceil((self.prefill - len(self.buffer)) / collector.num_envs))
         if self._collected_ahead > 0:
             # Lightning fetches one batch ahead of the step it trains, so a checkpoint holds the env
@@ -174,10 +212,8 @@ class ReplayDataModule(pl.LightningDataModule):
             collector.collect(steps, explore=True)
 
     def sample_batch(self) -> dict[str, torch.Tensor]:
-        assert self.buffer is not None
-        if self.sample == "transitions":
-            return self.buffer.sample(self.batch_size)
-        return self.buffer.sample_sequences(self.batch_size, self.sequence_length, self.cross_episodes)
+        assert self.buffer is not None, "setup() was not called"
+        return self.sampler.sample(self.buffer, self.batch_size)
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(_ReplayStream(self), batch_size=None, num_workers=0)
@@ -190,45 +226,58 @@ class ReplayDataModule(pl.LightningDataModule):
     # -- evaluation -------------------------------------------------------------------
     def evaluate(self, agent: Any, episodes: int | None = None) -> list[dict[str, float]]:
         """Run ``episodes`` episodes with ``explore=False`` in fresh envs; return their stats."""
-        cfg = self._rank_env(offset=500_000)
-        return run_evaluation(cfg, agent, episodes or self.eval_episodes, self.eval_envs, cfg.seed, spec=self.spec)
+        return run_evaluation(self.env, agent, episodes or self.eval_episodes, self.eval_envs, self._seed("eval"),
+                              spec=self.spec)
+
+    # -- feedback (FeedbackSink) and buffers (ReplayHolder) --------------------------------
+    def replay_buffers(self) -> dict[str, ReplayBuffer]:
+        """The buffers this datamodule holds, by name (``BufferCheckpoint`` saves those with
+        ``checkpoint`` set, i.e. ``save_buffer: true``)."""
+        return {} if self.buffer is None else {"replay": self.buffer}
+
+    def apply_feedback(self, batch: dict[str, Any], feedback: dict[str, Any]) -> dict[str, int]:
+        """Write a learner's feedback on ``batch`` back into the buffer.
+
+        ``feedback["priority"]`` ``[B]``: new priorities of ``batch["index"]``;
+        ``feedback["write"]``: ``{"index": [N], "generation": [N], "columns": {key: [N, ...]}}``
+        (e.g. reanalysed targets of rows ``batch["row_index"][mask]``). Rows overwritten since
+        the batch was sampled are skipped (generations); for a batch with ``is_real`` (mixed
+        real/imagined) priorities go to the real rows only.
+
+        Returns:
+            ``{"applied": rows written, "stale": rows skipped as overwritten}``.
+        """
+        assert self.buffer is not None, "setup() was not called"
+        applied = stale = 0
+        priority = feedback.get("priority")
+        if priority is not None and not self.buffer.prioritized:
+            if not self._warned_priorities:
+                warnings.warn("training_step returns priorities but the replay buffer is uniform "
+                              "(data.init_args.prioritized: false); they are ignored", stacklevel=2)
+                self._warned_priorities = True
+        elif priority is not None:
+            index, generation = batch["index"], batch["generation"]
+            if "is_real" in batch:
+                real = batch["is_real"].bool()
+                index, generation, priority = index[real], generation[real], priority[real]
+            done = self.buffer.update_priorities(index, priority, generation)
+            applied, stale = applied + done, stale + len(index) - done
+        write = feedback.get("write")
+        if write is not None:
+            done = self.buffer.write(write["index"], write["columns"], write["generation"])
+            applied, stale = applied + done, stale + len(write["index"]) - done
+        return {"applied": applied, "stale": stale}
 
     # -- checkpointing ----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        """Acting progress (replay-ratio credit, batches collected, env statistics). The buffer
+        itself is saved beside the checkpoint by ``BufferCheckpoint``."""
         trainer = getattr(self, "trainer", None)
         state: dict[str, Any] = {"credit": self._credit, "batches_collected": self._batches_collected,
                                  "global_step": int(getattr(trainer, "global_step", 0) or 0)}
         if self.collector is not None:
             state["stats"] = self.collector.stats.state_dict()
-        if self.save_buffer and self.buffer is not None:
-            rank, _ = _rank_and_world(trainer)
-            step = state["global_step"]
-            state["buffer_step"] = step
-            if rank == 0:
-                state["buffer"] = self.buffer.state_dict()
-            else:  # Lightning saves the datamodule state of rank 0 only: other ranks keep side files
-                torch.save(self.buffer.state_dict(), self._side_file(rank, step))
-                self._prune_side_files(rank, keep=self.keep_side_files)
         return state
-
-    keep_side_files = 2  # the newest side files per rank (the last checkpoint and the one before)
-
-    def _side_dir(self) -> str:
-        directory = getattr(getattr(self, "trainer", None), "checkpoint_dir", None) or "."
-        os.makedirs(directory, exist_ok=True)
-        return directory
-
-    def _side_file(self, rank: int, step: int) -> str:
-        """The buffer of DDP rank ``rank > 0`` as of global step ``step`` (a checkpoint of that step
-        names the step in ``buffer_step``, so resuming an older checkpoint finds the matching file)."""
-        return os.path.join(self._side_dir(), f"replay_rank{rank}_step{step}.pt")
-
-    def _prune_side_files(self, rank: int, keep: int) -> None:
-        prefix, directory = f"replay_rank{rank}_step", self._side_dir()
-        files = [f for f in os.listdir(directory) if f.startswith(prefix) and f.endswith(".pt")]
-        files.sort(key=lambda f: int(f[len(prefix):-3]))
-        for f in files[:-keep]:
-            os.remove(os.path.join(directory, f))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.collector is None:
@@ -242,16 +291,9 @@ class ReplayDataModule(pl.LightningDataModule):
         self._collected_ahead = max(0, self._batches_collected - int(state.get("global_step", self._batches_collected)))
         if "stats" in state:
             self.collector.stats.load_state_dict(state["stats"])
-        rank, _ = _rank_and_world(getattr(self, "trainer", None))
-        if rank == 0 and "buffer" in state:
+        if "buffer" in state:  # a checkpoint from before BufferCheckpoint kept rank 0's buffer inline
             self.buffer.load_state_dict(state["buffer"])
-        elif rank > 0 and self.save_buffer and "buffer_step" in state:
-            path = self._side_file(rank, int(state["buffer_step"]))
-            if os.path.isfile(path):
-                self.buffer.load_state_dict(torch.load(path, weights_only=True))
-            else:
-                warnings.warn(f"rank {rank}: no replay side file {path} for this checkpoint's step; this rank "
-                              "starts with an empty buffer and prefills again", stacklevel=2)
+            self.buffer.mark_episode_end()
 
 
 # ---------------------------------------------------------------------------------------
@@ -406,7 +448,8 @@ class EpisodeDataModule(pl.LightningDataModule):
     def _stream(self, paths: list[Path], batches: int, shuffle: bool) -> DataLoader:
         rank, world = _rank_and_world(getattr(self, "trainer", None))
         ds = _EpisodeStream(
-            self.store, paths, self.mode, self.batch_size, self.sequence_length, batches, self.seed + 1000 * rank,
+            self.store, paths, self.mode, self.batch_size, self.sequence_length, batches,
+            derive_seed(self.seed, "episodes", rank),
             shuffle, rank, world, self.keys, self.cross_episodes, self.skip_corrupt, self.pool_episodes,
         )
         return DataLoader(ds, batch_size=None, num_workers=self.num_workers,
