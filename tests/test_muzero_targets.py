@@ -178,3 +178,48 @@ def test_random_actions_after_the_end_and_explicit_values():
         muzero_targets(truncated, num_unroll_steps=9, td_steps=n, discount=G)
     with pytest.raises(ValueError, match="policy_after_end"):
         muzero_targets(truncated, num_unroll_steps=k, td_steps=n, discount=G, policy_after_end="zero")
+
+
+def test_targets_from_real_windows_of_the_replay_buffer():
+    """Episodes through the ReplayBuffer and WindowSampler: every sampled window's value targets
+    equal a direct computation on the episode list (termination, truncation, running episode)."""
+    import numpy as np
+
+    from lightning_wm.data.replay import ReplayBuffer
+    from lightning_wm.data.samplers import WindowSampler
+
+    k, n, actions = 3, 2, 3
+    # (length in rows, terminated): the last one is still running (no last row yet)
+    episodes = [(5, True), (4, False), (6, None)]
+    rows = []
+    for length, terminated in episodes:
+        for j in range(length):
+            last = terminated is not None and j == length - 1
+            rows.append({"obs": np.array([len(rows)], np.float32), "reward": np.float32(0.0 if j == 0 else len(rows) % 7),
+                         "is_first": j == 0, "is_last": last, "is_terminal": bool(last and terminated),
+                         "action": np.int64(0 if last else len(rows) % actions),
+                         "root_value": np.float32(len(rows) * 0.5),
+                         "visit_probs": np.full(actions, 1.0 / actions, np.float32)})
+    buffer = ReplayBuffer(64, 1, seed=0)
+    for row in rows:
+        buffer.add({key: np.asarray(v)[None] for key, v in row.items()})
+    batch = WindowSampler(k, n).sample(buffer, 64)
+    t = muzero_targets(batch, num_unroll_steps=k, td_steps=n, discount=G)
+    assert (~t.value_mask).any() and t.game_over.any()  # windows past a truncation and a termination
+    bounds, start = [], 0
+    for length, terminated in episodes:
+        bounds.append((start, start + length - 1, terminated))
+        start += length
+    for b, pos in enumerate(batch["index"].tolist()):
+        first, last, terminated = next(x for x in bounds if x[0] <= pos <= x[1])
+        for step in range(k + 1):
+            p = pos + step
+            if p > last:
+                assert t.value_mask[b, step] == bool(terminated)
+                continue
+            m = min(p + n, last)
+            want = sum(G ** (i - p - 1) * rows[i]["reward"] for i in range(p + 1, m + 1))
+            if not (m == last and terminated):
+                want += G ** (m - p) * rows[m]["root_value"]
+            assert t.value_mask[b, step]
+            assert t.value[b, step].item() == pytest.approx(want, rel=1e-5), (pos, step)
