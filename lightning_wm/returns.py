@@ -73,7 +73,7 @@ def nstep_return(reward: Tensor, value: Tensor, discount: Tensor, n: int) -> Ten
 
 
 def window_nstep_values(reward: Tensor, value: Tensor, is_terminal: Tensor, valid: Tensor, discount: float,
-                        td_steps: int, num_positions: int) -> tuple[Tensor, Tensor]:
+                        td_steps: int | Tensor, num_positions: int) -> tuple[Tensor, Tensor]:
     """n-step value targets for the first ``num_positions`` rows of windows that may hold an
     episode end (MuZero's targets; rows in the row convention, time-major).
 
@@ -90,7 +90,8 @@ def window_nstep_values(reward: Tensor, value: Tensor, is_terminal: Tensor, vali
     Args:
         reward, value: ``[W, B]`` float.
         is_terminal, valid: ``[W, B]`` bool.
-        td_steps: ``n >= 1``, or ``-1``.
+        td_steps: ``n >= 1``, or ``-1``; one for all windows or one per window (int64 ``[B]``,
+            e.g. reanalyse's horizon by sample age).
         num_positions: ``P <= W`` positions to compute.
     Returns:
         ``(target [P, B], mask [P, B] bool)``.
@@ -98,29 +99,36 @@ def window_nstep_values(reward: Tensor, value: Tensor, is_terminal: Tensor, vali
     if reward.shape != value.shape or reward.shape != valid.shape or reward.shape != is_terminal.shape:
         raise ValueError(f"reward {tuple(reward.shape)}, value {tuple(value.shape)}, is_terminal "
                          f"{tuple(is_terminal.shape)} and valid {tuple(valid.shape)} must have one shape [W, B]")
-    if td_steps == 0 or td_steps < -1:
+    window, batch = reward.shape
+    device, dtype = reward.device, reward.dtype
+    n = torch.as_tensor(td_steps, device=device).long()
+    if n.dim() > 1 or (n.dim() == 1 and n.shape[0] != batch):
+        raise ValueError(f"td_steps must be an int or one per window [B] = [{batch}], got shape {tuple(n.shape)}")
+    if bool(((n == 0) | (n < -1)).any()):
         raise ValueError(f"td_steps must be >= 1 or -1 (Monte Carlo), got {td_steps}")
-    window = reward.shape[0]
     if not 1 <= num_positions <= window:
         raise ValueError(f"num_positions must be in [1, W={window}], got {num_positions}")
-    n = window if td_steps == -1 else td_steps
-    device, dtype = reward.device, reward.dtype
+    n = torch.where(n == -1, torch.full_like(n, window), n).reshape(1, 1, -1)  # [1, 1, B or 1]
     last = valid.long().sum(0) - 1  # [B] e: the last valid row (valid is a prefix)
     if bool((last < 0).any()):
         raise ValueError("every window needs a valid first row")
     terminated = is_terminal.gather(0, last.unsqueeze(0)).squeeze(0)  # [B]
-    p = torch.arange(num_positions, device=device).unsqueeze(1)  # [P, 1]
-    i = torch.arange(window, device=device).unsqueeze(0)  # [1, W]
-    # weights[p, i] = discount^(i - p - 1) for p < i <= p + n: discounted rewards in one product
+    p = torch.arange(num_positions, device=device).view(-1, 1, 1)  # [P, 1, 1]
+    i = torch.arange(window, device=device).view(1, -1, 1)  # [1, W, 1]
+    # weights[p, i, b] = discount^(i - p - 1) for p < i <= p + n_b: discounted rewards in one contraction
     power = (i - p - 1).to(dtype)
     band = (i > p) & (i <= p + n)
     weights = torch.where(band, torch.tensor(float(discount), dtype=dtype, device=device) ** power.clamp(min=0),
-                          torch.zeros((), dtype=dtype, device=device))
-    rewards = weights @ torch.where(valid, reward, torch.zeros_like(reward))  # [P, B]: rewards past e are 0
-    end = torch.minimum(p + n, last.unsqueeze(0))  # [P, B]
+                          torch.zeros((), dtype=dtype, device=device))  # [P, W, B or 1]
+    rewards = torch.where(valid, reward, torch.zeros_like(reward))  # rewards past e are 0
+    if weights.shape[2] == 1:
+        rewards = weights.squeeze(2) @ rewards  # [P, B]
+    else:
+        rewards = torch.einsum("piw,iw->pw", weights, rewards)
+    end = torch.minimum(p.squeeze(2) + n.squeeze(0), last.unsqueeze(0))  # [P, B]
     boot = value.gather(0, end) * (~is_terminal.gather(0, end)).to(dtype)
-    target = rewards + float(discount) ** (end - p).clamp(min=0).to(dtype) * boot
-    inside = p <= last.unsqueeze(0)
+    target = rewards + float(discount) ** (end - p.squeeze(2)).clamp(min=0).to(dtype) * boot
+    inside = p.squeeze(2) <= last.unsqueeze(0)
     target = torch.where(inside, target, torch.zeros_like(target))
     mask = inside | terminated.unsqueeze(0)
     return target, mask

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_wm.agents.muzero_targets import muzero_targets
+from lightning_wm.agents.muzero.targets import muzero_targets
 from lightning_wm.returns import window_nstep_values
 
 torch.set_num_threads(1)
@@ -106,6 +106,25 @@ def test_matches_slow_loops_on_random_windows(n):
                                       valid[:, j].tolist(), G, n, positions)
         assert target[:, j].tolist() == pytest.approx(want)
         assert mask[:, j].tolist() == want_mask
+
+
+def test_one_td_per_window_matches_each_window_alone():
+    g = torch.Generator().manual_seed(3)
+    w, b = 9, 12
+    reward = torch.randn(w, b, generator=g, dtype=torch.float64)
+    value = torch.randn(w, b, generator=g, dtype=torch.float64)
+    last = torch.randint(0, w, (b,), generator=g)
+    valid = torch.arange(w).unsqueeze(1) <= last
+    is_terminal = (torch.arange(w).unsqueeze(1) == last) & (torch.rand(b, generator=g) < 0.5)
+    n = torch.tensor([1, 2, 3, -1, 5, 1, 4, 8, -1, 2, 3, 6])
+    target, mask = window_nstep_values(reward, value, is_terminal, valid, G, n, 4)
+    for j in range(b):
+        alone, alone_mask = window_nstep_values(reward[:, j:j + 1], value[:, j:j + 1], is_terminal[:, j:j + 1],
+                                                valid[:, j:j + 1], G, int(n[j]), 4)
+        torch.testing.assert_close(target[:, j:j + 1], alone, rtol=0, atol=1e-12)
+        assert torch.equal(mask[:, j:j + 1], alone_mask)
+    with pytest.raises(ValueError, match="one per window"):
+        window_nstep_values(reward, value, is_terminal, valid, G, n[:3], 4)
 
 
 def test_bad_arguments():

@@ -47,7 +47,7 @@ def muzero_targets(
     window: dict[str, Tensor],
     *,
     num_unroll_steps: int,
-    td_steps: int,
+    td_steps: int | Tensor,
     discount: float,
     value: Tensor | None = None,
     policy_after_end: str = "uniform",
@@ -60,6 +60,8 @@ def muzero_targets(
         window: ``reward [B, W]``, ``is_last [B, W]``, ``is_terminal [B, W]``, ``action [B, W]``
             int64, ``visit_probs [B, W, A]``, ``root_value [B, W]``, ``mask [B, W]`` with
             ``W >= K + 1`` (``K + td_steps + 1`` for n-step targets within the window).
+        td_steps: n of the n-step value targets (``-1``: Monte Carlo to the end of the window),
+            one for all windows or one per window (int64 ``[B]``).
         value: ``[B, W]`` values to bootstrap from instead of the stored ``root_value`` (e.g. a
             target network's or reanalysed values; on the last row of a truncated episode the
             stored one is 0, since no search ran there).
