@@ -1,6 +1,9 @@
 """MuZero on CartPole-v1: env steps, games and wall time until the evaluation return (10
 episodes, no noise, argmax over visit counts) reaches 475, and every evaluation after it.
 
+    # lightning_wm (configs/muzero/cartpole.yaml), one seed at a time, then the table:
+    nice -n 10 python bench/muzero_cartpole.py --system lightning_wm --seeds 0 --out /tmp/mz_cartpole
+    python bench/muzero_cartpole.py --summarize /tmp/mz_cartpole
     # LightZero 0.2.0 (venv: bash bench/install_lightzero.sh), its CartPole MuZero config on CPU, one seed:
     nice -n 10 /work/venvs/lightzero/bin/python bench/muzero_cartpole.py --system lightzero --seeds 0 \\
         --max-env-steps 30000 --out /tmp/lz_cartpole
@@ -17,7 +20,13 @@ Its evaluator is LightZero's own (every ``eval_freq=100`` updates, i.e. after ev
 this script only records each evaluation's returns, the collector's env steps and games, and
 the wall time since the start, into ``<out>/<system>_seed<k>.json``.
 
-The lightning_wm side (``--system lightning_wm``) is added with the MuZero LightningModule.
+The lightning_wm side (``--system lightning_wm``) trains ``--config`` (default
+``configs/muzero/cartpole.yaml``) with its own settings, seed ``k`` as the env seed and
+``seed_everything``, evaluating every ``--eval-every`` gradient steps (the config's
+validation: 10 episodes in 10 envs, ``explore=False``), until ``--max-env-steps``. Env steps
+and games are the training collector's (the random prefill included, evaluation episodes not);
+wall time runs from the start of ``fit``. Both systems write the same JSON records, so
+``--summarize`` prints one table for a folder holding both.
 """
 
 from __future__ import annotations
@@ -79,6 +88,68 @@ def print_runs(paths: list[str]) -> None:
         print(f"\nmedians over {len(solved)}/{len(rows)} solved runs: env steps "
               f"{statistics.median(s['env_steps'] for s in solved):.0f}, games "
               f"{statistics.median(s['games'] for s in solved):.0f}, wall {statistics.median(s['wall_s'] for s in solved):.0f} s")
+
+
+# -- lightning_wm ------------------------------------------------------------------------------
+def run_lightning_wm(seed: int, max_env_steps: int, out_dir: str, config: str, eval_every: int,
+                     overrides: list[str]) -> str:
+    """One run of our MuZero config; returns the path of its JSON record."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    import pytorch_lightning as pl
+
+    from lightning_wm.cli import CLI, Trainer
+
+    path = os.path.join(out_dir, f"lightning_wm_seed{seed}.json")
+    record: dict[str, Any] = {"system": "lightning_wm", "seed": seed, "max_env_steps": max_env_steps,
+                              "config": config, "overrides": overrides, "evaluations": []}
+
+    class Recorder(pl.Callback):
+        """Every evaluation's returns, env steps, games and wall time; stop at the env-step budget."""
+
+        def __init__(self) -> None:
+            self.start = time.perf_counter()
+            self.returns: list[float] = []
+
+        def on_fit_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+            self.start = time.perf_counter()
+            dm = trainer.datamodule
+            evaluate = dm.evaluate
+
+            def recorded(agent: Any, episodes: int | None = None) -> list[dict[str, float]]:
+                out = evaluate(agent, episodes)
+                self.returns = [float(e["return"]) for e in out]
+                return out
+
+            dm.evaluate = recorded
+
+        def on_validation_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+            stats = trainer.datamodule.collector.stats
+            wall = time.perf_counter() - self.start
+            record["evaluations"].append({"train_iter": trainer.global_step, "env_steps": int(stats.env_steps),
+                                          "games": int(stats.episodes), "wall_s": wall, "returns": self.returns,
+                                          "return_mean": statistics.fmean(self.returns)})
+            with open(path, "w") as f:
+                json.dump(record, f, indent=1)
+            print(f"[lightning_wm seed {seed}] step {trainer.global_step}, env steps {stats.env_steps}, games "
+                  f"{stats.episodes}, wall {wall:.0f} s: eval return {statistics.fmean(self.returns):.1f}", flush=True)
+            if stats.env_steps >= max_env_steps:
+                trainer.should_stop = True
+
+    args = ["--config", config, "--seed_everything", str(seed), "--data.init_args.env.seed", str(seed),
+            "--trainer.val_check_interval", str(eval_every), "--trainer.max_steps", "10000000",
+            "--trainer.logger", "false", "--trainer.enable_checkpointing", "false",
+            "--trainer.enable_progress_bar", "false", "--trainer.num_sanity_val_steps", "0", *overrides]
+    cli = CLI(model_class=None, datamodule_class=None, subclass_mode_model=True, subclass_mode_data=True,
+              trainer_class=Trainer, save_config_callback=None, parser_kwargs={"allow_abbrev": False}, args=args,
+              run=False)
+    recorder = Recorder()
+    cli.trainer.callbacks.append(recorder)
+    start = time.perf_counter()
+    cli.trainer.fit(cli.model, cli.datamodule)
+    record["total_wall_s"] = time.perf_counter() - start
+    with open(path, "w") as f:
+        json.dump(record, f, indent=1)
+    return path
 
 
 # -- LightZero ---------------------------------------------------------------------------------
@@ -153,11 +224,15 @@ def run_lightzero(seed: int, max_env_steps: int, out_dir: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--system", choices=["lightzero"], default="lightzero")
+    parser.add_argument("--system", choices=["lightning_wm", "lightzero"], default="lightning_wm")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--max-env-steps", type=int, default=30_000)
     parser.add_argument("--out", default="/tmp/muzero_cartpole")
     parser.add_argument("--summarize", metavar="DIR", help="only print the tables of the JSON records in DIR")
+    parser.add_argument("--config", default="configs/muzero/cartpole.yaml", help="lightning_wm: the config to train")
+    parser.add_argument("--eval-every", type=int, default=100, help="lightning_wm: gradient steps between evaluations")
+    parser.add_argument("--override", nargs="*", default=[], metavar="ARG",
+                        help="lightning_wm: extra command-line overrides, e.g. --override=--model.init_args.lr=0.001")
     args = parser.parse_args()
     if args.summarize:
         if not os.path.isdir(args.summarize):
@@ -168,6 +243,11 @@ def main() -> None:
         print_runs(paths)
         return
     os.makedirs(args.out, exist_ok=True)
+    if args.system == "lightning_wm":
+        paths = [run_lightning_wm(seed, args.max_env_steps, args.out, args.config, args.eval_every, args.override)
+                 for seed in args.seeds]
+        print_runs(paths)
+        return
     try:
         import lzero  # noqa: F401
     except ImportError:

@@ -10,9 +10,10 @@ rows that exist and belong to ``t``'s episode up to and including its last row
   write head);
 * reward (``k >= 1``): ``reward[k]``, the reward on arriving at row ``k``; 0 past a termination;
   masked past a truncation;
-* policy: the stored search policy ``visit_probs[k]`` where an action was taken at row ``k``; at
-  and past a termination uniform (``policy_after_end="uniform"``) or masked (``"mask"``); masked at
-  and past a truncation;
+* policy: the stored search policy ``visit_probs[k]`` where an action was taken at row ``k`` after
+  a search (a row whose ``visit_probs`` are all zero, e.g. of the random prefill, has no policy
+  target); at and past a termination uniform (``policy_after_end="uniform"``) or masked
+  (``"mask"``); masked at and past a truncation;
 * game over (``train_game_over_function``): the state at step ``k`` is the terminal one or past it;
 * actions to unroll with: ``action[k]`` for ``k < K`` where one was taken; afterwards the last
   real action again, or uniformly random actions with ``random_action_after_episode_end`` (ALF).
@@ -91,8 +92,8 @@ def muzero_targets(
     reward_target = torch.where(inside, reward[:, :k1], torch.zeros_like(reward[:, :k1]))
     reward_mask = (inside | terminated) & (steps > 0)
     # policy: where an action was taken; uniform (or masked) at and past a termination
-    acted = valid[:, :k1] & ~is_last[:, :k1]
     probs = window["visit_probs"][:, :k1].float()
+    acted = valid[:, :k1] & ~is_last[:, :k1] & (probs.sum(-1) > 0)
     num_actions = probs.shape[-1]
     after_termination = terminated & (steps >= last)
     policy = torch.where(acted.unsqueeze(-1), probs, torch.full_like(probs, 1.0 / num_actions))
