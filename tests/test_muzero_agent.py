@@ -339,3 +339,25 @@ def test_same_seed_same_weights():
         assert torch.equal(weights[0][key], weights[1][key]), key
     start = MuZero(cartpole_spec(), **{**SMALL, "num_simulations": 4}).state_dict()
     assert any(not torch.equal(weights[0][k], start[k]) for k in start if k.startswith("model."))
+
+
+def test_cli_fit_pong_config_shrunk():
+    """configs/muzero/pong.yaml (frame stacks from the sampler's history, conv net, BatchNorm,
+    latent consistency, reanalyse, SGD with warm-up) shrunk to a CPU smoke test."""
+    from lightning_wm.cli import main
+
+    cli = main(args=[
+        "fit", "--config", str(ROOT / "configs/muzero/pong.yaml"), "--seed_everything", "1",
+        "--trainer.accelerator", "cpu", "--trainer.max_steps", "2", "--trainer.log_every_n_steps", "1",
+        "--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "false", "--trainer.run_name", "pong",
+        "--model.init_args.channels", "8", "--model.init_args.num_simulations", "2",
+        "--model.init_args.support_size", "10", "--model.init_args.reanalyze_batch_size", "16",
+        "--data.init_args.env.num_envs", "2", "--data.init_args.env.size", "[32, 32]",
+        "--data.init_args.capacity", "400", "--data.init_args.batch_size", "4", "--data.init_args.prefill", "40",
+        "--data.init_args.replay_ratio", "1.0",
+    ])
+    assert cli.trainer.global_step == 2
+    assert cli.model.model.obs_shape == (4, 32, 32, 1)
+    run = Path("lightning_logs/pong")
+    for tag in ("loss/value", "loss/policy", "loss/reward", "loss/repr", "reanalyse/rows"):
+        assert _scalars(run, tag), tag
