@@ -231,8 +231,9 @@ def main() -> None:
     parser.add_argument("--summarize", metavar="DIR", help="only print the tables of the JSON records in DIR")
     parser.add_argument("--config", default="configs/muzero/cartpole.yaml", help="lightning_wm: the config to train")
     parser.add_argument("--eval-every", type=int, default=100, help="lightning_wm: gradient steps between evaluations")
-    parser.add_argument("--override", nargs="*", default=[], metavar="ARG",
-                        help="lightning_wm: extra command-line overrides, e.g. --override=--model.init_args.lr=0.001")
+    parser.add_argument("--override", action="append", default=[], metavar="ARG",
+                        help="lightning_wm: an extra command-line override (repeatable), e.g. "
+                             "--override=--model.init_args.lr=0.001")
     args = parser.parse_args()
     if args.summarize:
         if not os.path.isdir(args.summarize):

@@ -127,24 +127,33 @@ def test_frame_stack_acting_state():
 
 
 # -- the unroll losses ---------------------------------------------------------------------------------
-def test_unroll_losses_match_a_per_sample_computation():
+@pytest.mark.parametrize("bootstrap", ["target_network", "stored"])
+def test_unroll_losses_match_a_per_sample_computation(bootstrap):
     """The batched loss against a slow per-sample, per-step computation from the same targets."""
     torch.manual_seed(1)
     K, n = 3, 2
     model = quiet(MuZero(cartpole_spec(), num_unroll_steps=K, td_steps=n, train_game_over_function=True,
+                         bootstrap_value=bootstrap,
                          train_repr_prediction=True, reward_loss_weight=0.7, repr_loss_weight=0.3,
                          recurrent_gradient_scaling_factor=1.0, **SMALL))
+    with torch.no_grad():  # heads away from their zero init; a target network unlike the model
+        for p in model.parameters():
+            p.add_(0.2 * torch.randn_like(p))
     dm = filled_datamodule(model, rows=60)
     batch = dm.sample_batch()
     batch["weight"] = torch.rand(8) + 0.5
     out = model.training_step(batch, 0)
-    # the same targets the step used
-    from lightning_wm.agents.muzero.targets import muzero_targets
+    # the same targets the step used: bootstrapping from the target network's values
+    from lightning_wm.agents.muzero.targets import bootstrap_rows, muzero_targets
 
     fwd = dict(batch)
     value = batch["root_value"].clone()
-    truncated = batch["mask"] & batch["is_last"] & ~batch["is_terminal"]
-    value[truncated] = model.target_model.initial_inference(batch["obs"][truncated])["value"]
+    boot = bootstrap_rows(batch["mask"], torch.full((8,), n), K + 1) & ~batch["is_terminal"]
+    if bootstrap == "stored":  # only where no search value is stored: the last row of a truncated episode
+        boot &= batch["is_last"]
+    value[boot] = model.target_model.initial_inference(batch["obs"][boot])["value"]
+    if bootstrap == "target_network":  # the choice matters: the target values are not the stored ones
+        assert boot.sum() > 8 and not torch.allclose(value[boot], batch["root_value"][boot])
     t = muzero_targets({**fwd, "root_value": value}, num_unroll_steps=K, td_steps=n, discount=model.hparams.discount)
     m, hp = model.model, model.hparams
     total = torch.zeros(())

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_wm.agents.muzero.targets import muzero_targets
+from lightning_wm.agents.muzero.targets import bootstrap_rows, muzero_targets
 from lightning_wm.returns import window_nstep_values
 
 torch.set_num_threads(1)
@@ -242,3 +242,22 @@ def test_targets_from_real_windows_of_the_replay_buffer():
                 want += G ** (m - p) * rows[m]["root_value"]
             assert t.value_mask[b, step]
             assert t.value[b, step].item() == pytest.approx(want, rel=1e-5), (pos, step)
+
+
+def test_bootstrap_rows_are_the_rows_the_values_are_read_from():
+    valid = torch.tensor([[1, 1, 1, 1, 1, 1, 1],    # e = 6
+                          [1, 1, 1, 0, 0, 0, 0],    # e = 2
+                          [1, 1, 1, 1, 1, 0, 0]], dtype=torch.bool)  # e = 4, Monte Carlo
+    rows = bootstrap_rows(valid, torch.tensor([2, 3, -1]), 3)
+    assert rows.long().tolist() == [[0, 0, 1, 1, 1, 0, 0],   # p = 0, 1, 2 -> rows 2, 3, 4
+                                    [0, 0, 1, 0, 0, 0, 0],   # every position bootstraps from e = 2
+                                    [0, 0, 0, 0, 1, 0, 0]]   # Monte Carlo: e
+    # against window_nstep_values: changing the value of any other row changes no target
+    g = torch.Generator().manual_seed(0)
+    reward = torch.randn(7, 3, generator=g, dtype=torch.float64)
+    value = torch.randn(7, 3, generator=g, dtype=torch.float64)
+    td = torch.tensor([2, 3, -1])
+    target, _ = window_nstep_values(reward, value, torch.zeros(7, 3, dtype=torch.bool), valid.t(), G, td, 3)
+    other = torch.where(rows.t(), value, value + 100.0)
+    again, _ = window_nstep_values(reward, other, torch.zeros(7, 3, dtype=torch.bool), valid.t(), G, td, 3)
+    torch.testing.assert_close(target, again)

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from lightning_wm.agents.base import RLModule
 from lightning_wm.agents.muzero.model import MuZeroModel
-from lightning_wm.agents.muzero.targets import UnrollTargets, muzero_targets
+from lightning_wm.agents.muzero.targets import UnrollTargets, bootstrap_rows, muzero_targets
 from lightning_wm.envs import EnvSpec
 from lightning_wm.nn import dists
 from lightning_wm.nn.blocks import scale_gradient, soft_update
@@ -185,12 +185,15 @@ class MuZero(RLModule):
     ``1 / K`` (the loss is averaged over the unroll) and samples their importance weights. See
     :mod:`lightning_wm.agents.muzero.targets` for the targets at episode ends.
 
-    Value targets bootstrap from the stored search values (``root_value``); rows without one,
-    the last row of a truncated episode (no action is taken there) and rows of the random
-    prefill, bootstrap from the target network's value of their observation; prefill rows have
-    no policy target. With ``td_steps = -1`` they are Monte Carlo returns to the end of the window:
-    size the sampler's ``td_steps`` to the episode limit (a window that still ends inside the
-    episode bootstraps from its last row).
+    Value targets bootstrap (the row ``min(k + td_steps, episode end)`` of unroll step ``k``)
+    from the target network's value of that row's observation (``bootstrap_value:
+    target_network``, EfficientZero's and LightZero's choice: stored values of old rows are as
+    old as the network that searched them), or from the stored search value ``root_value``
+    (``stored``, the MuZero paper's and ALF's), where rows without one (the last row of a
+    truncated episode, where no action is taken; the random prefill) use the target network's;
+    prefill rows have no policy target. With ``td_steps = -1`` the targets are Monte Carlo
+    returns to the end of the window: size the sampler's ``td_steps`` to the episode limit (a
+    window that still ends inside the episode bootstraps from its last row).
 
     Prioritized replay (ALF's ``priority_replay``, ``priority_replay_alpha``,
     ``priority_replay_beta`` are the datamodule's ``prioritized``, ``alpha``, ``beta``): when the
@@ -225,6 +228,7 @@ class MuZero(RLModule):
             ALF's switches (game over adds a termination head; repr prediction is the negative
             cosine similarity of the unrolled state with the representation of the observation
             reached, gradient stopped on the latter).
+        bootstrap_value: what value targets bootstrap from, ``target_network`` or ``stored`` (above).
         policy_after_end: policy target at and past a termination, ``uniform`` or ``mask``.
         random_action_after_episode_end: unroll past the episode end with random actions (ALF).
         reanalyze_ratio, full_reanalyze, reanalyze_td_steps, reanalyze_td_steps_schedule,
@@ -275,6 +279,7 @@ class MuZero(RLModule):
         train_game_over_function: bool = False,
         train_repr_prediction: bool = False,
         train_policy: bool = True,
+        bootstrap_value: Literal["target_network", "stored"] = "target_network",
         policy_after_end: Literal["uniform", "mask"] = "uniform",
         random_action_after_episode_end: bool = False,
         reanalyze_ratio: float = 0.0,
@@ -314,6 +319,8 @@ class MuZero(RLModule):
         if not 0.0 < target_update_tau <= 1.0 or target_update_period < 1:
             raise ValueError(f"target_update_tau must be in (0, 1] and target_update_period >= 1, got "
                              f"{target_update_tau}, {target_update_period}")
+        if bootstrap_value not in ("target_network", "stored"):
+            raise ValueError(f"bootstrap_value must be 'target_network' or 'stored', got {bootstrap_value!r}")
         if optimizer not in ("adam", "sgd"):
             raise ValueError(f"optimizer must be 'adam' or 'sgd', got {optimizer!r}")
         self.model = MuZeroModel(
@@ -394,13 +401,14 @@ class MuZero(RLModule):
         write = None
         if reanalysed > 0:
             write = self._reanalyse(batch, obs, fwd, value, td, reanalysed, h)
-        # rows without a search value to bootstrap from: the last row of a truncated episode (no
-        # action is taken there) and rows of the random prefill (no search ran): the target network's
-        unsearched = valid & ~fwd["is_terminal"].bool() & (fwd["is_last"].bool() | (fwd["visit_probs"].sum(-1) <= 0))
-        if reanalysed > 0:
-            unsearched[:reanalysed] = False  # valued by reanalyse
-        if unsearched.any():
-            value[unsearched] = self._target_values(obs[unsearched])
+        # the rows the value targets bootstrap from get the target network's value where no
+        # (fresh) search value is at hand; the reanalysed samples have theirs already
+        rest = slice(reanalysed, None)
+        boot = bootstrap_rows(valid[rest], td[rest], K + 1) & ~fwd["is_terminal"][rest].bool()
+        if hp.bootstrap_value == "stored":  # only rows without a search: truncated last rows, the random prefill
+            boot &= fwd["is_last"][rest].bool() | (fwd["visit_probs"][rest].sum(-1) <= 0)
+        if boot.any():
+            value[rest][boot] = self._target_values(obs[rest][boot])
         targets = muzero_targets(
             {**fwd, "root_value": value}, num_unroll_steps=K, td_steps=td, discount=hp.discount,
             policy_after_end=hp.policy_after_end, random_action_after_episode_end=hp.random_action_after_episode_end,
@@ -459,13 +467,15 @@ class MuZero(RLModule):
         hp = self.hp
         K = hp.num_unroll_steps
         W = value.shape[1]
+        age = batch["age"][:count] if "age" in batch else torch.zeros(count, dtype=torch.long, device=td.device)
+        td[:count] = reanalyze_td_steps(age, hp.reanalyze_td_steps, hp.reanalyze_td_steps_schedule).to(td.device)
         valid = fwd["mask"][:count].bool()
         acted = valid & ~fwd["is_last"][:count].bool()  # rows where a search decides something
         searched = acted.clone()
         if not hp.full_reanalyze:
             searched[:, K + 1:] = False
-        # bootstrap rows valued by the network directly: later rows, and truncated last rows
-        later = (acted & ~searched) | (valid & fwd["is_last"][:count].bool() & ~fwd["is_terminal"][:count].bool())
+        # bootstrap rows without a fresh search value: valued by the target network directly
+        later = bootstrap_rows(valid, td[:count], K + 1) & ~searched & ~fwd["is_terminal"][:count].bool()
         if searched.any():
             roots = obs[:count][searched]
             outs = [search(self.target_model, self.settings, chunk, explore=False)
@@ -477,8 +487,6 @@ class MuZero(RLModule):
             fwd["visit_probs"][:count][searched] = probs
         if later.any():
             value[:count][later] = self._target_values(obs[:count][later])
-        age = batch["age"][:count] if "age" in batch else torch.zeros(count, dtype=torch.long, device=td.device)
-        td[:count] = reanalyze_td_steps(age, hp.reanalyze_td_steps, hp.reanalyze_td_steps_schedule).to(td.device)
         if not searched.any():
             return None
         rows = batch["row_index"][:count, h:h + W][searched]

@@ -44,6 +44,21 @@ class UnrollTargets:
     game_over_mask: Tensor  # [B, K + 1] bool
 
 
+def bootstrap_rows(valid: Tensor, td_steps: Tensor, num_positions: int) -> Tensor:
+    """The rows n-step value targets bootstrap from: ``valid [B, W]`` (a prefix per window),
+    ``td_steps [B]`` (``-1``: the end of the window) -> bool ``[B, W]``, true at
+    ``min(p + n, e)`` for the positions ``p < num_positions`` with ``p <= e`` (``e`` the last valid
+    row), the rows whose values :func:`~lightning_wm.returns.window_nstep_values` reads."""
+    batch, width = valid.shape
+    last = valid.long().sum(1, keepdim=True) - 1  # [B, 1]
+    n = torch.where(td_steps == -1, torch.full_like(td_steps, width), td_steps).view(-1, 1)
+    p = torch.arange(num_positions, device=valid.device).unsqueeze(0)  # [1, P]
+    rows = torch.minimum(p + n, last)  # [B, P]
+    hits = torch.zeros(batch, width, dtype=torch.long, device=valid.device)
+    hits.scatter_add_(1, rows.clamp(min=0), ((p <= last) & (last >= 0)).long())
+    return hits > 0
+
+
 def muzero_targets(
     window: dict[str, Tensor],
     *,
