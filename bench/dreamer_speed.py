@@ -38,7 +38,7 @@ def random_batch(cfg: EnvConfig, batch: int, length: int, seed: int = 0) -> dict
     spec = env_spec(cfg)
     buffer = ReplayBuffer(10_000, cfg.num_envs, seed=seed)
     env = make_vector_env(cfg)
-    collector = Collector(env, RandomAgent(spec, seed=seed), buffer, seed=seed, spec=spec)
+    collector = Collector(env, RandomAgent(spec, seed=seed), buffer, seeds=seed, spec=spec)
     collector.collect(max(2 * length, 2_000 // cfg.num_envs))
     env.close()
     return SequenceSampler(length).sample(buffer, batch)

@@ -15,6 +15,8 @@ CLI's Trainer adds :func:`default_callbacks` to every run.
   whose ``checkpoint`` flag is set is saved beside each checkpoint (one file per buffer, DDP rank
   and global step, written atomically, older ones pruned) and restored from the file of the
   checkpoint's step on resume; each stream's restart is then marked as an episode boundary.
+* :class:`WeightPublisher` — the module's acting weights to a
+  :class:`~lightning_wm.protocols.WeightSink` (whose actors act with them).
 """
 
 from __future__ import annotations
@@ -31,9 +33,9 @@ import torch
 from pytorch_lightning.callbacks import Callback
 
 from lightning_wm.io import clean_stale_temps
-from lightning_wm.protocols import EnvStats, EnvStatsSource, FeedbackSink, ReplayHolder
+from lightning_wm.protocols import EnvStats, EnvStatsSource, FeedbackSink, ReplayHolder, WeightSink
 
-__all__ = ["EnvStatsLogger", "ReplayFeedback", "BufferCheckpoint", "default_callbacks"]
+__all__ = ["EnvStatsLogger", "ReplayFeedback", "BufferCheckpoint", "WeightPublisher", "default_callbacks"]
 
 
 def _datamodule(trainer: pl.Trainer) -> Any:
@@ -234,6 +236,42 @@ class BufferCheckpoint(Callback):
             self._saved[(name, rank)] = (step, id(buffer), buffer.revision)
 
 
+class WeightPublisher(Callback):
+    """Publish the module's weights to the datamodule's actors as version ``global_step``.
+
+    Calls ``trainer.datamodule.publish_weights(pl_module, version=trainer.global_step)`` when fit
+    starts (a :class:`~lightning_wm.protocols.WeightSink` starts its actors then, before the
+    first batch is fetched), when training starts (the restored step of a resumed run) and
+    after every ``publish_every``-th optimizer step. The sink decides what to send (e.g.
+    ``ReplayDataModule`` sends ``module.acting_copy()`` every ``data.publish_every`` steps and
+    nothing when it acts in process).
+    """
+
+    def __init__(self, publish_every: int = 1) -> None:
+        if publish_every < 1:
+            raise ValueError(f"publish_every must be >= 1, got {publish_every}")
+        self.publish_every = publish_every
+        self._last: int | None = None
+
+    def _publish(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        sink = _datamodule(trainer)
+        if isinstance(sink, WeightSink):
+            sink.publish_weights(pl_module, version=int(trainer.global_step))
+            self._last = int(trainer.global_step)
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._publish(trainer, pl_module)
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._publish(trainer, pl_module)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        step = int(trainer.global_step)
+        if step != self._last and step % self.publish_every == 0:
+            self._publish(trainer, pl_module)
+
+
 def default_callbacks() -> list[Callback]:
     """The callbacks every CLI run gets (the Trainer skips a type the config already lists)."""
-    return [EnvStatsLogger(), ReplayFeedback(), BufferCheckpoint()]
+    return [EnvStatsLogger(), ReplayFeedback(), BufferCheckpoint(), WeightPublisher()]

@@ -30,7 +30,7 @@ class DumpRankState(Callback):
         torch.save({
             "weights": {k: v.detach().cpu().clone() for k, v in module.state_dict().items()},
             "env_seed": dm.train_env_seeds(),
-            "env_steps": dm.collector.stats.env_steps,
+            "env_steps": dm.pop_env_stats().env_steps,
             "obs_sum": float(SequenceSampler(8).sample(dm.buffer, 64)["obs"].double().abs().sum()),
             "first_obs": dm.buffer.state_dict()["data"]["obs"][:, 0].clone(),  # [envs, 4]: each stream's reset
             "buffer": dm.buffer.state_dict(),
@@ -45,11 +45,12 @@ class DumpResumedBuffer(Callback):
         torch.save(trainer.datamodule.buffer.state_dict(), os.path.join(self.out_dir, f"rank{trainer.global_rank}_resumed.pt"))
 
 
-def main(out_dir: str, strategy: str, resume: bool = False) -> None:
+def main(out_dir: str, strategy: str, resume: bool = False, actors: bool = False) -> None:
     torch.set_num_threads(1)
     env = EnvConfig("CartPole-v1", num_envs=2, seed=3)
+    acting = dict(num_actors=1, chunk_length=8, actor_timeout_s=240) if actors else {}
     data = ReplayDataModule(env, capacity=2000, batch_size=4, sequence_length=8, prefill=32, replay_ratio=0.5,
-                            save_buffer=True)
+                            save_buffer=True, **acting)
     model = TinyAgent(data.spec)
     dump = DumpResumedBuffer(out_dir) if resume else DumpRankState(out_dir)
     trainer = Trainer(accelerator="cpu", devices=2, strategy=strategy, max_steps=22 if resume else 20, logger=False,
@@ -59,4 +60,5 @@ def main(out_dir: str, strategy: str, resume: bool = False) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "ddp", resume=sys.argv[3:] == ["resume"])
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "ddp", resume=sys.argv[3:] == ["resume"],
+         actors=sys.argv[3:] == ["actors"])

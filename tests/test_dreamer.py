@@ -358,7 +358,7 @@ def test_cli_fit_on_dict_observations_frame_and_state():
     assert _scalars(Path("lightning_logs/run"), "val/openloop_mse")
     assert list(Path("lightning_logs/run").glob("version_*/openloop/step_12.gif"))
     # the decoder gives back both parts in the env's format
-    decoded = cli.model.wm.decode(torch.zeros(3, cli.model.wm.feat_dim))
+    decoded = cli.model.wm.decode_features(torch.zeros(3, cli.model.wm.feat_dim))
     assert decoded["image"].shape == (3, 64, 64, 3) and decoded["image"].dtype == torch.uint8
     assert decoded["state"].shape == (3, 4)
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "lightning_wm"
 
-# agents/ reading recorded episodes (the dream's start frames) is the one use of data/ by an agent
-AGENTS_MAY_IMPORT_DATA = {"agents/vm_model.py": {"lightning_wm.data.episodes"}}
+# agents/ reading recorded episodes (where dreams start) is the one use of data/ by an agent
+AGENTS_MAY_IMPORT_DATA = {"agents/vm_model.py": {"lightning_wm.data.episodes"},
+                          "agents/controller.py": {"lightning_wm.data.episodes"}}
 # the command line sits on top of everything; its subcommands load what they need
 LAZY_IMPORTS_ALLOWED = {"cli.py"}
 

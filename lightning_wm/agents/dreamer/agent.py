@@ -214,6 +214,8 @@ class Dreamer(RLModule):
                 "Dreamer needs env_spec (the CLI links it from the datamodule's spec; in code pass "
                 "env_spec=lightning_wm.envs.env_spec(EnvConfig(...)))"
             )
+        if horizon < 1:
+            raise ValueError(f"horizon must be >= 1, got {horizon} (imagined steps per actor-critic update)")
         if actor_grad not in ("auto", "reinforce", "dynamics"):
             raise ValueError(f"actor_grad must be auto, reinforce or dynamics, got {actor_grad!r}")
         if actor_dist not in ("bounded_normal", "tanh_normal"):
@@ -521,7 +523,7 @@ class Dreamer(RLModule):
         for t in range(context, L):
             state = wm.img_step(state, action[:, t - 1], mode=True)
             feats.append(wm.features(state)[:, None])
-        return obs, wm.decode(torch.cat(feats, 1))
+        return obs, wm.decode_features(torch.cat(feats, 1))
 
     def log_openloop(self) -> None:
         """Log the open-loop error of the last training batch's first sequences; for pixels also

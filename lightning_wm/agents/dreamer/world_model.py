@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lightning_wm.actions import ActionCodec
 from lightning_wm.envs import EnvSpec
 from lightning_wm.nn import dists
 from lightning_wm.nn.blocks import MLP, activation
@@ -89,8 +90,11 @@ class DreamerWorldModel(nn.Module, WorldModel):
     the initial state (zeros). A model state is ``{"h": [B, D], "z": [B, S]}``.
 
     Implements :class:`~lightning_wm.world_model.WorldModel`: ``initial_state(obs)`` filters
-    one first observation, ``step`` imagines with the prior and returns the predicted reward
-    and termination probability, ``features`` is ``[h, z]``.
+    one first observation, ``observe_step`` every later one, ``step`` imagines with the prior
+    and returns the predicted reward and termination probability, ``features`` is ``[h, z]``,
+    ``decode`` predicts the observation of a state, ``posterior_states`` filters a recorded
+    episode (dream starts). Actions in and out of these are the model's format
+    (``actions``: one-hot, or continuous actions mapped onto ``[-1, 1]``).
     """
 
     def __init__(
@@ -118,6 +122,7 @@ class DreamerWorldModel(nn.Module, WorldModel):
         self.deter, self.stoch, self.classes, self.latent = deter, stoch, classes, latent
         self.unimix, self.symlog_obs, self.twohot, self.min_std = unimix, symlog_obs, twohot, min_std
         self.action_dim = spec.action_dim
+        self.actions = ActionCodec(spec, normalize=True)  # env actions <-> one-hot / [-1, 1]
         categorical = latent == "categorical"
         self.stoch_dim = stoch * classes if categorical else stoch
         stoch_params = stoch * classes if categorical else 2 * stoch
@@ -157,9 +162,14 @@ class DreamerWorldModel(nn.Module, WorldModel):
         """Reconstruction loss ``[...]`` of ``obs`` from ``feat [..., F]`` (see :meth:`ObservationCodec.loss`)."""
         return self.codec.loss(feat, obs)
 
-    def decode(self, feat: Tensor) -> Obs:
-        """Predicted observations in the env's format (uint8 frames, float vectors, or a dict)."""
+    def decode_features(self, feat: Tensor) -> Obs:
+        """Predicted observations ``[..., *]`` in the env's format (uint8 frames, float vectors,
+        or a dict) from features ``[..., F]``."""
         return self.codec.decode(feat)
+
+    def decode(self, state: State) -> Obs:
+        """The observation the decoder predicts for ``state`` (``[B, ...]``, env format)."""
+        return self.codec.decode(self.features(state))
 
     # -- heads -----------------------------------------------------------------------------
     def head_mean(self, out: Tensor) -> Tensor:
@@ -201,12 +211,12 @@ class DreamerWorldModel(nn.Module, WorldModel):
             return {"z": mean}
         return {"z": mean + std * (torch.randn_like(mean) if noise is None else noise)}
 
-    def _noise(self, shape: tuple[int, ...], device: torch.device) -> Tensor:
+    def _noise(self, shape: tuple[int, ...], device: torch.device, generator: torch.Generator | None = None) -> Tensor:
         """Sampling noise for many steps at once: uniforms ``[*shape, stoch]`` (categorical) or
         standard normals."""
         if self.latent == "categorical":
-            return torch.rand(*shape, self.stoch, device=device)
-        return torch.randn(*shape, self.stoch, device=device)
+            return torch.rand(*shape, self.stoch, device=device, generator=generator)
+        return torch.randn(*shape, self.stoch, device=device, generator=generator)
 
     def dist_params(self, stats: Any) -> Any:
         """What :func:`~lightning_wm.nn.dists.kl_balance` takes: log-probs ``[..., stoch, classes]``
@@ -256,10 +266,13 @@ class DreamerWorldModel(nn.Module, WorldModel):
         stats = self._stats(self._posterior(h, self.post_e(embed)))
         return {"h": h, **self._sample(stats, None, mode)}
 
-    def img_step(self, state: State, action: Tensor, mode: bool = False) -> State:
-        """Imagine one step with the prior: ``state``, ``action [B, A]`` -> next state."""
+    def img_step(self, state: State, action: Tensor, mode: bool = False,
+                 generator: torch.Generator | None = None) -> State:
+        """Imagine one step with the prior: ``state``, ``action [B, A]`` -> next state (the
+        sample's randomness from ``generator`` when given)."""
         h = self._recurrent(state, self.img_in_a(action))
-        return {"h": h, **self._sample(self.prior_stats(h), None, mode)}
+        noise = None if generator is None or mode else self._noise((h.shape[0],), h.device, generator)
+        return {"h": h, **self._sample(self.prior_stats(h), noise, mode)}
 
     def observe(self, embed: Tensor, action: Tensor, is_first: Tensor) -> dict[str, Any]:
         """Posterior states over real sequences.
@@ -317,9 +330,10 @@ class DreamerWorldModel(nn.Module, WorldModel):
         zero = self.zero_state(leaf.shape[0], leaf.device)
         return self.obs_step(zero, leaf.new_zeros(leaf.shape[0], self.action_dim, dtype=torch.float32), self.encode(obs))
 
-    def step(self, state: State, action: Tensor) -> tuple[Tensor, State, Tensor]:
+    def step(self, state: State, action: Tensor,
+             generator: torch.Generator | None = None) -> tuple[Tensor, State, Tensor]:
         """Prior step; returns ``(reward [B], next_state, termination probability [B])``."""
-        nxt = self.img_step(state, action)
+        nxt = self.img_step(state, action, generator=generator)
         reward = self.head_mean(self.first_layer(self.reward_head, nxt))
         done = torch.sigmoid(-self.first_layer(self.cont_head, nxt).squeeze(-1).float())  # 1 - P(continue)
         return reward, nxt, done
@@ -327,6 +341,36 @@ class DreamerWorldModel(nn.Module, WorldModel):
     def features(self, state: State) -> Tensor:
         """``[..., F] = [h, z]``."""
         return torch.cat([state["h"], state["z"]], -1)
+
+    def observe_step(self, state: State, action: Tensor, obs: Obs, is_first: Tensor | None = None) -> State:
+        """Posterior ``{"h", "z"}`` after ``action [B, A]`` (model format) in ``state`` and then
+        ``obs [B, ...]``; where ``is_first`` the state and action are reset (zeros) first, as
+        in :meth:`observe`, so the result there is ``initial_state(obs)``."""
+        prev = {"h": state["h"], "z": state["z"]}
+        if is_first is not None:
+            keep = (~is_first.bool()).to(state["h"].dtype).unsqueeze(-1)
+            prev = {k: v * keep for k, v in prev.items()}
+            action = action * keep
+        post = self.obs_step(prev, action, self.encode(obs))
+        return {"h": post["h"], "z": post["z"]}
+
+    @torch.no_grad()
+    def posterior_states(self, episode: dict[str, Any]) -> State:
+        """Every row's posterior ``{"h", "z"(, "idx")} [T, ...]`` of one recorded episode
+        (``obs``, env-format ``action``, ``is_first``; leaves ``[T, ...]``)."""
+        device = self.bins.device
+
+        def tensor(x: Any) -> Tensor:
+            return torch.as_tensor(x.copy() if hasattr(x, "copy") else x, device=device)
+
+        obs = {k: tensor(v)[None] for k, v in episode["obs"].items()} if isinstance(episode["obs"], dict) \
+            else tensor(episode["obs"])[None]
+        action = self.actions.encode(tensor(episode["action"]))[None]
+        length = action.shape[1]
+        is_first = tensor(episode["is_first"]).bool()[None] if "is_first" in episode \
+            else torch.zeros(1, length, dtype=torch.bool, device=device)
+        out = self.observe(self.encode(obs), action, is_first)
+        return {k: out[k][0] for k in ("h", "z", "idx") if k in out}
 
     def acting_copy(self) -> "DreamerWorldModel":
         """A copy with only what filtering real observations needs (the encoders and the RSSM's
