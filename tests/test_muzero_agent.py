@@ -233,6 +233,7 @@ def test_reanalyse_writes_only_the_selected_rows_and_stale_rows_are_skipped():
     assert torch.equal(write["generation"], batch["row_generation"][:2, :K + 1][searched])
     torch.testing.assert_close(write["columns"]["visit_probs"].sum(-1), torch.ones(len(write["index"])))
     # overwrite the oldest rows of both streams before the feedback arrives (Lightning's prefetch)
+    written_before = buffer.rows_written(np.arange(2))  # [2]
     dm.collector.collect(10)
     result = dm.apply_feedback(batch, {"write": write})
     cap = buffer.cap_per_stream
@@ -243,7 +244,8 @@ def test_reanalyse_writes_only_the_selected_rows_and_stale_rows_are_skipped():
     stream, slot = index // cap, index % cap
     written = np.zeros(after["root_value"].shape, bool)
     written[stream[current], slot[current]] = True
-    fresh = buffer.generation(np.arange(2)[:, None], np.arange(cap)[None]) >= 120  # the 10 new rows per stream
+    fresh = buffer.generation(np.arange(2)[:, None], np.arange(cap)[None]) >= written_before[:, None]  # the new rows
+    assert fresh.sum() == 20
     untouched = ~written & ~fresh
     assert np.array_equal(after["root_value"][untouched], before["root_value"][untouched])
     assert np.array_equal(after["visit_probs"][untouched], before["visit_probs"][untouched])
