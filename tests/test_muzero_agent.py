@@ -372,3 +372,22 @@ def test_cli_fit_pong_config_shrunk():
     run = Path("lightning_logs/pong")
     for tag in ("loss/value", "loss/policy", "loss/reward", "loss/repr", "reanalyse/rows"):
         assert _scalars(run, tag), tag
+
+
+def test_cli_fit_with_actor_processes():
+    """num_actors 1: the actor searches with the acting copy (CPU, published weights) and its
+    rows carry the search's root_value and visit_probs; training goes on from them."""
+    from lightning_wm.cli import main
+
+    cli = main(args=_cartpole_args(6, run="actors", extra=("--data.init_args.num_actors", "1",
+                                                           "--data.init_args.chunk_length", "8")))
+    assert cli.trainer.global_step == 6
+    buffer = cli.datamodule.buffer
+    probs, version = buffer.column("visit_probs"), buffer.column("policy_version")
+    stored = buffer.generation(np.arange(buffer.num_streams)[:, None], np.arange(buffer.cap_per_stream)[None]) >= 0
+    searched = stored & (probs.sum(-1) > 0)  # rows acted by a search (not the random prefill, not last rows)
+    assert searched.sum() > 0
+    np.testing.assert_allclose(probs[searched].sum(-1), 1.0, rtol=1e-5)
+    assert np.isfinite(buffer.column("root_value")[searched]).all()
+    assert (version[searched] >= 0).all()
+    assert "actors/policy_lag" in cli.trainer.logged_metrics
