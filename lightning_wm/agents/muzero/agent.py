@@ -25,7 +25,8 @@ from lightning_wm.nn import dists
 from lightning_wm.nn.blocks import scale_gradient, soft_update
 from lightning_wm.search import SearchOutput, TemperatureSchedule, mcts
 
-__all__ = ["MuZero", "MuZeroPolicy", "SearchSettings", "push_frame", "window_stacks", "reanalyze_td_steps"]
+__all__ = ["MuZero", "MuZeroPolicy", "SearchSettings", "LossSettings", "unroll_losses", "push_frame", "window_stacks",
+           "reanalyze_td_steps"]
 
 
 # -- frame stacks --------------------------------------------------------------------------------
@@ -161,6 +162,71 @@ def reanalyze_td_steps(age: Tensor, td_steps: int, schedule: tuple[int, int] | N
     max_age, low = schedule
     frac = (1.0 - age.double() / float(max_age)).clamp(min=0.0)
     return torch.ceil(low + (td_steps - low) * frac).long()
+
+
+# -- the unroll losses -------------------------------------------------------------------------------
+@dataclass
+class LossSettings:
+    """What :func:`unroll_losses` trains and how much each part weighs (ALF's switches)."""
+
+    recurrent_gradient_scaling_factor: float = 0.5
+    value_loss_weight: float = 0.25
+    reward_loss_weight: float = 1.0
+    policy_loss_weight: float = 1.0
+    game_over_loss_weight: float = 1.0
+    repr_loss_weight: float = 1.0
+    train_reward_function: bool = True
+    train_policy: bool = True
+    train_game_over_function: bool = False
+    train_repr_prediction: bool = False
+
+
+def unroll_losses(model: MuZeroModel, obs: Tensor, t: UnrollTargets, valid: Tensor,
+                  settings: LossSettings) -> tuple[dict[str, Tensor], Tensor]:
+    """Per-sample losses ``{name: [B]}`` of the K-step unroll of ``model`` from ``obs [B, W, ...]``
+    (row 0 the position; rows ``1..K`` for latent consistency) along ``t.actions`` (steps
+    ``k >= 1`` weighted ``1 / K``; the hidden state's gradient scaled at every step), and the
+    network's value at the position ``[B]`` (no gradient). ``valid [B, W]``: the window's mask."""
+    K = t.actions.shape[1]
+    root = model.initial_inference(obs[:, 0])
+    state = root["state"]
+    policy_logits, value_logits = [root["policy_logits"]], [root["value_logits"]]
+    reward_logits, states = [], [state]
+    for k in range(K):
+        r_logits, state = model.dynamics(state, t.actions[:, k])
+        p_logits, v_logits = model.prediction(state)
+        reward_logits.append(r_logits)
+        policy_logits.append(p_logits)
+        value_logits.append(v_logits)
+        states.append(state)
+        state = scale_gradient(state, settings.recurrent_gradient_scaling_factor)
+    step_weight = torch.tensor([1.0] + [1.0 / K] * K, device=obs.device)  # [K + 1]
+
+    def total(per_step: Tensor, mask: Tensor) -> Tensor:  # [B, K + 1] -> [B]
+        return (per_step * mask.float() * step_weight).sum(1)
+
+    values = torch.stack(value_logits, 1).float()  # [B, K + 1, bins]
+    losses = {"value": settings.value_loss_weight * total(
+        dists.h_twohot_loss(values, t.value, model.value_bins, model.value_eps), t.value_mask)}
+    if settings.train_reward_function:
+        rewards = torch.stack(reward_logits, 1).float()  # [B, K, bins]
+        per_step = dists.h_twohot_loss(rewards, t.reward[:, 1:], model.reward_bins, model.value_eps)
+        losses["reward"] = settings.reward_loss_weight * total(F.pad(per_step, (1, 0)), t.reward_mask)
+    if settings.train_policy:
+        logp = torch.log_softmax(torch.stack(policy_logits, 1).float(), -1)  # [B, K + 1, A]
+        losses["policy"] = settings.policy_loss_weight * total(-(t.policy * logp).sum(-1), t.policy_mask)
+    if settings.train_game_over_function:
+        logits = torch.stack([model.game_over_logit(s) for s in states], 1).float()  # [B, K + 1]
+        bce = F.binary_cross_entropy_with_logits(logits, t.game_over.float(), reduction="none")
+        losses["game_over"] = settings.game_over_loss_weight * total(bce, t.game_over_mask)
+    if settings.train_repr_prediction:
+        with torch.no_grad():
+            target = model.representation(obs[:, 1:K + 1].flatten(0, 1)).view(-1, K, *model.state_shape)
+        predicted = torch.stack(states[1:], 1)  # [B, K, ...]
+        cosine = F.cosine_similarity(predicted.flatten(2).float(), target.flatten(2).float(), dim=-1)
+        losses["repr"] = settings.repr_loss_weight * total(F.pad(1.0 - cosine, (1, 0)), F.pad(valid[:, 1:K + 1], (1, 0)))
+    value0 = model.value(root["value_logits"].detach()).float()
+    return losses, value0
 
 
 # -- the LightningModule --------------------------------------------------------------------------
@@ -495,50 +561,11 @@ class MuZero(RLModule):
                 "columns": {"root_value": root_value.cpu(), "visit_probs": probs.float().cpu()}}
 
     def _unroll_losses(self, obs: Tensor, t: UnrollTargets, valid: Tensor) -> tuple[dict[str, Tensor], Tensor]:
-        """Per-sample losses ``{name: [B]}`` of the K-step unroll (steps ``k >= 1`` weighted
-        ``1 / K``) and the network's value at the position ``[B]`` (no gradient)."""
-        hp, model = self.hp, self.model
-        K = hp.num_unroll_steps
-        root = model.initial_inference(obs[:, 0])
-        state = root["state"]
-        policy_logits, value_logits = [root["policy_logits"]], [root["value_logits"]]
-        reward_logits, states = [], [state]
-        for k in range(K):
-            r_logits, state = model.dynamics(state, t.actions[:, k])
-            p_logits, v_logits = model.prediction(state)
-            reward_logits.append(r_logits)
-            policy_logits.append(p_logits)
-            value_logits.append(v_logits)
-            states.append(state)
-            state = scale_gradient(state, hp.recurrent_gradient_scaling_factor)
-        step_weight = torch.tensor([1.0] + [1.0 / K] * K, device=obs.device)  # [K + 1]
-
-        def total(per_step: Tensor, mask: Tensor) -> Tensor:  # [B, K + 1] -> [B]
-            return (per_step * mask.float() * step_weight).sum(1)
-
-        values = torch.stack(value_logits, 1).float()  # [B, K + 1, bins]
-        losses = {"value": hp.value_loss_weight * total(
-            dists.h_twohot_loss(values, t.value, model.value_bins, model.value_eps), t.value_mask)}
-        if hp.train_reward_function:
-            rewards = torch.stack(reward_logits, 1).float()  # [B, K, bins]
-            per_step = dists.h_twohot_loss(rewards, t.reward[:, 1:], model.reward_bins, model.value_eps)
-            losses["reward"] = hp.reward_loss_weight * total(F.pad(per_step, (1, 0)), t.reward_mask)
-        if hp.train_policy:
-            logp = torch.log_softmax(torch.stack(policy_logits, 1).float(), -1)  # [B, K + 1, A]
-            losses["policy"] = hp.policy_loss_weight * total(-(t.policy * logp).sum(-1), t.policy_mask)
-        if hp.train_game_over_function:
-            logits = torch.stack([model.game_over_logit(s) for s in states], 1).float()  # [B, K + 1]
-            bce = F.binary_cross_entropy_with_logits(logits, t.game_over.float(), reduction="none")
-            losses["game_over"] = hp.game_over_loss_weight * total(bce, t.game_over_mask)
-        if hp.train_repr_prediction:
-            with torch.no_grad():
-                target = model.representation(obs[:, 1:K + 1].flatten(0, 1)).view(-1, K, *model.state_shape)
-            predicted = torch.stack(states[1:], 1)  # [B, K, ...]
-            cosine = F.cosine_similarity(predicted.flatten(2).float(), target.flatten(2).float(), dim=-1)
-            losses["repr"] = hp.repr_loss_weight * total(F.pad(1.0 - cosine, (1, 0)),
-                                                        F.pad(valid[:, 1:K + 1], (1, 0)))
-        value0 = model.value(root["value_logits"].detach()).float()
-        return losses, value0
+        hp = self.hp
+        return unroll_losses(self.model, obs, t, valid, LossSettings(
+            hp.recurrent_gradient_scaling_factor, hp.value_loss_weight, hp.reward_loss_weight, hp.policy_loss_weight,
+            hp.game_over_loss_weight, hp.repr_loss_weight, hp.train_reward_function, hp.train_policy,
+            hp.train_game_over_function, hp.train_repr_prediction))
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         self.update_target(self.global_step)
