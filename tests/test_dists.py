@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 import torch
 
 from lightning_wm.nn import dists
@@ -182,3 +183,49 @@ def test_symlog_mse():
     assert torch.allclose(dists.symlog_mse(pred, torch.tensor([[1.0, 0.0]])), torch.zeros(1), atol=1e-6)
     want = torch.tensor([math.log(2) ** 2 + 1])
     assert torch.allclose(dists.symlog_mse(pred, torch.tensor([[0.0, 1.0]]), transform=False), want)
+
+
+# -- MuZero value transform ---------------------------------------------------------------------
+def test_h_transform_hand_values():
+    x = torch.tensor([0.0, 3.0, -8.0, 9999.0, 0.25])
+    # sign(x)(sqrt(|x|+1) - 1) + 0.001 x
+    want = torch.tensor([0.0, 2 - 1 + 0.003, -(3 - 1) - 0.008, 100 - 1 + 9.999, math.sqrt(1.25) - 1 + 0.00025])
+    assert torch.allclose(dists.h_transform(x), want, rtol=1e-6, atol=1e-7)
+    assert torch.allclose(dists.h_transform(x, eps=0.0)[:3], torch.tensor([0.0, 1.0, -2.0]))
+    assert torch.allclose(dists.h_inverse(want), x, rtol=1e-5)
+
+
+def test_h_inverse_round_trip_wide_range():
+    x = torch.cat([-torch.logspace(-6, 6, 3000), torch.zeros(1), torch.logspace(-6, 6, 3000)])
+    for eps in (0.001, 0.01, 0.0):
+        back = dists.h_inverse(dists.h_transform(x, eps), eps)
+        rel = ((back - x).abs() / x.abs().clamp(min=1e-12)).max()
+        assert rel < 1e-4, (eps, rel)
+    y = torch.linspace(-300, 300, 6001)
+    assert torch.allclose(dists.h_transform(dists.h_inverse(y)), y, atol=2e-4, rtol=1e-5)
+    # the textbook closed form agrees in float64 where it is accurate
+    y64 = torch.tensor([0.5, 3.0, 50.0, 300.0], dtype=torch.float64)
+    e = 0.001
+    textbook = (((torch.sqrt(1 + 4 * e * (y64 + 1 + e)) - 1) / (2 * e)) ** 2 - 1)
+    assert torch.allclose(dists.h_inverse(y64), textbook, rtol=1e-9)
+
+
+def test_h_support_and_twohot_targets():
+    bins = dists.h_support(300)
+    assert bins.shape == (601,) and bins[0] == -300 and bins[300] == 0 and bins[-1] == 300
+    small = dists.h_support(2)
+    enc = dists.h_twohot_encode(torch.tensor([3.0, 0.0, -1e6]), small)
+    # h(3) = 1.003: 0.997 on bin 1, 0.003 on bin 2; beyond the support: the end bin
+    assert torch.allclose(enc, torch.tensor([[0, 0, 0, 0.997, 0.003], [0, 0, 1.0, 0, 0], [1.0, 0, 0, 0, 0]]),
+                          atol=1e-6)
+    x = torch.tensor([0.0, 0.7, -3.5, 12.0, 150.0, -400.0])
+    bins = dists.h_support(25)
+    logits = torch.log(dists.h_twohot_encode(x, bins).clamp(min=1e-30))
+    assert torch.allclose(dists.h_twohot_mean(logits, bins), x, rtol=1e-4, atol=1e-4)
+    target_logits = torch.zeros(6, 51, requires_grad=True)
+    loss = dists.h_twohot_loss(target_logits, x, bins)
+    assert loss.shape == (6,)
+    loss.sum().backward()
+    assert torch.allclose(loss, torch.full((6,), math.log(51)), atol=1e-5)  # uniform logits: log K
+    with pytest.raises(ValueError, match="support_size"):
+        dists.h_support(0)

@@ -99,6 +99,29 @@ def test_window_longer_than_the_ring_masks_what_the_ring_cannot_hold():
     assert batch["mask"].sum(1).max() == 6
 
 
+def test_window_history_holds_the_rows_before_the_position_of_its_episode():
+    # episodes [4, 6]: t = 0..3 and 4..9; ring of 8 that wrapped: t = 2..9 stored
+    buf = buffer_of(episodes([4, 6]), cap=8)
+    batch = WindowSampler(num_unroll_steps=1, td_steps=1, history=3).sample(buf, 3000)
+    t, ep = batch["obs"][..., 1], batch["obs"][..., 2]
+    assert batch["obs"].shape == (3000, 6, 4) and batch["mask"].shape == (3000, 6)
+    pos = t[:, 3]
+    assert set(pos.tolist()) == {2, 4, 5, 6, 7, 8}  # t = 3 and 9 are last rows
+    assert torch.equal(batch["generation"], pos) and torch.equal(batch["row_index"][:, 3], batch["index"])
+    # history rows: t - 3 .. t - 1, kept where they exist (t >= 2: written and not overwritten) and
+    # belong to t's episode; the forward rows as without history
+    rows = pos[:, None] + torch.arange(-3, 3)
+    belongs = (rows >= 2) & (ep == ep[:, 3:4])
+    forward_end = torch.where(ep[:, 3] == 0, 3, 9)[:, None]
+    expected = torch.cat([belongs[:, :3], (rows[:, 3:] <= forward_end)], 1)
+    np.testing.assert_array_equal(batch["mask"].numpy(), expected.numpy())
+    assert torch.equal(t[batch["mask"]], rows[batch["mask"]])
+    # age: rows written to the stream after the position (10 rows written: t = 9 is the newest)
+    assert torch.equal(batch["age"], 9 - pos)
+    with pytest.raises(ValueError, match="history"):
+        WindowSampler(1, 1, history=-1)
+
+
 # ---------------------------------------------------------------------------- transitions and rows
 def test_transitions_carry_the_next_row_and_skip_last_rows_and_the_newest_row():
     buf = buffer_of(episodes([3, 4], stream=0), episodes([6], stream=1, last_open=True))

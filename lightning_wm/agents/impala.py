@@ -172,7 +172,10 @@ class IMPALA(RLModule):
             sigma_type, bound_type, init_sigma: the network.
         encoder: build the observation encoder from the env spec instead (YAML ``class_path``
             of a module whose first argument is the :class:`EnvSpec`, e.g. another model's
-            representation network); see ``ActorCritic``'s ``encoder``.
+            representation network); see ``ActorCritic``'s ``encoder``. An encoder with a
+            ``representation_loss(batch, step) -> (loss, logs) | None`` method trains itself:
+            its loss is added to IMPALA's and its logs logged (e.g.
+            :class:`~lightning_wm.agents.muzero.MuZeroRepresentation`).
         learning_rate: the optimizer's step size, logged as ``train/cur_lr``.
         lr_anneal_steps: anneal the learning rate linearly to 0 over this many optimizer steps
             (the IMPALA paper's schedule); None keeps it constant (DI-engine).
@@ -285,6 +288,14 @@ class IMPALA(RLModule):
             weight = batch["weight"]
         out = unroll_loss(self.net, batch, self.loss_config, weight)
         result = {"loss": out.total_loss}
+        # an injected encoder that trains itself (e.g. MuZeroRepresentation) adds its own loss
+        encoder_loss = getattr(self.net.encoder, "representation_loss", None)
+        encoder_logs: dict[str, Tensor] = {}
+        if encoder_loss is not None:
+            extra = encoder_loss(batch, self.global_step)
+            if extra is not None:
+                result["loss"] = result["loss"] + extra[0]
+                encoder_logs = extra[1]
         if hp.priority:
             result["priority"] = out.priority.detach()
         if self._trainer is not None and (self.global_step + 1) % max(1, self._trainer.log_every_n_steps):
@@ -304,6 +315,7 @@ class IMPALA(RLModule):
             if acted.any():
                 logs["train/policy_lag"] = (self.global_step - version[acted].double()).mean().float()
         logs.update({f"train/{k}": v for k, v in self._clip_stats.items()})
+        logs.update(encoder_logs)
         self.log_dict(logs, on_step=True, on_epoch=False, batch_size=B)
         self.log("train/loss", out.total_loss.detach(), prog_bar=True, on_step=True, on_epoch=False, batch_size=B)
         return result

@@ -57,7 +57,7 @@ from lightning_wm.tree import flatten, unflatten
 __all__ = ["ReplayBuffer", "RESERVED_KEYS", "ENV_KEYS"]
 
 #: keys the samplers add to batches; rows may not use them (nor names starting with ``next_``)
-RESERVED_KEYS = ("index", "generation", "row_index", "row_generation", "weight", "mask", "is_real")
+RESERVED_KEYS = ("index", "generation", "row_index", "row_generation", "weight", "mask", "is_real", "age")
 #: the row convention's env keys; every other key (action, agent extras) is zeroed on a last row
 ENV_KEYS = ("obs", "reward", "is_first", "is_last", "is_terminal")
 _STATE_VERSION = 2
@@ -473,6 +473,10 @@ class ReplayBuffer:
     def generation(self, stream: np.ndarray, slot: np.ndarray) -> np.ndarray:
         """Generations of rows ``(stream, slot)`` (any broadcastable int shapes), int64."""
         return self._gen[stream, slot]
+
+    def rows_written(self, stream: np.ndarray) -> np.ndarray:
+        """Rows ever written to each of ``stream`` (int array): the generation the next row gets."""
+        return self._written[stream]
 
     def gather(self, stream: np.ndarray, slot: np.ndarray, keys: tuple[str, ...] | None = None) -> dict[str, Any]:
         """Rows ``(stream, slot)`` (broadcastable int arrays, result shape ``X``) of every key

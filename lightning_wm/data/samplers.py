@@ -136,34 +136,55 @@ class WindowSampler(Sampler):
     the stream's write head (not written yet) or overwritten are masked instead of rejecting
     the position, so late positions of an episode are sampled as often as early ones. Masked
     rows hold whatever the slots hold: read them only through ``mask``.
+
+    With ``history = h > 0`` the window also holds the ``h`` rows *before* ``t`` (frame stacks:
+    the observation at ``t`` stacked with its ``h`` predecessors): keys ``[B, h + W, ...]``,
+    the position at index ``h``; ``mask`` is true on a history row that exists and belongs to
+    ``t``'s episode (a suffix of the history: rows before the episode's first row are masked).
+
+    Besides the usual bookkeeping every batch carries ``age`` int64 ``[B]``: rows written to the
+    position's stream after it (0 for the newest row), what reanalyse's horizon schedule reads.
     """
 
-    def __init__(self, num_unroll_steps: int = 5, td_steps: int = 5) -> None:
-        if num_unroll_steps < 0 or td_steps < 0:
-            raise ValueError(f"num_unroll_steps and td_steps must be >= 0, got {num_unroll_steps}, {td_steps}")
-        self.num_unroll_steps, self.td_steps = int(num_unroll_steps), int(td_steps)
+    def __init__(self, num_unroll_steps: int = 5, td_steps: int = 5, history: int = 0) -> None:
+        if num_unroll_steps < 0 or td_steps < 0 or history < 0:
+            raise ValueError(f"num_unroll_steps, td_steps and history must be >= 0, got {num_unroll_steps}, "
+                             f"{td_steps}, {history}")
+        self.num_unroll_steps, self.td_steps, self.history = int(num_unroll_steps), int(td_steps), int(history)
 
     @property
     def window(self) -> int:
-        """Rows per window, ``num_unroll_steps + td_steps + 1``."""
+        """Rows per window from the position on, ``num_unroll_steps + td_steps + 1``."""
         return self.num_unroll_steps + self.td_steps + 1
 
     def sample(self, buffer: ReplayBuffer, batch_size: int) -> dict[str, Any]:
-        W, cap = self.window, buffer.cap_per_stream
+        W, h, cap = self.window, self.history, buffer.cap_per_stream
         why = "WindowSampler"
         stream, start = buffer.draw(
             batch_size, accept=lambda s, t: ~_flag(buffer, "is_last", s, t, why),
             what="window positions (rows that are not an episode's last row)",
         )
-        slot = (start[:, None] + np.arange(W)) % cap
+        slot = (start[:, None] + np.arange(-h, W)) % cap
         rows = stream[:, None]
         generation = buffer.generation(rows, slot)
-        ok = generation == generation[:, :1] + np.arange(W)  # written after the position, not overwritten
-        ok[:, 1:] &= ~_flag(buffer, "is_last", rows, slot[:, :-1], why)  # the episode ended before
-        if "is_first" in buffer:  # a new episode began (a restart without a last row)
-            ok[:, 1:] &= ~_flag(buffer, "is_first", rows, slot[:, 1:], why)
+        # written in time order relative to the position, not overwritten
+        ok = (generation == generation[:, h:h + 1] + np.arange(-h, W)) & (generation >= 0)
+        is_last = _flag(buffer, "is_last", rows, slot, why)
+        is_first = _flag(buffer, "is_first", rows, slot, why) if "is_first" in buffer else None
+        forward = ok[:, h:]
+        forward[:, 1:] &= ~is_last[:, h:-1]  # the episode ended before
+        if is_first is not None:  # a new episode began (a restart without a last row)
+            forward[:, 1:] &= ~is_first[:, h + 1:]
+        mask = np.empty_like(ok)
+        mask[:, h:] = np.logical_and.accumulate(forward, axis=1)
+        if h:
+            back = ok[:, :h] & ~is_last[:, :h]  # a last row before t ends an earlier episode
+            if is_first is not None:  # row j is in t's episode only if no episode began after it
+                back &= ~is_first[:, 1:h + 1]
+            mask[:, :h] = np.logical_and.accumulate(back[:, ::-1], axis=1)[:, ::-1]
         out = buffer.gather(rows, slot)
-        out["mask"] = torch.from_numpy(np.logical_and.accumulate(ok, axis=1))
+        out["mask"] = torch.from_numpy(mask)
+        out["age"] = torch.from_numpy(buffer.rows_written(stream) - 1 - generation[:, h])
         self._rows(buffer, out, rows, slot, generation)
         return self._position(buffer, out, stream, start)
 

@@ -151,3 +151,24 @@ class ConvDecoder(nn.Module):
         batch = x.shape[:-1]
         y = self.linear(x.reshape(-1, x.shape[-1])).reshape(-1, self.depth * 32, 1, 1)
         return self.net(y).reshape(*batch, *self.out_shape)
+
+
+def scale_gradient(x: Tensor, scale: float) -> Tensor:
+    """``x`` in the forward pass; its gradient multiplied by ``scale`` in the backward pass
+    (MuZero's hidden-state scaling between unroll steps)."""
+    if scale == 1.0:
+        return x
+    return x * scale + x.detach() * (1.0 - scale)
+
+
+@torch.no_grad()
+def soft_update(target: nn.Module, source: nn.Module, tau: float) -> None:
+    """``target <- (1 - tau) target + tau source`` for every parameter and floating buffer
+    (``tau = 1``: a copy); integer buffers are copied."""
+    for t, s in zip(target.parameters(), source.parameters()):
+        t.lerp_(s, tau)
+    for t, s in zip(target.buffers(), source.buffers()):
+        if t.is_floating_point() and tau != 1.0:
+            t.lerp_(s, tau)
+        else:
+            t.copy_(s)

@@ -4,6 +4,9 @@ Nothing here builds ``torch.distributions`` objects: the training hot path works
 logits / means / standard deviations.
 
 * symlog / symexp squashing (DreamerV3);
+* MuZero's value transform :func:`h_transform` / :func:`h_inverse` and categorical values over a
+  support in transformed space (:func:`h_support`, :func:`h_twohot_encode`, :func:`h_twohot_mean`,
+  :func:`h_twohot_loss`);
 * two-hot encoding over a bins tensor (e.g. :func:`symexp_bins`), its cross-entropy loss and
   its mean;
 * categorical latents: 1% uniform mix (``unimix``), straight-through one-hot sampling,
@@ -103,6 +106,59 @@ def twohot_loss(logits: Tensor, target: Tensor, bins: Tensor) -> Tensor:
     """Cross-entropy of ``logits [..., K]`` against the two-hot encoding of ``target [...]``
     (no gradient into the target) -> ``[...]``."""
     return -(twohot_encode(target, bins) * torch.log_softmax(logits, -1)).sum(-1)
+
+
+# -- MuZero value transform ------------------------------------------------------------------
+def h_transform(x: Tensor, eps: float = 0.001) -> Tensor:
+    """MuZero's (Pohlen et al.) value squashing ``h(x) = sign(x) (sqrt(|x| + 1) - 1) + eps x``,
+    elementwise; ``sqrt(|x| + 1) - 1`` is computed as ``|x| / (sqrt(|x| + 1) + 1)`` (no cancellation
+    for small ``|x|``)."""
+    return x / (torch.sqrt(torch.abs(x) + 1.0) + 1.0) + eps * x
+
+
+def h_inverse(y: Tensor, eps: float = 0.001) -> Tensor:
+    """Exact inverse of :func:`h_transform`, elementwise.
+
+    With ``u = sqrt(|x| + 1) - 1``, ``|y| = u + eps (u^2 + 2u)``, a quadratic in ``u`` whose root,
+    rationalised so that nothing cancels for small ``|y|`` (the textbook form
+    ``((sqrt(1 + 4 eps (|y| + 1 + eps)) - 1) / (2 eps))^2 - 1`` loses every digit there in
+    float32), is ``u = 2|y| / (a + sqrt(a^2 + 4 eps |y|))`` with ``a = 1 + 2 eps``; then
+    ``x = sign(y) u (u + 2)``. ``eps = 0`` gives ``x = y (|y| + 2)``.
+    """
+    a = 1.0 + 2.0 * eps
+    ay = torch.abs(y)
+    d = 2.0 / (torch.sqrt(ay * (4.0 * eps) + a * a) + a)  # u = |y| d
+    return y * d * (ay * d + 2.0)
+
+
+def h_support(support_size: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Bins ``[2 S + 1]`` of the categorical value / reward: the integers ``-S..S`` in
+    :func:`h_transform` space (MuZero Atari: ``S = 300`` -> 601 bins, reaching ``|x| ~ 9e4``;
+    CartPole: ``S = 10``-``25``)."""
+    if support_size < 1:
+        raise ValueError(f"support_size must be >= 1, got {support_size}")
+    return torch.arange(-support_size, support_size + 1, dtype=dtype)
+
+
+def h_twohot_encode(x: Tensor, bins: Tensor, eps: float = 0.001) -> Tensor:
+    """Target distribution ``[..., K]`` of scalars ``x [...]``: the two-hot encoding of
+    ``h_transform(x)`` over ``bins`` (values beyond the support go to the end bins)."""
+    return twohot_encode(h_transform(x.to(bins.dtype), eps), bins)
+
+
+def h_twohot_mean(logits: Tensor, bins: Tensor, eps: float = 0.001) -> Tensor:
+    """Scalar ``[...]`` a categorical over transformed ``bins`` stands for:
+    ``h_inverse(E[bin])`` for ``logits [..., K]`` (the expectation is taken in transformed
+    space, as in MuZero). The bins are small integers, so a plain dot product is exact enough
+    (the outside-in sum of :func:`weighted_bin_mean` is for bins up to ~1e8), and it is the
+    search's hot path."""
+    return h_inverse(torch.softmax(logits, -1) @ bins, eps)
+
+
+def h_twohot_loss(logits: Tensor, target: Tensor, bins: Tensor, eps: float = 0.001) -> Tensor:
+    """Cross-entropy ``[...]`` of ``logits [..., K]`` against :func:`h_twohot_encode` of the
+    scalar ``target [...]`` (no gradient into the target)."""
+    return -(h_twohot_encode(target, bins, eps) * torch.log_softmax(logits, -1)).sum(-1)
 
 
 # -- categorical ----------------------------------------------------------------------------

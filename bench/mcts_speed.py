@@ -1,0 +1,162 @@
+"""MCTS speed: simulations per second of one batched search, ours (``lightning_wm.search.mcts``)
+and LightZero 0.2.0's C++ tree (``ctree``) on the same network in the same process.
+
+    python bench/mcts_speed.py                                   # ours only (LightZero absent)
+    PYTHONPATH=. /work/venvs/lightzero/bin/python bench/mcts_speed.py   # both (bench/install_lightzero.sh)
+    python bench/mcts_speed.py --batch 64 --simulations 50 --threads 1 2 --repeats 7
+
+The network is the CartPole MuZero network of LightZero's config (latent 128, two hidden layers
+of 128, heads of 32, value and reward over 601 bins), built as a ``MuZeroModel`` in eval mode
+and called under ``torch.no_grad()``; both searches get the same root states, logits and values
+(the root inference is outside the timing) and use PUCT with Dirichlet noise (alpha 0.3, weight
+0.25), pb_c 1.25 / 19652 and discount 0.997. ``sims/s = batch * simulations / seconds`` of one
+whole search, median over ``--repeats`` rounds after one warm-up, the searches taking turns
+within a round; the process CPU time is given beside the wall time (on a shared machine it is the
+steadier of the two; with 2 threads it counts both). Each search's network time (our
+``recurrent_fn``, which decodes value and reward; LightZero's ``recurrent_inference``, whose
+decoding LightZero does outside it) is reported too. LightZero's tree is imported only when it is
+installed in the running Python.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import gymnasium as gym  # noqa: E402
+
+from lightning_wm.agents.muzero import MuZeroModel  # noqa: E402
+from lightning_wm.search import mcts  # noqa: E402
+
+DISCOUNT = 0.997
+
+
+def cartpole_model(seed: int = 0) -> MuZeroModel:
+    """LightZero's CartPole MuZero sizes, random weights (heads not zero, so the search branches)."""
+    torch.manual_seed(seed)
+    model = MuZeroModel(gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), 2, latent_dim=128, hidden=128, layers=2,
+                        head_hidden=32, support_size=300)
+    for head in (model.policy_head, model.value_head, model.reward_head):
+        for p in head.parameters():
+            torch.nn.init.normal_(p, std=0.05)
+    return model.eval().requires_grad_(False)
+
+
+class Timed:
+    """Wraps a callable and adds up the seconds spent in it."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn, self.seconds = fn, 0.0
+
+    def __call__(self, *args: Any) -> Any:
+        t = time.perf_counter()
+        out = self.fn(*args)
+        self.seconds += time.perf_counter() - t
+        return out
+
+
+def ours(model: MuZeroModel, root: dict[str, torch.Tensor], simulations: int, seed: int) -> tuple[float, float]:
+    rec = Timed(model.recurrent_fn)
+    t = time.perf_counter()
+    mcts(rec, root["state"], root["policy_logits"], root["value"], num_simulations=simulations, discount=DISCOUNT,
+         generator=torch.Generator().manual_seed(seed))
+    return time.perf_counter() - t, rec.seconds
+
+
+def lightzero_search() -> Callable[..., tuple[float, float]] | None:
+    """LightZero's ctree search on our network, or ``None`` where LightZero is not installed."""
+    try:
+        from easydict import EasyDict
+        from lzero.mcts.tree_search.mcts_ctree import MuZeroMCTSCtree
+    except ImportError:
+        return None
+
+    def run(model: MuZeroModel, root: dict[str, torch.Tensor], simulations: int, seed: int) -> tuple[float, float]:
+        rng = np.random.default_rng(seed)
+        cfg = EasyDict(dict(num_simulations=simulations, discount_factor=DISCOUNT, device="cpu",
+                            model=dict(support_scale=300, categorical_distribution=True)))
+        search = MuZeroMCTSCtree(cfg)
+
+        def infer(latent: torch.Tensor, action: torch.Tensor) -> SimpleNamespace:
+            # LightZero decodes the categorical value and reward itself
+            reward_logits, state = model.dynamics(latent.float(), action)
+            policy_logits, value_logits = model.prediction(state)
+            return SimpleNamespace(latent_state=state, policy_logits=policy_logits, value=value_logits,
+                                   reward=reward_logits)
+
+        net = SimpleNamespace(recurrent_inference=Timed(infer), eval=lambda: None)
+        batch, actions = root["policy_logits"].shape
+        t = time.perf_counter()
+        roots = MuZeroMCTSCtree.roots(batch, [list(range(actions))] * batch)
+        noises = [rng.dirichlet([0.3] * actions).astype(np.float32).tolist() for _ in range(batch)]
+        roots.prepare(0.25, noises, [0.0] * batch, root["policy_logits"].numpy().tolist(), [-1] * batch)
+        search.search(roots, net, root["state"].numpy(), [-1] * batch)
+        roots.get_distributions()
+        roots.get_values()
+        return time.perf_counter() - t, net.recurrent_inference.seconds
+
+    return run
+
+
+def measure(searches: dict[str, Callable[..., tuple[float, float]]], model: MuZeroModel, batch: int,
+            simulations: int, repeats: int) -> dict[str, dict[str, float]]:
+    """Median wall seconds, process CPU seconds and network seconds per search, for every search,
+    over ``repeats`` rounds after one warm-up; the searches take turns within a round so that a
+    shared machine's load falls on all of them alike."""
+    rng = torch.Generator().manual_seed(batch)
+    obs = torch.randn(batch, 4, generator=rng) * 0.5
+    runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in searches}
+    with torch.no_grad():
+        root = model.initial_inference(obs)
+        for fn in searches.values():
+            fn(model, root, simulations, 0)
+        for i in range(repeats):
+            for name, fn in searches.items():
+                cpu = time.process_time()
+                wall, net = fn(model, root, simulations, i + 1)
+                runs[name].append((wall, time.process_time() - cpu, net))
+    return {name: {"wall": statistics.median(r[0] for r in rs), "cpu": statistics.median(r[1] for r in rs),
+                   "network": statistics.median(r[2] for r in rs)} for name, rs in runs.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, nargs="+", default=[16, 64])
+    parser.add_argument("--simulations", type=int, default=50)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+
+    model = cartpole_model()
+    searches = {"lightning_wm": ours}
+    lz = lightzero_search()
+    if lz is None:
+        print("LightZero is not installed in this Python: measuring lightning_wm only "
+              "(run with the LightZero venv's python to compare).")
+    else:
+        searches["LightZero ctree"] = lz
+    print(f"torch {torch.__version__}, load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs\n")
+    print("| search | threads | batch | simulations | s / search (wall) | sims/s (wall) | CPU s / search | "
+          "sims/s (CPU) | network s / search |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        for batch in args.batch:
+            results = measure(searches, model, batch, args.simulations, args.repeats)
+            sims = batch * args.simulations
+            for name, r in results.items():
+                print(f"| {name} | {threads} | {batch} | {args.simulations} | {r['wall']:.4f} | {sims / r['wall']:,.0f} | "
+                      f"{r['cpu']:.4f} | {sims / r['cpu']:,.0f} | {r['network']:.4f} |", flush=True)
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,311 @@
+"""MuZero's networks: representation ``h(o) -> s``, dynamics ``g(s, a) -> (r, s')`` and prediction
+``f(s) -> (pi, v)``, as one :class:`MuZeroModel` that is also a
+:class:`~lightning_wm.world_model.WorldModel` and gives :func:`lightning_wm.search.mcts` its
+``recurrent_fn``.
+
+* Vector observations ``float [B, D]``: MLPs. Frames ``uint8 [B, H, W, C]`` (or a stack
+  ``[B, K, H, W, C]``, oldest first): a residual conv net that downsamples by 16 as in MuZero's
+  Atari network (two stride-2 convs, two stride-2 average pools; 96 -> 6, 84 -> 6, 64 -> 4).
+* The hidden state is min-max scaled to ``[0, 1]`` per sample after the representation and
+  after every dynamics step (MuZero, Appendix G).
+* Value and reward are categorical over ``2 S + 1`` integer bins in :func:`h_transform` space
+  (:func:`lightning_wm.nn.dists.h_support`), decoded with :func:`h_twohot_mean`.
+* An optional game-over head predicts that the episode terminated on arriving at ``s'`` (ALF's
+  ``train_game_over_function``); without it ``step`` reports ``done = 0``.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lightning_wm.envs import is_image_space
+from lightning_wm.nn import dists
+from lightning_wm.nn.blocks import MLP, ChannelNorm, activation
+from lightning_wm.world_model import WorldModel
+
+
+def scale_hidden(state: Tensor, eps: float = 1e-5) -> Tensor:
+    """Min-max scale each sample of ``state [B, ...]`` to ``[0, 1]`` over all its features (a
+    constant sample becomes 0)."""
+    flat = state.flatten(1)
+    lo, hi = torch.aminmax(flat, dim=1, keepdim=True)
+    return ((flat - lo) / (hi - lo).clamp(min=eps)).view_as(state)
+
+
+def _norm2d(kind: str, channels: int) -> nn.Module:
+    if kind == "batch":
+        return nn.BatchNorm2d(channels)
+    if kind == "layer":
+        return ChannelNorm(channels)
+    if kind == "none":
+        return nn.Identity()
+    raise ValueError(f"unknown norm {kind!r}; choose 'layer', 'batch' or 'none'")
+
+
+def _mlp(in_dim: int, out_dim: int | None, hidden: int, layers: int, act: str, norm: str,
+         zero_init_output: bool = False) -> MLP:
+    if norm not in ("layer", "none"):
+        raise ValueError(f"MLP networks take norm 'layer' or 'none', got {norm!r}")
+    return MLP(in_dim, out_dim, hidden, layers, act, norm == "layer", zero_init_output)
+
+
+class ResidualBlock(nn.Module):
+    """``x + norm(conv(act(norm(conv(x)))))``, then the activation; shape-preserving ``[N, C, H, W]``."""
+
+    def __init__(self, channels: int, norm: str = "layer", act: str = "relu") -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1, bias=norm == "none")
+        self.norm1 = _norm2d(norm, channels)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=norm == "none")
+        self.norm2 = _norm2d(norm, channels)
+        self.act = activation(act)()
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = self.act(self.norm1(self.conv1(x)))
+        return self.act(x + self.norm2(self.conv2(y)))
+
+
+class ConvRepresentation(nn.Module):
+    """Frames ``float [N, C_in, H, W]`` -> hidden planes ``[N, channels, H/16, W/16]``: stride-2
+    conv (``channels/2``), ``blocks`` residual blocks, stride-2 conv (``channels``), ``blocks``
+    residual blocks, average pool /2, ``blocks`` residual blocks, average pool /2 (sizes rounded
+    up), ``blocks`` residual blocks."""
+
+    def __init__(self, in_channels: int, channels: int, blocks: int, norm: str, act: str) -> None:
+        super().__init__()
+        half = channels // 2
+
+        def stage(c: int) -> list[nn.Module]:
+            return [ResidualBlock(c, norm, act) for _ in range(blocks)]
+
+        self.net = nn.Sequential(
+            nn.Conv2d(in_channels, half, 3, stride=2, padding=1), activation(act)(), *stage(half),
+            nn.Conv2d(half, channels, 3, stride=2, padding=1), activation(act)(), *stage(channels),
+            nn.AvgPool2d(3, stride=2, padding=1, count_include_pad=False), *stage(channels),
+            nn.AvgPool2d(3, stride=2, padding=1, count_include_pad=False), *stage(channels),
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+
+class _ConvHead(nn.Module):
+    """Hidden planes ``[N, C, h, w]`` -> ``[N, out]``: 1x1 conv to ``reduced`` channels, flatten, MLP."""
+
+    def __init__(self, channels: int, plane: tuple[int, int], reduced: int, hidden: int, out: int, act: str,
+                 zero_init_output: bool) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(channels, reduced, 1)
+        self.act = activation(act)()
+        self.mlp = MLP(reduced * plane[0] * plane[1], out, hidden, 1, act, False, zero_init_output)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.mlp(self.act(self.conv(x)).flatten(1))
+
+
+class MuZeroModel(nn.Module, WorldModel):
+    """MuZero's three networks for a discrete action space.
+
+    Args:
+        observation_space: ``Box`` of float vectors ``[D]`` or uint8 frames ``[H, W, C]`` (with
+            ``frame_stack > 1`` the model reads ``[K, H, W, C]`` stacks, oldest first).
+        num_actions: size of the discrete action space.
+        latent_dim: hidden state size (vectors).
+        hidden, layers: width and depth of the MLP trunks of representation, dynamics and
+            prediction (vectors).
+        head_hidden: width of the one hidden layer of every head (reward, value, policy, game over).
+        channels, blocks: conv channels of the hidden planes and residual blocks per stage
+            (frames); dynamics and prediction use ``blocks`` blocks each.
+        frame_stack: frames per observation (frames).
+        support_size: value bins ``-S..S`` in transformed space (MuZero Atari: 300).
+        reward_support_size: reward bins (default: ``support_size``).
+        value_eps: the ``eps`` of :func:`~lightning_wm.nn.dists.h_transform`.
+        norm: ``"layer"`` (LayerNorm / channel LayerNorm), ``"batch"`` (BatchNorm, convs only) or
+            ``"none"``.
+        act: activation name.
+        game_over_head: also predict termination on arriving at ``s'``.
+    """
+
+    def __init__(
+        self,
+        observation_space: gym.spaces.Box,
+        num_actions: int,
+        *,
+        latent_dim: int = 128,
+        hidden: int = 128,
+        layers: int = 2,
+        head_hidden: int = 32,
+        channels: int = 64,
+        blocks: int = 1,
+        frame_stack: int = 1,
+        support_size: int = 300,
+        reward_support_size: int | None = None,
+        value_eps: float = 0.001,
+        norm: str = "layer",
+        act: str = "relu",
+        game_over_head: bool = False,
+    ) -> None:
+        super().__init__()
+        if not isinstance(observation_space, gym.spaces.Box):
+            raise ValueError(f"MuZeroModel needs a Box observation space, got {type(observation_space).__name__}")
+        if num_actions < 2:
+            raise ValueError(f"MuZeroModel needs at least 2 discrete actions, got {num_actions}")
+        self.num_actions = num_actions
+        self.frame_stack = frame_stack
+        self.value_eps = value_eps
+        self.register_buffer("value_bins", dists.h_support(support_size), persistent=False)
+        self.register_buffer("reward_bins", dists.h_support(reward_support_size or support_size), persistent=False)
+        value_out, reward_out = self.value_bins.numel(), self.reward_bins.numel()
+        self.is_image = is_image_space(observation_space)
+        if self.is_image:
+            h, w, c = observation_space.shape
+            self.obs_shape = (frame_stack, h, w, c) if frame_stack > 1 else (h, w, c)
+            self.repr_net = ConvRepresentation(c * frame_stack, channels, blocks, norm, act)
+            with torch.no_grad():
+                plane = tuple(self.repr_net(torch.zeros(1, c * frame_stack, h, w)).shape[-2:])
+            self.state_shape: tuple[int, ...] = (channels, *plane)
+            self.dyn_in = nn.Sequential(nn.Conv2d(channels + num_actions, channels, 3, padding=1, bias=norm == "none"),
+                                        _norm2d(norm, channels))
+            self.dyn_act = activation(act)()
+            self.dyn_blocks = nn.Sequential(*[ResidualBlock(channels, norm, act) for _ in range(blocks)])
+            self.pred_blocks = nn.Sequential(*[ResidualBlock(channels, norm, act) for _ in range(blocks)])
+            reduced = max(1, channels // 4)
+            self.reward_head = _ConvHead(channels, plane, reduced, head_hidden, reward_out, act, True)
+            self.value_head = _ConvHead(channels, plane, reduced, head_hidden, value_out, act, True)
+            self.policy_head = _ConvHead(channels, plane, reduced, head_hidden, num_actions, act, True)
+            self.done_head = _ConvHead(channels, plane, reduced, head_hidden, 1, act, False) if game_over_head else None
+        elif len(observation_space.shape) == 1:
+            if frame_stack != 1:
+                raise ValueError("frame_stack applies to image observations only")
+            self.obs_shape = tuple(observation_space.shape)
+            self.state_shape = (latent_dim,)
+            self.repr_net = _mlp(observation_space.shape[0], latent_dim, hidden, layers, act, norm)
+            self.dyn_net = _mlp(latent_dim + num_actions, latent_dim, hidden, layers, act, norm)
+            self.reward_head = _mlp(latent_dim, reward_out, head_hidden, 1, act, norm, True)
+            self.pred_net = _mlp(latent_dim, None, hidden, layers, act, norm)
+            self.value_head = _mlp(hidden, value_out, head_hidden, 1, act, norm, True)
+            self.policy_head = _mlp(hidden, num_actions, head_hidden, 1, act, norm, True)
+            self.done_head = _mlp(latent_dim, 1, head_hidden, 1, act, norm) if game_over_head else None
+        else:
+            raise ValueError(f"MuZeroModel takes float vectors [D] or uint8 frames [H, W, C]; got shape "
+                             f"{observation_space.shape}")
+
+    # -- the three functions ---------------------------------------------------------------------
+    def representation(self, obs: Tensor) -> Tensor:
+        """``h``: observations ``[B, *obs_shape]`` -> hidden state ``[B, *state_shape]`` in ``[0, 1]``."""
+        if tuple(obs.shape[1:]) != self.obs_shape:
+            raise ValueError(f"MuZeroModel expects observations [B, {', '.join(map(str, self.obs_shape))}], "
+                             f"got {list(obs.shape)}")
+        if self.is_image:
+            x = obs.float().div(255.0)
+            if self.frame_stack > 1:  # [B, K, H, W, C] -> [B, K*C, H, W]
+                x = x.permute(0, 1, 4, 2, 3).flatten(1, 2)
+            else:
+                x = x.permute(0, 3, 1, 2)
+            return scale_hidden(self.repr_net(x))
+        return scale_hidden(self.repr_net(obs.float()))
+
+    def dynamics(self, state: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
+        """``g``: ``state [B, *state_shape]``, ``action`` int64 ``[B]`` or one-hot float ``[B, A]``
+        -> ``(reward logits [B, K_r], next state [B, *state_shape])``."""
+        onehot = self.action_onehot(action, state.dtype)
+        if self.is_image:
+            planes = onehot[:, :, None, None].expand(-1, -1, *state.shape[-2:])
+            y = self.dyn_act(self.dyn_in(torch.cat([state, planes], 1)) + state)
+            nxt = scale_hidden(self.dyn_blocks(y))
+        else:
+            nxt = scale_hidden(self.dyn_net(torch.cat([state, onehot], -1)))
+        return self.reward_head(nxt), nxt
+
+    def prediction(self, state: Tensor) -> tuple[Tensor, Tensor]:
+        """``f``: ``state`` -> ``(policy logits [B, A], value logits [B, K_v])``."""
+        x = self.pred_blocks(state) if self.is_image else self.pred_net(state)
+        return self.policy_head(x), self.value_head(x)
+
+    def game_over_logit(self, state: Tensor) -> Tensor:
+        """Logit ``[B]`` that the episode terminated on arriving at ``state`` (game-over head)."""
+        if self.done_head is None:
+            raise ValueError("this MuZeroModel has no game-over head (game_over_head=False)")
+        return self.done_head(state).squeeze(-1)
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def action_onehot(self, action: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+        """int64 ``[B]`` -> one-hot ``[B, A]``; float ``[B, A]`` passes through."""
+        if action.dtype in (torch.int64, torch.int32, torch.int16, torch.uint8):
+            return F.one_hot(action.long(), self.num_actions).to(dtype)
+        if action.shape[-1] != self.num_actions:
+            raise ValueError(f"one-hot actions must be [B, {self.num_actions}], got {list(action.shape)}")
+        return action.to(dtype)
+
+    def value(self, value_logits: Tensor) -> Tensor:
+        """Scalar values ``[...]`` from value logits ``[..., K_v]``."""
+        return dists.h_twohot_mean(value_logits, self.value_bins, self.value_eps)
+
+    def reward(self, reward_logits: Tensor) -> Tensor:
+        """Scalar rewards ``[...]`` from reward logits ``[..., K_r]``."""
+        return dists.h_twohot_mean(reward_logits, self.reward_bins, self.value_eps)
+
+    def initial_inference(self, obs: Tensor) -> dict[str, Tensor]:
+        """``obs [B, ...]`` -> ``{"state", "policy_logits", "value_logits", "value"}``."""
+        state = self.representation(obs)
+        policy_logits, value_logits = self.prediction(state)
+        return {"state": state, "policy_logits": policy_logits, "value_logits": value_logits,
+                "value": self.value(value_logits)}
+
+    def decode(self, reward_logits: Tensor, value_logits: Tensor) -> tuple[Tensor, Tensor]:
+        """``(reward [...], value [...])`` from their logits, decoded together when both use the
+        same support (one softmax and one inverse transform: the search calls this every
+        simulation)."""
+        if self.reward_bins.numel() != self.value_bins.numel():
+            return self.reward(reward_logits), self.value(value_logits)
+        both = dists.h_twohot_mean(torch.stack([reward_logits, value_logits]), self.value_bins, self.value_eps)
+        return both[0], both[1]
+
+    def recurrent_inference(self, state: Tensor, action: Tensor) -> dict[str, Tensor]:
+        """One step in the model: ``{"state", "reward_logits", "reward", "policy_logits",
+        "value_logits", "value"}`` (the state is the next one)."""
+        reward_logits, nxt = self.dynamics(state, action)
+        policy_logits, value_logits = self.prediction(nxt)
+        reward, value = self.decode(reward_logits, value_logits)
+        return {"state": nxt, "reward_logits": reward_logits, "reward": reward, "policy_logits": policy_logits,
+                "value_logits": value_logits, "value": value}
+
+    def recurrent_fn(self, state: Tensor, action: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The search's view of the model: ``(state [B, ...], action [B] int64) -> (next_state,
+        reward [B], policy logits [B, A], value [B])`` (see :func:`lightning_wm.search.mcts`)."""
+        reward_logits, nxt = self.dynamics(state, action)
+        policy_logits, value_logits = self.prediction(nxt)
+        reward, value = self.decode(reward_logits, value_logits)
+        return nxt, reward, policy_logits, value
+
+    # -- WorldModel ------------------------------------------------------------------------------
+    def initial_state(self, obs: Tensor) -> Tensor:
+        return self.representation(obs)
+
+    def step(self, state: Tensor, action: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``action [B, A]`` one-hot (or int64 ``[B]``) -> ``(reward [B], next_state, done [B])``;
+        ``done`` is the game-over head's probability, 0 without one."""
+        reward_logits, nxt = self.dynamics(state, action)
+        if self.done_head is None:
+            done = torch.zeros(state.shape[0], dtype=nxt.dtype, device=nxt.device)
+        else:
+            done = torch.sigmoid(self.game_over_logit(nxt))
+        return self.reward(reward_logits), nxt, done
+
+    def features(self, state: Tensor) -> Tensor:
+        """``[B, F]``: the hidden state flattened."""
+        return state.flatten(1)
+
+    @property
+    def feature_dim(self) -> int:
+        n = 1
+        for d in self.state_shape:
+            n *= d
+        return n
+
+    def extra_repr(self) -> str:
+        return f"obs_shape={self.obs_shape}, state_shape={self.state_shape}, num_actions={self.num_actions}"
+

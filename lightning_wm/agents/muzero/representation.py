@@ -1,0 +1,173 @@
+"""MuZero's representation for another agent (ALF's ``MuzeroRepresentationLearner``).
+
+:class:`MuZeroRepresentation` is an encoder module: ``forward(obs [N, ...]) -> features [N, D]``
+is the MuZero model's representation ``h(o)`` (min-max scaled hidden state, flattened), which
+another agent's networks sit on (e.g. IMPALA's ``model.init_args.encoder``). The model is
+trained with the MuZero losses (value, reward, policy, latent consistency over a ``K``-step
+unroll through its dynamics) on windows cut from every position of the host agent's unroll
+batches ``[B, T+1, ...]``, on its own schedule (``interval``), while the host learns on the
+features, detached (``detach: true``, ALF's setting: only the MuZero losses shape the
+representation) or not. The host calls :meth:`MuZeroRepresentation.representation_loss` from its
+training step and adds the loss to its own.
+
+Targets (:func:`~lightning_wm.agents.muzero.targets.muzero_targets`): n-step values over the
+unroll's rewards bootstrapping from the model's own value (no gradient; ALF's learner
+bootstraps from the values its model computed when acting), rewards, and as policy target the
+host's behaviour policy ``softmax(logits)`` stored in the rows (no search runs here). A window
+from position ``p`` holds the rows ``p..p + K + td_steps`` of the unroll that belong to ``p``'s
+episode; rows past the unroll's end are treated as cut by the write head (the value bootstraps
+from the last row there, later rewards and policies are masked).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from lightning_wm.agents.muzero.agent import LossSettings, unroll_losses
+from lightning_wm.agents.muzero.model import MuZeroModel
+from lightning_wm.agents.muzero.targets import muzero_targets
+from lightning_wm.envs import EnvSpec
+
+__all__ = ["MuZeroRepresentation", "unroll_windows", "windows_of"]
+
+
+def windows_of(x: Tensor, width: int) -> Tensor:
+    """``x [B, L, ...]`` -> ``[B * (L - 1), width, ...]``: the ``width`` rows from each position
+    ``p = 0..L-2`` of each unroll (sample ``b * (L - 1) + p``), zeros past the unroll's end."""
+    if x.shape[1] < 2:
+        raise ValueError(f"unrolls need at least 2 rows, got {x.shape[1]}")
+    B, L = x.shape[:2]
+    pad = x.new_zeros(B, width - 1, *x.shape[2:])
+    return torch.cat([x, pad], 1).unfold(1, width, 1)[:, :L - 1].movedim(-1, 2).flatten(0, 1)
+
+
+def unroll_windows(batch: dict[str, Tensor], width: int) -> tuple[dict[str, Tensor], Tensor]:
+    """Windows of ``width`` rows from every position of an unroll batch.
+
+    ``batch``: ``obs [B, L, ...]``, ``action``, ``reward``, ``is_first``, ``is_last``,
+    ``is_terminal`` ``[B, L]`` (rows of one env each, row convention). Returns ``(windows,
+    position_ok)``: every key ``[B * (L - 1), width, ...]`` for the positions ``p = 0..L-2`` of
+    each unroll (sample ``b * (L - 1) + p``), rows past the unroll's end zero, plus ``mask``:
+    the rows that exist and belong to ``p``'s episode up to and including its last row (an
+    ``is_first`` row starts another episode); ``position_ok [B * (L - 1)]``: ``p`` is not a last
+    row (an action was taken there).
+    """
+    is_first, is_last = batch["is_first"].bool(), batch["is_last"].bool()
+    B, L = is_first.shape
+
+    def cut(x: Tensor) -> Tensor:
+        return windows_of(x, width)
+
+    exists = cut(torch.ones(B, L, dtype=torch.bool, device=is_first.device))
+    last, first = cut(is_last), cut(is_first)
+    # row j of a window belongs to the position's episode unless a last row came before it or a
+    # first row starts at or before it (after the position itself)
+    ended = torch.cumsum(last.long(), 1) - last.long() > 0
+    restarted = torch.cumsum(first[:, 1:].long(), 1) > 0
+    mask = exists & ~ended & ~torch.nn.functional.pad(restarted, (1, 0))
+    windows = {k: cut(batch[k]) for k in ("obs", "action", "reward", "is_last", "is_terminal")}
+    windows["mask"] = mask
+    return windows, ~last[:, 0]
+
+
+class MuZeroRepresentation(nn.Module):
+    """A MuZero model whose representation is another agent's encoder, trained with MuZero's
+    losses on the host's batches (module docstring). Discrete actions; vector or frame
+    observations (the :class:`MuZeroModel` networks).
+
+    Args:
+        env_spec: the env's spaces (the host passes it as the encoder's first argument).
+        latent_dim, hidden, layers, head_hidden, channels, blocks, support_size, norm, act:
+            :class:`MuZeroModel` options (``latent_dim``: the feature size for vectors).
+        num_unroll_steps, td_steps, discount, recurrent_gradient_scaling_factor: the unroll and
+            its n-step targets (ALF's names).
+        value_loss_weight, reward_loss_weight, policy_loss_weight, repr_loss_weight,
+            train_reward_function, train_policy, train_repr_prediction: the losses (ALF's
+            switches; ``train_policy`` needs ``logits`` columns, the host's behaviour policy).
+        detach: the host's gradients do not reach the representation (ALF's learner).
+        interval: train every this many host steps (ALF's ``interval``).
+        loss_weight: scale of the MuZero loss added to the host's.
+    """
+
+    def __init__(
+        self,
+        env_spec: EnvSpec,
+        *,
+        latent_dim: int = 64,
+        hidden: int = 64,
+        layers: int = 2,
+        head_hidden: int = 32,
+        channels: int = 64,
+        blocks: int = 1,
+        support_size: int = 25,
+        norm: Literal["layer", "batch", "none"] = "layer",
+        act: str = "relu",
+        num_unroll_steps: int = 3,
+        td_steps: int = 5,
+        discount: float = 0.99,
+        recurrent_gradient_scaling_factor: float = 0.5,
+        value_loss_weight: float = 0.25,
+        reward_loss_weight: float = 1.0,
+        policy_loss_weight: float = 1.0,
+        repr_loss_weight: float = 1.0,
+        train_reward_function: bool = True,
+        train_policy: bool = True,
+        train_repr_prediction: bool = False,
+        detach: bool = True,
+        interval: int = 1,
+        loss_weight: float = 1.0,
+    ) -> None:
+        super().__init__()
+        if not env_spec.discrete:
+            raise ValueError("MuZeroRepresentation needs a discrete action space (its dynamics take action indices)")
+        if num_unroll_steps < 1 or td_steps < 1 or interval < 1:
+            raise ValueError(f"num_unroll_steps, td_steps and interval must be >= 1, got {num_unroll_steps}, "
+                             f"{td_steps}, {interval}")
+        self.model = MuZeroModel(env_spec.observation_space, env_spec.action_dim, latent_dim=latent_dim,
+                                 hidden=hidden, layers=layers, head_hidden=head_hidden, channels=channels,
+                                 blocks=blocks, support_size=support_size, norm=norm, act=act)
+        self.out_dim = math.prod(self.model.state_shape)
+        self.num_unroll_steps, self.td_steps, self.discount = num_unroll_steps, td_steps, discount
+        self.settings = LossSettings(recurrent_gradient_scaling_factor, value_loss_weight, reward_loss_weight,
+                                     policy_loss_weight, 0.0, repr_loss_weight, train_reward_function, train_policy,
+                                     False, train_repr_prediction)
+        self.detach, self.interval, self.loss_weight = detach, interval, loss_weight
+
+    def forward(self, obs: Tensor) -> Tensor:
+        """``obs [N, *obs_shape]`` -> features ``[N, out_dim]``."""
+        features = self.model.representation(obs).flatten(1)
+        return features.detach() if self.detach else features
+
+    def representation_loss(self, batch: dict[str, Any], step: int) -> tuple[Tensor, dict[str, Tensor]] | None:
+        """The MuZero loss on the host's unroll batch ``[B, T+1, ...]`` (mean over the positions
+        where an action was taken) and its parts to log, or None on the steps ``interval`` skips."""
+        if step % self.interval != 0:
+            return None
+        K = self.num_unroll_steps
+        windows, ok = unroll_windows(batch, K + self.td_steps + 1)
+        obs = windows["obs"][ok]
+        valid = windows["mask"][ok]
+        with torch.no_grad():  # bootstrap values: the model's own, as when acting (once per row)
+            rows = batch["obs"]
+            value = self.model.initial_inference(rows.flatten(0, 1))["value"].float().view(rows.shape[:2])
+            value = windows_of(value, K + self.td_steps + 1)[ok]
+        if self.settings.train_policy:
+            if "logits" not in batch:
+                raise ValueError("MuZeroRepresentation's train_policy needs the host's behaviour policy (logits) "
+                                 "in the rows; set train_policy: false")
+            probs = torch.softmax(windows_of(batch["logits"].float(), K + self.td_steps + 1)[ok], -1)
+        else:
+            probs = torch.zeros(*valid.shape, self.model.num_actions, device=valid.device)
+        fwd = {k: windows[k][ok] for k in ("reward", "is_last", "is_terminal", "action")}
+        targets = muzero_targets({**fwd, "mask": valid, "visit_probs": probs, "root_value": value},
+                                 num_unroll_steps=K, td_steps=self.td_steps, discount=self.discount)
+        losses, _ = unroll_losses(self.model, obs, targets, valid, self.settings)
+        total = sum(part.mean() for part in losses.values())
+        logs = {f"repr/{name}_loss": part.detach().mean() for name, part in losses.items()}
+        logs["repr/loss"] = total.detach()
+        return self.loss_weight * total, logs
+

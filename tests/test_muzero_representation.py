@@ -1,0 +1,105 @@
+"""MuZeroRepresentation: windows cut from unroll batches, its MuZero loss, detached or not, its
+schedule, and IMPALA using it as its encoder from YAML."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_wm.agents.impala import IMPALA, unroll_loss
+from lightning_wm.agents.muzero import MuZeroRepresentation
+from lightning_wm.agents.muzero.representation import unroll_windows
+from lightning_wm.envs import EnvConfig, env_spec
+
+torch.set_num_threads(1)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def unroll_batch(B: int = 2, L: int = 6, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Unrolls in the row convention: sample 0 ends (terminates) at row 2 and restarts at row 3;
+    sample 1 runs on to a truncation at row 4 and restarts at row 5."""
+    g = torch.Generator().manual_seed(seed)
+    is_last = torch.zeros(B, L, dtype=torch.bool)
+    is_terminal = torch.zeros(B, L, dtype=torch.bool)
+    is_first = torch.zeros(B, L, dtype=torch.bool)
+    is_last[0, 2] = is_terminal[0, 2] = is_first[0, 3] = True
+    if B > 1:
+        is_last[1, 4] = is_first[1, 5] = True
+    return {"obs": torch.randn(B, L, 4, generator=g), "action": torch.randint(0, 2, (B, L), generator=g),
+            "reward": torch.ones(B, L), "is_first": is_first, "is_last": is_last, "is_terminal": is_terminal,
+            "logits": torch.randn(B, L, 2, generator=g)}
+
+
+def test_windows_hold_each_positions_episode():
+    batch = unroll_batch()
+    windows, ok = unroll_windows(batch, 4)
+    assert windows["obs"].shape == (2 * 5, 4, 4)
+    mask = windows["mask"].long().tolist()
+    # sample 0: rows 0..2 are one episode (2 terminal), rows 3..5 the next
+    assert mask[0:5] == [[1, 1, 1, 0], [1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 0], [1, 1, 0, 0]]
+    # sample 1: rows 0..4 one episode (4 truncated), row 5 the next one
+    assert mask[5:10] == [[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 0, 0], [1, 0, 0, 0]]
+    assert ok.tolist() == [True, True, False, True, True, True, True, True, True, False]
+    # position p of unroll b: its rows p.. of the unroll, zeros past the end
+    torch.testing.assert_close(windows["obs"][5 + 3, :3], batch["obs"][1, 3:6])
+    assert torch.equal(windows["obs"][5 + 3, 3], torch.zeros(4))
+    assert windows["action"][1].tolist() == batch["action"][0, 1:5].tolist()
+
+
+def _repr(**kwargs) -> MuZeroRepresentation:
+    spec = env_spec(EnvConfig("CartPole-v1"))
+    return MuZeroRepresentation(spec, latent_dim=8, hidden=16, layers=1, head_hidden=8, support_size=5,
+                                num_unroll_steps=2, td_steps=2, **kwargs)
+
+
+def test_representation_loss_trains_the_whole_model_and_the_schedule():
+    torch.manual_seed(0)
+    rep = _repr(train_repr_prediction=True, interval=2)
+    with torch.no_grad():  # heads away from their zero init
+        for p in rep.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    assert rep(torch.zeros(3, 4)).shape == (3, rep.out_dim) and rep.out_dim == 8
+    assert rep.representation_loss(unroll_batch(), step=1) is None  # interval 2: odd steps skipped
+    loss, logs = rep.representation_loss(unroll_batch(), step=2)
+    assert set(logs) == {"repr/loss", "repr/value_loss", "repr/reward_loss", "repr/policy_loss", "repr/repr_loss"}
+    loss.backward()
+    for name in ("repr_net", "dyn_net", "pred_net", "reward_head", "value_head", "policy_head"):
+        grads = [p.grad for n, p in rep.model.named_parameters() if n.startswith(name)]
+        assert grads and any(g is not None and g.abs().sum() > 0 for g in grads), name
+    with pytest.raises(ValueError, match="train_policy"):
+        rep.representation_loss({k: v for k, v in unroll_batch().items() if k != "logits"}, step=0)
+
+
+@pytest.mark.parametrize("detach", [True, False])
+def test_host_gradients_reach_the_representation_only_when_not_detached(detach):
+    torch.manual_seed(1)
+    spec = env_spec(EnvConfig("CartPole-v1"))
+    host = IMPALA(spec, hidden_size=16, encoder=lambda s: _repr(detach=detach))
+    batch = unroll_batch()
+    unroll_loss(host.net, batch).total_loss.backward()
+    grads = [p.grad for p in host.net.encoder.model.repr_net.parameters()]
+    assert any(g is not None and g.abs().sum() > 0 for g in grads) == (not detach)
+    # the host's training step adds the representation's loss
+    host.zero_grad()
+    host.log_dict = host.log = lambda *a, **k: None
+    out = host.training_step(batch, 0)
+    expected = unroll_loss(host.net, batch).total_loss + host.net.encoder.representation_loss(batch, 0)[0]
+    torch.testing.assert_close(out["loss"], expected)
+
+
+def test_impala_with_the_muzero_representation_from_yaml():
+    from lightning_wm.cli import main
+
+    cli = main(args=["fit", "--config", str(ROOT / "configs/impala/cartpole_muzero_repr.yaml"),
+                     "--trainer.max_steps", "3", "--trainer.val_check_interval", "3", "--trainer.log_every_n_steps", "1",
+                     "--trainer.enable_progress_bar", "false", "--trainer.run_name", "run",
+                     "--data.init_args.num_actors", "0", "--data.init_args.env.num_envs", "2",
+                     "--data.init_args.unroll_length", "4", "--data.init_args.batch_size", "2",
+                     "--data.init_args.eval_episodes", "1", "--data.init_args.eval_envs", "1"])
+    assert cli.trainer.global_step == 3
+    encoder = cli.model.net.encoder
+    assert isinstance(encoder, MuZeroRepresentation) and cli.model.net.value.in_features == encoder.out_dim
+    metrics = cli.trainer.logged_metrics
+    assert "repr/loss" in metrics and "repr/reward_loss" in metrics and "val/return" in metrics
