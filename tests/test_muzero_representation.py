@@ -87,6 +87,10 @@ def test_host_gradients_reach_the_representation_only_when_not_detached(detach):
     out = host.training_step(batch, 0)
     expected = unroll_loss(host.net, batch).total_loss + host.net.encoder.representation_loss(batch, 0)[0]
     torch.testing.assert_close(out["loss"], expected)
+    # and so does the loss a composing learner (DynaLearner) takes, at the step it passes
+    loss, logs = host.learner_loss(batch, step=0)
+    torch.testing.assert_close(loss, expected)
+    assert "repr/loss" in logs
 
 
 def test_impala_with_the_muzero_representation_from_yaml():

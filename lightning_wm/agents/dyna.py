@@ -144,7 +144,7 @@ class DynaLearner(RLModule):
                 self.world_model.wm.parameters(), self.world_model.hparams.clip_model)
             getattr(model_opt, "optimizer", model_opt).step()  # the policy's step counts global_step
             logs.update(model_logs)
-        loss, policy_logs = self.policy.learner_loss(batch)
+        loss, policy_logs = self.policy.learner_loss(batch, self.global_step)
         policy_opt.zero_grad()
         self.manual_backward(loss)
         self.policy.configure_gradient_clipping(policy_opt, None, None)

@@ -286,16 +286,8 @@ class IMPALA(RLModule):
                 raise ValueError("priority_IS_weight: the batch has no importance weights; use a prioritized unroll "
                                  "replay (data.init_args.prioritized: true, replay_size > 0)")
             weight = batch["weight"]
-        out = unroll_loss(self.net, batch, self.loss_config, weight)
-        result = {"loss": out.total_loss}
-        # an injected encoder that trains itself (e.g. MuZeroRepresentation) adds its own loss
-        encoder_loss = getattr(self.net.encoder, "representation_loss", None)
-        encoder_logs: dict[str, Tensor] = {}
-        if encoder_loss is not None:
-            extra = encoder_loss(batch, self.global_step)
-            if extra is not None:
-                result["loss"] = result["loss"] + extra[0]
-                encoder_logs = extra[1]
+        out, loss, encoder_logs = self._losses(batch, weight, self.global_step)
+        result = {"loss": loss}
         if hp.priority:
             result["priority"] = out.priority.detach()
         if self._trainer is not None and (self.global_step + 1) % max(1, self._trainer.log_every_n_steps):
@@ -320,14 +312,27 @@ class IMPALA(RLModule):
         self.log("train/loss", out.total_loss.detach(), prog_bar=True, on_step=True, on_epoch=False, batch_size=B)
         return result
 
-    def learner_loss(self, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
-        """The V-trace loss of a batch of unrolls (scalar) and its parts for logging (no
-        ``train/`` prefix), for learners that compose this one (``DynaLearner``)."""
-        weight = batch.get("weight") if self.hparams.priority_IS_weight else None
+    def _losses(self, batch: dict[str, Any], weight: Tensor | None, step: int) -> tuple[Any, Tensor, dict[str, Tensor]]:
+        """``(unroll_loss output, loss to minimise, encoder logs)``: the V-trace loss plus, where the
+        injected encoder trains itself (``representation_loss``, e.g. MuZeroRepresentation), its loss."""
         out = unroll_loss(self.net, batch, self.loss_config, weight)
-        return out.total_loss, {"total_loss": out.total_loss.detach(), "policy_loss": out.policy_loss.detach(),
-                                "value_loss": out.value_loss.detach(), "entropy_loss": out.entropy_loss.detach(),
-                                **out.stats}
+        loss, encoder_logs = out.total_loss, {}
+        encoder_loss = getattr(self.net.encoder, "representation_loss", None)
+        if encoder_loss is not None:
+            extra = encoder_loss(batch, step)
+            if extra is not None:
+                loss, encoder_logs = loss + extra[0], extra[1]
+        return out, loss, encoder_logs
+
+    def learner_loss(self, batch: dict[str, Any], step: int | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+        """The loss of a batch of unrolls (scalar: V-trace, plus a self-training encoder's) and its
+        parts for logging (no ``train/`` prefix), for learners that compose this one
+        (``DynaLearner``; ``step``: the composing learner's step, default this module's)."""
+        weight = batch.get("weight") if self.hparams.priority_IS_weight else None
+        out, loss, encoder_logs = self._losses(batch, weight, self.global_step if step is None else step)
+        return loss, {"total_loss": out.total_loss.detach(), "policy_loss": out.policy_loss.detach(),
+                      "value_loss": out.value_loss.detach(), "entropy_loss": out.entropy_loss.detach(),
+                      **out.stats, **encoder_logs}
 
     def _current_lr(self) -> float:
         optimizers = self._trainer.optimizers if self._trainer is not None else []
