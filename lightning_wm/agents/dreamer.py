@@ -573,7 +573,8 @@ class Dreamer(RLModule):
         rec = wm.decoder_loss(feat, obs)
         rew = wm.head_loss(wm.reward_head(feat), batch["reward"].float())
         cont_target = 1.0 - batch["is_terminal"].float()
-        cont = dists.bernoulli_nll(wm.cont_head(feat).squeeze(-1).float(), cont_target)
+        cont_logit = wm.cont_head(feat).squeeze(-1).float()
+        cont = dists.bernoulli_nll(cont_logit, cont_target)
         kl_loss, kl_parts = dists.kl_balance(out["post"], out["prior"], hp.kl_dyn, hp.kl_rep, hp.free_nats)
         loss = (hp.loss_decoder * rec + hp.loss_reward * rew + hp.loss_cont * cont + kl_loss).mean()
         logs = {
@@ -585,6 +586,13 @@ class Dreamer(RLModule):
             "train/loss_kl_rep": kl_parts["rep"].mean().detach(),
             "train/kl": kl_parts["kl"].mean().detach(),
         }
+        with torch.no_grad():  # how well the continue head sees the (rare) real terminations
+            terminal = batch["is_terminal"].bool()
+            p_end = torch.sigmoid(-cont_logit)
+            logs["train/terminal_frac"] = terminal.float().mean()
+            if terminal.any():
+                logs["train/p_end_at_terminal"] = p_end[terminal].mean()
+            logs["train/p_end_elsewhere"] = p_end[~terminal].mean()
         return loss, logs, out
 
     def current_horizon(self) -> int:
@@ -689,6 +697,10 @@ class Dreamer(RLModule):
             "train/imag_reward": traj["rewards"].mean().detach(),
             "train/imag_value": value.mean().detach(),
             "train/return_scale": scale.detach(),
+            "train/return_low": self.ret_low.detach().clone(),
+            "train/return_high": self.ret_high.detach().clone(),
+            "train/imag_end": traj["dones"].mean().detach(),
+            "train/adv_abs": ((returns - value[:-1]).abs() / scale).mean().detach(),
             "train/horizon": torch.tensor(float(traj["rewards"].shape[0])),
         }
         return actor_loss, critic_loss, logs
