@@ -47,8 +47,10 @@ TARGETS = {"CartPole-v1": 475.0, "Pendulum-v1": -200.0}
 class StopAtReturn(pl.Callback):
     """Record every evaluation; stop at ``target`` return or when the env-step budget is spent."""
 
-    def __init__(self, target: float, env_steps: int, keep_going: bool = False) -> None:
+    def __init__(self, target: float, env_steps: int, keep_going: bool = False,
+                 checkpoints: str | None = None) -> None:
         self.target, self.env_steps, self.keep_going = target, env_steps, keep_going
+        self.checkpoints = checkpoints
         self.start = time.perf_counter()
         self.history: list[tuple[int, int, float, float]] = []  # (grad steps, env steps, return, seconds)
         self.solved: tuple[int, int, float, float] | None = None
@@ -63,6 +65,8 @@ class StopAtReturn(pl.Callback):
             return
         row = (trainer.global_step, self._env_steps(trainer), float(value), time.perf_counter() - self.start)
         self.history.append(row)
+        if self.checkpoints:
+            trainer.save_checkpoint(os.path.join(self.checkpoints, f"step_{row[0]}.ckpt"))
         print(f"[eval] step {row[0]:6d}  env steps {row[1]:6d}  return {row[2]:7.1f}  {row[3] / 60:5.1f} min",
               flush=True)
         if row[2] >= self.target and self.solved is None:
@@ -116,6 +120,8 @@ def main() -> None:
                         help=f"evaluation return that counts as solved (default per env: {TARGETS})")
     parser.add_argument("--keep-going", action="store_true",
                         help="train on to the env-step/time budget after reaching the target (is it stable?)")
+    parser.add_argument("--checkpoints", default=None, metavar="DIR",
+                        help="save the model at every evaluation to DIR/step_<N>.ckpt (to inspect it later)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--precision", default="32-true", help="e.g. bf16-mixed")
@@ -147,10 +153,10 @@ def main() -> None:
     if args.env_steps is None:  # the config's own run (what `main.py fit --config ...` trains)
         budget_steps = int(config["trainer"]["max_steps"])
         args.env_steps = datamodule.prefill + math.ceil(budget_steps / datamodule.replay_ratio)
-        stopper = StopAtReturn(args.target, sys.maxsize, args.keep_going)
+        stopper = StopAtReturn(args.target, sys.maxsize, args.keep_going, args.checkpoints)
     else:
         budget_steps = int((args.env_steps - datamodule.prefill) * datamodule.replay_ratio) + 1
-        stopper = StopAtReturn(args.target, args.env_steps, args.keep_going)
+        stopper = StopAtReturn(args.target, args.env_steps, args.keep_going, args.checkpoints)
     trainer = pl.Trainer(
         accelerator="cpu", devices=1, max_steps=budget_steps, max_time={"minutes": args.minutes},
         val_check_interval=args.eval_every, check_val_every_n_epoch=None, limit_val_batches=1,
