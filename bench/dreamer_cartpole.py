@@ -36,6 +36,7 @@ import yaml
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from lightning_wm.agents.dreamer import Dreamer  # noqa: E402
+from lightning_wm.callbacks import default_callbacks  # noqa: E402
 from lightning_wm.data.modules import ReplayDataModule  # noqa: E402
 from lightning_wm.envs import EnvConfig  # noqa: E402
 from lightning_wm.runtime import keep_freed_memory  # noqa: E402
@@ -56,8 +57,7 @@ class StopAtReturn(pl.Callback):
         self.solved: tuple[int, int, float, float] | None = None
 
     def _env_steps(self, trainer: pl.Trainer) -> int:
-        stats = trainer.datamodule.collector_stats
-        return 0 if stats is None else int(stats.env_steps)
+        return int(trainer.lightning_module.env_steps)  # kept current by EnvStatsLogger
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         value = trainer.callback_metrics.get("val/return")
@@ -160,7 +160,7 @@ def main() -> None:
     trainer = pl.Trainer(
         accelerator="cpu", devices=1, max_steps=budget_steps, max_time={"minutes": args.minutes},
         val_check_interval=args.eval_every, check_val_every_n_epoch=None, limit_val_batches=1,
-        num_sanity_val_steps=0, log_every_n_steps=50, enable_checkpointing=False, callbacks=[stopper],
+        num_sanity_val_steps=0, log_every_n_steps=50, enable_checkpointing=False, callbacks=[*default_callbacks(), stopper],
         enable_progress_bar=False,
         logger=pl.loggers.TensorBoardLogger("lightning_logs", name=f"bench-dreamer-{env.id}"),
         precision=args.precision,

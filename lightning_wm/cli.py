@@ -24,9 +24,11 @@ from pytorch_lightning.cli import LightningCLI
 from pytorch_lightning.loggers import TensorBoardLogger
 
 from lightning_wm import runtime
+from lightning_wm.callbacks import default_callbacks
 from lightning_wm.data.collector import Collector, run_evaluation
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.envs import EnvConfig, make_env, make_vector_env
+from lightning_wm.protocols import EnvHolder
 from lightning_wm.video import check_video_path, write_video
 
 
@@ -81,7 +83,7 @@ def load_weights(model: pl.LightningModule, ckpt_path: str) -> None:
 
 
 def _env_of(datamodule: Any) -> EnvConfig:
-    env = getattr(datamodule, "env", None)
+    env = datamodule.env if isinstance(datamodule, EnvHolder) else None
     if env is None:
         raise ValueError(f"{type(datamodule).__name__} names no env; set data.init_args.env")
     return env
@@ -126,6 +128,7 @@ class Trainer(pl.Trainer):
             self.checkpoint_dir = next(c for c in callbacks if isinstance(c, ModelCheckpoint)).dirpath or self.checkpoint_dir
             callbacks.append(FinalCheckpoint(self.checkpoint_dir))
         callbacks.append(NonFiniteLossGuard())
+        callbacks += [c for c in default_callbacks() if not any(type(x) is type(c) for x in callbacks)]
         kwargs["callbacks"] = callbacks
         super().__init__(*args, **kwargs)
 

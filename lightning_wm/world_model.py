@@ -20,6 +20,8 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import Tensor, nn
 
+from lightning_wm import tree
+
 State = Any
 
 
@@ -94,23 +96,12 @@ def rollout(
             rewards.append(reward)
             dones.append(done)
     return {
-        "states": _stack_states(states),
+        "states": tree.stack(states),
         "features": torch.stack(feats),
         "actions": torch.stack(actions),
         "rewards": torch.stack(rewards),
         "dones": torch.stack(dones),
     }
-
-
-def _stack_states(states: list[State]) -> State:
-    first = states[0]
-    if isinstance(first, Tensor):
-        return torch.stack(states)
-    if isinstance(first, dict):
-        return {k: _stack_states([s[k] for s in states]) for k in first}
-    if isinstance(first, (tuple, list)):
-        return type(first)(_stack_states([s[i] for s in states]) for i in range(len(first)))
-    raise TypeError(f"cannot stack a state of type {type(first).__name__}")
 
 
 @dataclass

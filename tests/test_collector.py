@@ -4,7 +4,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from lightning_wm.data.collector import Collector, RandomAgent, reset_where
+from lightning_wm.data.collector import Collector, RandomAgent
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.data.replay import ReplayBuffer
 from lightning_wm.envs import EnvConfig, EnvSpec, env_spec, make_vector_env
@@ -113,13 +113,6 @@ def test_episodes_written_to_store(tmp_path):
         assert (ep["obs"][:, 0] == ep["obs"][0, 0]).all(), "an episode mixes two resets"
         np.testing.assert_array_equal(ep["obs"][:, 1], np.arange(len(ep["obs"])))
     assert store.total_steps() == sum(len(e["obs"]) for e in episodes)
-
-
-def test_reset_where_on_pytrees():
-    state = {"h": torch.ones(3, 2), "z": (torch.full((3,), 5.0),)}
-    init = {"h": torch.zeros(3, 2), "z": (torch.zeros(3),)}
-    out = reset_where(state, torch.tensor([True, False, True]), init)
-    assert out["h"][:, 0].tolist() == [0, 1, 0] and out["z"][0].tolist() == [0, 5, 0]
 
 
 def test_random_agent_respects_bounds_and_correlation():

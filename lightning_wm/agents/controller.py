@@ -34,6 +34,7 @@ from torch import Tensor, nn
 
 from lightning_wm.agents.base import RLModule
 from lightning_wm.envs import EnvConfig, EnvPool, EnvSpec
+from lightning_wm.protocols import GenerationTask
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # cma warns that matplotlib is missing
@@ -237,15 +238,11 @@ class Controller(RLModule):
         return action, state, {}
 
     # -- fitness ----------------------------------------------------------------------
-    def _env_config(self) -> EnvConfig:
-        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
-        env = getattr(datamodule, "env", None)
-        if env is None:
-            raise RuntimeError("the controller evaluates in its datamodule's env; fit it with GenerationDataModule")
-        return env
-
-    def _real_pool(self, n: int, config: EnvConfig | None = None) -> EnvPool:
-        cfg = EnvConfig(**{**vars(config or self._env_config()), "num_envs": 1, "seed": 0})
+    def _real_pool(self, n: int, config: EnvConfig | None) -> EnvPool:
+        if config is None:
+            raise ValueError("the controller evaluates its population in a real env: fit it with GenerationDataModule "
+                             "(whose batches name the env) or pass config=EnvConfig(...)")
+        cfg = EnvConfig(**{**vars(config), "num_envs": 1, "seed": 0})
         if self.max_episode_steps is not None:
             cfg.max_episode_steps = self.max_episode_steps
         if self._pool is None or len(self._pool) != n or self._pool.config != cfg:
@@ -274,7 +271,7 @@ class Controller(RLModule):
         All members play the same ``episodes`` start seeds (common random numbers); env
         ``i`` belongs to member ``i // episodes``; every episode runs to its end.
         ``where``: ``real`` or ``dream`` (default ``train_in``); ``config``: the real env
-        (default: the datamodule's). Returns ``[M]`` float32 on this module's device, or
+        (needed for ``real``). Returns ``[M]`` float32 on this module's device, or
         every return ``[M, episodes]`` with ``per_episode``.
         """
         where = where or self.train_in
@@ -315,7 +312,8 @@ class Controller(RLModule):
         return (returns if per_episode else returns.mean(1)).float()
 
     # -- one generation ---------------------------------------------------------------
-    def training_step(self, batch: Any, batch_idx: int) -> None:
+    def training_step(self, batch: GenerationTask, batch_idx: int) -> None:
+        """One CMA-ES generation; ``batch`` names the real env the population is evaluated in."""
         trainer = self.trainer
         world, rank = trainer.world_size, trainer.global_rank
         generation = int(self.global_step)
@@ -327,7 +325,7 @@ class Controller(RLModule):
         order = np.arange(per_rank * world) % self.popsize  # padded with repeats, dropped below
         mine = torch.as_tensor(solutions[order[rank * per_rank : (rank + 1) * per_rank]], dtype=torch.float32)
         seed = self.seed + 1_000_003 * (generation + 1)
-        fitness = self.evaluate_population(mine, self.episodes_per_member, seed)
+        fitness = self.evaluate_population(mine, self.episodes_per_member, seed, config=batch.env)
         gathered = self.all_gather(fitness).reshape(-1)[: self.popsize].double().cpu().numpy()
         self.es.tell(list(solutions), list(-gathered))  # cma minimises
         best = int(gathered.argmax())

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lightning_wm.agents.base import RLModule
-from lightning_wm.data.nested import first_leaf, tree_map
+from lightning_wm.tree import first_leaf, tree_map
 from lightning_wm.envs import EnvSpec
 from lightning_wm.nn import dists
 from lightning_wm.nn.blocks import MLP, activation
@@ -599,8 +599,7 @@ class Dreamer(RLModule):
         """Imagination length now: ``horizon``, or the schedule's value at this rank's env steps."""
         if self.horizon_schedule is None:
             return self.hparams.horizon
-        stats = self._collector_stats()
-        return self.horizon_schedule(stats.env_steps if stats is not None else 0)
+        return self.horizon_schedule(self.env_steps)
 
     def imagine(self, start: State, start_cont: Tensor) -> dict[str, Tensor]:
         """Imagine ``horizon`` steps from ``start`` (``[N, ...]``, detached) with the actor;

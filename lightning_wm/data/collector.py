@@ -8,7 +8,7 @@ first observation with reward 0, so every row belongs to exactly one episode.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import gymnasium as gym
 import numpy as np
@@ -16,26 +16,9 @@ import torch
 from torch import Tensor
 
 from lightning_wm.data.episodes import EpisodeStore
-from lightning_wm.data.nested import tree_map
 from lightning_wm.data.replay import ReplayBuffer
 from lightning_wm.envs import EnvConfig, EnvSpec, make_vector_env
-
-
-def reset_where(state: Any, mask: Tensor, initial: Any) -> Any:
-    """Replace the batch entries of ``state`` where ``mask [B]`` is true by ``initial``'s.
-
-    Works on any pytree (tensor, tuple, list, dict, None) of tensors with batch dim 0.
-    """
-    if state is None:
-        return None
-    if isinstance(state, Tensor):
-        shaped = mask.to(state.device).view(-1, *([1] * (state.dim() - 1)))
-        return torch.where(shaped, initial.to(state.device, state.dtype), state)
-    if isinstance(state, dict):
-        return {k: reset_where(v, mask, initial[k]) for k, v in state.items()}
-    if isinstance(state, (tuple, list)):
-        return type(state)(reset_where(s, mask, i) for s, i in zip(state, initial))
-    raise TypeError(f"agent state of type {type(state).__name__} is not a pytree of tensors")
+from lightning_wm.tree import stack, tree_map, where
 
 
 class EpisodeStats:
@@ -145,7 +128,7 @@ class Collector:
         for _ in range(num_steps):
             is_first = torch.from_numpy(self._is_first)
             if is_first.any():
-                self._state = reset_where(self._state, is_first, self.agent.initial_state(self.num_envs))
+                self._state = where(is_first, self.agent.initial_state(self.num_envs), self._state)
             obs = tree_map(lambda x: torch.as_tensor(x).to(device), self._obs)
             action, self._state, extras = self.agent.act(obs, self._state, explore)
             action = self._env_action(action.detach().cpu().numpy())
@@ -188,7 +171,7 @@ class Collector:
                 self.stats.add_episode(episode["return"], int(episode["length"]))
                 finished.append(episode)
                 if self.store is not None:
-                    self.store.add(stack_rows(self._episodes[i]))
+                    self.store.add(stack(self._episodes[i]))
                     self._episodes[i] = []
 
     def run_episodes(
@@ -305,15 +288,3 @@ class RandomAgent:
         ) * 2 - 1
         action = low + (u + 1) / 2 * (high - low)
         return action, u, {}
-
-
-def stack_rows(rows: Iterable[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """List of single-env rows -> dict of ``[T, ...]`` arrays."""
-    rows = list(rows)
-
-    def stack(key_rows: list[Any]) -> Any:
-        if isinstance(key_rows[0], dict):  # a dict observation: stack each key
-            return {k: stack([r[k] for r in key_rows]) for k in key_rows[0]}
-        return np.stack(key_rows)
-
-    return {k: stack([r[k] for r in rows]) for k in rows[0]}

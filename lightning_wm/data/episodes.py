@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lightning_wm.data.nested import flatten as _flatten, unflatten as _unflatten
+from lightning_wm.tree import flatten as _flatten, unflatten as _unflatten
 
 __all__ = ["CorruptEpisodeError", "EpisodeStore"]
 

@@ -1,10 +1,11 @@
 """``GenerationDataModule``: the "dataset" of an evolution-strategy learner.
 
-Each training batch is a generation number (an infinite stream: stop with
+Each training batch is a :class:`~lightning_wm.protocols.GenerationTask` — a generation number
+and the real env to evaluate the population in — in an infinite stream (stop with
 ``trainer.max_steps``); the learner does the work itself (one CMA-ES generation per step).
-The module holds the real env the population and validation run in and exposes ``.spec``
-for the CLI's link into the model. Validation yields one dummy item; the model's
-``validation_step`` calls :meth:`evaluate` to run real episodes.
+The module holds the real env and exposes ``.spec`` for the CLI's link into the model.
+Validation yields one :class:`~lightning_wm.protocols.EvaluationRequest` that the model's
+``validation_step`` runs (real episodes, seeds distinct per DDP rank).
 """
 
 from __future__ import annotations
@@ -13,22 +14,25 @@ import itertools
 from typing import Any, Iterator
 
 import pytorch_lightning as pl
-import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_wm.data.collector import run_evaluation
-from lightning_wm.data.modules import OneItem
+from lightning_wm.data.modules import evaluation_loader
 from lightning_wm.envs import EnvConfig, EnvSpec, env_spec
+from lightning_wm.protocols import GenerationTask
 
 
 class _Generations(IterableDataset):
-    def __iter__(self) -> Iterator[torch.Tensor]:
+    def __init__(self, env: EnvConfig | None) -> None:
+        self.env = env
+
+    def __iter__(self) -> Iterator[GenerationTask]:
         for generation in itertools.count():
-            yield torch.tensor(generation)
+            yield GenerationTask(generation, self.env)
 
 
 class GenerationDataModule(pl.LightningDataModule):
-    """Generation numbers for training; real-env episodes for validation.
+    """Generation tasks for training; real-env episodes for validation.
 
     Args:
         env: the real environment (population fitness in the real env, validation, evaluate).
@@ -43,10 +47,10 @@ class GenerationDataModule(pl.LightningDataModule):
         self.eval_episodes, self.eval_envs = eval_episodes, eval_envs
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(_Generations(), batch_size=None, num_workers=0)
+        return DataLoader(_Generations(self.env), batch_size=None, num_workers=0)
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(OneItem(), batch_size=None, num_workers=0)
+        return evaluation_loader(self.evaluate)
 
     test_dataloader = val_dataloader
 

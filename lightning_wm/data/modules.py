@@ -13,17 +13,18 @@ import os
 import warnings
 import zlib
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, Callable, Iterator, Literal
 
 import numpy as np
 import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from lightning_wm.data.collector import Collector, EpisodeStats, RandomAgent, run_evaluation
+from lightning_wm.data.collector import Collector, RandomAgent, run_evaluation
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.data.replay import ReplayBuffer
 from lightning_wm.envs import EnvConfig, EnvSpec, env_spec, make_vector_env
+from lightning_wm.protocols import Agent, EnvStats, EvaluationRequest
 
 
 def _rank_and_world(trainer: pl.Trainer | None) -> tuple[int, int]:
@@ -32,11 +33,10 @@ def _rank_and_world(trainer: pl.Trainer | None) -> tuple[int, int]:
     return trainer.global_rank, trainer.world_size
 
 
-class OneItem(IterableDataset):
-    """A single dummy item: validation of online agents runs episodes, not batches."""
-
-    def __iter__(self) -> Iterator[int]:
-        yield 0
+def evaluation_loader(evaluate: Callable[[Agent, int | None], list[dict[str, float]]]) -> DataLoader:
+    """The validation loader of an online datamodule: ONE batch, an :class:`EvaluationRequest`
+    around ``evaluate(agent, episodes)`` (the model's ``validation_step`` calls ``batch.run(self)``)."""
+    return DataLoader([EvaluationRequest(evaluate)], batch_size=None, num_workers=0)
 
 
 class _ReplayStream(IterableDataset):
@@ -110,9 +110,12 @@ class ReplayDataModule(pl.LightningDataModule):
         self._pending_state: dict[str, Any] | None = None
 
     # -- setup ------------------------------------------------------------------------
-    @property
-    def collector_stats(self) -> EpisodeStats | None:
-        return None if self.collector is None else self.collector.stats
+    def pop_env_stats(self) -> EnvStats:
+        """Env steps so far and the episodes finished since the last call (:class:`EnvStatsSource`)."""
+        if self.collector is None:
+            return EnvStats()
+        stats = self.collector.stats
+        return EnvStats(env_steps=stats.env_steps, episodes=stats.pop_finished())
 
     def _rank_env(self, offset: int = 0) -> EnvConfig:
         rank, _ = _rank_and_world(getattr(self, "trainer", None))
@@ -180,7 +183,7 @@ class ReplayDataModule(pl.LightningDataModule):
         return DataLoader(_ReplayStream(self), batch_size=None, num_workers=0)
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(OneItem(), batch_size=None, num_workers=0)
+        return evaluation_loader(self.evaluate)
 
     test_dataloader = val_dataloader
 
@@ -385,8 +388,6 @@ class EpisodeDataModule(pl.LightningDataModule):
         cross_episodes: bool = True,
         skip_corrupt: bool = False,
         pool_episodes: int = 64,
-        eval_episodes: int = 5,
-        eval_envs: int = 5,
     ) -> None:
         super().__init__()
         self.directory, self.mode = directory, mode
@@ -394,7 +395,6 @@ class EpisodeDataModule(pl.LightningDataModule):
         self.keys, self.train_batches, self.val_batches = keys, train_batches, val_batches
         self.num_workers, self.seed, self.cross_episodes = num_workers, seed, cross_episodes
         self.skip_corrupt, self.pool_episodes = skip_corrupt, pool_episodes
-        self.eval_episodes, self.eval_envs = eval_episodes, eval_envs
         self.store = EpisodeStore(directory)
         if env is None:
             meta = self.store.read_metadata()
@@ -436,10 +436,3 @@ class EpisodeDataModule(pl.LightningDataModule):
         if not val:
             return []  # type: ignore[return-value]
         return self._stream(val, self.val_batches, shuffle=False)
-
-    def evaluate(self, agent: Any, episodes: int | None = None) -> list[dict[str, float]]:
-        """Run episodes of ``agent`` in ``env`` with ``explore=False``."""
-        if self.env is None:
-            raise ValueError("this EpisodeDataModule has no env to evaluate in; set data.init_args.env")
-        return run_evaluation(self.env, agent, episodes or self.eval_episodes, self.eval_envs, self.env.seed + 500_000,
-                              spec=self.spec)

@@ -35,7 +35,7 @@ from urllib.parse import quote
 
 import numpy as np
 
-from lightning_wm.data.nested import flatten as _flatten, unflatten as _unflatten
+from lightning_wm.tree import flatten as _flatten, unflatten as _unflatten
 import torch
 
 from lightning_wm.data.sumtree import SumTree
