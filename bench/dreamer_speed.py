@@ -25,8 +25,10 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from lightning_wm.agents.dreamer import Dreamer  # noqa: E402
-from lightning_wm.data.collector import Collector, RandomAgent  # noqa: E402
+from lightning_wm.data.collector import Collector  # noqa: E402
+from lightning_wm.policies import RandomAgent  # noqa: E402
 from lightning_wm.data.replay import ReplayBuffer  # noqa: E402
+from lightning_wm.data.samplers import SequenceSampler  # noqa: E402
 from lightning_wm.envs import EnvConfig, env_spec, make_vector_env  # noqa: E402
 from lightning_wm.runtime import keep_freed_memory  # noqa: E402
 
@@ -36,10 +38,10 @@ def random_batch(cfg: EnvConfig, batch: int, length: int, seed: int = 0) -> dict
     spec = env_spec(cfg)
     buffer = ReplayBuffer(10_000, cfg.num_envs, seed=seed)
     env = make_vector_env(cfg)
-    collector = Collector(env, RandomAgent(spec, seed=seed), buffer, seed=seed, spec=spec)
+    collector = Collector(env, RandomAgent(spec, seed=seed), buffer, seeds=seed, spec=spec)
     collector.collect(max(2 * length, 2_000 // cfg.num_envs))
     env.close()
-    return buffer.sample_sequences(batch, length, True)
+    return SequenceSampler(length).sample(buffer, batch)
 
 
 def gradient_step(model: Dreamer, optimizers: list[torch.optim.Optimizer], batch: dict[str, torch.Tensor]) -> None:

@@ -2,8 +2,8 @@
 
 Default: 1,000,000 rows of 64x64x3 uint8 over 8 env streams, memory-mapped in a
 temporary directory (about 12.3 GB on disk); rows are added in batches of 8 (one row
-per stream), then batches of 16 sequences x 64 steps are sampled, uniform and
-prioritized. Goal: a 16x64 batch in <= 5 ms (median).
+per stream) and in chunks of 64 x 8 rows (as actors deliver them), then batches of 16
+sequences x 64 steps are sampled, uniform and prioritized, and MuZero-style unroll windows. Goal: a 16x64 batch in <= 5 ms (median).
 
     python bench/replay.py --rows 200000
     python bench/replay.py --rows 200000 --in-memory
@@ -23,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lightning_wm.data.replay import ReplayBuffer  # noqa: E402
+from lightning_wm.data.samplers import RowSampler, SequenceSampler, WindowSampler  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
@@ -90,6 +91,15 @@ def main() -> None:
         for t in range(steps, steps + again):  # ring full: overwrite the oldest rows
             add(t)
         again_s = time.perf_counter() - start
+        T = 64  # chunks of T rows per stream, as actors deliver them
+        chunk = {"obs": pool[np.arange(T) % len(pool)], "reward": np.zeros((T, E), np.float32),
+                 "is_first": np.zeros((T, E), bool), "is_last": np.zeros((T, E), bool),
+                 "is_terminal": np.zeros((T, E), bool), "action": actions[:T]}
+        chunks = max(1, min(steps, 5000) // T)
+        start = time.perf_counter()
+        for _ in range(chunks):
+            buf.add_many(chunk)
+        chunk_s = time.perf_counter() - start
         # non-trivial priorities over the whole buffer
         n = E * steps
         for lo in range(0, n, 1 << 18):
@@ -104,19 +114,27 @@ def main() -> None:
         rows = []
         rows.append(("add 8 rows/call, first fill", f"{len(buf) / add_s:,.0f} rows/s", f"{add_s / steps * 1e3:.3f}"))
         rows.append(("add 8 rows/call, ring full", f"{again * E / again_s:,.0f} rows/s", f"{again_s / again * 1e3:.3f}"))
+        rows.append((f"add_many {T}x{E} rows/call, ring full", f"{chunks * T * E / chunk_s:,.0f} rows/s",
+                     f"{chunk_s / chunks * 1e3:.3f}"))
         for name, b, cross in [
             ("uniform", uniform, True),
             ("prioritized", buf, True),
             ("uniform, no episode crossing", uniform, False),
             ("prioritized, no episode crossing", buf, False),
         ]:
-            ms = median_ms(lambda: b.sample_sequences(B, L, cross_episodes=cross), args.repeats)
-            rows.append((f"sample_sequences {B}x{L}, {name}", f"{1e3 / ms:,.0f} batches/s", f"{ms:.2f}"))
-        ms = median_ms(lambda: buf.sample(256), args.repeats)
-        rows.append(("sample 256 rows, prioritized", f"{1e3 / ms:,.0f} batches/s", f"{ms:.2f}"))
-        idx = buf.sample_sequences(B, L)["index"]
-        ms = median_ms(lambda: buf.update_priorities(idx, np.random.uniform(0.1, 10.0, B)), args.repeats)
-        rows.append((f"update_priorities {B}", f"{1e3 / ms:,.0f} calls/s", f"{ms:.3f}"))
+            sampler = SequenceSampler(L, cross_episodes=cross)
+            ms = median_ms(lambda: sampler.sample(b, B), args.repeats)
+            rows.append((f"SequenceSampler {B}x{L}, {name}", f"{1e3 / ms:,.0f} batches/s", f"{ms:.2f}"))
+        ms = median_ms(lambda: RowSampler().sample(buf, 256), args.repeats)
+        rows.append(("RowSampler 256 rows, prioritized", f"{1e3 / ms:,.0f} batches/s", f"{ms:.2f}"))
+        windows = WindowSampler(num_unroll_steps=5, td_steps=5)
+        ms = median_ms(lambda: windows.sample(buf, 4 * B), args.repeats)
+        rows.append((f"WindowSampler {4 * B}x{windows.window} (K=5, td=5), prioritized", f"{1e3 / ms:,.0f} batches/s",
+                     f"{ms:.2f}"))
+        batch = SequenceSampler(L).sample(buf, B)
+        idx, gen = batch["index"], batch["generation"]
+        ms = median_ms(lambda: buf.update_priorities(idx, np.random.uniform(0.1, 10.0, B), gen), args.repeats)
+        rows.append((f"update_priorities {B} (generation-checked)", f"{1e3 / ms:,.0f} calls/s", f"{ms:.3f}"))
 
         mode = "in memory" if storage is None else "memory-mapped"
         gb = len(buf) * S * S * 3 / 1e9

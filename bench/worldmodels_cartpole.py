@@ -10,6 +10,10 @@ Stages (each the CLI command README documents, run in-process in ``--workdir``):
 5. ``fit`` C   CMA-ES in the real env, for the time the 30-minute  .../controller.yaml --trainer.max_time ...
                budget leaves (``--budget-minutes``, ``--reserve-minutes``; or ``--generations N``)
 6. ``fit`` C   CMA-ES inside M's dream (DreamEnv)                 .../controller.yaml --model.init_args.train_in dream
+7. iterate    the paper's iterative training, ``--rounds`` times: ``record`` episodes with the
+              latest dream-trained controller (``explore_noise``), ``convert`` the whole store,
+              ``fit`` M on it, ``fit`` C inside the new M's dream (the controller never learns
+              from the real env: it only supplies frames for M)
 
 and prints per stage the wall time and its figure: V's held-out reconstruction MSE (per
 pixel value on the [0, 1] scale), M's held-out NLL (nats per latent dimension), and each
@@ -33,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 CONFIGS = ROOT / "configs" / "worldmodels" / "cartpole_pixels"
-STAGES = ("record", "vision", "convert", "memory", "controller", "dream")
+STAGES = ("record", "vision", "convert", "memory", "controller", "dream", "iterate")
 
 
 def parse_args() -> argparse.Namespace:
@@ -65,6 +69,24 @@ def parse_args() -> argparse.Namespace:
                         "(as M's training targets were) instead of V's mean")
     p.add_argument("--dream-done-threshold", type=float, default=0.5,
                    help="a dream episode ends where M's done probability exceeds this")
+    p.add_argument("--dream-done-mode", choices=("threshold", "sample"), default="threshold",
+                   help="end a dream where p > threshold, or by a Bernoulli draw of p")
+    p.add_argument("--dream-starts", choices=("first", "all"), default="first",
+                   help="dreams start at the recorded episodes' first rows, or at any row (M warmed up on the prefix)")
+    p.add_argument("--dream-max-steps", type=int, default=500,
+                   help="a dream episode is truncated after this many steps (M's memory is reliable for as long as "
+                        "the sequences it was trained on)")
+    p.add_argument("--dream-run-name", default="worldmodels-cartpole_pixels-controller-dream",
+                   help="run folder of the dream stage (several dream experiments side by side)")
+    p.add_argument("--dream-seed", type=int, default=0, help="CMA-ES seed of the dream stage")
+    p.add_argument("--memory-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="an extra M setting (model.init_args.KEY), e.g. sample_z=false; repeatable")
+    p.add_argument("--dream-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="an extra setting of the dream-trained controller (model.init_args.KEY); repeatable")
+    p.add_argument("--rounds", type=int, default=2, help="iterate: rounds of record -> M -> dream controller")
+    p.add_argument("--round-episodes", type=int, default=100, help="iterate: episodes recorded per round")
+    p.add_argument("--explore-noise", type=float, default=0.1,
+                   help="iterate: probability of a random action while recording with the controller")
     p.add_argument("--eval-episodes", type=int, default=20)
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for these small nets)")
     p.add_argument("--quick", action="store_true", help="tiny sizes: checks the pipeline, not the figures")
@@ -84,11 +106,25 @@ def run(command: list[str]):
 
 
 QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+FRAMES = "data/worldmodels/cartpole_pixels/frames"
+LATENTS = "data/worldmodels/cartpole_pixels/latents"
+VISION_CKPT = "lightning_logs/worldmodels-cartpole_pixels-vision/checkpoints/last.ckpt"
+MEMORY_RUN = "worldmodels-cartpole_pixels-memory"
 
 
-def evaluate_real(model, env, episodes: int, seed: int = 900_000) -> tuple[float, float]:
-    """Mean ± std return of the controller's weights over ``episodes`` real episodes of ``env``
-    (the controller config's env: same frame size and crop as V was trained on)."""
+def settings(pairs: list[str]) -> list[str]:
+    """``["k=v", ...]`` -> ``["--model.init_args.k", "v", ...]``."""
+    out = []
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        out += [f"--model.init_args.{key}", value]
+    return out
+
+
+def evaluate_real(model, env, episodes: int, seed: int = 900_000, use: str = "mean") -> tuple[float, float]:
+    """Mean ± std return of the controller's ``use`` weights (the CMA-ES mean or the best member)
+    over ``episodes`` real episodes of ``env`` (the controller config's env: same frame size and
+    crop as V was trained on)."""
     import dataclasses
 
     import torch
@@ -96,7 +132,8 @@ def evaluate_real(model, env, episodes: int, seed: int = 900_000) -> tuple[float
     env = dataclasses.replace(env, seed=seed, num_envs=1)
     model.eval()
     with torch.no_grad():
-        returns = model.evaluate_population(model.params.detach()[None], episodes, seed, where="real", config=env,
+        params = model.params if use == "mean" else model.best_params
+        returns = model.evaluate_population(params.detach()[None], episodes, seed, where="real", config=env,
                                             per_episode=True)[0]
     model.close_envs()
     return float(returns.mean()), float(returns.std(unbiased=False))
@@ -120,10 +157,11 @@ def main() -> None:
             shutil.rmtree(work / sub, ignore_errors=True)
     if "convert" in stages:
         shutil.rmtree(work / "data/worldmodels/cartpole_pixels/latents", ignore_errors=True)
-    runs = {"vision": "vision", "memory": "memory", "controller": "controller", "dream": "controller-dream"}
+    runs = {"vision": "worldmodels-cartpole_pixels-vision", "memory": "worldmodels-cartpole_pixels-memory",
+            "controller": "worldmodels-cartpole_pixels-controller", "dream": args.dream_run_name}
     for name, run_name in runs.items():  # a re-run stage starts from scratch, not from its last checkpoint
         if name in stages:
-            shutil.rmtree(work / "lightning_logs" / f"worldmodels-cartpole_pixels-{run_name}", ignore_errors=True)
+            shutil.rmtree(work / "lightning_logs" / run_name, ignore_errors=True)
 
     rows: list[tuple[str, float, str]] = []
     total = time.time()
@@ -147,21 +185,22 @@ def main() -> None:
         m = cli.trainer.callback_metrics
         return f"val recon MSE {float(m['val/mse']):.5f} per pixel value, KL {float(m['val/kl']):.1f} nats"
 
-    def convert() -> str:
-        run(["convert", "--config", str(CONFIGS / "vision.yaml"), "--ckpt_path", "last",
-             "--target", "data/worldmodels/cartpole_pixels/latents"])
+    def convert(target: str = LATENTS) -> str:
+        run(["convert", "--config", str(CONFIGS / "vision.yaml"), "--ckpt_path", "last", "--target", target])
         return "latent store written"
 
-    def memory() -> str:
+    def memory(latents: str = LATENTS, run_name: str = MEMORY_RUN) -> str:
         cli = run(["fit", "--config", str(CONFIGS / "memory.yaml"), *QUIET,
-                   "--trainer.max_epochs", str(args.memory_epochs),
+                   "--trainer.max_epochs", str(args.memory_epochs), "--trainer.run_name", run_name,
+                   "--data.init_args.directory", latents,
                    "--data.init_args.train_batches", str(args.memory_batches),
-                   *(["--data.init_args.sequence_length", "8"] if args.quick else [])])
+                   *(["--data.init_args.sequence_length", "8"] if args.quick else []), *settings(args.memory_set)])
         m = cli.trainer.callback_metrics
         return (f"val NLL {float(m['val/nll']):.3f} nats/dim, done BCE {float(m['val/done_loss']):.3f} "
                 f"(acc {float(m['val/done_acc']):.3f})")
 
-    def controller(dream: bool) -> str:
+    def controller(dream: bool, memory_run: str = MEMORY_RUN, latents: str = LATENTS,
+                   run_name: str | None = None) -> str:
         limit = ""
         if dream:
             generations = args.dream_generations
@@ -177,35 +216,66 @@ def main() -> None:
                 limit = f"00:{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
         command = ["fit", "--config", str(CONFIGS / "controller.yaml"), *QUIET,
                    "--trainer.max_steps", str(generations), "--trainer.val_check_interval", str(10**6),
-                   "--model.init_args.popsize", str(args.popsize)]
+                   "--model.init_args.popsize", str(args.popsize),
+                   "--model.init_args.memory_ckpt", f"lightning_logs/{memory_run}/checkpoints/last.ckpt"]
         if limit:
             command += ["--trainer.max_time", limit]
         if dream:
-            command += ["--trainer.run_name", "worldmodels-cartpole_pixels-controller-dream",
+            command += ["--trainer.run_name", run_name or args.dream_run_name,
                         "--model.init_args.train_in", "dream",
-                        "--model.init_args.dream_dir", "data/worldmodels/cartpole_pixels/latents",
+                        "--model.init_args.dream_starts", args.dream_starts,
+                        "--model.init_args.dream_max_steps", str(args.dream_max_steps),
+                        "--model.init_args.dream_done_mode", args.dream_done_mode,
+                        "--model.init_args.seed", str(args.dream_seed),
+                        "--model.init_args.dream_dir", latents,
                         "--model.init_args.dream_temperature", str(args.dream_temperature),
                         "--model.init_args.dream_done_threshold", str(args.dream_done_threshold),
                         "--model.init_args.sample_z", str(args.dream_sample_z).lower(),
-                        "--model.init_args.episodes_per_member", str(args.dream_episodes_per_member)]
+                        "--model.init_args.episodes_per_member", str(args.dream_episodes_per_member),
+                        *settings(args.dream_set)]
         else:
             command += ["--model.init_args.episodes_per_member", str(args.episodes_per_member)]
+        fit_start = time.time()
         cli = run(command)
         m = cli.trainer.callback_metrics
-        fit_seconds = time.time() - start_times[-1]
+        fit_seconds = time.time() - fit_start
         mean, std = evaluate_real(cli.model, cli.datamodule.env, args.eval_episodes)
+        best_mean, best_std = evaluate_real(cli.model, cli.datamodule.env, args.eval_episodes, use="best")
         where = "dream" if dream else "real-env"
         return (f"{cli.trainer.global_step} generations{' (time limit ' + limit + ')' if limit else ''}; "
                 f"last generation {where} fitness mean {float(m['fitness/mean']):.1f} best "
                 f"{float(m['fitness/best']):.1f}; fit {fit_seconds:.0f} s; real return {mean:.1f} ± {std:.1f} "
-                f"over {args.eval_episodes} episodes")
+                f"(CMA-ES mean), {best_mean:.1f} ± {best_std:.1f} (best member) over {args.eval_episodes} episodes")
 
-    start_times: list[float] = []
+    def iterate() -> str:
+        from lightning_wm.data.episodes import EpisodeStore
+
+        dream_run, memory_run = args.dream_run_name, MEMORY_RUN
+        figures = []
+        for r in range(1, args.rounds + 1):
+            run(["record", "--config", str(CONFIGS / "record.yaml"), "--episodes", str(args.round_episodes),
+                 "--data.init_args.env.seed", str(1000 + r), "--model", "lightning_wm.agents.controller.Controller",
+                 "--model.init_args.vision_ckpt", VISION_CKPT,
+                 "--model.init_args.memory_ckpt", f"lightning_logs/{memory_run}/checkpoints/last.ckpt",
+                 "--model.init_args.explore_noise", str(args.explore_noise),
+                 "--ckpt_path", f"lightning_logs/{dream_run}/checkpoints/last.ckpt"])
+            latents = f"{LATENTS}-round{r}"
+            shutil.rmtree(latents, ignore_errors=True)
+            convert(latents)
+            memory_run, dream_run = f"{MEMORY_RUN}-round{r}", f"{args.dream_run_name}-round{r}"
+            for name in (memory_run, dream_run):
+                shutil.rmtree(work / "lightning_logs" / name, ignore_errors=True)
+            m_figure = memory(latents, memory_run)
+            c_figure = controller(True, memory_run, latents, dream_run)
+            store = EpisodeStore(FRAMES)
+            figures.append(f"round {r}: {len(store)} episodes, {store.total_steps()} frames; M {m_figure}; C {c_figure}")
+            print(f"\n--- {figures[-1]}\n", flush=True)
+        return " || ".join(figures)
+
     plan = {"record": record, "vision": vision, "convert": convert, "memory": memory,
-            "controller": lambda: controller(False), "dream": lambda: controller(True)}
+            "controller": lambda: controller(False), "dream": lambda: controller(True), "iterate": iterate}
     for name in STAGES:
         if name in stages:
-            start_times.append(time.time())
             stage(name, plan[name])
 
     elapsed = time.time() - total

@@ -2,15 +2,18 @@
 
 * env spaces are linked from the datamodule (``data.spec``) into the model (``env_spec``);
 * the default logger is TensorBoard under ``lightning_logs/<run_name>/version_N`` and
-  checkpoints go to ``lightning_logs/<run_name>/checkpoints`` — stable across runs of one
-  config, so ``fit --ckpt_path last`` resumes the last run; a final ``last.ckpt`` is written
-  at the end of every fit;
+  checkpoints (:mod:`lightning_wm.checkpoints`: ``last.ckpt``, ``step=N.ckpt``, ``best.ckpt``)
+  go to ``lightning_logs/<run_name>/checkpoints`` — stable across runs of one config, so
+  ``fit --ckpt_path last`` resumes the last run; ``--ckpt_path`` is checked against the config
+  before Lightning reads it;
 * ``record`` rolls a policy out into the datamodule's episode store, ``evaluate`` reports
-  mean ± std return of a trained agent, ``convert`` encodes a store with a trained Vision model.
+  mean ± std return of a trained agent, ``convert`` encodes a store with a trained Vision model;
+* what is printed (hidden lines, progress, command-line errors) is :mod:`lightning_wm.console`'s.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -19,27 +22,24 @@ from typing import Any
 import numpy as np
 import pytorch_lightning as pl
 import torch
+from lightning_fabric.plugins.io.checkpoint_io import CheckpointIO
 from pytorch_lightning.callbacks import Callback, ModelCheckpoint
-from pytorch_lightning.cli import LightningCLI
+from pytorch_lightning.callbacks.progress.progress_bar import ProgressBar
+from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 from pytorch_lightning.loggers import TensorBoardLogger
 
-from lightning_wm import runtime
+from lightning_wm import console, runtime
 from lightning_wm.callbacks import default_callbacks
+from lightning_wm.checkpoints import (LAST, AtomicCheckpointIO, RunCheckpoints, check_compatible, load_weights,
+                                      open_checkpoint)
 from lightning_wm.data.collector import Collector, run_evaluation
 from lightning_wm.data.episodes import EpisodeStore
+from lightning_wm.data.modules import EpisodeDataModule
 from lightning_wm.envs import EnvConfig, make_env, make_vector_env
+from lightning_wm.io import check_writable
 from lightning_wm.protocols import EnvHolder
+from lightning_wm.seeding import derive_seed
 from lightning_wm.video import check_video_path, write_video
-
-
-class FinalCheckpoint(Callback):
-    """Write ``last.ckpt`` when fit ends, so the steps after the last periodic save are kept."""
-
-    def __init__(self, dirpath: str) -> None:
-        self.dirpath = dirpath
-
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        trainer.save_checkpoint(os.path.join(self.dirpath, "last.ckpt"))
 
 
 class NonFiniteLossGuard(Callback):
@@ -62,26 +62,6 @@ class NonFiniteLossGuard(Callback):
                 )
 
 
-def resolve_checkpoint(trainer: pl.Trainer, ckpt_path: str | None) -> str | None:
-    """``last`` -> the ``last.ckpt`` of this run's checkpoint directory."""
-    if ckpt_path != "last":
-        if ckpt_path is not None and not Path(ckpt_path).is_file():
-            raise FileNotFoundError(f"checkpoint {ckpt_path!r} does not exist")
-        return ckpt_path
-    dirpath = getattr(trainer, "checkpoint_dir", None)
-    candidate = Path(dirpath or "", "last.ckpt")
-    if not candidate.is_file():
-        raise FileNotFoundError(f"--ckpt_path last: no {candidate}; train first with `fit`")
-    return str(candidate)
-
-
-def load_weights(model: pl.LightningModule, ckpt_path: str) -> None:
-    """Load a Lightning checkpoint's weights (and the module's own extra state) into ``model``."""
-    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=False)
-    model.on_load_checkpoint(checkpoint)
-    model.load_state_dict(checkpoint["state_dict"])
-
-
 def _env_of(datamodule: Any) -> EnvConfig:
     env = datamodule.env if isinstance(datamodule, EnvHolder) else None
     if env is None:
@@ -92,10 +72,17 @@ def _env_of(datamodule: Any) -> EnvConfig:
 class Trainer(pl.Trainer):
     """Lightning's Trainer plus stable run folders and the ``record``/``evaluate``/``convert`` commands.
 
+    Checkpoints (:mod:`lightning_wm.checkpoints`) go to ``<root>/lightning_logs/<run_name>/checkpoints``:
+    ``last.ckpt`` (every ``checkpoint_every_n_steps`` steps and at the end of fit), the newest
+    periodic ``step=N.ckpt`` files and ``best.ckpt`` (highest ``val/return``), all written
+    atomically. ``--ckpt_path`` takes ``last``, ``best`` or a file; a checkpoint keeps its
+    architecture (a contradicting config is refused, see :func:`~lightning_wm.checkpoints.check_compatible`).
+
     Args:
         run_name: folder under ``lightning_logs`` for logs and checkpoints (the CLI derives it
             from the config file's path when not given).
-        checkpoint_every_n_steps: periodic checkpoints (``last.ckpt`` and the newest step).
+        checkpoint_every_n_steps: periodic checkpoints (``last.ckpt`` and ``step=N.ckpt``); 0:
+            only at the end of fit.
         torch_threads: ``torch.set_num_threads`` for this process (``None`` keeps torch's
             default). Small networks on a few CPU cores train several times faster with 1.
         keep_freed_memory: let glibc's malloc reuse freed memory instead of unmapping it
@@ -113,71 +100,127 @@ class Trainer(pl.Trainer):
             torch.set_num_threads(torch_threads)
         run_name = run_name or "default"
         root = kwargs.get("default_root_dir") or os.getcwd()
-        log_root = os.path.join(root, "lightning_logs")
+        self.run_dir = os.path.join(root, "lightning_logs", run_name)
         if kwargs.get("logger") in (None, True):
-            kwargs["logger"] = TensorBoardLogger(save_dir=log_root, name=run_name)
-        self.checkpoint_dir = os.path.join(log_root, run_name, "checkpoints")
+            kwargs["logger"] = TensorBoardLogger(save_dir=os.path.dirname(self.run_dir), name=run_name)
+        self.checkpoint_dir = os.path.join(self.run_dir, "checkpoints")
         callbacks = list(kwargs.get("callbacks") or [])
         if kwargs.get("enable_checkpointing", True) is not False:
-            if not any(isinstance(c, ModelCheckpoint) for c in callbacks):
-                # no version counter: a later run of the same config overwrites last.ckpt instead of
-                # writing last-v1.ckpt beside it (which `--ckpt_path last` would never find)
-                callbacks.append(ModelCheckpoint(dirpath=self.checkpoint_dir, save_last=True,
-                                                 every_n_train_steps=checkpoint_every_n_steps, save_top_k=1,
-                                                 enable_version_counter=False))
-            self.checkpoint_dir = next(c for c in callbacks if isinstance(c, ModelCheckpoint)).dirpath or self.checkpoint_dir
-            callbacks.append(FinalCheckpoint(self.checkpoint_dir))
+            own = [c for c in callbacks if isinstance(c, ModelCheckpoint)]
+            if own:  # the user's ModelCheckpoint decides where checkpoints go
+                self.checkpoint_dir = own[0].dirpath or self.checkpoint_dir
+            else:  # (Lightning adds no ModelCheckpoint of its own beside it)
+                callbacks.append(RunCheckpoints(self.checkpoint_dir, checkpoint_every_n_steps))
         callbacks.append(NonFiniteLossGuard())
         callbacks += [c for c in default_callbacks() if not any(type(x) is type(c) for x in callbacks)]
+        if kwargs.get("enable_progress_bar", True) is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
+            callbacks.append(console.RunProgress())
         kwargs["callbacks"] = callbacks
+        plugins = list(kwargs.get("plugins") or [])
+        if not any(isinstance(p, CheckpointIO) for p in plugins):
+            plugins.append(AtomicCheckpointIO())
+        kwargs["plugins"] = plugins
         super().__init__(*args, **kwargs)
+
+    # -- checkpoints -------------------------------------------------------------------
+    def _checkpoint_for(self, model: pl.LightningModule | None, ckpt_path: str | None, action: str,
+                        resume_if_exists: bool = False, settings: str = "warn") -> str | None:
+        """Resolve ``ckpt_path`` (``last``, ``best``, a file), read it and check it against ``model``
+        before Lightning does anything with it; the checked checkpoint is handed to the
+        checkpoint reader so it is not read twice."""
+        if resume_if_exists and ckpt_path in (None, "last"):
+            if not os.path.isfile(os.path.join(self.checkpoint_dir, LAST)):
+                print(f"no {LAST} in {self.checkpoint_dir}: starting a new run", file=sys.stderr)
+                return None
+            ckpt_path = "last"
+        found = open_checkpoint(ckpt_path, self.checkpoint_dir)
+        if found is None:
+            return None
+        path, checkpoint = found
+        if model is not None:
+            check_compatible(checkpoint, model, path, action, settings)
+        reader = self.strategy.checkpoint_io
+        if isinstance(reader, AtomicCheckpointIO):
+            reader.preload(path, checkpoint)
+        return str(path)
+
+    def fit(self, model: pl.LightningModule, train_dataloaders: Any = None, val_dataloaders: Any = None,
+            datamodule: pl.LightningDataModule | None = None, ckpt_path: str | None = None,
+            resume_if_exists: bool = False) -> None:
+        """Lightning's ``fit``; ``ckpt_path``: ``last``, ``best`` or a checkpoint file to resume from.
+
+        Args:
+            resume_if_exists: resume from ``last.ckpt`` when it exists and start a new run when
+                it does not (``--ckpt_path last`` alone refuses to start without it).
+        """
+        # before any work: a run whose results cannot be saved does not start
+        check_writable(self.run_dir, "log folder")
+        if any(isinstance(c, RunCheckpoints) for c in self.callbacks):
+            check_writable(self.checkpoint_dir, "checkpoint folder")
+        path = self._checkpoint_for(model, ckpt_path, "resume", resume_if_exists, settings="refuse")
+        super().fit(model, train_dataloaders, val_dataloaders, datamodule, ckpt_path=path, weights_only=True)
+
+    def validate(self, model: pl.LightningModule | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
+                 verbose: bool = True, datamodule: pl.LightningDataModule | None = None) -> Any:
+        """Lightning's ``validate``; ``ckpt_path``: ``last``, ``best`` or a checkpoint file."""
+        path = self._checkpoint_for(model, ckpt_path, "validation")
+        return super().validate(model, dataloaders, path, verbose, datamodule, weights_only=True)
+
+    def test(self, model: pl.LightningModule | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
+             verbose: bool = True, datamodule: pl.LightningDataModule | None = None) -> Any:
+        """Lightning's ``test``; ``ckpt_path``: ``last``, ``best`` or a checkpoint file."""
+        path = self._checkpoint_for(model, ckpt_path, "test")
+        return super().test(model, dataloaders, path, verbose, datamodule, weights_only=True)
+
+    def _load_weights(self, model: pl.LightningModule, ckpt_path: str | None, action: str) -> None:
+        found = open_checkpoint(ckpt_path, self.checkpoint_dir)
+        if found is not None:
+            load_weights(model, found[1], found[0], action=action)
 
     # -- extra subcommands -------------------------------------------------------------
     def record(self, model: pl.LightningModule, datamodule: pl.LightningDataModule, episodes: int = 10,
                ckpt_path: str | None = None, explore: bool = True) -> int:
         """Roll ``model`` (random by default; trained weights from ``ckpt_path``) out for
         ``episodes`` episodes into the datamodule's episode store. Returns rows written."""
-        from tqdm import tqdm
-
+        if episodes < 1:
+            raise ValueError(f"--episodes must be >= 1, got {episodes}")
+        if not isinstance(datamodule, EpisodeDataModule):
+            raise ValueError("record writes episodes into an episode store and needs an EpisodeDataModule "
+                             "(--data lightning_wm.data.modules.EpisodeDataModule --data.init_args.directory DIR "
+                             f"--data.init_args.env {{...}}); this config's datamodule is a {type(datamodule).__name__}")
         env = _env_of(datamodule)
-        ckpt = resolve_checkpoint(self, ckpt_path)
-        if ckpt is not None:
-            load_weights(model, ckpt)
-        store = EpisodeStore(datamodule.directory)
-        store.write_metadata({"env": {**vars(env), "size": list(env.size)}})
-        before = store.total_steps()
+        self._load_weights(model, ckpt_path, "record")
+        store = EpisodeStore(check_writable(datamodule.directory, "episode store"))
+        first = store.start_recording({**dataclasses.asdict(env), "size": list(env.size)}, episodes, env.num_envs)
+        seeds = [derive_seed(env.seed, "record", index=first + i) for i in range(env.num_envs)]
         vector_env = make_vector_env(env)
         try:
-            with tqdm(total=episodes, desc=f"record {env.id}", unit="ep") as bar:
-                collector = Collector(vector_env, model, store=store, seed=env.seed)
+            with console.progress(episodes, f"record {env.id}", unit="ep") as bar:
+                collector = Collector(vector_env, model, store=store, seeds=seeds)
                 model.eval()
                 finished = collector.run_episodes(episodes, explore=explore, progress=bar.update)
         finally:
             vector_env.close()
         returns = [e["return"] for e in finished]
-        print(f"recorded {len(finished)} episodes, {store.total_steps() - before} rows into {store.directory} "
-              f"(return {np.mean(returns):.1f} ± {np.std(returns):.1f})")
-        return store.total_steps() - before
+        print(f"recorded {store.episodes_written} episodes, {store.rows_written} rows into {store.directory} "
+              f"(return {np.mean(returns):.1f} ± {np.std(returns):.1f}; the store holds {len(store)} episodes)")
+        return store.rows_written
 
     def evaluate(self, model: pl.LightningModule, datamodule: pl.LightningDataModule, ckpt_path: str | None = None,
                  episodes: int = 10, video: str | None = None, explore: bool = False) -> dict[str, float]:
         """Run ``episodes`` episodes (``explore=False``), print mean ± std return; with
         ``video=path.gif`` or ``path.mp4`` the first of them is filmed (MP4 needs the ``video``
         extra, imageio-ffmpeg)."""
-        from tqdm import tqdm
-
         if episodes < 1:
             raise ValueError(f"--episodes must be >= 1, got {episodes}")
         if video:
             check_video_path(video)  # before the episodes, not after
         env = _env_of(datamodule)
-        ckpt = resolve_checkpoint(self, ckpt_path)
-        if ckpt is not None:
-            load_weights(model, ckpt)
+        self._load_weights(model, ckpt_path, "evaluation")
         model.eval()
-        seed = env.seed + 777_000
+        seed = derive_seed(env.seed, "evaluate")
         finished: list[dict[str, float]] = []
-        with tqdm(total=episodes, desc=f"evaluate {env.id}", unit="ep") as bar:
+        with console.progress(episodes, f"evaluate {env.id}", unit="ep") as bar:
             if video:  # episode 1 in a rendering env, the others as usual
                 finished.append(self._film_episode(model, env, seed, video, explore))
                 bar.update(1)
@@ -203,7 +246,7 @@ class Trainer(pl.Trainer):
         env = gym.vector.SyncVectorEnv([lambda: make_env(one, render_mode="rgb_array")],
                                        autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
         try:
-            collector = Collector(env, model, seed=seed)
+            collector = Collector(env, model, seeds=seed)
             frames: list[np.ndarray] = []
             collector.reset()
             frames.append(env.envs[0].render())
@@ -220,15 +263,28 @@ class Trainer(pl.Trainer):
         (``ckpt_path``) into the latent store ``target``. Returns episodes written."""
         from lightning_wm.agents.vision import convert_episodes
 
-        ckpt = resolve_checkpoint(self, ckpt_path)
-        if ckpt is not None:
-            load_weights(model, ckpt)
+        self._load_weights(model, ckpt_path, "convert")
         source = EpisodeStore(datamodule.directory)
-        out = EpisodeStore(target)
+        out = EpisodeStore(check_writable(target, "convert target"))
         out.write_metadata({**source.read_metadata(), "source": str(source.directory)})
-        written = convert_episodes(model, source, out, batch_size=batch_size)
+        with console.progress(len(source), "convert", unit="ep") as bar:
+            written = convert_episodes(model, source, out, batch_size=batch_size, progress=bar.update)
         print(f"converted {written} episodes from {source.directory} into {out.directory}")
         return written
+
+
+class ArgumentParser(LightningArgumentParser):
+    """LightningCLI's parser whose errors are two lines: what is wrong with which key (and the
+    type it expects), and where the accepted options are listed; no usage dump."""
+
+    def error(self, message: str, ex: Exception | None = None) -> Any:
+        if not self.exit_on_error:
+            return super().error(message, ex)
+        parser = getattr(ex, "subcommand_parser", None) or self
+        line, class_path = console.explain_parser_error(message)
+        key = line[2:].split(" ", 1)[0].split(":")[0] if line.startswith("--") else None
+        sys.stderr.write(f"error: {line}\n{console.help_hint(parser.prog, class_path, key)}\n")
+        self.exit(2)
 
 
 class CLI(LightningCLI):
@@ -245,7 +301,15 @@ class CLI(LightningCLI):
         parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
         if subcommand == "record":  # random episodes unless a --model (and --ckpt_path) is given
             parser.set_defaults({"model": {"class_path": "lightning_wm.agents.random.RandomPolicy"}})
+        if not any(action.dest == "verbose" for action in parser._actions):  # validate/test have their own
+            parser.add_argument("--verbose", action="store_true",
+                                help=f"show every warning and log line (or set {console.VERBOSE_ENV}=1)")
         return parser
+
+    def _parse_ckpt_path(self) -> None:
+        """Lightning would read ``--ckpt_path`` here (with ``torch.load``, before any error handling)
+        and silently replace the config's model by the checkpoint's; the Trainer checks the
+        checkpoint against the config instead (:func:`lightning_wm.checkpoints.check_compatible`)."""
 
     def add_arguments_to_parser(self, parser: Any) -> None:
         parser.link_arguments("data", "model.init_args.env_spec", compute_fn=lambda data: data.spec,
@@ -270,7 +334,7 @@ def derive_run_name(config: Any) -> str:
 
 # errors that describe bad input (config values, env ids, files, a diverged loss): on the command
 # line they are printed as one message, without a traceback
-USER_ERRORS = (ValueError, FileNotFoundError, FloatingPointError)
+USER_ERRORS = (ValueError, FileNotFoundError, PermissionError, FloatingPointError)
 
 
 def main(args: list[str] | None = None) -> CLI:
@@ -282,13 +346,51 @@ def main(args: list[str] | None = None) -> CLI:
     type, unknown class) exit with code 2 from the argument parser. Called with ``args``
     (tests, scripts), exceptions propagate.
     """
-    if args is not None or os.environ.get("LIGHTNING_WM_TRACEBACK"):
-        return _cli(args)
-    try:
-        return _cli(args)
-    except USER_ERRORS as err:
-        print(f"error: {user_message(err)}\n(set LIGHTNING_WM_TRACEBACK=1 for the traceback)", file=sys.stderr)
-        raise SystemExit(1) from None
+    argv = sys.argv[1:] if args is None else list(args)
+    with console.quiet(verbose=console.is_verbose() or _wants_verbose(argv)):
+        check_config_files(argv)
+        if args is not None or os.environ.get("LIGHTNING_WM_TRACEBACK"):
+            return _cli(args)
+        try:
+            return _cli(args)
+        except USER_ERRORS as err:
+            print(f"error: {user_message(err)}\n(set LIGHTNING_WM_TRACEBACK=1 for the traceback)", file=sys.stderr)
+            raise SystemExit(1) from None
+
+
+def _wants_verbose(argv: list[str]) -> bool:
+    """``--verbose`` (or ``--verbose true`` / ``--verbose=true``) is on the command line."""
+    for i, arg in enumerate(argv):
+        if arg == "--verbose":
+            following = argv[i + 1].lower() if i + 1 < len(argv) else ""
+            return following not in ("false", "0", "no")
+        if arg.startswith("--verbose="):
+            return arg.split("=", 1)[1].lower() in ("true", "1", "yes")
+    return False
+
+
+def check_config_files(argv: list[str]) -> None:
+    """YAML files given on the command line (``--config F``, ``--model F.yaml``, ...) are read
+    first, so that a syntax error names its file (jsonargparse says ``"<unicode string>"``);
+    on an error: two lines (the error, where the options are listed) and exit code 2."""
+    import yaml
+
+    for i, arg in enumerate(argv):
+        name, _, value = arg.partition("=")
+        if not value and i + 1 < len(argv):
+            value = argv[i + 1]
+        if not name.startswith("-") or not value.endswith((".yaml", ".yml")) or not os.path.isfile(value):
+            continue
+        try:
+            with open(value, encoding="utf-8") as f:
+                yaml.safe_load(f)
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+            sys.stderr.write(f"error: config file {value!r} is not valid YAML: {problem}{where}\n"
+                             f"{console.help_hint(Path(sys.argv[0]).name, None)}\n")
+            raise SystemExit(2) from None
 
 
 def user_message(err: BaseException) -> str:
@@ -304,6 +406,17 @@ def user_message(err: BaseException) -> str:
 
 
 def _cli(args: list[str] | None) -> CLI:
+    try:
+        return _make_cli(args)
+    except ValueError as err:
+        # an error raised while jsonargparse builds --model / --data comes back wrapped in a
+        # ValueError listing every Union alternative; the error itself is its cause
+        if "Union subtypes" in str(err) and isinstance(err.__cause__, Exception):
+            raise err.__cause__ from None
+        raise
+
+
+def _make_cli(args: list[str] | None) -> CLI:
     return CLI(
         model_class=None,
         datamodule_class=None,
@@ -311,6 +424,8 @@ def _cli(args: list[str] | None) -> CLI:
         subclass_mode_data=True,
         trainer_class=Trainer,
         trainer_defaults={"num_sanity_val_steps": 0},
+        seed_everything_default=0,  # explicit: Lightning warns "No seed found" and then uses 0 anyway
+        parser_class=ArgumentParser,
         save_config_kwargs={"overwrite": True},
         parser_kwargs={"allow_abbrev": False},
         args=args,

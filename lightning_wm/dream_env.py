@@ -1,79 +1,115 @@
-"""``DreamEnv``: a gymnasium vector env whose dynamics are a trained world model.
+"""``DreamEnv``: a gymnasium vector env whose dynamics are any trained world model.
 
-Each of ``num_envs`` dream episodes starts from a real initial frame (encoded by V, drawn at
-random from a bank of real episode starts), then follows ``model.step``: ``z'`` sampled from
-M's mixture at ``temperature``, the reward from M's reward head (or ``+1`` per step with
-``reward="survival"``, the VizDoom setup) and termination from M's done head (``done_prob >
-done_threshold``, or a Bernoulli draw with ``done_mode="sample"``); episodes are truncated after
-``max_episode_steps``. Observations are the controller's features ``[z, h]`` (float32).
+Each of ``num_envs`` dream episodes starts from a state drawn at random from a bank of real
+start states (the model's filtered states of recorded episodes, :func:`start_states`: their
+first rows, or any row of them), then follows ``model.step``: the next state (sampled by the
+model: M's mixture at its temperature, the RSSM's prior), the reward from the model's reward
+head (or ``+1`` per step with ``reward="survival"``, the VizDoom setup) and termination from its
+done head (``done_prob > done_threshold``, or a Bernoulli draw with ``done_mode="sample"``);
+episodes are truncated after ``max_episode_steps``. Observations are the model's features
+(``observation="features"``, float32 ``[F]``: what the World Models controller reads) or the
+decoded observation in the real env's format (``"decoded"``: uint8 frames, vectors, dicts, so
+an agent with its own encoder can train inside the dream); ``render`` shows the decoded state.
 
 Autoreset is gymnasium's *next-step* mode, as in :func:`lightning_wm.envs.make_vector_env`:
 the step after an episode ends returns the new episode's first observation with reward 0
 and ignores the action, so the Collector and the CMA-ES controller use it like a real env.
 :class:`DreamSingleEnv` is the one-env ``gymnasium.Env`` view (passes gymnasium's env checker).
 
-Everything random (start frames, ``z`` draws, done draws) comes from a ``torch.Generator``
-seeded by ``reset(seed=...)``, so a seeded dream is reproducible.
+Everything random (start draws, the model's samples, done draws) comes from a
+``torch.Generator`` seeded by ``reset(seed=...)``, so a seeded dream is reproducible.
+
+This module knows only the :class:`~lightning_wm.world_model.WorldModel` it is given:
+``step(state, action, generator=...)``, ``features``, ``decode`` (for ``render`` and decoded
+observations), ``posterior_states`` (for :func:`start_states`) and its ``actions`` codec
+(env actions -> the model's action input; a plain one-hot / identity codec if it has none).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Iterable, Literal, Mapping
 
 import gymnasium as gym
 import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_wm.world_model import WorldModel
+from lightning_wm.actions import ActionCodec
+from lightning_wm.tree import first_leaf, leaves, tree_map
+from lightning_wm.world_model import State, WorldModel
 
 
-def initial_latents_from_store(store: Any, vision: Any | None = None, max_starts: int = 1024,
-                               batch_size: int = 256) -> tuple[Tensor, Tensor]:
-    """``(mu, logvar) [N, Z]`` of the first frame of (up to ``max_starts``) stored episodes.
+@torch.no_grad()
+def start_states(model: WorldModel, episodes: Iterable[Mapping[str, Any]], where: Literal["first", "all"] = "first",
+                 max_starts: int | None = None, seed: int = 0) -> State:
+    """A bank of dream start states ``[N, ...]`` from recorded episodes (row convention).
 
-    Works on a latent store (episodes with ``mu``/``logvar``) or a pixel store (``obs``,
-    encoded with ``vision``).
+    Args:
+        model: filters each episode (:meth:`WorldModel.posterior_states`).
+        episodes: dicts of ``[T, ...]`` arrays (e.g. ``EpisodeStore(...).episodes()``).
+        where: ``first``: each episode's first row (the real env's start distribution);
+            ``all``: every row that is not an episode's last (``is_last``), with the model's
+            memory of the rows before it, so dreams also start in the middle of episodes.
+        max_starts: keep at most this many, drawn uniformly without replacement with ``seed``.
+    Returns:
+        the states stacked: a pytree of ``[N, ...]`` tensors.
+    Raises:
+        ValueError: an unknown ``where``, or no episode gave a start.
     """
-    from lightning_wm.agents.vision import encode_frames
+    if where not in ("first", "all"):
+        raise ValueError(f"dream starts must be 'first' or 'all', got {where!r}")
+    banks = []
+    for episode in episodes:
+        if where == "first":
+            episode = {k: np.asarray(v)[:1] for k, v in episode.items()}
+        states = model.posterior_states(dict(episode))
+        rows = np.ones(len(first_leaf(states)), bool)
+        if where == "all" and "is_last" in episode:
+            rows &= ~np.asarray(episode["is_last"], bool)
+        if rows.any():
+            index = torch.as_tensor(np.flatnonzero(rows), device=first_leaf(states).device)
+            banks.append(tree_map(lambda x: x[index], states))
+    if not banks:
+        raise ValueError("no recorded episode gave a dream start; record episodes first")
+    bank = tree_map(lambda *xs: torch.cat(xs), *banks) if len(banks) > 1 else banks[0]
+    n = len(first_leaf(bank))
+    if max_starts is not None and n > max_starts:
+        keep = np.sort(np.random.default_rng(seed).choice(n, max_starts, replace=False))
+        index = torch.as_tensor(keep, device=first_leaf(bank).device)
+        bank = tree_map(lambda x: x[index], bank)
+    return bank
 
-    mus, logvars, frames = [], [], []
-    for path in list(store.paths())[:max_starts]:
-        episode = store.load(path)
-        if "mu" in episode and "logvar" in episode:
-            mus.append(torch.as_tensor(np.asarray(episode["mu"][:1])).float())
-            logvars.append(torch.as_tensor(np.asarray(episode["logvar"][:1])).float())
-        elif "obs" in episode:
-            frames.append(np.asarray(episode["obs"][:1]))
-        else:
-            raise ValueError(f"episode {path} has neither latents (mu/logvar) nor pixel obs to start dreams from")
-    if frames:
-        if vision is None:
-            raise ValueError("a pixel episode store needs a Vision model to encode the dream's start frames")
-        mu, logvar = encode_frames(vision, np.concatenate(frames), batch_size)
-        mus.append(mu)
-        logvars.append(logvar)
-    if not mus:
-        raise ValueError(f"store {getattr(store, 'directory', store)} holds no episodes to start dreams from")
-    return torch.cat(mus), torch.cat(logvars)
+
+def _space_of(sample: Any) -> gym.Space:
+    """The single-env space of one decoded observation (uint8 -> [0, 255], float -> unbounded)."""
+    if isinstance(sample, Mapping):
+        return gym.spaces.Dict({k: _space_of(v) for k, v in sample.items()})
+    shape = tuple(sample.shape)
+    if sample.dtype == torch.uint8:
+        return gym.spaces.Box(0, 255, shape, np.uint8)
+    return gym.spaces.Box(-np.inf, np.inf, shape, np.float32)
+
+
+def _to_numpy(obs: Any) -> Any:
+    if isinstance(obs, Mapping):
+        return {k: _to_numpy(v) for k, v in obs.items()}
+    array = obs.cpu().numpy()
+    return array if array.dtype == np.uint8 else array.astype(np.float32)
 
 
 class DreamEnv(gym.vector.VectorEnv):
-    """Vector env over ``num_envs`` dreams of a :class:`WorldModel` (e.g. ``VisionMemoryModel``).
+    """Vector env over ``num_envs`` dreams of a :class:`WorldModel` (V+M, Dreamer's RSSM, ...).
 
     Args:
-        model: the world model; must offer ``initial_state_from_latent(mu, logvar, generator)``,
-            ``step(state, action, generator=..., temperature=...)``, ``features``, and
-            ``decode(state)`` for ``render``.
+        model: the world model (see the module docstring for what it must offer).
         action_space: the real env's (single) action space.
-        start_mu, start_logvar: ``[N, Z]`` V posteriors of real initial frames
-            (see :func:`initial_latents_from_store`).
+        starts: the bank of start states, a pytree of ``[N, ...]`` tensors (:func:`start_states`).
         num_envs: dreams stepped together.
-        temperature: M's sampling temperature.
         max_episode_steps: truncation length.
         done_mode: ``threshold`` (terminate when ``p > done_threshold``) or ``sample``.
-        reward: ``head`` (M's reward prediction) or ``survival`` (+1 per step).
+        reward: ``head`` (the model's reward prediction) or ``survival`` (+1 per step).
+        observation: ``features`` (the model's feature vector) or ``decoded`` (``model.decode``:
+            the real env's observation format).
         seed: seed of the first reset when ``reset`` gets none.
     """
 
@@ -83,14 +119,13 @@ class DreamEnv(gym.vector.VectorEnv):
         self,
         model: WorldModel,
         action_space: gym.Space,
-        start_mu: Tensor,
-        start_logvar: Tensor | None = None,
+        starts: State,
         num_envs: int = 1,
-        temperature: float = 1.0,
         max_episode_steps: int = 1000,
         done_mode: Literal["threshold", "sample"] = "threshold",
         done_threshold: float = 0.5,
         reward: Literal["head", "survival"] = "head",
+        observation: Literal["features", "decoded"] = "features",
         seed: int | None = None,
         render_mode: str | None = "rgb_array",
     ) -> None:
@@ -100,68 +135,75 @@ class DreamEnv(gym.vector.VectorEnv):
             raise ValueError(f"done_mode must be 'threshold' or 'sample', got {done_mode!r}")
         if reward not in ("head", "survival"):
             raise ValueError(f"reward must be 'head' or 'survival', got {reward!r}")
-        if start_mu.ndim != 2 or start_mu.shape[0] == 0:
-            raise ValueError(f"start_mu must be [N >= 1, Z], got {tuple(start_mu.shape)}")
+        if observation not in ("features", "decoded"):
+            raise ValueError(f"observation must be 'features' or 'decoded', got {observation!r}")
+        if num_envs < 1 or max_episode_steps < 1:
+            raise ValueError(f"num_envs and max_episode_steps must be >= 1, got {num_envs}, {max_episode_steps}")
+        sizes = {x.shape[0] if x.dim() else 0 for x in leaves(starts)}
+        if len(sizes) != 1 or 0 in sizes:
+            raise ValueError(f"starts must be a pytree of [N >= 1, ...] tensors with one N, got sizes {sorted(sizes)}")
         self.model = model
         self.num_envs = num_envs
-        self.temperature, self.max_episode_steps = temperature, max_episode_steps
+        self.max_episode_steps = max_episode_steps
         self.done_mode, self.done_threshold, self.reward_mode = done_mode, done_threshold, reward
-        self.render_mode = render_mode
-        self.device = start_mu.device
-        self.start_mu = start_mu
-        self.start_logvar = start_logvar
+        self.observation_mode = observation
+        self.starts = starts
+        self.num_starts = sizes.pop()
+        self.device = first_leaf(starts).device
+        self.state: State | None = None
         with torch.no_grad():
-            probe = model.initial_state_from_latent(start_mu[:1], None if start_logvar is None else start_logvar[:1])
-            feature_dim = int(model.features(probe).shape[-1])
+            first = tree_map(lambda x: x[:1], starts)
+            probe = self._observe(first)
+            self.state = first
+            renderable = self._image() is not None  # a model that decodes to frames
+            self.state = None
+        self.render_mode = render_mode if renderable else None
         self.single_action_space = action_space
         self.action_space = gym.vector.utils.batch_space(action_space, num_envs)
-        self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (feature_dim,), np.float32)
+        self.single_observation_space = _space_of(tree_map(lambda x: x[0], probe))
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
-        self._discrete = isinstance(action_space, gym.spaces.Discrete)
-        if not self._discrete:
-            self._low = torch.as_tensor(action_space.low, dtype=torch.float32, device=self.device)
-            self._high = torch.as_tensor(action_space.high, dtype=torch.float32, device=self.device)
+        codec = getattr(model, "actions", None)
+        self.actions = codec if isinstance(codec, ActionCodec) else ActionCodec(action_space).to(self.device)
         self._default_seed = seed
         self.generator = torch.Generator(device=self.device)
-        self.state: dict[str, Tensor] | None = None
         self._elapsed = torch.zeros(num_envs, dtype=torch.long, device=self.device)
         self._needs_reset = torch.zeros(num_envs, dtype=torch.bool, device=self.device)
 
     # -- tensor API (what the controller uses) ----------------------------------------
-    def _starts(self, n: int) -> Any:
-        idx = torch.randint(self.start_mu.shape[0], (n,), generator=self.generator, device=self.device)
-        logvar = None if self.start_logvar is None else self.start_logvar[idx]
-        return self.model.initial_state_from_latent(self.start_mu[idx], logvar, self.generator)
+    def _observe(self, state: State) -> Any:
+        if self.observation_mode == "features":
+            return self.model.features(state).float()
+        return self.model.decode(state)
+
+    def _draw(self, n: int) -> State:
+        idx = torch.randint(self.num_starts, (n,), generator=self.generator, device=self.device)
+        return tree_map(lambda x: x[idx], self.starts)
 
     @torch.no_grad()
-    def reset_tensor(self, seed: int | None = None) -> Tensor:
-        """Start every dream afresh -> features ``[N, F]``."""
+    def reset_tensor(self, seed: int | None = None) -> Any:
+        """Start every dream afresh -> observations ``[N, ...]`` (tensors)."""
         seed = self._default_seed if seed is None and self.state is None else seed
         if seed is not None:
             self._np_random, _ = gym.utils.seeding.np_random(seed)
             self.generator.manual_seed(int(seed))
         elif self.state is None:
             self.generator.seed()
-        self.state = self._starts(self.num_envs)
+        self.state = self._draw(self.num_envs)
         self._elapsed.zero_()
         self._needs_reset.zero_()
-        return self.model.features(self.state).float()
+        return self._observe(self.state)
 
     def _action_tensor(self, actions: Any) -> Tensor:
         a = torch.as_tensor(np.asarray(actions) if not isinstance(actions, Tensor) else actions, device=self.device)
-        if self._discrete:
-            return torch.nn.functional.one_hot(a.long().reshape(self.num_envs), int(self.single_action_space.n)).float()
-        a = a.float().reshape(self.num_envs, -1)
-        return torch.maximum(torch.minimum(a, self._high), self._low)
+        return self.actions.encode(a.reshape(self.num_envs, *self.actions.shape))
 
     @torch.no_grad()
-    def step_tensor(self, actions: Any) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """Step every dream -> ``(features [N, F], reward [N], terminated [N], truncated [N])``."""
+    def step_tensor(self, actions: Any) -> tuple[Any, Tensor, Tensor, Tensor]:
+        """Step every dream -> ``(observations [N, ...], reward [N], terminated [N], truncated [N])``."""
         if self.state is None:
             raise RuntimeError("call reset() before step()")
         action = self._action_tensor(actions)
-        reward, nxt, done_prob = self.model.step(self.state, action, generator=self.generator,
-                                                 temperature=self.temperature)
+        reward, nxt, done_prob = self.model.step(self.state, action, generator=self.generator)
         if self.done_mode == "threshold":
             terminated = done_prob > self.done_threshold
         else:
@@ -173,45 +215,57 @@ class DreamEnv(gym.vector.VectorEnv):
         # next-step autoreset: envs whose episode ended at the previous step start anew now
         resetting = self._needs_reset
         if bool(resetting.any()):
-            fresh = self._starts(int(resetting.sum()))
-            for key in nxt:
-                nxt[key] = nxt[key].clone()
-                nxt[key][resetting] = fresh[key]
+            index = resetting.nonzero().squeeze(-1)
+            fresh = self._draw(len(index))
+            nxt = tree_map(lambda x, f: x.index_copy(0, index, f.to(x.dtype)), nxt, fresh)
             reward = torch.where(resetting, torch.zeros_like(reward), reward)
             terminated = terminated & ~resetting
             truncated = truncated & ~resetting
             self._elapsed[resetting] = 0
         self.state = nxt
         self._needs_reset = terminated | truncated
-        return self.model.features(nxt).float(), reward.float(), terminated, truncated
+        return self._observe(nxt), reward.float(), terminated, truncated
 
     # -- gymnasium VectorEnv API ------------------------------------------------------
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict]:
         if isinstance(seed, (list, tuple)):
             seed = seed[0]
-        obs = self.reset_tensor(seed)
-        return obs.cpu().numpy(), {}
+        return _to_numpy(self.reset_tensor(seed)), {}
 
-    def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
+    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
         obs, reward, terminated, truncated = self.step_tensor(actions)
-        return (obs.cpu().numpy(), reward.cpu().numpy().astype(np.float64), terminated.cpu().numpy(),
+        return (_to_numpy(obs), reward.cpu().numpy().astype(np.float64), terminated.cpu().numpy(),
                 truncated.cpu().numpy(), {})
+
+    def _image(self) -> Tensor | None:
+        """The decoded frames ``uint8 [N, H, W, C]`` of the current states (a dict observation's
+        ``"image"``), or None where the model decodes no image (vectors, or no decoder)."""
+        try:
+            frames = self.model.decode(self.state)
+        except NotImplementedError:
+            return None
+        if isinstance(frames, Mapping):
+            frames = frames.get("image")
+        if not isinstance(frames, Tensor) or frames.dtype != torch.uint8 or frames.dim() != 4:
+            return None
+        return frames
 
     @torch.no_grad()
     def render(self) -> np.ndarray | None:
-        """V's decoding of every dream's current latent frame: ``uint8 [N, 64, 64, C]``."""
+        """The decoded image of every dream's current state, ``uint8 [N, H, W, C]``
+        (``render_mode`` is None for a model that decodes no image)."""
         if self.render_mode != "rgb_array" or self.state is None:
             return None
-        return self.model.decode(self.state).cpu().numpy()
+        return self._image().cpu().numpy()
 
     def close_extras(self, **kwargs: Any) -> None:
         self.state = None
 
 
 class DreamSingleEnv(gym.Env):
-    """One dream as a plain ``gymnasium.Env`` (observation ``[z, h]``, real action space).
+    """One dream as a plain ``gymnasium.Env`` (the dream's observation and the real action space).
 
-    Episodes end by M's done head or after ``max_episode_steps``; call ``reset`` after that.
+    Episodes end by the model's done head or after ``max_episode_steps``; call ``reset`` after that.
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 30}
@@ -224,41 +278,17 @@ class DreamSingleEnv(gym.Env):
         self.action_space = dream.single_action_space
         self.render_mode = dream.render_mode
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict]:
         super().reset(seed=seed)
         # the dream's generator follows this env's np_random, so seeded resets reproduce
         obs = self.dream.reset_tensor(int(self.np_random.integers(2**31 - 1)))
-        return obs[0].cpu().numpy(), {}
+        return _to_numpy(tree_map(lambda x: x[0], obs)), {}
 
-    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
         obs, reward, terminated, truncated = self.dream.step_tensor(np.asarray(action)[None])
-        return obs[0].cpu().numpy(), float(reward[0]), bool(terminated[0]), bool(truncated[0]), {}
+        return (_to_numpy(tree_map(lambda x: x[0], obs)), float(reward[0]), bool(terminated[0]), bool(truncated[0]),
+                {})
 
     def render(self) -> np.ndarray | None:
         frames = self.dream.render()
         return None if frames is None else frames[0]
-
-
-def dream_env_from_model(model: Any, start_dir: str, action_space: gym.Space, num_envs: int = 1,
-                         **kwargs: Any) -> DreamEnv:
-    """A :class:`DreamEnv` over a V+M ``model`` (:class:`VisionMemoryModel`, sampling at its own
-    temperature) whose dreams start from the first frames of the episodes in the store
-    ``start_dir`` (pixel or latent episodes); ``kwargs`` go to DreamEnv."""
-    from lightning_wm.data.episodes import EpisodeStore
-
-    if not Path(start_dir).is_dir():
-        raise FileNotFoundError(f"dream start store {start_dir!r} does not exist; record (and convert) episodes first")
-    device = next(model.memory.parameters()).device
-    mu, logvar = initial_latents_from_store(EpisodeStore(start_dir), model.vision)
-    return DreamEnv(model, action_space, mu.to(device), logvar.to(device), num_envs=num_envs,
-                    temperature=model.temperature, **kwargs)
-
-
-def load_dream_env(vision_ckpt: str, memory_ckpt: str, start_dir: str, action_space: gym.Space,
-                   num_envs: int = 1, device: torch.device | str = "cpu", temperature: float = 1.0,
-                   **kwargs: Any) -> DreamEnv:
-    """:func:`dream_env_from_model` with V and M loaded from their Lightning checkpoints."""
-    from lightning_wm.agents.vm_model import VisionMemoryModel
-
-    model = VisionMemoryModel.from_checkpoints(vision_ckpt, memory_ckpt, device, temperature=temperature)
-    return dream_env_from_model(model, start_dir, action_space, num_envs, **kwargs)

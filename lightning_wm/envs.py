@@ -1,7 +1,9 @@
 """Gymnasium environments: one factory for single and vector envs, and the :class:`EnvSpec`
 that models are built from.
 
-Pixel observations are ``uint8 [H, W, C]`` (``C`` = 3, or 1 with ``grayscale``). Vector
+Pixel observations are ``uint8 [H, W, C]`` (``C`` = 3, or 1 with ``grayscale``; ``K * C`` with
+a stack of ``K`` frames). Atari games can go through gymnasium's own ``AtariPreprocessing``
+(:class:`AtariPreprocessingConfig`) and ``FrameStackObservation`` (``frame_stack``). Vector
 envs use gymnasium's *next-step* autoreset: the step after an episode ends returns the first
 observation of the next one with reward 0 and ignores the action, which is exactly the row
 convention of the replay data (``is_first`` rows carry reward 0).
@@ -13,10 +15,33 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import gymnasium as gym
+from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation, TransformObservation
 import numpy as np
 
 PIXEL_KEY = "pixels"
 _ATARI_REGISTERED = False
+
+
+@dataclass
+class AtariPreprocessingConfig:
+    """Options of gymnasium's ``AtariPreprocessing`` wrapper (same names and defaults): the
+    standard DQN/IMPALA Atari pipeline (no-op starts, frame skipping with max-pooling of the last
+    two frames, resize, grayscale). ``make_env`` builds the raw ALE env with ``frameskip=1``
+    (unless ``kwargs`` sets it) so that the skipping happens here.
+
+    Args:
+        noop_max: at most this many no-op actions after a reset.
+        frame_skip: emulator frames per agent step.
+        screen_size: frames resized to ``screen_size x screen_size``.
+        terminal_on_life_loss: end the episode when a life is lost.
+        grayscale_obs: grayscale frames (1 channel) instead of RGB (3).
+    """
+
+    noop_max: int = 30
+    frame_skip: int = 4
+    screen_size: int = 84
+    terminal_on_life_loss: bool = False
+    grayscale_obs: bool = True
 
 
 @dataclass
@@ -26,7 +51,8 @@ class EnvConfig:
     Args:
         id: gymnasium id, e.g. ``CartPole-v1``, ``Pendulum-v1``, ``CarRacing-v3``, ``ALE/Pong-v5``.
         num_envs: envs stepped together by a vector env.
-        seed: seed of the first env; env ``i`` gets ``seed + i``.
+        seed: the root of the run's env seeds: each env's seed derives from it by role (training,
+            evaluation, ...), DDP rank and env index (:mod:`lightning_wm.seeding`).
         pixels: observe rendered frames instead of the state vector (classic control);
             envs whose observations are already images are resized either way.
         keep_state: with ``pixels``, observe both: a dict ``{"image": uint8 [H, W, C], "state":
@@ -44,6 +70,15 @@ class EnvConfig:
         max_episode_steps: truncate episodes after this many (agent) steps; replaces the limit the
             env id is registered with (longer or shorter).
         vectorization: ``sync`` (one process) or ``async`` (one process per env).
+        atari_preprocessing: put an ALE game (``ALE/Pong-v5``) through gymnasium's
+            ``AtariPreprocessing`` with these options (``{}`` for its defaults: 84x84 gray,
+            frame skip 4, up to 30 no-ops); observations ``uint8 [S, S, 1]`` (``[S, S, 3]`` with
+            ``grayscale_obs: false``). ``pixels``, ``size``, ``grayscale``, ``crop`` and
+            ``action_repeat`` do not apply then; ``max_episode_steps`` counts agent steps.
+        frame_stack: observe the last ``K`` frames of an image observation, stacked as channels
+            by gymnasium's ``FrameStackObservation``: ``uint8 [H, W, K * C]``, oldest first
+            (``[84, 84, 4]`` for Atari with ``frame_stack: 4``); the first observation of an
+            episode is repeated to fill the stack.
         kwargs: extra keyword arguments for ``gym.make``.
     """
 
@@ -58,6 +93,8 @@ class EnvConfig:
     action_repeat: int = 1
     max_episode_steps: int | None = None
     vectorization: Literal["sync", "async"] = "sync"
+    atari_preprocessing: AtariPreprocessingConfig | None = None
+    frame_stack: int = 1
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 
@@ -137,6 +174,11 @@ def _register_atari() -> None:
 def _resize(frame: np.ndarray, size: tuple[int, int], grayscale: bool) -> np.ndarray:
     from PIL import Image
 
+    if not grayscale and frame.shape[:2] == tuple(size):  # nothing to do (e.g. an 84x84 Atari stack)
+        return frame if frame.ndim == 3 else frame[..., None]
+    if frame.ndim == 3 and frame.shape[-1] not in (1, 3) and not grayscale:
+        # not RGB (e.g. stacked gray frames): each channel on its own (PIL would take 4 as RGBA)
+        return np.stack([_resize(frame[..., c], size, False)[..., 0] for c in range(frame.shape[-1])], -1)
     image = Image.fromarray(frame)
     if grayscale:
         image = image.convert("L")
@@ -200,7 +242,8 @@ class PixelObservation(gym.ObservationWrapper):
         if self.crop is not None and not render:  # the frame size is known: check now
             check_crop(self.crop, env.observation_space.shape)
             self._crop_checked = True
-        channels = 1 if grayscale else 3
+        # an env's own image keeps its channels (e.g. 4 stacked gray frames); renderings are RGB
+        channels = 1 if grayscale else (3 if render else int(env.observation_space.shape[-1]))
         image_space = gym.spaces.Box(0, 255, (*self.size, channels), np.uint8)
         if keep_state:
             state = env.observation_space
@@ -270,17 +313,24 @@ def make_env(config: EnvConfig, render_mode: str | None = None) -> gym.Env:
         _register_atari()
     if config.action_repeat < 1:
         raise EnvError(f"action_repeat must be >= 1, got {config.action_repeat}")
+    if config.frame_stack < 1:
+        raise EnvError(f"frame_stack must be >= 1, got {config.frame_stack}")
+    atari = atari_options(config)
     kwargs = dict(config.kwargs)
     if config.pixels:
         render_mode = "rgb_array"
     if render_mode is not None:
         kwargs["render_mode"] = render_mode
+    frames_per_step = config.action_repeat
+    if atari is not None:
+        kwargs.setdefault("frameskip", 1)  # AtariPreprocessing skips frames itself
+        frames_per_step = atari.frame_skip
     if config.max_episode_steps is not None:
         if config.max_episode_steps < 1:
             raise EnvError(f"max_episode_steps must be >= 1, got {config.max_episode_steps}")
         # given to gym.make, it replaces the registered limit (CartPole-v1's 500) instead of
         # adding a second TimeLimit that could only shorten episodes
-        kwargs["max_episode_steps"] = config.max_episode_steps * config.action_repeat
+        kwargs["max_episode_steps"] = config.max_episode_steps * frames_per_step
     try:
         env = gym.make(config.id, **kwargs)
     except gym.error.Error as err:
@@ -291,7 +341,9 @@ def make_env(config: EnvConfig, render_mode: str | None = None) -> gym.Env:
             f"Use a registered gymnasium id such as CartPole-v1, Pendulum-v1, CarRacing-v3 or "
             f"ALE/Pong-v5{'; close matches: ' + hint if hint else ''}"
         ) from None
-    if config.action_repeat > 1:
+    if atari is not None:
+        env = _atari_preprocessing(env, config, atari)
+    elif config.action_repeat > 1:
         env = ActionRepeat(env, config.action_repeat)
     is_image = isinstance(env.observation_space, gym.spaces.Box) and len(env.observation_space.shape) == 3
     if config.crop is not None and not (config.pixels or is_image):
@@ -299,16 +351,64 @@ def make_env(config: EnvConfig, render_mode: str | None = None) -> gym.Env:
     if config.keep_state and not (config.pixels and not is_image):
         raise EnvError(f"{config.id}: keep_state adds the state vector to rendered frames; it needs pixels: true "
                        "and an env whose own observation is a vector")
-    if config.pixels or is_image:
+    if (config.pixels or is_image) and atari is None:
         env = PixelObservation(env, config.size, config.grayscale, render=config.pixels and not is_image,
                                crop=config.crop, keep_state=config.keep_state)
+    if config.frame_stack > 1:
+        env = _stack_frames(env, config)
     _check_spaces(env, config.id)
     return env
 
 
+def atari_options(config: EnvConfig) -> AtariPreprocessingConfig | None:
+    """``config.atari_preprocessing`` as an :class:`AtariPreprocessingConfig` (a dict, e.g. from an
+    episode store's metadata, is converted), or None."""
+    options = config.atari_preprocessing
+    if options is None or isinstance(options, AtariPreprocessingConfig):
+        return options
+    if isinstance(options, dict):
+        try:
+            return AtariPreprocessingConfig(**options)
+        except TypeError as err:
+            raise EnvError(f"atari_preprocessing: {err}; its options are noop_max, frame_skip, screen_size, "
+                           "terminal_on_life_loss and grayscale_obs") from None
+    raise EnvError(f"atari_preprocessing must be a mapping of AtariPreprocessing options or null, got {options!r}")
+
+
+def _atari_preprocessing(env: gym.Env, config: EnvConfig, atari: AtariPreprocessingConfig) -> gym.Env:
+    """gymnasium's ``AtariPreprocessing`` on the raw ALE env -> ``uint8 [S, S, C]`` frames."""
+    if config.pixels or config.crop is not None or config.keep_state or config.action_repeat != 1:
+        raise EnvError(f"{config.id}: atari_preprocessing makes the frames and skips frames itself; drop pixels, "
+                       "crop, keep_state and action_repeat (its options: screen_size, grayscale_obs, frame_skip)")
+    try:
+        return AtariPreprocessing(env, noop_max=atari.noop_max, frame_skip=atari.frame_skip,
+                                  screen_size=atari.screen_size, terminal_on_life_loss=atari.terminal_on_life_loss,
+                                  grayscale_obs=atari.grayscale_obs, grayscale_newaxis=True)
+    except gym.error.DependencyNotInstalled as err:
+        raise EnvError(f"{config.id}: atari_preprocessing needs opencv: pip install -e \".[atari]\" ({err})") from None
+    except (ValueError, AssertionError) as err:
+        raise EnvError(f"{config.id}: AtariPreprocessing refused the env or its options ({err}); it takes a raw "
+                       "ALE env such as ALE/Pong-v5 (built with frameskip=1)") from None
+
+
+def _stack_frames(env: gym.Env, config: EnvConfig) -> gym.Env:
+    """gymnasium's ``FrameStackObservation`` on ``uint8 [H, W, C]`` frames, then the stack
+    ``[K, H, W, C]`` laid out as channels ``[H, W, K * C]`` (oldest frame first)."""
+    space = env.observation_space
+    if not (isinstance(space, gym.spaces.Box) and is_image_space(space)):
+        raise EnvError(f"{config.id}: frame_stack stacks image observations (uint8 [H, W, C]); this env observes "
+                       f"{space}. Set pixels: true or atari_preprocessing, or frame_stack: 1")
+    k = config.frame_stack
+    h, w, c = space.shape
+    env = FrameStackObservation(env, k)
+    stacked = gym.spaces.Box(0, 255, (h, w, k * c), np.uint8)
+    return TransformObservation(env, lambda obs: np.ascontiguousarray(np.asarray(obs).transpose(1, 2, 0, 3))
+                                .reshape(h, w, k * c), stacked)
+
+
 def make_vector_env(config: EnvConfig) -> gym.vector.VectorEnv:
-    """``config.num_envs`` envs with next-step autoreset, env ``i`` seeded ``seed + i``
-    on its first reset (done by the caller: ``env.reset(seed=config.seed)``)."""
+    """``config.num_envs`` envs with next-step autoreset (unseeded: the caller seeds the first
+    reset, e.g. ``env.reset(seed=lightning_wm.seeding.env_seeds(config.seed, n, role))``)."""
     fns = [lambda: make_env(config) for _ in range(config.num_envs)]
     kwargs = dict(autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
     if config.vectorization == "async":
@@ -324,145 +424,10 @@ _SPEC_CACHE: dict[str, EnvSpec] = {}
 def env_spec(config: EnvConfig) -> EnvSpec:
     """The spaces of one env of ``config`` (builds and closes one env; cached)."""
     key = repr((config.id, config.pixels, config.keep_state, tuple(config.size), config.grayscale,
-                None if config.crop is None else tuple(config.crop), sorted(config.kwargs.items())))
+                None if config.crop is None else tuple(config.crop), atari_options(config), config.frame_stack,
+                sorted(config.kwargs.items())))
     if key not in _SPEC_CACHE:
         env = make_env(config)
         _SPEC_CACHE[key] = EnvSpec(env.observation_space, env.action_space, config.id)
         env.close()
     return _SPEC_CACHE[key]
-
-
-# ---------------------------------------------------------------------------------------
-# a pool of single envs stepped where still running (CMA-ES populations)
-# ---------------------------------------------------------------------------------------
-
-
-class EnvPool:
-    """``n`` envs of ``config`` stepped together, only where still running (finished envs
-    cost nothing: the population's vector env for one-episode-per-env evaluation).
-
-    ``workers > 1`` runs the envs in that many subprocesses (env ``i`` in worker ``i %
-    workers``), so rendering pixel frames -- most of a CartPole-pixels step -- uses every core;
-    the results are the same as in-process envs for the same seeds and actions.
-    """
-
-    def __init__(self, config: EnvConfig, n: int, workers: int = 0) -> None:
-        self.config, self.n = config, n
-        self.workers = min(workers, n) if workers > 1 else 0
-        self.envs: list[gym.Env] = []
-        self._conns: list[Any] = []
-        self._procs: list[Any] = []
-        if not self.workers:
-            self.envs = [make_env(config) for _ in range(n)]
-            return
-        import multiprocessing as mp
-
-        ctx = mp.get_context()  # the platform's default, as gymnasium's AsyncVectorEnv (fork on Linux: no re-imports)
-        for w in range(self.workers):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_env_worker, args=(child, config, len(range(w, n, self.workers))), daemon=True)
-            proc.start()
-            child.close()
-            self._conns.append(parent)
-            self._procs.append(proc)
-
-    def __len__(self) -> int:
-        return self.n
-
-    def _ask(self, command: str, index: np.ndarray, payload: list[Any]) -> list[Any]:
-        """Send ``(command, [(local env, item)...])`` to each worker owning some of ``index``;
-        gather the answers back in ``index`` order."""
-        jobs: dict[int, list[int]] = {}
-        for k, i in enumerate(index):
-            jobs.setdefault(int(i) % self.workers, []).append(k)
-        for w, ks in jobs.items():
-            self._conns[w].send((command, [(int(index[k]) // self.workers, payload[k]) for k in ks]))
-        out: list[Any] = [None] * len(index)
-        for w, ks in jobs.items():
-            try:
-                ok, answer = self._conns[w].recv()
-            except (EOFError, OSError) as e:
-                raise RuntimeError(f"env worker {w} of {self.workers} died ({type(e).__name__}); "
-                                   f"set env_workers: 0 to step the envs in this process") from e
-            if not ok:
-                raise RuntimeError(f"env worker {w} failed: {answer}")
-            for k, a in zip(ks, answer):
-                out[k] = a
-        return out
-
-    def reset(self, seeds: list[int]) -> np.ndarray:
-        """Reset every env (env ``i`` with ``seeds[i]``) -> observations ``[n, ...]``."""
-        if self.workers:
-            return np.stack(self._ask("reset", np.arange(self.n), [int(s) for s in seeds]))
-        return np.stack([env.reset(seed=int(s))[0] for env, s in zip(self.envs, seeds)])
-
-    def step(self, index: np.ndarray, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Step envs ``index [M]`` with ``actions [M, ...]`` -> ``(obs [M, ...], reward [M], done [M])``."""
-        if self.workers:
-            results = self._ask("step", np.asarray(index), list(actions))
-        else:
-            results = [_step(self.envs[i], a) for i, a in zip(index, actions)]
-        obs, rewards, dones = zip(*results)
-        return np.stack(obs), np.asarray(rewards, np.float64), np.asarray(dones, bool)
-
-    def close(self) -> None:
-        for env in self.envs:
-            env.close()
-        for conn in self._conns:
-            try:
-                conn.send(("close", []))
-            except (BrokenPipeError, OSError):
-                pass
-        for proc in self._procs:
-            proc.join(timeout=5)
-            if proc.is_alive():
-                proc.terminate()
-        self.envs, self._conns, self._procs = [], [], []
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # interpreter shutdown
-            pass
-
-
-def _step(env: gym.Env, action: Any) -> tuple[np.ndarray, float, bool]:
-    obs, reward, terminated, truncated, _ = env.step(action)
-    return obs, float(reward), bool(terminated or truncated)
-
-
-def _env_worker(conn: Any, config: EnvConfig, count: int) -> None:
-    """Subprocess of :class:`EnvPool`: owns ``count`` envs; answers ``reset``/``step`` batches
-    with ``(True, results)`` or ``(False, message)``; exits on ``close``."""
-    import signal
-
-    # a forked worker inherits the parent's handlers (Lightning's SIGTERM handler only sets a
-    # flag): restore the default so that terminate() at exit ends it, and leave Ctrl-C to the parent
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        envs = [make_env(config) for _ in range(count)]
-    except Exception as e:  # reported at the first request
-        envs, error = [], f"{type(e).__name__}: {e}"
-    else:
-        error = None
-    while True:
-        try:
-            command, items = conn.recv()
-        except EOFError:
-            break
-        if command == "close":
-            break
-        if error is not None:
-            conn.send((False, error))
-            continue
-        try:
-            if command == "reset":
-                answer = [envs[i].reset(seed=seed)[0] for i, seed in items]
-            else:
-                answer = [_step(envs[i], a) for i, a in items]
-            conn.send((True, answer))
-        except Exception as e:
-            conn.send((False, f"{type(e).__name__}: {e}"))
-    for env in envs:
-        env.close()

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import IO, Any, Callable
 
-__all__ = ["atomic_write", "atomic_torch_save", "fsync_dir", "clean_stale_temps", "TEMP_SUFFIX"]
+__all__ = ["atomic_write", "atomic_torch_save", "check_writable", "fsync_dir", "clean_stale_temps", "TEMP_SUFFIX"]
 
 TEMP_SUFFIX = ".tmp"
 
@@ -83,3 +83,24 @@ def clean_stale_temps(directory: str | os.PathLike, older_than_s: float = 60.0) 
         except FileNotFoundError:
             continue
     return removed
+
+
+def check_writable(directory: str | os.PathLike, what: str = "folder") -> Path:
+    """Create ``directory`` if needed and prove that files can be written into it (a temp file
+    is created and removed), so that work which will write there fails before it starts.
+
+    Raises:
+        PermissionError: one line naming ``what``, the folder and the reason.
+    """
+    directory = Path(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = _temp_path(directory / ".write-probe")
+        with open(probe, "wb"):
+            pass
+        probe.unlink()
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        raise PermissionError(f"{what} {str(directory)!r} is not writable ({reason}); fix its permissions or "
+                              "choose another folder") from None
+    return directory

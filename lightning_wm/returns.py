@@ -1,13 +1,21 @@
-"""Return estimators as pure tensor functions (time-major: ``[T, B]``).
+"""Return estimators as pure tensor functions (time-major: ``[T, B]``): lambda and n-step
+returns, V-trace, and the helper that turns row-convention unrolls into steps.
 
 Conventions shared by all functions here:
 
 * ``reward[t]`` is ``r_t``, received on the transition ``s_t -> s_{t+1}``;
 * ``value[t]`` is ``V(s_t)`` for ``t = 0..T`` (``value[T]`` bootstraps the tail);
 * ``discount[t]`` is ``gamma_t = gamma * continue_{t+1}`` (0 where ``s_{t+1}`` is terminal).
+
+:func:`vtrace` takes ``V(s_T)`` apart, as ``bootstrap_value [B]`` beside ``value [T, B]``.
+Unrolls of replayed rows (row convention, ``[T+1, B]``) become these steps with
+:func:`unroll_steps`.
 """
 
 from __future__ import annotations
+
+import math
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -70,3 +78,130 @@ def nstep_return(reward: Tensor, value: Tensor, discount: Tensor, n: int) -> Ten
         disc = disc * g[k : k + T]
     boot = torch.arange(T, device=value.device).add(n).clamp(max=T)
     return ret + disc * value[boot]
+
+
+# -- V-trace (IMPALA) -----------------------------------------------------------------------
+class UnrollSteps(NamedTuple):
+    """Per-step quantities ``[T, B]`` of an unroll of ``T+1`` rows (see :func:`unroll_steps`)."""
+
+    reward: Tensor  # r for the step s_t -> s_{t+1}: the reward stored on row t+1
+    discount: Tensor  # gamma * (1 - is_terminal[t+1])
+    mask: Tensor  # bool: step t is a real transition of one episode
+
+
+def unroll_steps(reward: Tensor, is_first: Tensor, is_last: Tensor, is_terminal: Tensor,
+                 gamma: float) -> UnrollSteps:
+    """Turn ``T+1`` rows of the row convention into ``T`` steps for the return estimators.
+
+    Row ``t`` holds ``o_t``, the reward received on arriving at ``o_t`` and the action taken
+    at ``o_t`` (see DESIGN.md). Step ``t`` is the transition ``o_t -> o_{t+1}``:
+
+    * ``reward[t] = row_reward[t+1]``;
+    * ``discount[t] = gamma * (1 - is_terminal[t+1])``: a truncated episode (``is_last``
+      without ``is_terminal``) bootstraps from the value of its last observation;
+    * ``mask[t] = ~is_last[t] & ~is_first[t+1]``: no action is taken on a last row, and a
+      first row starts a new episode even without a last row before it (e.g. where a stream
+      restarted), so the step into it belongs to no episode.
+
+    Args:
+        reward, is_first, is_last, is_terminal: rows ``[T+1, B]`` (time-major).
+        gamma: discount factor.
+    Returns:
+        :class:`UnrollSteps` of ``[T, B]`` tensors (reward and discount in ``reward``'s float dtype).
+    """
+    shape = reward.shape
+    for name, x in (("is_first", is_first), ("is_last", is_last), ("is_terminal", is_terminal)):
+        if x.shape != shape:
+            raise ValueError(f"{name} {tuple(x.shape)} must have the shape of reward {tuple(shape)}")
+    if reward.dim() < 1 or shape[0] < 2:
+        raise ValueError(f"an unroll needs T+1 >= 2 rows along dim 0; got reward {tuple(shape)}")
+    dtype = reward.dtype if reward.is_floating_point() else torch.float32
+    discount = gamma * (1.0 - is_terminal[1:].to(dtype))
+    mask = ~is_last[:-1].bool() & ~is_first[1:].bool()
+    return UnrollSteps(reward[1:].to(dtype), discount, mask)
+
+
+class VTrace(NamedTuple):
+    """V-trace targets ``vs [T, B]`` and policy-gradient advantages ``pg_advantage [T, B]``."""
+
+    vs: Tensor
+    pg_advantage: Tensor
+
+
+def _log_clip(log_rho: Tensor, clip: float, name: str) -> Tensor:
+    """``min(clip, exp(log_rho))`` computed in log space (no overflow for large ratios)."""
+    if not clip > 0:
+        raise ValueError(f"{name} must be > 0 (math.inf for no clipping), got {clip}")
+    return torch.exp(log_rho.clamp(max=math.log(clip)))
+
+
+def vtrace(
+    behaviour_log_prob: Tensor,
+    target_log_prob: Tensor,
+    reward: Tensor,
+    value: Tensor,
+    bootstrap_value: Tensor,
+    discount: Tensor,
+    rho_clip: float = 1.0,
+    c_clip: float = 1.0,
+    rho_pg_clip: float = 1.0,
+    lambda_: float = 1.0,
+    mask: Tensor | None = None,
+) -> VTrace:
+    """V-trace (Espeholt et al. 2018, eq. 1 and section 4.2), time-major.
+
+    With ``rho_t = pi(a_t|x_t) / mu(a_t|x_t)`` (from log-probabilities, in log space),
+    ``rho'_t = min(rho_clip, rho_t)``, ``c_t = lambda_ * min(c_clip, rho_t)`` (DI-engine's
+    placement of lambda) and ``V_T = bootstrap_value``::
+
+        delta_t = rho'_t * (r_t + gamma_t V(x_{t+1}) - V(x_t))
+        vs_t    = V(x_t) + delta_t + gamma_t c_t (vs_{t+1} - V(x_{t+1})),    vs_T = V_T
+        pg_advantage_t = min(rho_pg_clip, rho_t) * (r_t + gamma_t vs_{t+1} - V(x_t))
+
+    Args:
+        behaviour_log_prob: ``log mu(a_t|x_t)`` ``[T, B]`` (the acting policy, stored in rows).
+        target_log_prob: ``log pi(a_t|x_t)`` ``[T, B]`` (the learner's policy).
+        reward: ``r_t`` ``[T, B]`` for the step ``x_t -> x_{t+1}``.
+        value: ``V(x_t)`` ``[T, B]``.
+        bootstrap_value: ``V(x_T)`` ``[B]``.
+        discount: ``gamma_t = gamma * (1 - terminal_{t+1})`` ``[T, B]``.
+        rho_clip, c_clip, rho_pg_clip: clip thresholds (``math.inf``: no clipping).
+        lambda_: trace-cutting factor in ``[0, 1]`` (1 in the paper's eq. 1).
+        mask: optional bool ``[T, B]``; false where step ``t`` is no transition of one
+            episode (:func:`unroll_steps`). There ``rho'_t = c_t = 0``: ``vs_t = V(x_t)``, the
+            trace is cut and the advantage is 0, so earlier steps bootstrap from ``V(x_t)``.
+    Returns:
+        :class:`VTrace` ``(vs, pg_advantage)``, both ``[T, B]`` and without gradient.
+    """
+    T = reward.shape[0]
+    for name, x in (("behaviour_log_prob", behaviour_log_prob), ("target_log_prob", target_log_prob),
+                    ("value", value), ("discount", discount)):
+        if x.shape != reward.shape:
+            raise ValueError(f"{name} {tuple(x.shape)} must have the shape of reward {tuple(reward.shape)} [T, B]")
+    if bootstrap_value.shape != reward.shape[1:]:
+        raise ValueError(f"bootstrap_value {tuple(bootstrap_value.shape)} must be reward's shape without "
+                         f"time {tuple(reward.shape[1:])}")
+    if mask is not None and mask.shape != reward.shape:
+        raise ValueError(f"mask {tuple(mask.shape)} must have the shape of reward {tuple(reward.shape)}")
+    with torch.no_grad():
+        log_rho = target_log_prob.detach() - behaviour_log_prob.detach()
+        rho = _log_clip(log_rho, rho_clip, "rho_clip")
+        c = lambda_ * _log_clip(log_rho, c_clip, "c_clip")
+        rho_pg = _log_clip(log_rho, rho_pg_clip, "rho_pg_clip")
+        if mask is not None:
+            keep = mask.to(rho.dtype)
+            rho, c, rho_pg = rho * keep, c * keep, rho_pg * keep
+        value, bootstrap_value = value.detach(), bootstrap_value.detach()
+        reward, discount = reward.detach(), discount.detach()
+        next_value = torch.cat([value[1:], bootstrap_value.unsqueeze(0)])
+        delta = rho * (reward + discount * next_value - value)
+        carry = discount * c
+        acc = torch.zeros_like(bootstrap_value)  # vs_{t+1} - V(x_{t+1})
+        diffs = [None] * T
+        for t in range(T - 1, -1, -1):
+            acc = torch.addcmul(delta[t], carry[t], acc)
+            diffs[t] = acc
+        vs = value + torch.stack(diffs) if T else value.clone()
+        next_vs = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)])
+        pg_advantage = rho_pg * (reward + discount * next_vs - value)
+    return VTrace(vs, pg_advantage)

@@ -11,12 +11,15 @@ from typing import Sequence
 
 import numpy as np
 
+from lightning_wm.io import check_writable
+
 VIDEO_SUFFIXES = (".gif", ".mp4")
 _MP4_HINT = "writing .mp4 needs imageio-ffmpeg: pip install 'lightning-wm[video]' (or ask for a .gif)"
 
 
 def check_video_path(path: str) -> None:
-    """Fail before any work is done if ``path`` is not a video this module can write."""
+    """Fail before any work is done if ``path`` is not a video this module can write (suffix,
+    encoder, a folder that can be written)."""
     suffix = Path(path).suffix.lower()
     if suffix not in VIDEO_SUFFIXES:
         raise ValueError(f"video path {path!r}: the file name must end in .gif or .mp4")
@@ -25,6 +28,7 @@ def check_video_path(path: str) -> None:
             import imageio_ffmpeg  # noqa: F401
         except ImportError as err:
             raise ValueError(_MP4_HINT) from err
+    check_writable(Path(path).parent, "video folder")
 
 
 def write_gif(frames: Sequence[np.ndarray], path: str, fps: int = 30) -> None:

@@ -3,7 +3,9 @@
 A *state* is a model's own latent (RSSM ``h``/``z``, MDN-RNN ``h`` + VAE ``z``, MuZero hidden
 state): any pytree (tensor, tuple, dict) of tensors whose first dimension is the batch.
 
-* :class:`WorldModel` — ``initial_state(obs)``, ``step(state, action)``, ``features(state)``.
+* :class:`WorldModel` — ``initial_state(obs)``, ``step(state, action)``, ``features(state)``;
+  where a model can: ``zero_state``, ``observe_step`` (filter real steps), ``decode`` (render a
+  state), ``posterior_states`` (filter a recorded episode: where dreams start).
 * :func:`rollout` — imagination: actor gradients flow through the model's computation but
   never into the model's parameters.
 * :class:`RolloutSchedule` — horizon linear in env steps.
@@ -33,12 +35,15 @@ class WorldModel(ABC):
         """Latent state from real observations ``[B, ...]``."""
 
     @abstractmethod
-    def step(self, state: State, action: Tensor) -> tuple[Tensor, State, Tensor]:
+    def step(self, state: State, action: Tensor,
+             generator: torch.Generator | None = None) -> tuple[Tensor, State, Tensor]:
         """One imagined transition.
 
         Args:
             state: latent of batch ``B``.
             action: ``[B, A]`` (one-hot for discrete actions) float.
+            generator: source of the transition's randomness (reproducible dreams); the
+                global RNG when None.
         Returns:
             ``(reward [B], next_state, done [B])``: the reward received on arriving at
             ``next_state`` and the probability (in ``[0, 1]``) that the episode terminated there.
@@ -47,6 +52,28 @@ class WorldModel(ABC):
     @abstractmethod
     def features(self, state: State) -> Tensor:
         """``[B, F]`` vector an actor or critic reads from a state."""
+
+    # -- optional: what a model offers where it can ------------------------------------------
+    def zero_state(self, batch_size: int, device: torch.device | None = None) -> State:
+        """The state before anything was observed (zeros), shaped like every other state."""
+        raise NotImplementedError(f"{type(self).__name__} has no zero state")
+
+    def observe_step(self, state: State, action: Tensor, obs: Any, is_first: Tensor | None = None) -> State:
+        """Filter one real step: the state after taking ``action [B, A]`` (float; one-hot for
+        discrete actions) in ``state`` and then observing ``obs [B, ...]``. Where ``is_first``
+        (bool ``[B]``) the episode restarts and the result is ``initial_state(obs)`` there."""
+        raise NotImplementedError(f"{type(self).__name__} cannot filter real observations")
+
+    def decode(self, state: State) -> Any:
+        """The observation a state stands for, in the env's format (``uint8 [B, H, W, C]``
+        frames, float vectors, or a dict of both); for rendering dreams and imagined rows."""
+        raise NotImplementedError(f"{type(self).__name__} cannot decode its states")
+
+    def posterior_states(self, episode: dict[str, Any]) -> State:
+        """The filtered state at every row of one real episode (row convention, leaves
+        ``[T, ...]``) -> states ``[T, ...]``: row 0 is ``initial_state(obs[0])``, row ``t`` has
+        read rows ``0..t`` and the actions before ``t``. Dreams start from these."""
+        raise NotImplementedError(f"{type(self).__name__} cannot filter recorded episodes")
 
 
 @contextlib.contextmanager

@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 from lightning_wm.agents.dreamer import Dreamer  # noqa: E402
 from lightning_wm.cli import Trainer  # noqa: E402
 from lightning_wm.data.modules import ReplayDataModule  # noqa: E402
+from lightning_wm.data.samplers import SequenceSampler  # noqa: E402
 from lightning_wm.envs import EnvConfig  # noqa: E402
 
 
@@ -50,9 +51,9 @@ class DumpRankState(Callback):
             "optimizers": [opt.optimizer.state_dict() if hasattr(opt, "optimizer") else opt.state_dict()
                            for opt in trainer.optimizers],
             "global_step": trainer.global_step,
-            "env_seed": dm._rank_env().seed,
+            "env_seed": dm.train_env_seeds(),
             "env_steps": dm.collector.stats.env_steps,
-            "obs_sum": float(dm.buffer.sample_sequences(64, 8)["obs"].double().abs().sum()),
+            "obs_sum": float(SequenceSampler(8).sample(dm.buffer, 64)["obs"].double().abs().sum()),
         }, os.path.join(self.out_dir, f"rank{trainer.global_rank}.pt"))
 
 

@@ -1,5 +1,6 @@
 """The command line end to end: help, config errors, fit/resume, record, evaluate."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -178,6 +179,25 @@ def test_record_is_random_without_a_model():
     assert set(np.unique(actions)) == {0, 1}  # both actions taken: a random policy, not a constant one
 
 
+def test_record_random_episodes_of_a_dict_observation_env():
+    """The env of configs/dreamer/cartpole_pixels_state.yaml (frame + state vector), shrunk."""
+    import json
+
+    import yaml
+
+    config = yaml.safe_load((ROOT / "configs/dreamer/cartpole_pixels_state.yaml").read_text())
+    env = {**config["data"]["init_args"]["env"], "size": [16, 16], "max_episode_steps": 6, "num_envs": 2}
+    assert env["keep_state"] and env["pixels"]
+    run_cli(["record", "--data", "lightning_wm.data.modules.EpisodeDataModule", "--data.directory", "dict",
+             "--data.env", json.dumps(env), "--episodes", "2"])
+    episodes = list(EpisodeStore("dict").episodes())
+    assert len(episodes) == 2
+    for episode in episodes:
+        rows = len(episode["action"])
+        assert episode["obs"]["image"].shape == (rows, 16, 16, 3) and episode["obs"]["image"].dtype == np.uint8
+        assert episode["obs"]["state"].shape == (rows, 4) and episode["obs"]["state"].dtype == np.float32
+
+
 def test_a_nan_loss_stops_training_with_a_message_and_keeps_the_last_checkpoint(monkeypatch):
     monkeypatch.syspath_prepend(str(TESTS))
     import tiny_agent
@@ -195,3 +215,113 @@ def test_a_nan_loss_stops_training_with_a_message_and_keeps_the_last_checkpoint(
     with pytest.raises(FloatingPointError, match=r"loss became nan at step \d+.*last good checkpoint"):
         run_cli(["fit", *TINY_FIT, "--trainer.max_steps", "20", "--ckpt_path", "last"])
     assert torch.load(last, weights_only=False)["global_step"] == good  # not overwritten with NaN weights
+
+
+# -- record: a store that is continued, shared and checked ------------------------------------------
+
+RECORD = ["record", "--data", "lightning_wm.data.modules.EpisodeDataModule", "--data.directory", "store",
+          "--data.env", '{"id": "CartPole-v1", "num_envs": 2}']
+
+
+def _fingerprints(store: EpisodeStore) -> list[bytes]:
+    return [e["obs"].tobytes() for e in store.episodes()]
+
+
+def test_recording_twice_into_one_store_continues_the_seeds_instead_of_repeating_episodes(capsys):
+    run_cli([*RECORD, "--episodes", "3"])
+    run_cli([*RECORD, "--episodes", "3"])
+    prints = [line for line in capsys.readouterr().out.splitlines() if line.startswith("recorded")]
+    store = EpisodeStore("store")
+    assert len(store) == 6 and len(set(_fingerprints(store))) == 6, "a second record repeated episodes"
+    # each run reports its own rows, not the store's total
+    rows = [int(line.split(" rows")[0].rsplit(" ", 1)[1]) for line in prints]
+    assert sum(rows) == store.total_steps() and all(r < store.total_steps() for r in rows)
+
+
+def test_two_records_at_once_into_one_store_both_finish_with_their_own_counts(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, str(ROOT / "main.py"), *RECORD, "--episodes", "4"]
+    procs = [subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
+    store = EpisodeStore(tmp_path / "store")
+    assert len(store) == 8 and len(set(_fingerprints(store))) == 8
+    rows = [int(o[0].split(" rows")[0].rsplit(" ", 1)[1]) for o in outs]
+    assert sum(rows) == store.total_steps()
+    assert not [p for p in os.listdir(tmp_path / "store") if p.endswith(".tmp")]
+
+
+def test_recording_into_a_store_of_other_env_settings_is_refused_naming_both():
+    pixels = ["record", "--data", "lightning_wm.data.modules.EpisodeDataModule", "--data.directory", "frames"]
+    run_cli([*pixels, "--data.env", '{"id": "CartPole-v1", "pixels": true, "size": [32, 32]}', "--episodes", "1"])
+    with pytest.raises(ValueError, match=r"size: the store has \[32, 32\], this run \[64, 64\]"):
+        run_cli([*pixels, "--data.env", '{"id": "CartPole-v1", "pixels": true}', "--episodes", "1"])
+    assert EpisodeStore("frames").read_metadata()["env"]["size"] == [32, 32]
+    assert len(EpisodeStore("frames")) == 1
+
+
+def test_record_with_a_replay_datamodule_is_one_clear_error(monkeypatch):
+    monkeypatch.syspath_prepend(str(TESTS))
+    with pytest.raises(ValueError, match=r"record .* EpisodeDataModule.* ReplayDataModule"):
+        run_cli(["record", *TINY_FIT, "--episodes", "1"])
+
+
+# -- folders that cannot be written: refused before the work ------------------------------------------
+
+
+def _not_a_folder(name: str) -> str:
+    """A path under a regular file: nothing can be created there, not even by root."""
+    Path("blocker").write_text("a file")
+    return f"blocker/{name}"
+
+
+def test_an_unwritable_store_is_refused_before_recording():
+    with pytest.raises(PermissionError, match=r"blocker/eps.* not writable"):
+        run_cli(["record", "--data", "lightning_wm.data.modules.EpisodeDataModule",
+                 "--data.directory", _not_a_folder("eps"), "--episodes", "1"])
+
+
+def test_an_unwritable_video_path_is_refused_before_the_episodes(capsys):
+    with pytest.raises(PermissionError, match=r"video folder .*blocker.* not writable"):
+        run_cli(["evaluate", *RANDOM_CARTPOLE, "--data.env", '{"id": "CartPole-v1"}', "--episodes", "1",
+                 "--video", _not_a_folder("ep.gif")])
+    assert "return" not in capsys.readouterr().out
+
+
+def test_an_unwritable_convert_target_is_refused_before_encoding(tmp_path):
+    run_cli(["record", "--data", "lightning_wm.data.modules.EpisodeDataModule", "--data.directory", "store",
+             "--data.env", '{"id": "CartPole-v1", "pixels": true}', "--episodes", "1"])
+    target = _not_a_folder("latents")
+    with pytest.raises(PermissionError, match=r"convert target .*blocker/latents.* not writable"):
+        run_cli(["convert", "--model", "lightning_wm.agents.vision.Vision", "--data",
+                 "lightning_wm.data.modules.EpisodeDataModule", "--data.directory", "store", "--target", target])
+
+
+def test_an_unwritable_replay_storage_dir_and_log_root_are_refused_before_training(monkeypatch):
+    monkeypatch.syspath_prepend(str(TESTS))
+    with pytest.raises(PermissionError, match=r"storage_dir .*blocker/replay.* not writable"):
+        run_cli(["fit", *TINY_FIT, "--trainer.max_steps", "1", "--data.storage_dir", _not_a_folder("replay")])
+    with pytest.raises(PermissionError, match=r"log folder .*blocker/lightning_logs.* not writable"):
+        run_cli(["fit", *TINY_FIT, "--trainer.max_steps", "1", "--trainer.default_root_dir", "blocker"])
+
+
+# -- settings checked when they are given, not at the first batch -------------------------------------
+
+
+@pytest.mark.parametrize("override, message", [
+    (["--data.prefill", "-1"], r"prefill must be >= 0, got -1"),
+    (["--data.batch_size", "0"], r"batch_size must be >= 1, got 0"),
+    (["--data.sequence_length", "0"], r"sequence_length must be >= 1, got 0"),
+])
+def test_bad_data_settings_are_refused_at_construction(monkeypatch, override, message):
+    monkeypatch.syspath_prepend(str(TESTS))
+    with pytest.raises(ValueError, match=message):
+        run_cli(["fit", *TINY_FIT, "--trainer.max_steps", "1", *override])
+    assert not Path("lightning_logs").exists(), "an empty run folder was made for a run that cannot start"
+
+
+def test_a_dreamer_horizon_of_zero_is_refused_at_construction():
+    with pytest.raises(ValueError, match=r"horizon must be >= 1, got 0"):
+        run_cli(["fit", "--config", str(ROOT / "configs/dreamer/cartpole.yaml"), "--model.init_args.horizon", "0"])
+    assert not Path("lightning_logs").exists()

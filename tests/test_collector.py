@@ -4,9 +4,11 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from lightning_wm.data.collector import Collector, RandomAgent
+from lightning_wm.data.collector import Collector
+from lightning_wm.policies import RandomAgent
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.data.replay import ReplayBuffer
+from lightning_wm.data.samplers import SequenceSampler
 from lightning_wm.envs import EnvConfig, EnvSpec, env_spec, make_vector_env
 
 
@@ -59,8 +61,9 @@ def expected_rows(length, total, truncate=False):
         last = t == length
         reward = 0.0 if first else 10 * t + (t - 1) % 3
         action = 0 if last else t % 3
+        # no action is taken on a last row: the action and the agent's extras there are zeros
         rows.append(dict(obs=(episode, t), reward=reward, is_first=first, is_last=last,
-                         is_terminal=last and not truncate, action=action, calls=t))
+                         is_terminal=last and not truncate, action=action, calls=0 if last else t))
         if last:
             episode, t = episode + 1, 0
         else:
@@ -75,7 +78,7 @@ def test_rows_match_hand_stepped_env():
     finished = collector.collect(steps)
     # each stream holds exactly `steps` rows, so a full-length window is the whole stream;
     # the streams differ by episode length (the largest step index in obs)
-    data = buffer.sample_sequences(64, steps)
+    data = SequenceSampler(steps).sample(buffer, 64)
     for length in lengths:
         picks = [b for b in range(64) if int(data["obs"][b, :, 1].max()) == length]
         assert picks, f"no sequence of the env with episodes of {length} steps was sampled"
@@ -87,7 +90,7 @@ def test_rows_match_hand_stepped_env():
             assert bool(got["is_last"][t]) == row["is_last"], (length, t)
             assert bool(got["is_terminal"][t]) == row["is_terminal"], (length, t)
             assert int(got["action"][t]) == row["action"], (length, t)
-            assert got["calls"][t] == row["calls"], "agent state was not reset at is_first"
+            assert got["calls"][t] == row["calls"], "agent state was not reset at is_first (or an extra kept on is_last)"
     # env0 (length 2) ends at rows 2, 5, 8; env1 (length 3) at rows 3, 7
     assert sorted(e["length"] for e in finished) == [2, 2, 2, 3, 3]
     assert collector.stats.env_steps == 2 * steps
@@ -96,7 +99,7 @@ def test_rows_match_hand_stepped_env():
 def test_truncation_is_not_termination():
     buffer = ReplayBuffer(50, num_envs=1)
     Collector(make_env([3], truncate=True), CountingAgent(), buffer=buffer).collect(8)
-    data = buffer.sample_sequences(1, 8)
+    data = SequenceSampler(8).sample(buffer, 1)
     assert data["is_last"][0].any()
     assert not data["is_terminal"][0].any()
 
@@ -136,8 +139,8 @@ def test_collector_on_real_pixel_env():
     env = make_vector_env(cfg)
     spec: EnvSpec = env_spec(cfg)
     buffer = ReplayBuffer(200, num_envs=2)
-    Collector(env, RandomAgent(spec, seed=0), buffer=buffer, seed=0).collect(30)
-    batch = buffer.sample_sequences(3, 10)
+    Collector(env, RandomAgent(spec, seed=0), buffer=buffer, seeds=0).collect(30)
+    batch = SequenceSampler(10).sample(buffer, 3)
     assert batch["obs"].shape == (3, 10, 64, 64, 3) and batch["obs"].dtype == torch.uint8
     assert batch["action"].dtype == torch.int64
 
@@ -225,3 +228,59 @@ def test_run_episodes_takes_a_fixed_share_from_each_env(tmp_path):
     # 5 episodes over 2 envs: shares 3 and 2
     assert sorted(e["length"] for e in Collector(make_env([2, 9]), CountingAgent(), spec=spec).run_episodes(5)) \
         == [2, 2, 2, 9, 9]
+
+
+def test_collect_chunk_is_time_major_and_matches_collect():
+    """``collect_chunk(T)`` gives the rows ``collect`` would add, stacked ``[T, N, ...]``."""
+    lengths = [2, 3]
+    chunks = Collector(make_env(lengths), CountingAgent())
+    rows = [chunks.collect_chunk(4), chunks.collect_chunk(7)]
+    for chunk, steps in zip(rows, (4, 7)):
+        assert chunk["obs"].shape == (steps, 2, 2) and chunk["is_first"].shape == (steps, 2)
+        assert chunk["action"].dtype == np.int64 and chunk["calls"].shape == (steps, 2)
+    for env, length in enumerate(lengths):
+        expected = expected_rows(length, 11)
+        for t, row in enumerate(expected):
+            chunk, s = (rows[0], t) if t < 4 else (rows[1], t - 4)
+            assert tuple(chunk["obs"][s, env]) == row["obs"], (env, t)
+            assert chunk["reward"][s, env] == row["reward"] and chunk["action"][s, env] == row["action"]
+            assert bool(chunk["is_last"][s, env]) == row["is_last"] and chunk["calls"][s, env] == row["calls"]
+    assert chunks.stats.env_steps == 22 and len(chunks.stats.pop_finished()) == 5
+    assert "policy_version" not in rows[0]
+
+
+def test_collect_chunk_overlap_and_policy_version():
+    """With ``overlap`` chunk k holds rows kT..kT+T: its first row is the previous chunk's last."""
+    collector = Collector(make_env([3, 5]), CountingAgent())
+    collector.policy_version = 7
+    first = collector.collect_chunk(4, overlap=True)
+    collector.policy_version = 8
+    second = collector.collect_chunk(4, overlap=True)
+    assert first["obs"].shape[0] == 5 and second["obs"].shape[0] == 5
+    for key in ("obs", "reward", "is_first", "is_last", "action", "calls", "policy_version"):
+        np.testing.assert_array_equal(second[key][0], first[key][-1])
+    assert (first["policy_version"] == 7).all() and (second["policy_version"][1:] == 8).all()
+    assert second["policy_version"].dtype == np.int64
+    assert collector.stats.env_steps == 2 * 9  # the shared row is stepped once
+    for env, length in enumerate([3, 5]):
+        expected = expected_rows(length, 9)
+        for t in range(9):
+            chunk, s = (first, t) if t < 5 else (second, t - 4)
+            assert tuple(chunk["obs"][s, env]) == expected[t]["obs"]
+
+
+def test_seeds_per_env():
+    """A list of seeds seeds env i's first reset with seeds[i]; an int with seeds + i."""
+    cfg = EnvConfig("CartPole-v1", num_envs=3)
+    spec = env_spec(cfg)
+    first = Collector(make_vector_env(cfg), RandomAgent(spec, seed=0), seeds=[11, 5, 42]).collect_chunk(1)["obs"][0]
+    for i, seed in enumerate([11, 5, 42]):
+        single = gym.make("CartPole-v1")
+        np.testing.assert_array_equal(first[i], single.reset(seed=seed)[0])
+    as_int = Collector(make_vector_env(cfg), RandomAgent(spec, seed=0), seeds=5).collect_chunk(1)["obs"][0]
+    np.testing.assert_array_equal(as_int[0], gym.make("CartPole-v1").reset(seed=5)[0])
+    np.testing.assert_array_equal(as_int[2], gym.make("CartPole-v1").reset(seed=7)[0])
+    import pytest
+
+    with pytest.raises(ValueError, match="one per env"):
+        Collector(make_vector_env(cfg), RandomAgent(spec, seed=0), seeds=[1, 2])

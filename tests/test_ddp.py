@@ -19,10 +19,36 @@ def test_ddp_two_ranks_share_weights_but_not_envs(tmp_path):
     assert ranks[0]["env_seed"] != ranks[1]["env_seed"]
     assert ranks[0]["env_steps"] == ranks[1]["env_steps"] > 0
     assert ranks[0]["obs_sum"] != ranks[1]["obs_sum"], "both ranks collected the same data"
-    # each rank's envs really were seeded seed + 1000 * rank + i (ddp_fit.py: seed 3, 2 envs)
+    # each rank's envs really were seeded with the "train" seeds of its rank (ddp_fit.py: seed 3, 2 envs)
     from lightning_wm.envs import EnvConfig, make_env
+    from lightning_wm.seeding import env_seeds
 
     for rank in (0, 1):
+        assert ranks[rank]["env_seed"] == env_seeds(3, 2, "train", rank)
         for i in range(2):
-            expected, _ = make_env(EnvConfig("CartPole-v1")).reset(seed=3 + 1000 * rank + i)
+            expected, _ = make_env(EnvConfig("CartPole-v1")).reset(seed=env_seeds(3, 2, "train", rank)[i])
             torch.testing.assert_close(ranks[rank]["first_obs"][i], torch.as_tensor(expected))
+
+
+def test_ddp_resume_gives_each_rank_its_own_buffer_back(tmp_path):
+    """Every rank saves its buffer beside last.ckpt and loads its own on resume (episode ended at
+    the restart), not rank 0's."""
+    for args in ([], ["resume"]):
+        out = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), "ddp", *args], capture_output=True,
+                             text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-4000:]
+    files = sorted(p.name for p in (tmp_path / "lightning_logs" / "ddp" / "checkpoints").glob("replay_*"))
+    assert files == ["replay_rank0_step20.pt", "replay_rank0_step22.pt", "replay_rank1_step20.pt", "replay_rank1_step22.pt"]
+    saved = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False)["buffer"] for r in (0, 1)]
+    resumed = [torch.load(tmp_path / f"rank{r}_resumed.pt", weights_only=False) for r in (0, 1)]
+    assert not torch.equal(saved[0]["data"]["obs"], saved[1]["data"]["obs"])
+    for before, after in zip(saved, resumed):
+        newest = (before["pos"] - 1) % 1000
+        assert torch.all(after["data"]["is_last"][torch.arange(2), newest])
+        assert torch.all(after["data"]["action"][torch.arange(2), newest] == 0)
+        before["data"]["is_last"][torch.arange(2), newest] = True
+        before["data"]["action"][torch.arange(2), newest] = 0
+        for key in ("pos", "count", "written", "generation"):
+            assert torch.equal(after[key], before[key]), key
+        for key, value in before["data"].items():
+            assert torch.equal(after["data"][key], value), key

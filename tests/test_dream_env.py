@@ -1,5 +1,7 @@
-"""DreamEnv: gymnasium's env checker on the one-env view, next-step autoreset, truncation,
-reproducibility, rendering; V+M as a WorldModel; a controller trained inside the dream."""
+"""DreamEnv over any WorldModel (V+M and Dreamer's RSSM): gymnasium's env checker on the one-env
+view, next-step autoreset, truncation, reproducibility, rendering, decoded observations; dream
+starts from recorded episodes (first rows or all rows); the models' filtering (observe_step,
+posterior_states); a controller trained inside the dream."""
 
 import warnings
 
@@ -11,13 +13,15 @@ import torch
 from gymnasium.utils.env_checker import check_env
 
 from lightning_wm.agents.controller import Controller
+from lightning_wm.agents.dreamer import Dreamer
 from lightning_wm.agents.memory import Memory
 from lightning_wm.agents.vision import Vision
 from lightning_wm.agents.vm_model import VisionMemoryModel
-from lightning_wm.data.collector import Collector, RandomAgent
+from lightning_wm.data.collector import Collector
 from lightning_wm.data.episodes import EpisodeStore
-from lightning_wm.dream_env import DreamEnv, DreamSingleEnv, initial_latents_from_store
-from lightning_wm.envs import EnvSpec
+from lightning_wm.dream_env import DreamEnv, DreamSingleEnv, start_states
+from lightning_wm.envs import EnvConfig, EnvSpec, env_spec
+from lightning_wm.policies import RandomAgent
 from lightning_wm.world_model import rollout
 
 torch.set_num_threads(1)
@@ -28,30 +32,40 @@ CONTINUOUS = EnvSpec(
     gym.spaces.Box(np.array([-1.0, 0.0], np.float32), np.ones(2, np.float32)),
     "SyntheticContinuous",
 )
+TINY_DREAMER = dict(deter=16, stoch=4, classes=4, hidden=16, layers=1, bins=31, horizon=4, cnn_depth=4)
 
 
-def _model(spec=DISCRETE, z=4, hidden=8) -> VisionMemoryModel:
+def _model(spec=DISCRETE, z=4, hidden=8, temperature=None) -> VisionMemoryModel:
     torch.manual_seed(0)
-    return VisionMemoryModel(Vision(spec, z_size=z, depth=4), Memory(spec, z_size=z, hidden_size=hidden, num_mixtures=2))
+    return VisionMemoryModel(Vision(spec, z_size=z, depth=4), Memory(spec, z_size=z, hidden_size=hidden, num_mixtures=2),
+                             temperature=temperature)
 
 
-def _dream(spec=DISCRETE, num_envs=3, **kwargs) -> DreamEnv:
-    model = _model(spec)
+def _vm_starts(model: VisionMemoryModel, n: int = 5) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    mu, logvar = torch.randn(5, 4, generator=g), torch.full((5, 4), -1.0)
-    return DreamEnv(model, spec.action_space, mu, logvar, num_envs=num_envs, **kwargs)
+    zeros = model.zero_state(n)
+    return {**zeros, "z": torch.randn(n, model.z_size, generator=g)}
+
+
+def _dream(spec=DISCRETE, num_envs=3, temperature=None, **kwargs) -> DreamEnv:
+    model = _model(spec, temperature=temperature)
+    return DreamEnv(model, spec.action_space, _vm_starts(model), num_envs=num_envs, **kwargs)
+
+
+def _checked(env: gym.Env) -> list[str]:
+    """gymnasium's env checker; returns the warnings that are not advisory notes (z is unbounded,
+    an env not made by gym.make has no spec)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check_env(env, skip_render_check=False)
+    allowed = ("infinity", "not having a spec")
+    return [str(w.message) for w in caught if not any(a in str(w.message) for a in allowed)]
 
 
 @pytest.mark.parametrize("spec", [DISCRETE, CONTINUOUS])
 def test_single_env_view_passes_gymnasium_env_checker(spec):
     env = DreamSingleEnv(_dream(spec, num_envs=1, max_episode_steps=20))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        check_env(env, skip_render_check=False)
-    # only advisory notes may remain: z is unbounded, and an env not made by gym.make has no spec
-    allowed = ("infinity", "not having a spec")
-    problems = [str(w.message) for w in caught if not any(a in str(w.message) for a in allowed)]
-    assert not problems, problems
+    assert not _checked(env)
     obs, _ = env.reset(seed=1)
     assert obs.shape == (4 + 8,) and obs.dtype == np.float32 and env.observation_space.contains(obs)
     assert env.render().shape == (64, 64, 3)
@@ -69,6 +83,16 @@ def test_vector_api_spaces_and_render():
     assert env.metadata["autoreset_mode"] == gym.vector.AutoresetMode.NEXT_STEP
 
 
+def test_decoded_observations_are_frames_in_the_real_format():
+    env = _dream(num_envs=2, observation="decoded")
+    assert env.single_observation_space == gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (2, 64, 64, 3) and obs.dtype == np.uint8
+    np.testing.assert_array_equal(obs, env.render())
+    obs, *_ = env.step(np.array([0, 1]))
+    assert env.observation_space.contains(obs)
+
+
 def test_next_step_autoreset_after_termination():
     env = _dream(num_envs=2, done_threshold=-1.0)  # every step terminates
     env.reset(seed=0)
@@ -80,6 +104,18 @@ def test_next_step_autoreset_after_termination():
     assert term3.all()
 
 
+def test_autoreset_puts_a_start_state_in_place():
+    """The reset step's state is a bank entry (h and c zero here), not the model's next state."""
+    env = _dream(num_envs=2, done_threshold=-1.0)
+    env.reset(seed=0)
+    env.step(np.array([0, 1]))
+    assert env.state["h"].abs().sum() > 0  # M stepped
+    env.step(np.array([0, 1]))  # next-step autoreset
+    assert env.state["h"].abs().sum() == 0 and env.state["c"].abs().sum() == 0
+    bank = env.starts["z"]
+    assert all(any(torch.equal(z, b) for b in bank) for z in env.state["z"])
+
+
 def test_truncation_after_max_episode_steps_and_survival_reward():
     env = _dream(num_envs=2, done_threshold=2.0, max_episode_steps=3, reward="survival")
     env.reset(seed=0)
@@ -88,6 +124,24 @@ def test_truncation_after_max_episode_steps_and_survival_reward():
         _, reward, terminated, truncated, _ = env.step(np.zeros(2, np.int64))
         flags.append((reward[0], bool(terminated[0]), bool(truncated[0])))
     assert flags == [(1, False, False), (1, False, False), (1, False, True), (0, False, False), (1, False, False)]
+
+
+def test_done_mode_sample_draws_termination_from_the_probability():
+    """Sampled: about a fraction p of dreams end (p from the done head); thresholded at 0.5:
+    all or none of them for one start state."""
+    model = _model()
+    starts = {**model.zero_state(1), "z": torch.zeros(1, 4)}
+    with torch.no_grad():
+        model.memory.done_head.bias.fill_(0.0)
+        model.memory.done_head.weight.zero_()  # p = 0.5 everywhere
+    ends = {}
+    for mode in ("sample", "threshold"):
+        env = DreamEnv(model, DISCRETE.action_space, starts, num_envs=2000, done_mode=mode, done_threshold=0.4)
+        env.reset(seed=0)
+        ends[mode] = env.step(np.zeros(2000, np.int64))[2].mean()
+    assert 0.45 < ends["sample"] < 0.55 and ends["threshold"] == 1.0
+    with pytest.raises(ValueError, match="done_mode"):
+        _dream(done_mode="maybe")
 
 
 def test_seeded_dreams_are_reproducible_and_temperature_matters():
@@ -102,8 +156,9 @@ def test_seeded_dreams_are_reproducible_and_temperature_matters():
     assert not np.array_equal(trajectory(7), trajectory(8))
 
     def one_start(seed, temperature):  # every dream starts from the same latent
-        model = _model()
-        env = DreamEnv(model, DISCRETE.action_space, torch.ones(1, 4), None, num_envs=2, temperature=temperature)
+        model = _model(temperature=temperature)
+        starts = {**model.zero_state(1), "z": torch.ones(1, 4)}
+        env = DreamEnv(model, DISCRETE.action_space, starts, num_envs=2)
         out = [env.reset(seed=seed)[0]]
         for t in range(4):
             out.append(env.step(np.array([t % 2, 1]))[0])
@@ -118,9 +173,33 @@ def test_seeded_dreams_are_reproducible_and_temperature_matters():
 def test_collector_records_dream_rows():
     env = _dream(num_envs=2, done_threshold=2.0, max_episode_steps=4)
     spec = EnvSpec(env.single_observation_space, env.single_action_space)
-    collector = Collector(env, RandomAgent(spec, seed=0), seed=0, spec=spec)
+    collector = Collector(env, RandomAgent(spec, seed=0), seeds=0, spec=spec)
     finished = collector.collect(10)
     assert [e["length"] for e in finished] == [4.0, 4.0, 4.0, 4.0]
+
+
+def test_bad_starts_are_refused():
+    model = _model()
+    with pytest.raises(ValueError, match="starts must be"):
+        DreamEnv(model, DISCRETE.action_space, {"z": torch.zeros(0, 4), "h": torch.zeros(0, 8), "c": torch.zeros(0, 8)})
+    with pytest.raises(ValueError, match="'first' or 'all'"):
+        start_states(model, [], where="middle")
+    with pytest.raises(ValueError, match="no recorded episode"):
+        start_states(model, [])
+
+
+# -- V+M as a WorldModel ---------------------------------------------------------------
+
+
+def _latent_episode(length: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    is_first = np.zeros(length, bool)
+    is_first[0] = True
+    is_last = np.zeros(length, bool)
+    is_last[-1] = True
+    return {"mu": rng.normal(size=(length, 4)).astype(np.float32), "logvar": np.full((length, 4), -3.0, np.float32),
+            "action": rng.integers(0, 2, length), "reward": np.ones(length, np.float32), "is_first": is_first,
+            "is_last": is_last, "is_terminal": is_last.copy()}
 
 
 def test_vision_memory_model_is_a_world_model():
@@ -136,6 +215,40 @@ def test_vision_memory_model_is_a_world_model():
     assert model.decode(start).shape == (3, 64, 64, 3)
 
 
+def test_vision_memory_filtering_matches_m_over_the_episode():
+    """posterior_states: z_t = V's mean of row t, h_t = M's LSTM output after reading rows < t
+    (what Memory.unroll gives); observe_step reproduces it row by row and restarts at is_first."""
+    model = _model()
+    episode = _latent_episode(6, seed=1)
+    states = model.posterior_states(episode)
+    mu = torch.as_tensor(episode["mu"])
+    torch.testing.assert_close(states["z"], mu)
+    out, _ = model.memory.unroll(mu[None], model.memory.action_input(torch.as_tensor(episode["action"]))[None])
+    torch.testing.assert_close(states["h"][1:], out[0, :-1])
+    assert states["h"][0].abs().sum() == 0 and states["c"][0].abs().sum() == 0
+    # observe_step on frames: the first frame restarts from the zero state, as initial_state does
+    frames = torch.randint(0, 256, (2, 64, 64, 3), dtype=torch.uint8)
+    first = model.observe_step(model.zero_state(2), model.actions.zeros(2), frames, torch.ones(2, dtype=torch.bool))
+    for key, value in model.initial_state(frames).items():
+        torch.testing.assert_close(first[key], value)
+    nxt = model.observe_step(first, model.actions.encode(torch.tensor([0, 1])), frames, torch.tensor([False, True]))
+    assert nxt["h"][0].abs().sum() > 0 and nxt["h"][1].abs().sum() == 0
+
+
+def test_start_states_first_rows_or_all_rows():
+    model = _model()
+    episodes = [_latent_episode(5, seed=s) for s in range(3)]
+    first = start_states(model, episodes, where="first")
+    torch.testing.assert_close(first["z"], torch.as_tensor(np.stack([e["mu"][0] for e in episodes])))
+    assert first["h"].abs().sum() == 0
+    every = start_states(model, episodes, where="all")  # every row but the last of each episode
+    assert every["z"].shape == (3 * 4, 4) and every["h"].shape == (12, 8)
+    torch.testing.assert_close(every["h"][:4], model.posterior_states(episodes[0])["h"][:4])
+    few = start_states(model, episodes, where="all", max_starts=5, seed=3)
+    assert few["z"].shape == (5, 4)
+    assert all(any(torch.equal(z, e) for e in every["z"]) for z in few["z"])
+
+
 def _save(module, path):
     torch.save({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams),
                 "pytorch-lightning_version": pl.__version__}, path)
@@ -147,12 +260,12 @@ def test_controller_trains_inside_the_dream(tmp_path):
     v, m = _save(model.vision, tmp_path / "v.ckpt"), _save(model.memory, tmp_path / "m.ckpt")
     store = EpisodeStore(tmp_path / "latents")
     for i in range(3):
-        store.add({"mu": np.full((4, 4), i, np.float32), "logvar": np.zeros((4, 4), np.float32)})
-    mu, logvar = initial_latents_from_store(store)
-    assert mu.shape == (3, 4) and mu[:, 0].tolist() == [0.0, 1.0, 2.0]
+        store.add({"mu": np.full((4, 4), i, np.float32), "logvar": np.zeros((4, 4), np.float32),
+                   "action": np.zeros(4, np.int64), "is_first": np.eye(1, 4, dtype=bool)[0]})
     controller = Controller(DISCRETE, vision_ckpt=v, memory_ckpt=m, popsize=4, episodes_per_member=2,
                             train_in="dream", dream_dir=str(tmp_path / "latents"), dream_max_steps=7,
                             dream_done_threshold=2.0, dream_reward="survival")
+    assert sorted(controller.dream_starts_bank()["z"][:, 0].tolist()) == [0.0, 1.0, 2.0]
     solutions = torch.randn(4, controller.num_params)
     fitness = controller.evaluate_population(solutions, 2, seed=0)
     torch.testing.assert_close(fitness, torch.full((4,), 7.0))  # never done: survive to truncation
@@ -170,20 +283,98 @@ def test_controller_trains_inside_the_dream(tmp_path):
 
 
 def test_load_dream_env_from_checkpoints_matches_the_models(tmp_path):
-    from lightning_wm.dream_env import load_dream_env
+    from lightning_wm.agents.vm_model import load_dream_env
 
     model = _model()
     v, m = _save(model.vision, tmp_path / "v.ckpt"), _save(model.memory, tmp_path / "m.ckpt")
     store = EpisodeStore(tmp_path / "latents")
     for i in range(2):
-        store.add({"mu": np.full((3, 4), i, np.float32), "logvar": np.full((3, 4), -20.0, np.float32)})
+        store.add({"mu": np.full((3, 4), i, np.float32), "logvar": np.full((3, 4), -20.0, np.float32),
+                   "action": np.zeros(3, np.int64)})
     env = load_dream_env(v, m, str(tmp_path / "latents"), DISCRETE.action_space, num_envs=2, max_episode_steps=5,
                          temperature=0.5)
-    assert env.temperature == 0.5 and env.model.temperature == 0.5
-    assert sorted(env.start_mu[:, 0].tolist()) == [0.0, 1.0]
+    assert env.model.temperature == 0.5
+    assert sorted(env.starts["z"][:, 0].tolist()) == [0.0, 1.0]
     for a, b in zip(env.model.memory.state_dict().values(), model.memory.state_dict().values()):
         torch.testing.assert_close(a, b)
     obs, _ = env.reset(seed=0)
     assert obs.shape == (2, 4 + 8)
     with pytest.raises(FileNotFoundError, match="record"):
         load_dream_env(v, m, str(tmp_path / "missing"), DISCRETE.action_space)
+
+
+# -- Dreamer's RSSM as a WorldModel ------------------------------------------------------
+
+
+def _vector_episode(length: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    is_first = np.zeros(length, bool)
+    is_first[0] = True
+    is_last = np.zeros(length, bool)
+    is_last[-1] = True
+    return {"obs": rng.normal(size=(length, 4)).astype(np.float32), "action": rng.integers(0, 2, length),
+            "reward": np.ones(length, np.float32), "is_first": is_first, "is_last": is_last,
+            "is_terminal": is_last.copy()}
+
+
+@pytest.fixture(scope="module")
+def rssm():
+    torch.manual_seed(0)
+    return Dreamer(env_spec(EnvConfig(id="CartPole-v1")), **TINY_DREAMER).wm.eval().requires_grad_(False)
+
+
+def test_rssm_posterior_states_follow_the_recurrence(rssm):
+    episode = _vector_episode(5, seed=0)
+    states = rssm.posterior_states(episode)
+    assert set(states) == {"h", "z", "idx"} and states["h"].shape == (5, 16) and states["z"].shape == (5, 16)
+    actions = rssm.actions.encode(torch.as_tensor(episode["action"]))
+    for t in range(1, 5):  # h_t = GRU(z_{t-1}, a_{t-1}, h_{t-1}): the posterior path's recurrence
+        prev = {"h": states["h"][t - 1 : t], "z": states["z"][t - 1 : t]}
+        torch.testing.assert_close(states["h"][t : t + 1], rssm._recurrent(prev, rssm.img_in_a(actions[t - 1 : t])))
+    # a one-hot latent per group, and idx pointing at its ones
+    torch.testing.assert_close(states["idx"], rssm.onehot_index(states["z"]))
+    # observe_step at is_first is initial_state (same sample): zero state, zero action first
+    obs = torch.as_tensor(episode["obs"][:2])
+    torch.manual_seed(1)
+    first = rssm.observe_step(rssm.zero_state(2), rssm.actions.zeros(2), obs, torch.ones(2, dtype=torch.bool))
+    torch.manual_seed(1)
+    init = rssm.initial_state(obs)
+    torch.testing.assert_close(first["h"], init["h"])
+    torch.testing.assert_close(first["z"], init["z"])
+
+
+@pytest.mark.parametrize("observation", ["features", "decoded"])
+def test_dream_over_the_rssm_passes_gymnasium_env_checker(rssm, observation):
+    bank = start_states(rssm, [_vector_episode(6, seed=s) for s in range(2)], where="all")
+    assert bank["h"].shape == (10, 16)
+    env = DreamSingleEnv(DreamEnv(rssm, gym.spaces.Discrete(2), bank, num_envs=1, max_episode_steps=15,
+                                  observation=observation))
+    assert not _checked(env)
+    obs, _ = env.reset(seed=3)
+    assert obs.shape == ((16 + 16,) if observation == "features" else (4,))
+    assert obs.dtype == np.float32 and env.render() is None  # vector observations: nothing to render
+    # seeded dreams reproduce (the prior's samples come from the env's generator)
+    def run(seed):
+        out = [env.reset(seed=seed)[0]]
+        for t in range(6):
+            out.append(env.step(t % 2)[0])
+        return np.stack(out)
+
+    np.testing.assert_array_equal(run(5), run(5))
+    assert not np.array_equal(run(5), run(6))
+
+
+def test_dream_over_a_pixel_rssm_renders_decoded_frames():
+    torch.manual_seed(0)
+    spec = env_spec(EnvConfig(id="CartPole-v1", pixels=True, size=(64, 64)))
+    wm = Dreamer(spec, **TINY_DREAMER).wm.eval().requires_grad_(False)
+    episode = {"obs": np.random.default_rng(0).integers(0, 256, (3, 64, 64, 3), dtype=np.uint8),
+               "action": np.array([0, 1, 0]), "is_first": np.array([True, False, False])}
+    env = DreamEnv(wm, spec.action_space, start_states(wm, [episode], where="all"), num_envs=2,
+                   observation="decoded")
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (2, 64, 64, 3) and obs.dtype == np.uint8
+    env.step(np.array([1, 0]))
+    frames = env.render()
+    assert frames.shape == (2, 64, 64, 3) and frames.dtype == np.uint8
+    assert not _checked(DreamSingleEnv(DreamEnv(wm, spec.action_space, env.starts, num_envs=1, max_episode_steps=5)))

@@ -10,6 +10,7 @@ import yaml
 
 from lightning_wm.agents.dreamer import Dreamer, onehot_linear
 from lightning_wm.cli import main
+from lightning_wm.data.replay import ReplayBuffer
 from lightning_wm.envs import EnvConfig, env_spec
 
 torch.set_num_threads(1)
@@ -46,14 +47,14 @@ def test_rssm_resets_where_is_first(cartpole_spec):
     wm = model.wm
     with torch.no_grad():
         embed = wm.encode(batch["obs"])
-        out = wm.observe(embed, model._action_input(batch["action"]), batch["is_first"])
+        out = wm.observe(embed, model.actions.encode(batch["action"]), batch["is_first"])
         # after a reset, h depends on nothing (zero state, zero action): same for every reset entry
         h0 = out["h"][0, 0]
         for b, t in [(0, 5), (2, 7), (1, 0), (3, 0)]:
             assert torch.allclose(out["h"][b, t], h0, atol=1e-6)
         assert not torch.allclose(out["h"][0, 4], h0)
         # ... and the posterior there depends only on the observation: restart the sequence at t=5
-        rest = wm.observe(embed[:, 5:], model._action_input(batch["action"][:, 5:]), batch["is_first"][:, 5:])
+        rest = wm.observe(embed[:, 5:], model.actions.encode(batch["action"][:, 5:]), batch["is_first"][:, 5:])
         assert torch.allclose(out["post"][0, 5], rest["post"][0, 0], atol=1e-5)
         assert not torch.allclose(out["post"][1, 5], rest["post"][1, 0], atol=1e-3)  # no reset for b=1
         # the agent's initial state gives the same filter step as a reset in training
@@ -206,6 +207,40 @@ def test_act_discrete_explore_and_mode(cartpole_spec):
     assert torch.equal(a1, logits.argmax(-1))
 
 
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_acting_copy_ships_only_what_acting_needs_and_acts_the_same(env_id):
+    import pickle
+
+    torch.manual_seed(0)
+    spec = env_spec(EnvConfig(id=env_id))
+    model = Dreamer(spec, **TINY, compile=False)
+    policy = model.acting_copy()
+    keys = list(policy.state_dict())
+    assert keys == list(model.acting_copy().state_dict())
+    assert any(k.startswith("wm.codec.encoders") for k in keys) and any(k.startswith("actor.") for k in keys)
+    assert not any(part in k for k in keys for part in ("decoders", "reward_head", "cont_head", "prior_net", "critic"))
+    assert not policy.training and all(not p.requires_grad for p in policy.parameters())
+    assert any(p.requires_grad for p in model.parameters()), "the learner's own module is untouched"
+    policy = pickle.loads(pickle.dumps(policy))  # spawn-safe
+    obs = torch.randn(3, spec.observation_space.shape[0])
+    state_m, state_p = model.initial_state(3), policy.initial_state(3)
+    for step in range(3):  # the same actions and states, exploring with the same random draws
+        torch.manual_seed(step)
+        a_m, state_m, _ = model.act(obs, state_m, explore=True)
+        torch.manual_seed(step)
+        a_p, state_p, _ = policy.act(obs, state_p, explore=True)
+        assert torch.equal(a_m, a_p)
+        for key in state_m:
+            assert torch.equal(state_m[key], state_p[key]), key
+    # the weights a store publishes are the learner's own values
+    for key, value in policy.state_dict().items():
+        assert torch.equal(value, model.state_dict()[key]), key
+    # a compiled learner ships a plain (uncompiled, picklable) policy
+    compiled = Dreamer(spec, **TINY, compile=True).acting_copy()
+    assert "_recurrent" not in vars(compiled.wm) and compiled.actor._compiled_call_impl is None
+    pickle.loads(pickle.dumps(compiled))
+
+
 def test_continuous_pendulum_dynamics_backprop():
     torch.manual_seed(0)
     spec = env_spec(EnvConfig(id="Pendulum-v1"))
@@ -221,7 +256,7 @@ def test_continuous_pendulum_dynamics_backprop():
         "is_first": torch.zeros(B, L, dtype=torch.bool), "is_last": torch.zeros(B, L, dtype=torch.bool),
         "is_terminal": torch.zeros(B, L, dtype=torch.bool),
     }
-    assert model._action_input(batch["action"]).abs().max() <= 1.0
+    assert model.actions.encode(batch["action"]).abs().max() <= 1.0
     _, _, post = model.world_model_loss(batch)
     traj = model.imagine({k: post[k].detach().flatten(0, 1) for k in ("h", "z")}, torch.ones(B * L))
     actor_loss, critic_loss, _ = model.behaviour_losses(traj)
@@ -316,14 +351,14 @@ def test_cli_fit_on_dict_observations_frame_and_state():
     cli = main(args=_fit_args("cartpole_pixels_state.yaml", 12, ["--data.init_args.sequence_length", "8"]))
     codec = cli.model.wm.codec
     assert codec.is_dict and set(codec.encoders) == {"image", "state"} and codec.images == ["image"]
-    assert cli.datamodule.buffer.sample_sequences(2, 4, True)["obs"]["image"].dtype == torch.uint8
+    assert cli.datamodule.sample_batch()["obs"]["image"].dtype == torch.uint8
     losses = _scalars(Path("lightning_logs/run"), "train/loss_recon")
     assert len(losses) == 12 and sum(losses[-3:]) / 3 < sum(losses[:3]) / 3
     assert _scalars(Path("lightning_logs/run"), "val/return")
     assert _scalars(Path("lightning_logs/run"), "val/openloop_mse")
     assert list(Path("lightning_logs/run").glob("version_*/openloop/step_12.gif"))
     # the decoder gives back both parts in the env's format
-    decoded = cli.model.wm.decode(torch.zeros(3, cli.model.wm.feat_dim))
+    decoded = cli.model.wm.decode_features(torch.zeros(3, cli.model.wm.feat_dim))
     assert decoded["image"].shape == (3, 64, 64, 3) and decoded["image"].dtype == torch.uint8
     assert decoded["state"].shape == (3, 4)
 
@@ -366,14 +401,22 @@ def test_resume_after_a_crash_continues_from_the_checkpoint_exactly(monkeypatch)
     ckpt = torch.load("lightning_logs/run/checkpoints/last.ckpt", weights_only=False)
     assert ckpt["global_step"] == 6
     data_state = ckpt["ReplayDataModule"]
+    record = ckpt["replay_buffers"]
+    assert record["step"] == 6 and "buffer" not in data_state
+    expected = ReplayBuffer.load(Path(record["dir"]) / "replay_rank0_step6.pt")  # pruned by the later saves
+    assert not expected.column("is_last")[0, expected.newest[0]]
+    assert expected.mark_episode_end() == 1
     cli = main(args=_fit_args("cartpole.yaml", 12, [*base, "--ckpt_path", "last", "--trainer.callbacks",
                                                     '[{"class_path": "resume_probe.RecordStart"}]']))
     seen = resume_probe.SEEN
     assert seen["global_step"] == 6
     assert seen["env_steps"] == data_state["stats"]["env_steps"]
-    for key, value in data_state["buffer"].items():
+    # the buffer comes back from the file beside the checkpoint, its last episode ended at the restart
+    for key, value in expected.state_dict().items():
         if torch.is_tensor(value):
             assert torch.equal(seen["buffer"][key], value), key
+    for key, value in expected.state_dict()["data"].items():
+        assert torch.equal(seen["buffer"]["data"][key], value), key
     for name, tensor in ckpt["state_dict"].items():  # incl. slow_critic.*, ret_low, ret_high
         assert torch.equal(seen["model"][name], tensor), name
     assert len(seen["optimizers"]) == 3

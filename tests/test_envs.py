@@ -191,16 +191,111 @@ def test_keep_state_without_a_rendered_vector_env_is_refused(config):
 
 
 def test_collector_stores_dict_observations(tmp_path):
-    from lightning_wm.data.collector import Collector, RandomAgent
+    from lightning_wm.data.collector import Collector
+    from lightning_wm.policies import RandomAgent
     from lightning_wm.data.episodes import EpisodeStore
 
     cfg = EnvConfig(id="CartPole-v1", pixels=True, keep_state=True, num_envs=2, size=(16, 16))
     spec = env_spec(cfg)
     env = make_vector_env(cfg)
     store = EpisodeStore(tmp_path / "eps")
-    episodes = Collector(env, RandomAgent(spec, seed=0), store=store, seed=0, spec=spec).run_episodes(2)
+    episodes = Collector(env, RandomAgent(spec, seed=0), store=store, seeds=0, spec=spec).run_episodes(2)
     env.close()
     assert len(store) == 2
     for stats, episode in zip(sorted(episodes, key=lambda e: e["length"]), sorted(store.episodes(), key=lambda e: len(e["reward"]))):
         assert episode["obs"]["image"].shape == (stats["length"] + 1, 16, 16, 3)
         assert episode["obs"]["state"].shape == (stats["length"] + 1, 4)
+
+
+# -- Atari preprocessing and frame stacks ------------------------------------------------------
+def _atari(frame_stack=1, **options):
+    from lightning_wm.envs import AtariPreprocessingConfig
+
+    return EnvConfig("ALE/Pong-v5", atari_preprocessing=AtariPreprocessingConfig(**options), frame_stack=frame_stack)
+
+
+def test_atari_preprocessing_and_frame_stack_give_channels_last_frames():
+    pytest.importorskip("cv2", reason="AtariPreprocessing needs opencv (pip install -e '.[atari]')")
+    spec = env_spec(_atari(frame_stack=4))
+    assert spec.obs_shape == (84, 84, 4) and spec.discrete
+    stacked, single = make_env(_atari(frame_stack=4, noop_max=0)), make_env(_atari(noop_max=0))
+    obs, _ = stacked.reset(seed=3)
+    first, _ = single.reset(seed=3)
+    assert obs.shape == (84, 84, 4) and obs.dtype == np.uint8 and single.observation_space.shape == (84, 84, 1)
+    assert all(np.array_equal(obs[..., k], first[..., 0]) for k in range(4)), "the first frame fills the stack"
+    frames = [first[..., 0]]
+    for action in [2, 3, 2, 3, 0, 2]:
+        obs, *_ = stacked.step(action)
+        frames.append(single.step(action)[0][..., 0])
+        want = np.stack((frames[:1] * 4 + frames)[-4:], -1)  # oldest first, the newest in channel 3
+        np.testing.assert_array_equal(obs, want)
+    assert len(np.unique(obs.reshape(-1, 4), axis=0)) > 1
+    stacked.close(), single.close()
+
+
+def test_atari_options_reach_gymnasium_and_max_episode_steps_counts_agent_steps():
+    pytest.importorskip("cv2", reason="AtariPreprocessing needs opencv (pip install -e '.[atari]')")
+    from lightning_wm.envs import atari_options
+
+    rgb = make_env(EnvConfig("ALE/Pong-v5", atari_preprocessing={"screen_size": 42, "grayscale_obs": False},
+                             frame_stack=2, max_episode_steps=5))
+    assert rgb.observation_space.shape == (42, 42, 6)
+    assert atari_options(EnvConfig(atari_preprocessing={"frame_skip": 2})).frame_skip == 2
+    rgb.reset(seed=0)
+    steps = 0
+    while True:
+        steps += 1
+        *_, terminated, truncated, _ = rgb.step(0)
+        if terminated or truncated:
+            break
+    assert steps == 5 and truncated
+    rgb.close()
+
+
+@pytest.mark.parametrize("config, match", [
+    (EnvConfig("CartPole-v1", frame_stack=4), "frame_stack stacks image observations"),
+    (EnvConfig("CartPole-v1", frame_stack=0), "frame_stack must be >= 1"),
+    (EnvConfig("ALE/Pong-v5", atari_preprocessing={"noop": 3}), "its options are noop_max"),
+    (EnvConfig("ALE/Pong-v5", atari_preprocessing={}, pixels=True), "drop pixels"),
+])
+def test_bad_frame_options_are_named(config, match):
+    with pytest.raises(EnvError, match=match):
+        make_env(config)
+
+
+def test_frame_stack_of_rendered_frames():
+    env = make_env(EnvConfig("CartPole-v1", pixels=True, size=(48, 48), grayscale=True, frame_stack=3))
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (48, 48, 3) and np.array_equal(obs[..., 0], obs[..., 2])
+    previous = obs
+    for _ in range(3):
+        obs, *_ = env.step(1)
+        np.testing.assert_array_equal(obs[..., :2], previous[..., 1:])  # the stack moves by one frame
+        previous = obs
+    assert not np.array_equal(obs[..., 0], obs[..., 2]), "the cart moved between the oldest and newest frame"
+    env.close()
+
+
+def test_an_image_observation_keeps_its_channels():
+    """An env whose own observation is an image with 4 channels (e.g. stacked gray frames) is
+    resized channel by channel, not squeezed into RGB."""
+    import gymnasium as gym
+
+    class Stacked(gym.Env):
+        observation_space = gym.spaces.Box(0, 255, (32, 24, 4), np.uint8)
+        action_space = gym.spaces.Discrete(2)
+
+        def reset(self, *, seed=None, options=None):
+            return np.full((32, 24, 4), [10, 20, 30, 40], np.uint8), {}
+
+        def step(self, action):
+            return self.reset()[0], 0.0, False, False, {}
+
+    gym.register("StackedTest-v0", entry_point=Stacked)
+    try:
+        env = make_env(EnvConfig("StackedTest-v0", size=(16, 12)))
+        obs, _ = env.reset(seed=0)
+        assert env.observation_space.shape == obs.shape == (16, 12, 4)
+        assert obs[0, 0].tolist() == [10, 20, 30, 40]
+    finally:
+        del gym.registry["StackedTest-v0"]

@@ -147,3 +147,81 @@ def test_metadata_round_trip(tmp_path):
         warnings.simplefilter("error")
         store.write_metadata(meta)
     assert store.read_metadata() == meta
+
+
+# -- reliability: concurrent writers, stale temps, mixed stores, messages ---------------------------
+
+
+def _rewrite_metadata(directory: str, n: int) -> None:
+    store = EpisodeStore(directory)
+    for i in range(n):
+        store.write_metadata({"env": {"id": "CartPole-v1"}, "writer": os.getpid(), "i": i})
+
+
+def test_two_processes_writing_metadata_do_not_collide(tmp_path):
+    """Both used the fixed temp name ``.meta.json.tmp``: one renamed the other's file away."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_rewrite_metadata, args=(str(tmp_path), 300)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0]
+    assert EpisodeStore(tmp_path).read_metadata()["i"] == 299
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+def test_stale_temp_files_of_killed_writers_are_removed_on_open(tmp_path):
+    stale, fresh = tmp_path / ".20250101T000000-000001-ab-T5.npz.1-aa.tmp", tmp_path / ".x.npz.2-bb.tmp"
+    stale.write_bytes(b"half an episode")
+    fresh.write_bytes(b"a live writer's file")
+    old = stale.stat().st_mtime - 3600
+    os.utime(stale, (old, old))
+    EpisodeStore(tmp_path)
+    assert not stale.exists() and fresh.exists()
+
+
+def test_store_counts_what_this_process_wrote(tmp_path):
+    EpisodeStore(tmp_path).add(make_episode(4))
+    mine = EpisodeStore(tmp_path)
+    mine.add(make_episode(3))
+    mine.add(make_episode(5))
+    assert (mine.episodes_written, mine.rows_written) == (2, 8)
+    assert len(mine) == 3 and mine.total_steps() == 12
+
+
+def test_start_recording_refuses_other_env_settings_naming_both(tmp_path):
+    store = EpisodeStore(tmp_path)
+    env = {"id": "CartPole-v1", "pixels": True, "size": [64, 64], "num_envs": 8, "seed": 0}
+    assert store.start_recording(env, episodes=10, streams=8) == 0
+    # other envs count and seed are fine (they change which episodes, not their shape)
+    assert store.start_recording({**env, "num_envs": 2, "seed": 5}, episodes=3, streams=2) == 10
+    with pytest.raises(ValueError, match=r"size: the store has \[64, 64\], this run \[32, 32\]") as err:
+        store.start_recording({**env, "size": [32, 32]}, episodes=1, streams=1)
+    assert str(tmp_path) in str(err.value)
+    assert store.read_metadata()["env"]["size"] == [64, 64]
+
+
+def test_start_recording_continues_from_the_episodes_an_old_store_holds(tmp_path):
+    store = EpisodeStore(tmp_path)
+    for i in range(3):
+        store.add(make_episode(4, seed=i))
+    assert store.start_recording({"id": "CartPole-v1"}, episodes=2, streams=4) == 3
+    assert store.start_recording({"id": "CartPole-v1"}, episodes=2, streams=1) == 7  # 4 indices: one per stream
+
+
+def test_an_episode_of_another_shape_is_reported_with_its_file_and_key(tmp_path):
+    from lightning_wm.data.modules import EpisodeDataModule
+
+    store = EpisodeStore(tmp_path)
+    for i in range(3):
+        store.add(make_episode(6, seed=i))
+    odd = make_episode(6, seed=9)
+    odd["obs"] = odd["obs"][:, :4]
+    path = store.add(odd)
+    dm = EpisodeDataModule(str(tmp_path), mode="frames", batch_size=8, val_fraction=0.0, pool_episodes=8)
+    with pytest.raises(CorruptEpisodeError, match=rf"{path.name}.*'obs'.*\(4, 8, 3\).*\(8, 8, 3\)"):
+        for _ in dm.train_dataloader():
+            pass

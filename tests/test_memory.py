@@ -177,3 +177,37 @@ def test_fit_on_a_converted_store_logs_losses_and_a_dream_image(tmp_path):
     events.Reload()
     image = events.Images("val/real_vs_dream")[-1]
     assert (image.height, image.width) == (2 * 2 * 64, 6 * 64)
+
+
+def test_patience_stops_training_when_the_validation_loss_stops_falling(tmp_path):
+    """HumbleRL's patience: Lightning's EarlyStopping on val/loss. With lr 0 (and z = mu) the
+    validation loss never falls after the first epoch: patience 2 stops after epoch 3 of 20."""
+    from pytorch_lightning.callbacks import EarlyStopping
+
+    from lightning_wm.data.modules import EpisodeDataModule
+
+    rng = np.random.default_rng(0)
+    latents = EpisodeStore(tmp_path / "latents")
+    for _ in range(4):
+        flags = np.zeros(10, bool)
+        first, last = flags.copy(), flags.copy()
+        first[0], last[-1] = True, True
+        latents.add({"mu": rng.normal(size=(10, 4)).astype(np.float32), "logvar": np.zeros((10, 4), np.float32),
+                     "action": rng.integers(0, 2, 10), "reward": np.ones(10, np.float32), "is_first": first,
+                     "is_last": last, "is_terminal": last})
+    dm = EpisodeDataModule(str(tmp_path / "latents"), mode="sequences", batch_size=2, sequence_length=6,
+                           val_fraction=0.25, train_batches=2, val_batches=1)
+    model = Memory(SPEC, z_size=4, hidden_size=8, num_mixtures=2, lr=0.0, sample_z=False, patience=2)
+    trainer = pl.Trainer(max_epochs=20, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0)
+    trainer.fit(model, datamodule=dm)
+    stopper = next(c for c in trainer.callbacks if isinstance(c, EarlyStopping))
+    assert (stopper.monitor, stopper.mode, stopper.patience) == ("val/loss", "min", 2)
+    assert trainer.current_epoch == 3 and stopper.stopped_epoch == 2
+    # no patience: no early stopping; HumbleRL's defaults are 10 (M) and 5 (V)
+    assert Memory(SPEC, z_size=4, patience=None).configure_callbacks() == []
+    assert Memory(SPEC, z_size=4).patience == 10 and Vision(SPEC, z_size=4, depth=4).patience == 5
+    (vision_stop,) = Vision(SPEC, z_size=4, depth=4).configure_callbacks()
+    assert (vision_stop.monitor, vision_stop.mode, vision_stop.patience) == ("val/loss", "min", 5)
+    with pytest.raises(ValueError, match="patience"):
+        Memory(SPEC, z_size=4, patience=0)

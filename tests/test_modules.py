@@ -93,18 +93,24 @@ def test_corrupt_episode_is_named_or_skipped(tmp_path):
         assert len(list(dm.train_dataloader())) == 4
 
 
+class ConstantAgent:
+    """Always the same discrete action; no state."""
+
+    def __init__(self, action: int = 0) -> None:
+        self.action = action
+
+    def initial_state(self, n):
+        return None
+
+    def act(self, obs, state, explore):
+        return torch.full((obs.shape[0],), self.action, dtype=torch.long), state, {}
+
+
 def test_replay_stream_follows_replay_ratio():
-    class Agent:
-        def initial_state(self, n):
-            return None
-
-        def act(self, obs, state, explore):
-            return torch.zeros(obs.shape[0], dtype=torch.long), state, {}
-
     dm = ReplayDataModule(EnvConfig("CartPole-v1", num_envs=2), capacity=1000, batch_size=3, sequence_length=4,
                           prefill=20, replay_ratio=0.25)
     dm.setup("fit")
-    dm.collector.agent = Agent()
+    dm.collector.agent = ConstantAgent()
     dm._agent = lambda: dm.collector.agent
     stream = iter(dm.train_dataloader())
     batch = next(stream)
@@ -132,31 +138,84 @@ def test_replay_module_refuses_a_prefill_larger_than_the_buffer():
         ReplayDataModule(EnvConfig(id="CartPole-v1"), capacity=100, prefill=500)
 
 
+def test_prefill_must_fit_the_capacity_the_env_streams_can_use():
+    """100 rows over 3 env streams are 3 rings of 33 rows: 99 usable. A prefill of 100 could never
+    be reached, and the random policy would act before every batch for the whole run."""
+    with pytest.raises(ValueError, match=r"prefill \(100 rows\) exceeds the replay capacity \(99 rows: 3 env streams "
+                                         r"of 33 rows"):
+        ReplayDataModule(EnvConfig("CartPole-v1", num_envs=3), capacity=100, prefill=100)
+
+    dm = ReplayDataModule(EnvConfig("CartPole-v1", num_envs=3), capacity=100, prefill=99, batch_size=2,
+                          sequence_length=4, replay_ratio=0.25)
+    dm.setup("fit")
+    agent = ConstantAgent(1)
+    dm._agent = lambda: agent
+    stream = iter(dm.train_dataloader())
+    for batch in range(1, 7):
+        next(stream)
+        # the prefill once, then only the replay ratio's rows (4 per batch, in whole vector steps of 3)
+        assert dm.collector.stats.env_steps == 99 + 3 * (4 * batch // 3)
+        assert dm.collector.agent is agent
+    assert len(dm.buffer) == 99
+    dm.teardown("fit")
+
+
 def test_ddp_side_files_follow_the_checkpoint_step(tmp_path):
-    """A rank > 0 keeps its buffer in a side file per checkpoint step; resuming an older
-    checkpoint loads that step's buffer, not the newest one."""
+    """Every rank keeps its buffer in a file per checkpoint step (BufferCheckpoint); resuming an
+    older checkpoint loads that step's buffer, not the newest one."""
     from types import SimpleNamespace
 
-    def module(trainer):
+    from lightning_wm.callbacks import BufferCheckpoint
+
+    def module(rank):
         dm = ReplayDataModule(EnvConfig(id="CartPole-v1", num_envs=2), capacity=1000, prefill=20,
                               batch_size=2, sequence_length=4, save_buffer=True)
-        dm.trainer = trainer
+        dm.trainer = SimpleNamespace(global_rank=rank, world_size=2, global_step=0, datamodule=dm, ckpt_path=None,
+                                     checkpoint_callback=SimpleNamespace(dirpath=str(tmp_path)), default_root_dir=".")
         dm.setup("fit")
         return dm
 
-    trainer = SimpleNamespace(global_rank=1, world_size=2, global_step=0, checkpoint_dir=str(tmp_path))
-    dm = module(trainer)
-    states, sizes = {}, {}
+    dm, callback = module(1), BufferCheckpoint()
+    checkpoints, sizes = {}, {}
     for step in (10, 20, 30):
         dm.collector.collect(step)
-        trainer.global_step = step
-        states[step], sizes[step] = dm.state_dict(), len(dm.buffer)
-        assert "buffer" not in states[step] and states[step]["buffer_step"] == step
+        dm.trainer.global_step = step
+        checkpoints[step] = {"ReplayDataModule": dm.state_dict()}
+        callback.on_save_checkpoint(dm.trainer, None, checkpoints[step])
+        sizes[step] = len(dm.buffer)
+        assert "buffer" not in checkpoints[step]["ReplayDataModule"]
+        assert checkpoints[step]["replay_buffers"]["step"] == step
     assert sorted(p.name for p in tmp_path.glob("replay_rank1_*")) == ["replay_rank1_step20.pt", "replay_rank1_step30.pt"]
-    resumed = module(SimpleNamespace(global_rank=1, world_size=2, global_step=0, checkpoint_dir=str(tmp_path)))
-    resumed.load_state_dict(states[20])
+    resumed = module(1)
+    BufferCheckpoint().on_load_checkpoint(resumed.trainer, None, checkpoints[20])
     assert len(resumed.buffer) == sizes[20] < sizes[30]
-    older = module(SimpleNamespace(global_rank=1, world_size=2, global_step=0, checkpoint_dir=str(tmp_path)))
-    with pytest.warns(UserWarning, match="no replay side file"):
-        older.load_state_dict(states[10])  # pruned: starts afresh instead of taking a newer buffer
+    older = module(1)
+    with pytest.warns(UserWarning, match="no replay file replay_rank1_step10.pt"):
+        BufferCheckpoint().on_load_checkpoint(older.trainer, None, checkpoints[10])  # pruned: starts afresh
     assert len(older.buffer) == 0
+
+
+def test_seeded_fits_are_identical_run_to_run(monkeypatch):
+    """Two fits with the same seed: the same env rows, the same weights (seeds come from
+    lightning_wm.seeding roles: train envs, prefill policy, replay sampler)."""
+    import pytorch_lightning as pl
+
+    from lightning_wm.cli import Trainer
+
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    from tiny_agent import TinyAgent
+
+    def fit():
+        pl.seed_everything(7)
+        dm = ReplayDataModule(EnvConfig("CartPole-v1", num_envs=2, seed=11), capacity=500, batch_size=4,
+                              sequence_length=8, prefill=40, replay_ratio=0.5)
+        model = TinyAgent(dm.spec)
+        Trainer(max_steps=12, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                enable_model_summary=False, limit_val_batches=0).fit(model, dm)
+        return model.state_dict(), dm.buffer.state_dict()["data"]
+
+    (w1, d1), (w2, d2) = fit(), fit()
+    for key in w1:
+        assert torch.equal(w1[key], w2[key]), key
+    for key in d1:
+        assert torch.equal(torch.as_tensor(d1[key]), torch.as_tensor(d2[key])), key

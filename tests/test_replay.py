@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from lightning_wm.data.replay import ReplayBuffer
+from lightning_wm.data.samplers import RowSampler, SequenceSampler
 from lightning_wm.data.sumtree import SumTree
 
 torch.set_num_threads(1)
@@ -25,6 +26,14 @@ def make_row(t: int, num_envs: int, is_first=None, pixels: bool = False) -> dict
     if pixels:
         row["pixels"] = np.full((num_envs, 4, 4, 3), t % 256, dtype=np.uint8)
     return row
+
+
+def rows(buf: ReplayBuffer, batch_size: int) -> dict:
+    return RowSampler().sample(buf, batch_size)
+
+
+def seqs(buf: ReplayBuffer, batch_size: int, length: int, cross_episodes: bool = True) -> dict:
+    return SequenceSampler(length, cross_episodes).sample(buf, batch_size)
 
 
 def fill(buf: ReplayBuffer, steps: int, **kw) -> None:
@@ -60,13 +69,13 @@ def test_dtypes_shapes_and_len():
     assert len(buf) == 0 and buf.num_streams == 2
     fill(buf, 3, pixels=True)
     assert len(buf) == 6
-    batch = buf.sample(5)
+    batch = rows(buf, 5)
     assert batch["pixels"].dtype == torch.uint8 and batch["pixels"].shape == (5, 4, 4, 3)
     assert batch["is_first"].dtype == torch.bool
     assert batch["reward"].dtype == torch.float32
     assert batch["action"].dtype == torch.int64 and batch["action"].shape == (5,)
     assert batch["index"].dtype == torch.int64 and "weight" not in batch
-    seq = buf.sample_sequences(4, 3)
+    seq = seqs(buf, 4, 3)
     assert seq["pixels"].shape == (4, 3, 4, 4, 3) and seq["pixels"].dtype == torch.uint8
     assert seq["obs"].shape == (4, 3, 2) and seq["index"].shape == (4,)
     # storage is not promoted either
@@ -84,8 +93,8 @@ def test_torch_input_and_dict_obs_nesting():
             }
         )
     assert sorted(buf.keys) == ["is_first", "logits", "obs/image", "obs/state"]
-    seq = buf.sample_sequences(2, 4)
-    assert set(seq) == {"obs", "is_first", "logits", "index"}
+    seq = seqs(buf, 2, 4)
+    assert set(seq) == {"obs", "is_first", "logits", "index", "generation", "row_index", "row_generation"}
     assert seq["obs"]["image"].shape == (2, 4, 2, 2, 1) and seq["obs"]["image"].dtype == torch.uint8
     assert seq["obs"]["state"].shape == (2, 4, 5)
     assert torch.equal(seq["obs"]["image"][:, :, 0, 0, 0], torch.arange(4, dtype=torch.uint8).expand(2, 4))
@@ -94,7 +103,7 @@ def test_torch_input_and_dict_obs_nesting():
 def test_sequences_never_mix_streams_and_are_consecutive():
     buf = ReplayBuffer(5 * 30, 5, seed=1)
     fill(buf, 25)
-    seq = buf.sample_sequences(512, 8)
+    seq = seqs(buf, 512, 8)
     stream, t = seq["obs"][..., 0], seq["obs"][..., 1]
     assert torch.all(stream == stream[:, :1])
     assert torch.all(t[:, 1:] - t[:, :-1] == 1)
@@ -107,22 +116,22 @@ def test_ring_wraparound_only_newest_rows_and_head_never_crossed():
     buf = ReplayBuffer(2 * 10, 2, seed=2)
     fill(buf, 27)  # each stream keeps t = 17..26, write head between 26 and 17
     assert len(buf) == 20
-    rows = buf.sample(2000)["obs"][:, 1]
-    assert set(rows.tolist()) == set(range(17, 27))
-    seq = buf.sample_sequences(4000, 5)
+    stored = rows(buf, 2000)["obs"][:, 1]
+    assert set(stored.tolist()) == set(range(17, 27))
+    seq = seqs(buf, 4000, 5)
     t = seq["obs"][..., 1]
     assert torch.all(t[:, 1:] - t[:, :-1] == 1), "window spans the write head"
     assert set(t[:, 0].tolist()) == set(range(17, 23))  # every valid start, and only those
-    full = buf.sample_sequences(50, 10)["obs"][..., 1]  # the whole ring in order
+    full = seqs(buf, 50, 10)["obs"][..., 1]  # the whole ring in order
     assert torch.all(full == torch.arange(17, 27))
 
 
 def test_partially_filled_ring_never_returns_unwritten_rows():
     buf = ReplayBuffer(100, 1, seed=3)
     fill(buf, 7)
-    t = buf.sample_sequences(1000, 7)["obs"][..., 1]
+    t = seqs(buf, 1000, 7)["obs"][..., 1]
     assert torch.all(t == torch.arange(7))
-    assert set(buf.sample(1000)["obs"][:, 1].tolist()) == set(range(7))
+    assert set(rows(buf, 1000)["obs"][:, 1].tolist()) == set(range(7))
 
 
 def _episodic_buffer(prioritized: bool = False) -> ReplayBuffer:
@@ -141,19 +150,19 @@ def _episodic_buffer(prioritized: bool = False) -> ReplayBuffer:
 @pytest.mark.parametrize("prioritized", [False, True])
 def test_cross_episodes_flag(prioritized):
     buf = _episodic_buffer(prioritized)
-    crossing = buf.sample_sequences(2000, 6, cross_episodes=True)["is_first"]
+    crossing = seqs(buf, 2000, 6, True)["is_first"]
     assert crossing[:, 1:].any(), "cross_episodes=True should allow resets inside windows"
-    seq = buf.sample_sequences(2000, 6, cross_episodes=False)
+    seq = seqs(buf, 2000, 6, False)
     assert not seq["is_first"][:, 1:].any()
     t = seq["obs"][..., 1]
     assert torch.all(t[:, 1:] - t[:, :-1] == 1)
     assert seq["is_first"][:, 0].any()  # windows may start at a reset
     # length 15 fits only in stream 1's 15-step episode: rejection falls back to exact enumeration
-    long = buf.sample_sequences(64, 15, cross_episodes=False)
+    long = seqs(buf, 64, 15, False)
     assert torch.all(long["obs"][:, 0, 0] == 1) and not long["is_first"][:, 1:].any()
     with pytest.raises(ValueError, match="no valid window"):
-        buf.sample_sequences(4, 16, cross_episodes=False)
-    buf.sample_sequences(4, 16, cross_episodes=True)  # fine when crossing is allowed
+        seqs(buf, 4, 16, False)
+    seqs(buf, 4, 16, True)  # fine when crossing is allowed
 
 
 # ---------------------------------------------------------------------------- priorities
@@ -164,7 +173,7 @@ def test_prioritized_row_frequencies_match_priorities():
     buf.update_priorities(np.arange(8), priority)
     counts = np.zeros(8)
     for _ in range(50):
-        counts += np.bincount(buf.sample(1000)["index"].numpy(), minlength=8)
+        counts += np.bincount(rows(buf, 1000)["index"].numpy(), minlength=8)
     expected = np.arange(1, 9) / 36 * 50_000
     np.testing.assert_allclose(counts, expected, rtol=0.05)
     chi2 = ((counts - expected) ** 2 / expected).sum()
@@ -180,7 +189,7 @@ def test_prioritized_sequence_frequencies_exclude_invalid_starts():
     cap, L = 10, 4
     counts = np.zeros(20)
     for _ in range(40):
-        seq = buf.sample_sequences(1000, L)
+        seq = seqs(buf, 1000, L)
         counts += np.bincount(seq["index"].numpy(), minlength=20)
         t = seq["obs"][..., 1]
         assert torch.all(t[:, 1:] - t[:, :-1] == 1)
@@ -196,13 +205,13 @@ def test_importance_weights_hand_computed():
     fill(buf, 2)
     buf.update_priorities(torch.tensor([0, 1]), torch.tensor([1.0, 4.0]))
     # N = 2, P = [0.2, 0.8]: w = (N P)^-beta = [0.4^-0.5, 1.6^-0.5] -> / max = [1, 0.5]
-    batch = buf.sample(64)
+    batch = rows(buf, 64)
     idx, w = batch["index"].numpy(), batch["weight"].numpy()
     assert set(idx) == {0, 1}
     np.testing.assert_allclose(w[idx == 0], 1.0, rtol=1e-6)
     np.testing.assert_allclose(w[idx == 1], 0.5, rtol=1e-6)
     assert batch["weight"].dtype == torch.float32
-    seq = buf.sample_sequences(8, 1)
+    seq = seqs(buf, 8, 1)
     np.testing.assert_allclose(seq["weight"].numpy(), np.where(seq["index"].numpy() == 0, 1.0, 0.5), rtol=1e-6)
 
 
@@ -210,13 +219,13 @@ def test_update_priorities_and_new_rows_get_max_priority():
     buf = ReplayBuffer(4, 1, prioritized=True, alpha=1.0, seed=8)
     fill(buf, 3)
     buf.update_priorities(np.array([0, 1, 2]), np.array([0.0, 0.0, 5.0]))
-    assert set(buf.sample(200)["index"].tolist()) == {2}
+    assert set(rows(buf, 200)["index"].tolist()) == {2}
     buf.add(make_row(3, 1))  # slot 3 gets the max priority seen (5)
-    counts = np.bincount(buf.sample(1000)["index"].numpy(), minlength=4)
+    counts = np.bincount(rows(buf, 1000)["index"].numpy(), minlength=4)
     assert counts[0] == counts[1] == 0
     assert abs(counts[2] - 500) <= 5 and abs(counts[3] - 500) <= 5
     buf.add(make_row(4, 1))  # overwrites slot 0: reused slot gets max priority again
-    assert abs(np.bincount(buf.sample(999)["index"].numpy(), minlength=4)[0] - 333) <= 1
+    assert abs(np.bincount(rows(buf, 999)["index"].numpy(), minlength=4)[0] - 333) <= 1
     with pytest.raises(ValueError, match="finite"):
         buf.update_priorities(np.array([0]), np.array([np.nan]))
     with pytest.raises(ValueError, match="out of range"):
@@ -250,7 +259,7 @@ def test_save_load_round_trip(tmp_path, prioritized):
     for b in (buf, other):  # the ring position is restored: the next add overwrites the same slot
         b.add(make_row(11, 3, pixels=True))
     for _ in range(3):
-        a, b = buf.sample_sequences(16, 5), other.sample_sequences(16, 5)
+        a, b = seqs(buf, 16, 5), seqs(other, 16, 5)
         for key in a:
             assert torch.equal(a[key], b[key]), key
     if prioritized:
@@ -266,7 +275,7 @@ def test_partial_state_saves_only_written_rows_and_checks_shape():
     other = ReplayBuffer(1000, 2, seed=0)
     other.load_state_dict(state)
     assert len(other) == 8
-    assert torch.equal(other.sample_sequences(5, 4)["obs"], buf.sample_sequences(5, 4)["obs"])
+    assert torch.equal(seqs(other, 5, 4)["obs"], seqs(buf, 5, 4)["obs"])
     with pytest.raises(ValueError, match="capacity"):
         ReplayBuffer(500, 2).load_state_dict(state)
 
@@ -281,7 +290,7 @@ def test_memmap_storage_matches_in_memory(tmp_path):
     assert isinstance(disk._data["pixels"], np.memmap)
     assert sorted(p.suffix for p in (tmp_path / "rb").iterdir()) == [".npy"] * 7
     for _ in range(3):
-        a, b = mem.sample_sequences(8, 4, cross_episodes=False), disk.sample_sequences(8, 4, cross_episodes=False)
+        a, b = seqs(mem, 8, 4, False), seqs(disk, 8, 4, False)
         for key in a:
             assert torch.equal(a[key], b[key]), key
     disk.flush()
@@ -292,17 +301,17 @@ def test_memmap_storage_matches_in_memory(tmp_path):
     disk.save(path)
     restored = ReplayBuffer.load(path, storage_dir=tmp_path / "rb2")
     assert isinstance(restored._data["pixels"], np.memmap)
-    assert torch.equal(restored.sample(4)["pixels"], disk.sample(4)["pixels"])
+    assert torch.equal(rows(restored, 4)["pixels"], rows(disk, 4)["pixels"])
 
 
 # ---------------------------------------------------------------------------- errors
 def test_clear_errors():
     buf = ReplayBuffer(20, 2, seed=12)
     with pytest.raises(ValueError, match=r"empty \(0 rows\)"):
-        buf.sample(4)
+        rows(buf, 4)
     with pytest.raises(ValueError, match="empty"):
-        buf.sample_sequences(4, 2)
-    with pytest.raises(ValueError, match=r"'reward'.*num_envs=2"):
+        seqs(buf, 4, 2)
+    with pytest.raises(ValueError, match=r"'reward': expected a leading dimension of 2"):
         buf.add({**make_row(0, 2), "reward": np.zeros(3)})
     fill(buf, 3)
     with pytest.raises(ValueError, match=r"'obs' changed shape"):
@@ -313,19 +322,223 @@ def test_clear_errors():
         buf.add(row)
     with pytest.raises(ValueError, match="reserved"):
         buf.add({**make_row(3, 2), "index": np.zeros(2)})
+    with pytest.raises(ValueError, match="dtype object"):
+        buf.add({**make_row(3, 2), "logits": np.zeros((2, 3)), "notes": np.array(["a", None], dtype=object)})
+    assert "logits" not in buf  # nothing allocated either
     assert len(buf) == 6  # failed adds wrote nothing
-    with pytest.raises(ValueError, match=r"holds only 3 rows \(6 rows in total"):
-        buf.sample_sequences(4, 4)
+    with pytest.raises(ValueError, match=r"windows of 4 rows: the fullest of the 2 streams holds only 3 rows \(6 rows in total"):
+        seqs(buf, 4, 4)
     no_flags = ReplayBuffer(10, 1)
     for _ in range(5):
         no_flags.add({"obs": np.zeros((1, 2))})
     with pytest.raises(ValueError, match="needs an 'is_first' key"):
-        no_flags.sample_sequences(2, 3, cross_episodes=False)
+        seqs(no_flags, 2, 3, False)
 
 
 def test_new_key_later_is_zero_filled():
     buf = ReplayBuffer(10, 1, seed=13)
     fill(buf, 3)
     buf.add({**make_row(3, 1), "logits": np.ones((1, 2), np.float32)})
-    seq = buf.sample_sequences(3, 4)
+    seq = seqs(buf, 3, 4)
     assert torch.equal(seq["logits"][:, :, 0], torch.tensor([[0.0, 0.0, 0.0, 1.0]]).expand(3, 4))
+
+
+# ---------------------------------------------------------------------------- per-stream heads
+def _stream_rows(stream: int, ts, extra: bool = False) -> dict:
+    """Rows for one stream at times ``ts`` ([T, 1, ...]): obs = [stream, t]."""
+    ts = np.asarray(ts)
+    rows = {
+        "obs": np.stack([np.full(len(ts), stream), ts], axis=1)[:, None].astype(np.int64),
+        "reward": ts[:, None].astype(np.float32),
+        "is_first": (ts % 5 == 0)[:, None],
+        "is_last": (ts % 5 == 4)[:, None],
+        "is_terminal": np.zeros((len(ts), 1), bool),
+        "action": (ts % 3)[:, None].astype(np.int64),
+    }
+    if extra:
+        rows["logits"] = np.tile(ts[:, None, None], (1, 1, 2)).astype(np.float32)
+    return rows
+
+
+def _state_equal(a: ReplayBuffer, b: ReplayBuffer) -> None:
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for key in sa:
+        if key == "data":
+            assert sa[key].keys() == sb[key].keys()
+            for k in sa[key]:
+                assert torch.equal(sa[key][k], sb[key][k]), k
+        elif torch.is_tensor(sa[key]):
+            assert torch.equal(sa[key], sb[key]), key
+        else:
+            assert sa[key] == sb[key], key
+
+
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_add_many_equals_the_same_rows_added_one_by_one(prioritized):
+    rng = np.random.default_rng(0)
+    one, many = (ReplayBuffer(3 * 7, 3, prioritized=prioritized, seed=1) for _ in range(2))
+    t = 0
+    for T in [1, 3, 9, 2, 0, 5]:  # 9 > 7 rows per stream: only the newest 7 of that chunk survive
+        chunk = {k: np.stack([make_row(t + i, 3)[k] for i in range(T)]) if T else np.zeros((0, 3, *v.shape[1:]))
+                 for k, v in make_row(0, 3).items()}
+        priority = rng.uniform(0.5, 2.0, size=(T, 3)) if prioritized and T % 2 else None
+        if priority is not None and T > 7:
+            priority[0, 0] = 5.0  # the max seen comes from a row the chunk overwrites itself
+        for i in range(T):
+            one.add({k: v[i] for k, v in chunk.items()}, priority=None if priority is None else priority[i])
+        many.add_many(chunk, priority=priority)  # T = 0 writes nothing
+        t += T
+    _state_equal(one, many)
+    # and for a subset of streams, in any order
+    sub = {k: np.concatenate([v, v], axis=1) for k, v in _stream_rows(0, [30, 31, 32]).items()}
+    for i in range(3):
+        one.add({k: v[i] for k, v in sub.items()}, streams=[2, 0])
+    many.add_many(sub, streams=[2, 0])
+    _state_equal(one, many)
+    assert one.rows_per_stream.tolist() == [7, 7, 7]
+    assert one.generation(np.array([0, 1, 2]), one.newest).tolist() == [22, 19, 22]  # rows written - 1
+
+
+def test_each_stream_has_its_own_write_head():
+    buf = ReplayBuffer(3 * 10, 3, seed=0)
+    buf.add_many(_stream_rows(0, range(12)), streams=[0])  # wraps: keeps t = 2..11
+    buf.add_many(_stream_rows(1, range(5)), streams=[1])
+    assert buf.rows_per_stream.tolist() == [10, 5, 0] and len(buf) == 15
+    assert buf.oldest.tolist() == [2, 0, 0] and buf.newest[:2].tolist() == [1, 4]
+    # generations are each stream's write counter: slot 0 of stream 0 holds its 11th row
+    assert buf.generation(np.array([0, 0, 1, 2]), np.array([0, 2, 4, 0])).tolist() == [10, 2, 4, -1]
+    counts = np.zeros(3)
+    for _ in range(20):
+        batch = rows(buf, 500)
+        counts += np.bincount(batch["obs"][:, 0].numpy(), minlength=3)
+        stream, t = batch["obs"][:, 0].numpy(), batch["obs"][:, 1].numpy()
+        assert np.all(np.where(stream == 0, (t >= 2) & (t <= 11), t <= 4))
+        assert np.array_equal(batch["generation"].numpy(), t)  # the t-th row written to its stream
+    np.testing.assert_allclose(counts / counts.sum(), [10 / 15, 5 / 15, 0], atol=0.02)  # uniform over rows
+    # windows of 4 never cross a head: stream 0 has starts t = 2..8 (7), stream 1 t = 0..1 (2)
+    seq = seqs(buf, 9000, 4)
+    stream, t = seq["obs"][..., 0].numpy(), seq["obs"][..., 1].numpy()
+    assert np.all(stream == stream[:, :1]) and np.all(np.diff(t, axis=1) == 1)
+    assert set(t[stream[:, 0] == 1, 0].tolist()) == {0, 1} and set(t[stream[:, 0] == 0, 0].tolist()) == set(range(2, 9))
+    assert abs((stream[:, 0] == 1).mean() - 2 / 9) < 0.02
+    np.testing.assert_array_equal(seq["row_generation"].numpy(), seq["generation"].numpy()[:, None] + np.arange(4))
+    with pytest.raises(ValueError, match="duplicates"):
+        buf.add_many(_stream_rows(0, [1]), streams=[1, 1])
+    with pytest.raises(ValueError, match=r"out of range \[0, 3\)"):
+        buf.add_many(_stream_rows(0, [1]), streams=[3])
+    with pytest.raises(ValueError, match=r"'obs': expected leading dimensions \[T, 2\]"):
+        buf.add_many(_stream_rows(0, [1]), streams=[0, 1])
+
+
+def test_priorities_on_add_default_to_the_max_seen():
+    buf = ReplayBuffer(4, 1, prioritized=True, alpha=1.0, seed=0)
+    buf.add(make_row(0, 1))  # max seen so far: 1
+    buf.add(make_row(1, 1), priority=3.0)  # given; raises the max to 3
+    buf.add(make_row(2, 1))  # max seen: 3
+    buf.add_many({k: v[None] for k, v in make_row(3, 1).items()}, priority=np.array([[0.0]]))
+    np.testing.assert_allclose(buf._tree.leaves, [1.0, 3.0, 3.0, 0.0])
+    with pytest.raises(ValueError, match="prioritized=False"):
+        ReplayBuffer(4).add(make_row(0, 1), priority=1.0)
+    with pytest.raises(ValueError, match="finite"):
+        buf.add(make_row(4, 1), priority=-1.0)
+
+
+# ---------------------------------------------------------------------------- generations and feedback
+def test_feedback_for_overwritten_rows_is_skipped():
+    """Lightning fetches batch N + 1 (and acts for it) before batch N's feedback arrives: rows
+    of batch N overwritten meanwhile keep their new occupant's priority and columns."""
+    buf = ReplayBuffer(4, 1, prioritized=True, alpha=1.0, seed=0)
+    fill(buf, 4)
+    batch_n = rows(buf, 16)  # every slot, with the generation it had when sampled
+    fill_rows = [make_row(t, 1) for t in (4, 5)]
+    for row in fill_rows:  # "batch N + 1": acting overwrites slots 0 and 1 (generations 4, 5)
+        buf.add(row)
+    rows(buf, 16)
+    index, generation = batch_n["index"], batch_n["generation"]
+    applied = buf.update_priorities(index, torch.full((16,), 7.0), generation)
+    fresh = np.isin(index.numpy(), [2, 3])
+    assert applied == fresh.sum() > 0
+    np.testing.assert_allclose(buf._tree.leaves, [1.0, 1.0, 7.0, 7.0])  # new rows keep the max they got
+    values = torch.arange(16, dtype=torch.float64)[:, None].expand(16, 2)
+    assert buf.write(index, {"value": values}, generation) == fresh.sum()
+    value = buf.column("value")[0]
+    assert value.dtype == np.float32 and value.shape == (4, 2)  # float64 stored as float32, like rows
+    assert np.all(value[:2] == 0) and set(value[2:, 0].tolist()) <= set(np.flatnonzero(fresh).tolist())
+    # without a generation only written slots are touched; an unwritten slot is never given a priority
+    empty = ReplayBuffer(8, 1, prioritized=True, seed=0)
+    fill(empty, 2)
+    assert empty.update_priorities(np.array([1, 5]), np.array([2.0, 2.0])) == 1
+    assert empty._tree.leaves[5] == 0
+
+
+def test_write_keeps_dtypes_and_later_rows_may_leave_written_columns_out():
+    buf = ReplayBuffer(2 * 4, 2, seed=0)
+    fill(buf, 3)
+    gen = buf.generation(np.array([0, 1]), np.array([1, 2]))
+    assert buf.write(np.array([1, 4 + 2]), {"action": np.array([2.9, 1.2]), "target": {"visits": np.ones((2, 3))}},
+                     gen) == 2
+    assert buf.column("action").dtype == np.int64 and buf.column("action")[0, 1] == 2  # cast to the stored dtype
+    assert buf.column("target/visits").shape == (2, 4, 3)
+    buf.add(make_row(3, 2))  # rows without the written column are fine ...
+    buf.add(make_row(4, 2))  # ... and zero it when they overwrite a slot that had it
+    assert np.all(buf.column("target/visits")[:, 0] == 0) and np.all(buf.column("target/visits")[0, 1] == 1)
+    seq = seqs(buf, 4, 2)
+    assert seq["target"]["visits"].shape == (4, 2, 3)
+    with pytest.raises(ValueError, match="expected 2 rows"):
+        buf.write(np.array([0, 1]), {"target": {"visits": np.ones((3, 3))}}, np.array([0, 1]))
+    with pytest.raises(ValueError, match="per-row shape"):
+        buf.write(np.array([0]), {"action": np.ones((1, 2))}, np.array([0]))
+    with pytest.raises(ValueError, match="reserved"):
+        buf.write(np.array([0]), {"next_obs": np.ones((1, 2))}, np.array([0]))
+
+
+def test_mark_episode_end_closes_each_streams_newest_row():
+    buf = ReplayBuffer(3 * 6, 3, seed=0)
+    buf.add_many(_stream_rows(0, range(3), extra=True), streams=[0])
+    buf.add_many(_stream_rows(1, range(5), extra=True), streams=[1])  # newest row t=4 is already last
+    assert buf.mark_episode_end() == 1
+    newest = buf.gather(np.array([0, 1]), buf.newest[:2])
+    assert newest["is_last"].tolist() == [True, True] and newest["is_terminal"].tolist() == [False, False]
+    assert newest["action"].tolist() == [0, 4 % 3] and newest["logits"][0].tolist() == [0.0, 0.0]
+    assert newest["obs"].tolist() == [[0, 2], [1, 4]] and newest["reward"].tolist() == [2.0, 4.0]
+    assert newest["logits"][1].tolist() == [4.0, 4.0]  # the already-last row is left alone
+    assert buf.mark_episode_end() == 0
+    assert ReplayBuffer(4, 1).mark_episode_end() == 0
+
+
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_state_round_trip_with_heads_generations_priorities_and_columns(tmp_path, prioritized):
+    buf = ReplayBuffer(3 * 6, 3, prioritized=prioritized, alpha=0.7, seed=3, storage_dir=tmp_path / "a")
+    buf.add_many(_stream_rows(0, range(8)), streams=[0])
+    buf.add_many(_stream_rows(1, range(2)), streams=[1])
+    if prioritized:
+        buf.update_priorities(np.arange(6), np.linspace(0.1, 2.0, 6))
+    buf.write(np.array([1, 6]), {"value": np.array([0.5, 1.5], np.float32)}, buf.generation(np.array([0, 1]), np.array([1, 0])))
+    buf.save(tmp_path / "b.pt")
+    other = ReplayBuffer.load(tmp_path / "b.pt", storage_dir=tmp_path / "c")
+    _state_equal(buf, other)
+    for b in (buf, other):  # same write heads, same RNG, same priorities: the same future
+        b.add_many(_stream_rows(2, range(3)), streams=[2])
+    for _ in range(3):
+        a, b = seqs(buf, 8, 2), seqs(other, 8, 2)
+        for key in ("obs", "index", "generation", "value"):
+            assert torch.equal(a[key], b[key]), key
+    _state_equal(buf, other)
+
+
+def test_loads_a_version_1_state_of_the_lockstep_buffer():
+    """Checkpoints written before per-stream heads keep loading; generations are rebuilt from
+    the stored time order."""
+    buf = ReplayBuffer(2 * 5, 2, seed=0)
+    fill(buf, 7)  # wrapped: head at slot 2, t = 2..6 stored
+    new = buf.state_dict()
+    old = {"version": 1, "capacity": 10, "num_envs": 2, "prioritized": False, "alpha": 0.6, "beta": 0.4,
+           "pos": 2, "count": 5, "max_priority": 1.0, "rng_state": new["rng_state"], "data": new["data"]}
+    restored = ReplayBuffer(10, 2, prioritized=True, seed=0)
+    restored.load_state_dict(old)
+    seq = seqs(restored, 64, 5)
+    assert torch.all(seq["obs"][..., 1] == torch.arange(2, 7))
+    np.testing.assert_array_equal(seq["row_generation"].numpy(), np.tile(np.arange(5), (64, 1)))
+    restored.add(make_row(7, 2))
+    assert restored.generation(np.array([0]), np.array([2])).tolist() == [5]

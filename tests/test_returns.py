@@ -1,5 +1,7 @@
 """Return estimators against slow, independent implementations and hand-checked values."""
 
+import math
+
 import pytest
 import torch
 
@@ -84,3 +86,165 @@ def test_nstep_full_horizon_equals_lambda_one():
     reward, value, discount = torch.randn(5, 4), torch.randn(6, 4), torch.rand(5, 4)
     full = nstep_return(reward, value, discount, 5)
     assert torch.allclose(full, lambda_return(reward, value, discount, 1.0), atol=1e-5)
+
+
+# -- V-trace ----------------------------------------------------------------------------------
+from lightning_wm.returns import unroll_steps, vtrace  # noqa: E402
+
+
+def _slow_vtrace(blogp, tlogp, r, v, boot, g, rho_clip, c_clip, rho_pg_clip, lam):
+    """The paper's definition written out for one column (python floats, O(T^2)):
+    vs_s = V_s + sum_{t=s}^{T-1} (prod_{i=s}^{t-1} gamma_i c_i) delta_t,
+    delta_t = min(rho_clip, rho_t) (r_t + gamma_t V_{t+1} - V_t), c_i = lam * min(c_clip, rho_i),
+    adv_s = min(rho_pg_clip, rho_s) (r_s + gamma_s vs_{s+1} - V_s), with V_T = vs_T = boot."""
+    import math
+
+    T = len(r)
+    rho = [math.exp(tl - bl) for bl, tl in zip(blogp, tlogp)]
+    values = list(v) + [boot]
+    delta = [min(rho_clip, rho[t]) * (r[t] + g[t] * values[t + 1] - values[t]) for t in range(T)]
+    vs = []
+    for s in range(T):
+        total = values[s]
+        for t in range(s, T):
+            prod = 1.0
+            for i in range(s, t):
+                prod *= g[i] * lam * min(c_clip, rho[i])
+            total += prod * delta[t]
+        vs.append(total)
+    vs_next = vs[1:] + [boot]
+    adv = [min(rho_pg_clip, rho[s]) * (r[s] + g[s] * vs_next[s] - values[s]) for s in range(T)]
+    return vs, adv
+
+
+def _columns(x):
+    return [x[:, b].tolist() for b in range(x.shape[1])]
+
+
+@pytest.mark.parametrize("lam", [1.0, 0.9])
+def test_vtrace_matches_paper_definition(lam):
+    torch.manual_seed(3)
+    T, B = 9, 4
+    blogp = torch.log(torch.rand(T, B, dtype=torch.float64) * 0.9 + 0.05)
+    tlogp = torch.log(torch.rand(T, B, dtype=torch.float64) * 0.9 + 0.05)
+    reward = torch.randn(T, B, dtype=torch.float64)
+    value = torch.randn(T, B, dtype=torch.float64)
+    boot = torch.randn(B, dtype=torch.float64)
+    # a different gamma per column, an episode end (terminal) inside the unroll of columns 1 and 3
+    discount = torch.tensor([0.99, 0.9, 0.8, 0.5], dtype=torch.float64).expand(T, B).clone()
+    discount[4, 1] = 0.0
+    discount[2, 3] = 0.0
+    rho_clip, c_clip, rho_pg_clip = 1.5, 0.8, 1.2
+    rho = (tlogp - blogp).exp()
+    for clip in (rho_clip, c_clip, rho_pg_clip):  # the thresholds are crossed both ways
+        assert (rho > clip).any() and (rho < clip).any()
+    vs, adv = vtrace(blogp, tlogp, reward, value, boot, discount, rho_clip, c_clip, rho_pg_clip, lam)
+    assert vs.shape == adv.shape == (T, B)
+    for b, cols in enumerate(zip(*map(_columns, (blogp, tlogp, reward, value, discount)))):
+        bl, tl, r, v, g = cols
+        want_vs, want_adv = _slow_vtrace(bl, tl, r, v, boot[b].item(), g, rho_clip, c_clip, rho_pg_clip, lam)
+        assert torch.allclose(vs[:, b], torch.tensor(want_vs, dtype=torch.float64), atol=1e-10)
+        assert torch.allclose(adv[:, b], torch.tensor(want_adv, dtype=torch.float64), atol=1e-10)
+
+
+def test_vtrace_hand_values():
+    # rho_0 = 2 (clipped to 1), rho_1 = 0.5; V = 1, 2, bootstrap 3; r = 1, 0; gamma 0.9
+    # delta_1 = 0.5 (0 + 0.9*3 - 2) = 0.35 -> vs_1 = 2.35
+    # delta_0 = 1 (1 + 0.9*2 - 1) = 1.8, c_0 = 1 -> vs_0 = 1 + 1.8 + 0.9 (2.35 - 2) = 3.115
+    # adv_1 = 0.5 (0 + 0.9*3 - 2) = 0.35; adv_0 = 1 (1 + 0.9*2.35 - 1) = 2.115
+    blogp = torch.log(torch.tensor([[0.25], [0.5]]))
+    tlogp = torch.log(torch.tensor([[0.5], [0.25]]))
+    vs, adv = vtrace(blogp, tlogp, torch.tensor([[1.0], [0.0]]), torch.tensor([[1.0], [2.0]]),
+                     torch.tensor([3.0]), torch.full((2, 1), 0.9))
+    assert torch.allclose(vs, torch.tensor([[3.115], [2.35]]))
+    assert torch.allclose(adv, torch.tensor([[2.115], [0.35]]))
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.95, 1.0])
+def test_vtrace_on_policy_equals_lambda_return(lam):
+    torch.manual_seed(4)
+    T, B = 8, 3
+    logp = torch.randn(T, B, dtype=torch.float64)
+    reward = torch.randn(T, B, dtype=torch.float64)
+    value = torch.randn(T + 1, B, dtype=torch.float64)
+    discount = 0.95 * (torch.rand(T, B, dtype=torch.float64) > 0.2).double()
+    vs, adv = vtrace(logp, logp, reward, value[:-1], value[-1], discount, lambda_=lam)
+    assert torch.allclose(vs, lambda_return(reward, value, discount, lam), atol=1e-10)
+    next_vs = torch.cat([vs[1:], value[-1:]])
+    assert torch.allclose(adv, reward + discount * next_vs - value[:-1], atol=1e-10)
+    if lam == 1.0:  # the discounted return to the end of the unroll, bootstrapped there
+        assert torch.allclose(vs, nstep_return(reward, value, discount, T), atol=1e-10)
+
+
+def test_vtrace_has_no_gradient_and_checks_shapes():
+    T, B = 4, 2
+    args = [torch.randn(T, B, requires_grad=True) for _ in range(4)]
+    boot = torch.randn(B, requires_grad=True)
+    vs, adv = vtrace(args[0], args[1], args[2], args[3], boot, torch.full((T, B), 0.9))
+    assert not vs.requires_grad and not adv.requires_grad
+    with pytest.raises(ValueError, match="bootstrap_value"):
+        vtrace(*args, torch.randn(T, B), torch.full((T, B), 0.9))
+    with pytest.raises(ValueError, match="value"):
+        vtrace(args[0], args[1], args[2], torch.randn(T + 1, B), boot, torch.full((T, B), 0.9))
+    with pytest.raises(ValueError, match="rho_clip must be > 0"):
+        vtrace(*args, boot, torch.full((T, B), 0.9), rho_clip=0.0)
+
+
+def test_vtrace_huge_ratios_stay_finite():
+    blogp = torch.full((3, 1), -200.0)
+    tlogp = torch.zeros(3, 1)
+    assert torch.isinf((tlogp - blogp).exp()).all()  # rho = e^200 overflows float32 ...
+    vs, adv = vtrace(blogp, tlogp, torch.ones(3, 1), torch.zeros(3, 1), torch.zeros(1), torch.full((3, 1), 0.5))
+    # ... clipped in log space it is exactly 1: on-policy returns 1 + 0.5 (1 + 0.5 * 1) etc.
+    assert torch.allclose(vs, torch.tensor([[1.75], [1.5], [1.0]]))
+    assert torch.allclose(adv, torch.tensor([[1.75], [1.5], [1.0]]))
+
+
+# rows (time-major [T+1, B]) for the unroll helper: column 0 has a terminal episode end at row 2
+# and a new episode from row 3; column 1 restarts at row 2 without a last row before it (a
+# stream restart) and is truncated at row 4.
+ROWS = {
+    "reward": torch.tensor([[0.0, 5.0], [1.0, 1.0], [2.0, 0.0], [0.0, 2.0], [3.0, 3.0], [4.0, 0.0]]),
+    "is_first": torch.tensor([[1, 0], [0, 0], [0, 1], [1, 0], [0, 0], [0, 1]], dtype=torch.bool),
+    "is_last": torch.tensor([[0, 0], [0, 0], [1, 0], [0, 0], [0, 1], [0, 0]], dtype=torch.bool),
+    "is_terminal": torch.tensor([[0, 0], [0, 0], [1, 0], [0, 0], [0, 0], [0, 0]], dtype=torch.bool),
+}
+
+
+def test_unroll_steps_hand_values():
+    steps = unroll_steps(ROWS["reward"], ROWS["is_first"], ROWS["is_last"], ROWS["is_terminal"], 0.9)
+    assert torch.equal(steps.reward, torch.tensor([[1.0, 1.0], [2.0, 0.0], [0.0, 2.0], [3.0, 3.0], [4.0, 0.0]]))
+    assert torch.allclose(steps.discount, torch.tensor([[0.9, 0.9], [0.0, 0.9], [0.9, 0.9], [0.9, 0.9], [0.9, 0.9]]))
+    assert steps.mask.tolist() == [[True, True], [True, False], [False, True], [True, True], [True, False]]
+    with pytest.raises(ValueError, match="is_last"):
+        unroll_steps(ROWS["reward"], ROWS["is_first"], ROWS["is_last"][:-1], ROWS["is_terminal"], 0.9)
+    with pytest.raises(ValueError, match="T\\+1 >= 2"):
+        unroll_steps(*(x[:1] for x in ROWS.values()), 0.9)
+
+
+def test_vtrace_masked_unroll_equals_separate_episodes():
+    """Off-policy V-trace over the rows above equals V-trace run on each episode's piece alone
+    (terminal: no bootstrap; truncation and restart: bootstrap from the last row's value);
+    the steps out of a last row / into a first row get vs = V and advantage 0."""
+    torch.manual_seed(5)
+    gamma, lam, clips = 0.9, 0.95, (1.3, 0.7, 1.1)
+    steps = unroll_steps(ROWS["reward"], ROWS["is_first"], ROWS["is_last"], ROWS["is_terminal"], gamma)
+    T, B = steps.reward.shape
+    blogp, tlogp = torch.randn(T, B).double() * 0.5, torch.randn(T, B).double() * 0.5
+    values = torch.randn(T + 1, B, dtype=torch.float64)
+    vs, adv = vtrace(blogp, tlogp, steps.reward.double(), values[:-1], values[-1], steps.discount.double(),
+                     *clips, lambda_=lam, mask=steps.mask)
+    # pieces: (column, first step, end step exclusive) of each episode; the piece bootstraps from values[end]
+    pieces = [(0, 0, 2), (0, 3, 5), (1, 0, 1), (1, 2, 4)]
+    for b, s, e in pieces:
+        sl = slice(s, e)
+        want_vs, want_adv = _slow_vtrace(blogp[sl, b].tolist(), tlogp[sl, b].tolist(), steps.reward[sl, b].tolist(),
+                                         values[sl, b].tolist(), values[e, b].item(), steps.discount[sl, b].tolist(),
+                                         *clips, lam)
+        assert torch.allclose(vs[sl, b], torch.tensor(want_vs, dtype=torch.float64), atol=1e-10)
+        assert torch.allclose(adv[sl, b], torch.tensor(want_adv, dtype=torch.float64), atol=1e-10)
+    for b, t in [(0, 2), (1, 1), (1, 4)]:  # masked steps
+        assert vs[t, b] == values[t, b] and adv[t, b] == 0
+    # truncation bootstraps: the last step of column 1's second episode targets r + gamma V(last obs)
+    rho3 = min(clips[0], math.exp(tlogp[3, 1] - blogp[3, 1]))
+    assert torch.isclose(vs[3, 1], values[3, 1] + rho3 * (3.0 + gamma * values[4, 1] - values[3, 1]))

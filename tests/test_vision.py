@@ -10,7 +10,8 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.loggers import TensorBoardLogger
 
-from lightning_wm.agents.vision import Vision, convert_episodes, encode_frames, image_grid, vae_losses
+from lightning_wm.agents.vision import Vision, convert_episodes, encode_frames, vae_losses
+from lightning_wm.logging import image_grid
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.envs import EnvSpec
 

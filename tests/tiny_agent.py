@@ -40,3 +40,23 @@ class TinyAgent(RLModule):
 
     def configure_optimizers(self):
         return torch.optim.Adam(self.parameters(), lr=self.lr)
+
+
+class PriorityProbe(TinyAgent):
+    """TinyAgent on single rows that gives every sampled row priority 0, except the first row it
+    ever saw (priority 1000), and keeps each batch's ``(index, generation)`` in ``seen``."""
+
+    def __init__(self, env_spec: EnvSpec | None = None, hidden: int = 16, lr: float = 1e-2, epsilon: float = 0.3):
+        super().__init__(env_spec, hidden, lr, epsilon)
+        self.seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.favourite: tuple[int, int] | None = None
+
+    def training_step(self, batch, batch_idx):
+        index, generation = batch["index"].cpu(), batch["generation"].cpu()
+        self.seen.append((index.clone(), generation.clone()))
+        if self.favourite is None:
+            self.favourite = (int(index[0]), int(generation[0]))
+        favourite = (index == self.favourite[0]) & (generation == self.favourite[1])
+        pred = self.net(batch["obs"].float()).gather(-1, batch["action"].unsqueeze(-1)).squeeze(-1)
+        loss = ((pred - batch["reward"]) ** 2 * batch["weight"]).mean()
+        return {"loss": loss, "priority": torch.where(favourite, 1000.0, 0.0)}

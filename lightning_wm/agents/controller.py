@@ -1,7 +1,8 @@
 """World Models controller (C), trained by CMA-ES.
 
-The policy reads the features ``f = [z, h]`` (V's latent of the current frame and M's LSTM
-output; or the raw observation vector when no V is given, a useful baseline):
+The policy reads the features of a world model's state: ``f = [z, h]`` (V's latent of the
+current frame and M's LSTM output), or ``[h, z]`` of a Dreamer RSSM; or V's ``z`` alone, or the
+raw observation vector when no model is given (useful baselines):
 
 * linear: ``y = W f + b`` — ``(F + 1) * O`` parameters (867 for ``z=32, h=256``, 3 actions);
 * one hidden layer (``hidden > 0``): ``y = W2 tanh(W1 f + b1) + b2``.
@@ -10,15 +11,22 @@ Continuous actions are ``tanh(y)`` mapped linearly onto the action bounds (``[-1
 stays as is); discrete actions are ``argmax(y)``.
 
 One training step is one CMA-ES generation (manual optimization, the ``cma`` package): ask a
-population, evaluate every member's mean return over ``episodes_per_member`` episodes, tell.
+population, evaluate every member's mean return over ``episodes_per_member`` episodes, tell
+CMA-ES the fitness ``return - l2_decay * mean(theta^2)`` (HumbleRL's L2 weight decay).
 All members are evaluated together: one pool of ``population * episodes`` envs (real, or the
 :class:`~lightning_wm.dream_env.DreamEnv`), one batched forward per step through V, M and
-the per-member policy weights (gathered per env, applied with ``einsum``). Under DDP the
+the per-member policy weights (gathered per env, applied with ``einsum``). In the real env the
+world model filters the frames (``observe_step``); in the dream it is stepped
+(:class:`~lightning_wm.dream_env.DreamEnv`, any :class:`~lightning_wm.world_model.WorldModel`:
+V+M or a Dreamer RSSM, dreams starting from states of recorded episodes). Under DDP the
 population is split across ranks and the fitness gathered with ``all_gather``; rank 0's
 solutions are broadcast so every rank tells the same CMA-ES the same thing.
 
-Checkpoints hold the pickled CMA-ES (a ``uint8`` tensor under ``"cma_es"``), including its
-random generator, so ``fit --ckpt_path last`` continues the same search.
+Both solutions HumbleRL saves are kept: the CMA-ES *mean* (``params``, the favourite) and the
+*best* member ever evaluated (``best_params``, by the told fitness); ``use`` picks the one that
+acts (``evaluate --model.init_args.use best``). Checkpoints hold both and the pickled CMA-ES (a
+``uint8`` tensor under ``"cma_es"``), including its random generator, so ``fit --ckpt_path
+last`` continues the same search.
 """
 
 from __future__ import annotations
@@ -32,9 +40,21 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from lightning_wm.actions import ActionCodec
 from lightning_wm.agents.base import RLModule
-from lightning_wm.envs import EnvConfig, EnvPool, EnvSpec
+from lightning_wm.agents.dreamer import Dreamer
+from lightning_wm.agents.memory import Memory
+from lightning_wm.agents.vision import Vision
+from lightning_wm.agents.vm_model import VisionMemoryModel
+from lightning_wm.checkpoints import load_module
+from lightning_wm.data.episodes import EpisodeStore
+from lightning_wm.dream_env import DreamEnv, start_states
+from lightning_wm.env_pool import EnvPool
+from lightning_wm.envs import EnvConfig, EnvSpec
 from lightning_wm.protocols import GenerationTask
+from lightning_wm.seeding import derive_seed
+from lightning_wm.tree import tree_map
+from lightning_wm.world_model import WorldModel
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # cma warns that matplotlib is missing
@@ -97,27 +117,54 @@ class _Randn:
 # ---------------------------------------------------------------------------------------
 
 
+def l2_penalty(solutions: Tensor, l2_decay: float) -> Tensor:
+    """HumbleRL's (and estool's) weight decay of a population: ``l2_decay * mean(theta^2)`` per
+    member, ``solutions [M, P] -> [M]``; subtracted from each member's mean return."""
+    return l2_decay * solutions.double().square().mean(-1)
+
+
 class Controller(RLModule):
     """World Models' controller, evolved by CMA-ES.
 
     Args:
         env_spec: the real env's spec (linked by the CLI from ``GenerationDataModule.spec``).
-        vision_ckpt: V's checkpoint; without it the controller reads the observation vector.
+        vision_ckpt: V's checkpoint; without it (and without ``dreamer_ckpt``) the controller
+            reads the observation vector.
         memory_ckpt: M's checkpoint (needs ``vision_ckpt``); without it the features are ``z`` only.
+        dreamer_ckpt: a Dreamer checkpoint whose RSSM is the world model instead of V+M
+            (features ``[h, z]``; the dream is the RSSM's prior). Its env must be this env.
         hidden: units of an optional tanh hidden layer (0: linear, as in the paper).
         popsize: CMA-ES population (64 in the paper).
         episodes_per_member: episodes averaged into one member's fitness (16).
         sigma0: initial CMA-ES step size (0.1).
-        train_in: evaluate the population in the ``real`` env or inside the ``dream``.
-        dream_dir: store of real episodes (pixel or latent) whose first frames start dreams.
-        dream_temperature, dream_max_steps, dream_done_threshold, dream_reward: DreamEnv settings.
+        l2_decay: weight decay of the fitness, ``fitness = mean return - l2_decay *
+            mean(theta^2)`` (HumbleRL's ``l2_decay``, default 0.01; 0 switches it off).
+        use: the weights that act (validation, ``evaluate``, ``record``): the CMA-ES ``mean``
+            (default: averaged over the population, steadier under noisy fitness) or the
+            ``best`` member ever evaluated (HumbleRL's ``_best`` weights). Not a model setting:
+            a checkpoint holds both, so ``evaluate`` may pick either whatever fit used.
+        train_in: evaluate the population in the ``real`` env or inside the world model's ``dream``.
+        dream_dir: store of real episodes (pixel or latent for V+M; the env's observations for
+            Dreamer) whose filtered states start dreams.
+        dream_starts: dreams start at the episodes' ``first`` rows (the real start
+            distribution) or at ``all`` their rows (M's memory warmed up on the real prefix).
+        dream_max_starts: at most this many start states are kept (drawn at random).
+        dream_temperature: M's sampling temperature in the dream (V+M).
+        dream_max_steps: truncation of a dream episode (``max_episode_steps`` wins if set).
+        dream_done_mode, dream_done_threshold: a dream ends where the done probability exceeds
+            the threshold (``threshold``) or by a Bernoulli draw of it (``sample``).
+        dream_reward: ``head`` (the model's reward) or ``survival`` (+1 per step).
         max_episode_steps: cap on the steps of one fitness episode (None: the env's own limit).
-        sample_z: in the real env, feed ``z`` sampled from V's posterior (reference) instead of its mean.
-        act_with: weights ``act()`` uses: the CMA-ES ``mean`` (favourite) or the ``best`` member
-            of the latest generation.
+        sample_z: V+M: the real frames give a ``z`` sampled from V's posterior (reference)
+            instead of its mean.
         env_workers: subprocesses that step the population's real envs (0: in this process);
             2 on a 2-core machine renders pixel frames on both cores.
-        seed: seed of CMA-ES's sampler and of the fitness episodes.
+        explore_noise: when acting with ``explore=True`` (``record``'s default), each action is
+            replaced by a random one with this probability: varied episodes of a trained
+            controller for M's next round (the paper's iterative training). Validation,
+            ``evaluate`` and the fitness never explore.
+        seed: seed of CMA-ES's sampler, of the fitness episodes, of the dream starts and of
+            the exploration noise.
     """
 
     def __init__(
@@ -125,20 +172,26 @@ class Controller(RLModule):
         env_spec: EnvSpec | None = None,
         vision_ckpt: str | None = None,
         memory_ckpt: str | None = None,
+        dreamer_ckpt: str | None = None,
         hidden: int = 0,
         popsize: int = 64,
         episodes_per_member: int = 16,
         sigma0: float = 0.1,
+        l2_decay: float = 0.01,
+        use: Literal["mean", "best"] = "mean",
         train_in: Literal["real", "dream"] = "real",
         dream_dir: str | None = None,
+        dream_starts: Literal["first", "all"] = "first",
+        dream_max_starts: int = 4096,
         dream_temperature: float = 1.0,
         dream_max_steps: int = 1000,
+        dream_done_mode: Literal["threshold", "sample"] = "threshold",
         dream_done_threshold: float = 0.5,
         dream_reward: Literal["head", "survival"] = "head",
         max_episode_steps: int | None = None,
         sample_z: bool = False,
-        act_with: Literal["mean", "best"] = "mean",
         env_workers: int = 0,
+        explore_noise: float = 0.0,
         seed: int = 0,
     ) -> None:
         super().__init__(env_spec)
@@ -146,95 +199,137 @@ class Controller(RLModule):
             raise ValueError("Controller needs the env spec (the CLI links it from the datamodule's env)")
         if memory_ckpt and not vision_ckpt:
             raise ValueError("memory_ckpt needs vision_ckpt: M runs on V's latents")
+        if dreamer_ckpt and (vision_ckpt or memory_ckpt):
+            raise ValueError("give either dreamer_ckpt (Dreamer's RSSM) or vision_ckpt/memory_ckpt (V+M), not both")
         if train_in not in ("real", "dream"):
             raise ValueError(f"train_in must be 'real' or 'dream', got {train_in!r}")
-        if train_in == "dream" and not (vision_ckpt and memory_ckpt and dream_dir):
-            raise ValueError("train_in='dream' needs vision_ckpt, memory_ckpt and dream_dir (episodes to start dreams)")
-        if act_with not in ("mean", "best"):
-            raise ValueError(f"act_with must be 'mean' or 'best', got {act_with!r}")
+        if train_in == "dream" and not ((dreamer_ckpt or (vision_ckpt and memory_ckpt)) and dream_dir):
+            raise ValueError("train_in='dream' needs a world model (vision_ckpt and memory_ckpt, or dreamer_ckpt) and "
+                             "dream_dir (recorded episodes whose states start dreams)")
+        if use not in ("mean", "best"):
+            raise ValueError(f"use must be 'mean' or 'best', got {use!r}")
+        if dream_starts not in ("first", "all"):
+            raise ValueError(f"dream_starts must be 'first' or 'all', got {dream_starts!r}")
+        if dream_done_mode not in ("threshold", "sample"):
+            raise ValueError(f"dream_done_mode must be 'threshold' or 'sample', got {dream_done_mode!r}")
+        if not 0.0 <= explore_noise <= 1.0:
+            raise ValueError(f"explore_noise is a probability, got {explore_noise}")
+        if l2_decay < 0:
+            raise ValueError(f"l2_decay must be >= 0, got {l2_decay}")
         if env_workers < 0:
             raise ValueError(f"env_workers must be >= 0, got {env_workers}")
         if popsize < 2 or episodes_per_member < 1:
             raise ValueError(f"popsize must be >= 2 and episodes_per_member >= 1 (got {popsize}, {episodes_per_member})")
-        self.save_hyperparameters(ignore=["env_spec"])
+        # `use` only picks which saved weights act: not a setting a checkpoint must agree with
+        self.save_hyperparameters(ignore=["env_spec", "use"])
         self.automatic_optimization = False
         self.hidden, self.popsize, self.episodes_per_member, self.sigma0 = hidden, popsize, episodes_per_member, sigma0
+        self.l2_decay, self.use = l2_decay, use
         self.train_in, self.dream_dir = train_in, dream_dir
-        self.dream_temperature, self.dream_max_steps = dream_temperature, dream_max_steps
+        self.dream_starts, self.dream_max_starts = dream_starts, dream_max_starts
+        self.dream_max_steps, self.dream_done_mode = dream_max_steps, dream_done_mode
         self.dream_done_threshold, self.dream_reward = dream_done_threshold, dream_reward
-        self.max_episode_steps, self.sample_z, self.act_with, self.seed = max_episode_steps, sample_z, act_with, seed
-        self.env_workers = env_workers
+        self.max_episode_steps, self.seed = max_episode_steps, seed
+        self.env_workers, self.explore_noise = env_workers, explore_noise
+        # numpy, not a torch.Generator: the module must pickle into spawned processes (DDP ranks)
+        self._noise = np.random.default_rng(derive_seed(seed, "policy"))
 
-        from lightning_wm.agents.memory import Memory, load_checkpoint_module
-        from lightning_wm.agents.vision import Vision
-
-        # frozen V and M; kept in train mode like the rest (they hold no dropout or batch norm)
-        self.vision = load_checkpoint_module(Vision, vision_ckpt).train() if vision_ckpt else None
-        self.memory = load_checkpoint_module(Memory, memory_ckpt).train() if memory_ckpt else None
-        if self.vision is not None:
-            if not env_spec.is_pixels:
-                raise ValueError(f"vision_ckpt given but {env_spec.env_id} observes vectors; set env.pixels: true")
-            in_dim = self.vision.z_size + (self.memory.hidden_size if self.memory is not None else 0)
-            if self.memory is not None and self.memory.z_size != self.vision.z_size:
-                raise ValueError(f"V's z_size {self.vision.z_size} differs from M's {self.memory.z_size}")
+        # the frozen world model (V+M or Dreamer's RSSM), or V alone; kept in train mode like the
+        # rest (no dropout or batch norm in them)
+        self.world_model: WorldModel | None = None
+        self.vision: Vision | None = None
+        if dreamer_ckpt:
+            self.world_model = load_module(Dreamer, dreamer_ckpt, env_spec=env_spec).wm.train()
+        elif memory_ckpt:
+            self.world_model = VisionMemoryModel(load_module(Vision, vision_ckpt),
+                                                 load_module(Memory, memory_ckpt),
+                                                 temperature=dream_temperature, sample_z=sample_z).train()
+        elif vision_ckpt:
+            self.vision = load_module(Vision, vision_ckpt).train()
+        if vision_ckpt and not env_spec.is_pixels:
+            raise ValueError(f"vision_ckpt given but {env_spec.env_id} observes vectors; set env.pixels: true")
+        if self.world_model is not None:
+            in_dim = int(self.world_model.features(self.world_model.zero_state(1)).shape[-1])
+        elif self.vision is not None:
+            in_dim = self.vision.z_size
         else:
             if env_spec.is_pixels:
                 raise ValueError("pixel observations need a trained V: set model.init_args.vision_ckpt")
             in_dim = int(np.prod(env_spec.obs_shape))
         self.in_dim, self.out_dim = in_dim, env_spec.action_dim
         self.num_params = controller_num_params(in_dim, self.out_dim, hidden)
-        # the weights act() uses; a Parameter (never given a gradient) so DDP has something to wrap
+        # the CMA-ES mean; a Parameter (never given a gradient) so DDP has something to wrap
         self.params = nn.Parameter(torch.zeros(self.num_params))
-        if not env_spec.discrete:
-            self.register_buffer("action_low", torch.as_tensor(env_spec.action_low), persistent=False)
-            self.register_buffer("action_high", torch.as_tensor(env_spec.action_high), persistent=False)
+        # the best member evaluated so far and its (told) fitness
+        self.register_buffer("best_params", torch.zeros(self.num_params))
+        self.register_buffer("best_fitness", torch.tensor(float("-inf")))
+        self.actions = ActionCodec(env_spec)  # the controller's output -> env actions
         self.es = cma.CMAEvolutionStrategy(
             np.zeros(self.num_params), sigma0,
-            {"popsize": popsize, "seed": np.nan, "randn": _Randn(seed), "verbose": -9},
+            {"popsize": popsize, "seed": np.nan, "randn": _Randn(derive_seed(seed, "cmaes")), "verbose": -9},
         )
         self._pool: EnvPool | None = None
-        self._dream: Any = None
+        self._dream: DreamEnv | None = None
+        self._dream_bank: Any = None
 
     # -- policy -----------------------------------------------------------------------
-    def initial_state(self, batch_size: int) -> tuple[Tensor, Tensor] | None:
-        """M's zero LSTM state ``(h, c)`` ``[B, H]`` each, or None without M."""
-        if self.memory is None:
+    @property
+    def acting_params(self) -> Tensor:
+        """The weights ``act`` uses (``use``): the CMA-ES mean or the best member, ``[P]``."""
+        return (self.params if self.use == "mean" else self.best_params).detach()
+
+    def initial_state(self, batch_size: int) -> dict[str, Any] | None:
+        """Before an episode's first frame: the world model's zero state, no previous action,
+        ``first`` set (the next ``observe_step`` starts from the frame alone); None without a model."""
+        if self.world_model is None:
             return None
-        return self.memory.initial_state(batch_size, self.device)
+        return {"model": self.world_model.zero_state(batch_size, self.device),
+                "action": self.world_model.actions.zeros(batch_size, self.device),
+                "first": torch.ones(batch_size, dtype=torch.bool, device=self.device)}
 
     def _latent(self, obs: Tensor) -> Tensor:
         if self.vision is None:
             return obs.float().flatten(1)
-        mu, logvar = self.vision.encode(obs)
-        return self.vision.sample(mu, logvar) if self.sample_z else mu
+        return self.vision.encode(obs)[0]
 
-    def _actions(self, params: Tensor, features: Tensor) -> tuple[Tensor, Tensor]:
-        """-> ``(env action [B] int64 | [B, A] float, M's action input [B, A] float)``."""
+    def _act(self, params: Tensor, features: Tensor) -> Tensor:
+        """Env actions ``[B]`` int64 / ``[B, A]`` float from the features ``[B, F]``."""
         y = controller_forward(params, features, self.in_dim, self.out_dim, self.hidden)
-        if self.env_spec.discrete:
-            action = y.argmax(-1)
-            return action, torch.nn.functional.one_hot(action, self.out_dim).float()
-        u = torch.tanh(y)
-        action = self.action_low + (u + 1) * 0.5 * (self.action_high - self.action_low)
-        return action, action
+        return self.actions.decode(y) if self.actions.discrete else self.actions.from_unit(torch.tanh(y))
 
     @torch.no_grad()
-    def policy_step(self, obs: Tensor, state: tuple[Tensor, Tensor] | None, params: Tensor) -> tuple[Tensor, Any]:
-        """One real-env step for a batch: ``obs [B, ...]``, M's state, ``params [B, P]`` or ``[P]``
-        -> ``(action, next state)``. Features are ``[z, h]``; M then reads ``[z, a]``."""
-        z = self._latent(obs)
-        if self.memory is None:
-            return self._actions(params, z)[0], state
-        h, c = state
-        action, action_in = self._actions(params, torch.cat([z, h], -1))
-        _, next_state = self.memory.step(z, action_in, (h, c))
-        return action, next_state
+    def policy_step(self, obs: Tensor, state: dict[str, Any] | None, params: Tensor) -> tuple[Tensor, Any]:
+        """One real-env step for a batch: ``obs [B, ...]``, the acting state, ``params [B, P]``
+        or ``[P]`` -> ``(action, next state)``. The world model first filters the frame after
+        the previous action (V+M: M reads ``[z, a]``, V encodes the frame), then the
+        controller acts on the features (``[z, h]`` for V+M)."""
+        if self.world_model is None:
+            return self._act(params, self._latent(obs)), state
+        wm = self.world_model
+        model_state = wm.observe_step(state["model"], state["action"], obs, state["first"])
+        action = self._act(params, wm.features(model_state))
+        return action, {"model": model_state, "action": wm.actions.encode(action),
+                        "first": torch.zeros_like(state["first"])}
 
     def act(self, obs: Tensor, state: Any, explore: bool = False) -> tuple[Tensor, Any, dict[str, Tensor]]:
-        """Act with the current weights (``act_with``); deterministic (``explore`` is ignored)."""
-        if self.memory is not None and state is None:
+        """Act with the weights ``use`` names: deterministic, or with ``explore`` each action
+        replaced by a uniformly random one with probability ``explore_noise``."""
+        if self.world_model is not None and state is None:
             state = self.initial_state(obs.shape[0])
-        action, state = self.policy_step(obs, state, self.params.detach())
+        action, state = self.policy_step(obs, state, self.acting_params)
+        if explore and self.explore_noise > 0:
+            n = action.shape[0]
+            swap = torch.from_numpy(self._noise.random(n) < self.explore_noise).to(action.device)
+            if self.actions.discrete:
+                noise = torch.from_numpy(self._noise.integers(self.actions.dim, size=n)).to(action.device)
+            else:
+                unit = torch.from_numpy(self._noise.uniform(-1.0, 1.0, (n, self.actions.dim)).astype(np.float32))
+                noise = self.actions.from_unit(unit.to(action.device))
+                noise = noise.to(action.device).reshape(action.shape)
+                swap = swap.view(n, *([1] * (action.dim() - 1)))
+            action = torch.where(swap, noise, action)
+            if state is not None:  # M reads the action that was taken
+                state = {**state, "action": self.world_model.actions.encode(action)}
         return action, state, {}
 
     # -- fitness ----------------------------------------------------------------------
@@ -251,15 +346,25 @@ class Controller(RLModule):
             self._pool = EnvPool(cfg, n, workers=self.env_workers)
         return self._pool
 
-    def _dream_env(self, n: int) -> Any:
-        if self._dream is None or self._dream.num_envs != n:
-            from lightning_wm.agents.vm_model import VisionMemoryModel
-            from lightning_wm.dream_env import dream_env_from_model
+    def dream_starts_bank(self) -> Any:
+        """The dream's start states ``[N, ...]``: the world model's filtered states of the
+        episodes in ``dream_dir`` (``dream_starts``: first rows or all rows), computed once."""
+        if self._dream_bank is None:
+            if self.world_model is None or not self.dream_dir:
+                raise ValueError("dreams need a world model and dream_dir")
+            store = EpisodeStore(self.dream_dir)
+            if not store.paths():
+                raise FileNotFoundError(f"dream start store {self.dream_dir!r} holds no episodes; record (and, for "
+                                        "V+M, convert) episodes first")
+            self._dream_bank = start_states(self.world_model, store.episodes(), where=self.dream_starts,
+                                            max_starts=self.dream_max_starts, seed=derive_seed(self.seed, "dream"))
+        return self._dream_bank
 
-            model = VisionMemoryModel(self.vision, self.memory, temperature=self.dream_temperature)
-            self._dream = dream_env_from_model(
-                model, self.dream_dir, self.env_spec.action_space, num_envs=n,
-                max_episode_steps=self.max_episode_steps or self.dream_max_steps,
+    def _dream_env(self, n: int) -> DreamEnv:
+        if self._dream is None or self._dream.num_envs != n:
+            self._dream = DreamEnv(
+                self.world_model, self.env_spec.action_space, self.dream_starts_bank(), num_envs=n,
+                max_episode_steps=self.max_episode_steps or self.dream_max_steps, done_mode=self.dream_done_mode,
                 done_threshold=self.dream_done_threshold, reward=self.dream_reward)
         return self._dream
 
@@ -285,8 +390,7 @@ class Controller(RLModule):
             env = self._dream_env(n)
             feats = env.reset_tensor(seed)
             while bool(active.any()):
-                y = self._actions(params[member], feats)[0]
-                feats, reward, terminated, truncated = env.step_tensor(y)
+                feats, reward, terminated, truncated = env.step_tensor(self._act(params[member], feats))
                 returns += torch.where(active, reward.double(), torch.zeros_like(returns))
                 active &= ~(terminated | truncated)
             return self._reduce(returns.view(m, episodes), per_episode)
@@ -295,12 +399,10 @@ class Controller(RLModule):
         state = self.initial_state(n)
         while bool(active.any()):
             index = active.nonzero().squeeze(-1)
-            sub = None if state is None else (state[0][index], state[1][index])
-            action, sub = self.policy_step(torch.as_tensor(obs[index.cpu().numpy()]).to(self.device), sub,
-                                           params[member[index]])
-            if state is not None:
-                state[0][index], state[1][index] = sub
             idx = index.cpu().numpy()
+            sub = tree_map(lambda x: x[index], state)
+            action, sub = self.policy_step(torch.as_tensor(obs[idx]).to(self.device), sub, params[member[index]])
+            state = tree_map(lambda full, part: full.index_copy(0, index, part), state, sub)
             o, r, done = pool.step(idx, action.cpu().numpy())
             obs[idx] = o
             returns[index] += torch.as_tensor(r, device=self.device)
@@ -324,18 +426,24 @@ class Controller(RLModule):
         per_rank = math.ceil(self.popsize / world)
         order = np.arange(per_rank * world) % self.popsize  # padded with repeats, dropped below
         mine = torch.as_tensor(solutions[order[rank * per_rank : (rank + 1) * per_rank]], dtype=torch.float32)
-        seed = self.seed + 1_000_003 * (generation + 1)
-        fitness = self.evaluate_population(mine, self.episodes_per_member, seed, config=batch.env)
-        gathered = self.all_gather(fitness).reshape(-1)[: self.popsize].double().cpu().numpy()
-        self.es.tell(list(solutions), list(-gathered))  # cma minimises
-        best = int(gathered.argmax())
-        chosen = self.es.result.xfavorite if self.act_with == "mean" else solutions[best]
+        seed = derive_seed(self.seed, "fitness", index=generation)  # the same on every rank (common random numbers)
+        returns = self.evaluate_population(mine, self.episodes_per_member, seed, config=batch.env)
+        gathered = self.all_gather(returns).reshape(-1)[: self.popsize].double().cpu().numpy()
+        penalty = l2_penalty(torch.as_tensor(solutions), self.l2_decay).numpy()
+        fitness = gathered - penalty
+        self.es.tell(list(solutions), list(-fitness))  # cma minimises
         with torch.no_grad():
-            self.params.copy_(torch.as_tensor(np.asarray(chosen), dtype=torch.float32))
+            self.params.copy_(torch.as_tensor(np.asarray(self.es.result.xfavorite), dtype=torch.float32))
+            best = int(fitness.argmax())
+            if fitness[best] >= float(self.best_fitness):  # ties: the newer member
+                self.best_params.copy_(torch.as_tensor(solutions[best], dtype=torch.float32))
+                self.best_fitness.fill_(float(fitness[best]))
         self.log_dict({
             "fitness/best": float(gathered.max()),
             "fitness/mean": float(gathered.mean()),
             "fitness/worst": float(gathered.min()),
+            "fitness/l2_penalty": float(penalty.mean()),
+            "fitness/best_ever": float(self.best_fitness),
             "cma/sigma": float(self.es.sigma),
         }, on_step=True, prog_bar=False, rank_zero_only=True)
         self.log("fitness", float(gathered.mean()), prog_bar=True, rank_zero_only=True)

@@ -19,27 +19,22 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import gymnasium as gym
+import numpy as np
 import pytorch_lightning as pl
+from pytorch_lightning.callbacks import EarlyStopping
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lightning_wm.actions import ActionCodec
+from lightning_wm.agents.vision import Vision
+from lightning_wm.checkpoints import load_module
 from lightning_wm.envs import EnvSpec
+from lightning_wm.logging import image_grid, log_image
 from lightning_wm.nn.mdn import mdn_log_prob, mdn_sample, per_dim_layout
 
 LSTMState = tuple[Tensor, Tensor]
-
-
-def load_checkpoint_module(cls: type[pl.LightningModule], path: str, device: torch.device | str = "cpu") -> Any:
-    """Load a trained module of class ``cls`` from a Lightning checkpoint, frozen, in eval mode."""
-    from pathlib import Path
-
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"{cls.__name__} checkpoint {path!r} does not exist; train it first with `fit`")
-    module = cls.load_from_checkpoint(path, map_location=device, weights_only=False)
-    module.eval()
-    module.requires_grad_(False)
-    return module
 
 
 class Memory(pl.LightningModule):
@@ -63,6 +58,10 @@ class Memory(pl.LightningModule):
         vision_ckpt: V's checkpoint; when given, validation logs a decoded open-loop dream.
         dream_length, dream_sequences: size of that dream image.
         action_dim, discrete: the action space when no ``env_spec`` is given.
+        patience: stop training after this many validations (epochs) without a lower
+            ``val/loss`` (HumbleRL's ``rnn_training.patience``, 10; Lightning's
+            ``EarlyStopping``); None trains for ``max_epochs``. The best model by ``val/loss``
+            is kept as ``best.ckpt`` beside ``last.ckpt``.
     """
 
     def __init__(
@@ -84,6 +83,7 @@ class Memory(pl.LightningModule):
         dream_sequences: int = 4,
         action_dim: int | None = None,
         discrete: bool | None = None,
+        patience: int | None = 10,
     ) -> None:
         super().__init__()
         if env_spec is not None:
@@ -92,6 +92,8 @@ class Memory(pl.LightningModule):
             raise ValueError("Memory needs the action space: pass env_spec (the CLI links it) or action_dim and discrete")
         if mixture not in ("per_dim", "joint"):
             raise ValueError(f"mixture must be 'per_dim' or 'joint', got {mixture!r}")
+        if patience is not None and patience < 1:
+            raise ValueError(f"patience must be >= 1 validations (or null: no early stopping), got {patience}")
         self.save_hyperparameters(ignore=["env_spec"])
         self.hparams["action_dim"], self.hparams["discrete"] = int(action_dim), bool(discrete)
         self.env_spec = env_spec
@@ -99,8 +101,11 @@ class Memory(pl.LightningModule):
         self.action_dim, self.discrete = int(action_dim), bool(discrete)
         self.temperature, self.lr = temperature, lr
         self.reward_weight, self.done_weight, self.done_pos_weight = reward_weight, done_weight, done_pos_weight
-        self.burn_in, self.sample_z = burn_in, sample_z
+        self.burn_in, self.sample_z, self.patience = burn_in, sample_z, patience
         self.vision_ckpt, self.dream_length, self.dream_sequences = vision_ckpt, dream_length, dream_sequences
+        space = env_spec.action_space if env_spec is not None else (
+            gym.spaces.Discrete(self.action_dim) if self.discrete else gym.spaces.Box(-np.inf, np.inf, (self.action_dim,)))
+        self.actions = ActionCodec(space)
         self.lstm = nn.LSTM(z_size + self.action_dim, hidden_size, batch_first=True)
         k, d = num_mixtures, z_size
         self.mdn_out = 3 * k * d if mixture == "per_dim" else k + 2 * k * d
@@ -111,12 +116,9 @@ class Memory(pl.LightningModule):
 
     # -- pieces -----------------------------------------------------------------------
     def action_input(self, action: Tensor) -> Tensor:
-        """Env actions -> LSTM input: int64 ``[...]`` -> one-hot ``[..., A]``; float ``[..., A]`` as is."""
-        if not torch.is_floating_point(action):
-            return F.one_hot(action.long(), self.action_dim).float()
-        if action.shape[-1] != self.action_dim:
-            raise ValueError(f"actions must be [..., {self.action_dim}] floats or integer indices, got {tuple(action.shape)}")
-        return action.float()
+        """Env actions -> LSTM input ``[..., A]``: int64 ``[...]`` -> one-hot; float ``[..., A]``
+        (continuous, or already one-hot) as is (see :meth:`ActionCodec.encode`)."""
+        return self.actions.encode(action)
 
     def initial_state(self, batch_size: int, device: torch.device | None = None) -> LSTMState:
         """Zero LSTM state ``(h, c)``, each ``[B, hidden]``."""
@@ -229,24 +231,25 @@ class Memory(pl.LightningModule):
         losses = self.losses(batch)
         self.log_dict({f"val/{k}": v for k, v in losses.items()}, batch_size=batch["mu"].shape[0], sync_dist=True)
         if batch_idx == 0 and self.vision_ckpt:
-            from lightning_wm.agents.vision import image_grid, log_image
-
             log_image(self, "val/real_vs_dream", image_grid(self.dream_rows(batch)))
 
     test_step = validation_step
+
+    def configure_callbacks(self) -> list[EarlyStopping]:
+        if self.patience is None:
+            return []
+        return [EarlyStopping(monitor="val/loss", mode="min", patience=self.patience)]
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(self.parameters(), lr=self.lr)
 
     # -- dreams -----------------------------------------------------------------------
-    def vision(self) -> Any:
+    def vision(self) -> Vision:
         """V from ``vision_ckpt`` (loaded once, frozen, on this module's device)."""
         if not self._vision:
-            from lightning_wm.agents.vision import Vision
-
             if not self.vision_ckpt:
                 raise ValueError("Memory.vision_ckpt is not set")
-            self._vision.append(load_checkpoint_module(Vision, self.vision_ckpt, self.device))
+            self._vision.append(load_module(Vision, self.vision_ckpt, self.device))
         vision = self._vision[0]
         if vision.device != self.device:
             vision.to(self.device)

@@ -1,4 +1,5 @@
-"""A policy that acts at random: the default for ``record`` and the prefill of online agents."""
+"""``RandomPolicy``: :class:`~lightning_wm.policies.RandomAgent` as a LightningModule, the default
+model of ``record`` (the prefill of online datamodules uses ``RandomAgent`` itself)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import torch
 from torch import Tensor
 
 from lightning_wm.agents.base import RLModule
-from lightning_wm.data.collector import RandomAgent
 from lightning_wm.envs import EnvSpec
+from lightning_wm.policies import RandomAgent
 
 
 class RandomPolicy(RLModule):
@@ -43,8 +44,9 @@ class RandomPolicy(RLModule):
     def initial_state(self, batch_size: int) -> Tensor:
         return self.sampler.initial_state(batch_size)
 
-    def act(self, obs: Tensor, state: Any, explore: bool) -> tuple[Tensor, Any, dict[str, Tensor]]:
-        return self.sampler.act(obs.cpu(), state.cpu(), explore)
+    def act(self, obs: Any, state: Any, explore: bool) -> tuple[Tensor, Any, dict[str, Tensor]]:
+        """Random actions for the batch of ``state``; ``obs`` (a tensor or a dict of them) is not read."""
+        return self.sampler.act(obs, state.cpu(), explore)
 
     def training_step(self, batch: Any, batch_idx: int) -> None:
         raise RuntimeError("RandomPolicy does not train; use it with `record` or `evaluate`")

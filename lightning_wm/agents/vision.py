@@ -11,14 +11,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import numpy as np
 import pytorch_lightning as pl
+from pytorch_lightning.callbacks import EarlyStopping
 import torch
 from torch import Tensor
 
 from lightning_wm.envs import EnvSpec
+from lightning_wm.logging import image_grid, log_image
 from lightning_wm.nn.blocks import ConvDecoder, ConvEncoder, postprocess_pixels, preprocess_pixels
 from lightning_wm.nn.mdn import gaussian_kl_standard
 
@@ -52,21 +54,6 @@ def vae_losses(recon: Tensor, target: Tensor, mu: Tensor, logvar: Tensor, kl_tol
     }
 
 
-def image_grid(rows: list[Tensor]) -> Tensor:
-    """``rows`` of ``uint8 [N, H, W, C]`` frames -> one ``uint8 [C, rows*H, N*W]`` image."""
-    stacked = torch.stack([r.detach().cpu() for r in rows])  # [R, N, H, W, C]
-    r, n, h, w, c = stacked.shape
-    return stacked.permute(4, 0, 2, 1, 3).reshape(c, r * h, n * w)
-
-
-def log_image(module: pl.LightningModule, tag: str, image: Tensor) -> None:
-    """``add_image`` to the module's TensorBoard logger, if it has one (no-op otherwise)."""
-    logger = getattr(module, "logger", None) if module._trainer is not None else None
-    experiment = getattr(logger, "experiment", None) if logger is not None else None
-    if experiment is not None and hasattr(experiment, "add_image"):
-        experiment.add_image(tag, image, module.global_step, dataformats="CHW")
-
-
 class Vision(pl.LightningModule):
     """Convolutional VAE (World Models' V).
 
@@ -87,6 +74,10 @@ class Vision(pl.LightningModule):
             no gradient on the small objects, and stays at the mean image (measured here:
             summed squared error stuck at 70 per frame vs 16 with ``linear`` after 300 steps).
             Decoded frames are clamped to the pixel range either way.
+        patience: stop training after this many validations (epochs) without a lower
+            ``val/loss`` (HumbleRL's ``vae_training.patience``, 5; Lightning's ``EarlyStopping``);
+            None trains for ``max_epochs``. The best model by ``val/loss`` is kept as
+            ``best.ckpt`` beside ``last.ckpt``.
     """
 
     def __init__(
@@ -99,6 +90,7 @@ class Vision(pl.LightningModule):
         image_channels: int = 3,
         grid_frames: int = 8,
         output: Literal["linear", "sigmoid"] = "linear",
+        patience: int | None = 5,
     ) -> None:
         super().__init__()
         if env_spec is not None:
@@ -112,11 +104,13 @@ class Vision(pl.LightningModule):
             image_channels = int(env_spec.obs_shape[-1])
         if output not in ("linear", "sigmoid"):
             raise ValueError(f"output must be 'linear' or 'sigmoid', got {output!r}")
+        if patience is not None and patience < 1:
+            raise ValueError(f"patience must be >= 1 validations (or null: no early stopping), got {patience}")
         self.save_hyperparameters(ignore=["env_spec"])
         self.hparams["image_channels"] = image_channels  # checkpoints rebuild without env_spec
         self.env_spec = env_spec
         self.z_size, self.kl_tolerance, self.lr, self.grid_frames = z_size, kl_tolerance, lr, grid_frames
-        self.output = output
+        self.output, self.patience = output, patience
         self.encoder = ConvEncoder(image_channels, 64, depth=depth, stages=4, act="relu")
         self.to_stats = torch.nn.Linear(self.encoder.out_dim, 2 * z_size)
         self.decoder = ConvDecoder(z_size, image_channels, depth=depth, act="relu")
@@ -173,6 +167,11 @@ class Vision(pl.LightningModule):
 
     test_step = validation_step
 
+    def configure_callbacks(self) -> list[EarlyStopping]:
+        if self.patience is None:
+            return []
+        return [EarlyStopping(monitor="val/loss", mode="min", patience=self.patience)]
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(self.parameters(), lr=self.lr)
 
@@ -189,7 +188,8 @@ def encode_frames(vision: Vision, obs: np.ndarray | Tensor, batch_size: int = 25
     return torch.cat(mus), torch.cat(logvars)
 
 
-def convert_episodes(vision: Vision, source: Any, target: Any, batch_size: int = 256) -> int:
+def convert_episodes(vision: Vision, source: Any, target: Any, batch_size: int = 256,
+                     progress: Callable[[int], Any] | None = None) -> int:
     """Encode every episode of ``source`` (pixel EpisodeStore) into ``target`` (latent store).
 
     Each target episode holds ``mu``, ``logvar`` (``float32 [T, Z]``) for every frame and every
@@ -202,6 +202,7 @@ def convert_episodes(vision: Vision, source: Any, target: Any, batch_size: int =
         source: ``EpisodeStore`` of pixel episodes (``obs uint8 [T, 64, 64, C]``).
         target: ``EpisodeStore`` to write into; must hold no episodes yet.
         batch_size: frames per encoder forward.
+        progress: called with 1 after each episode (e.g. a progress bar's ``update``).
     Returns:
         the number of episodes written.
     Raises:
@@ -229,6 +230,8 @@ def convert_episodes(vision: Vision, source: Any, target: Any, batch_size: int =
             out["mu"], out["logvar"] = mu.numpy(), logvar.numpy()
             target.add(out)
             written += 1
+            if progress is not None:
+                progress(1)
     finally:
         vision.train(was_training)
     meta = dict(target.read_metadata() or {})

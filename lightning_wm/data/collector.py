@@ -13,8 +13,8 @@ from typing import Any, Callable
 import gymnasium as gym
 import numpy as np
 import torch
-from torch import Tensor
 
+from lightning_wm.actions import ActionCodec
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.data.replay import ReplayBuffer
 from lightning_wm.envs import EnvConfig, EnvSpec, make_vector_env
@@ -58,7 +58,14 @@ class Collector:
         agent: anything with ``initial_state(batch_size)`` and ``act(obs, state, explore)``.
         buffer: rows are added here (one entry per env) if given.
         store: finished episodes are written here if given.
-        seed: seed of the first reset (env ``i`` gets ``seed + i``).
+        seeds: seeds of the first reset, one per env (``lightning_wm.seeding.env_seeds``), or
+            one int (env ``i`` gets ``seeds + i``, gymnasium's convention); later episodes
+            continue each env's RNG.
+        spec: the env's spaces (read from ``env`` if not given).
+
+    Attributes:
+        policy_version: when not ``None``, every row gets a ``policy_version`` int64 column
+            with this value (actors set it to the weight version they act with).
     """
 
     def __init__(
@@ -67,23 +74,30 @@ class Collector:
         agent: Any,
         buffer: ReplayBuffer | None = None,
         store: EpisodeStore | None = None,
-        seed: int | None = None,
+        seeds: int | list[int] | None = None,
         spec: EnvSpec | None = None,
     ) -> None:
         self.env, self.agent, self.buffer, self.store = env, agent, buffer, store
         self.num_envs = env.num_envs
         self.spec = spec or EnvSpec(env.single_observation_space, env.single_action_space)
-        self.seed = seed
+        if isinstance(seeds, (list, tuple)):
+            if len(seeds) != self.num_envs:
+                raise ValueError(f"got {len(seeds)} seeds for a vector env of {self.num_envs} envs; give one per env")
+            seeds = [int(s) for s in seeds]
+        self.actions = ActionCodec(self.spec)
+        self.seeds = seeds
+        self.policy_version: int | None = None
         self.stats = EpisodeStats()
         self._obs: np.ndarray | None = None
         self._state: Any = None
         self._keep: np.ndarray | None = None  # [num_envs] envs whose finished episodes count (None: all)
+        self._last_row: dict[str, Any] | None = None  # the newest row (the overlap of the next unroll)
 
     # ----------------------------------------------------------------------------------
     def reset(self) -> None:
         """Start fresh episodes in every env (the next row of each is ``is_first``)."""
-        obs, _ = self.env.reset(seed=self.seed)
-        self.seed = None  # seed only the first reset; later episodes continue the env RNG
+        obs, _ = self.env.reset(seed=self.seeds)
+        self.seeds = None  # seed only the first reset; later episodes continue the env RNG
         n = self.num_envs
         self._obs = obs
         self._reward = np.zeros(n, np.float32)
@@ -94,6 +108,7 @@ class Collector:
         self._episode_return = np.zeros(n, np.float64)
         self._episode_length = np.zeros(n, np.int64)
         self._episodes: list[list[dict[str, np.ndarray]]] = [[] for _ in range(n)]
+        self._last_row = None
 
     def set_agent(self, agent: Any) -> None:
         """Act with ``agent`` from now on (its recurrent state starts afresh)."""
@@ -105,15 +120,41 @@ class Collector:
         device = getattr(self.agent, "device", None)
         return device if isinstance(device, torch.device) else torch.device("cpu")
 
-    def _zero_action(self, action: np.ndarray) -> np.ndarray:
-        action = action.copy()
-        action[self._is_last] = 0
-        return action
+    def _zero_on_last(self, value: np.ndarray) -> np.ndarray:
+        """A copy of ``value [N, ...]`` with the entries of envs on a last row zeroed: no action is
+        taken there, so neither the action nor what the agent computed for it is data."""
+        value = np.array(value, copy=True)
+        value[self._is_last] = 0
+        return value
 
-    def _env_action(self, action: np.ndarray) -> np.ndarray:
-        if self.spec.discrete:
-            return action.astype(np.int64)
-        return np.clip(action, self.spec.action_low, self.spec.action_high).astype(np.float32)
+    def _step(self, explore: bool, device: torch.device) -> dict[str, Any]:
+        """Act in every env once; returns the row of the observation acted on ([N, ...] leaves)."""
+        is_first = torch.from_numpy(self._is_first)
+        if is_first.any():
+            self._state = where(is_first, self.agent.initial_state(self.num_envs), self._state)
+        obs = tree_map(lambda x: torch.as_tensor(x).to(device), self._obs)
+        action, self._state, extras = self.agent.act(obs, self._state, explore)
+        action = self.actions.clip(action.detach().cpu().numpy())
+        row: dict[str, Any] = {
+            "obs": self._obs,
+            "reward": self._reward,
+            "is_first": self._is_first,
+            "is_last": self._is_last,
+            "is_terminal": self._is_terminal,
+            "action": self._zero_on_last(action),
+        }
+        for key, value in extras.items():
+            row[key] = self._zero_on_last(value.detach().cpu().numpy())
+        if self.policy_version is not None:
+            row["policy_version"] = np.full(self.num_envs, self.policy_version, np.int64)
+        obs, reward, terminated, truncated, _ = self.env.step(action)
+        self._is_first = self._is_last.copy()
+        self._obs = obs
+        self._reward = np.where(self._is_first, 0.0, reward).astype(np.float32)
+        self._is_last = np.asarray(terminated | truncated, bool) & ~self._is_first
+        self._is_terminal = np.asarray(terminated, bool) & ~self._is_first
+        self._last_row = row
+        return row
 
     @torch.no_grad()
     def collect(self, num_steps: int, explore: bool = True) -> list[dict[str, float]]:
@@ -126,30 +167,31 @@ class Collector:
         finished: list[dict[str, float]] = []
         device = self._device()
         for _ in range(num_steps):
-            is_first = torch.from_numpy(self._is_first)
-            if is_first.any():
-                self._state = where(is_first, self.agent.initial_state(self.num_envs), self._state)
-            obs = tree_map(lambda x: torch.as_tensor(x).to(device), self._obs)
-            action, self._state, extras = self.agent.act(obs, self._state, explore)
-            action = self._env_action(action.detach().cpu().numpy())
-            row = {
-                "obs": self._obs,
-                "reward": self._reward,
-                "is_first": self._is_first,
-                "is_last": self._is_last,
-                "is_terminal": self._is_terminal,
-                "action": self._zero_action(action),
-            }
-            for key, value in extras.items():
-                row[key] = value.detach().cpu().numpy()
-            self._record(row, finished)
-            obs, reward, terminated, truncated, _ = self.env.step(action)
-            self._is_first = self._is_last.copy()
-            self._obs = obs
-            self._reward = np.where(self._is_first, 0.0, reward).astype(np.float32)
-            self._is_last = np.asarray(terminated | truncated, bool) & ~self._is_first
-            self._is_terminal = np.asarray(terminated, bool) & ~self._is_first
+            self._record(self._step(explore, device), finished)
         return finished
+
+    @torch.no_grad()
+    def collect_chunk(self, num_steps: int, explore: bool = True, overlap: bool = False) -> dict[str, Any]:
+        """Take ``num_steps`` vector steps and return their rows stacked time-major: every leaf
+        ``[T, N, ...]`` (numpy; dict observations stay dicts), ``T = num_steps``.
+
+        With ``overlap`` consecutive chunks share one row: chunk ``k`` holds rows ``kT .. kT+T``
+        of each env (``T + 1`` rows; the first is the previous chunk's last), the unrolls an
+        IMPALA learner bootstraps from. The first chunk then takes ``T + 1`` steps.
+        Rows also go to ``buffer``/``store`` if given; finished episodes are in ``stats``.
+        """
+        if num_steps < 1:
+            raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+        if self._obs is None:
+            self.reset()
+        finished: list[dict[str, float]] = []
+        device = self._device()
+        rows = [self._last_row] if overlap and self._last_row is not None else []
+        while len(rows) < num_steps + (1 if overlap else 0):
+            row = self._step(explore, device)
+            self._record(row, finished)
+            rows.append(row)
+        return stack(rows)
 
     def _record(self, row: dict[str, np.ndarray], finished: list[dict[str, float]]) -> None:
         if self.buffer is not None:
@@ -212,79 +254,6 @@ def run_evaluation(config: EnvConfig, agent: Any, episodes: int, num_envs: int, 
     cfg = EnvConfig(**{**vars(config), "num_envs": max(1, min(num_envs, episodes)), "seed": seed})
     env = make_vector_env(cfg)
     try:
-        return Collector(env, agent, seed=seed, spec=spec).run_episodes(episodes, explore=explore, progress=progress)
+        return Collector(env, agent, seeds=seed, spec=spec).run_episodes(episodes, explore=explore, progress=progress)
     finally:
         env.close()
-
-
-class RandomAgent:
-    """Random actions, optionally temporally correlated.
-
-    ``correlation`` ρ in ``[0, 1)``. By default continuous actions follow an AR(1) process
-    ``u_t = ρ u_{t-1} + sqrt(1-ρ²) ε`` clamped to ``[-1, 1]`` and mapped linearly onto the
-    action bounds (independent uniform draws when ρ = 0); discrete actions repeat the
-    previous action with probability ρ.
-
-    ``action_mean`` / ``action_std`` (continuous actions only, one value per action
-    dimension) choose a biased scheme instead: ``a_t = clip(mean + std * x_t, low, high)``
-    with ``x_t = ρ x_{t-1} + sqrt(1-ρ²) ε`` an unclamped AR(1) process with stationary
-    distribution N(0, 1). Each dimension then sits at ``mean`` on average and crosses a bound
-    only as rarely as its z-score says: for CarRacing ``mean [0, 0.15, -0.3]``, ``std [0.3,
-    0.1, 0.2]`` steers smoothly, keeps a light gas on ~93% of the steps and brakes on ~7% of
-    them (brake > 0 needs ``x > 1.5``), so the car drives along the track instead of braking
-    half the time as under the uniform mapping.
-    """
-
-    def __init__(
-        self,
-        spec: EnvSpec,
-        correlation: float = 0.0,
-        seed: int | None = None,
-        action_mean: list[float] | None = None,
-        action_std: list[float] | None = None,
-    ) -> None:
-        if not 0.0 <= correlation < 1.0:
-            raise ValueError(f"correlation must be in [0, 1), got {correlation}")
-        self.spec, self.correlation = spec, correlation
-        self.generator = torch.Generator().manual_seed(seed if seed is not None else torch.seed() % 2**31)
-        self.mean = self.std = None
-        if action_mean is not None or action_std is not None:
-            if spec.discrete:
-                raise ValueError("action_mean/action_std apply to continuous actions; this env's actions are discrete")
-            dim = spec.action_dim
-            mean = torch.as_tensor(action_mean if action_mean is not None else [0.0] * dim, dtype=torch.float32)
-            std = torch.as_tensor(action_std if action_std is not None else [1.0] * dim, dtype=torch.float32)
-            if mean.shape != (dim,) or std.shape != (dim,):
-                raise ValueError(
-                    f"action_mean and action_std need one value per action dimension ({dim}); "
-                    f"got {list(mean.shape)} and {list(std.shape)}"
-                )
-            if (std < 0).any():
-                raise ValueError(f"action_std must be >= 0, got {std.tolist()}")
-            self.mean, self.std = mean, std
-
-    def initial_state(self, batch_size: int) -> Tensor:
-        if self.spec.discrete:
-            return torch.randint(self.spec.action_dim, (batch_size,), generator=self.generator)
-        if self.mean is not None:
-            return torch.randn(batch_size, self.spec.action_dim, generator=self.generator)
-        return torch.rand(batch_size, self.spec.action_dim, generator=self.generator) * 2 - 1
-
-    def act(self, obs: Tensor, state: Tensor, explore: bool = True) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        batch, rho = state.shape[0], self.correlation
-        if self.spec.discrete:
-            fresh = torch.randint(self.spec.action_dim, (batch,), generator=self.generator)
-            keep = torch.rand(batch, generator=self.generator) < rho
-            action = torch.where(keep, state, fresh)
-            return action, action, {}
-        low, high = torch.from_numpy(self.spec.action_low), torch.from_numpy(self.spec.action_high)
-        if self.mean is not None:
-            noise = torch.randn(batch, self.spec.action_dim, generator=self.generator)
-            x = rho * state + (1 - rho**2) ** 0.5 * noise
-            return torch.maximum(torch.minimum(self.mean + self.std * x, high), low), x, {}
-        noise = torch.randn(batch, self.spec.action_dim, generator=self.generator)
-        u = (rho * state + (1 - rho**2) ** 0.5 * noise).clamp(-1, 1) if rho > 0 else torch.rand(
-            batch, self.spec.action_dim, generator=self.generator
-        ) * 2 - 1
-        action = low + (u + 1) / 2 * (high - low)
-        return action, u, {}

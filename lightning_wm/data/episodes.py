@@ -2,9 +2,14 @@
 
 Every episode is a mapping of arrays that share their leading length ``T`` (the rows of
 the project's row convention: ``obs``, ``reward``, ``is_first``, ...). A file is written
-atomically: ``np.savez_compressed`` into a hidden temp file in the same directory,
-flushed and fsync'ed, then ``os.replace``'d onto its final name, so a crash never leaves a
-half-written episode under a real name (a leftover ``.*.tmp`` file is simply ignored).
+atomically (:func:`lightning_wm.io.atomic_write`: a hidden temp file with a name unique to
+the process, fsync, rename), so a crash never leaves a half-written episode under a real
+name; temp files that a killed writer left are removed when the store is next opened.
+
+Several processes may record into one store at once: ``meta.json`` is only changed under
+the store's lock (``fcntl.flock`` on ``.lock``), :meth:`EpisodeStore.start_recording` refuses
+a recording whose env settings differ from the store's and hands each recording its own
+range of seed indices, and every store object counts what it wrote itself.
 
 File names sort in recording order and carry the length, so :meth:`EpisodeStore.total_steps`
 needs no loading::
@@ -17,6 +22,8 @@ again by :meth:`EpisodeStore.load` (one level or more; keys must not contain ``'
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -27,33 +34,24 @@ import zipfile
 import zlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from lightning_wm.io import atomic_write, check_writable, clean_stale_temps
 from lightning_wm.tree import flatten as _flatten, unflatten as _unflatten
 
-__all__ = ["CorruptEpisodeError", "EpisodeStore"]
+__all__ = ["CorruptEpisodeError", "EpisodeStore", "check_layout", "row_layout"]
 
 _NAME = re.compile(r"^(?P<time>\d{8}T\d{6})-(?P<counter>\d{6,})-(?P<id>[0-9a-f]+)-T(?P<length>\d+)\.npz$")
 _META = "meta.json"
+_LOCK = ".lock"
+# env settings that change which episodes are recorded, not what they look like: a store may mix them
+_FREE_ENV_SETTINGS = ("num_envs", "seed", "vectorization")
 
 
 class CorruptEpisodeError(ValueError):
     """An episode file cannot be read or is inconsistent; the message names the file."""
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make a rename durable (best effort; not possible on every platform)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 class EpisodeStore:
@@ -65,9 +63,14 @@ class EpisodeStore:
 
     def __init__(self, directory: str | os.PathLike) -> None:
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        if not self.directory.is_dir():  # creating it is the first write: fail here, in one line
+            check_writable(self.directory, "episode store")
+        with contextlib.suppress(OSError):  # a read-only store keeps its temps; they are ignored anyway
+            clean_stale_temps(self.directory)
         counters = [int(m["counter"]) for m in map(_NAME.match, os.listdir(self.directory)) if m]
         self._counter = max(counters, default=0)
+        self.episodes_written = 0  # by this object (this process), not by other writers of the store
+        self.rows_written = 0
 
     # ------------------------------------------------------------------ writing
     def add(self, episode: Mapping[str, np.ndarray]) -> Path:
@@ -98,18 +101,9 @@ class EpisodeStore:
         self._counter += 1
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
         name = f"{stamp}-{self._counter:06d}-{secrets.token_hex(4)}-T{T}.npz"
-        final = self.directory / name
-        tmp = self.directory / f".{name}.tmp"
-        try:
-            with open(tmp, "wb") as f:
-                np.savez_compressed(f, **flat)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, final)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        _fsync_dir(self.directory)
+        final = atomic_write(self.directory / name, lambda f: np.savez_compressed(f, **flat))
+        self.episodes_written += 1
+        self.rows_written += T
         return final
 
     # ------------------------------------------------------------------ listing
@@ -186,21 +180,51 @@ class EpisodeStore:
                 yield episode
 
     # ------------------------------------------------------------------ metadata
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the store's lock (``fcntl.flock`` on ``.lock``; other processes wait)."""
+        with open(self.directory / _LOCK, "a+b") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
     def write_metadata(self, meta: dict) -> None:
         """Write ``meta`` (JSON-serialisable, e.g. env id and spaces) to ``meta.json`` atomically."""
         text = json.dumps(meta, indent=2, sort_keys=True)
-        final = self.directory / _META
-        tmp = self.directory / f".{_META}.tmp"
-        try:
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, final)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        _fsync_dir(self.directory)
+        atomic_write(self.directory / _META, lambda f: f.write(text), binary=False)
+
+    def start_recording(self, env: Mapping[str, Any], episodes: int, streams: int) -> int:
+        """Begin recording ``episodes`` episodes over ``streams`` envs of ``env`` into this store.
+
+        Under the store's lock: the env settings are checked against the ones the store was
+        recorded with (``num_envs``, ``seed`` and ``vectorization`` may differ; anything else
+        is refused, naming both values) and saved if the store has none; then
+        ``max(episodes, streams)`` seed indices are reserved. Returns the first one: a recording
+        seeds its envs from its own indices, so recording twice (or twice at once) into one
+        store continues the seed sequence instead of repeating episodes. An older store without
+        a counter continues after the episodes it holds.
+
+        Raises:
+            ValueError: the store holds episodes of other env settings.
+        """
+        env = json.loads(json.dumps(dict(env)))  # tuples as lists, as they are stored
+        with self.locked():
+            meta = self.read_metadata()
+            stored = meta.get("env")
+            if stored is not None:
+                differing = [k for k in sorted(set(stored) | set(env)) if k not in _FREE_ENV_SETTINGS
+                             and stored.get(k) != env.get(k)]
+                if differing:
+                    listed = "; ".join(f"{k}: the store has {stored.get(k)!r}, this run {env.get(k)!r}" for k in differing)
+                    raise ValueError(f"episode store {str(self.directory)!r} was recorded with other env settings "
+                                     f"({listed}); record into another directory or use the store's settings")
+            first = max(int(meta.get("next_seed_index", 0)), len(self))
+            meta = {**meta, "env": stored if stored is not None else env,
+                    "next_seed_index": first + max(int(episodes), int(streams))}
+            self.write_metadata(meta)
+        return first
 
     def read_metadata(self) -> dict:
         """Contents of ``meta.json``; ``{}`` if none was written."""
@@ -214,3 +238,23 @@ class EpisodeStore:
 
     def __repr__(self) -> str:
         return f"EpisodeStore({str(self.directory)!r}, {len(self)} episodes)"
+
+
+def row_layout(episode: Mapping[str, Any]) -> dict[str, tuple[tuple[int, ...], str]]:
+    """``{key: (per-row shape, dtype)}`` of a (flattened) episode; nested keys as ``'obs/image'``."""
+    return {k: (tuple(v.shape[1:]), str(v.dtype)) for k, v in _flatten(episode).items()}
+
+
+def check_layout(episode: Mapping[str, Any], expected: Mapping[str, tuple[tuple[int, ...], str]],
+                 path: str | os.PathLike) -> None:
+    """Raise :class:`CorruptEpisodeError` naming ``path`` and the key if ``episode``'s rows differ
+    from ``expected`` (:func:`row_layout` of the store's other episodes) in keys, shape or dtype."""
+    layout = row_layout(episode)
+    for key in sorted(set(layout) | set(expected)):
+        if layout.get(key) != expected.get(key):
+            def show(entry: Any) -> str:
+                return "no such key" if entry is None else f"{entry[0]} {entry[1]}"
+
+            raise CorruptEpisodeError(
+                f"episode file {str(path)!r}: key {key!r} has rows of {show(layout.get(key))}, the store's other "
+                f"episodes {show(expected.get(key))}; re-record it or move it to a store of its own")

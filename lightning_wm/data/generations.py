@@ -20,6 +20,7 @@ from lightning_wm.data.collector import run_evaluation
 from lightning_wm.data.modules import evaluation_loader
 from lightning_wm.envs import EnvConfig, EnvSpec, env_spec
 from lightning_wm.protocols import GenerationTask
+from lightning_wm.seeding import derive_seed
 
 
 class _Generations(IterableDataset):
@@ -59,4 +60,4 @@ class GenerationDataModule(pl.LightningDataModule):
         trainer = getattr(self, "trainer", None)
         rank = trainer.global_rank if trainer is not None else 0
         return run_evaluation(self.env, agent, episodes or self.eval_episodes, self.eval_envs,
-                              self.env.seed + 500_000 + 1000 * rank, spec=self.spec)
+                              derive_seed(self.env.seed, "eval", rank), spec=self.spec)

@@ -1,7 +1,9 @@
 """LightningDataModules.
 
-* :class:`ReplayDataModule` — online RL (Dreamer, MuZero): owns a vector env, a replay buffer
-  and a collector; its train stream interleaves acting with the current module and sampling.
+* :class:`ReplayDataModule` — online RL (Dreamer, MuZero): owns a replay buffer and either a
+  collector (its train stream interleaves acting with the current module and sampling) or actor
+  processes that fill the buffer while the learner samples (``num_actors > 0``).
+* :class:`UnrollDataModule` — unrolls of ``T+1`` rows straight to the learner (IMPALA).
 * :class:`EpisodeDataModule` — offline: frames or sequences from an :class:`EpisodeStore`
   (World Models V and M); also where ``record`` writes.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 import warnings
 import zlib
 from pathlib import Path
@@ -20,17 +23,28 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from lightning_wm.data.collector import Collector, RandomAgent, run_evaluation
-from lightning_wm.data.episodes import EpisodeStore
+from lightning_wm.data.collector import Collector, run_evaluation
+from lightning_wm.policies import RandomAgent
+from lightning_wm.data.episodes import CorruptEpisodeError, EpisodeStore, check_layout, row_layout
+from lightning_wm.data.feeds import ActorLink, ReplayFeed, UnrollBatcher
 from lightning_wm.data.replay import ReplayBuffer
+from lightning_wm.data.samplers import RowSampler, Sampler, SequenceSampler
 from lightning_wm.envs import EnvConfig, EnvSpec, env_spec, make_vector_env
+from lightning_wm.io import check_writable
+from lightning_wm.policies import RandomAgent
 from lightning_wm.protocols import Agent, EnvStats, EvaluationRequest
+from lightning_wm.seeding import derive_seed, env_seeds
 
 
 def _rank_and_world(trainer: pl.Trainer | None) -> tuple[int, int]:
     if trainer is None:
         return 0, 1
     return trainer.global_rank, trainer.world_size
+
+
+def _learner_version(trainer: pl.Trainer | None) -> int:
+    """The learner's weight version: its optimizer steps so far (0 outside a Trainer)."""
+    return int(trainer.global_step) if trainer is not None else 0
 
 
 def evaluation_loader(evaluate: Callable[[Agent, int | None], list[dict[str, float]]]) -> DataLoader:
@@ -56,19 +70,45 @@ class ReplayDataModule(pl.LightningDataModule):
     """Online data: env -> Collector -> ReplayBuffer -> batches.
 
     Args:
-        env: the training environment (``env.seed + 1000 * global_rank`` per DDP rank).
-        capacity: replay rows kept (all env streams together).
-        batch_size: sequences (or transitions) per batch.
-        sequence_length: rows per sequence; 1 with ``sample="transitions"``.
-        sample: ``sequences`` (``[B, L, ...]``) or ``transitions`` (``[B, ...]``).
-        cross_episodes: sequences may cross episode borders (``is_first`` marks resets).
-        prefill: env steps (rows) taken with a random policy before training starts.
+        env: the training environment; its ``seed`` is the root of this module's seeds
+            (:mod:`lightning_wm.seeding` roles ``train``, ``prefill``, ``replay``, ``eval``, per DDP rank).
+        capacity: replay rows kept (all env streams together; each of the ``num_envs`` streams
+            keeps ``capacity // num_envs``).
+        batch_size: items (sequences, windows, rows) per batch.
+        sampler: how batches are read from the buffer (:mod:`lightning_wm.data.samplers`):
+            ``SequenceSampler`` (``[B, L, ...]``, the default), ``WindowSampler`` (K-step
+            unrolls with n-step targets), ``RowSampler`` or ``TransitionSampler``; in YAML a
+            ``class_path`` with ``init_args``.
+        sequence_length, sample, cross_episodes: shorthand for the sampler, kept for existing
+            configs: ``sample: sequences`` (default) is ``SequenceSampler(sequence_length
+            [64], cross_episodes [true])``, ``sample: transitions`` is ``RowSampler()``
+            (single rows ``[B, ...]``; ``sequence_length`` is ignored). Not together with ``sampler``.
+        prefill: env steps (rows) taken with a random policy before training starts; at most the
+            usable capacity ``num_envs * (capacity // num_envs)``.
         replay_ratio: gradient steps per env step (rows): 0.5 collects 2 rows per batch.
-        prioritized, alpha, beta: proportional prioritized replay.
+        prioritized, alpha, beta: proportional prioritized replay; the learner's
+            ``training_step`` returns new priorities as ``{"loss": ..., "priority": [B]}``
+            (written back by the ``ReplayFeedback`` callback).
         storage_dir: memory-map the buffer here (for buffers larger than RAM).
-        save_buffer: put the buffer into checkpoints so ``fit --ckpt_path last`` resumes
-            with the same contents.
+        save_buffer: the ``BufferCheckpoint`` callback saves the buffer beside every checkpoint
+            so that ``fit --ckpt_path last`` resumes with the same contents.
         eval_episodes: episodes per validation, run in ``eval_envs`` separate envs.
+        num_actors: 0 acts in this process inside the data fetch (deterministic); ``N`` runs N
+            actor processes (``actor_backend: local``) or Ray actors (``ray``) that fill the
+            buffer while the learner samples. The replay ratio is then a target enforced by
+            throttling either side (:class:`~lightning_wm.data.feeds.ReplayFeed`): after ``b``
+            batches ``prefill + b / replay_ratio`` rows are owed; the learner waits for rows while
+            it has ``ratio_slack`` fewer, and leaves chunks in the (bounded) queue, so that actors
+            block, while it has ``ratio_slack`` more. Rows still in the queue when a checkpoint is
+            taken are not in it: a resumed run starts its actors afresh (new episodes).
+        actor_backend: ``local`` (spawned processes) or ``ray`` (``pip install -e ".[ray]"``).
+        ray_address: ``None`` starts a local Ray instance; ``auto`` or ``host:port`` joins a cluster.
+        envs_per_actor: envs in each actor's vector env (default ``env.num_envs``); the buffer
+            then has ``num_actors * envs_per_actor`` streams.
+        chunk_length: env steps per chunk an actor sends (``chunk_length * envs_per_actor`` rows).
+        publish_every: optimizer steps between the weight versions sent to the actors.
+        actor_timeout_s: an actor silent this long is reported as hung.
+        ratio_slack: rows of tolerance of the replay ratio (default: one chunk per actor).
     """
 
     def __init__(
@@ -76,9 +116,10 @@ class ReplayDataModule(pl.LightningDataModule):
         env: EnvConfig = EnvConfig(),
         capacity: int = 100_000,
         batch_size: int = 16,
-        sequence_length: int = 64,
-        sample: Literal["sequences", "transitions"] = "sequences",
-        cross_episodes: bool = True,
+        sampler: Sampler | None = None,
+        sequence_length: int | None = None,
+        sample: Literal["sequences", "transitions"] | None = None,
+        cross_episodes: bool | None = None,
         prefill: int = 1000,
         replay_ratio: float = 0.5,
         prioritized: bool = False,
@@ -88,17 +129,35 @@ class ReplayDataModule(pl.LightningDataModule):
         save_buffer: bool = False,
         eval_episodes: int = 5,
         eval_envs: int = 5,
+        num_actors: int = 0,
+        actor_backend: Literal["local", "ray"] = "local",
+        ray_address: str | None = None,
+        envs_per_actor: int | None = None,
+        chunk_length: int = 64,
+        publish_every: int = 1,
+        actor_timeout_s: float = 60.0,
+        ratio_slack: int | None = None,
     ) -> None:
         super().__init__()
         if replay_ratio <= 0:
             raise ValueError(f"replay_ratio (gradient steps per env step) must be > 0, got {replay_ratio}")
-        if prefill > capacity:
-            raise ValueError(f"prefill ({prefill} rows) exceeds the replay capacity ({capacity} rows): the buffer "
-                             "could never hold it; raise data.init_args.capacity or lower prefill")
+        for name, value, least in (("prefill", prefill, 0), ("batch_size", batch_size, 1),
+                                   ("sequence_length", sequence_length, 1), ("capacity", capacity, 1)):
+            if value is not None and value < least:
+                raise ValueError(f"data.init_args.{name} must be >= {least}, got {value}")
+        if storage_dir is not None:
+            check_writable(storage_dir, "replay storage_dir")
+        streams = env.num_envs
+        usable = streams * (capacity // streams)  # one ring of capacity // num_envs rows per env stream
+        if prefill > usable:
+            split = f": {streams} env streams of {capacity // streams} rows" if usable != capacity else ""
+            raise ValueError(f"prefill ({prefill} rows) exceeds the replay capacity ({usable} rows{split}): the buffer "
+                             "could never hold it and the random policy would act before every batch; raise "
+                             f"data.init_args.capacity or lower prefill to at most {usable}")
         self.env = env
         self.spec: EnvSpec = env_spec(env)
-        self.capacity, self.batch_size, self.sequence_length = capacity, batch_size, sequence_length
-        self.sample, self.cross_episodes, self.prefill = sample, cross_episodes, prefill
+        self.capacity, self.batch_size, self.prefill = capacity, batch_size, prefill
+        self.sampler = self._sampler(sampler, sequence_length, sample, cross_episodes)
         self.replay_ratio, self.prioritized, self.alpha, self.beta = replay_ratio, prioritized, alpha, beta
         self.storage_dir, self.save_buffer = storage_dir, save_buffer
         self.eval_episodes, self.eval_envs = eval_episodes, eval_envs
@@ -108,35 +167,70 @@ class ReplayDataModule(pl.LightningDataModule):
         self._batches_collected = 0  # batches whose env steps have been taken
         self._collected_ahead = 0  # after a resume: batches whose env steps the checkpoint already holds
         self._pending_state: dict[str, Any] | None = None
+        self._warned_priorities = False
+
+        if num_actors < 0:
+            raise ValueError(f"num_actors must be >= 0, got {num_actors}")
+        self.num_actors, self.ratio_slack = num_actors, ratio_slack
+        self._actors = ActorLink(env, num_actors, envs_per_actor or env.num_envs, chunk_length, actor_backend,
+                                 ray_address, actor_timeout_s, publish_every) if num_actors > 0 else None
+        self._feed: ReplayFeed | None = None
+        self._actor_counts = (0, 0)  # (rows, batches) of the feed restored from a checkpoint
+
+    @staticmethod
+    def _sampler(sampler: Sampler | None, sequence_length: int | None, sample: str | None,
+                 cross_episodes: bool | None) -> Sampler:
+        """``sampler``, or the one the shorthand options describe."""
+        shorthand = {k: v for k, v in (("sequence_length", sequence_length), ("sample", sample),
+                                       ("cross_episodes", cross_episodes)) if v is not None}
+        if sampler is not None:
+            if shorthand:
+                raise ValueError(f"data.init_args.sampler is given, so {sorted(shorthand)} must not be: set them in "
+                                 "the sampler's init_args instead")
+            return sampler
+        if sample == "transitions":
+            return RowSampler()
+        return SequenceSampler(64 if sequence_length is None else sequence_length,
+                               True if cross_episodes is None else cross_episodes)
 
     # -- setup ------------------------------------------------------------------------
     def pop_env_stats(self) -> EnvStats:
-        """Env steps so far and the episodes finished since the last call (:class:`EnvStatsSource`)."""
+        """Env steps so far and the episodes finished since the last call (:class:`EnvStatsSource`);
+        with actors also their gauges (``actors/*``)."""
+        if self._actors is not None:
+            metrics = self._actors.metrics
+            rows = self._feed.rows if self._feed is not None else self._actor_counts[0]
+            return EnvStats(env_steps=rows, episodes=metrics.pop_episodes(), metrics=metrics.gauges())
         if self.collector is None:
             return EnvStats()
         stats = self.collector.stats
         return EnvStats(env_steps=stats.env_steps, episodes=stats.pop_finished())
 
-    def _rank_env(self, offset: int = 0) -> EnvConfig:
+    def _seed(self, role: str) -> int:
+        """This rank's seed for ``role`` (``lightning_wm.seeding``)."""
         rank, _ = _rank_and_world(getattr(self, "trainer", None))
-        cfg = EnvConfig(**{**vars(self.env)})
-        cfg.seed = self.env.seed + 1000 * rank + offset
-        return cfg
+        return derive_seed(self.env.seed, role, rank)
+
+    def train_env_seeds(self) -> list[int]:
+        """The first-reset seeds of this rank's training envs (one per env)."""
+        rank, _ = _rank_and_world(getattr(self, "trainer", None))
+        return env_seeds(self.env.seed, self.env.num_envs, "train", rank)
 
     def setup(self, stage: str) -> None:
         if self.buffer is not None:
             return
-        cfg = self._rank_env()
         storage = None
         if self.storage_dir is not None:
             rank, _ = _rank_and_world(getattr(self, "trainer", None))
             storage = os.path.join(self.storage_dir, f"rank{rank}")
+        streams = self._actors.num_streams if self._actors is not None else self.env.num_envs
         self.buffer = ReplayBuffer(
-            self.capacity, cfg.num_envs, prioritized=self.prioritized, alpha=self.alpha, beta=self.beta,
-            storage_dir=storage, seed=cfg.seed,
+            self.capacity, streams, prioritized=self.prioritized, alpha=self.alpha, beta=self.beta,
+            storage_dir=storage, seed=self._seed("replay"), checkpoint=self.save_buffer,
         )
-        self.collector = Collector(make_vector_env(cfg), RandomAgent(self.spec, seed=cfg.seed), self.buffer,
-                                   seed=cfg.seed, spec=self.spec)
+        if self._actors is None:
+            self.collector = Collector(make_vector_env(self.env), RandomAgent(self.spec, seed=self._seed("prefill")),
+                                       self.buffer, seeds=self.train_env_seeds(), spec=self.spec)
         if self._pending_state is not None:
             self._restore(self._pending_state)
             self._pending_state = None
@@ -144,6 +238,35 @@ class ReplayDataModule(pl.LightningDataModule):
     def teardown(self, stage: str) -> None:
         if self.collector is not None:
             self.collector.env.close()
+        self._stop_actors()
+
+    def on_exception(self, exception: BaseException) -> None:
+        """Stop the actors on Ctrl-C or an error (Lightning skips ``teardown`` then)."""
+        self._stop_actors()
+
+    def _stop_actors(self) -> None:
+        if self._actors is not None:
+            self._actors.close()
+        if self._feed is not None:  # a later fit starts new actors and continues the counts
+            self._actor_counts = (self._feed.rows, self._feed.batches)
+            self._feed = None
+
+    # -- actors -----------------------------------------------------------------------
+    def publish_weights(self, module: Any, version: int) -> None:
+        """:class:`~lightning_wm.protocols.WeightSink`: the first call starts the actors with
+        ``module.acting_copy()``; later ones send a new version every ``publish_every`` steps."""
+        if self._actors is None:
+            return  # in-process acting uses the live module
+        rank, _ = _rank_and_world(getattr(self, "trainer", None))
+        owed = max(0, self.prefill - (len(self.buffer) if self.buffer is not None else 0))
+        random_steps = math.ceil(owed / self._actors.num_streams)  # each actor's share of the random prefill
+        self._actors.publish(module, version, rank=rank, random_steps=random_steps)
+        if self._feed is None:
+            assert self.buffer is not None, "setup() was not called"
+            self._feed = ReplayFeed(self._actors.require_pool(), self.buffer, self.replay_ratio, self.prefill,
+                                    self.ratio_slack, self._actors.metrics)
+            self._feed.rows, self._feed.batches = self._actor_counts
+
 
     # -- the stream -------------------------------------------------------------------
     def _agent(self) -> Any:
@@ -153,10 +276,15 @@ class ReplayDataModule(pl.LightningDataModule):
 
     def collect_for_batch(self) -> None:
         """Prefill with random actions if the buffer is short, then act for this batch's rows."""
+        if self._actors is not None:
+            if self._feed is None:
+                self._actors.require_pool()
+            self._feed.before_batch(_learner_version(getattr(self, "trainer", None)))
+            return
         collector = self.collector
         assert collector is not None, "setup() was not called"
         if len(self.buffer) < self.prefill:  # a fresh run, or a resume without a saved buffer
-            collector.set_agent(RandomAgent(self.spec, seed=self._rank_env().seed))
+            collector.set_agent(RandomAgent(self.spec, seed=self._seed("prefill")))
             collector.collect(math.ceil((self.prefill - len(self.buffer)) / collector.num_envs))
         if self._collected_ahead > 0:
             # Lightning fetches one batch ahead of the step it trains, so a checkpoint holds the env
@@ -174,10 +302,8 @@ class ReplayDataModule(pl.LightningDataModule):
             collector.collect(steps, explore=True)
 
     def sample_batch(self) -> dict[str, torch.Tensor]:
-        assert self.buffer is not None
-        if self.sample == "transitions":
-            return self.buffer.sample(self.batch_size)
-        return self.buffer.sample_sequences(self.batch_size, self.sequence_length, self.cross_episodes)
+        assert self.buffer is not None, "setup() was not called"
+        return self.sampler.sample(self.buffer, self.batch_size)
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(_ReplayStream(self), batch_size=None, num_workers=0)
@@ -190,48 +316,63 @@ class ReplayDataModule(pl.LightningDataModule):
     # -- evaluation -------------------------------------------------------------------
     def evaluate(self, agent: Any, episodes: int | None = None) -> list[dict[str, float]]:
         """Run ``episodes`` episodes with ``explore=False`` in fresh envs; return their stats."""
-        cfg = self._rank_env(offset=500_000)
-        return run_evaluation(cfg, agent, episodes or self.eval_episodes, self.eval_envs, cfg.seed, spec=self.spec)
+        return run_evaluation(self.env, agent, episodes or self.eval_episodes, self.eval_envs, self._seed("eval"),
+                              spec=self.spec)
+
+    # -- feedback (FeedbackSink) and buffers (ReplayHolder) --------------------------------
+    def replay_buffers(self) -> dict[str, ReplayBuffer]:
+        """The buffers this datamodule holds, by name (``BufferCheckpoint`` saves those with
+        ``checkpoint`` set, i.e. ``save_buffer: true``)."""
+        return {} if self.buffer is None else {"replay": self.buffer}
+
+    def apply_feedback(self, batch: dict[str, Any], feedback: dict[str, Any]) -> dict[str, int]:
+        """Write a learner's feedback on ``batch`` back into the buffer.
+
+        ``feedback["priority"]`` ``[B]``: new priorities of ``batch["index"]``;
+        ``feedback["write"]``: ``{"index": [N], "generation": [N], "columns": {key: [N, ...]}}``
+        (e.g. reanalysed targets of rows ``batch["row_index"][mask]``). Rows overwritten since
+        the batch was sampled are skipped (generations); for a batch with ``is_real`` (mixed
+        real/imagined) priorities go to the real rows only.
+
+        Returns:
+            ``{"applied": rows written, "stale": rows skipped as overwritten}``.
+        """
+        assert self.buffer is not None, "setup() was not called"
+        applied = stale = 0
+        priority = feedback.get("priority")
+        if priority is not None and not self.buffer.prioritized:
+            if not self._warned_priorities:
+                warnings.warn("training_step returns priorities but the replay buffer is uniform "
+                              "(data.init_args.prioritized: false); they are ignored", stacklevel=2)
+                self._warned_priorities = True
+        elif priority is not None:
+            index, generation = batch["index"], batch["generation"]
+            if "is_real" in batch:
+                real = batch["is_real"].bool()
+                index, generation, priority = index[real], generation[real], priority[real]
+            done = self.buffer.update_priorities(index, priority, generation)
+            applied, stale = applied + done, stale + len(index) - done
+        write = feedback.get("write")
+        if write is not None:
+            done = self.buffer.write(write["index"], write["columns"], write["generation"])
+            applied, stale = applied + done, stale + len(write["index"]) - done
+        return {"applied": applied, "stale": stale}
 
     # -- checkpointing ----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        """Acting progress (replay-ratio credit, batches collected, env statistics). The buffer
+        itself is saved beside the checkpoint by ``BufferCheckpoint``."""
         trainer = getattr(self, "trainer", None)
         state: dict[str, Any] = {"credit": self._credit, "batches_collected": self._batches_collected,
                                  "global_step": int(getattr(trainer, "global_step", 0) or 0)}
         if self.collector is not None:
             state["stats"] = self.collector.stats.state_dict()
-        if self.save_buffer and self.buffer is not None:
-            rank, _ = _rank_and_world(trainer)
-            step = state["global_step"]
-            state["buffer_step"] = step
-            if rank == 0:
-                state["buffer"] = self.buffer.state_dict()
-            else:  # Lightning saves the datamodule state of rank 0 only: other ranks keep side files
-                torch.save(self.buffer.state_dict(), self._side_file(rank, step))
-                self._prune_side_files(rank, keep=self.keep_side_files)
+        if self._feed is not None:
+            state["actor_rows"], state["actor_batches"] = self._feed.rows, self._feed.batches
         return state
 
-    keep_side_files = 2  # the newest side files per rank (the last checkpoint and the one before)
-
-    def _side_dir(self) -> str:
-        directory = getattr(getattr(self, "trainer", None), "checkpoint_dir", None) or "."
-        os.makedirs(directory, exist_ok=True)
-        return directory
-
-    def _side_file(self, rank: int, step: int) -> str:
-        """The buffer of DDP rank ``rank > 0`` as of global step ``step`` (a checkpoint of that step
-        names the step in ``buffer_step``, so resuming an older checkpoint finds the matching file)."""
-        return os.path.join(self._side_dir(), f"replay_rank{rank}_step{step}.pt")
-
-    def _prune_side_files(self, rank: int, keep: int) -> None:
-        prefix, directory = f"replay_rank{rank}_step", self._side_dir()
-        files = [f for f in os.listdir(directory) if f.startswith(prefix) and f.endswith(".pt")]
-        files.sort(key=lambda f: int(f[len(prefix):-3]))
-        for f in files[:-keep]:
-            os.remove(os.path.join(directory, f))
-
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if self.collector is None:
+        if self.buffer is None:
             self._pending_state = state  # restored in setup()
         else:
             self._restore(state)
@@ -240,18 +381,13 @@ class ReplayDataModule(pl.LightningDataModule):
         self._credit = float(state.get("credit", 0.0))
         self._batches_collected = int(state.get("batches_collected", 0))
         self._collected_ahead = max(0, self._batches_collected - int(state.get("global_step", self._batches_collected)))
-        if "stats" in state:
+        if "stats" in state and self.collector is not None:
             self.collector.stats.load_state_dict(state["stats"])
-        rank, _ = _rank_and_world(getattr(self, "trainer", None))
-        if rank == 0 and "buffer" in state:
+        if "actor_rows" in state:  # the rows actors had sent; chunks still queued then are lost
+            self._actor_counts = (int(state["actor_rows"]), int(state["actor_batches"]))
+        if "buffer" in state:  # a checkpoint from before BufferCheckpoint kept rank 0's buffer inline
             self.buffer.load_state_dict(state["buffer"])
-        elif rank > 0 and self.save_buffer and "buffer_step" in state:
-            path = self._side_file(rank, int(state["buffer_step"]))
-            if os.path.isfile(path):
-                self.buffer.load_state_dict(torch.load(path, weights_only=True))
-            else:
-                warnings.warn(f"rank {rank}: no replay side file {path} for this checkpoint's step; this rank "
-                              "starts with an empty buffer and prefills again", stacklevel=2)
+            self.buffer.mark_episode_end()
 
 
 # ---------------------------------------------------------------------------------------
@@ -291,11 +427,23 @@ class _EpisodeStream(IterableDataset):
         self.seed, self.shuffle, self.rank, self.world, self.keys = seed, shuffle, rank, world, keys
         self.cross_episodes, self.skip_corrupt, self.pool_episodes = cross_episodes, skip_corrupt, pool_episodes
         self.epoch = 0
+        self._layout: dict[str, tuple[tuple[int, ...], str]] | None = None
 
     def _load(self, path: Path) -> dict[str, np.ndarray] | None:
         episode = self.store.load(path, skip_corrupt=self.skip_corrupt)
         if episode is not None and self.keys is not None:
             episode = {k: episode[k] for k in self.keys}
+        if episode is None:
+            return None
+        if self._layout is None:  # the first episode read defines the rows every other one must have
+            self._layout = row_layout(episode)
+        try:
+            check_layout(episode, self._layout, path)
+        except CorruptEpisodeError as err:
+            if not self.skip_corrupt:
+                raise
+            warnings.warn(f"skipping {err}", RuntimeWarning, stacklevel=2)
+            return None
         return episode
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
@@ -406,7 +554,8 @@ class EpisodeDataModule(pl.LightningDataModule):
     def _stream(self, paths: list[Path], batches: int, shuffle: bool) -> DataLoader:
         rank, world = _rank_and_world(getattr(self, "trainer", None))
         ds = _EpisodeStream(
-            self.store, paths, self.mode, self.batch_size, self.sequence_length, batches, self.seed + 1000 * rank,
+            self.store, paths, self.mode, self.batch_size, self.sequence_length, batches,
+            derive_seed(self.seed, "episodes", rank),
             shuffle, rank, world, self.keys, self.cross_episodes, self.skip_corrupt, self.pool_episodes,
         )
         return DataLoader(ds, batch_size=None, num_workers=self.num_workers,
@@ -436,3 +585,192 @@ class EpisodeDataModule(pl.LightningDataModule):
         if not val:
             return []  # type: ignore[return-value]
         return self._stream(val, self.val_batches, shuffle=False)
+
+
+# ---------------------------------------------------------------------------------------
+# Unrolls straight to the learner (IMPALA)
+# ---------------------------------------------------------------------------------------
+
+
+class _UnrollStream(IterableDataset):
+    """Infinite stream of unroll batches ``[B, T+1, ...]``."""
+
+    def __init__(self, datamodule: "UnrollDataModule") -> None:
+        self.datamodule = datamodule
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        while True:
+            yield self.datamodule.next_batch()
+
+
+class UnrollDataModule(pl.LightningDataModule):
+    """Online data for on-policy-ish learners: batches of unrolls ``[B, T+1, ...]``.
+
+    Each env's rows are cut into unrolls of ``T + 1`` rows overlapping by one (unroll ``k``
+    holds rows ``kT .. kT+T``: the last row of one is the first of the next, so a learner can
+    bootstrap from it), with every row-convention key, the agent's extras (e.g. behaviour
+    ``logits``) and ``policy_version``. Batches are batch-major; V-trace and other pure math
+    are time-major, so learners transpose.
+
+    Args:
+        env: the training environment.
+        unroll_length: ``T``, steps per unroll (an unroll has ``T + 1`` rows).
+        batch_size: unrolls per batch.
+        num_actors: 0 acts in this process with the learner's module, just before a batch
+            needs unrolls (on-policy, deterministic); ``N`` runs N actor processes (or Ray
+            actors) that act with published weights (``policy_version`` says which).
+        actor_backend, ray_address, envs_per_actor, publish_every, actor_timeout_s: as in
+            :class:`ReplayDataModule`; ``envs_per_actor`` defaults to ``env.num_envs``.
+        replay_size: 0 uses each unroll once, oldest first; ``> 0`` keeps the newest
+            ``replay_size`` unrolls and draws each batch uniformly among those used fewer than
+            ``max_use`` times.
+        max_use: uses of an unroll at most (with replay).
+        queue_size: chunks that may wait for the learner before the actors block (local
+            backend; default 2 per actor). Fewer keep the policy lag lower when the learner is
+            the slower side: each waiting chunk was made by older weights.
+        prioritized: draw replayed unrolls in proportion to ``priority ** alpha`` (needs
+            ``replay_size > 0``); batches then carry the importance weights ``weight [B]``
+            (exponent ``beta``) and the learner's ``"priority"`` outputs come back through
+            :meth:`apply_feedback` (the ``ReplayFeedback`` callback).
+        alpha, beta: prioritization and importance-weight exponents.
+        eval_episodes, eval_envs: validation episodes and their envs.
+    """
+
+    def __init__(
+        self,
+        env: EnvConfig = EnvConfig(),
+        unroll_length: int = 32,
+        batch_size: int = 16,
+        num_actors: int = 0,
+        actor_backend: Literal["local", "ray"] = "local",
+        ray_address: str | None = None,
+        envs_per_actor: int | None = None,
+        publish_every: int = 1,
+        actor_timeout_s: float = 60.0,
+        queue_size: int | None = None,
+        replay_size: int = 0,
+        max_use: int = 1,
+        prioritized: bool = False,
+        alpha: float = 0.6,
+        beta: float = 0.4,
+        eval_episodes: int = 5,
+        eval_envs: int = 5,
+    ) -> None:
+        super().__init__()
+        if unroll_length < 1:
+            raise ValueError(f"unroll_length must be >= 1, got {unroll_length}")
+        if num_actors < 0:
+            raise ValueError(f"num_actors must be >= 0, got {num_actors}")
+        self.env = env
+        self.spec: EnvSpec = env_spec(env)
+        self.unroll_length, self.batch_size, self.num_actors = unroll_length, batch_size, num_actors
+        self.replay_size, self.max_use = replay_size, max_use
+        self.eval_episodes, self.eval_envs = eval_episodes, eval_envs
+        self.batcher = UnrollBatcher(batch_size, replay_size, max_use, seed=env.seed, prioritized=prioritized,
+                                     alpha=alpha, beta=beta)
+        self._actors = ActorLink(env, num_actors, envs_per_actor or env.num_envs, unroll_length, actor_backend,
+                                 ray_address, actor_timeout_s, publish_every, overlap=True,
+                                 queue_size=queue_size) if num_actors > 0 else None
+        self.collector: Collector | None = None
+        self._actor_steps = 0  # env steps the actors' chunks brought
+
+    def setup(self, stage: str) -> None:
+        if self._actors is None and self.collector is None:
+            rank, _ = _rank_and_world(getattr(self, "trainer", None))
+            # acts with the learner's module (set at the first batch); seeds as ReplayDataModule's envs
+            self.collector = Collector(make_vector_env(self.env), RandomAgent(self.spec, seed=0),
+                                       seeds=env_seeds(self.env.seed, self.env.num_envs, "train", rank), spec=self.spec)
+
+    def teardown(self, stage: str) -> None:
+        if self.collector is not None:
+            self.collector.env.close()
+            self.collector = None
+        if self._actors is not None:
+            self._actors.close()
+
+    def on_exception(self, exception: BaseException) -> None:
+        if self._actors is not None:
+            self._actors.close()
+
+    def publish_weights(self, module: Any, version: int) -> None:
+        """:class:`~lightning_wm.protocols.WeightSink`: the first call starts the actors."""
+        if self._actors is not None:
+            rank, _ = _rank_and_world(getattr(self, "trainer", None))
+            self._actors.publish(module, version, rank=rank)
+
+    def apply_feedback(self, batch: dict, feedback: dict) -> dict[str, int]:
+        """:class:`~lightning_wm.protocols.FeedbackSink`: the learner's ``"priority" [B]`` for the
+        unrolls ``batch["index"]``; unrolls that left the replay since are skipped. Returns
+        ``{"applied", "stale"}`` counts."""
+        if "priority" not in feedback:
+            return {"applied": 0, "stale": 0}
+        if not self.batcher.prioritized:
+            raise ValueError("the learner returns priorities but the unroll replay is not prioritized: set "
+                             "data.init_args.prioritized: true (and replay_size > 0), or the model's priority: false")
+        priority = feedback["priority"]
+        priority = priority.detach().cpu().numpy() if isinstance(priority, torch.Tensor) else priority
+        return self.batcher.update_priorities(batch["index"].cpu().numpy(), priority)
+
+    def pop_env_stats(self) -> EnvStats:
+        """:class:`~lightning_wm.protocols.EnvStatsSource`: env steps, finished episodes, actor gauges."""
+        if self._actors is not None:
+            metrics = self._actors.metrics
+            return EnvStats(env_steps=self._actor_steps, episodes=metrics.pop_episodes(), metrics=metrics.gauges())
+        if self.collector is None:
+            return EnvStats()
+        return EnvStats(env_steps=self.collector.stats.env_steps, episodes=self.collector.stats.pop_finished())
+
+    def _learner(self) -> tuple[Any, int]:
+        trainer = getattr(self, "trainer", None)
+        if trainer is None or trainer.lightning_module is None:
+            raise RuntimeError("UnrollDataModule acts with the module being trained; use it inside Trainer.fit")
+        return trainer.lightning_module, int(trainer.global_step)
+
+    def next_batch(self) -> dict[str, torch.Tensor]:
+        """Unrolls for one batch: acted in process, or taken from the actors (waiting if needed)."""
+        if self._actors is None:
+            collector = self.collector
+            assert collector is not None, "setup() was not called"
+            module, version = self._learner()
+            if collector.agent is not module:
+                collector.set_agent(module)
+            while not self.batcher.ready():
+                collector.policy_version = version
+                self.batcher.add(collector.collect_chunk(self.unroll_length, explore=True, overlap=True))
+            return self.batcher.batch()
+        pool = self._actors.require_pool()
+        pool.check()
+        metrics, version = self._actors.metrics, _learner_version(getattr(self, "trainer", None))
+        # wait while the batch lacks unrolls; with replay also take (without waiting) up to one
+        # chunk per actor, so fresh unrolls keep coming while old ones are reused
+        taken, waited = 0, 0.0
+        while not self.batcher.ready() or (self.replay_size > 0 and taken < pool.num_actors):
+            start = time.monotonic()
+            chunk = pool.get(timeout=0.5 if not self.batcher.ready() else 0.0)
+            if not self.batcher.ready():
+                waited += time.monotonic() - start
+            if chunk is None:
+                if self.batcher.ready():
+                    break
+                continue
+            self.batcher.add(chunk.rows)
+            self._actor_steps += chunk.env_steps
+            metrics.chunk(chunk, version)
+            taken += 1
+        metrics.queue_depth = pool.qsize()
+        metrics.waited(waited)
+        return self.batcher.batch()
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(_UnrollStream(self), batch_size=None, num_workers=0)
+
+    def val_dataloader(self) -> DataLoader:
+        return evaluation_loader(self.evaluate)
+
+    test_dataloader = val_dataloader
+
+    def evaluate(self, agent: Any, episodes: int | None = None) -> list[dict[str, float]]:
+        """Run ``episodes`` episodes with ``explore=False`` in fresh envs; return their stats."""
+        rank, _ = _rank_and_world(getattr(self, "trainer", None))
+        seed = derive_seed(self.env.seed, "eval", rank)
+        return run_evaluation(self.env, agent, episodes or self.eval_episodes, self.eval_envs, seed, spec=self.spec)

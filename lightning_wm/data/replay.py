@@ -1,118 +1,168 @@
-"""ReplayBuffer: a preallocated ring per env stream, with row and sequence sampling.
+"""ReplayBuffer: a preallocated ring per stream, with slot generations, priorities and write-back.
 
 Rows follow the project's row convention (see ``DESIGN.md``): one row per env step with
 ``obs``, ``reward``, ``is_first``, ``is_last``, ``is_terminal``, ``action`` and any agent
 extras. Keys are not fixed in advance; storage for a key is allocated the first time it
-is seen.
+is seen. How rows are *read* (sequences, unroll windows, transitions, ...) is the job of the
+samplers in :mod:`lightning_wm.data.samplers`; this module stores rows and draws positions.
 
 Layout
 ------
-``capacity // num_envs`` rows per stream. Each key ``k`` is stored in one array of shape
-``[num_envs, cap_per_stream, *shape_k]`` (in memory, or a memory-mapped ``.npy`` file
-when ``storage_dir`` is given). All streams advance together, so there is a single write
-position ``pos`` shared by every stream and the same number of stored rows per stream.
-A row is addressed by its *flat slot index* ``stream * cap_per_stream + t``; this is the
-``index`` returned by the samplers and accepted by :meth:`ReplayBuffer.update_priorities`.
+``capacity // num_streams`` rows per stream. Each key ``k`` is stored in one array of shape
+``[num_streams, cap_per_stream, *shape_k]`` (in memory, or a memory-mapped ``.npy`` file
+when ``storage_dir`` is given). Every stream has its own write head: :meth:`ReplayBuffer.add`
+and :meth:`ReplayBuffer.add_many` may write to some streams only (actors deliver chunks for
+their own envs). A row is addressed by its *flat slot index* ``stream * cap_per_stream + slot``;
+this is the ``index`` the samplers return and :meth:`ReplayBuffer.update_priorities` /
+:meth:`ReplayBuffer.write` accept.
+
+Generations
+-----------
+Each stream counts the rows ever written to it; a slot stores that counter at the time it was
+written (its *generation*, int64, ``-1`` while unwritten). Within a stream generations are the
+rows' time order, so ``generation[slot + j] == generation[slot] + j`` exactly when the ``j``
+rows after ``slot`` were written after it and have not been overwritten since: samplers use
+this to stop windows at the write head. Feedback (new priorities, reanalysed columns) carries
+the generations it was computed for, and rows overwritten since they were sampled are skipped.
+That keeps late feedback safe, e.g. under Lightning's one-batch prefetch, where batch ``N + 1``
+(and the env steps before it) is drawn before the feedback of batch ``N`` arrives.
 
 Nested observations
 -------------------
 A dict value (e.g. ``obs={'image': ..., 'state': ...}``) is stored under flattened keys
 ``'obs/image'``, ``'obs/state'`` and returned with the same nesting. Keys therefore must
-not contain ``'/'`` themselves. ``index`` and ``weight`` are reserved output keys.
+not contain ``'/'``. Sampler output names (:data:`RESERVED_KEYS` and anything starting with
+``next_``) cannot be row keys.
 
 Dtypes
 ------
 Dtypes are kept as given (uint8 pixels stay uint8, bools stay bool, int64 actions stay
-int64), except float64 which is stored as float32. Later adds are cast to the stored dtype.
+int64), except float64 which is stored as float32. Later writes are cast to the stored dtype.
 """
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import numpy as np
-
-from lightning_wm.tree import flatten as _flatten, unflatten as _unflatten
 import torch
 
 from lightning_wm.data.sumtree import SumTree
+from lightning_wm.io import atomic_torch_save
+from lightning_wm.tree import flatten, unflatten
 
-__all__ = ["ReplayBuffer"]
+__all__ = ["ReplayBuffer", "RESERVED_KEYS", "ENV_KEYS"]
 
-_RESERVED = ("index", "weight")
-_STATE_VERSION = 1
+#: keys the samplers add to batches; rows may not use them (nor names starting with ``next_``)
+RESERVED_KEYS = ("index", "generation", "row_index", "row_generation", "weight", "mask", "is_real")
+#: the row convention's env keys; every other key (action, agent extras) is zeroed on a last row
+ENV_KEYS = ("obs", "reward", "is_first", "is_last", "is_terminal")
+_STATE_VERSION = 2
+Accept = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
 def _to_numpy(value: Any) -> np.ndarray:
     if isinstance(value, torch.Tensor):
-        return value.detach().cpu().numpy()
+        value = value.detach()
+        if value.dtype == torch.bfloat16:  # numpy has no bfloat16 (e.g. priorities from a bf16-mixed step)
+            value = value.float()
+        return value.cpu().numpy()
     return np.asarray(value)
 
 
+def _storage_dtype(key: str, arr: np.ndarray) -> np.dtype:
+    if arr.dtype == object:
+        raise ValueError(f"key {key!r} has dtype object; give numeric arrays")
+    return np.dtype(np.float32) if arr.dtype == np.float64 else arr.dtype
+
+
+def _top_key(flat_key: str) -> str:
+    return flat_key.split("/", 1)[0]
+
+
 class ReplayBuffer:
-    """Ring-buffer replay over ``num_envs`` parallel env streams.
+    """Ring-buffer replay over ``num_streams`` streams (one per env), each with its own write head.
 
     Args:
         capacity: total number of rows over all streams; each stream gets a ring of
-            ``capacity // num_envs`` rows.
-        num_envs: number of parallel env streams; every :meth:`add` writes one row to each.
+            ``capacity // num_streams`` rows.
+        num_streams: number of streams (rings). ``num_envs`` is accepted as an alias.
         prioritized: keep a sum tree of priorities and sample proportionally to
-            ``priority ** alpha`` (Schaul et al., 2016). New rows get the largest priority
-            seen so far (1.0 initially).
+            ``priority ** alpha`` (Schaul et al., 2016). New rows get the given priority or
+            the largest priority seen so far (1.0 initially).
         alpha: priority exponent (0 = uniform).
         beta: importance-weight exponent; a public attribute, so it can be annealed.
         storage_dir: if given, every key is a memory-mapped ``.npy`` file in this
             directory (created if needed; existing files of the same name are overwritten),
             for buffers larger than RAM.
-        seed: seed of the buffer's own ``numpy.random.Generator``.
+        seed: seed of the buffer's own ``numpy.random.Generator`` (samplers draw from it).
+        checkpoint: whether :class:`~lightning_wm.callbacks.BufferCheckpoint` saves this
+            buffer beside the trainer's checkpoints (an imagination buffer opts out).
     """
 
     def __init__(
         self,
         capacity: int,
-        num_envs: int = 1,
+        num_streams: int = 1,
         *,
         prioritized: bool = False,
         alpha: float = 0.6,
         beta: float = 0.4,
         storage_dir: str | os.PathLike | None = None,
         seed: int | None = None,
+        checkpoint: bool = True,
+        num_envs: int | None = None,
     ) -> None:
-        if num_envs < 1:
-            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
-        if capacity < num_envs:
-            raise ValueError(f"capacity ({capacity}) must be >= num_envs ({num_envs})")
+        if num_envs is not None:
+            if num_streams not in (1, num_envs):
+                raise ValueError(f"num_envs ({num_envs}) is an alias of num_streams ({num_streams}); give one of them")
+            num_streams = num_envs
+        if num_streams < 1:
+            raise ValueError(f"num_streams must be >= 1, got {num_streams}")
+        if capacity < num_streams:
+            raise ValueError(f"capacity ({capacity}) must be >= num_streams ({num_streams})")
         if alpha < 0 or beta < 0:
             raise ValueError(f"alpha and beta must be >= 0, got alpha={alpha}, beta={beta}")
         self.capacity = int(capacity)
-        self.num_envs = int(num_envs)
-        self.cap_per_stream = self.capacity // self.num_envs
+        self.num_streams = int(num_streams)
+        self.cap_per_stream = self.capacity // self.num_streams
         self.prioritized = bool(prioritized)
         self.alpha = float(alpha)
         self.beta = float(beta)
+        self.checkpoint = bool(checkpoint)
         self.storage_dir = Path(storage_dir) if storage_dir is not None else None
         if self.storage_dir is not None:
             self.storage_dir.mkdir(parents=True, exist_ok=True)
         self._rng = np.random.default_rng(seed)
         self._data: dict[str, np.ndarray] = {}
-        self._pos = 0  # next slot to write, same for all streams
-        self._count = 0  # rows stored per stream
+        self._optional: set[str] = set()  # keys created by write(): rows may leave them out
+        S, cap = self.num_streams, self.cap_per_stream
+        self._pos = np.zeros(S, np.int64)  # next slot to write, per stream
+        self._count = np.zeros(S, np.int64)  # rows stored, per stream
+        self._written = np.zeros(S, np.int64)  # rows ever written, per stream (the next generation)
+        self._gen = np.full((S, cap), -1, np.int64)
+        self._lockstep = True  # every stream has the same write head and count
         self._max_priority = 1.0
-        self._tree = SumTree(self.num_envs * self.cap_per_stream) if self.prioritized else None
-        self._stream_base = np.arange(self.num_envs, dtype=np.int64) * self.cap_per_stream
+        self._tree = SumTree(S * cap) if self.prioritized else None
+        self._all_streams = np.arange(S, dtype=np.int64)
+        self.revision = 0  # bumped by every change; lets a checkpoint skip rewriting an unchanged buffer
 
     # ------------------------------------------------------------------ basics
+    @property
+    def num_envs(self) -> int:
+        """Alias of :attr:`num_streams` (one stream per env)."""
+        return self.num_streams
+
     def __len__(self) -> int:
         """Total rows stored over all streams."""
-        return self.num_envs * self._count
+        return int(self._count.sum())
 
-    @property
-    def num_streams(self) -> int:
-        """Number of env streams (rings)."""
-        return self.num_envs
+    def __contains__(self, key: str) -> bool:
+        """Whether flat key ``key`` (e.g. ``'is_first'``, ``'obs/image'``) is stored."""
+        return key in self._data
 
     @property
     def keys(self) -> list[str]:
@@ -120,23 +170,29 @@ class ReplayBuffer:
         return list(self._data)
 
     @property
-    def rows_per_stream(self) -> int:
-        """Rows currently stored in each stream."""
-        return self._count
+    def rows_per_stream(self) -> np.ndarray:
+        """Rows currently stored in each stream, int64 ``[num_streams]`` (a copy)."""
+        return self._count.copy()
+
+    @property
+    def oldest(self) -> np.ndarray:
+        """Slot of each stream's oldest stored row, int64 ``[num_streams]``."""
+        return (self._pos - self._count) % self.cap_per_stream
+
+    @property
+    def newest(self) -> np.ndarray:
+        """Slot of each stream's newest row, int64 ``[num_streams]`` (meaningless for empty streams)."""
+        return (self._pos - 1) % self.cap_per_stream
 
     def __repr__(self) -> str:
         kind = "prioritized" if self.prioritized else "uniform"
         return (
-            f"ReplayBuffer({len(self)}/{self.num_envs * self.cap_per_stream} rows, "
-            f"{self.num_envs} streams, {kind}, keys={self.keys})"
+            f"ReplayBuffer({len(self)}/{self.num_streams * self.cap_per_stream} rows, "
+            f"{self.num_streams} streams, {kind}, keys={self.keys})"
         )
 
-    @property
-    def _oldest(self) -> int:
-        return (self._pos - self._count) % self.cap_per_stream
-
     def _allocate(self, key: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        full = (self.num_envs, self.cap_per_stream, *shape)
+        full = (self.num_streams, self.cap_per_stream, *shape)
         if self.storage_dir is None:
             return np.zeros(full, dtype=dtype)  # calloc: pages are touched lazily
         path = self.storage_dir / (quote(key, safe="") + ".npy")
@@ -148,250 +204,411 @@ class ReplayBuffer:
             if isinstance(arr, np.memmap):
                 arr.flush()
 
+    def column(self, key: str) -> np.ndarray:
+        """The storage of flat key ``key``, ``[num_streams, cap_per_stream, *shape]`` (a view:
+        read it, do not write to it)."""
+        if key not in self._data:
+            raise ValueError(f"the replay rows have no {key!r} key (stored keys: {self.keys})")
+        return self._data[key]
+
     # ------------------------------------------------------------------ writing
-    def add(self, row: Mapping[str, np.ndarray | torch.Tensor]) -> None:
-        """Append one row to every stream.
+    def _streams(self, streams: Any) -> np.ndarray:
+        if streams is None:
+            return self._all_streams
+        s = _to_numpy(streams).astype(np.int64, copy=False).reshape(-1)
+        if s.size == 0:
+            raise ValueError("streams is empty")
+        if s.min() < 0 or s.max() >= self.num_streams:
+            raise ValueError(f"streams {s.tolist()} out of range [0, {self.num_streams})")
+        if np.unique(s).size != s.size:
+            raise ValueError(f"streams {s.tolist()} has duplicates")
+        return s
+
+    def _check_rows(self, flat: dict[str, Any], lead: tuple[int, ...], what: str) -> dict[str, np.ndarray]:
+        """Check every leaf of flattened rows has leading dims ``lead`` and the stored shape."""
+        if not flat:
+            raise ValueError(f"{what} got no keys")
+        arrays: dict[str, np.ndarray] = {}
+        for key, value in flat.items():
+            stored = self._data.get(key)
+            if stored is None and (key in RESERVED_KEYS or key.startswith("next_")):
+                raise ValueError(f"row key {key!r} is reserved for sampler output")
+            arr = _to_numpy(value)
+            if arr.shape[: len(lead)] != lead:
+                expected = (f"a leading dimension of {lead[0]} (one row per stream written)" if len(lead) == 1 else
+                            f"leading dimensions [T, {lead[1]}] (T rows for each stream written)")
+                raise ValueError(f"{what} key {key!r}: expected {expected}, got shape {tuple(arr.shape)}")
+            if stored is None:
+                _storage_dtype(key, arr)  # refuse an unstorable dtype before anything is allocated
+            elif arr.shape[len(lead):] != stored.shape[2:]:
+                raise ValueError(
+                    f"row key {key!r} changed shape: stored per-row shape {tuple(stored.shape[2:])}, "
+                    f"got {tuple(arr.shape[len(lead):])}"
+                )
+            arrays[key] = arr
+        missing = [k for k in self._data if k not in arrays and k not in self._optional]
+        if missing:
+            raise ValueError(f"{what} is missing key(s) {missing} that earlier rows had")
+        return arrays
+
+    def add(self, row: Mapping[str, Any], streams: Any = None, priority: Any = None) -> None:
+        """Append one row to each of ``streams`` (default: every stream).
 
         Args:
-            row: mapping key -> array of shape ``[num_envs, *shape_k]`` (numpy or torch;
-                nested mappings allowed). After the first add every stored key must be
-                present with the same trailing shape; a key seen for the first time later
-                is allocated then, with zeros in the rows written before it.
+            row: mapping key -> array ``[S, *shape_k]`` for the ``S`` streams written (numpy
+                or torch; nested mappings allowed). After the first add every stored key must
+                be present with the same trailing shape; a key seen for the first time later is
+                allocated then, with zeros in the rows written before it.
+            streams: int ``[S]`` distinct stream ids (default: all, in order).
+            priority: scalar or ``[S]`` priorities of the new rows (prioritized buffers only);
+                default: the largest priority seen so far.
 
         Raises:
             ValueError: naming the key, on a wrong leading dimension, a changed shape, a
                 missing key or a reserved/invalid key name. Nothing is written then.
         """
-        flat = _flatten(row)
-        if not flat:
-            raise ValueError("add() got an empty row")
-        arrays: dict[str, np.ndarray] = {}
-        for key, value in flat.items():
-            if key in _RESERVED:
-                raise ValueError(f"row key {key!r} is reserved for sampler output")
-            arr = _to_numpy(value)
-            if arr.ndim == 0 or arr.shape[0] != self.num_envs:
-                raise ValueError(
-                    f"row key {key!r}: expected a leading dimension of num_envs={self.num_envs}, "
-                    f"got shape {tuple(arr.shape)}"
-                )
-            stored = self._data.get(key)
-            if stored is not None and arr.shape[1:] != stored.shape[2:]:
-                raise ValueError(
-                    f"row key {key!r} changed shape: stored per-env shape {tuple(stored.shape[2:])}, "
-                    f"got {tuple(arr.shape[1:])}"
-                )
-            arrays[key] = arr
-        missing = [k for k in self._data if k not in arrays]
-        if missing:
-            raise ValueError(f"row is missing key(s) {missing} that earlier rows had")
+        s = self._streams(streams)
+        arrays = self._check_rows(flatten(row), (s.size,), "add()")
+        if streams is None and self._lockstep:
+            self._add_lockstep(arrays, priority)
+        else:
+            self._write_rows({k: a[None] for k, a in arrays.items()}, s, priority)
+
+    def _add_lockstep(self, arrays: dict[str, np.ndarray], priority: Any) -> None:
+        """:meth:`add` of one row to every stream while all write heads are equal (the usual case)."""
+        pri = self._new_priorities(priority, (1, self.num_streams))
+        p = int(self._pos[0])
         for key, arr in arrays.items():
             if key not in self._data:
-                dtype = np.dtype(np.float32) if arr.dtype == np.float64 else arr.dtype
-                if dtype == object:
-                    raise ValueError(f"row key {key!r} has dtype object; give numeric arrays")
-                self._data[key] = self._allocate(key, arr.shape[1:], dtype)
-        pos = self._pos
+                self._data[key] = self._allocate(key, arr.shape[1:], _storage_dtype(key, arr))
         for key, arr in arrays.items():
-            self._data[key][:, pos] = arr
+            self._data[key][:, p] = arr
+        for key in self._optional:
+            if key not in arrays:
+                self._data[key][:, p] = 0
+        self._gen[:, p] = self._written
         if self._tree is not None:
-            self._tree.set_unchecked(self._stream_base + pos, self._max_priority**self.alpha)
-        self._pos = (pos + 1) % self.cap_per_stream
-        self._count = min(self._count + 1, self.cap_per_stream)
+            if pri is not None:
+                self._max_priority = max(self._max_priority, float(pri.max()))
+            values = self._max_priority if pri is None else pri[0]
+            self._tree.set_unchecked(self._all_streams * self.cap_per_stream + p, np.power(values, self.alpha))
+        self._pos[:] = (p + 1) % self.cap_per_stream
+        if self._count[0] < self.cap_per_stream:
+            self._count += 1
+        self._written += 1
+        self.revision += 1
 
-    def update_priorities(self, index: np.ndarray | torch.Tensor, priority: np.ndarray | torch.Tensor) -> None:
+    def add_many(self, chunk: Mapping[str, Any], streams: Any = None, priority: Any = None) -> None:
+        """Append ``T`` consecutive rows to each of ``streams``: the same as ``T`` calls of
+        :meth:`add`, in one vectorised write.
+
+        Args:
+            chunk: mapping key -> array ``[T, S, *shape_k]`` (time-major, as actors send them).
+            streams: int ``[S]`` distinct stream ids (default: all, in order).
+            priority: scalar or ``[T, S]`` priorities (prioritized buffers only); default: the
+                largest priority seen so far.
+        """
+        s = self._streams(streams)
+        flat = flatten(chunk)
+        first = _to_numpy(next(iter(flat.values()))) if flat else np.zeros(0)
+        if first.ndim < 2:
+            raise ValueError(f"add_many() needs leaves of shape [T, streams, ...], got {tuple(first.shape)}")
+        arrays = self._check_rows(flat, (first.shape[0], s.size), "add_many()")
+        if first.shape[0] > 0:
+            self._write_rows(arrays, s, priority)
+
+    def _write_rows(self, arrays: dict[str, np.ndarray], s: np.ndarray, priority: Any) -> None:
+        """Write ``[T, S, ...]`` rows to streams ``s`` (checked), oldest first."""
+        T = next(iter(arrays.values())).shape[0]
+        pri = self._new_priorities(priority, (T, s.size))
+        cap = self.cap_per_stream
+        gen0 = self._written[s].copy()  # generation of the chunk's first row per stream
+        if pri is not None:  # every given priority counts as seen, also of rows the chunk itself overwrites
+            self._max_priority = max(self._max_priority, float(pri.max()))
+        skip = max(0, T - cap)  # only the last `cap` rows of a long chunk survive
+        if skip:
+            arrays = {k: a[skip:] for k, a in arrays.items()}
+            pri = pri[skip:] if pri is not None else None
+        for key, arr in arrays.items():
+            if key not in self._data:
+                self._data[key] = self._allocate(key, arr.shape[2:], _storage_dtype(key, arr))
+        absent = [k for k in self._optional if k not in arrays]
+        offsets = np.arange(skip, T, dtype=np.int64)
+        slot = (self._pos[s][None, :] + offsets[:, None]) % cap  # [n, S]
+        for key, arr in arrays.items():
+            self._data[key][s[None, :], slot] = arr
+        for key in absent:
+            self._data[key][s[None, :], slot] = 0
+        self._gen[s[None, :], slot] = gen0[None, :] + offsets[:, None]
+        leaves = (s[None, :] * cap + slot).reshape(-1)
+        if self._tree is not None:
+            values = self._max_priority if pri is None else pri.reshape(-1)
+            self._tree.set_unchecked(leaves, np.power(values, self.alpha))
+        self._pos[s] = (self._pos[s] + T) % cap
+        self._count[s] = np.minimum(self._count[s] + T, cap)
+        self._written[s] += T
+        self._lockstep = bool((self._pos == self._pos[0]).all() and (self._count == self._count[0]).all())
+        self.revision += 1
+
+    def _new_priorities(self, priority: Any, shape: tuple[int, int]) -> np.ndarray | None:
+        if priority is None:
+            return None
+        if self._tree is None:
+            raise ValueError("priorities given for a buffer created with prioritized=False")
+        pri = _to_numpy(priority).astype(np.float64)
+        try:
+            pri = np.broadcast_to(pri.reshape(shape) if pri.size == shape[0] * shape[1] else pri, shape)
+        except ValueError:
+            raise ValueError(f"priority of shape {tuple(pri.shape)} does not fit the new rows {shape}") from None
+        if not np.all(np.isfinite(pri)) or np.any(pri < 0):
+            raise ValueError("priorities must be finite and >= 0")
+        return pri
+
+    def _current(self, index: Any, generation: Any, what: str) -> tuple[np.ndarray, np.ndarray]:
+        """Check flat slot ids ``index [N]`` -> (index, bool ``[N]``: the slot still holds
+        ``generation`` (or, without one, any written row))."""
+        idx = _to_numpy(index).astype(np.int64, copy=False).reshape(-1)
+        size = self.num_streams * self.cap_per_stream
+        if idx.size and (idx.min() < 0 or idx.max() >= size):
+            raise ValueError(f"{what} index out of range [0, {size})")
+        stored = self._gen.reshape(-1)[idx]
+        if generation is None:
+            return idx, stored >= 0
+        gen = _to_numpy(generation).astype(np.int64, copy=False).reshape(-1)
+        if gen.shape != idx.shape:
+            raise ValueError(f"{what}: index has {idx.size} entries but generation has {gen.size}")
+        return idx, (stored == gen) & (stored >= 0)
+
+    def update_priorities(self, index: Any, priority: Any, generation: Any = None) -> int:
         """Set the priority of rows ``index`` (flat slot ids ``[N]``) to ``priority`` ``[N]``.
 
-        ``priority ** alpha`` is stored in the sum tree; priorities must be finite and
-        >= 0 (a row with priority 0 is never sampled; add a small epsilon yourself).
+        ``priority ** alpha`` is stored in the sum tree; priorities must be finite and >= 0
+        (a row with priority 0 is never sampled; add a small epsilon yourself). With
+        ``generation`` ``[N]`` (the ``generation`` of the sampled batch) a row is skipped when
+        its slot has been overwritten since; unwritten slots are always skipped.
+
+        Returns:
+            the number of rows updated.
         """
         if self._tree is None:
             raise ValueError("update_priorities() needs a buffer created with prioritized=True")
-        idx = _to_numpy(index).astype(np.int64, copy=False).reshape(-1)
+        idx, current = self._current(index, generation, "update_priorities()")
         pri = _to_numpy(priority).astype(np.float64, copy=False).reshape(-1)
         if idx.shape != pri.shape:
             raise ValueError(f"index has {idx.size} entries but priority has {pri.size}")
-        if idx.size == 0:
-            return
-        if idx.min() < 0 or idx.max() >= self._tree.capacity:
-            raise ValueError(f"priority index out of range [0, {self._tree.capacity})")
         if not np.all(np.isfinite(pri)) or np.any(pri < 0):
             raise ValueError("priorities must be finite and >= 0")
-        self._tree.set(idx, pri**self.alpha)
-        self._max_priority = max(self._max_priority, float(pri.max()))
+        idx, pri = idx[current], pri[current]
+        if idx.size:
+            self._tree.set(idx, pri**self.alpha)
+            self._max_priority = max(self._max_priority, float(pri.max()))
+            self.revision += 1
+        return int(idx.size)
 
-    # ------------------------------------------------------------------ sampling
-    def _check_nonempty(self) -> None:
-        if self._count == 0:
-            raise ValueError("cannot sample: the replay buffer is empty (0 rows)")
+    def write(self, index: Any, columns: Mapping[str, Any], generation: Any) -> int:
+        """Overwrite (or add) columns of stored rows, e.g. reanalysed value targets.
 
-    def _gather(self, stream: np.ndarray, slot: np.ndarray) -> dict[str, Any]:
-        out = {key: torch.from_numpy(arr[stream, slot]) for key, arr in self._data.items()}
-        return _unflatten(out)
-
-    def _weights(self, leaf: np.ndarray) -> torch.Tensor:
-        # w_i = (N P(i))^-beta / max_j w_j over the batch; N and the total cancel out.
-        p = self._tree.get(leaf)
-        w = (p / p.min()) ** (-self.beta)
-        return torch.from_numpy(w.astype(np.float32))
-
-    def sample(self, batch_size: int) -> dict[str, torch.Tensor]:
-        """Sample single rows.
+        Args:
+            index: flat slot ids ``[N]``.
+            columns: key -> ``[N, *shape]`` (nested mappings allowed). A new key is allocated
+                (zeros elsewhere; rows added later may leave it out and get zeros); an existing
+                key keeps its dtype and per-row shape.
+            generation: ``[N]`` generations the values were computed for; rows overwritten
+                since are skipped.
 
         Returns:
-            dict with every stored key as ``[B, *shape_k]`` (same nesting as added),
-            ``index`` int64 ``[B]`` (flat slot ids) and, if prioritized, ``weight``
-            float32 ``[B]`` importance weights normalised by the batch maximum.
+            the number of rows written.
         """
-        self._check_nonempty()
-        B = int(batch_size)
-        cap = self.cap_per_stream
-        if B < 1:
-            raise ValueError(f"batch_size must be >= 1, got {B}")
-        if self._tree is None:
-            stream = self._rng.integers(0, self.num_envs, B)
-            slot = (self._oldest + self._rng.integers(0, self._count, B)) % cap
-            leaf = stream * cap + slot
-        else:
-            if self._tree.total <= 0:
-                raise ValueError("cannot sample: every stored row has priority 0")
-            leaf = self._tree.sample(B, self._rng)
-            bad = self._tree.get(leaf) <= 0  # float rounding can land on an empty leaf
-            while bad.any():
-                leaf[bad] = self._tree.sample(int(bad.sum()), self._rng, stratified=False)
-                bad = self._tree.get(leaf) <= 0
-            leaf = self._rng.permutation(leaf)
-            stream, slot = np.divmod(leaf, cap)
-        out = self._gather(stream, slot)
-        out["index"] = torch.from_numpy(leaf.astype(np.int64, copy=False))
-        if self._tree is not None:
-            out["weight"] = self._weights(leaf)
-        return out
+        idx, current = self._current(index, generation, "write()")
+        flat = flatten(columns)
+        arrays: dict[str, np.ndarray] = {}
+        for key, value in flat.items():
+            if key in RESERVED_KEYS or key.startswith("next_"):
+                raise ValueError(f"column {key!r} is reserved for sampler output")
+            arr = _to_numpy(value)
+            if arr.ndim == 0 or arr.shape[0] != idx.size:
+                raise ValueError(f"write() column {key!r}: expected {idx.size} rows, got shape {tuple(arr.shape)}")
+            stored = self._data.get(key)
+            if stored is None:
+                _storage_dtype(key, arr)
+            elif arr.shape[1:] != stored.shape[2:]:
+                raise ValueError(f"write() column {key!r}: stored per-row shape {tuple(stored.shape[2:])}, "
+                                 f"got {tuple(arr.shape[1:])}")
+            arrays[key] = arr
+        stream, slot = np.divmod(idx[current], self.cap_per_stream)
+        for key, arr in arrays.items():
+            if key not in self._data:
+                self._data[key] = self._allocate(key, arr.shape[1:], _storage_dtype(key, arr))
+                self._optional.add(key)
+            self._data[key][stream, slot] = arr[current]
+        self.revision += 1
+        return int(stream.size)
 
-    def _valid_starts(self, stream: np.ndarray, start: np.ndarray, length: int, cross_episodes: bool) -> np.ndarray:
-        """Which candidate windows ``(stream [N], start slot [N])`` are valid -> bool ``[N]``."""
-        cap = self.cap_per_stream
-        valid = (start - self._oldest) % cap <= self._count - length  # inside the stored range
-        if self._tree is not None:
-            valid &= self._tree.get(stream * cap + start) > 0
-        if not cross_episodes and length > 1:
-            later = (start[:, None] + np.arange(1, length)) % cap
-            valid &= ~self._data["is_first"][stream[:, None], later].reshape(len(start), length - 1, -1).any(axis=(1, 2))
-        return valid
-
-    def _draw_starts(self, n: int, length: int, first: bool) -> tuple[np.ndarray, np.ndarray]:
-        cap = self.cap_per_stream
-        if self._tree is None:
-            stream = self._rng.integers(0, self.num_envs, n)
-            start = (self._oldest + self._rng.integers(0, self._count - length + 1, n)) % cap
-        else:
-            stream, start = np.divmod(self._tree.sample(n, self._rng, stratified=first), cap)
-        return stream, start
-
-    def _exact_starts(self, n: int, length: int, cross_episodes: bool) -> tuple[np.ndarray, np.ndarray]:
-        """Fallback: enumerate every valid window and draw ``n`` of them (O(rows))."""
-        cap, count, oldest = self.cap_per_stream, self._count, self._oldest
-        num_off = count - length + 1
-        offsets = np.arange(num_off)
-        valid = np.ones((self.num_envs, num_off), dtype=bool)
-        if not cross_episodes and length > 1:
-            firsts = self._data["is_first"][:, (oldest + np.arange(count)) % cap]
-            firsts = firsts.reshape(self.num_envs, count, -1).any(axis=2)
-            csum = np.concatenate([np.zeros((self.num_envs, 1), np.int64), np.cumsum(firsts, axis=1)], axis=1)
-            valid &= (csum[:, offsets + length] - csum[:, offsets + 1]) == 0
-        slots = (oldest + offsets) % cap
-        leaves = (self._stream_base[:, None] + slots[None, :])[valid]
-        if leaves.size and self._tree is not None:
-            p = self._tree.get(leaves)
-            leaves, p = leaves[p > 0], p[p > 0]
-        if leaves.size == 0:
-            why = (
-                f"no episode segment without a reset (is_first) spans {length} rows"
-                if not cross_episodes
-                else "every stored row has priority 0"
-            )
-            raise ValueError(
-                f"cannot sample sequences of length {length}: no valid window exists among the "
-                f"{len(self)} stored rows ({count} per stream): {why}"
-            )
-        if self._tree is None:
-            pick = leaves[self._rng.integers(0, leaves.size, n)]
-        else:
-            pick = self._rng.choice(leaves, size=n, p=p / p.sum())
-        return np.divmod(pick, cap)
-
-    def sample_sequences(self, batch_size: int, length: int, cross_episodes: bool = True) -> dict[str, torch.Tensor]:
-        """Sample ``batch_size`` windows of ``length`` consecutive rows, each from one stream.
-
-        A window never crosses the ring's write head, so it holds only rows that were
-        written and are in time order. With ``cross_episodes=False`` a window may have
-        ``is_first`` only at position 0 (rejected windows are redrawn, vectorised; if the
-        rejection rounds fail, every valid window is enumerated exactly).
-        Prioritized: a window's priority is that of its start row.
+    def mark_episode_end(self) -> int:
+        """End every stream's current episode at its newest row: set ``is_last`` there and zero
+        its action and agent extras (every key but :data:`ENV_KEYS`), as the Collector does on a
+        last row. Called on resume, so that the ``is_first`` row acting starts with after a
+        restart follows a clean boundary. ``is_terminal`` is left as it is (a restart is a
+        truncation, not a termination). Rows that are already last are left alone.
 
         Returns:
-            dict with every stored key as ``[B, L, *shape_k]`` (same nesting as added),
-            ``index`` int64 ``[B]`` (flat slot id of each window's start) and, if
-            prioritized, ``weight`` float32 ``[B]``.
+            the number of streams marked.
+        """
+        if "is_last" not in self._data:
+            return 0
+        stream = np.flatnonzero(self._count > 0)
+        slot = self.newest[stream]
+        open_ = ~self._data["is_last"][stream, slot].reshape(stream.size, -1).any(axis=1)
+        stream, slot = stream[open_], slot[open_]
+        if stream.size == 0:
+            return 0
+        self._data["is_last"][stream, slot] = True
+        for key, arr in self._data.items():
+            if _top_key(key) not in ENV_KEYS:
+                arr[stream, slot] = 0
+        self.revision += 1
+        return int(stream.size)
+
+    # ------------------------------------------------------------------ drawing positions
+    def generation(self, stream: np.ndarray, slot: np.ndarray) -> np.ndarray:
+        """Generations of rows ``(stream, slot)`` (any broadcastable int shapes), int64."""
+        return self._gen[stream, slot]
+
+    def gather(self, stream: np.ndarray, slot: np.ndarray, keys: tuple[str, ...] | None = None) -> dict[str, Any]:
+        """Rows ``(stream, slot)`` (broadcastable int arrays, result shape ``X``) of every key
+        (or of the top-level ``keys`` only) as torch tensors ``[*X, *shape_k]``, nested as added."""
+        out = {key: torch.from_numpy(arr[stream, slot]) for key, arr in self._data.items()
+               if keys is None or _top_key(key) in keys}
+        return unflatten(out)
+
+    def importance_weights(self, leaf: np.ndarray) -> torch.Tensor:
+        """Importance weights ``(N P(i))^-beta`` of flat slots ``leaf [B]``, normalised by the
+        batch maximum, float32 ``[B]`` (prioritized buffers only)."""
+        if self._tree is None:
+            raise ValueError("importance weights need a buffer created with prioritized=True")
+        p = self._tree.get(leaf)  # N and the total cancel out in the normalisation
+        return torch.from_numpy(((p / p.min()) ** (-self.beta)).astype(np.float32))
+
+    def draw(self, n: int, span: int = 1, accept: Accept | None = None, what: str = "positions",
+             ) -> tuple[np.ndarray, np.ndarray]:
+        """Draw ``n`` positions ``(stream [n], slot [n])``, int64.
+
+        A candidate is a stored row of a stream followed by at least ``span - 1`` stored rows
+        of the same stream (so a window of ``span`` rows from it never crosses the write head)
+        for which ``accept(stream [N], slot [N]) -> bool [N]`` holds. Candidates are drawn
+        uniformly or, prioritized, proportionally to ``priority ** alpha`` of the position's
+        row. Rejected draws are redrawn (vectorised, a few rounds with growing oversampling);
+        if that fails, every candidate is enumerated (O(rows)) and ``n`` are drawn from them.
 
         Raises:
-            ValueError: empty buffer, ``length`` larger than the rows per stream, or no
-                valid window (``cross_episodes=False`` and all episodes too short).
+            ValueError: empty buffer, no stream holding ``span`` rows, every priority 0, or
+                no acceptable candidate (the message says ``what`` was looked for).
         """
-        self._check_nonempty()
-        B, L = int(batch_size), int(length)
-        cap = self.cap_per_stream
-        if B < 1:
-            raise ValueError(f"batch_size must be >= 1, got {B}")
-        if L < 1:
-            raise ValueError(f"sequence length must be >= 1, got {L}")
-        if L > self._count:
+        n, span = int(n), int(span)
+        if n < 1:
+            raise ValueError(f"batch_size must be >= 1, got {n}")
+        if span < 1:
+            raise ValueError(f"span must be >= 1, got {span}")
+        most = int(self._count[0]) if self._lockstep else int(self._count.max())
+        if most == 0:
+            raise ValueError("cannot sample: the replay buffer is empty (0 rows)")
+        if most < span:
             raise ValueError(
-                f"cannot sample sequences of length {L}: each of the {self.num_envs} streams holds only "
-                f"{self._count} rows ({len(self)} rows in total; ring size {cap} per stream)"
+                f"cannot sample windows of {span} rows: the fullest of the {self.num_streams} streams holds only "
+                f"{most} rows ({len(self)} rows in total; ring size {self.cap_per_stream} per stream)"
             )
-        if not cross_episodes and "is_first" not in self._data:
-            raise ValueError("cross_episodes=False needs an 'is_first' key in the rows")
+        if self._tree is None and accept is None and self._lockstep:  # the common case, in Python ints
+            stream = self._rng.integers(0, self.num_streams, n)
+            offset = self._rng.integers(0, most - span + 1, n)
+            return stream, (int(self._pos[0]) - most + offset) % self.cap_per_stream
         if self._tree is not None and self._tree.total <= 0:
             raise ValueError("cannot sample: every stored row has priority 0")
-        need_check = self._tree is not None or (not cross_episodes and L > 1)
-        stream, start = self._draw_starts(B, L, first=True)
-        if need_check:
-            ok = self._valid_starts(stream, start, L, cross_episodes)
-            rounds = 0
-            while not ok.all():
-                missing = int((~ok).sum())
-                if rounds >= 4:
-                    s, t = self._exact_starts(missing, L, cross_episodes)
-                    stream[~ok], start[~ok] = s, t
-                    break
-                n = max(4 * missing, 32) << rounds  # oversample more each round
-                s, t = self._draw_starts(n, L, first=False)
-                good = np.flatnonzero(self._valid_starts(s, t, L, cross_episodes))[:missing]
-                holes = np.flatnonzero(~ok)[: good.size]
-                stream[holes], start[holes] = s[good], t[good]
-                ok[holes] = True
-                rounds += 1
-            if self._tree is not None:
-                order = self._rng.permutation(B)  # stratified draws come out sorted
-                stream, start = stream[order], start[order]
-        slot = (start[:, None] + np.arange(L)) % cap
-        out = self._gather(stream[:, None], slot)
-        leaf = stream * cap + start
-        out["index"] = torch.from_numpy(leaf.astype(np.int64, copy=False))
+        starts = np.maximum(self._count - span + 1, 0)  # candidate positions per stream
+        stream, slot = self._draw_candidates(n, starts, first=True)
+        if self._tree is None and accept is None:
+            return stream, slot
+        ok = self._valid(stream, slot, starts, accept)
+        rounds = 0
+        while not ok.all():
+            missing = int((~ok).sum())
+            holes = np.flatnonzero(~ok)
+            if rounds >= 4:
+                stream[holes], slot[holes] = self._exact(missing, starts, accept, what)
+                break
+            s, t = self._draw_candidates(max(4 * missing, 32) << rounds, starts, first=False)
+            good = np.flatnonzero(self._valid(s, t, starts, accept))[:missing]
+            holes = holes[: good.size]
+            stream[holes], slot[holes] = s[good], t[good]
+            ok[holes] = True
+            rounds += 1
         if self._tree is not None:
-            out["weight"] = self._weights(leaf)
-        return out
+            order = self._rng.permutation(n)  # stratified draws come out sorted
+            stream, slot = stream[order], slot[order]
+        return stream, slot
+
+    def _draw_candidates(self, n: int, starts: np.ndarray, first: bool) -> tuple[np.ndarray, np.ndarray]:
+        cap = self.cap_per_stream
+        if self._tree is not None:
+            return np.divmod(self._tree.sample(n, self._rng, stratified=first), cap)
+        if self._lockstep:
+            stream = self._rng.integers(0, self.num_streams, n)
+            offset = self._rng.integers(0, int(starts[0]), n)
+            return stream, (int(self._pos[0] - self._count[0]) + offset) % cap
+        else:
+            ends = np.cumsum(starts)
+            flat = self._rng.integers(0, ends[-1], n)
+            stream = np.searchsorted(ends, flat, side="right")
+            offset = flat - (ends[stream] - starts[stream])
+        return stream, (self.oldest[stream] + offset) % cap
+
+    def _valid(self, stream: np.ndarray, slot: np.ndarray, starts: np.ndarray, accept: Accept | None) -> np.ndarray:
+        cap = self.cap_per_stream
+        valid = (slot - self.oldest[stream]) % cap < starts[stream]
+        if self._tree is not None:
+            valid &= self._tree.get(stream * cap + slot) > 0  # rounding can land on an empty leaf
+        if accept is not None:
+            if valid.all():
+                valid = accept(stream, slot)
+            elif valid.any():
+                where = np.flatnonzero(valid)
+                valid[where] = accept(stream[where], slot[where])
+        return valid
+
+    def _exact(self, n: int, starts: np.ndarray, accept: Accept | None, what: str) -> tuple[np.ndarray, np.ndarray]:
+        """Enumerate every candidate and draw ``n`` of them (uniformly or by priority)."""
+        cap = self.cap_per_stream
+        stream = np.repeat(self._all_streams, starts)
+        offset = np.arange(stream.size) - np.repeat(np.cumsum(starts) - starts, starts)
+        slot = (self.oldest[stream] + offset) % cap
+        keep = np.ones(stream.size, bool) if accept is None else accept(stream, slot)
+        p = None
+        if self._tree is not None:
+            p = self._tree.get(stream * cap + slot)
+            keep &= p > 0
+            p = p[keep]
+        stream, slot = stream[keep], slot[keep]
+        if stream.size == 0:
+            raise ValueError(
+                f"cannot sample {what}: no valid window exists among the {len(self)} stored rows "
+                f"({self._count.tolist()} per stream)"
+            )
+        pick = self._rng.choice(stream.size, size=n, p=None if p is None else p / p.sum())
+        return stream[pick], slot[pick]
 
     # ------------------------------------------------------------------ state
-    def state_dict(self) -> dict:
-        """Everything needed to restore the buffer, as torch tensors and Python scalars only
-        (loadable with ``torch.load(..., weights_only=True)``).
+    def _used_slots(self) -> int:
+        """Slots ``[0, n)`` of every stream hold all its written rows (streams fill from slot 0)."""
+        return self.cap_per_stream if (self._written >= self.cap_per_stream).any() else int(self._written.max())
 
-        While the ring is not full only the written rows are included. Tensors of a full
+    def state_dict(self) -> dict:
+        """Everything needed to restore the buffer (rows, write heads, generations,
+        priorities, RNG state), as torch tensors and Python scalars only (loadable with
+        ``torch.load(..., weights_only=True)``).
+
+        While no ring has wrapped only the written slots are included. Tensors of a full
         buffer share memory with it: save them before adding more rows.
         """
-        n = self._count
+        n = self._used_slots()
         full = n == self.cap_per_stream
 
         def crop(arr: np.ndarray) -> torch.Tensor:
@@ -400,73 +617,91 @@ class ReplayBuffer:
         state: dict[str, Any] = {
             "version": _STATE_VERSION,
             "capacity": self.capacity,
-            "num_envs": self.num_envs,
+            "num_streams": self.num_streams,
             "prioritized": self.prioritized,
             "alpha": self.alpha,
             "beta": self.beta,
-            "pos": self._pos,
-            "count": self._count,
+            "pos": torch.from_numpy(self._pos.copy()),
+            "count": torch.from_numpy(self._count.copy()),
+            "written": torch.from_numpy(self._written.copy()),
+            "slots": n,
             "max_priority": self._max_priority,
             "rng_state": self._rng.bit_generator.state,
+            "optional": sorted(self._optional),
+            "generation": torch.from_numpy(np.array(self._gen[:, :n])),
             "data": {key: crop(arr) for key, arr in self._data.items()},
         }
         if self._tree is not None:
-            leaves = self._tree.leaves.reshape(self.num_envs, self.cap_per_stream)
-            state["priorities"] = crop(np.array(leaves))  # copy: the tree keeps changing
+            leaves = self._tree.leaves.reshape(self.num_streams, self.cap_per_stream)
+            state["priorities"] = torch.from_numpy(np.array(leaves[:, :n]))  # copy: the tree keeps changing
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore from :meth:`state_dict`. ``capacity`` and ``num_envs`` must match.
+        """Restore from :meth:`state_dict` (or a version-1 state of the lockstep buffer).
+        ``capacity`` and ``num_streams`` must match.
 
         Priorities are restored when both sides are prioritized (rescaled if ``alpha``
         differs); a prioritized buffer loading a uniform state gives every row the max
-        priority. ``beta`` stays as configured on this buffer.
+        priority. ``beta`` and ``checkpoint`` stay as configured on this buffer.
         """
-        if state.get("version") != _STATE_VERSION:
-            raise ValueError(f"unsupported ReplayBuffer state version {state.get('version')!r}")
-        if state["capacity"] != self.capacity or state["num_envs"] != self.num_envs:
+        version = state.get("version")
+        if version not in (1, _STATE_VERSION):
+            raise ValueError(f"unsupported ReplayBuffer state version {version!r}")
+        streams = state["num_streams"] if version == 2 else state["num_envs"]
+        if state["capacity"] != self.capacity or streams != self.num_streams:
             raise ValueError(
-                f"state is for capacity={state['capacity']}, num_envs={state['num_envs']} but this buffer has "
-                f"capacity={self.capacity}, num_envs={self.num_envs}"
+                f"state is for capacity={state['capacity']}, num_streams={streams} but this buffer has "
+                f"capacity={self.capacity}, num_streams={self.num_streams}"
             )
-        count, pos = int(state["count"]), int(state["pos"])
+        S, cap = self.num_streams, self.cap_per_stream
+        if version == 2:
+            pos, count, written = (state[k].numpy().astype(np.int64) for k in ("pos", "count", "written"))
+            n = int(state["slots"])
+            gen = np.full((S, cap), -1, np.int64)
+            gen[:, :n] = state["generation"].numpy()
+            self._optional = set(state.get("optional", []))
+        else:  # one shared head; rebuild generations from the time order of the stored rows
+            n = count0 = int(state["count"])
+            pos = np.full(S, int(state["pos"]), np.int64)
+            count = written = np.full(S, count0, np.int64)
+            gen = np.full((S, cap), -1, np.int64)
+            gen[:, (pos[0] - count0 + np.arange(count0)) % cap] = np.arange(count0)
+            self._optional = set()
         self._data = {}
         for key, tensor in state["data"].items():
             arr = tensor.numpy()
-            if arr.shape[:2] != (self.num_envs, count):
-                raise ValueError(f"state array {key!r} has shape {tuple(arr.shape)}, expected ({self.num_envs}, {count}, ...)")
+            if arr.shape[:2] != (S, n):
+                raise ValueError(f"state array {key!r} has shape {tuple(arr.shape)}, expected ({S}, {n}, ...)")
             self._data[key] = self._allocate(key, arr.shape[2:], arr.dtype)
-            self._data[key][:, :count] = arr
-        self._count, self._pos = count, pos
+            self._data[key][:, :n] = arr
+        self._pos, self._count, self._written, self._gen = pos.copy(), count.copy(), written.copy(), gen
+        self._lockstep = bool((pos == pos[0]).all() and (count == count[0]).all())
         self._max_priority = float(state["max_priority"])
         self._rng.bit_generator.state = state["rng_state"]
         if self._tree is not None:
-            leaves = np.zeros((self.num_envs, self.cap_per_stream), dtype=np.float64)
+            leaves = np.zeros((S, cap), dtype=np.float64)
             if state.get("priorities") is not None and float(state["alpha"]) > 0:
-                leaves[:, :count] = state["priorities"].numpy() ** (self.alpha / float(state["alpha"]))
+                leaves[:, :n] = state["priorities"].numpy() ** (self.alpha / float(state["alpha"]))
             else:
                 self._max_priority = 1.0
-                leaves[:, :count] = 1.0
+                leaves[gen >= 0] = 1.0
             self._tree.set_all(leaves.reshape(-1))
+        self.revision += 1
 
     def save(self, path: str | os.PathLike) -> None:
-        """``torch.save`` the state dict to ``path`` (written to a temp file, then renamed)."""
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.tmp")
-        try:
-            torch.save(self.state_dict(), tmp)
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        """``torch.save`` the state dict to ``path`` atomically (memory maps flushed first)."""
+        self.flush()
+        atomic_torch_save(self.state_dict(), path)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, storage_dir: str | os.PathLike | None = None, seed: int | None = None) -> "ReplayBuffer":
+    def load(cls, path: str | os.PathLike, storage_dir: str | os.PathLike | None = None, seed: int | None = None,
+             ) -> "ReplayBuffer":
         """Build a buffer from a file written by :meth:`save` (same capacity, streams,
         prioritization, alpha and beta; RNG state restored)."""
         state = torch.load(path, map_location="cpu", weights_only=True)
         buf = cls(
             state["capacity"],
-            state["num_envs"],
+            state["num_streams"] if state.get("version") == 2 else state["num_envs"],
             prioritized=state["prioritized"],
             alpha=state["alpha"],
             beta=state["beta"],

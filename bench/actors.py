@@ -1,0 +1,228 @@
+"""Env frames per second with the learner consuming, for 0/1/2/4 actors; prints a markdown table.
+
+For each env and actor count it measures, after a warm-up, for ``--seconds`` seconds:
+
+* **flat out**: the actors act as fast as they can while the learner trains without pause
+  (every step it ingests the chunks that arrived, samples a batch from the ReplayBuffer and takes
+  an Adam step of the policy network): env frames (agent steps) per second reaching the buffer,
+  and the learner's gradient steps per second. With 0 actors the learner acts itself, one chunk
+  per gradient step (today's in-process path), and "wait" is the share of time spent acting.
+* **keep up**: the same with the replay ratio enforced (``ReplayFeed``) at half the rows per
+  gradient step that "flat out" delivered: the actors keep up, and the learner's wait for rows as
+  a share of its wall time is the number to watch (goal: <= 5%).
+
+The ceiling is gymnasium's ``AsyncVectorEnv`` alone (random actions, no learner, one process per
+env). Envs: CartPole-v1 (MLP policy) and ALE/Pong-v5 through gymnasium's ``AtariPreprocessing``
+(84x84 gray, frame skip 4) and ``FrameStackObservation`` (4) -- the env options
+``atari_preprocessing: {}`` and ``frame_stack: 4`` -- with a small conv policy; Pong needs
+opencv (``pip install -e ".[atari]"``). One Pong frame here is one agent step (4 emulator
+frames).
+
+    python bench/actors.py                      # both envs, 0/1/2/4 actors, 20 s each
+    python bench/actors.py --quick              # CartPole, 0/2 actors, 4 s each (a smoke run)
+    python bench/actors.py --envs pong --actors 2 --seconds 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from lightning_wm.data.actors import ActorPool  # noqa: E402
+from lightning_wm.data.collector import Collector  # noqa: E402
+from lightning_wm.data.feeds import ReplayFeed, add_chunk  # noqa: E402
+from lightning_wm.data.replay import ReplayBuffer  # noqa: E402
+from lightning_wm.data.samplers import RowSampler  # noqa: E402
+from lightning_wm.envs import AtariPreprocessingConfig, EnvConfig, env_spec, make_vector_env  # noqa: E402
+
+
+class MLPPolicy(nn.Module):
+    """Categorical policy over a vector observation (CartPole): 2 x 64 tanh."""
+
+    def __init__(self, obs_dim: int, actions: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(obs_dim, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(),
+                                 nn.Linear(64, actions))
+
+    def logits(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.net(obs.float())
+
+    def initial_state(self, batch_size: int) -> None:
+        return None
+
+    def act(self, obs: torch.Tensor, state: None, explore: bool):
+        logits = self.logits(obs)
+        action = torch.distributions.Categorical(logits=logits).sample() if explore else logits.argmax(-1)
+        return action, state, {"logits": logits}
+
+
+class ConvPolicy(MLPPolicy):
+    """Categorical policy over stacked 84x84 gray frames ``uint8 [B, 84, 84, 4]`` (Pong)."""
+
+    def __init__(self, channels: int, actions: int) -> None:
+        nn.Module.__init__(self)
+        self.net = nn.Sequential(
+            nn.Conv2d(channels, 16, 8, stride=4), nn.ReLU(), nn.Conv2d(16, 32, 4, stride=2), nn.ReLU(),
+            nn.Flatten(), nn.Linear(32 * 9 * 9, 128), nn.ReLU(), nn.Linear(128, actions))
+
+    def logits(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.net(obs.permute(0, 3, 1, 2).float() / 255.0)
+
+
+def settings(name: str) -> dict:
+    if name == "cartpole":
+        env = EnvConfig("CartPole-v1")
+        spec = env_spec(env)
+        return dict(env=env, policy=lambda: MLPPolicy(spec.obs_shape[0], spec.action_dim), envs_per_actor=16,
+                    chunk_length=64, batch=256, capacity=200_000, skip=1)
+    if name == "pong":
+        env = EnvConfig("ALE/Pong-v5", atari_preprocessing=AtariPreprocessingConfig(), frame_stack=4,
+                        max_episode_steps=27_000)
+        spec = env_spec(env)
+        return dict(env=env, policy=lambda: ConvPolicy(spec.obs_shape[-1], spec.action_dim), envs_per_actor=4,
+                    chunk_length=32, batch=32, capacity=20_000, skip=4)
+    raise ValueError(f"unknown env {name!r}; choose cartpole or pong")
+
+
+class Learner:
+    """Samples rows uniformly and takes an Adam step of a behaviour-cloning loss on them."""
+
+    def __init__(self, policy: nn.Module, buffer: ReplayBuffer, batch: int) -> None:
+        self.policy, self.buffer, self.batch = policy, buffer, batch
+        self.sampler = RowSampler()
+        self.optimizer = torch.optim.Adam(policy.parameters(), lr=1e-4)
+        self.steps = 0
+
+    def step(self) -> None:
+        batch = self.sampler.sample(self.buffer, self.batch)
+        loss = nn.functional.cross_entropy(self.policy.logits(batch["obs"]), batch["action"].long())
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        self.steps += 1
+
+
+def in_process(s: dict, seconds: float, prefill: int) -> dict:
+    """0 actors: the learner acts (one chunk per gradient step) and learns in turn."""
+    env = make_vector_env(EnvConfig(**{**vars(s["env"]), "num_envs": s["envs_per_actor"]}))
+    policy = s["policy"]()
+    buffer = ReplayBuffer(s["capacity"], s["envs_per_actor"], seed=0)
+    collector = Collector(env, policy.requires_grad_(True), buffer=buffer, seeds=0)
+    learner = Learner(policy, buffer, s["batch"])
+    try:
+        while len(buffer) < prefill:
+            collector.collect(s["chunk_length"])
+        rows0, steps0, acting, start = collector.stats.env_steps, learner.steps, 0.0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            t = time.perf_counter()
+            collector.collect(s["chunk_length"])
+            acting += time.perf_counter() - t
+            learner.step()
+        wall = time.perf_counter() - start
+    finally:
+        env.close()
+    return {"fps": (collector.stats.env_steps - rows0) / wall, "steps_per_s": (learner.steps - steps0) / wall,
+            "wait": acting / wall}
+
+
+def with_actors(s: dict, actors: int, seconds: float, prefill: int, rows_per_step: float | None) -> dict:
+    """Actors act; the learner ingests what arrived and trains (``rows_per_step`` None: flat out,
+    else the replay ratio ``1 / rows_per_step`` is enforced by :class:`ReplayFeed`)."""
+    policy = s["policy"]()
+    buffer = ReplayBuffer(s["capacity"], actors * s["envs_per_actor"], seed=0)
+    learner = Learner(policy, buffer, s["batch"])
+    acting = s["policy"]()
+    with ActorPool(s["env"], acting, actors, s["envs_per_actor"], s["chunk_length"], seed=0,
+                   timeout_s=120) as pool:
+        feed = ReplayFeed(pool, buffer, replay_ratio=1.0 / (rows_per_step or 1.0), prefill=prefill)
+        while len(buffer) < prefill:  # warm-up: every actor started and the buffer prefilled
+            chunk = pool.get(timeout=300)
+            if chunk is not None:
+                add_chunk(buffer, chunk, pool.streams(chunk.actor))
+                feed.rows += chunk.env_steps
+        rows0, steps0, waited, start = feed.rows, learner.steps, 0.0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            if rows_per_step is None:
+                while (chunk := pool.get(timeout=0.0)) is not None:
+                    add_chunk(buffer, chunk, pool.streams(chunk.actor))
+                    feed.rows += chunk.env_steps
+            else:
+                waited += feed.before_batch(learner.steps)
+            learner.step()
+            if learner.steps % 50 == 0:
+                pool.publish(policy, learner.steps)
+        wall = time.perf_counter() - start
+    return {"fps": (feed.rows - rows0) / wall, "steps_per_s": (learner.steps - steps0) / wall, "wait": waited / wall}
+
+
+def async_ceiling(s: dict, num_envs: int, seconds: float) -> float:
+    """Random actions in gymnasium's AsyncVectorEnv (one process per env), no learner."""
+    from lightning_wm.envs import make_env
+
+    env = gym.vector.AsyncVectorEnv([lambda: make_env(s["env"]) for _ in range(num_envs)],
+                                    autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
+    try:
+        env.reset(seed=0)
+        env.action_space.seed(0)
+        for _ in range(20):
+            env.step(env.action_space.sample())
+        steps, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            env.step(env.action_space.sample())
+            steps += num_envs
+        return steps / (time.perf_counter() - start)
+    finally:
+        env.close()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--envs", default="cartpole,pong", help="comma-separated: cartpole, pong")
+    p.add_argument("--actors", default="0,1,2,4", help="comma-separated actor counts")
+    p.add_argument("--seconds", type=float, default=20.0, help="measured seconds per setting")
+    p.add_argument("--prefill", type=int, default=2000, help="rows before measuring")
+    p.add_argument("--async-envs", type=int, default=4, help="envs of the AsyncVectorEnv ceiling")
+    p.add_argument("--quick", action="store_true", help="CartPole, 0 and 2 actors, 4 s each")
+    args = p.parse_args()
+    if args.quick:
+        args.envs, args.actors, args.seconds, args.prefill, args.async_envs = "cartpole", "0,2", 4.0, 1000, 2
+    torch.set_num_threads(1)
+    load = os.getloadavg()[0]
+    print(f"machine: {os.cpu_count()} CPUs, load average {load:.2f} at start; torch threads 1 in the learner and in "
+          f"each actor\n")
+    print("| env | actors | envs/actor | chunk | frames/s (flat out) | learner steps/s | frames/s (keep up) "
+          "| learner wait (keep up) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for name in args.envs.split(","):
+        s = settings(name)
+
+        def fps(value: float) -> str:  # agent steps per second (and emulator frames with frame skip)
+            return f"{value:,.0f}" + (f" ({s['skip'] * value:,.0f} emulator)" if s["skip"] > 1 else "")
+
+        for actors in [int(a) for a in args.actors.split(",")]:
+            if actors == 0:
+                r = in_process(s, args.seconds, args.prefill)
+                print(f"| {name} | 0 (in process) | {s['envs_per_actor']} | {s['chunk_length']} | {fps(r['fps'])} "
+                      f"| {r['steps_per_s']:.1f} | - | {100 * r['wait']:.0f}% acting |", flush=True)
+                continue
+            flat = with_actors(s, actors, args.seconds, args.prefill, None)
+            rows_per_step = 0.5 * flat["fps"] / max(flat["steps_per_s"], 1e-9)
+            keep = with_actors(s, actors, args.seconds, args.prefill, rows_per_step)
+            print(f"| {name} | {actors} | {s['envs_per_actor']} | {s['chunk_length']} | {fps(flat['fps'])} "
+                  f"| {flat['steps_per_s']:.1f} | {fps(keep['fps'])} | {100 * keep['wait']:.1f}% |", flush=True)
+        ceiling = async_ceiling(s, args.async_envs, args.seconds)
+        print(f"| {name} | AsyncVectorEnv alone ({args.async_envs} envs, random actions, no learner) | | | "
+              f"{fps(ceiling)} | | | |", flush=True)
+    print(f"\nload average {os.getloadavg()[0]:.2f} at the end")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,399 @@
+"""IMPALA's actor-critic network (Espeholt et al. 2018) and its action heads, with DI-engine's
+sampling names.
+
+* :class:`ActorCritic` — observation encoder (MLP for vectors; the IMPALA conv stack,
+  ``deep`` or ``shallow``, for ``uint8 [H, W, C]`` frames; one encoder per key of a dict
+  observation; or an injected module), an optional LSTM core reset where ``is_first``, a
+  policy head and a value head. It implements the Agent protocol (``initial_state`` /
+  ``act``), so a CPU copy of it is what actors act with.
+* :class:`CategoricalHead` (discrete actions, extras ``logits``) and :class:`GaussianHead`
+  (continuous actions, extras ``mu`` / ``sigma``) sample as DI-engine names it:
+  ``multinomial_sample`` / ``reparam_sample`` while collecting, ``argmax_sample`` /
+  ``deterministic_sample`` in evaluation.
+
+Continuous actions live in ``[-1, 1]^A`` inside the network, mapped affinely onto the env's
+bounds (identity for unbounded spaces). The Gaussian's sample is clipped to the bounds before
+it reaches the env, so the behaviour policy is a *censored* Gaussian: an action on a bound
+has the probability mass beyond it. :meth:`GaussianHead.log_prob` computes exactly that
+likelihood, so the importance ratios compare the policies on the actions really taken.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from lightning_wm.envs import EnvSpec, is_image_space
+from lightning_wm.nn import dists
+from lightning_wm.nn.blocks import MLP, preprocess_pixels
+
+Obs = Tensor | dict[str, Tensor]
+CoreState = tuple[Tensor, Tensor] | None  # LSTM (h, c), each [B, H]; None without a core
+
+
+# -- sampling (DI-engine's names) --------------------------------------------------------------
+def multinomial_sample(logits: Tensor) -> Tensor:
+    """Actions ``int64 [...]`` drawn from ``softmax(logits [..., N])``."""
+    return dists.sample_index(torch.softmax(logits.float(), -1))
+
+
+def argmax_sample(logits: Tensor) -> Tensor:
+    """The most probable actions ``int64 [...]`` of ``logits [..., N]``."""
+    return logits.argmax(-1)
+
+
+def reparam_sample(mu: Tensor, sigma: Tensor) -> Tensor:
+    """``mu + sigma * eps``, ``eps ~ N(0, 1)``: ``[..., A]``."""
+    return mu + sigma * torch.randn_like(mu)
+
+
+def deterministic_sample(mu: Tensor, sigma: Tensor) -> Tensor:
+    """The mean ``mu [..., A]``."""
+    return mu
+
+
+# -- action heads ------------------------------------------------------------------------------
+class CategoricalHead(nn.Module):
+    """``features [..., F]`` -> ``{"logits": [..., N]}``; actions ``int64 [...]``.
+
+    The output layer starts at 1% of its default scale, so the first policy is near uniform.
+    """
+
+    behaviour_keys = ("logits",)
+
+    def __init__(self, in_dim: int, num_actions: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(in_dim, num_actions)
+        with torch.no_grad():
+            self.linear.weight.mul_(0.01)
+            self.linear.bias.zero_()
+
+    def forward(self, features: Tensor) -> dict[str, Tensor]:
+        return {"logits": self.linear(features)}
+
+    def sample(self, params: dict[str, Tensor], explore: bool) -> Tensor:
+        """``multinomial_sample`` when exploring, else ``argmax_sample``."""
+        return multinomial_sample(params["logits"]) if explore else argmax_sample(params["logits"])
+
+    def log_prob(self, params: dict[str, Tensor], action: Tensor) -> Tensor:
+        """``log pi(action)`` ``[...]`` for ``action`` ``[...]`` (any integer or float dtype)."""
+        logp = torch.log_softmax(params["logits"].float(), -1)
+        return logp.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
+
+    def entropy(self, params: dict[str, Tensor]) -> Tensor:
+        return dists.categorical_entropy(params["logits"].float())
+
+
+class GaussianHead(nn.Module):
+    """``features [..., F]`` -> ``{"mu", "sigma"}`` ``[..., A]`` in the normalised action space
+    ``[-1, 1]^A``; actions in the env's units ``float32 [..., A]``, within its bounds.
+
+    Args:
+        in_dim: feature size.
+        space: the env's Box action space (bounded in every dimension or in none).
+        sigma_type: ``independent`` (a learned state-independent log sigma, DI-engine's
+            default) or ``conditioned`` (a linear layer of the features, log sigma clamped to
+            ``[-20, 2]`` as DI-engine).
+        bound_type: None (DI-engine's default) or ``tanh``: ``mu = tanh(.)`` stays inside the
+            bounds.
+        init_sigma: sigma at initialisation (normalised units).
+    """
+
+    behaviour_keys = ("mu", "sigma")
+
+    def __init__(self, in_dim: int, space: gym.spaces.Box, sigma_type: str = "independent",
+                 bound_type: str | None = None, init_sigma: float = 1.0) -> None:
+        super().__init__()
+        if sigma_type not in ("independent", "conditioned"):
+            raise ValueError(f"sigma_type must be 'independent' or 'conditioned', got {sigma_type!r}")
+        if bound_type not in (None, "tanh"):
+            raise ValueError(f"bound_type must be None or 'tanh', got {bound_type!r}")
+        if not init_sigma > 0:
+            raise ValueError(f"init_sigma must be > 0, got {init_sigma}")
+        low = np.asarray(space.low, np.float32).reshape(-1)
+        high = np.asarray(space.high, np.float32).reshape(-1)
+        finite = np.isfinite(low) & np.isfinite(high)
+        if finite.any() and not finite.all():
+            raise ValueError("continuous actions need bounds in every dimension or in none; "
+                             f"got low {low.tolist()}, high {high.tolist()}")
+        self.bounded = bool(finite.all())
+        dim = low.shape[0]
+        self.register_buffer("low", torch.from_numpy(low if self.bounded else np.full(dim, -1, np.float32)))
+        self.register_buffer("high", torch.from_numpy(high if self.bounded else np.full(dim, 1, np.float32)))
+        self.sigma_type, self.bound_type = sigma_type, bound_type
+        self.mu = nn.Linear(in_dim, dim)
+        with torch.no_grad():
+            self.mu.weight.mul_(0.01)
+            self.mu.bias.zero_()
+        log_init = float(np.log(init_sigma))
+        if sigma_type == "independent":
+            self.log_sigma = nn.Parameter(torch.full((dim,), log_init))
+        else:
+            self.log_sigma_layer = nn.Linear(in_dim, dim)
+            with torch.no_grad():
+                self.log_sigma_layer.weight.mul_(0.01)
+                self.log_sigma_layer.bias.fill_(log_init)
+
+    def forward(self, features: Tensor) -> dict[str, Tensor]:
+        mu = self.mu(features)
+        if self.bound_type == "tanh":
+            mu = torch.tanh(mu)
+        if self.sigma_type == "independent":
+            sigma = self.log_sigma.exp().expand_as(mu)
+        else:
+            sigma = self.log_sigma_layer(features).clamp(-20.0, 2.0).exp()
+        return {"mu": mu, "sigma": sigma}
+
+    def to_env(self, u: Tensor) -> Tensor:
+        """Normalised ``u [..., A]`` -> env actions: ``clip(u, -1, 1)`` mapped onto ``[low, high]``
+        (unbounded spaces: ``u`` itself)."""
+        if not self.bounded:
+            return u
+        return self.low + (u.clamp(-1.0, 1.0) + 1.0) * 0.5 * (self.high - self.low)
+
+    def from_env(self, action: Tensor) -> Tensor:
+        """Env actions ``[..., A]`` -> normalised ``[-1, 1]`` (inverse of :meth:`to_env` on the bounds)."""
+        if not self.bounded:
+            return action.float()
+        return ((action.float() - self.low) / (self.high - self.low) * 2.0 - 1.0).clamp(-1.0, 1.0)
+
+    def sample(self, params: dict[str, Tensor], explore: bool) -> Tensor:
+        """``reparam_sample`` when exploring, else ``deterministic_sample``; in env units."""
+        sampler = reparam_sample if explore else deterministic_sample
+        return self.to_env(sampler(params["mu"], params["sigma"]))
+
+    def log_prob(self, params: dict[str, Tensor], action: Tensor, edge: float = 1e-6) -> Tensor:
+        """Log-likelihood ``[...]`` of env ``action [..., A]`` under the censored Gaussian: the
+        density inside the bounds, ``log P(u <= -1)`` / ``log P(u >= 1)`` on them (within
+        ``edge``), summed over dimensions."""
+        mu, sigma = params["mu"].float(), params["sigma"].float()
+        u = self.from_env(action)
+        inside = dists.normal_log_prob(u.unsqueeze(-1), mu.unsqueeze(-1), sigma.unsqueeze(-1))  # per dimension
+        if not self.bounded:
+            return inside.sum(-1)
+        below = torch.special.log_ndtr((-1.0 - mu) / sigma)
+        above = torch.special.log_ndtr((mu - 1.0) / sigma)
+        logp = torch.where(u <= -1.0 + edge, below, torch.where(u >= 1.0 - edge, above, inside))
+        return logp.sum(-1)
+
+    def entropy(self, params: dict[str, Tensor]) -> Tensor:
+        """Entropy of the (uncensored) Gaussian ``[...]``."""
+        return dists.normal_entropy(params["sigma"].float())
+
+
+# -- encoders ------------------------------------------------------------------------------
+class ResidualBlock(nn.Module):
+    """``x + conv(relu(conv(relu(x))))`` with 3x3 convs keeping the channels."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv0 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
+
+
+def impala_deep_stack(in_channels: int, channels: tuple[int, ...] = (16, 32, 32)) -> nn.Sequential:
+    """The IMPALA paper's deep stack: per stage a 3x3 conv, 3x3 max-pool (stride 2) and two
+    residual blocks; a final ReLU. ``[N, C, H, W]`` -> ``[N, channels[-1], H/8, W/8]`` (rounded up)."""
+    layers: list[nn.Module] = []
+    for out in channels:
+        layers += [nn.Conv2d(in_channels, out, 3, padding=1), nn.MaxPool2d(3, 2, padding=1),
+                   ResidualBlock(out), ResidualBlock(out)]
+        in_channels = out
+    layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+def impala_shallow_stack(in_channels: int) -> nn.Sequential:
+    """The IMPALA paper's shallow stack: 16 8x8 filters stride 4, 32 4x4 filters stride 2, ReLUs."""
+    return nn.Sequential(nn.Conv2d(in_channels, 16, 8, 4), nn.ReLU(), nn.Conv2d(16, 32, 4, 2), nn.ReLU())
+
+
+class FrameEncoder(nn.Module):
+    """``uint8 [N, H, W, C]`` frames -> ``[N, fc_size]``: a conv stack, flatten, linear, ReLU."""
+
+    def __init__(self, shape: tuple[int, int, int], conv: str = "deep", channels: tuple[int, ...] = (16, 32, 32),
+                 fc_size: int = 256) -> None:
+        super().__init__()
+        h, w, c = shape
+        if conv == "deep":
+            self.stack = impala_deep_stack(c, tuple(channels))
+        elif conv == "shallow":
+            self.stack = impala_shallow_stack(c)
+        else:
+            raise ValueError(f"conv must be 'deep' or 'shallow', got {conv!r}")
+        with torch.no_grad():
+            flat = self.stack(torch.zeros(1, c, h, w)).numel()
+        self.fc = nn.Linear(flat, fc_size)
+        self.out_dim = fc_size
+
+    def forward(self, frames: Tensor) -> Tensor:
+        x = self.stack(preprocess_pixels(frames))
+        return torch.relu(self.fc(x.flatten(1)))
+
+
+class ObservationEncoder(nn.Module):
+    """One encoder per observation part (a plain Box is the part ``"obs"``): frames (``uint8
+    [H, W, C]``) through :class:`FrameEncoder`, float arrays flattened through an MLP; the
+    embeddings concatenated. ``obs [N, ...]`` (or a dict of them) -> ``[N, out_dim]``."""
+
+    def __init__(self, spec: EnvSpec, hidden_size: int, hidden_layers: int, act: str, conv: str,
+                 conv_channels: tuple[int, ...], fc_size: int) -> None:
+        super().__init__()
+        self.is_dict = spec.is_dict
+        self.parts = nn.ModuleDict()
+        self.out_dim = 0
+        for key, space in spec.obs_spaces.items():
+            if is_image_space(space):
+                encoder = FrameEncoder(tuple(space.shape), conv, conv_channels, fc_size)
+                self.parts[key], self.out_dim = encoder, self.out_dim + encoder.out_dim
+            else:
+                mlp = MLP(int(np.prod(space.shape)), None, hidden_size, hidden_layers, act, norm=False)
+                self.parts[key], self.out_dim = nn.Sequential(nn.Flatten(), mlp), self.out_dim + mlp.out_dim
+
+    def forward(self, obs: Obs) -> Tensor:
+        if not self.is_dict:
+            obs = {"obs": obs}
+        out = []
+        for key, part in self.parts.items():
+            x = obs[key]
+            out.append(part(x if x.dtype == torch.uint8 else x.float()))
+        return out[0] if len(out) == 1 else torch.cat(out, -1)
+
+
+def encoder_out_dim(encoder: nn.Module, spec: EnvSpec) -> int:
+    """Feature size of an injected encoder: its ``out_dim`` attribute, else the size of its
+    (flattened) output for one zero observation of ``spec``."""
+    out_dim = getattr(encoder, "out_dim", None)
+    if isinstance(out_dim, int) and out_dim > 0:
+        return out_dim
+    zeros = {k: torch.as_tensor(np.zeros((1, *space.shape), space.dtype)) for k, space in spec.obs_spaces.items()}
+    obs = zeros if spec.is_dict else zeros["obs"]
+    param = next(encoder.parameters(), None)
+    if param is not None:
+        obs = {k: v.to(param.device) for k, v in obs.items()} if isinstance(obs, dict) else obs.to(param.device)
+    with torch.no_grad():
+        try:
+            out = encoder(obs)
+        except Exception as err:  # noqa: BLE001 - one message naming the encoder
+            raise ValueError(f"the IMPALA encoder {type(encoder).__name__} failed on a zero observation "
+                             f"{ {k: tuple(v.shape) for k, v in zeros.items()} }: {err}") from err
+    if not isinstance(out, Tensor) or out.dim() < 2 or out.shape[0] != 1:
+        raise ValueError(f"the IMPALA encoder {type(encoder).__name__} must map observations [N, ...] to features "
+                         f"[N, ...]; it returned {type(out).__name__} {getattr(out, 'shape', '')}")
+    return int(out[0].numel())
+
+
+# -- the network ------------------------------------------------------------------------------
+class ActorCritic(nn.Module):
+    """IMPALA's actor-critic: encoder -> (LSTM core) -> policy head and value head.
+
+    Args:
+        spec: the env's spaces (Discrete or Box actions).
+        hidden_size, hidden_layers: MLP of vector observations (ReLU, no normalisation).
+        activation: of the MLP.
+        conv: ``deep`` (IMPALA's residual stack) or ``shallow`` for frame observations.
+        conv_channels: channels of the deep stack's stages.
+        fc_size: features after the conv stack.
+        lstm_size: 0 for a feed-forward net, else the LSTM core's size (reset where
+            ``is_first``; acting stores the core state in rows as ``core_h`` / ``core_c``).
+        sigma_type, bound_type, init_sigma: the Gaussian head (continuous actions).
+        encoder: a module to use as the observation encoder instead of the built-in one: it maps
+            a batch of observations as rows hold them (``[N, ...]``, ``uint8`` frames or float
+            vectors, or a dict of them) to features ``[N, ...]`` (flattened to ``[N, F]``). Its
+            ``out_dim`` attribute gives ``F``; without one ``F`` is measured on a zero observation.
+    """
+
+    def __init__(
+        self,
+        spec: EnvSpec,
+        hidden_size: int = 64,
+        hidden_layers: int = 2,
+        activation: str = "relu",
+        conv: str = "deep",
+        conv_channels: tuple[int, ...] = (16, 32, 32),
+        fc_size: int = 256,
+        lstm_size: int = 0,
+        sigma_type: str = "independent",
+        bound_type: str | None = None,
+        init_sigma: float = 1.0,
+        encoder: nn.Module | None = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(spec.action_space, (gym.spaces.Discrete, gym.spaces.Box)):
+            raise ValueError(f"IMPALA supports Discrete and Box action spaces; {spec.env_id or 'this env'} has "
+                             f"{spec.action_space}")
+        self.spec = spec
+        if encoder is None:
+            self.encoder: nn.Module = ObservationEncoder(spec, hidden_size, hidden_layers, activation, conv,
+                                                         tuple(conv_channels), fc_size)
+            feat = self.encoder.out_dim
+        else:
+            self.encoder = encoder
+            feat = encoder_out_dim(encoder, spec)
+        self.lstm_size = int(lstm_size)
+        self.core = nn.LSTMCell(feat, self.lstm_size) if self.lstm_size > 0 else None
+        if self.core is not None:
+            feat = self.lstm_size
+        if spec.discrete:
+            self.head: CategoricalHead | GaussianHead = CategoricalHead(feat, spec.action_dim)
+        else:
+            self.head = GaussianHead(feat, spec.action_space, sigma_type, bound_type, init_sigma)
+        self.value = nn.Linear(feat, 1)
+
+    # -- core -------------------------------------------------------------------------------
+    def initial_state(self, batch_size: int) -> CoreState:
+        """``None`` (feed-forward) or zero LSTM state ``(h, c)``, each ``[B, lstm_size]``."""
+        if self.core is None:
+            return None
+        device = self.value.weight.device
+        zeros = torch.zeros(batch_size, self.lstm_size, device=device)
+        return zeros, zeros.clone()
+
+    def unroll(self, obs: Obs, is_first: Tensor, state: CoreState = None
+               ) -> tuple[dict[str, Tensor], Tensor, CoreState]:
+        """Run the net over time-major ``obs [T, B, ...]`` from ``state`` (zeros if None);
+        the core restarts from zeros where ``is_first [T, B]``.
+
+        Returns the policy parameters ``{name: [T, B, ...]}``, ``value [T, B]`` and the state
+        after the last step.
+        """
+        first = obs if isinstance(obs, Tensor) else next(iter(obs.values()))
+        T, B = first.shape[:2]
+        flat_obs = obs.flatten(0, 1) if isinstance(obs, Tensor) else {k: v.flatten(0, 1) for k, v in obs.items()}
+        flat = self.encoder(flat_obs).flatten(1)
+        if self.core is not None:
+            h, c = state if state is not None else self.initial_state(B)
+            keep = (~is_first.bool()).to(flat.dtype).unsqueeze(-1)  # [T, B, 1]
+            feats = flat.view(T, B, -1)
+            outs = []
+            for t in range(T):
+                h, c = self.core(feats[t], (h * keep[t], c * keep[t]))
+                outs.append(h)
+            flat = torch.stack(outs).flatten(0, 1)
+            state = (h, c)
+        params = {k: v.view(T, B, *v.shape[1:]) for k, v in self.head(flat).items()}
+        return params, self.value(flat).view(T, B), state
+
+    # -- Agent protocol ------------------------------------------------------------------
+    @torch.no_grad()
+    def act(self, obs: Obs, state: CoreState, explore: bool) -> tuple[Tensor, CoreState, dict[str, Tensor]]:
+        """``obs [B, ...]`` -> ``(action, state, extras)``: extras are the behaviour policy
+        (``logits`` or ``mu`` / ``sigma``) and, with a core, the state it acted from
+        (``core_h`` / ``core_c`` ``[B, lstm_size]``), so that learners start unrolls there."""
+        single = obs.unsqueeze(0) if isinstance(obs, Tensor) else {k: v.unsqueeze(0) for k, v in obs.items()}
+        first = obs if isinstance(obs, Tensor) else next(iter(obs.values()))
+        batch = first.shape[0]
+        if self.core is not None and state is None:
+            state = self.initial_state(batch)
+        is_first = torch.zeros(1, batch, dtype=torch.bool, device=first.device)  # the Collector resets states
+        params, _, new_state = self.unroll(single, is_first, state)
+        params = {k: v[0].float().contiguous() for k, v in params.items()}
+        extras = dict(params)
+        if state is not None:
+            extras["core_h"], extras["core_c"] = state[0].float(), state[1].float()
+        return self.head.sample(params, explore), new_state, extras

@@ -1,0 +1,175 @@
+"""Optimizers and gradient clipping under DI-engine's option names.
+
+* :func:`build_optimizer` — ``optim: adam | rmsprop`` with the learning rate and the
+  optimizer's own constants (Adam ``betas``/``eps``; RMSProp ``alpha``/``eps``/``momentum``).
+* :class:`GradClipper` — DI-engine's ``grad_clip_type`` (``clip_value``, ``clip_norm``,
+  ``clip_momentum``, ``clip_momentum_norm``) with ``clip_value``, ``clip_coef``,
+  ``clip_norm_type`` and ``clip_momentum_timestep``, applied to the gradients between
+  ``backward`` and the optimizer step. It works with either optimizer (DI-engine's IMPALA
+  passes the clip options to Adam only).
+
+The two momentum variants compare gradients with a running estimate of their own size: an
+exponential moving average ``v`` (decay ``beta``: Adam's ``betas[1]``, RMSProp's ``alpha``)
+of each parameter's squared unclipped gradient, bias-corrected ``v_hat = v / (1 - beta^n)``
+after ``n`` updates, and act once ``n > clip_momentum_timestep`` (before, the estimate is
+too young):
+
+* ``clip_momentum``: each gradient element is clamped to ``±clip_coef * sqrt(v_hat)``
+  (OpenAI's rule; DI-engine replaces a clipped element by the positive threshold whatever
+  its sign, here the sign is kept);
+* ``clip_momentum_norm``: if the total gradient norm exceeds the norm of
+  ``clip_coef * sqrt(v_hat)`` over all parameters, all gradients are scaled down to it, so
+  a gradient may be at most ``clip_coef`` times as large as the recent RMS gradient.
+
+DI-engine's bias correction uses the step count before the current update (one behind) and
+its RMSProp variant none; here both use the number of updates including the current one.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Literal
+
+import torch
+from torch import Tensor, nn
+
+OptimName = Literal["adam", "rmsprop"]
+GradClipType = Literal["clip_value", "clip_norm", "clip_momentum", "clip_momentum_norm"]
+GRAD_CLIP_TYPES = ("clip_value", "clip_norm", "clip_momentum", "clip_momentum_norm")
+
+
+def build_optimizer(
+    params: Iterable[nn.Parameter],
+    optim: str = "adam",
+    learning_rate: float = 5e-4,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    alpha: float = 0.99,
+    momentum: float = 0.0,
+    weight_decay: float = 0.0,
+) -> torch.optim.Optimizer:
+    """``torch.optim.Adam`` (``betas``, ``eps``) or ``torch.optim.RMSprop`` (``alpha`` the
+    squared-gradient decay, ``eps``, ``momentum``) over ``params``. Defaults are torch's and
+    DI-engine's; the IMPALA paper's RMSProp used ``eps=0.01``, ``momentum=0``, ``alpha=0.99``."""
+    if optim == "adam":
+        return torch.optim.Adam(params, lr=learning_rate, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+    if optim == "rmsprop":
+        return torch.optim.RMSprop(params, lr=learning_rate, alpha=alpha, eps=eps, momentum=momentum,
+                                   weight_decay=weight_decay)
+    raise ValueError(f"optim must be 'adam' or 'rmsprop', got {optim!r}")
+
+
+def optimizer_beta(optimizer: torch.optim.Optimizer) -> float:
+    """The squared-gradient decay the optimizer itself uses (Adam ``betas[1]``, RMSProp
+    ``alpha``); :class:`GradClipper` uses it for its own running estimate, as DI-engine does."""
+    group = optimizer.param_groups[0]
+    if "betas" in group:
+        return float(group["betas"][1])
+    if "alpha" in group:
+        return float(group["alpha"])
+    raise ValueError(f"{type(optimizer).__name__} has neither betas nor alpha; pass beta to GradClipper")
+
+
+class GradClipper:
+    """Clip the gradients of a fixed list of parameters in place (see the module docstring).
+
+    Args:
+        grad_clip_type: None (no clipping) or one of :data:`GRAD_CLIP_TYPES`.
+        clip_value: the element bound (``clip_value``) or the total-norm bound
+            (``clip_norm``); DI-engine's default 0.5. The momentum variants use ``clip_coef``.
+        clip_coef: multiple of the RMS gradient allowed by the momentum variants (5).
+        clip_norm_type: the p of the p-norm (2.0; ``math.inf`` for the max norm).
+        clip_momentum_timestep: updates of the running estimate before the momentum
+            variants act (100).
+        beta: decay of the running estimate of squared gradients (use
+            :func:`optimizer_beta`).
+    """
+
+    def __init__(
+        self,
+        grad_clip_type: str | None = None,
+        clip_value: float = 0.5,
+        clip_coef: float = 5.0,
+        clip_norm_type: float = 2.0,
+        clip_momentum_timestep: int = 100,
+        beta: float = 0.999,
+    ) -> None:
+        if grad_clip_type is not None and grad_clip_type not in GRAD_CLIP_TYPES:
+            raise ValueError(f"grad_clip_type must be None or one of {list(GRAD_CLIP_TYPES)}, got {grad_clip_type!r}")
+        if grad_clip_type in ("clip_value", "clip_norm") and not clip_value > 0:
+            raise ValueError(f"clip_value must be > 0 for {grad_clip_type}, got {clip_value}")
+        if grad_clip_type in ("clip_momentum", "clip_momentum_norm") and not clip_coef > 0:
+            raise ValueError(f"clip_coef must be > 0 for {grad_clip_type}, got {clip_coef}")
+        if not 0.0 <= beta < 1.0:
+            raise ValueError(f"beta must be in [0, 1), got {beta}")
+        self.grad_clip_type = grad_clip_type
+        self.clip_value, self.clip_coef = float(clip_value), float(clip_coef)
+        self.clip_norm_type = float(clip_norm_type)
+        self.clip_momentum_timestep = int(clip_momentum_timestep)
+        self.beta = float(beta)
+        self.count = 0  # updates of the running estimate
+        self.square_avg: list[Tensor] = []
+
+    @property
+    def uses_momentum(self) -> bool:
+        return self.grad_clip_type in ("clip_momentum", "clip_momentum_norm")
+
+    def _norm(self, tensors: list[Tensor]) -> Tensor:
+        if not tensors:
+            return torch.zeros(())
+        return torch.linalg.vector_norm(
+            torch.stack([torch.linalg.vector_norm(t, self.clip_norm_type) for t in tensors]), self.clip_norm_type)
+
+    def __call__(self, params: Iterable[Tensor]) -> dict[str, Tensor]:
+        """Clip ``params``' gradients (the same parameters, in the same order, every call).
+
+        Returns ``grad_norm`` (the total norm before clipping) and ``clipped`` (1.0 if any
+        gradient was changed), both 0-dim tensors for logging.
+        """
+        params = [p for p in params if p.grad is not None]
+        grads = [p.grad for p in params]
+        norm = self._norm(grads)
+        clipped = torch.zeros(())
+        if self.grad_clip_type == "clip_value":
+            clipped = torch.stack([g.abs().max() for g in grads]).max().gt(self.clip_value).float() if grads else clipped
+            torch.nn.utils.clip_grad_value_(params, self.clip_value)
+        elif self.grad_clip_type == "clip_norm":
+            clipped = norm.gt(self.clip_value).float()
+            torch.nn.utils.clip_grad_norm_(params, self.clip_value, self.clip_norm_type)
+        elif self.uses_momentum:
+            clipped = self._momentum_clip(grads, norm)
+        return {"grad_norm": norm.detach(), "clipped": clipped}
+
+    def _momentum_clip(self, grads: list[Tensor], norm: Tensor) -> Tensor:
+        if not self.square_avg:
+            self.square_avg = [torch.zeros_like(g) for g in grads]
+        if len(self.square_avg) != len(grads):
+            raise RuntimeError(f"GradClipper got {len(grads)} gradients after {len(self.square_avg)}: "
+                               "pass the same parameters every call")
+        self.count += 1
+        for avg, g in zip(self.square_avg, grads):
+            avg.mul_(self.beta).addcmul_(g, g, value=1.0 - self.beta)
+        if self.count <= self.clip_momentum_timestep:
+            return torch.zeros(())
+        correction = 1.0 - self.beta**self.count
+        limits = [avg.div(correction).sqrt_().mul_(self.clip_coef) for avg in self.square_avg]
+        if self.grad_clip_type == "clip_momentum":
+            changed = torch.zeros((), dtype=torch.bool, device=grads[0].device)
+            for g, limit in zip(grads, limits):
+                changed |= (g.abs() > limit).any()
+                torch.maximum(torch.minimum(g, limit), -limit, out=g)
+            return changed.float()
+        limit_norm = self._norm(limits)
+        if norm > limit_norm:
+            scale = limit_norm / norm
+            for g in grads:
+                g.mul_(scale)
+            return torch.ones(())
+        return torch.zeros(())
+
+    def state_dict(self) -> dict:
+        return {"count": self.count, "square_avg": [t.clone() for t in self.square_avg]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.count = int(state["count"])
+        self.square_avg = [t.clone() for t in state["square_avg"]]
+

@@ -1,0 +1,40 @@
+"""Small acting modules for actor tests; importable by spawned actor processes (tests/ is on sys.path)."""
+
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class MarkedPolicy(nn.Module):
+    """Random discrete actions; every row's ``mark`` extra is the weight ``w`` it acted with, so
+    a test can check which published weights made which rows."""
+
+    def __init__(self, actions: int = 2) -> None:
+        super().__init__()
+        self.actions = actions
+        self.w = nn.Parameter(torch.zeros(()))
+
+    def initial_state(self, batch_size: int) -> Any:
+        return None
+
+    def act(self, obs: Any, state: Any, explore: bool):
+        batch = obs.shape[0]
+        return torch.randint(self.actions, (batch,)), state, {"mark": self.w.detach().expand(batch).clone()}
+
+
+class FaultyPolicy(MarkedPolicy):
+    """Raises (``fault="raise"``) or sleeps practically forever (``fault="hang"``) on its ``at``-th call."""
+
+    def __init__(self, fault: str, at: int = 5) -> None:
+        super().__init__()
+        self.fault, self.at, self.calls = fault, at, 0
+
+    def act(self, obs: Any, state: Any, explore: bool):
+        self.calls += 1
+        if self.calls >= self.at:
+            if self.fault == "raise":
+                raise ValueError(f"policy exploded on call {self.calls}")
+            time.sleep(3600)
+        return super().act(obs, state, explore)

@@ -1,0 +1,209 @@
+"""DataModules fed by actors, end to end under Lightning: the replay ratio holds, weights and
+episode statistics flow, unrolls overlap by one, the Dreamer actors config runs from the CLI,
+and Ctrl-C on a CLI fit leaves no actor behind."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+
+from lightning_wm.callbacks import default_callbacks
+from lightning_wm.cli import main
+from lightning_wm.data.modules import ReplayDataModule, UnrollDataModule
+from lightning_wm.envs import EnvConfig
+from test_actors import _descendants, _wait_gone
+from tiny_agent import TinyAgent
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Recorder(pl.Callback):
+    """Keeps every training batch and the metrics logged on it."""
+
+    def __init__(self) -> None:
+        self.batches, self.logged = [], []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.batches.append({k: v.clone() for k, v in batch.items() if isinstance(v, torch.Tensor)})
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.logged.append({k: float(v) for k, v in trainer.logged_metrics.items()})
+
+
+def _fit(datamodule, steps: int) -> Recorder:
+    recorder = Recorder()
+    trainer = pl.Trainer(max_steps=steps, logger=True, enable_checkpointing=False, enable_progress_bar=False,
+                         limit_val_batches=0, num_sanity_val_steps=0, log_every_n_steps=5,
+                         callbacks=[*default_callbacks(), recorder], default_root_dir=".")
+    trainer.fit(TinyAgent(datamodule.spec), datamodule)
+    return recorder
+
+
+def test_replay_with_actors_keeps_the_ratio_and_reports():
+    dm = ReplayDataModule(EnvConfig("CartPole-v1"), capacity=4000, batch_size=4, sequence_length=8, prefill=64,
+                          replay_ratio=0.2, num_actors=2, envs_per_actor=2, chunk_length=8, actor_timeout_s=120)
+    recorder = _fit(dm, 40)
+    buffer = dm.buffer
+    per_stream = buffer.rows_per_stream
+    assert buffer.num_streams == 4 and per_stream.sum() > 0
+    assert per_stream[0] == per_stream[1] and per_stream[2] == per_stream[3], "an actor's envs fill its two streams"
+    slack, chunk = 2 * 16, 16
+    rows = int(per_stream.sum())
+    owed = 64 + 41 / 0.2  # Lightning fetched one batch ahead of the 40 it trained on
+    assert abs(rows - owed) <= slack + chunk, f"{rows} rows for {owed} owed by the replay ratio"
+    written = np.arange(buffer.column("policy_version").shape[1])[None, :] < per_stream[:, None]
+    versions = buffer.column("policy_version")[written]
+    assert versions.min() == -1, "the prefill came from the random policy"
+    # up to ~7 chunks (112 rows) made with the first weights can wait in the queue and in the
+    # blocked actors; at least 269 - 48 - 64 = 157 rows past the prefill make some of them newer
+    assert versions.max() >= 1, "published weights reached the actors"
+    last = recorder.logged[-1]
+    assert last["env/steps"] == rows
+    assert "env/episode_return" in last, "episodes from the actors reach env/*"
+    assert 0 <= last["actors/policy_lag"] <= 40 and last["actors/frames_per_s"] > 0
+    assert "actors/queue_depth" in last and "actors/wait_fraction" in last
+    assert dm._actors.pool is None, "teardown stopped the actors"
+
+
+def test_unrolls_in_process_overlap_by_one():
+    dm = UnrollDataModule(EnvConfig("CartPole-v1", num_envs=2), unroll_length=5, batch_size=2)
+    batches = _fit(dm, 6).batches
+    assert batches[0]["obs"].shape == (2, 6, 4) and batches[0]["action"].dtype == torch.int64
+    for now, nxt in zip(batches, batches[1:]):
+        for key in ("obs", "reward", "is_first", "is_last", "action", "policy_version"):
+            torch.testing.assert_close(now[key][:, -1], nxt[key][:, 0])
+    # acted with the live module; Lightning fetches batch k+1 before step k trains, so its rows
+    # (but its first, shared with batch k) were made by the weights of step k - 1
+    assert [int(b["policy_version"][0, -1]) for b in batches] == [0] + list(range(len(batches) - 1))
+
+
+def test_unrolls_from_actors():
+    dm = UnrollDataModule(EnvConfig("CartPole-v1"), unroll_length=4, batch_size=4, num_actors=2, envs_per_actor=2,
+                          actor_timeout_s=120)
+    recorder = _fit(dm, 12)
+    for batch in recorder.batches:
+        assert batch["obs"].shape == (4, 5, 4) and batch["policy_version"].shape == (4, 5)
+        assert (batch["policy_version"] >= 0).all() and (batch["policy_version"] <= 12).all()
+    assert recorder.logged[-1]["env/steps"] > 0 and "actors/policy_lag" in recorder.logged[-1]
+
+
+def test_dreamer_actors_config_from_the_cli():
+    cli = main(args=[
+        "fit", "--config", str(ROOT / "configs/dreamer/cartpole_actors.yaml"),
+        "--config", str(ROOT / "configs/dreamer/presets/debug.yaml"),
+        "--trainer.max_steps", "8", "--trainer.log_every_n_steps", "2", "--trainer.val_check_interval", "8",
+        "--trainer.enable_progress_bar", "false", "--trainer.run_name", "run",
+        "--data.init_args.batch_size", "4", "--data.init_args.sequence_length", "8",
+        "--data.init_args.prefill", "64", "--data.init_args.eval_episodes", "1", "--data.init_args.eval_envs", "1",
+    ])
+    assert cli.trainer.global_step == 8
+    metrics = cli.trainer.logged_metrics
+    assert "actors/policy_lag" in metrics and "val/return" in metrics and metrics["env/steps"] >= 64
+
+
+CTRL_C_FIT = """
+import sys
+sys.path.insert(0, {tests!r})
+from lightning_wm.cli import main
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_ctrl_c_on_a_fit_with_actors_leaves_no_orphans(tmp_path):
+    script = tmp_path / "fit.py"
+    script.write_text(CTRL_C_FIT.format(tests=str(ROOT / "tests")))
+    args = [sys.executable, str(script), "fit", "--model", "tiny_agent.TinyAgent",
+            "--data", "lightning_wm.data.modules.ReplayDataModule", "--data.env.id", "CartPole-v1",
+            "--data.batch_size", "4", "--data.sequence_length", "8", "--data.prefill", "64",
+            "--data.num_actors", "2", "--data.chunk_length", "8", "--trainer.max_steps", "100000",
+            "--trainer.enable_progress_bar", "false", "--trainer.limit_val_batches", "0"]
+    proc = subprocess.Popen(args, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=tmp_path)
+    try:
+        deadline, family = time.monotonic() + 240, set()
+        while time.monotonic() < deadline and len(family) < 2:  # both actors spawned and training going
+            time.sleep(1.0)
+            assert proc.poll() is None, proc.stderr.read()
+            family = {p for p in _descendants(proc.pid) if "spawn" in Path(f"/proc/{p}/cmdline").read_text()}
+        assert len(family) >= 2, "the actors did not start"
+        time.sleep(3.0)
+        family = _descendants(proc.pid)
+        os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C goes to the whole process group
+        proc.wait(timeout=60)
+        assert not _wait_gone(family, seconds=10), "actors outlived the interrupted learner"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_weight_publisher_cadence():
+    """Publishes when fit starts (starting the actors), when training starts (the restored step of
+    a resume) and after every publish_every-th optimizer step, with the step as the version."""
+    from types import SimpleNamespace
+
+    from lightning_wm.callbacks import WeightPublisher
+
+    class Sink:
+        def __init__(self):
+            self.versions = []
+
+        def publish_weights(self, module, version):
+            self.versions.append(version)
+
+    sink, module = Sink(), object()
+    trainer = SimpleNamespace(datamodule=sink, global_step=0)
+    callback = WeightPublisher(publish_every=3)
+    callback.on_fit_start(trainer, module)
+    trainer.global_step = 30  # a resumed run: the step is restored after on_fit_start
+    callback.on_train_start(trainer, module)
+    for step in range(31, 38):
+        trainer.global_step = step
+        callback.on_train_batch_end(trainer, module, None, None, step)
+        callback.on_train_batch_end(trainer, module, None, None, step)  # same step again: no second publish
+    assert sink.versions == [0, 30, 33, 36]
+    trainer.datamodule = object()  # a datamodule without the protocol: nothing happens
+    callback.on_train_batch_end(trainer, module, None, None, 39)
+
+
+def test_ddp_ranks_with_actors(tmp_path):
+    """Two DDP ranks, one actor each: identical weights at the end; every env of every rank's
+    actor seeded apart (seeding.env_seeds by rank and actor)."""
+    import gymnasium as gym
+
+    from lightning_wm.seeding import env_seeds
+
+    out = subprocess.run([sys.executable, str(ROOT / "tests/ddp_fit.py"), str(tmp_path), "ddp", "actors"],
+                         capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-4000:]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+    for key, value in ranks[0]["weights"].items():
+        torch.testing.assert_close(value, ranks[1]["weights"][key], msg=f"weights differ across ranks: {key}")
+    for rank in (0, 1):
+        assert ranks[rank]["env_steps"] > 32
+        for env, seed in enumerate(env_seeds(3, 2, "train", rank, actor=0)):
+            expected, _ = gym.make("CartPole-v1").reset(seed=seed)
+            torch.testing.assert_close(ranks[rank]["first_obs"][env], torch.as_tensor(expected))
+
+
+def test_resume_with_actors_continues_the_counts():
+    """fit, then fit --ckpt_path last: the step and the rows received continue; the resumed buffer
+    (not saved here) is prefilled again by the new actors instead of waiting forever."""
+    args = ["fit", "--model", "tiny_agent.TinyAgent", "--data", "lightning_wm.data.modules.ReplayDataModule",
+            "--data.env.id", "CartPole-v1", "--data.batch_size", "4", "--data.sequence_length", "8",
+            "--data.prefill", "64", "--data.replay_ratio", "0.5", "--data.num_actors", "1",
+            "--data.chunk_length", "8", "--data.actor_timeout_s", "240", "--trainer.enable_progress_bar", "false",
+            "--trainer.limit_val_batches", "0", "--trainer.run_name", "resume", "--trainer.logger", "false"]
+    first = main(args=[*args, "--trainer.max_steps", "10"])
+    rows = first.datamodule.pop_env_stats().env_steps
+    assert rows >= 64 + 10 / 0.5 - 16
+    second = main(args=[*args, "--trainer.max_steps", "20", "--ckpt_path", "last"])
+    assert second.trainer.global_step == 20
+    assert second.datamodule.pop_env_stats().env_steps >= rows + 64, "no new prefill and rows after the resume"

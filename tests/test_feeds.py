@@ -1,0 +1,178 @@
+"""The learner's side of actors, without processes: the replay-ratio throttle, unroll batching
+(overlap by one, max_use) and the actor gauges."""
+
+import numpy as np
+import pytest
+import torch
+
+from lightning_wm.data.actors import Chunk
+from lightning_wm.data.collector import Collector
+from lightning_wm.data.feeds import ActorMetrics, ReplayFeed, UnrollBatcher
+from test_collector import CountingAgent, make_env
+
+
+class FakePool:
+    """Chunks of ``T x N`` rows from ``num_actors`` actors, ``available()`` of them at a time."""
+
+    def __init__(self, num_actors=2, chunk_length=4, envs_per_actor=2, available=lambda: True):
+        self.num_actors, self.chunk_length, self.envs_per_actor = num_actors, chunk_length, envs_per_actor
+        self.available, self.sent, self.version = available, 0, 0
+
+    def streams(self, actor):
+        return np.arange(actor * self.envs_per_actor, (actor + 1) * self.envs_per_actor)
+
+    def qsize(self):
+        return 1
+
+    def check(self):
+        pass
+
+    def get(self, timeout=0.0):
+        if not self.available():
+            return None
+        self.sent += 1
+        rows = {"obs": np.zeros((self.chunk_length, self.envs_per_actor, 1), np.float32)}
+        return Chunk(self.sent % self.num_actors, self.version, rows, [{"return": 1.0, "length": 2.0}],
+                     self.chunk_length * self.envs_per_actor)
+
+
+class FakeBuffer:
+    def __init__(self):
+        self.rows = 0
+        self.streams = []
+
+    def add_many(self, chunk, streams=None, priority=None):
+        self.rows += chunk["obs"].shape[0] * chunk["obs"].shape[1]
+        self.streams.append(tuple(streams))
+
+    def __len__(self):
+        return self.rows
+
+
+def test_replay_feed_keeps_the_ratio_when_actors_are_fast():
+    pool, buffer = FakePool(), FakeBuffer()
+    feed = ReplayFeed(pool, buffer, replay_ratio=0.25, prefill=40)
+    assert feed.slack == 16
+    for b in range(1, 200):
+        assert feed.before_batch() == 0.0
+        assert abs(feed.rows - (40 + b * 4)) <= feed.slack + 8, "rows drifted from the replay ratio"
+    assert buffer.rows == feed.rows and set(buffer.streams) == {(0, 1), (2, 3)}
+    assert len(feed.metrics.pop_episodes()) == feed.rows // 8 and feed.metrics.pop_episodes() == []
+
+
+def test_replay_feed_learner_waits_for_slow_actors():
+    """Actors that deliver only every other call: the learner waits, and never runs ahead by more
+    than the slack."""
+    calls = {"n": 0}
+
+    def every_other():
+        calls["n"] += 1
+        return calls["n"] % 2 == 0
+
+    pool, buffer = FakePool(available=every_other), FakeBuffer()
+    feed = ReplayFeed(pool, buffer, replay_ratio=1.0, prefill=8, slack=8)
+    for b in range(1, 50):
+        feed.before_batch()
+        assert feed.rows >= 8 + b - 8, "the learner ran ahead of the replay ratio"
+    gauges = feed.metrics.gauges()
+    assert gauges["actors/wait_fraction"] > 0 and gauges["actors/batch_wait_ms"] > 0
+    with pytest.raises(ValueError, match="at least one chunk"):
+        ReplayFeed(pool, buffer, replay_ratio=1.0, prefill=8, slack=7)
+
+
+def test_actor_metrics_window():
+    now = {"t": 0.0}
+    metrics = ActorMetrics(window_s=10.0, clock=lambda: now["t"])
+    for t in range(20):
+        now["t"] = float(t + 1)
+        metrics.chunk(Chunk(0, t, {}, [], env_steps=100), learner_version=t + 3)
+    metrics.chunk(Chunk(0, -1, {}, [], env_steps=100), learner_version=50)  # random prefill rows: no lag
+    metrics.waited(2.0)
+    gauges = metrics.gauges()
+    assert gauges["actors/frames_per_s"] == pytest.approx(12 * 100 / 10.0)  # 11 chunks at t = 10..20 + the prefill one
+    assert gauges["actors/policy_lag"] == pytest.approx(3.0)
+    assert gauges["actors/wait_fraction"] == pytest.approx(0.2) and gauges["actors/batch_wait_ms"] == 2000.0
+
+
+def test_unrolls_overlap_by_one_and_keep_order():
+    """Chunk k of an env holds rows kT..kT+T: the last row of one unroll is the first of the next."""
+    collector = Collector(make_env([3, 5]), CountingAgent())
+    batcher = UnrollBatcher(batch_size=2)
+    batches = []
+    for _ in range(4):
+        batcher.add(collector.collect_chunk(4, overlap=True))
+        batches.append(batcher.batch())
+    assert batches[0]["obs"].shape == (2, 5, 2) and batches[0]["action"].dtype == torch.int64
+    for env in range(2):
+        for k in range(3):
+            now, nxt = batches[k], batches[k + 1]
+            for key in ("obs", "reward", "is_first", "is_last", "action", "calls"):
+                torch.testing.assert_close(now[key][env, -1], nxt[key][env, 0])
+        steps = torch.cat([batches[0]["obs"][env, :, 1]] + [b["obs"][env, 1:, 1] for b in batches[1:]])
+        length = [3, 5][env]
+        assert steps.tolist() == [t % (length + 1) for t in range(17)], "rows out of order or missing"
+    assert len(batcher) == 0
+
+
+def test_unroll_replay_max_use():
+    batcher = UnrollBatcher(batch_size=4, replay_size=8, max_use=2, seed=0)
+    uses: dict[int, int] = {}
+    next_id = 0
+    for _ in range(30):
+        while not batcher.ready():
+            ids = np.arange(next_id, next_id + 2)
+            next_id += 2
+            batcher.add({"id": np.broadcast_to(ids, (3, 2)).copy()})  # 2 unrolls of 3 rows
+        batch = batcher.batch()
+        assert batch["id"].shape == (4, 3) and len(set(batch["id"][:, 0].tolist())) == 4, "an unroll twice in a batch"
+        for i in batch["id"][:, 0].tolist():
+            uses[i] = uses.get(i, 0) + 1
+    assert max(uses.values()) == 2 and len(batcher) <= 8
+    assert sum(uses.values()) == 30 * 4 and next_id < 30 * 4, "replay reused unrolls"
+    with pytest.raises(ValueError, match="at least batch_size"):
+        UnrollBatcher(batch_size=4, replay_size=2)
+
+
+def test_prioritized_unroll_replay_draws_by_priority_and_weights():
+    batcher = UnrollBatcher(batch_size=2, replay_size=4, max_use=1000, seed=0, prioritized=True, alpha=1.0, beta=1.0)
+    batcher.add({"id": np.broadcast_to(np.arange(4), (3, 4)).copy()})  # unrolls 0..3, all at priority 1
+    first = batcher.batch()
+    assert first["index"].tolist() == first["id"][:, 0].tolist() and torch.equal(first["index"], first["generation"])
+    torch.testing.assert_close(first["weight"], torch.ones(2))  # equal priorities: equal weights
+    assert batcher.update_priorities([0, 1, 2, 3], [9.0, 1.0, 1.0, 1.0]) == {"applied": 4, "stale": 0}
+    counts = np.zeros(4)
+    for _ in range(400):
+        batch = batcher.batch()
+        counts[batch["index"].numpy()] += 1
+        if 0 in batch["index"].tolist():  # P(0) = 9/12 = 0.75, the others 1/12: weights (4P)^-1 / max
+            other = batch["weight"][batch["index"] != 0]
+            torch.testing.assert_close(batch["weight"][batch["index"] == 0], other / 9.0)
+    assert counts[0] > 340 and counts[0] > 2 * counts[1:].max(), "the high-priority unroll is drawn most"
+    assert counts[1:].min() > 50, "the others stay drawable"
+
+
+def test_prioritized_unroll_feedback_skips_unrolls_that_left():
+    batcher = UnrollBatcher(batch_size=2, replay_size=2, max_use=1, seed=0, prioritized=True)
+    batcher.add({"id": np.zeros((3, 2))})
+    batch = batcher.batch()  # both used up (max_use 1): they leave the replay
+    batcher.add({"id": np.zeros((3, 2))})
+    assert batcher.update_priorities(batch["index"], [5.0, 5.0]) == {"applied": 0, "stale": 2}
+    assert batcher.update_priorities([2, 7], [5.0, 5.0]) == {"applied": 1, "stale": 1}
+    with pytest.raises(ValueError, match="replay_size > 0"):
+        UnrollBatcher(batch_size=2, prioritized=True)
+    with pytest.raises(ValueError, match="finite"):
+        batcher.update_priorities([2], [float("nan")])
+
+
+def test_replay_feed_ingests_until_the_buffer_holds_the_prefill():
+    """Rows counted but not held (one actor's rings wrapped): the feed keeps ingesting past the
+    ratio's upper bound until the buffer really holds ``prefill`` rows, instead of waiting forever."""
+
+    class SmallRings(FakeBuffer):
+        def __len__(self):
+            return min(self.rows, 40)  # what the rings keep
+
+    pool, buffer = FakePool(), SmallRings()
+    feed = ReplayFeed(pool, buffer, replay_ratio=0.25, prefill=40, slack=16)
+    feed.rows = 200  # e.g. restored counts, or streams that wrapped
+    assert feed.before_batch() == 0.0 and len(buffer) >= 40

@@ -1,0 +1,95 @@
+"""Optimizers and DI-engine's gradient clipping (lightning_wm.optim), against hand-checked values."""
+
+import math
+
+import pytest
+import torch
+
+from lightning_wm.optim import GradClipper, build_optimizer, optimizer_beta
+
+
+def _param(grad):
+    p = torch.nn.Parameter(torch.zeros(len(grad)))
+    p.grad = torch.tensor(grad, dtype=torch.float32)
+    return p
+
+
+def test_build_optimizer_kinds_and_constants():
+    p = [torch.nn.Parameter(torch.zeros(2))]
+    adam = build_optimizer(p, "adam", 1e-3, betas=(0.8, 0.99), eps=1e-5)
+    assert isinstance(adam, torch.optim.Adam) and adam.defaults["lr"] == 1e-3 and adam.defaults["eps"] == 1e-5
+    assert optimizer_beta(adam) == 0.99
+    rms = build_optimizer(p, "rmsprop", 4.8e-4, eps=0.01, alpha=0.9, momentum=0.5)
+    assert isinstance(rms, torch.optim.RMSprop)
+    assert (rms.defaults["alpha"], rms.defaults["eps"], rms.defaults["momentum"]) == (0.9, 0.01, 0.5)
+    assert optimizer_beta(rms) == 0.9
+    with pytest.raises(ValueError, match="'adam' or 'rmsprop'"):
+        build_optimizer(p, "sgd")
+
+
+def test_clip_value_and_clip_norm():
+    p = _param([3.0, -4.0])
+    out = GradClipper("clip_value", clip_value=0.5)([p])
+    assert p.grad.tolist() == [0.5, -0.5] and out["clipped"] == 1 and out["grad_norm"] == 5.0
+    p = _param([3.0, -4.0])
+    out = GradClipper("clip_norm", clip_value=0.5)([p])
+    assert torch.allclose(p.grad, torch.tensor([0.3, -0.4]), atol=1e-6) and out["clipped"] == 1
+    p = _param([0.03, -0.04])
+    out = GradClipper("clip_norm", clip_value=0.5)([p])
+    assert torch.allclose(p.grad, torch.tensor([0.03, -0.04])) and out["clipped"] == 0
+    p = _param([3.0, -4.0])
+    GradClipper(None)([p])
+    assert p.grad.tolist() == [3.0, -4.0]
+
+
+def test_clip_momentum_norm_hand_values():
+    """beta 0.5, warm-up 2 updates, clip_coef 1. Three gradients g0 = [3, 4] make v_hat = g0^2
+    exactly (bias-corrected), so the third passes (its norm 5 equals the limit). A spike
+    10 g0 then gives v = 0.5 * 0.875 g0^2 + 0.5 * 100 g0^2, v_hat = v / (1 - 0.5^4) =
+    53.8 g0^2: its norm 50 is scaled down to 5 sqrt(53.8) = 36.674."""
+    clipper = GradClipper("clip_momentum_norm", clip_coef=1.0, clip_momentum_timestep=2, beta=0.5)
+    for _ in range(3):
+        p = _param([3.0, 4.0])
+        assert clipper([p])["clipped"] == 0
+        assert p.grad.tolist() == [3.0, 4.0]
+    p = _param([30.0, 40.0])
+    out = clipper([p])
+    assert out["clipped"] == 1 and out["grad_norm"] == 50.0
+    assert torch.allclose(p.grad.norm(), torch.tensor(5 * math.sqrt(53.8)), rtol=1e-6)
+    assert torch.allclose(p.grad / p.grad.norm(), torch.tensor([0.6, 0.8]))  # direction kept
+
+
+def test_clip_momentum_norm_waits_for_its_estimate():
+    clipper = GradClipper("clip_momentum_norm", clip_coef=1.0, clip_momentum_timestep=2, beta=0.5)
+    clipper([_param([3.0, 4.0])])
+    p = _param([30.0, 40.0])  # second update: the estimate is still too young, nothing clipped
+    assert clipper([p])["clipped"] == 0 and p.grad.tolist() == [30.0, 40.0]
+
+
+def test_clip_momentum_per_element_keeps_sign():
+    """v_hat = g^2 of the steady gradient [1, -1, 2]; a spike [5, -5, 2] is clamped elementwise
+    to clip_coef sqrt(v_hat) of the updated estimate, keeping each element's sign."""
+    clipper = GradClipper("clip_momentum", clip_coef=1.0, clip_momentum_timestep=1, beta=0.5)
+    clipper([_param([1.0, -1.0, 2.0])])
+    p = _param([5.0, -5.0, 2.0])
+    assert clipper([p])["clipped"] == 1
+    # v = 0.5 * 0.5 * [1, 1, 4] + 0.5 * [25, 25, 4] = [12.75, 12.75, 3]; v_hat = v / 0.75
+    limit = math.sqrt(12.75 / 0.75)
+    assert torch.allclose(p.grad, torch.tensor([limit, -limit, 2.0]))
+
+
+def test_clipper_state_round_trip_and_errors():
+    a = GradClipper("clip_momentum_norm", clip_momentum_timestep=0, beta=0.9)
+    for g in ([1.0, 2.0], [2.0, 1.0]):
+        a([_param(g)])
+    b = GradClipper("clip_momentum_norm", clip_momentum_timestep=0, beta=0.9)
+    b.load_state_dict(a.state_dict())
+    pa, pb = _param([9.0, 9.0]), _param([9.0, 9.0])
+    a([pa]), b([pb])
+    assert torch.equal(pa.grad, pb.grad) and b.count == 3
+    with pytest.raises(ValueError, match="grad_clip_type must be"):
+        GradClipper("clip_everything")
+    with pytest.raises(ValueError, match="clip_value must be > 0"):
+        GradClipper("clip_norm", clip_value=0.0)
+    with pytest.raises(RuntimeError, match="same parameters"):
+        a([_param([1.0]), _param([1.0])])
