@@ -105,6 +105,17 @@ def stability_verdict(returns: list[float], target: float) -> dict[str, Any]:
     return out
 
 
+def _parse_value(text: str) -> Any:
+    """A ``--set`` value as YAML, except that numbers YAML 1.1 reads as strings (``3e-4``) are floats."""
+    value = yaml.safe_load(text)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     default_config = os.path.join(os.path.dirname(__file__), "..", "configs/dreamer/cartpole.yaml")
@@ -137,7 +148,7 @@ def main() -> None:
     model_args = dict(config["model"].get("init_args", {}))
     for item in args.set:
         key, value = item.split("=", 1)
-        model_args[key] = yaml.safe_load(value)
+        model_args[key] = _parse_value(value)
     data_args = dict(config["data"]["init_args"])
     env = EnvConfig(**{**data_args.pop("env"), "seed": args.seed})
     if args.target is None:
