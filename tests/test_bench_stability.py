@@ -10,11 +10,23 @@ BENCH = Path(__file__).resolve().parents[1] / "bench" / "dreamer_cartpole.py"
 
 
 @pytest.fixture(scope="module")
-def verdict():
+def bench():
     spec = importlib.util.spec_from_file_location("dreamer_cartpole_bench", BENCH)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.stability_verdict
+    return module
+
+
+@pytest.fixture(scope="module")
+def verdict(bench):
+    return bench.stability_verdict
+
+
+def test_set_values_are_yaml_with_exponent_numbers(bench):
+    # YAML 1.1 reads 3e-4 (no dot) as a string; Adam then fails long after the start
+    assert bench._parse_value("3e-4") == 3e-4
+    assert bench._parse_value("1.0") == 1.0 and bench._parse_value("true") is True
+    assert bench._parse_value("categorical") == "categorical" and bench._parse_value("[1, 2]") == [1, 2]
 
 
 def test_stable_run(verdict):
