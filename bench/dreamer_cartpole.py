@@ -5,19 +5,26 @@ config; CartPole-v1 by default.
     python bench/dreamer_cartpole.py                       # configs/dreamer/cartpole.yaml, target 475
     python bench/dreamer_cartpole.py --env-steps 20000 --minutes 30 --eval-every 250 --seed 1
     python bench/dreamer_cartpole.py --config configs/dreamer/pendulum.yaml --minutes 35   # target -200
+    python bench/dreamer_cartpole.py --keep-going --minutes 120 --seed 1   # the config's whole run: stable?
 
 Trains with the real ReplayDataModule (online collection with the current actor, streamed
 replay) and Lightning's Trainer, using the model and data settings of the config file;
 evaluates every ``--eval-every`` gradient steps. Env steps are training env steps (the random
 prefill included, evaluation episodes not), counted as agent steps: with ``action_repeat`` k
 the simulator ran k frames per step (printed too). ``--target`` defaults to the env's "solved"
-return (CartPole-v1 475, Pendulum-v1 -200). Prints a markdown table and every evaluation.
+return (CartPole-v1 475, Pendulum-v1 -200). Prints a markdown table, every evaluation and the
+stability verdict (:func:`stability_verdict`): with ``--keep-going`` the run trains on after
+reaching the target (by default for the config's whole run, ``trainer.max_steps`` gradient
+steps) and is stable when the median of the evaluations after the first one at the target and
+the final evaluation both hold the target.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import statistics
 import sys
 import time
 from typing import Any
@@ -41,8 +48,10 @@ TARGETS = {"CartPole-v1": 475.0, "Pendulum-v1": -200.0}
 class StopAtReturn(pl.Callback):
     """Record every evaluation; stop at ``target`` return or when the env-step budget is spent."""
 
-    def __init__(self, target: float, env_steps: int, keep_going: bool = False) -> None:
+    def __init__(self, target: float, env_steps: int, keep_going: bool = False,
+                 checkpoints: str | None = None) -> None:
         self.target, self.env_steps, self.keep_going = target, env_steps, keep_going
+        self.checkpoints = checkpoints
         self.start = time.perf_counter()
         self.history: list[tuple[int, int, float, float]] = []  # (grad steps, env steps, return, seconds)
         self.solved: tuple[int, int, float, float] | None = None
@@ -56,6 +65,8 @@ class StopAtReturn(pl.Callback):
             return
         row = (trainer.global_step, self._env_steps(trainer), float(value), time.perf_counter() - self.start)
         self.history.append(row)
+        if self.checkpoints:
+            trainer.save_checkpoint(os.path.join(self.checkpoints, f"step_{row[0]}.ckpt"))
         print(f"[eval] step {row[0]:6d}  env steps {row[1]:6d}  return {row[2]:7.1f}  {row[3] / 60:5.1f} min",
               flush=True)
         if row[2] >= self.target and self.solved is None:
@@ -67,18 +78,61 @@ class StopAtReturn(pl.Callback):
             trainer.should_stop = True
 
 
+def stability_verdict(returns: list[float], target: float) -> dict[str, Any]:
+    """Does a run hold the target once it reached it? ``returns``: every evaluation, in order.
+
+    Stable means: some evaluation reached ``target``, the median of the evaluations after the
+    first one that did is ``>= target`` (at least one later evaluation is needed), and the final
+    evaluation is ``>= target``. Returns ``{"stable", "first", "later", "median_later",
+    "min_later", "final", "reason"}`` (``first``: index of the first evaluation at the target).
+    """
+    first = next((i for i, r in enumerate(returns) if r >= target), None)
+    later = returns[first + 1:] if first is not None else []
+    median_later = float(statistics.median(later)) if later else float("nan")
+    out: dict[str, Any] = {"first": first, "later": len(later), "median_later": median_later,
+                           "min_later": min(later) if later else float("nan"),
+                           "final": returns[-1] if returns else float("nan")}
+    if first is None:
+        out.update(stable=False, reason=f"never reached {target:g}")
+    elif not later:
+        out.update(stable=False, reason="no evaluation after the first at the target (train on with --keep-going)")
+    elif median_later < target:
+        out.update(stable=False, reason=f"median of the later evaluations {median_later:.1f} < {target:g}")
+    elif out["final"] < target:
+        out.update(stable=False, reason=f"final evaluation {out['final']:.1f} < {target:g}")
+    else:
+        out.update(stable=True, reason="holds the target")
+    return out
+
+
+def _parse_value(text: str) -> Any:
+    """A ``--set`` value as YAML, except that numbers YAML 1.1 reads as strings (``3e-4``) are floats."""
+    value = yaml.safe_load(text)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     default_config = os.path.join(os.path.dirname(__file__), "..", "configs/dreamer/cartpole.yaml")
     parser.add_argument("--config", default=default_config)
-    parser.add_argument("--env-steps", type=int, default=20_000)
+    parser.add_argument("--env-steps", type=int, default=None,
+                        help="training env-step budget (default: the config's run, prefill + "
+                             "trainer.max_steps / replay_ratio)")
     parser.add_argument("--minutes", type=float, default=30.0)
-    parser.add_argument("--eval-every", type=int, default=250, help="gradient steps between evaluations")
+    parser.add_argument("--eval-every", type=int, default=None,
+                        help="gradient steps between evaluations (default: the config's val_check_interval)")
     parser.add_argument("--eval-episodes", type=int, default=10)
     parser.add_argument("--target", type=float, default=None,
                         help=f"evaluation return that counts as solved (default per env: {TARGETS})")
     parser.add_argument("--keep-going", action="store_true",
                         help="train on to the env-step/time budget after reaching the target (is it stable?)")
+    parser.add_argument("--checkpoints", default=None, metavar="DIR",
+                        help="save the model at every evaluation to DIR/step_<N>.ckpt (to inspect it later)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--precision", default="32-true", help="e.g. bf16-mixed")
@@ -94,19 +148,26 @@ def main() -> None:
     model_args = dict(config["model"].get("init_args", {}))
     for item in args.set:
         key, value = item.split("=", 1)
-        model_args[key] = yaml.safe_load(value)
+        model_args[key] = _parse_value(value)
     data_args = dict(config["data"]["init_args"])
     env = EnvConfig(**{**data_args.pop("env"), "seed": args.seed})
     if args.target is None:
         if env.id not in TARGETS:
             parser.error(f"no default --target for {env.id}; pass one")
         args.target = TARGETS[env.id]
+    if args.eval_every is None:
+        args.eval_every = int(config["trainer"].get("val_check_interval", 250))
     data_args.update(eval_episodes=args.eval_episodes, eval_envs=min(args.eval_episodes, 5))
     datamodule = ReplayDataModule(env=env, **data_args)
     model = Dreamer(datamodule.spec, **model_args)
 
-    budget_steps = int((args.env_steps - datamodule.prefill) * datamodule.replay_ratio) + 1
-    stopper = StopAtReturn(args.target, args.env_steps, args.keep_going)
+    if args.env_steps is None:  # the config's own run (what `main.py fit --config ...` trains)
+        budget_steps = int(config["trainer"]["max_steps"])
+        args.env_steps = datamodule.prefill + math.ceil(budget_steps / datamodule.replay_ratio)
+        stopper = StopAtReturn(args.target, sys.maxsize, args.keep_going, args.checkpoints)
+    else:
+        budget_steps = int((args.env_steps - datamodule.prefill) * datamodule.replay_ratio) + 1
+        stopper = StopAtReturn(args.target, args.env_steps, args.keep_going, args.checkpoints)
     trainer = pl.Trainer(
         accelerator="cpu", devices=1, max_steps=budget_steps, max_time={"minutes": args.minutes},
         val_check_interval=args.eval_every, check_val_every_n_epoch=None, limit_val_batches=1,
@@ -141,6 +202,14 @@ def main() -> None:
     print(f"evaluations (gradient steps, env steps, frames = env steps x {env.action_repeat}, return, minutes):")
     for g, e, r, s in stopper.history:
         print(f"  {g:6d} {e:6d} {e * env.action_repeat:6d} {r:8.1f} {s / 60:5.1f}")
+    verdict = stability_verdict([h[2] for h in stopper.history], args.target)
+    if verdict["first"] is not None and verdict["later"]:
+        print(f"stability: first >= {args.target:g} at evaluation {verdict['first'] + 1} of {len(stopper.history)}; "
+              f"the {verdict['later']} later evaluations: median {verdict['median_later']:.1f}, min "
+              f"{verdict['min_later']:.1f}; final {verdict['final']:.1f} -> "
+              f"{'STABLE' if verdict['stable'] else 'NOT STABLE'} ({verdict['reason']})")
+    else:
+        print(f"stability: not assessed ({verdict['reason']})")
     print("load average:", " ".join(f"{x:.2f}" for x in os.getloadavg()))
 
 

@@ -69,6 +69,8 @@ def main() -> None:
     parser.add_argument("--bins", type=int, default=255)
     parser.add_argument("--num-envs", type=int, default=4, help="envs stepped together while acting")
     parser.add_argument("--act-steps", type=int, default=300)
+    parser.add_argument("--replay-critic", type=float, default=0.0,
+                        help="loss_replay_critic (the critic's loss on the replayed sequences; 0: off)")
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast (what --trainer.precision bf16-mixed does)")
     parser.add_argument("--no-malloc-tuning", action="store_true",
@@ -82,7 +84,8 @@ def main() -> None:
     cfg = EnvConfig(id="CartPole-v1", num_envs=args.num_envs, seed=0)
     spec = env_spec(cfg)
     model = Dreamer(spec, deter=args.deter, hidden=args.hidden, layers=args.layers, stoch=args.stoch,
-                    classes=args.classes, bins=args.bins, horizon=args.horizon, compile=args.compile)
+                    classes=args.classes, bins=args.bins, horizon=args.horizon, compile=args.compile,
+                    loss_replay_critic=args.replay_critic)
     optimizers = model.configure_optimizers()
     batch = random_batch(cfg, args.batch, args.length)
 
@@ -112,10 +115,12 @@ def main() -> None:
           f"{os.cpu_count()} CPUs, compile={args.compile}, bf16={args.bf16}, "
           f"malloc tuning={not args.no_malloc_tuning}")
     print()
-    print("| preset | params | batch | horizon | s/grad step (median) | min | CPU s/step (median) | env steps/s acting |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| preset | params | batch | horizon | replay critic | s/grad step (median) | min | CPU s/step (median) "
+          "| env steps/s acting |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     print(f"| deter {args.deter}, hidden {args.hidden}x{args.layers}, {args.stoch}x{args.classes}, {args.bins} bins "
-          f"| {params / 1e6:.2f}M | {args.batch}x{args.length} | {args.horizon} | {statistics.median(wall):.3f} "
+          f"| {params / 1e6:.2f}M | {args.batch}x{args.length} | {args.horizon} | {args.replay_critic:g} "
+          f"| {statistics.median(wall):.3f} "
           f"| {min(wall):.3f} | {statistics.median(cpu):.3f} | {act_rate:.0f} ({args.num_envs} envs) |")
     print()
     print("wall per step:", " ".join(f"{w:.2f}" for w in wall))

@@ -1,5 +1,6 @@
 """Return estimators as pure tensor functions (time-major: ``[T, B]``): lambda and n-step
-returns, V-trace, and the helper that turns row-convention unrolls into steps.
+returns, V-trace, the helper that turns row-convention unrolls into steps and lambda returns
+along replayed rows (:func:`replay_lambda_return`).
 
 Conventions shared by all functions here:
 
@@ -31,7 +32,7 @@ def _check(reward: Tensor, value: Tensor, discount: Tensor) -> None:
         )
 
 
-def lambda_return(reward: Tensor, value: Tensor, discount: Tensor, lambda_: float) -> Tensor:
+def lambda_return(reward: Tensor, value: Tensor, discount: Tensor, lambda_: float | Tensor) -> Tensor:
     """TD(lambda) returns ``[T, B]``.
 
     ``G_t = r_t + gamma_t * ((1 - lambda) * V(s_{t+1}) + lambda * G_{t+1})`` with
@@ -42,7 +43,8 @@ def lambda_return(reward: Tensor, value: Tensor, discount: Tensor, lambda_: floa
         value: ``[T+1, B, ...]``; the last entry bootstraps.
         discount: ``[T, B, ...]``.
         lambda_: in ``[0, 1]``; 0 gives one-step TD targets, 1 the discounted Monte-Carlo
-            return bootstrapped at ``T``.
+            return bootstrapped at ``T``. A ``[T, B, ...]`` tensor gives one ``lambda_t`` per step
+            (``G_t`` mixes ``V(s_{t+1})`` and ``G_{t+1}`` with ``lambda_t``; 0 cuts the chain there).
     Returns:
         ``[T, B, ...]``, differentiable w.r.t. all inputs (a reverse loop over ``T`` only).
     """
@@ -181,6 +183,36 @@ def unroll_steps(reward: Tensor, is_first: Tensor, is_last: Tensor, is_terminal:
     discount = gamma * (1.0 - is_terminal[1:].to(dtype))
     mask = ~is_last[:-1].bool() & ~is_first[1:].bool()
     return UnrollSteps(reward[1:].to(dtype), discount, mask)
+
+
+def replay_lambda_return(
+    reward: Tensor, value: Tensor, is_first: Tensor, is_last: Tensor, is_terminal: Tensor, gamma: float,
+    lambda_: float,
+) -> tuple[Tensor, Tensor]:
+    """TD(lambda) targets along replayed rows ``[T+1, B]`` (row convention), which may cross
+    episode borders: the lambda return of each step of :func:`unroll_steps` within its episode.
+
+    For a real step ``t`` (``s_t -> s_{t+1}``, ``mask[t]``)::
+
+        G_t = r_t + gamma_t ((1 - lambda_t) V(s_{t+1}) + lambda_t G_{t+1})
+
+    with ``lambda_t = 0`` where step ``t+1`` is no transition of the episode (it ended at
+    ``s_{t+1}``: a truncated end bootstraps from ``V(s_{t+1})``, a terminal one has
+    ``gamma_t = 0``) and ``G_T = V(s_T)``.
+
+    Args:
+        reward, is_first, is_last, is_terminal: rows ``[T+1, B]`` (flags bool or float).
+        value: ``[T+1, B]`` critic values ``V(s_t)`` of the rows.
+    Returns:
+        ``(targets [T, B], mask [T, B] bool)``; targets where ``mask`` is false are meaningless.
+    """
+    if value.shape != reward.shape:
+        raise ValueError(f"value {tuple(value.shape)} must have the shape of reward {tuple(reward.shape)} [T+1, B]")
+    steps = unroll_steps(reward, is_first, is_last, is_terminal, gamma)
+    next_real = torch.cat([steps.mask[1:], steps.mask.new_ones(steps.mask[:1].shape)])
+    lambdas = lambda_ * next_real.to(value.dtype)
+    targets = lambda_return(steps.reward.to(value.dtype), value, steps.discount.to(value.dtype), lambdas)
+    return targets, steps.mask
 
 
 class VTrace(NamedTuple):

@@ -138,9 +138,10 @@ def pendulum_batch(B: int = 3, L: int = 8, seed: int = 0) -> dict[str, torch.Ten
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"], ids=["reinforce", "dynamics-backprop"])
 def test_one_backward_of_the_summed_losses_gives_each_network_its_own_gradient(env_id):
     """The three losses touch disjoint parameter sets, so ``training_step``'s single backward of
-    their sum (what DDP needs) equals three separate backwards, network by network."""
+    their sum (what DDP needs) equals three separate backwards, network by network (the critic's
+    including its loss on the replayed sequences)."""
     torch.manual_seed(0)
-    model = Dreamer(env_spec(EnvConfig(id=env_id)), **TINY)
+    model = Dreamer(env_spec(EnvConfig(id=env_id)), **TINY, loss_replay_critic=0.3)
     batch = cartpole_batch() if env_id == "CartPole-v1" else pendulum_batch()
     losses, _ = model.losses(batch)
     groups = {"model": list(model.wm.parameters()), "actor": list(model.actor.parameters()),
@@ -162,6 +163,30 @@ def test_one_backward_of_the_summed_losses_gives_each_network_its_own_gradient(e
     for owner, params in groups.items():
         for p in params:
             torch.testing.assert_close(p.grad, per_loss[owner][p])
+
+
+def test_replay_critic_loss_teaches_the_critic_real_terminations(cartpole_spec):
+    """Trained on its replay loss alone (gamma 0.8), the critic learns the real returns: 1 on the
+    row before the terminal row (0, 4), 1 + 0.8 on the one before, about 1 / (1 - 0.8) = 5
+    along sequence 1, which never terminates."""
+    torch.manual_seed(0)
+    model = Dreamer(cartpole_spec, **TINY, loss_replay_critic=1.0, gamma=0.8)
+    batch = cartpole_batch()
+    with torch.no_grad():
+        _, _, post = model.world_model_loss(batch)
+    states = {k: post[k] for k in ("h", "z", "idx")}
+    optimizer = torch.optim.Adam(model.critic.parameters(), lr=3e-3)
+    for _ in range(300):
+        loss = model.replay_critic_loss(batch, post)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    with torch.no_grad():
+        value = model.wm.head_mean(model.wm.first_layer(model.critic, states))  # [B, L]
+    assert batch["is_terminal"][0, 4]
+    assert value[0, 3].item() == pytest.approx(1.0, abs=0.2)
+    assert value[0, 2].item() == pytest.approx(1.8, abs=0.3)
+    assert 4.0 < value[1].min() and value[1].max() < 6.0
 
 
 def test_losses_fall_on_a_fixed_batch(cartpole_spec):

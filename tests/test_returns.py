@@ -248,3 +248,65 @@ def test_vtrace_masked_unroll_equals_separate_episodes():
     # truncation bootstraps: the last step of column 1's second episode targets r + gamma V(last obs)
     rho3 = min(clips[0], math.exp(tlogp[3, 1] - blogp[3, 1]))
     assert torch.isclose(vs[3, 1], values[3, 1] + rho3 * (3.0 + gamma * values[4, 1] - values[3, 1]))
+
+
+# -- lambda returns along replayed rows --------------------------------------------------------
+from lightning_wm.returns import replay_lambda_return  # noqa: E402
+
+
+def _slow_replay_targets(r, v, first, term, last, gamma, lam):
+    """One column of rows, by episode segments: for each row t with a transition out of it (not
+    last, and row t+1 not first), the segment t..e (e = first row > t that ends the episode or
+    before which a new one starts, else the final row) and the plain lambda return of that
+    segment via _slow_lambda (bootstrap V(s_e), nothing after a terminal s_e)."""
+    T = len(r)
+    out, mask = [], []
+    for t in range(T - 1):
+        if last[t] or first[t + 1]:
+            out.append(None)
+            mask.append(False)
+            continue
+        e = t + 1
+        while e < T - 1 and not last[e] and not first[e + 1]:
+            e += 1
+        rewards = [r[k] for k in range(t + 1, e + 1)]
+        discounts = [gamma * (0.0 if term[k] else 1.0) for k in range(t + 1, e + 1)]
+        values = [v[k] for k in range(t, e + 1)]
+        out.append(_slow_lambda(rewards, values, discounts, lam)[0])
+        mask.append(True)
+    return out, mask
+
+
+def test_replay_lambda_return_matches_per_episode_segments():
+    g = torch.Generator().manual_seed(3)
+    T = 12
+    # column 0: a terminal end at row 4 then a new episode; column 1: a truncated end at row 6;
+    # column 2: one long episode; column 3: terminal at 3, truncation at 8, terminal at the final
+    # row; column 4: a new episode at row 7 without a last row before it (a restarted stream)
+    term = torch.zeros(T, 5, dtype=torch.bool)
+    trunc = torch.zeros(T, 5, dtype=torch.bool)
+    term[4, 0] = term[3, 3] = term[T - 1, 3] = True
+    trunc[6, 1] = trunc[8, 3] = True
+    last = term | trunc
+    first = torch.zeros_like(last)
+    first[1:] = last[:-1]
+    first[7, 4] = True
+    reward = torch.rand(T, 5, generator=g, dtype=torch.float64)
+    reward[first] = 0.0  # row convention: no reward on the first row of an episode
+    value = torch.randn(T, 5, generator=g, dtype=torch.float64) * 3
+    targets, mask = replay_lambda_return(reward, value, first, last, term, 0.9, 0.8)
+    assert targets.shape == mask.shape == (T - 1, 5)
+    for b in range(5):
+        slow, slow_mask = _slow_replay_targets(reward[:, b].tolist(), value[:, b].tolist(), first[:, b].tolist(),
+                                               term[:, b].tolist(), last[:, b].tolist(), 0.9, 0.8)
+        assert mask[:, b].tolist() == slow_mask
+        for t in range(T - 1):
+            if slow_mask[t]:
+                assert targets[t, b].item() == pytest.approx(slow[t], abs=1e-10), (b, t)
+    # hand-checked: the step into a terminal row gets just its reward; into a truncated one,
+    # reward + gamma V(s_last); before a restart, reward + gamma V(s)
+    assert targets[3, 0].item() == pytest.approx(reward[4, 0].item())
+    assert targets[5, 1].item() == pytest.approx(reward[6, 1].item() + 0.9 * value[6, 1].item())
+    assert targets[5, 4].item() == pytest.approx(reward[6, 4].item() + 0.9 * value[6, 4].item())
+    with pytest.raises(ValueError, match="must have the shape of reward"):
+        replay_lambda_return(reward, value[:-1], first, last, term, 0.9, 0.8)

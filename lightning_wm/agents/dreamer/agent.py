@@ -28,7 +28,7 @@ from lightning_wm.logging import log_gif, log_image
 from lightning_wm.nn import dists
 from lightning_wm.nn.blocks import MLP
 from lightning_wm.nn.codec import Obs
-from lightning_wm.returns import lambda_return
+from lightning_wm.returns import lambda_return, replay_lambda_return
 from lightning_wm.tree import first_leaf, tree_map
 from lightning_wm.world_model import RolloutLengthScheduler, frozen, rollout
 
@@ -140,6 +140,9 @@ class Dreamer(RLModule):
             ``end_step`` on (:class:`~lightning_wm.world_model.RolloutLengthScheduler`); None: always ``horizon``.
         kl_dyn, kl_rep, free_nats: KL balancing and free bits.
         loss_decoder, loss_reward, loss_cont: world-model loss scales.
+        loss_replay_critic: scale of a second critic loss on the replayed sequences themselves
+            (lambda returns of the real rewards and terminations, :meth:`replay_critic_loss`;
+            DreamerV3's later ``repval``, 0.3 there); 0 turns it off.
         lr_*, clip_*, eps_*: Adam learning rates, gradient-norm clips and epsilons.
         entropy: actor entropy coefficient.
         actor_grad: ``auto`` (REINFORCE for discrete, dynamics backprop for continuous),
@@ -183,6 +186,7 @@ class Dreamer(RLModule):
         loss_decoder: float = 1.0,
         loss_reward: float = 1.0,
         loss_cont: float = 1.0,
+        loss_replay_critic: float = 0.0,
         lr_model: float = 1e-4,
         lr_actor: float = 3e-5,
         lr_critic: float = 3e-5,
@@ -316,7 +320,8 @@ class Dreamer(RLModule):
         rec = wm.decoder_loss(feat, obs)
         rew = wm.head_loss(wm.reward_head(feat), batch["reward"].float())
         cont_target = 1.0 - batch["is_terminal"].float()
-        cont = dists.bernoulli_nll(wm.cont_head(feat).squeeze(-1).float(), cont_target)
+        cont_logit = wm.cont_head(feat).squeeze(-1).float()
+        cont = dists.bernoulli_nll(cont_logit, cont_target)
         kl_loss, kl_parts = dists.kl_balance(out["post"], out["prior"], hp.kl_dyn, hp.kl_rep, hp.free_nats)
         loss = (hp.loss_decoder * rec + hp.loss_reward * rew + hp.loss_cont * cont + kl_loss).mean()
         logs = {
@@ -328,6 +333,13 @@ class Dreamer(RLModule):
             "train/loss_kl_rep": kl_parts["rep"].mean().detach(),
             "train/kl": kl_parts["kl"].mean().detach(),
         }
+        with torch.no_grad():  # how well the continue head sees the (rare) real terminations
+            terminal = batch["is_terminal"].bool()
+            p_end = torch.sigmoid(-cont_logit)
+            logs["train/terminal_frac"] = terminal.float().mean()
+            if terminal.any():
+                logs["train/p_end_at_terminal"] = p_end[terminal].mean()
+            logs["train/p_end_elsewhere"] = p_end[~terminal].mean()
         return loss, logs, out
 
     def current_horizon(self) -> int:
@@ -433,9 +445,33 @@ class Dreamer(RLModule):
             "train/imag_reward": traj["rewards"].mean().detach(),
             "train/imag_value": value.mean().detach(),
             "train/return_scale": scale.detach(),
+            "train/return_low": self.ret_low.detach().clone(),
+            "train/return_high": self.ret_high.detach().clone(),
+            "train/imag_end": traj["dones"].mean().detach(),
+            "train/adv_abs": ((returns - value[:-1]).abs() / scale).mean().detach(),
             "train/horizon": torch.tensor(float(traj["rewards"].shape[0])),
         }
         return actor_loss, critic_loss, logs
+
+    def replay_critic_loss(self, batch: dict[str, Tensor], post: dict[str, Any]) -> Tensor:
+        """Critic loss (scalar) on the replayed posterior states ``post [B, L, ...]``: the
+        lambda returns along the real rows (real rewards and terminations, bootstrapped with the
+        critic, cut at episode borders; :func:`~lightning_wm.returns.replay_lambda_return`).
+
+        Real terminations reach the critic here even where the continue head misses them in
+        imagination (rare ends, such as CartPole's track edges, which imagination alone never sees).
+        """
+        hp = self.hparams
+        states = {k: post[k].detach().transpose(0, 1) for k in ("h", "z", "idx") if k in post}  # [L, B, ...]
+        critic_out = self.wm.first_layer(self.critic, states)  # [L, B, K]
+        value = self.wm.head_mean(critic_out).detach()
+
+        def rows(key: str) -> Tensor:
+            return batch[key].transpose(0, 1)
+
+        targets, mask = replay_lambda_return(rows("reward").float(), value, rows("is_first"), rows("is_last"),
+                                             rows("is_terminal"), hp.gamma, hp.lambda_)
+        return (mask.to(targets.dtype) * self.wm.head_loss(critic_out[:-1], targets)).mean()
 
     def losses(self, batch: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         """The three losses of one gradient step on a replay batch ``[B, L, ...]`` and the logged values.
@@ -453,6 +489,10 @@ class Dreamer(RLModule):
         traj = self.imagine(start, start_cont)
         actor_loss, critic_loss, behaviour_logs = self.behaviour_losses(traj)
         logs.update(behaviour_logs)
+        if self.hparams.loss_replay_critic > 0:
+            replay_loss = self.replay_critic_loss(batch, post)
+            critic_loss = critic_loss + self.hparams.loss_replay_critic * replay_loss
+            logs["train/loss_critic_replay"] = replay_loss.detach()
         return {"model": model_loss, "actor": actor_loss, "critic": critic_loss}, logs
 
     def clip_and_step(self, optimizers: list[Any]) -> dict[str, Tensor]:
