@@ -49,9 +49,10 @@ class StopAtReturn(pl.Callback):
     """Record every evaluation; stop at ``target`` return or when the env-step budget is spent."""
 
     def __init__(self, target: float, env_steps: int, keep_going: bool = False,
-                 checkpoints: str | None = None) -> None:
+                 checkpoints: str | None = None, also_eval: str | None = None) -> None:
         self.target, self.env_steps, self.keep_going = target, env_steps, keep_going
-        self.checkpoints = checkpoints
+        self.checkpoints, self.also_eval = checkpoints, also_eval
+        self.also: list[float] = []  # returns of the --also-eval policy at each evaluation
         self.start = time.perf_counter()
         self.history: list[tuple[int, int, float, float]] = []  # (grad steps, env steps, return, seconds)
         self.solved: tuple[int, int, float, float] | None = None
@@ -67,7 +68,17 @@ class StopAtReturn(pl.Callback):
         self.history.append(row)
         if self.checkpoints:
             trainer.save_checkpoint(os.path.join(self.checkpoints, f"step_{row[0]}.ckpt"))
-        print(f"[eval] step {row[0]:6d}  env steps {row[1]:6d}  return {row[2]:7.1f}  {row[3] / 60:5.1f} min",
+        other = ""
+        if self.also_eval:  # the same weights, acting the other way (not counted in the wall time)
+            kept = pl_module.hparams.get("eval_policy", "mode")
+            pl_module.hparams["eval_policy"] = self.also_eval
+            clock = time.perf_counter()
+            stats = trainer.datamodule.evaluate(pl_module)
+            self.start += time.perf_counter() - clock
+            pl_module.hparams["eval_policy"] = kept
+            self.also.append(statistics.fmean(s["return"] for s in stats))
+            other = f"  ({self.also_eval}: {self.also[-1]:7.1f})"
+        print(f"[eval] step {row[0]:6d}  env steps {row[1]:6d}  return {row[2]:7.1f}{other}  {row[3] / 60:5.1f} min",
               flush=True)
         if row[2] >= self.target and self.solved is None:
             self.solved = row
@@ -133,6 +144,9 @@ def main() -> None:
                         help="train on to the env-step/time budget after reaching the target (is it stable?)")
     parser.add_argument("--checkpoints", default=None, metavar="DIR",
                         help="save the model at every evaluation to DIR/step_<N>.ckpt (to inspect it later)")
+    parser.add_argument("--also-eval", choices=["mode", "sample"], default=None,
+                        help="at every evaluation also play the episodes with this eval_policy (the "
+                             "actor's mode or its samples) and print both returns and both verdicts")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--precision", default="32-true", help="e.g. bf16-mixed")
@@ -164,10 +178,10 @@ def main() -> None:
     if args.env_steps is None:  # the config's own run (what `main.py fit --config ...` trains)
         budget_steps = int(config["trainer"]["max_steps"])
         args.env_steps = datamodule.prefill + math.ceil(budget_steps / datamodule.replay_ratio)
-        stopper = StopAtReturn(args.target, sys.maxsize, args.keep_going, args.checkpoints)
+        stopper = StopAtReturn(args.target, sys.maxsize, args.keep_going, args.checkpoints, args.also_eval)
     else:
         budget_steps = int((args.env_steps - datamodule.prefill) * datamodule.replay_ratio) + 1
-        stopper = StopAtReturn(args.target, args.env_steps, args.keep_going, args.checkpoints)
+        stopper = StopAtReturn(args.target, args.env_steps, args.keep_going, args.checkpoints, args.also_eval)
     trainer = pl.Trainer(
         accelerator="cpu", devices=1, max_steps=budget_steps, max_time={"minutes": args.minutes},
         val_check_interval=args.eval_every, check_val_every_n_epoch=None, limit_val_batches=1,
@@ -200,16 +214,21 @@ def main() -> None:
               f"{trainer.global_step} | {wall / 60:.1f} min | {best:.1f} |")
     print()
     print(f"evaluations (gradient steps, env steps, frames = env steps x {env.action_repeat}, return, minutes):")
-    for g, e, r, s in stopper.history:
-        print(f"  {g:6d} {e:6d} {e * env.action_repeat:6d} {r:8.1f} {s / 60:5.1f}")
-    verdict = stability_verdict([h[2] for h in stopper.history], args.target)
-    if verdict["first"] is not None and verdict["later"]:
-        print(f"stability: first >= {args.target:g} at evaluation {verdict['first'] + 1} of {len(stopper.history)}; "
-              f"the {verdict['later']} later evaluations: median {verdict['median_later']:.1f}, min "
-              f"{verdict['min_later']:.1f}; final {verdict['final']:.1f} -> "
-              f"{'STABLE' if verdict['stable'] else 'NOT STABLE'} ({verdict['reason']})")
-    else:
-        print(f"stability: not assessed ({verdict['reason']})")
+    for i, (g, e, r, s) in enumerate(stopper.history):
+        other = f" {stopper.also[i]:8.1f} ({args.also_eval})" if i < len(stopper.also) else ""
+        print(f"  {g:6d} {e:6d} {e * env.action_repeat:6d} {r:8.1f}{other} {s / 60:5.1f}")
+    curves = [(model.hparams.eval_policy, [h[2] for h in stopper.history])]
+    if stopper.also:
+        curves.append((args.also_eval, stopper.also))
+    for policy, returns in curves:
+        verdict = stability_verdict(returns, args.target)
+        if verdict["first"] is not None and verdict["later"]:
+            print(f"stability (eval_policy {policy}): first >= {args.target:g} at evaluation {verdict['first'] + 1} "
+                  f"of {len(returns)}; the {verdict['later']} later evaluations: median {verdict['median_later']:.1f}, "
+                  f"min {verdict['min_later']:.1f}; final {verdict['final']:.1f} -> "
+                  f"{'STABLE' if verdict['stable'] else 'NOT STABLE'} ({verdict['reason']})")
+        else:
+            print(f"stability (eval_policy {policy}): not assessed ({verdict['reason']})")
     print("load average:", " ".join(f"{x:.2f}" for x in os.getloadavg()))
 
 

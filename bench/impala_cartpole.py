@@ -49,6 +49,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -294,14 +295,16 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
 
 # -- driver ------------------------------------------------------------------------------------
 def _worker(args: argparse.Namespace, cmd: list[str], env: dict[str, str]) -> dict[str, Any]:
-    """Run ``cmd`` (this script with ``--worker``), return the JSON record it prints."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
-    try:
-        stdout, _ = proc.communicate()
-    finally:  # interrupted or terminated: the worker shuts its actors / Ray down before we go
-        if proc.poll() is None:
-            proc.terminate()
-            proc.wait()
+    """Run ``cmd`` (this script with ``--worker``) in a scratch folder (what Lightning writes into
+    the working directory goes there and is removed), return the JSON record it prints."""
+    with tempfile.TemporaryDirectory(prefix="impala_bench_") as scratch:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env, cwd=scratch)
+        try:
+            stdout, _ = proc.communicate()
+        finally:  # interrupted or terminated: the worker shuts its actors / Ray down before we go
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait()
     lines = [line for line in stdout.splitlines() if line.startswith(RESULT_PREFIX)]
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"error: {' '.join(cmd[2:])} failed (exit {proc.returncode}); its log is above")
@@ -312,7 +315,8 @@ def _common(args: argparse.Namespace) -> list[str]:
     cmd = []
     for key in ("target", "max_env_steps", "minutes", "eval_episodes", "num_cpus", "eval_every", "config",
                 "speed_seconds", "warmup_seconds"):
-        cmd += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
+        value = getattr(args, key)
+        cmd += [f"--{key.replace('_', '-')}", os.path.abspath(value) if key == "config" else str(value)]
     for key, value in args.set or []:
         cmd += ["--set", key, value]
     return cmd + (["--keep-going"] if args.keep_going else [])

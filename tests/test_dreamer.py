@@ -473,3 +473,23 @@ def test_cli_resume_restores_optimizers_slow_critic_and_return_norm():
     model = cli.model
     assert model.ret_high.item() != state["ret_high"].item()  # kept updating from the restored value
     assert len(cli.trainer.optimizers) == 3
+
+
+def test_eval_policy_sample_evaluates_with_the_actors_samples(cartpole_spec):
+    """``eval_policy: sample`` (DreamerV3's eval mode): ``explore=False`` acts exactly as
+    exploring does, in the learner and in its acting copy; ``mode`` keeps the argmax."""
+    torch.manual_seed(0)
+    model = Dreamer(cartpole_spec, **TINY, eval_policy="sample")
+    obs = torch.randn(64, 4)
+    for agent in (model, model.acting_copy()):
+        state = agent.initial_state(64)
+        torch.manual_seed(5)
+        sampled, _, _ = agent.act(obs, state, explore=True)
+        torch.manual_seed(5)
+        evaluated, _, _ = agent.act(obs, state, explore=False)
+        assert torch.equal(sampled, evaluated)
+    model.hparams["eval_policy"] = "mode"
+    action, new_state, _ = model.act(obs, model.initial_state(64), explore=False)
+    assert torch.equal(action, model.actor(model.wm.features(new_state)).argmax(-1)), "mode: the argmax"
+    with pytest.raises(ValueError, match="eval_policy"):
+        Dreamer(cartpole_spec, **TINY, eval_policy="greedy")

@@ -261,3 +261,26 @@ def test_policy_learns_the_better_arm_from_off_policy_data():
         opt.step()
     probs = torch.softmax(net.unroll(torch.zeros(1, 1, 4), torch.ones(1, 1, dtype=torch.bool))[0]["logits"], -1)
     assert probs[0, 0, 1] > 0.9
+
+
+def test_reward_scale_scales_the_value_targets_and_the_advantages():
+    """``reward_scale`` c is the loss of the same unrolls with their rewards multiplied by c."""
+    torch.manual_seed(0)
+    net = ActorCritic(CARTPOLE, hidden_size=8)
+    B, T = 3, 5
+    batch = {
+        "obs": torch.randn(B, T + 1, 4),
+        "reward": torch.rand(B, T + 1) * 10,
+        "is_first": torch.zeros(B, T + 1, dtype=torch.bool),
+        "is_last": torch.zeros(B, T + 1, dtype=torch.bool),
+        "is_terminal": torch.zeros(B, T + 1, dtype=torch.bool),
+        "action": torch.randint(0, 2, (B, T + 1)),
+        "logits": torch.randn(B, T + 1, 2),
+    }
+    scaled = dict(batch, reward=batch["reward"] * 0.1)
+    a = unroll_loss(net, batch, VTraceLossConfig(reward_scale=0.1))
+    b = unroll_loss(net, scaled, VTraceLossConfig())
+    for name in ("total_loss", "policy_loss", "value_loss", "entropy_loss"):
+        assert torch.allclose(getattr(a, name), getattr(b, name)), name
+    c = unroll_loss(net, batch, VTraceLossConfig())
+    assert not torch.allclose(a.value_loss, c.value_loss)

@@ -48,6 +48,7 @@ class VTraceLossConfig:
     rho_clip_ratio: float = 1.0
     c_clip_ratio: float = 1.0
     rho_pg_clip_ratio: float = 1.0
+    reward_scale: float = 1.0  # rewards are multiplied by this before V-trace (sample-factory's reward_scale)
 
 
 class ImpalaLoss(NamedTuple):
@@ -147,8 +148,8 @@ def unroll_loss(net: ActorCritic, batch: dict[str, Any], config: VTraceLossConfi
     if net.core is not None and "core_h" in batch:
         state = (batch["core_h"][:, 0].float(), batch["core_c"][:, 0].float())
     params, value, _ = net.unroll(obs, is_first, state)
-    steps = unroll_steps(tm(batch["reward"]).float(), is_first, tm(batch["is_last"]), tm(batch["is_terminal"]),
-                         cfg.discount_factor)
+    reward = tm(batch["reward"]).float() * cfg.reward_scale
+    steps = unroll_steps(reward, is_first, tm(batch["is_last"]), tm(batch["is_terminal"]), cfg.discount_factor)
     action = tm(batch["action"])[:-1]
     target = {k: v[:-1] for k, v in params.items()}
     behaviour = {k: tm(batch[k])[:-1].float() for k in net.head.behaviour_keys}
@@ -181,6 +182,10 @@ class IMPALA(RLModule):
             (the IMPALA paper's schedule); None keeps it constant (DI-engine).
         value_weight, entropy_weight, discount_factor, lambda_, rho_clip_ratio, c_clip_ratio,
             rho_pg_clip_ratio: the loss (:class:`VTraceLossConfig`).
+        reward_scale: multiply rewards by this before V-trace (not in DI-engine; sample-factory's
+            ``reward_scale``): keeps the value targets near unit scale where returns are large
+            (Pendulum's are about -16 per step), so the value loss does not swamp the policy
+            gradient under ``clip_norm``. Values are then in scaled units.
         optim: ``adam`` or ``rmsprop``; ``betas``, ``eps``, ``alpha``, ``momentum``: their constants.
         grad_clip_type, clip_value, clip_coef, clip_norm_type, clip_momentum_timestep: gradient
             clipping (:class:`~lightning_wm.optim.GradClipper`).
@@ -214,6 +219,7 @@ class IMPALA(RLModule):
         rho_clip_ratio: float = 1.0,
         c_clip_ratio: float = 1.0,
         rho_pg_clip_ratio: float = 1.0,
+        reward_scale: float = 1.0,
         optim: Literal["adam", "rmsprop"] = "adam",
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
@@ -240,7 +246,7 @@ class IMPALA(RLModule):
                                lstm_size, sigma_type, bound_type, init_sigma,
                                encoder=encoder(env_spec) if encoder is not None else None)
         self.loss_config = VTraceLossConfig(value_weight, entropy_weight, discount_factor, lambda_, rho_clip_ratio,
-                                            c_clip_ratio, rho_pg_clip_ratio)
+                                            c_clip_ratio, rho_pg_clip_ratio, reward_scale)
         self.clipper = GradClipper(grad_clip_type, clip_value, clip_coef, clip_norm_type, clip_momentum_timestep)
         self._clip_stats: dict[str, Tensor] = {}
 

@@ -86,9 +86,10 @@ class DreamerPolicy(nn.Module):
     posterior path, the actor and the action codec; acts exactly like :meth:`Dreamer.act`."""
 
     def __init__(self, wm: DreamerWorldModel, actor: nn.Module, actions: ActionCodec,
-                 distribution: ActorDistribution) -> None:
+                 distribution: ActorDistribution, eval_policy: str = "mode") -> None:
         super().__init__()
         self.wm, self.actor, self.actions, self.distribution = wm, actor, actions, distribution
+        self.eval_policy = eval_policy
 
     def initial_state(self, batch_size: int) -> State:
         return initial_acting_state(self.wm, self.actions, batch_size, self.wm.bins.device)
@@ -97,6 +98,7 @@ class DreamerPolicy(nn.Module):
     def act(self, obs: Obs, state: State | None, explore: bool) -> tuple[Tensor, State, dict[str, Tensor]]:
         if state is None:
             state = self.initial_state(first_leaf(obs).shape[0])
+        explore = explore or self.eval_policy == "sample"
         return filter_and_act(self.wm, self.actor, self.distribution, self.actions, obs, state, explore)
 
 
@@ -153,6 +155,9 @@ class Dreamer(RLModule):
             weight of the regulariser towards it.
         return_norm, return_norm_decay, return_norm_low, return_norm_high: normalise advantages
             by ``max(1, EMA(P_high) - EMA(P_low))`` of the returns.
+        eval_policy: how evaluation episodes act: ``mode`` (the actor's argmax / mean, as
+            DreamerV2) or ``sample`` (the actor's samples, DreamerV3's ``eval`` mode: the policy
+            that was trained and that made the replayed data). Training always samples.
         openloop_context, openloop_sequences: open-loop video at validation (steps filtered
             with the posterior, sequences shown).
         compile: ``torch.compile`` the per-step RSSM cell and the networks' dense forwards (off
@@ -208,6 +213,7 @@ class Dreamer(RLModule):
         return_norm_decay: float = 0.99,
         return_norm_low: float = 0.05,
         return_norm_high: float = 0.95,
+        eval_policy: Literal["mode", "sample"] = "mode",
         openloop_context: int = 5,
         openloop_sequences: int = 4,
         compile: bool = False,
@@ -222,6 +228,8 @@ class Dreamer(RLModule):
             raise ValueError(f"horizon must be >= 1, got {horizon} (imagined steps per actor-critic update)")
         if actor_grad not in ("auto", "reinforce", "dynamics"):
             raise ValueError(f"actor_grad must be auto, reinforce or dynamics, got {actor_grad!r}")
+        if eval_policy not in ("mode", "sample"):
+            raise ValueError(f"eval_policy must be mode or sample, got {eval_policy!r}")
         if actor_dist not in ("bounded_normal", "tanh_normal"):
             raise ValueError(f"actor_dist must be bounded_normal or tanh_normal, got {actor_dist!r}")
         self.save_hyperparameters(ignore=["env_spec"])
@@ -286,9 +294,10 @@ class Dreamer(RLModule):
     @torch.no_grad()
     def act(self, obs: Obs, state: State | None, explore: bool) -> tuple[Tensor, State, dict[str, Tensor]]:
         """Filter ``obs [B, ...]`` with the posterior and act: a sample of the actor
-        (``explore``) or its mode."""
+        (``explore``, or always with ``eval_policy: sample``) or its mode."""
         if state is None:
             state = self.initial_state(first_leaf(obs).shape[0])
+        explore = explore or self.hparams.get("eval_policy", "mode") == "sample"
         return filter_and_act(self.wm, self.actor, self.actor_distribution, self.actions, obs, state, explore)
 
     def acting_copy(self) -> "DreamerPolicy":
@@ -297,7 +306,8 @@ class Dreamer(RLModule):
         actor = copy.deepcopy(self.actor)
         for module in actor.modules():
             module._compiled_call_impl = None  # a torch.compile wrapper bound to self.actor
-        policy = DreamerPolicy(self.wm.acting_copy(), actor, copy.deepcopy(self.actions), self.actor_distribution)
+        policy = DreamerPolicy(self.wm.acting_copy(), actor, copy.deepcopy(self.actions), self.actor_distribution,
+                               self.hparams.get("eval_policy", "mode"))
         return policy.cpu().eval().requires_grad_(False)
 
     # -- training ------------------------------------------------------------------------------

@@ -1,25 +1,35 @@
-"""Dreamer under two-process CPU DDP (gloo): one backward per step, so the gradients of the world
-model, actor and critic are all-reduced and both ranks end with identical weights (slow critic
-and return-normalisation buffers included) and optimizer states, while their envs differ."""
+"""Dreamer and MuZero under two-process CPU DDP (gloo): one backward per step, so the gradients
+are all-reduced and both ranks end with identical weights (Dreamer's slow critic and
+return-normalisation buffers, MuZero's target network included) and optimizer states, while each
+rank acts into its own buffer from envs seeded apart (MuZero also samples, reanalyses and
+prioritizes on its own)."""
 
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parent / "dreamer_ddp_fit.py"
+SCRIPT = Path(__file__).resolve().parent / "family_ddp_fit.py"
 STEPS = 6
+FAMILIES = {
+    # family: (weight prefixes that must train and agree, optimizers, buffers that must agree and be set)
+    "dreamer": (("wm.", "actor.", "critic.", "slow_critic."), 3, ("ret_low", "ret_high")),
+    "muzero": (("model.", "target_model."), 1, ()),
+}
 
 
-def test_dreamer_ddp_two_ranks_share_weights_but_not_envs(tmp_path):
-    out = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), str(STEPS), "ddp_fork"], capture_output=True,
-                         text=True, timeout=300)
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_two_ranks_share_weights_but_not_envs(tmp_path, family):
+    prefixes, optimizers, buffers = FAMILIES[family]
+    out = subprocess.run([sys.executable, str(SCRIPT), family, str(tmp_path), str(STEPS), "ddp_fork"],
+                         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-4000:]
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
     assert ranks[0]["global_step"] == ranks[1]["global_step"] == STEPS  # one counted step per gradient step
     weights = ranks[0]["weights"]
-    for prefix in ("wm.", "actor.", "critic.", "slow_critic."):
+    for prefix in prefixes:
         keys = [k for k in weights if k.startswith(prefix)]
         assert keys, prefix
         for key in keys:
@@ -27,9 +37,9 @@ def test_dreamer_ddp_two_ranks_share_weights_but_not_envs(tmp_path):
                                        msg=f"weights differ across ranks: {key}")
         # ... and they trained (identical because the gradients were averaged, not because nothing moved)
         assert any(not torch.equal(weights[k], ranks[0]["initial"][k]) for k in keys), f"{prefix} did not change"
-    for key in ("ret_low", "ret_high"):
+    for key in buffers:
         assert torch.equal(weights[key], ranks[1]["weights"][key]) and weights[key] != 0
-    assert len(ranks[0]["optimizers"]) == 3
+    assert len(ranks[0]["optimizers"]) == optimizers
     for opt0, opt1 in zip(ranks[0]["optimizers"], ranks[1]["optimizers"]):
         assert opt0["state"]
         for pid, state in opt0["state"].items():
