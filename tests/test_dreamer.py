@@ -12,6 +12,7 @@ from lightning_wm.agents.dreamer import Dreamer, onehot_linear
 from lightning_wm.cli import main
 from lightning_wm.data.replay import ReplayBuffer
 from lightning_wm.envs import EnvConfig, env_spec
+from lightning_wm.nn import dists
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
@@ -493,3 +494,23 @@ def test_eval_policy_sample_evaluates_with_the_actors_samples(cartpole_spec):
     assert torch.equal(action, model.actor(model.wm.features(new_state)).argmax(-1)), "mode: the argmax"
     with pytest.raises(ValueError, match="eval_policy"):
         Dreamer(cartpole_spec, **TINY, eval_policy="greedy")
+
+
+def test_cont_terminal_weight_scales_the_continue_loss_on_terminal_rows_only(cartpole_spec):
+    """With weight w the continue loss is the plain per-row loss with its terminal rows times w:
+    the logged mean moves by (w - 1) * sum(terminal rows' loss) / rows."""
+    batch = cartpole_batch()
+    terminal = batch["is_terminal"].bool()
+    losses = {}
+    for weight in (1.0, 20.0):
+        torch.manual_seed(0)
+        model = Dreamer(cartpole_spec, **TINY, cont_terminal_weight=weight)
+        torch.manual_seed(1)
+        _, logs, out = model.world_model_loss(batch)
+        losses[weight] = logs["train/loss_cont"]
+        feat = torch.cat([out["h"], out["z"]], -1)
+        per_row = dists.bernoulli_nll(model.wm.cont_head(feat).squeeze(-1).float(), 1.0 - terminal.float())
+    expected = losses[1.0] + 19.0 * per_row[terminal].sum() / per_row.numel()
+    assert losses[20.0].item() == pytest.approx(expected.item(), rel=1e-5)
+    with pytest.raises(ValueError, match="cont_terminal_weight"):
+        Dreamer(cartpole_spec, **TINY, cont_terminal_weight=0.0)

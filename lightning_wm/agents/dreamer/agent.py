@@ -142,6 +142,10 @@ class Dreamer(RLModule):
             ``end_step`` on (:class:`~lightning_wm.world_model.RolloutLengthScheduler`); None: always ``horizon``.
         kl_dyn, kl_rep, free_nats: KL balancing and free bits.
         loss_decoder, loss_reward, loss_cont: world-model loss scales.
+        cont_terminal_weight: weight of the continue head's loss on rows that end an episode
+            (``is_terminal``) relative to the others (1: DreamerV3). Ends are rare in replay once
+            the agent is good (one row in hundreds), so the head can stay blind to a kind of end
+            it sees seldom, such as CartPole's track edge.
         loss_replay_critic: scale of a second critic loss on the replayed sequences themselves
             (lambda returns of the real rewards and terminations, :meth:`replay_critic_loss`;
             DreamerV3's later ``repval``, 0.3 there); 0 turns it off.
@@ -191,6 +195,7 @@ class Dreamer(RLModule):
         loss_decoder: float = 1.0,
         loss_reward: float = 1.0,
         loss_cont: float = 1.0,
+        cont_terminal_weight: float = 1.0,
         loss_replay_critic: float = 0.0,
         lr_model: float = 1e-4,
         lr_actor: float = 3e-5,
@@ -228,6 +233,8 @@ class Dreamer(RLModule):
             raise ValueError(f"horizon must be >= 1, got {horizon} (imagined steps per actor-critic update)")
         if actor_grad not in ("auto", "reinforce", "dynamics"):
             raise ValueError(f"actor_grad must be auto, reinforce or dynamics, got {actor_grad!r}")
+        if cont_terminal_weight <= 0:
+            raise ValueError(f"cont_terminal_weight must be > 0, got {cont_terminal_weight}")
         if eval_policy not in ("mode", "sample"):
             raise ValueError(f"eval_policy must be mode or sample, got {eval_policy!r}")
         if actor_dist not in ("bounded_normal", "tanh_normal"):
@@ -332,6 +339,8 @@ class Dreamer(RLModule):
         cont_target = 1.0 - batch["is_terminal"].float()
         cont_logit = wm.cont_head(feat).squeeze(-1).float()
         cont = dists.bernoulli_nll(cont_logit, cont_target)
+        if hp.get("cont_terminal_weight", 1.0) != 1.0:  # rare real ends count more (torch's pos_weight)
+            cont = torch.where(batch["is_terminal"].bool(), cont * hp.cont_terminal_weight, cont)
         kl_loss, kl_parts = dists.kl_balance(out["post"], out["prior"], hp.kl_dyn, hp.kl_rep, hp.free_nats)
         loss = (hp.loss_decoder * rec + hp.loss_reward * rew + hp.loss_cont * cont + kl_loss).mean()
         logs = {
