@@ -13,6 +13,7 @@ from lightning_wm.cli import main
 from lightning_wm.data.replay import ReplayBuffer
 from lightning_wm.envs import EnvConfig, env_spec
 from lightning_wm.nn import dists
+from tb_scalars import logged_scalars
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
@@ -294,18 +295,6 @@ def test_continuous_pendulum_dynamics_backprop():
 
 
 # -- command line -------------------------------------------------------------------------------
-def _scalars(run_dir: Path, tag: str) -> list[float]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    values = []
-    for version in sorted(run_dir.glob("version_*")):
-        acc = EventAccumulator(str(version))
-        acc.Reload()
-        if tag in acc.Tags()["scalars"]:
-            values += [e.value for e in acc.Scalars(tag)]
-    return values
-
-
 def _fit_args(config: str, steps: int, extra: list[str] = ()) -> list[str]:
     return [
         "fit", "--config", str(ROOT / "configs/dreamer" / config),
@@ -322,13 +311,13 @@ def _fit_args(config: str, steps: int, extra: list[str] = ()) -> list[str]:
 def test_cli_fit_cartpole_vector_losses_fall():
     cli = main(args=_fit_args("cartpole.yaml", 24))
     assert cli.trainer.global_step == 24  # one counted optimizer step per gradient step
-    losses = _scalars(Path("lightning_logs/run"), "train/loss_model")
+    losses = logged_scalars(Path("lightning_logs/run"), "train/loss_model")
     assert len(losses) >= 20
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5
     for tag in ("train/loss_kl_dyn", "train/loss_actor", "train/loss_critic", "train/entropy",
                 "train/imag_return", "grad_norm/model", "val/return", "val/openloop_mse",
                 "env/steps", "env/episode_return", "env/episode_length"):
-        assert _scalars(Path("lightning_logs/run"), tag), tag
+        assert logged_scalars(Path("lightning_logs/run"), tag), tag
     # the open-loop plot of the vector observation (4 panels, one per CartPole dimension)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -348,14 +337,14 @@ def test_cli_size_presets_build_and_take_a_step(preset):
     wanted = yaml.safe_load((ROOT / f"configs/dreamer/presets/{preset}.yaml").read_text())["model"]["init_args"]
     assert cli.trainer.global_step == 1
     assert cli.model.hparams.deter == wanted["deter"] and cli.model.hparams.hidden == wanted["hidden"]
-    assert torch.isfinite(torch.tensor(_scalars(Path("lightning_logs/run"), "train/loss_model"))).all()
+    assert torch.isfinite(torch.tensor(logged_scalars(Path("lightning_logs/run"), "train/loss_model"))).all()
 
 
 def test_horizon_schedule_grows_the_imagination_with_env_steps():
     # debug fit: 64 prefill rows, then 4 env steps per gradient step (one env, replay ratio 0.25)
     cli = main(args=_fit_args("cartpole.yaml", 10, ["--model.init_args.horizon", "6",
                                                     "--model.init_args.horizon_schedule", "[70, 2, 100]"]))
-    horizons = _scalars(Path("lightning_logs/run"), "train/horizon")
+    horizons = logged_scalars(Path("lightning_logs/run"), "train/horizon")
     assert horizons[0] == 2 and horizons[-1] == 6 and horizons == sorted(horizons) and len(set(horizons)) > 2
     assert cli.model.current_horizon() == 6
     with pytest.raises(ValueError, match="horizon_schedule"):
@@ -365,10 +354,10 @@ def test_horizon_schedule_grows_the_imagination_with_env_steps():
 def test_cli_fit_pendulum_continuous():
     cli = main(args=_fit_args("pendulum.yaml", 8))
     assert cli.trainer.global_step == 8 and cli.model.actor_grad == "dynamics"
-    losses = _scalars(Path("lightning_logs/run"), "train/loss_model")
+    losses = logged_scalars(Path("lightning_logs/run"), "train/loss_model")
     assert len(losses) == 8 and all(map(torch.isfinite, torch.tensor(losses)))
     assert losses[-1] < losses[0]
-    assert _scalars(Path("lightning_logs/run"), "val/return")
+    assert logged_scalars(Path("lightning_logs/run"), "val/return")
 
 
 def test_cli_fit_on_dict_observations_frame_and_state():
@@ -378,10 +367,10 @@ def test_cli_fit_on_dict_observations_frame_and_state():
     codec = cli.model.wm.codec
     assert codec.is_dict and set(codec.encoders) == {"image", "state"} and codec.images == ["image"]
     assert cli.datamodule.sample_batch()["obs"]["image"].dtype == torch.uint8
-    losses = _scalars(Path("lightning_logs/run"), "train/loss_recon")
+    losses = logged_scalars(Path("lightning_logs/run"), "train/loss_recon")
     assert len(losses) == 12 and sum(losses[-3:]) / 3 < sum(losses[:3]) / 3
-    assert _scalars(Path("lightning_logs/run"), "val/return")
-    assert _scalars(Path("lightning_logs/run"), "val/openloop_mse")
+    assert logged_scalars(Path("lightning_logs/run"), "val/return")
+    assert logged_scalars(Path("lightning_logs/run"), "val/openloop_mse")
     assert list(Path("lightning_logs/run").glob("version_*/openloop/step_12.gif"))
     # the decoder gives back both parts in the env's format
     decoded = cli.model.wm.decode_features(torch.zeros(3, cli.model.wm.feat_dim))
@@ -392,7 +381,7 @@ def test_cli_fit_on_dict_observations_frame_and_state():
 def test_cli_fit_cartpole_pixels_losses_fall_and_logs_openloop_image_and_gif():
     cli = main(args=_fit_args("cartpole_pixels.yaml", 12, ["--data.init_args.sequence_length", "8"]))
     assert cli.model.wm.pixels
-    losses = _scalars(Path("lightning_logs/run"), "train/loss_recon")
+    losses = logged_scalars(Path("lightning_logs/run"), "train/loss_recon")
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -19,6 +19,7 @@ from lightning_wm.data.samplers import WindowSampler
 from lightning_wm.envs import EnvConfig, EnvSpec, env_spec
 from lightning_wm.nn import dists
 from lightning_wm.nn.blocks import scale_gradient, soft_update
+from tb_scalars import logged_scalars
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
@@ -292,18 +293,6 @@ def test_target_network_follows_every_period_by_tau():
 
 
 # -- the command line --------------------------------------------------------------------------------
-def _scalars(run_dir: Path, tag: str) -> list[float]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    values = []
-    for version in sorted(run_dir.glob("version_*")):
-        acc = EventAccumulator(str(version))
-        acc.Reload()
-        if tag in acc.Tags()["scalars"]:
-            values += [e.value for e in acc.Scalars(tag)]
-    return values
-
-
 def _cartpole_args(steps: int, run: str = "run", extra: tuple[str, ...] = ()) -> list[str]:
     """configs/muzero/cartpole.yaml shrunk to a few seconds."""
     return [
@@ -328,8 +317,8 @@ def test_cli_fit_cartpole_logs_every_part():
                 "replay/priority_max", "replay/weight_mean", "replay/age", "reanalyse/fraction", "reanalyse/rows",
                 "search/root_value", "search/visit_entropy", "search/depth", "search/temperature",
                 "val/return", "env/steps"):
-        assert _scalars(run, tag), tag
-    assert _scalars(run, "reanalyse/fraction")[-1] == 0.5
+        assert logged_scalars(run, tag), tag
+    assert logged_scalars(run, "reanalyse/fraction")[-1] == 0.5
     # priorities came back: the buffer's positions no longer all share the initial priority
     leaves = cli.datamodule.buffer._tree.leaves
     assert len(np.unique(leaves[leaves > 0])) > 1
@@ -371,7 +360,7 @@ def test_cli_fit_pong_config_shrunk():
     assert cli.model.model.obs_shape == (4, 32, 32, 1)
     run = Path("lightning_logs/pong")
     for tag in ("loss/value", "loss/policy", "loss/reward", "loss/repr", "reanalyse/rows"):
-        assert _scalars(run, tag), tag
+        assert logged_scalars(run, tag), tag
 
 
 def test_cli_fit_with_actor_processes():
