@@ -2,6 +2,9 @@
 
 * :func:`build_optimizer` — ``optim: adam | rmsprop`` with the learning rate and the
   optimizer's own constants (Adam ``betas``/``eps``; RMSProp ``alpha``/``eps``/``momentum``).
+* :func:`lr_factor` / :func:`with_lr_schedule` — linear warm-up and linear annealing to 0 of
+  the learning rate over optimizer steps (IMPALA's ``lr_anneal_steps``, MuZero's
+  ``lr_warmup_steps`` / ``lr_anneal_steps``).
 * :class:`GradClipper` — DI-engine's ``grad_clip_type`` (``clip_value``, ``clip_norm``,
   ``clip_momentum``, ``clip_momentum_norm``) with ``clip_value``, ``clip_coef``,
   ``clip_norm_type`` and ``clip_momentum_timestep``, applied to the gradients between
@@ -27,7 +30,7 @@ its RMSProp variant none; here both use the number of updates including the curr
 
 from __future__ import annotations
 
-from typing import Iterable, Literal
+from typing import Any, Iterable, Literal
 
 import torch
 from torch import Tensor, nn
@@ -67,6 +70,28 @@ def optimizer_beta(optimizer: torch.optim.Optimizer) -> float:
     if "alpha" in group:
         return float(group["alpha"])
     raise ValueError(f"{type(optimizer).__name__} has neither betas nor alpha; pass beta to GradClipper")
+
+
+def lr_factor(step: int, warmup_steps: int = 0, anneal_steps: int | None = None) -> float:
+    """The learning-rate multiplier after ``step`` optimizer steps: ``(step + 1) / warmup_steps``
+    while warming up (capped at 1), times ``1 - step / anneal_steps`` (floored at 0) when
+    annealing; 1 without either."""
+    factor = 1.0
+    if warmup_steps > 0:
+        factor = min(1.0, (step + 1) / warmup_steps)
+    if anneal_steps is not None:
+        factor *= max(0.0, 1.0 - step / anneal_steps)
+    return factor
+
+
+def with_lr_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int = 0,
+                     anneal_steps: int | None = None) -> Any:
+    """What ``configure_optimizers`` returns: the optimizer alone, or with a per-step
+    :func:`lr_factor` schedule when it warms up or anneals."""
+    if warmup_steps <= 0 and anneal_steps is None:
+        return optimizer
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, warmup_steps, anneal_steps))
+    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
 
 class GradClipper:

@@ -93,3 +93,61 @@ def test_clipper_state_round_trip_and_errors():
         GradClipper("clip_norm", clip_value=0.0)
     with pytest.raises(RuntimeError, match="same parameters"):
         a([_param([1.0]), _param([1.0])])
+
+
+def test_lr_factor_warms_up_then_anneals_linearly_to_zero() -> None:
+    from lightning_wm.optim import lr_factor
+
+    assert lr_factor(0) == 1.0 and lr_factor(10_000) == 1.0
+    assert [lr_factor(s, warmup_steps=4) for s in range(5)] == [0.25, 0.5, 0.75, 1.0, 1.0]
+    assert [lr_factor(s, anneal_steps=4) for s in range(6)] == [1.0, 0.75, 0.5, 0.25, 0.0, 0.0]
+    # both: the warm-up factor times the annealing factor (step 1 of 4 / 8: 0.5 * 0.875)
+    assert lr_factor(1, warmup_steps=4, anneal_steps=8) == 0.5 * 0.875
+
+
+def test_with_lr_schedule_steps_the_optimizers_learning_rate() -> None:
+    from lightning_wm.optim import with_lr_schedule
+
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    assert with_lr_schedule(opt) is opt  # neither: the optimizer alone
+    config = with_lr_schedule(opt, warmup_steps=2, anneal_steps=4)
+    schedule = config["lr_scheduler"]["scheduler"]
+    assert config["lr_scheduler"]["interval"] == "step"
+    seen = []
+    for _ in range(5):
+        seen.append(opt.param_groups[0]["lr"])
+        opt.step()
+        schedule.step()
+    assert seen == [0.5, 0.75, 0.5, 0.25, 0.0]
+
+
+def test_muzero_lr_anneal_steps_reaches_zero_and_bad_values_are_refused() -> None:
+    from lightning_wm.agents.muzero import MuZero
+    from lightning_wm.envs import EnvConfig, env_spec
+
+    spec = env_spec(EnvConfig("CartPole-v1"))
+    model = MuZero(spec, latent_dim=8, hidden=8, layers=1, head_hidden=8, support_size=5, lr=0.1,
+                   lr_anneal_steps=10)
+    config = model.configure_optimizers()
+    opt, schedule = config["optimizer"], config["lr_scheduler"]["scheduler"]
+    for _ in range(10):
+        opt.step()
+        schedule.step()
+    assert opt.param_groups[0]["lr"] == 0.0
+    with pytest.raises(ValueError, match="lr_anneal_steps"):
+        MuZero(spec, lr_anneal_steps=0)
+
+
+def test_impala_lr_anneal_steps_reaches_zero() -> None:
+    from lightning_wm.agents.impala import IMPALA
+    from lightning_wm.envs import EnvConfig, env_spec
+
+    model = IMPALA(env_spec(EnvConfig("CartPole-v1")), learning_rate=0.1, lr_anneal_steps=4)
+    config = model.configure_optimizers()
+    opt, schedule = config["optimizer"], config["lr_scheduler"]["scheduler"]
+    seen = []
+    for _ in range(5):
+        seen.append(round(opt.param_groups[0]["lr"], 6))
+        opt.step()
+        schedule.step()
+    assert seen == [0.1, 0.075, 0.05, 0.025, 0.0]

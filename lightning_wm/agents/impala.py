@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from lightning_wm.agents.base import RLModule
 from lightning_wm.envs import EnvSpec
 from lightning_wm.nn.actor_critic import ActorCritic, CoreState, Obs
-from lightning_wm.optim import GradClipper, build_optimizer, optimizer_beta
+from lightning_wm.optim import GradClipper, build_optimizer, optimizer_beta, with_lr_schedule
 from lightning_wm.returns import UnrollSteps, unroll_steps, vtrace
 
 __all__ = ["IMPALA", "ImpalaLoss", "VTraceLossConfig", "impala_loss", "unroll_loss"]
@@ -267,11 +267,7 @@ class IMPALA(RLModule):
         optimizer = build_optimizer(self.parameters(), hp.optim, hp.learning_rate, hp.betas, hp.eps, hp.alpha,
                                     hp.momentum)
         self.clipper.beta = optimizer_beta(optimizer)
-        if hp.lr_anneal_steps is None:
-            return optimizer
-        steps = hp.lr_anneal_steps
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: max(0.0, 1.0 - step / steps))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+        return with_lr_schedule(optimizer, anneal_steps=hp.lr_anneal_steps)
 
     def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: Any = None,
                                     gradient_clip_algorithm: Any = None) -> None:

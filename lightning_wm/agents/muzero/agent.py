@@ -22,6 +22,7 @@ from lightning_wm.agents.muzero.model import MuZeroModel
 from lightning_wm.agents.muzero.targets import UnrollTargets, bootstrap_rows, muzero_targets
 from lightning_wm.envs import EnvSpec
 from lightning_wm.nn import dists
+from lightning_wm.optim import with_lr_schedule
 from lightning_wm.nn.blocks import scale_gradient, soft_update
 from lightning_wm.search import SearchOutput, TemperatureSchedule, mcts
 
@@ -305,6 +306,8 @@ class MuZero(RLModule):
         optimizer, lr, weight_decay, momentum: ``adam`` or ``sgd`` with momentum (MuZero's);
             ``weight_decay`` is an L2 penalty in both.
         lr_warmup_steps: linear learning-rate warm-up over these optimizer steps.
+        lr_anneal_steps: anneal the learning rate linearly to 0 over this many optimizer steps
+            (None: constant after the warm-up); the MuZero paper decays its learning rate too.
     """
 
     def __init__(
@@ -360,6 +363,7 @@ class MuZero(RLModule):
         weight_decay: float = 1e-4,
         momentum: float = 0.9,
         lr_warmup_steps: int = 0,
+        lr_anneal_steps: int | None = None,
     ) -> None:
         super().__init__(env_spec)
         self.save_hyperparameters(ignore=["env_spec"])
@@ -387,6 +391,9 @@ class MuZero(RLModule):
                              f"{target_update_tau}, {target_update_period}")
         if bootstrap_value not in ("target_network", "stored"):
             raise ValueError(f"bootstrap_value must be 'target_network' or 'stored', got {bootstrap_value!r}")
+        if lr_warmup_steps < 0 or (lr_anneal_steps is not None and lr_anneal_steps < 1):
+            raise ValueError(f"lr_warmup_steps must be >= 0 and lr_anneal_steps >= 1 or null, got {lr_warmup_steps}, "
+                             f"{lr_anneal_steps}")
         if optimizer not in ("adam", "sgd"):
             raise ValueError(f"optimizer must be 'adam' or 'sgd', got {optimizer!r}")
         self.model = MuZeroModel(
@@ -424,10 +431,7 @@ class MuZero(RLModule):
             opt = torch.optim.SGD(params, lr=hp.lr, momentum=hp.momentum, weight_decay=hp.weight_decay)
         else:
             opt = torch.optim.Adam(params, lr=hp.lr, weight_decay=hp.weight_decay)
-        if hp.lr_warmup_steps <= 0:
-            return opt
-        warmup = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / hp.lr_warmup_steps))
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": warmup, "interval": "step"}}
+        return with_lr_schedule(opt, hp.lr_warmup_steps, hp.lr_anneal_steps)
 
     def _check_batch(self, batch: dict[str, Tensor]) -> int:
         """The window's history length ``h``; a clear error for a sampler that does not fit."""
