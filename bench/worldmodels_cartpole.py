@@ -79,6 +79,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--dream-run-name", default="worldmodels-cartpole_pixels-controller-dream",
                    help="run folder of the dream stage (several dream experiments side by side)")
     p.add_argument("--dream-seed", type=int, default=0, help="CMA-ES seed of the dream stage")
+    p.add_argument("--memory-sequence-length", type=int, default=None,
+                   help="M's training window (the config's 32 by default); a dream runs M for as long as the "
+                        "episode, so longer windows (with recorded episodes that long) keep its state in range")
+    p.add_argument("--memory-batch-size", type=int, default=None, help="M's batch size (the config's 32 by default)")
     p.add_argument("--memory-set", action="append", default=[], metavar="KEY=VALUE",
                    help="an extra M setting (model.init_args.KEY), e.g. sample_z=false; repeatable")
     p.add_argument("--dream-set", action="append", default=[], metavar="KEY=VALUE",
@@ -194,7 +198,11 @@ def main() -> None:
                    "--trainer.max_epochs", str(args.memory_epochs), "--trainer.run_name", run_name,
                    "--data.init_args.directory", latents,
                    "--data.init_args.train_batches", str(args.memory_batches),
-                   *(["--data.init_args.sequence_length", "8"] if args.quick else []), *settings(args.memory_set)])
+                   *(["--data.init_args.sequence_length", "8"] if args.quick else []),
+                   *(["--data.init_args.sequence_length", str(args.memory_sequence_length)]
+                     if args.memory_sequence_length else []),
+                   *(["--data.init_args.batch_size", str(args.memory_batch_size)] if args.memory_batch_size else []),
+                   *settings(args.memory_set)])
         m = cli.trainer.callback_metrics
         return (f"val NLL {float(m['val/nll']):.3f} nats/dim, done BCE {float(m['val/done_loss']):.3f} "
                 f"(acc {float(m['val/done_acc']):.3f})")
