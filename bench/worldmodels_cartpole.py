@@ -97,6 +97,7 @@ def parse_args() -> argparse.Namespace:
     args = p.parse_args()
     if args.quick:
         args.episodes, args.vision_epochs, args.memory_epochs, args.memory_batches = 40, 1, 1, 20
+        args.memory_sequence_length = 8
         args.generations, args.dream_generations, args.popsize, args.eval_episodes = 2, 2, 4, 4
         args.budget_minutes = 0.0
         args.episodes_per_member = args.dream_episodes_per_member = 1
@@ -198,7 +199,6 @@ def main() -> None:
                    "--trainer.max_epochs", str(args.memory_epochs), "--trainer.run_name", run_name,
                    "--data.init_args.directory", latents,
                    "--data.init_args.train_batches", str(args.memory_batches),
-                   *(["--data.init_args.sequence_length", "8"] if args.quick else []),
                    *(["--data.init_args.sequence_length", str(args.memory_sequence_length)]
                      if args.memory_sequence_length else []),
                    *(["--data.init_args.batch_size", str(args.memory_batch_size)] if args.memory_batch_size else []),

@@ -71,17 +71,23 @@ def mixture_mean(memory, heads: dict[str, torch.Tensor]) -> torch.Tensor:
     return (torch.softmax(heads["logit_pi"], -1).unsqueeze(-1) * heads["mu"]).sum(-2)  # [B, K] x [B, K, Z]
 
 
-def open_loop(memory, mu: torch.Tensor, action_in: torch.Tensor, start: int, actions_from: torch.Tensor | None,
-              length: int) -> list[torch.Tensor]:
-    """M warmed up on the real latents before ``start``, then fed its own mean predictions:
-    the predicted latents ``[1, Z]`` for steps ``start + 1 .. start + length``."""
+def warm_up(memory, mu: torch.Tensor, action_in: torch.Tensor, start: int):
+    """M's LSTM state after reading the real latents and actions before ``start`` (zeros at 0)."""
     state = memory.initial_state(1, torch.device("cpu"))
     for t in range(start):
         _, state = memory.step(mu[t:t + 1], action_in[t:t + 1], state)
-    z, predicted = mu[start:start + 1], []
-    for h in range(length):
-        a = action_in[start + h:start + h + 1] if actions_from is None else actions_from
-        out, state = memory.step(z, a, state)
+    return state
+
+
+def open_loop(memory, state, z: torch.Tensor, action_in: torch.Tensor) -> list[torch.Tensor]:
+    """M from ``state`` and the real latent ``z [1, Z]``, fed its own mixture means under
+    ``action_in [N, A]``: the predicted latents ``[1, Z]`` of the next ``N`` steps.
+
+    (:meth:`Memory.open_loop_dream` is the sampled twin, from a zero state: a dream as the
+    controller sees it; here the mean prediction is measured.)"""
+    predicted = []
+    for a in action_in:
+        out, state = memory.step(z, a[None], state)
         z = mixture_mean(memory, memory.heads(out))
         predicted.append(z)
     return predicted
@@ -128,12 +134,13 @@ def main() -> None:
             for mu, action_in in encoded:
                 if len(action_in) < start + max(HORIZONS) + 1:
                     continue
-                predicted = open_loop(memory, mu, action_in, start, None, max(HORIZONS))
+                state, z = warm_up(memory, mu, action_in, start), mu[start:start + 1]
+                predicted = open_loop(memory, state, z, action_in[start:start + max(HORIZONS)])
                 for h in HORIZONS:
                     real = mu[start + h:start + h + 1]
                     errors[h].append(float((predicted[h - 1] - real).pow(2).mean()))
                     frozen[h].append(float((mu[start:start + 1] - real).pow(2).mean()))
-                left, right = (open_loop(memory, mu, action_in, start, memory.action_input(torch.tensor([a])), 10)[-1]
+                left, right = (open_loop(memory, state, z, memory.action_input(torch.full((10,), a)))[-1]
                                for a in (0, 1))
                 spread.append(float((left - right).pow(2).mean()))
             if spread:

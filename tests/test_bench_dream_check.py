@@ -38,7 +38,7 @@ def test_open_loop_feeds_its_own_predictions_after_the_warm_up() -> None:
     mu = torch.randn(10, 3)
     action_in = memory.action_input(torch.randint(0, 2, (9,)))
     with torch.no_grad():
-        predicted = check.open_loop(memory, mu, action_in, start=2, actions_from=None, length=3)
+        predicted = check.open_loop(memory, check.warm_up(memory, mu, action_in, 2), mu[2:3], action_in[2:5])
         # by hand: warm up on rows 0-1, then step from row 2 with its own mixture means
         state = memory.initial_state(1, torch.device("cpu"))
         for t in range(2):

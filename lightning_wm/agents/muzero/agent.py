@@ -22,8 +22,8 @@ from lightning_wm.agents.muzero.model import MuZeroModel
 from lightning_wm.agents.muzero.targets import UnrollTargets, bootstrap_rows, muzero_targets
 from lightning_wm.envs import EnvSpec
 from lightning_wm.nn import dists
-from lightning_wm.optim import with_lr_schedule
 from lightning_wm.nn.blocks import scale_gradient, soft_update
+from lightning_wm.optim import with_lr_schedule
 from lightning_wm.search import SearchOutput, TemperatureSchedule, mcts
 
 __all__ = ["MuZero", "MuZeroPolicy", "SearchSettings", "LossSettings", "unroll_losses", "push_frame", "window_stacks",
