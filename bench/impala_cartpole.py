@@ -200,7 +200,8 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     cli = build_cli(args.config, _overrides(args, args.seed, "--trainer.max_steps", "-1"))
-    env_id = cli.datamodule.env.id
+    # evaluation in the datamodule's eval_env where it has one (a policy trained in a dream plays the real env)
+    env_id = (getattr(cli.datamodule, "eval_env", None) or cli.datamodule.env).id
     module, trainer = cli.model, cli.trainer
 
     def policy(obs: Any) -> Any:

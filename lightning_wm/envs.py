@@ -21,6 +21,13 @@ import numpy as np
 PIXEL_KEY = "pixels"
 _ATARI_REGISTERED = False
 
+# A trained Dreamer's dream as an env (lightning_wm.dream_env.dream_from_checkpoint; its options are
+# the env's kwargs): any agent can train inside it, e.g. IMPALA in configs/impala/cartpole_in_dream.yaml.
+DREAM_ENV_ID = "lightning_wm/Dream-v0"
+if DREAM_ENV_ID not in gym.registry:
+    gym.register(DREAM_ENV_ID, entry_point="lightning_wm.dream_env:make_dream_env",
+                 vector_entry_point="lightning_wm.dream_env:make_dream_vector_env")
+
 
 @dataclass
 class AtariPreprocessingConfig:
@@ -311,6 +318,8 @@ def make_env(config: EnvConfig, render_mode: str | None = None) -> gym.Env:
     """
     if config.id.startswith("ALE/") or "NoFrameskip" in config.id:
         _register_atari()
+    if config.id == DREAM_ENV_ID:
+        _check_dream_config(config)
     if config.action_repeat < 1:
         raise EnvError(f"action_repeat must be >= 1, got {config.action_repeat}")
     if config.frame_stack < 1:
@@ -406,9 +415,29 @@ def _stack_frames(env: gym.Env, config: EnvConfig) -> gym.Env:
                                 .reshape(h, w, k * c), stacked)
 
 
+def _check_dream_config(config: EnvConfig) -> None:
+    """A dream decodes into the real env's observation format, so the real env's settings go in its
+    ``kwargs.real_env``; wrappers on the dream itself would change what the model was trained on."""
+    wrapped = [name for name, on in (("pixels", config.pixels), ("action_repeat", config.action_repeat != 1),
+                                     ("crop", config.crop is not None), ("frame_stack", config.frame_stack != 1),
+                                     ("atari_preprocessing", config.atari_preprocessing is not None)) if on]
+    if wrapped:
+        raise EnvError(f"{DREAM_ENV_ID}: {', '.join(wrapped)} cannot wrap a dream; give the real env's settings as "
+                       "env.kwargs.real_env (e.g. {id: CartPole-v1, pixels: true}), the Dreamer was trained on them")
+    if "dreamer_ckpt" not in config.kwargs or "episodes" not in config.kwargs:
+        raise EnvError(f"{DREAM_ENV_ID} needs env.kwargs.dreamer_ckpt (a Dreamer checkpoint) and env.kwargs.episodes "
+                       "(an episode store of the real env, where dreams start)")
+
+
 def make_vector_env(config: EnvConfig) -> gym.vector.VectorEnv:
     """``config.num_envs`` envs with next-step autoreset (unseeded: the caller seeds the first
     reset, e.g. ``env.reset(seed=lightning_wm.seeding.env_seeds(config.seed, n, role))``)."""
+    if config.id == DREAM_ENV_ID:  # all dreams in one batch through the model
+        _check_dream_config(config)
+        kwargs = dict(config.kwargs)
+        if config.max_episode_steps is not None:
+            kwargs["max_episode_steps"] = config.max_episode_steps
+        return gym.make_vec(DREAM_ENV_ID, config.num_envs, vectorization_mode="vector_entry_point", **kwargs)
     fns = [lambda: make_env(config) for _ in range(config.num_envs)]
     kwargs = dict(autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
     if config.vectorization == "async":

@@ -378,3 +378,96 @@ def test_dream_over_a_pixel_rssm_renders_decoded_frames():
     frames = env.render()
     assert frames.shape == (2, 64, 64, 3) and frames.dtype == np.uint8
     assert not _checked(DreamSingleEnv(DreamEnv(wm, spec.action_space, env.starts, num_envs=1, max_episode_steps=5)))
+
+
+# -- a Dreamer's dream as a gymnasium id (any agent trains inside it) ---------------------
+
+
+@pytest.fixture(scope="module")
+def dream_files(tmp_path_factory):
+    """A tiny Dreamer checkpoint of CartPole-v1 and a store of two recorded episodes."""
+    root = tmp_path_factory.mktemp("dream")
+    torch.manual_seed(0)
+    dreamer = Dreamer(env_spec(EnvConfig(id="CartPole-v1")), **TINY_DREAMER)
+    ckpt = root / "dreamer.ckpt"
+    torch.save({"state_dict": dreamer.state_dict(), "hyper_parameters": dict(dreamer.hparams),
+                "pytorch-lightning_version": pl.__version__}, ckpt)
+    store = EpisodeStore(root / "episodes")
+    for seed in range(2):
+        store.add(_vector_episode(6, seed))
+    return {"dreamer_ckpt": str(ckpt), "episodes": str(root / "episodes"), "max_episode_steps": 9}
+
+
+def test_dream_env_id_builds_one_dream_or_a_batch_of_them(dream_files):
+    from lightning_wm.envs import DREAM_ENV_ID, EnvError, make_env, make_vector_env
+
+    single = make_env(EnvConfig(id=DREAM_ENV_ID, kwargs=dream_files))
+    assert not _checked(single.unwrapped)
+    assert single.observation_space.shape == (4,) and single.action_space == gym.spaces.Discrete(2)
+    vector = make_vector_env(EnvConfig(id=DREAM_ENV_ID, num_envs=3, kwargs=dream_files))
+    assert isinstance(vector, DreamEnv) and vector.num_envs == 3 and vector.max_episode_steps == 9
+    obs, _ = vector.reset(seed=4)
+    assert obs.shape == (3, 4) and obs.dtype == np.float32
+    # the same dreams as a DreamEnv built by hand from the same model and starts
+    wm = Dreamer.load_from_checkpoint(dream_files["dreamer_ckpt"], env_spec=env_spec(EnvConfig(id="CartPole-v1"))).wm
+    torch.manual_seed(0)  # the seed the factory filters the start rows with
+    bank = start_states(wm.eval(), EpisodeStore(dream_files["episodes"]).episodes())
+    by_hand = DreamEnv(wm, gym.spaces.Discrete(2), bank, num_envs=3, max_episode_steps=9, observation="decoded")
+    np.testing.assert_allclose(obs, by_hand.reset(seed=4)[0], rtol=1e-5, atol=1e-6)
+    for t in range(10):  # truncated after 9 steps at the latest, then a fresh dream
+        step = vector.step(np.array([t % 2, 1, 0]))
+        np.testing.assert_allclose(step[0], by_hand.step(np.array([t % 2, 1, 0]))[0], rtol=1e-5, atol=1e-6)
+    assert step[0].shape == (3, 4)
+    limited = make_vector_env(EnvConfig(id=DREAM_ENV_ID, num_envs=2, max_episode_steps=4, kwargs=dream_files))
+    assert limited.max_episode_steps == 4
+    with pytest.raises(EnvError, match="pixels.*real_env"):
+        make_vector_env(EnvConfig(id=DREAM_ENV_ID, pixels=True, kwargs=dream_files))
+    with pytest.raises(EnvError, match="dreamer_ckpt"):
+        make_env(EnvConfig(id=DREAM_ENV_ID, kwargs={"episodes": dream_files["episodes"]}))
+    with pytest.raises(FileNotFoundError, match="record"):
+        make_vector_env(EnvConfig(id=DREAM_ENV_ID, kwargs={**dream_files, "episodes": dream_files["episodes"] + "x"}))
+
+
+def test_impala_in_a_dream_evaluates_in_the_real_env(dream_files, monkeypatch):
+    """Training unrolls come from the dream, validation episodes from eval_env (the real env)."""
+    from lightning_wm.data.modules import UnrollDataModule
+    from lightning_wm.envs import DREAM_ENV_ID
+
+    dream = EnvConfig(id=DREAM_ENV_ID, num_envs=2, kwargs=dream_files)
+    data = UnrollDataModule(dream, unroll_length=4, batch_size=2, eval_env=EnvConfig(id="CartPole-v1"), eval_episodes=2,
+                            eval_envs=2)
+    built = []
+    monkeypatch.setattr("lightning_wm.data.collector.make_vector_env",
+                        lambda config: built.append(config.id) or make_vector_env_real(config))
+    episodes = data.evaluate(RandomAgent(data.spec, seed=0))
+    assert built == ["CartPole-v1"] and len(episodes) == 2
+    assert all(e["length"] == e["return"] for e in episodes)  # CartPole pays 1 per real step
+    with pytest.raises(ValueError, match="does not fit"):
+        UnrollDataModule(dream, eval_env=EnvConfig(id="Acrobot-v1"))
+
+
+def make_vector_env_real(config):
+    from lightning_wm.envs import make_vector_env
+
+    return make_vector_env(config)
+
+
+def test_impala_in_dream_config_fits_in_the_dream_and_evaluates_in_the_real_env(dream_files, capsys):
+    import json
+    from pathlib import Path
+
+    from lightning_wm.cli import main
+
+    config = str(Path(__file__).resolve().parents[1] / "configs/impala/cartpole_in_dream.yaml")
+    kwargs = {**dream_files, "real_env": "CartPole-v1", "starts": "all"}
+    args = ["--config", config, "--trainer.max_steps", "3", "--trainer.val_check_interval", "3",
+            "--trainer.enable_progress_bar", "false", "--trainer.run_name", "in-dream", "--trainer.log_every_n_steps", "1",
+            "--data.init_args.env.num_envs", "2", "--data.init_args.unroll_length", "4",
+            "--data.init_args.batch_size", "2", "--data.init_args.eval_episodes", "2",
+            "--data.init_args.eval_envs", "2", "--data.init_args.env.kwargs", json.dumps(kwargs)]
+    cli = main(args=["fit", *args])
+    assert cli.trainer.global_step == 3
+    logged = cli.trainer.logged_metrics
+    assert float(logged["env/steps"]) >= 3 * 2 * 4 and "val/return" in logged
+    main(args=["evaluate", *args, "--ckpt_path", "last", "--episodes", "2"])
+    assert "return" in capsys.readouterr().out

@@ -503,3 +503,35 @@ def test_cont_terminal_weight_scales_the_continue_loss_on_terminal_rows_only(car
     assert losses[20.0].item() == pytest.approx(expected.item(), rel=1e-5)
     with pytest.raises(ValueError, match="cont_terminal_weight"):
         Dreamer(cartpole_spec, **TINY, cont_terminal_weight=0.0)
+
+
+def test_lr_anneal_steps_anneals_actor_and_critic_to_zero_and_keeps_the_world_models_rate(cartpole_spec,
+                                                                                         monkeypatch):
+    """At gradient step n the actor's and critic's rates are lr * (1 - n / lr_anneal_steps), floored
+    at 0, so from step lr_anneal_steps on the policy no longer moves; the world model keeps
+    lr_model and goes on learning."""
+    steps = {"n": 0}
+    monkeypatch.setattr(Dreamer, "global_step", property(lambda self: steps["n"]))
+    torch.manual_seed(0)
+    model = Dreamer(cartpole_spec, **TINY, lr_model=1e-3, lr_actor=4e-4, lr_critic=2e-4, lr_anneal_steps=4)
+    optimizers = model.configure_optimizers()
+    batch = cartpole_batch()
+    for n in range(6):
+        steps["n"] = n
+        actor_before = [p.detach().clone() for p in model.actor.parameters()]
+        wm_before = [p.detach().clone() for p in model.wm.parameters()]
+        losses, _ = model.losses(batch)
+        for opt in optimizers:
+            opt.zero_grad()
+        sum(losses.values()).backward()
+        logs = model.clip_and_step(optimizers)
+        factor = max(0.0, 1.0 - n / 4)
+        assert optimizers[1].param_groups[0]["lr"] == pytest.approx(4e-4 * factor)
+        assert optimizers[2].param_groups[0]["lr"] == pytest.approx(2e-4 * factor)
+        assert optimizers[0].param_groups[0]["lr"] == 1e-3
+        assert float(logs["train/lr_actor"]) == pytest.approx(4e-4 * factor)
+        actor_moved = any(not torch.equal(a, b) for a, b in zip(actor_before, model.actor.parameters()))
+        assert actor_moved == (factor > 0)
+        assert any(not torch.equal(a, b) for a, b in zip(wm_before, model.wm.parameters()))
+    with pytest.raises(ValueError, match="lr_anneal_steps"):
+        Dreamer(cartpole_spec, **TINY, lr_anneal_steps=0)

@@ -658,6 +658,9 @@ class UnrollDataModule(pl.LightningDataModule):
             :meth:`apply_feedback` (the ``ReplayFeedback`` callback).
         alpha, beta: prioritization and importance-weight exponents.
         eval_episodes, eval_envs: validation episodes and their envs.
+        eval_env: play the validation (and ``evaluate``) episodes in this env instead of ``env``,
+            e.g. the real ``CartPole-v1`` while ``env`` is a dream (``lightning_wm/Dream-v0``).
+            Its action space and observation shape must be ``env``'s.
         model_replay_size: > 0 also keeps the newest real rows (all envs together) in a
             :class:`~lightning_wm.data.replay.ReplayBuffer` for a world model trained beside the
             policy (``DynaLearner``): every batch then carries ``"model"``, sequences
@@ -692,6 +695,7 @@ class UnrollDataModule(pl.LightningDataModule):
         beta: float = 0.4,
         eval_episodes: int = 5,
         eval_envs: int = 5,
+        eval_env: EnvConfig | None = None,
         model_replay_size: int = 0,
         model_batch_size: int = 16,
         model_sequence_length: int = 32,
@@ -721,6 +725,13 @@ class UnrollDataModule(pl.LightningDataModule):
         self.unroll_length, self.batch_size, self.num_actors = unroll_length, batch_size, num_actors
         self.replay_size, self.max_use = replay_size, max_use
         self.eval_episodes, self.eval_envs = eval_episodes, eval_envs
+        self.eval_env = eval_env
+        if eval_env is not None:
+            other = env_spec(eval_env)
+            if other.action_space != self.spec.action_space or other.obs_shape != self.spec.obs_shape:
+                raise ValueError(f"eval_env {eval_env.id} (actions {other.action_space}, observations {other.obs_shape}) "
+                                 f"does not fit env {env.id} (actions {self.spec.action_space}, observations "
+                                 f"{self.spec.obs_shape}): the policy trained in one must act in the other")
         self.batcher = UnrollBatcher(batch_size, replay_size, max_use, seed=env.seed, prioritized=prioritized,
                                      alpha=alpha, beta=beta)
         self._actors = ActorLink(env, num_actors, envs_per_actor or env.num_envs, unroll_length, actor_backend,
@@ -877,5 +888,7 @@ class UnrollDataModule(pl.LightningDataModule):
     def evaluate(self, agent: Any, episodes: int | None = None) -> list[dict[str, float]]:
         """Run ``episodes`` episodes with ``explore=False`` in fresh envs; return their stats."""
         rank, _ = _rank_and_world(getattr(self, "trainer", None))
-        seed = derive_seed(self.env.seed, "eval", rank)
-        return run_evaluation(self.env, agent, episodes or self.eval_episodes, self.eval_envs, seed, spec=self.spec)
+        config = self.eval_env or self.env
+        seed = derive_seed(config.seed, "eval", rank)
+        return run_evaluation(config, agent, episodes or self.eval_episodes, self.eval_envs, seed,
+                              spec=self.spec if self.eval_env is None else env_spec(config))

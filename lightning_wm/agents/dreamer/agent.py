@@ -28,6 +28,7 @@ from lightning_wm.logging import log_gif, log_image
 from lightning_wm.nn import dists
 from lightning_wm.nn.blocks import MLP
 from lightning_wm.nn.codec import Obs
+from lightning_wm.optim import lr_factor
 from lightning_wm.returns import lambda_return, replay_lambda_return
 from lightning_wm.tree import first_leaf, tree_map
 from lightning_wm.world_model import RolloutLengthScheduler, frozen, rollout
@@ -150,6 +151,10 @@ class Dreamer(RLModule):
             (lambda returns of the real rewards and terminations, :meth:`replay_critic_loss`;
             DreamerV3's later ``repval``, 0.3 there); 0 turns it off.
         lr_*, clip_*, eps_*: Adam learning rates, gradient-norm clips and epsilons.
+        lr_anneal_steps: anneal the actor's and the critic's learning rates linearly to 0 over
+            this many gradient steps (:func:`lightning_wm.optim.lr_factor`; the same option as
+            IMPALA's and MuZero's), so the policy settles instead of drifting late in a run; the
+            world model keeps ``lr_model`` and goes on fitting new data. None: constant rates.
         entropy: actor entropy coefficient.
         actor_grad: ``auto`` (REINFORCE for discrete, dynamics backprop for continuous),
             ``reinforce`` or ``dynamics``.
@@ -203,6 +208,7 @@ class Dreamer(RLModule):
         eps_model: float = 1e-8,
         eps_actor: float = 1e-5,
         eps_critic: float = 1e-5,
+        lr_anneal_steps: int | None = None,
         clip_model: float = 1000.0,
         clip_actor: float = 100.0,
         clip_critic: float = 100.0,
@@ -235,6 +241,8 @@ class Dreamer(RLModule):
             raise ValueError(f"actor_grad must be auto, reinforce or dynamics, got {actor_grad!r}")
         if cont_terminal_weight <= 0:
             raise ValueError(f"cont_terminal_weight must be > 0, got {cont_terminal_weight}")
+        if lr_anneal_steps is not None and lr_anneal_steps < 1:
+            raise ValueError(f"lr_anneal_steps must be >= 1 or null, got {lr_anneal_steps}")
         if eval_policy not in ("mode", "sample"):
             raise ValueError(f"eval_policy must be mode or sample, got {eval_policy!r}")
         if actor_dist not in ("bounded_normal", "tanh_normal"):
@@ -529,9 +537,15 @@ class Dreamer(RLModule):
                                    ("critic", self.critic, hp.clip_critic)):
             norms[f"grad_norm/{name}"] = torch.nn.utils.clip_grad_norm_(module.parameters(), clip)
         opt_model, opt_actor, opt_critic = optimizers
+        factor = lr_factor(self.global_step, 0, hp.get("lr_anneal_steps"))
+        for opt, base in ((opt_actor, hp.lr_actor), (opt_critic, hp.lr_critic)):
+            for group in getattr(opt, "optimizer", opt).param_groups:
+                group["lr"] = base * factor  # a function of the step alone: resumes need no scheduler state
         opt_model.step()
         for opt in (opt_actor, opt_critic):
             getattr(opt, "optimizer", opt).step()
+        if hp.get("lr_anneal_steps") is not None:
+            norms["train/lr_actor"] = torch.tensor(hp.lr_actor * factor)
         self._update_slow_critic()
         return norms
 
