@@ -21,12 +21,13 @@ import numpy as np
 PIXEL_KEY = "pixels"
 _ATARI_REGISTERED = False
 
-# A trained Dreamer's dream as an env (lightning_wm.dream_env.dream_from_checkpoint; its options are
-# the env's kwargs): any agent can train inside it, e.g. IMPALA in configs/impala/cartpole_in_dream.yaml.
+# A trained Dreamer's dream as an env (lightning_wm.agents.dreamer.dream.dream_from_checkpoint; its options
+# are the env's kwargs): any agent can train inside it, e.g. IMPALA in configs/impala/cartpole_in_dream.yaml.
+# Named by string, so this module imports nothing above the foundation.
 DREAM_ENV_ID = "lightning_wm/Dream-v0"
 if DREAM_ENV_ID not in gym.registry:
-    gym.register(DREAM_ENV_ID, entry_point="lightning_wm.dream_env:make_dream_env",
-                 vector_entry_point="lightning_wm.dream_env:make_dream_vector_env")
+    gym.register(DREAM_ENV_ID, entry_point="lightning_wm.agents.dreamer.dream:make_dream_env",
+                 vector_entry_point="lightning_wm.agents.dreamer.dream:make_dream_vector_env")
 
 
 @dataclass

@@ -18,8 +18,14 @@ Tree conventions (what the per-node reference search in the tests implements too
   updates the min-max statistics with ``r(node) + discount * V(node)`` of every node on the path
   (the MuZero pseudocode's ``MinMaxStats``; no known bounds; values are left as they are until
   the maximum exceeds the minimum).
-* PUCT (MuZero): ``score(a) = Q_norm(s, a) [0 if unvisited] + P(s, a) sqrt(N(s)) / (1 + N(s, a))
+* PUCT (MuZero): ``score(a) = Q_norm(s, a) + P(s, a) sqrt(N(s)) / (1 + N(s, a))
   * (pb_c_init + log((N(s) + pb_c_base + 1) / pb_c_base))``; ties go to the lowest action index.
+  An unvisited child's ``Q_norm`` is set by ``unvisited_q``: ``"zero"`` (the MuZero
+  pseudocode: the bottom of the normalised range, so where all values are alike the search stays
+  with the first action it tried) or ``"mean"`` (the mean ``Q`` of the node's visited children,
+  the node's own value ``V(s)`` before any, normalised the same way: EfficientZero's and
+  LightZero's rule, close to mctx's ``qtransform_by_parent_and_siblings``), so an untried action
+  counts as an average one and the prior decides.
 * Legal-action masks apply at the root only (inside the tree the model has no notion of
   legality, as in MuZero). Dirichlet noise is mixed into the root prior over the legal actions.
 * Gumbel MuZero (Danihelka et al., 2022): at the root, Gumbel-top-k over ``g + logits``
@@ -186,6 +192,7 @@ def mcts(
     gumbel_scale: float = 1.0,
     c_visit: float = 50.0,
     c_scale: float = 0.1,
+    unvisited_q: str = "zero",
 ) -> SearchOutput:
     """Search ``num_simulations`` times from each of ``B`` roots.
 
@@ -210,11 +217,14 @@ def mcts(
         max_num_considered_actions: Gumbel's ``m`` (actions sampled without replacement).
         gumbel_scale: scale of the Gumbel noise when ``explore`` (0: deterministic).
         c_visit, c_scale: Gumbel's ``sigma(q) = (c_visit + max N) * c_scale * q``.
+        unvisited_q: PUCT's value of an unvisited child, ``"zero"`` or ``"mean"`` (see the
+            module docstring).
     """
     with torch.inference_mode():  # no autograd bookkeeping: ~15% less overhead per tiny op
         out = _search(recurrent_fn, root_state, root_logits, root_value, num_simulations, discount, pb_c_init,
                       pb_c_base, dirichlet_alpha, exploration_fraction, explore, temperature, generator,
-                      legal_actions_mask, gumbel, max_num_considered_actions, gumbel_scale, c_visit, c_scale)
+                      legal_actions_mask, gumbel, max_num_considered_actions, gumbel_scale, c_visit, c_scale,
+                      unvisited_q)
     # plain tensors for the caller (inference tensors cannot be saved for backward)
     return SearchOutput(*(x.clone() for x in (out.action, out.visit_probs, out.root_value, out.visit_counts,
                                               out.q_values, out.root_prior, out.max_depth)))
@@ -224,7 +234,9 @@ def _search(recurrent_fn: RecurrentFn, root_state: Any, root_logits: Tensor, roo
             discount: float, pb_c_init: float, pb_c_base: float, dirichlet_alpha: float, exploration_fraction: float,
             explore: bool, temperature: float, generator: torch.Generator | None, legal_actions_mask: Tensor | None,
             gumbel: bool, max_num_considered_actions: int, gumbel_scale: float, c_visit: float,
-            c_scale: float) -> SearchOutput:
+            c_scale: float, unvisited_q: str = "zero") -> SearchOutput:
+    if unvisited_q not in ("zero", "mean"):
+        raise ValueError(f"unvisited_q must be 'zero' or 'mean', got {unvisited_q!r}")
     if num_simulations < 1:
         raise ValueError(f"num_simulations must be >= 1, got {num_simulations}")
     if root_logits.dim() != 2:
@@ -255,7 +267,7 @@ def _search(recurrent_fn: RecurrentFn, root_state: Any, root_logits: Tensor, roo
         if explore and exploration_fraction > 0:
             noise = dirichlet_noise(dirichlet_alpha, legal, generator).to(dtype)
             prior = (1 - exploration_fraction) * prior + exploration_fraction * noise
-        rule = _PuctRule(discount, pb_c_init, pb_c_base, num_simulations, legal)
+        rule = _PuctRule(discount, pb_c_init, pb_c_base, num_simulations, legal, unvisited_q == "mean")
 
     tree = _Tree(root_state, prior, root_value.to(dtype), num_simulations, discount)
     for sim in range(num_simulations):
@@ -360,6 +372,11 @@ class _Tree:
 
     def root_value(self) -> Tensor:
         return self.edge_w[self.root_edge] / self.edge_n[self.root_edge]
+
+    def node_values(self, count: int) -> Tensor:
+        """``V = value_sum / visits`` ``[B, S]`` of the first ``S`` nodes (each has been visited)."""
+        edge = self.in_edge[:, :count].reshape(-1)
+        return (self.edge_w.index_select(0, edge) / self.edge_n.index_select(0, edge)).view(self.batch, count)
 
     def states_of(self, rows: Tensor) -> Any:
         """Latent states ``[B, ...]`` of the nodes ``rows [B]``."""
@@ -472,7 +489,8 @@ class _Rule:
 
 class _PuctRule(_Rule):
     def __init__(self, discount: float, pb_c_init: float, pb_c_base: float, num_simulations: int,
-                 legal: Tensor) -> None:
+                 legal: Tensor, mean_q: bool = False) -> None:
+        self.mean_q = mean_q
         # exploration factor by parent visit count n: (pb_c_init + log((n + base + 1) / base)) sqrt(n)
         n = torch.arange(num_simulations + 2, dtype=torch.float64)
         self.factor = (pb_c_init + torch.log((n + pb_c_base + 1) / pb_c_base)) * torch.sqrt(n)
@@ -483,8 +501,17 @@ class _PuctRule(_Rule):
             self.factor = self.factor.to(device=n.device, dtype=n.dtype)
         parent_n = _sum_actions(n).add_(1).long()  # a node's visits: its own evaluation + its children's
         c = self.factor.index_select(0, parent_n.view(-1)).view(parent_n.shape)  # [B, S]
-        qn = torch.addcmul(tree.shift, tree.q(n, w, r), tree.scale)  # (q - offset) * scale
-        value_score = torch.where(n > 0, qn, tree.zero)
+        q = tree.q(n, w, r)
+        qn = torch.addcmul(tree.shift, q, tree.scale)  # (q - offset) * scale
+        if self.mean_q:  # an unvisited child scores the mean Q of its visited siblings (else V(s))
+            visited = n > 0
+            tried = _sum_actions(visited.to(q.dtype))
+            mean = torch.where(tried > 0, _sum_actions(torch.where(visited, q, tree.zero)) / tried.clamp(min=1),
+                               tree.node_values(n.shape[1]))
+            unvisited = torch.addcmul(tree.shift.squeeze(2), mean, tree.scale.squeeze(2))
+            value_score = torch.where(visited, qn, unvisited.unsqueeze(2))
+        else:
+            value_score = torch.where(n > 0, qn, tree.zero)
         score = torch.addcdiv(value_score, tree.prior[:, :n.shape[1]] * c.unsqueeze(2), n + 1)
         if self.illegal is not None:
             score[:, 0].masked_fill_(self.illegal, float("-inf"))

@@ -62,14 +62,19 @@ def _q(node: Node, child: Node, discount: float) -> float:
     return child.reward + discount * child.value()
 
 
-def _puct_child(node: Node, discount: float, c1: float, c2: float, mm: MinMax, legal: list[bool] | None) -> int:
+def _puct_child(node: Node, discount: float, c1: float, c2: float, mm: MinMax, legal: list[bool] | None,
+                mean_q: bool = False) -> int:
     scores = []
     for a, child in node.children.items():
         if legal is not None and not legal[a]:
             scores.append(-math.inf)
             continue
         c = (math.log((node.visits + c2 + 1) / c2) + c1) * math.sqrt(node.visits)
-        value_score = mm.normalize(_q(node, child, discount)) if child.visits > 0 else 0.0
+        unvisited = 0.0
+        if mean_q:  # the mean Q of the visited children, the node's own value before any
+            tried = [_q(node, k, discount) for k in node.children.values() if k.visits > 0]
+            unvisited = mm.normalize(sum(tried) / len(tried) if tried else node.value())
+        value_score = mm.normalize(_q(node, child, discount)) if child.visits > 0 else unvisited
         scores.append(value_score + c * child.prior / (child.visits + 1))
     return _argmax(scores)
 
@@ -119,7 +124,8 @@ def _gumbel_root(node: Node, gumbel: list[float], target: int, discount: float, 
 def reference_search(step: StepFn, root_state: object, root_prior: list[float], root_value: float, *,
                      num_simulations: int, discount: float, pb_c_init: float = 1.25, pb_c_base: float = 19652.0,
                      legal: list[bool] | None = None, gumbel: list[float] | None = None,
-                     max_num_considered_actions: int = 16, c_visit: float = 50.0, c_scale: float = 0.1) -> dict:
+                     max_num_considered_actions: int = 16, c_visit: float = 50.0, c_scale: float = 0.1,
+                     unvisited_q: str = "zero") -> dict:
     """One tree. ``root_prior`` is the final root prior (after masking and noise); ``gumbel`` the
     root's Gumbel draws (Gumbel mode) or ``None`` (PUCT)."""
     root = Node(1.0)
@@ -133,7 +139,8 @@ def reference_search(step: StepFn, root_state: object, root_prior: list[float], 
         node, path = root, [root]
         while True:
             if gumbel is None:
-                a = _puct_child(node, discount, pb_c_init, pb_c_base, mm, legal if node is root else None)
+                a = _puct_child(node, discount, pb_c_init, pb_c_base, mm, legal if node is root else None,
+                                unvisited_q == "mean")
             elif node is root:
                 a = _gumbel_root(node, gumbel, schedule[sim], discount, c_visit, c_scale)
             else:

@@ -11,6 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "lightning_wm"
 # and the Dyna learner building its imagination (buffer fills from the real replay)
 AGENTS_MAY_IMPORT_DATA = {"agents/vm_model.py": {"lightning_wm.data.episodes"},
                           "agents/controller.py": {"lightning_wm.data.episodes"},
+                          "agents/dreamer/dream.py": {"lightning_wm.data.episodes"},
                           "agents/dyna.py": {"lightning_wm.data.imagination"}}
 # the command line sits on top of everything; its subcommands load what they need
 LAZY_IMPORTS_ALLOWED = {"cli.py"}

@@ -108,6 +108,39 @@ def test_puct_matches_reference_on_random_models(seed, discount, num_actions):
     assert (out.visit_counts.sum(-1) == 40).all()
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("num_actions", [3, 2])
+def test_puct_with_the_mean_q_for_unvisited_children_matches_reference(seed, num_actions):
+    model = random_model(seed=seed, num_actions=num_actions)
+    out, refs = run_both(model, [0, 5, 17, 42, 99, 123], num_simulations=40, discount=0.997, seed=seed,
+                         unvisited_q="mean")
+    assert_match(out, refs)
+    zero, _ = run_both(model, [0, 5, 17, 42, 99, 123], num_simulations=40, discount=0.997, seed=seed)
+    # the option changes the search (the root's visits, or the trees below)
+    assert not (torch.equal(out.visit_counts, zero.visit_counts) and torch.equal(out.max_depth, zero.max_depth))
+    with pytest.raises(ValueError, match="unvisited_q"):
+        run_both(model, [0], num_simulations=4, discount=0.9, unvisited_q="parent")
+
+
+def test_mean_q_tries_other_actions_where_every_value_is_alike():
+    """Two actions, reward 1 everywhere, a prior of 0.9 / 0.1 everywhere: with 0 for unvisited
+    children every node keeps descending into its first child (Q_norm 1 against 0), so 50
+    simulations build one chain 50 deep and the root never tries action 1; with the mean Q of the
+    visited siblings an untried action counts as an average one, both are tried and the tree
+    branches."""
+    size = 64
+    next_id = torch.stack([torch.arange(size) * 2 % size, (torch.arange(size) * 2 + 1) % size], 1)
+    model = TableModel(next_id, torch.ones(size, 2, dtype=torch.float64),
+                       torch.log(torch.tensor([[0.9, 0.1]])).expand(size, 2).clone(), torch.full((size,), 50.0))
+    runs = {}
+    for rule in ("zero", "mean"):
+        out, refs = run_both(model, [1], explore=False, num_simulations=50, discount=0.997, unvisited_q=rule)
+        assert_match(out, refs)
+        runs[rule] = (out.visit_counts[0].tolist(), int(out.max_depth[0]))
+    assert runs["zero"] == ([50.0, 0.0], 50)
+    assert runs["mean"][0][1] >= 1 and runs["mean"][1] < 40, runs
+
+
 def test_puct_without_noise_matches_reference_and_uses_the_plain_prior():
     model = random_model(seed=3, num_actions=4)
     out, refs = run_both(model, [1, 2, 3], explore=False, num_simulations=30, discount=0.9)

@@ -57,6 +57,7 @@ class SearchSettings:
     exploration_fraction: float = 0.25
     gumbel: bool = False
     max_num_considered_actions: int = 16
+    unvisited_q: str = "zero"
 
 
 def search(model: MuZeroModel, settings: SearchSettings, obs: Tensor, explore: bool, temperature: float = 1.0,
@@ -283,8 +284,10 @@ class MuZero(RLModule):
         latent_dim, hidden, layers, head_hidden, channels, blocks, frame_stack, support_size,
             reward_support_size, value_eps, norm, act: :class:`MuZeroModel` options.
         num_simulations, discount, pb_c_init, pb_c_base, dirichlet_alpha, exploration_fraction,
-            gumbel, max_num_considered_actions: the search (:func:`lightning_wm.search.mcts`);
-            ``discount`` is also the targets' discount.
+            gumbel, max_num_considered_actions, unvisited_q: the search
+            (:func:`lightning_wm.search.mcts`); ``discount`` is also the targets' discount.
+            ``unvisited_q``: an untried action's value in PUCT, ``zero`` (the MuZero pseudocode)
+            or ``mean`` (the mean Q of its tried siblings: EfficientZero's and LightZero's rule).
         temperature_boundaries, temperature_values: visit-count temperature by training step
             (:class:`~lightning_wm.search.TemperatureSchedule`; MuZero: 1.0 / 0.5 / 0.25 at 500k
             and 750k steps).
@@ -334,6 +337,7 @@ class MuZero(RLModule):
         exploration_fraction: float = 0.25,
         gumbel: bool = False,
         max_num_considered_actions: int = 16,
+        unvisited_q: Literal["zero", "mean"] = "zero",
         temperature_boundaries: tuple[int, ...] = (500_000, 750_000),
         temperature_values: tuple[float, ...] = (1.0, 0.5, 0.25),
         num_unroll_steps: int = 5,
@@ -403,8 +407,10 @@ class MuZero(RLModule):
             act=act, game_over_head=train_game_over_function,
         )
         self.target_model = copy.deepcopy(self.model).requires_grad_(False)
+        if unvisited_q not in ("zero", "mean"):
+            raise ValueError(f"unvisited_q must be 'zero' or 'mean', got {unvisited_q!r}")
         self.settings = SearchSettings(num_simulations, discount, pb_c_init, pb_c_base, dirichlet_alpha,
-                                       exploration_fraction, gumbel, max_num_considered_actions)
+                                       exploration_fraction, gumbel, max_num_considered_actions, unvisited_q)
         self.temperature = TemperatureSchedule(tuple(temperature_boundaries), tuple(temperature_values))
         self.search_stats = SearchStats()
         self.hp = self.hparams
