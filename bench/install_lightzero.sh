@@ -17,4 +17,6 @@ PIP="$VENV/bin/pip"
     "DI-toolkit>=0.1.0" trueskill "tensorboardX>=2.2" "wandb<=0.19.0" matplotlib "easydict>=1.9" pyyaml enum-tools \
     cloudpickle hickle tabulate "click>=7.0.0" "flask<=2.0.3" "werkzeug<=2.0.3" requests responses URLObject pynng \
     sniffio redis "mpire>=2.3.5" einops pympler minigrid moviepy pytest line_profiler xxhash
+# bench/mcts_speed.py runs our search beside LightZero's in this venv (PYTHONPATH=.): our MuZero model needs Lightning
+"$PIP" install "pytorch-lightning>=2.3"
 "$VENV/bin/python" -c "from lzero.mcts.ctree.ctree_muzero import mz_tree; print('LightZero ctree OK')"

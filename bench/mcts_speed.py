@@ -9,7 +9,8 @@ The network is the CartPole MuZero network of LightZero's config (latent 128, tw
 of 128, heads of 32, value and reward over 601 bins), built as a ``MuZeroModel`` in eval mode
 and called under ``torch.no_grad()``; both searches get the same root states, logits and values
 (the root inference is outside the timing) and use PUCT with Dirichlet noise (alpha 0.3, weight
-0.25), pb_c 1.25 / 19652 and discount 0.997. ``sims/s = batch * simulations / seconds`` of one
+0.25), pb_c 1.25 / 19652 and discount 0.997, an untried action valued at the mean Q of its
+tried siblings as LightZero does (``--unvisited-q zero`` for the pseudocode's 0 in ours). ``sims/s = batch * simulations / seconds`` of one
 whole search, median over ``--repeats`` rounds after one warm-up, the searches taking turns
 within a round; the process CPU time is given beside the wall time (on a shared machine it is the
 steadier of the two; with 2 threads it counts both). Each search's network time (our
@@ -21,6 +22,7 @@ installed in the running Python.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -65,11 +67,12 @@ class Timed:
         return out
 
 
-def ours(model: MuZeroModel, root: dict[str, torch.Tensor], simulations: int, seed: int) -> tuple[float, float]:
+def ours(model: MuZeroModel, root: dict[str, torch.Tensor], simulations: int, seed: int,
+         unvisited_q: str = "mean") -> tuple[float, float]:
     rec = Timed(model.recurrent_fn)
     t = time.perf_counter()
     mcts(rec, root["state"], root["policy_logits"], root["value"], num_simulations=simulations, discount=DISCOUNT,
-         generator=torch.Generator().manual_seed(seed))
+         generator=torch.Generator().manual_seed(seed), unvisited_q=unvisited_q)
     return time.perf_counter() - t, rec.seconds
 
 
@@ -135,10 +138,12 @@ def main() -> None:
     parser.add_argument("--simulations", type=int, default=50)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--unvisited-q", choices=["mean", "zero"], default="mean",
+                        help="our PUCT's value of an untried action (mean: MuZero's default and LightZero's rule)")
     args = parser.parse_args()
 
     model = cartpole_model()
-    searches = {"lightning_wm": ours}
+    searches = {"lightning_wm": functools.partial(ours, unvisited_q=args.unvisited_q)}
     lz = lightzero_search()
     if lz is None:
         print("LightZero is not installed in this Python: measuring lightning_wm only "

@@ -162,8 +162,11 @@ def run_lightzero(seed: int, max_env_steps: int, out_dir: str) -> str:
     from zoo.classic_control.cartpole.config.cartpole_muzero_config import create_config, main_config
 
     torch.set_num_threads(1)
+    out_dir = os.path.abspath(out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    os.chdir(out_dir)  # DI-engine puts "./" before exp_name: its logs and checkpoints land here, not in the caller's folder
     cfg, create = copy.deepcopy(main_config), copy.deepcopy(create_config)
-    cfg.exp_name = os.path.join(out_dir, f"lightzero_seed{seed}")
+    cfg.exp_name = f"lightzero_seed{seed}"
     cfg.env.env_id = "CartPole-v1"
     cfg.env.stop_value = 1e9  # keep going after the first success: every evaluation is reported
     cfg.env.evaluator_env_num = cfg.policy.evaluator_env_num = 10
@@ -235,6 +238,7 @@ def main() -> None:
                         help="lightning_wm: an extra command-line override (repeatable), e.g. "
                              "--override=--model.init_args.lr=0.001")
     args = parser.parse_args()
+    args.out = os.path.abspath(args.out)  # LightZero runs chdir into it
     if args.summarize:
         if not os.path.isdir(args.summarize):
             sys.exit(f"error: {args.summarize} is not a folder of run records")

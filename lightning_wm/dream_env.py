@@ -292,4 +292,3 @@ class DreamSingleEnv(gym.Env):
     def render(self) -> np.ndarray | None:
         frames = self.dream.render()
         return None if frames is None else frames[0]
-

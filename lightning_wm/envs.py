@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import gymnasium as gym
-from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation, TransformObservation
+from gymnasium import wrappers as gym_wrappers  # looked up at use: the module imports under older gymnasium (LightZero's venv)
 import numpy as np
 
 PIXEL_KEY = "pixels"
@@ -391,7 +391,7 @@ def _atari_preprocessing(env: gym.Env, config: EnvConfig, atari: AtariPreprocess
         raise EnvError(f"{config.id}: atari_preprocessing makes the frames and skips frames itself; drop pixels, "
                        "crop, keep_state and action_repeat (its options: screen_size, grayscale_obs, frame_skip)")
     try:
-        return AtariPreprocessing(env, noop_max=atari.noop_max, frame_skip=atari.frame_skip,
+        return gym_wrappers.AtariPreprocessing(env, noop_max=atari.noop_max, frame_skip=atari.frame_skip,
                                   screen_size=atari.screen_size, terminal_on_life_loss=atari.terminal_on_life_loss,
                                   grayscale_obs=atari.grayscale_obs, grayscale_newaxis=True)
     except gym.error.DependencyNotInstalled as err:
@@ -410,9 +410,9 @@ def _stack_frames(env: gym.Env, config: EnvConfig) -> gym.Env:
                        f"{space}. Set pixels: true or atari_preprocessing, or frame_stack: 1")
     k = config.frame_stack
     h, w, c = space.shape
-    env = FrameStackObservation(env, k)
+    env = gym_wrappers.FrameStackObservation(env, k)
     stacked = gym.spaces.Box(0, 255, (h, w, k * c), np.uint8)
-    return TransformObservation(env, lambda obs: np.ascontiguousarray(np.asarray(obs).transpose(1, 2, 0, 3))
+    return gym_wrappers.TransformObservation(env, lambda obs: np.ascontiguousarray(np.asarray(obs).transpose(1, 2, 0, 3))
                                 .reshape(h, w, k * c), stacked)
 
 

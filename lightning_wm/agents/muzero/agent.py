@@ -57,7 +57,7 @@ class SearchSettings:
     exploration_fraction: float = 0.25
     gumbel: bool = False
     max_num_considered_actions: int = 16
-    unvisited_q: str = "zero"
+    unvisited_q: str = "mean"
 
 
 def search(model: MuZeroModel, settings: SearchSettings, obs: Tensor, explore: bool, temperature: float = 1.0,
@@ -286,8 +286,9 @@ class MuZero(RLModule):
         num_simulations, discount, pb_c_init, pb_c_base, dirichlet_alpha, exploration_fraction,
             gumbel, max_num_considered_actions, unvisited_q: the search
             (:func:`lightning_wm.search.mcts`); ``discount`` is also the targets' discount.
-            ``unvisited_q``: an untried action's value in PUCT, ``zero`` (the MuZero pseudocode)
-            or ``mean`` (the mean Q of its tried siblings: EfficientZero's and LightZero's rule).
+            ``unvisited_q``: an untried action's value in PUCT, ``mean`` (the mean Q of its tried
+            siblings: EfficientZero's and LightZero's rule; the default: on CartPole 4 seeds of 5
+            reached 475 with it, 1 of 5 with ``zero``) or ``zero`` (the MuZero pseudocode).
         temperature_boundaries, temperature_values: visit-count temperature by training step
             (:class:`~lightning_wm.search.TemperatureSchedule`; MuZero: 1.0 / 0.5 / 0.25 at 500k
             and 750k steps).
@@ -337,7 +338,7 @@ class MuZero(RLModule):
         exploration_fraction: float = 0.25,
         gumbel: bool = False,
         max_num_considered_actions: int = 16,
-        unvisited_q: Literal["zero", "mean"] = "zero",
+        unvisited_q: Literal["zero", "mean"] = "mean",
         temperature_boundaries: tuple[int, ...] = (500_000, 750_000),
         temperature_values: tuple[float, ...] = (1.0, 0.5, 0.25),
         num_unroll_steps: int = 5,
