@@ -125,19 +125,25 @@ def test_ctrl_c_on_a_fit_with_actors_leaves_no_orphans(tmp_path):
             "--data.batch_size", "4", "--data.sequence_length", "8", "--data.prefill", "64",
             "--data.num_actors", "2", "--data.chunk_length", "8", "--trainer.max_steps", "100000",
             "--trainer.enable_progress_bar", "false", "--trainer.limit_val_batches", "0"]
+    # stderr to a file, not a pipe: the fit's progress lines would fill an unread pipe (64 KiB) and
+    # block it in write(), and then it could not shut down after Ctrl-C either
+    log = tmp_path / "stderr.txt"
     proc = subprocess.Popen(args, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=tmp_path)
+                            stderr=log.open("w"), text=True, start_new_session=True, cwd=tmp_path)
     try:
         deadline, family = time.monotonic() + 240, set()
         while time.monotonic() < deadline and len(family) < 2:  # both actors spawned and training going
             time.sleep(1.0)
-            assert proc.poll() is None, proc.stderr.read()
+            assert proc.poll() is None, log.read_text()
             family = {p for p in _descendants(proc.pid) if "spawn" in Path(f"/proc/{p}/cmdline").read_text()}
         assert len(family) >= 2, "the actors did not start"
         time.sleep(3.0)
         family = _descendants(proc.pid)
         os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C goes to the whole process group
-        proc.wait(timeout=60)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the fit did not stop within 60 s of Ctrl-C; its stderr ends:\n{log.read_text()[-3000:]}")
         assert not _wait_gone(family, seconds=10), "actors outlived the interrupted learner"
     finally:
         if proc.poll() is None:
