@@ -107,12 +107,17 @@ def test_dreamer_actors_config_from_the_cli():
     assert "actors/policy_lag" in metrics and "val/return" in metrics and metrics["env/steps"] >= 64
 
 
+# A shell starts `cmd &` jobs with SIGINT ignored and Python keeps that disposition, so a suite run
+# in the background would hand the fit an ignored Ctrl-C; the script installs Python's own handler,
+# as a terminal-started fit has it.
 CTRL_C_FIT = """
+import signal
 import sys
 sys.path.insert(0, {tests!r})
 from lightning_wm.cli import main
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     main()
 """
 
@@ -213,3 +218,19 @@ def test_resume_with_actors_continues_the_counts():
     second = main(args=[*args, "--trainer.max_steps", "20", "--ckpt_path", "last"])
     assert second.trainer.global_step == 20
     assert second.datamodule.pop_env_stats().env_steps >= rows + 64, "no new prefill and rows after the resume"
+
+
+def test_terminate_skips_actors_that_never_started():
+    """A start that fails part-way (e.g. spawn refused) leaves later actors unstarted; shutting the
+    pool down must stop the started ones and not fail on the rest."""
+    import multiprocessing as mp
+
+    from lightning_wm.data.actors import _terminate
+
+    ctx = mp.get_context("spawn")
+    stop = ctx.Event()
+    started = ctx.Process(target=stop.wait, daemon=True)
+    started.start()
+    never = ctx.Process(target=stop.wait, daemon=True)
+    _terminate([started, never], stop)
+    assert not started.is_alive() and started.exitcode is not None

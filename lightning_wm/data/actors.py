@@ -285,8 +285,10 @@ def _close_quietly(worker: "_Worker | None") -> None:
 
 
 def _terminate(processes: list[Any], stop: Any) -> None:
-    """Stop actor processes: ask, wait briefly, then terminate and kill what is left."""
+    """Stop actor processes: ask, wait briefly, then terminate and kill what is left (the ones that
+    started: a failed start leaves the rest unstarted)."""
     stop.set()
+    processes = [proc for proc in processes if proc.pid is not None]
     deadline = time.monotonic() + 2.0
     for proc in processes:
         proc.join(timeout=max(0.0, deadline - time.monotonic()))
