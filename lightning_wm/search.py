@@ -288,7 +288,7 @@ def _search(recurrent_fn: RecurrentFn, root_state: Any, root_logits: Tensor, roo
         action = select_action(visits, explore, temperature, generator)
         probs = visits / visits.sum(-1, keepdim=True)
     return SearchOutput(action=action, visit_probs=probs, root_value=root_val, visit_counts=visits,
-                        q_values=q, root_prior=prior, max_depth=tree.max_depth)
+                        q_values=q, root_prior=prior, max_depth=tree.max_depth())
 
 
 class _Tree:
@@ -303,8 +303,12 @@ class _Tree:
     A simulation has no per-level loop: the rule scores the children of every expanded node at
     once, each node's best child becomes a pointer (the node itself where that child is
     unexpanded), and pointer doubling follows them from the root to the node whose best child is
-    the new leaf in ``ceil(log2(S))`` gathers. The same doubled pointers give the path for the
-    backup, and one matrix product sums the discounted rewards along it.
+    the new leaf in ``ceil(log2(S))`` gathers. Every node keeps the edges from its root to itself
+    (``[B * M, M]``, written once when it is expanded: its parent's plus its own), so the backup
+    reads the leaf's path in one gather, and one matrix product sums the discounted rewards along
+    it. Positions past the leaf's depth point to the root's own entry: their reward and return
+    are 0, so adding them changes no value sum and their Q is the root's (already on the path);
+    only the visit counts take a 0/1 row. Memory: ``B * M^2`` int64 for the paths.
     """
 
     def __init__(self, root_state: Any, root_prior: Tensor, root_value: Tensor, num_simulations: int,
@@ -334,27 +338,29 @@ class _Tree:
         self.prior[:, 0] = root_prior
         self.raw_value = torch.zeros(batch, slots, dtype=dtype, device=device)
         self.raw_value[:, 0] = root_value
-        self.in_edge = torch.zeros(batch, slots, dtype=torch.long, device=device)
-        self.in_edge[:, 0] = self.root_edge
+        # path[row, d]: the edge into the node at depth d on the way to node `row`; the root's
+        # own entry at d = 0 and past the node's depth
+        self.path = self.root_edge.view(batch, 1, 1).expand(batch, slots, slots).contiguous().view(batch * slots, slots)
+        self.path_view = self.path.view(batch, slots, slots)
+        self.depth = torch.zeros(batch * slots, dtype=torch.long, device=device)
+        self.depth_view = self.depth.view(batch, slots)
         self.states = tree_map(lambda x: x.new_empty((batch * slots, *x.shape[1:])), root_state)
         tree_map(lambda store, x: store.view(batch, slots, *x.shape[1:])[:, 0].copy_(x), self.states, root_state)
         self.zero = torch.zeros((), dtype=dtype, device=device)
         self.one = torch.ones((), dtype=dtype, device=device)
-        self._width_cache: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
         self.lo = torch.full((batch, 1, 1), float("inf"), dtype=dtype, device=device)
         self.hi = torch.full((batch, 1, 1), float("-inf"), dtype=dtype, device=device)
         self.shift = torch.zeros(batch, 1, 1, dtype=dtype, device=device)
         self.scale = torch.ones(batch, 1, 1, dtype=dtype, device=device)
-        self.max_depth = torch.zeros(batch, dtype=torch.long, device=device)
-        # returns along a path: G[d] = sum_{k > d} discount^(k - d - 1) y[k] (paths are at most
-        # 2 * slots wide, see backup)
-        k = torch.arange(2 * slots + 1, dtype=torch.float64)
-        power = k.unsqueeze(1) - k.unsqueeze(0) - 1  # [k, d]
-        self.discounts = torch.where(power >= 0, float(discount) ** power.clamp(min=0), 0.0).to(device, dtype)
-        self.positions = torch.arange(2 * slots, device=device)
-        self._jumps: list[Tensor] = []
-        self._leaf_edge = self.root_edge
-        self._leaf_value = root_value.unsqueeze(1)
+        # returns along a path of leaf depth L: G[d] = sum_{d < k <= L} discount^(k - d - 1) r[k]
+        # + discount^(L - d) v(leaf) for d <= L, i.e. r @ discounts + v * leaf_discounts[L]
+        k = torch.arange(slots, dtype=torch.float64)
+        power = k.unsqueeze(1) - k.unsqueeze(0)  # [k, d] (and [L, d])
+        self.discounts = torch.where(power >= 1, float(discount) ** (power - 1).clamp(min=0), 0.0).to(device, dtype)
+        self.leaf_discounts = torch.where(power >= 0, float(discount) ** power.clamp(min=0), 0.0).to(device, dtype)
+        self.on_path = (k.unsqueeze(0) <= k.unsqueeze(1)).to(device, dtype)  # [L, d]: d <= L
+        self._width_cache: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
+        self._leaf: tuple[Tensor, Tensor, Tensor] | None = None
 
     # -- reading ---------------------------------------------------------------------------
     def edges(self, count: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -362,7 +368,7 @@ class _Tree:
         return self.n_view[:, :count], self.w_view[:, :count], self.r_view[:, :count]
 
     def q(self, visits: Tensor, value_sum: Tensor, reward: Tensor) -> Tensor:
-        """``r + discount * value_sum / visits`` (``r`` where unvisited)."""
+        """``r + discount * value_sum / visits`` (``r`` where unvisited: 0 for an unexpanded child)."""
         return torch.addcdiv(reward, value_sum, visits.clamp(min=1), value=self.discount)
 
     def root_children(self) -> tuple[Tensor, Tensor]:
@@ -373,10 +379,9 @@ class _Tree:
     def root_value(self) -> Tensor:
         return self.edge_w[self.root_edge] / self.edge_n[self.root_edge]
 
-    def node_values(self, count: int) -> Tensor:
-        """``V = value_sum / visits`` ``[B, S]`` of the first ``S`` nodes (each has been visited)."""
-        edge = self.in_edge[:, :count].reshape(-1)
-        return (self.edge_w.index_select(0, edge) / self.edge_n.index_select(0, edge)).view(self.batch, count)
+    def max_depth(self) -> Tensor:
+        """``[B]`` depth of the deepest node expanded (1 = a root child)."""
+        return self.depth_view.amax(1)
 
     def states_of(self, rows: Tensor) -> Any:
         """Latent states ``[B, ...]`` of the nodes ``rows [B]``."""
@@ -390,11 +395,8 @@ class _Tree:
         # every node points to its best child, which is itself where that child is unexpanded
         self.pointer[:, :count] = self.children_view[:, :count].gather(2, action.unsqueeze(2)).squeeze(2)
         pointer = self.pointer.view(-1)
-        jumps = [pointer]  # jumps[j]: 2^j pointer steps
-        for _ in range(math.ceil(math.log2(count)) if count > 1 else 0):
+        for _ in range(math.ceil(math.log2(count)) if count > 1 else 0):  # 2^j pointer steps
             pointer = pointer.index_select(0, pointer)
-            jumps.append(pointer)
-        self._jumps = jumps
         parent = pointer.index_select(0, self.base)
         # the parent's entry of action [B, S]: slot (parent - b M) of row b, i.e. parent + b (S - M)
         return parent, action.view(-1).index_select(0, torch.add(parent, self.tree, alpha=count - self.slots))
@@ -404,63 +406,57 @@ class _Tree:
         """Node ``slot`` of every tree becomes the child ``action`` of ``parent`` (rows ``[B]``)."""
         batch, slots = self.batch, self.slots
         tree_map(lambda store, x: store.view(batch, slots, *x.shape[1:])[:, slot].copy_(x), self.states, state)
-        edge = parent * self.num_actions + action
+        edge = torch.add(action, parent, alpha=self.num_actions)
         self.children.index_copy_(0, edge, self.rows[:, slot])
         self.edge_r.index_copy_(0, edge, reward)
-        self.in_edge[:, slot] = edge
         self.prior[:, slot] = prior
         self.raw_value[:, slot] = value
-        self._leaf_edge = edge
-        self._leaf_value = value.unsqueeze(1)
+        # the leaf's path: its parent's, and its own edge at its depth (<= slot < width)
+        width = self._width(slot)
+        depth = self.depth.index_select(0, parent).add_(1)
+        path = self.path[:, :width].index_select(0, parent)
+        path.scatter_(1, depth.unsqueeze(1), edge.unsqueeze(1))
+        self.path_view[:, slot, :width] = path
+        self.depth_view[:, slot] = depth
+        self._leaf = (path, depth, value)
 
     def backup(self, slot: int) -> None:
         """Back the value of the new leaves (slot ``slot``) up to the roots: visit counts, value
         sums, min-max statistics."""
-        batch = self.batch
-        # path[:, k]: the node at depth k, following the pointers from the root; it stays at the
-        # leaf's parent past it. Positions [2^j, 2^(j+1)) are 2^j pointer steps from [0, 2^j);
-        # width P: the first power of 2 >= slot + 1 > the leaf's depth.
-        path = self.base.unsqueeze(1)
-        for jump in self._jumps:
-            if path.shape[1] > slot:
-                break
-            path = torch.cat([path, jump.index_select(0, path.view(-1)).view(batch, -1)], 1)
-        width = path.shape[1]
-        # the leaf's depth L: one more than the number of steps before the path stops moving
-        depth = (path[:, 1:] != path[:, :-1]).sum(1, keepdim=True).add_(1)
-        self.max_depth = torch.maximum(self.max_depth, depth.view(-1))
-        edge = self.in_edge.view(-1).index_select(0, path.view(-1)).view(batch, width)
-        edge.scatter_(1, depth, self._leaf_edge.unsqueeze(1))
-        edge = edge.view(-1)
-        positions, discounts, zeros = self._by_width(width)
-        on_path = positions <= depth  # depth <= L
-        counted = on_path.to(self.zero.dtype)
-        # y[k] = reward arriving at depth k <= L, y[L + 1] = the leaf's value
-        reward = self.edge_r.index_select(0, edge).view(batch, width) * counted
-        y = torch.cat([reward, zeros], 1)
-        y.scatter_(1, depth + 1, self._leaf_value)
-        returns = y @ discounts  # [B, P]: G at every depth
-        self.edge_n.index_add_(0, edge, counted.view(-1))
-        self.edge_w.index_add_(0, edge, (returns * counted).view(-1))
+        assert self._leaf is not None, "backup follows expand"
+        path, depth, value = self._leaf
+        batch, width = path.shape
+        on_path, discounts, leaf_discounts = self._by_width(width)
+        edge = path.view(-1)
+        reward = self.edge_r.index_select(0, edge).view(batch, width)  # r[k], 0 past the leaf
+        returns = torch.addcmul(reward @ discounts, value.unsqueeze(1), leaf_discounts.index_select(0, depth))
+        self.edge_n.index_add_(0, edge, on_path.index_select(0, depth).view(-1))
+        self.edge_w.index_add_(0, edge, returns.view(-1))  # 0 past the leaf
         # min-max over every node on the path, the root's r + discount * V included (r = 0);
-        # positions past the leaf repeat the root's value, which is on the path anyway
-        q = self.q(self.edge_n.index_select(0, edge), self.edge_w.index_select(0, edge), reward.view(-1))
-        q = q.view(batch, width)
-        lo, hi = torch.aminmax(torch.where(on_path, q, q[:, :1]), dim=1)
+        # positions past the leaf repeat the root's
+        q = torch.addcdiv(reward, self.edge_w.index_select(0, edge).view(batch, width),
+                          self.edge_n.index_select(0, edge).view(batch, width), value=self.discount)
+        lo, hi = torch.aminmax(q, dim=1)
         self.lo = torch.minimum(self.lo, lo.view(-1, 1, 1))
         self.hi = torch.maximum(self.hi, hi.view(-1, 1, 1))
         span = self.hi - self.lo
         ok = span > 0
         self.scale = torch.where(ok, span, self.one).reciprocal()
-        self.shift = torch.where(ok, self.lo, self.zero).mul_(self.scale).neg_()
+        self.shift = torch.addcmul(self.zero, torch.where(ok, self.lo, self.zero), self.scale, value=-1)
+
+    def _width(self, slot: int) -> int:
+        """Path width for the nodes up to ``slot`` (depth <= slot): the first power of 2 > ``slot``,
+        at most ``M`` (a few widths, so :meth:`_by_width` caches its slices)."""
+        return min(1 << slot.bit_length(), self.slots)
 
     def _by_width(self, width: int) -> tuple[Tensor, Tensor, Tensor]:
-        """Positions ``[P]``, the discount matrix ``[P + 1, P]`` and a zero column ``[B, 1]`` for
-        paths ``P`` wide (cached: P is a power of two)."""
+        """On-path rows ``[M, P]`` (by leaf depth), the discount matrices ``[P, P]`` and ``[M, P]``
+        for paths ``P`` wide (cached: P is a power of two)."""
         if width not in self._width_cache:
-            self._width_cache[width] = (self.positions[:width], self.discounts[:width + 1, :width],
-                                        self.zero.expand(self.batch, 1))
+            self._width_cache[width] = (self.on_path[:, :width], self.discounts[:width, :width],
+                                        self.leaf_discounts[:, :width])
         return self._width_cache[width]
+
 
 def _sum_actions(x: Tensor) -> Tensor:
     """``x.sum(-1)``; for two actions one add (reductions over a last dimension of 2 are slow)."""
@@ -491,27 +487,28 @@ class _PuctRule(_Rule):
     def __init__(self, discount: float, pb_c_init: float, pb_c_base: float, num_simulations: int,
                  legal: Tensor, mean_q: bool = False) -> None:
         self.mean_q = mean_q
-        # exploration factor by parent visit count n: (pb_c_init + log((n + base + 1) / base)) sqrt(n)
-        n = torch.arange(num_simulations + 2, dtype=torch.float64)
+        # exploration factor by the node's children's visits k (the node's visits n = k + 1):
+        # (pb_c_init + log((n + base + 1) / base)) sqrt(n)
+        n = torch.arange(1, num_simulations + 2, dtype=torch.float64)
         self.factor = (pb_c_init + torch.log((n + pb_c_base + 1) / pb_c_base)) * torch.sqrt(n)
         self.illegal = None if bool(legal.all()) else ~legal
 
     def select(self, tree: _Tree, sim: int, n: Tensor, w: Tensor, r: Tensor) -> Tensor:
         if self.factor.dtype != n.dtype or self.factor.device != n.device:
             self.factor = self.factor.to(device=n.device, dtype=n.dtype)
-        parent_n = _sum_actions(n).add_(1).long()  # a node's visits: its own evaluation + its children's
-        c = self.factor.index_select(0, parent_n.view(-1)).view(parent_n.shape)  # [B, S]
-        q = tree.q(n, w, r)
-        qn = torch.addcmul(tree.shift, q, tree.scale)  # (q - offset) * scale
-        if self.mean_q:  # an unvisited child scores the mean Q of its visited siblings (else V(s))
-            visited = n > 0
-            tried = _sum_actions(visited.to(q.dtype))
-            mean = torch.where(tried > 0, _sum_actions(torch.where(visited, q, tree.zero)) / tried.clamp(min=1),
-                               tree.node_values(n.shape[1]))
-            unvisited = torch.addcmul(tree.shift.squeeze(2), mean, tree.scale.squeeze(2))
-            value_score = torch.where(visited, qn, unvisited.unsqueeze(2))
-        else:
-            value_score = torch.where(n > 0, qn, tree.zero)
+        children_n = _sum_actions(n)  # [B, S]; a node's visits are its own evaluation + these
+        c = self.factor.index_select(0, children_n.long().view(-1)).view(children_n.shape)  # [B, S]
+        q = tree.q(n, w, r)  # 0 for an unvisited (unexpanded) child
+        if self.mean_q:
+            # an unvisited child counts as the mean Q of its visited siblings, or as V(s) before
+            # any (a node without visited children has visits 1: V(s) is its own evaluation)
+            visited = n.clamp(max=1)  # 1.0 / 0.0
+            tried = _sum_actions(visited)
+            mean = torch.where(tried > 0, _sum_actions(q), tree.raw_value[:, :n.shape[1]]) / tried.clamp(min=1)
+            q = torch.addcmul(q, 1 - visited, mean.unsqueeze(2))
+            value_score = torch.addcmul(tree.shift, q, tree.scale)  # (q - offset) * scale
+        else:  # an unvisited child sits at the bottom of the normalised range
+            value_score = torch.addcmul(tree.shift, q, tree.scale).mul_(n.clamp(max=1))
         score = torch.addcdiv(value_score, tree.prior[:, :n.shape[1]] * c.unsqueeze(2), n + 1)
         if self.illegal is not None:
             score[:, 0].masked_fill_(self.illegal, float("-inf"))

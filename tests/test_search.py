@@ -189,6 +189,17 @@ def test_hand_checked_chain_values():
     assert out.max_depth.item() == 3
 
 
+@pytest.mark.parametrize("mode", ["zero", "mean"])
+def test_one_action_chain_reaches_the_full_depth(mode):
+    """With one action every simulation extends a chain, so the last leaf sits at depth N: its path
+    fills the whole stored width (N + 1 = 38 entries, not a power of two) and the returns along it
+    are discounted over all 37 steps (checked by the reference)."""
+    model = random_model(num_states=50, num_actions=1, seed=3)
+    out, refs = run_both(model, [0, 7, 21], explore=False, num_simulations=37, discount=0.97, unvisited_q=mode)
+    assert_match(out, refs)
+    assert out.max_depth.tolist() == [37, 37, 37]
+
+
 def test_legal_mask_applies_at_the_root_only():
     model = random_model(seed=4, num_actions=4)
     legal = torch.tensor([[True, False, True, False], [False, False, False, True], [True, True, True, True]])
