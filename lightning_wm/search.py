@@ -275,8 +275,8 @@ def _search(recurrent_fn: RecurrentFn, root_state: Any, root_logits: Tensor, roo
         next_state, reward, next_logits, value = recurrent_fn(tree.states_of(parent), action)
         if reward.dtype != dtype or value.dtype != dtype or next_logits.dtype != dtype:
             reward, value, next_logits = reward.to(dtype), value.to(dtype), next_logits.to(dtype)
-        tree.expand(sim + 1, parent, action, next_state, reward, torch.softmax(next_logits, -1), value)
-        tree.backup(sim + 1)
+        leaf = tree.expand(sim + 1, parent, action, next_state, reward, torch.softmax(next_logits, -1), value)
+        tree.backup(*leaf)
 
     visits, q = tree.root_children()
     root_val = tree.root_value()
@@ -360,7 +360,6 @@ class _Tree:
         self.leaf_discounts = torch.where(power >= 0, float(discount) ** power.clamp(min=0), 0.0).to(device, dtype)
         self.on_path = (k.unsqueeze(0) <= k.unsqueeze(1)).to(device, dtype)  # [L, d]: d <= L
         self._width_cache: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
-        self._leaf: tuple[Tensor, Tensor, Tensor] | None = None
 
     # -- reading ---------------------------------------------------------------------------
     def edges(self, count: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -402,8 +401,10 @@ class _Tree:
         return parent, action.view(-1).index_select(0, torch.add(parent, self.tree, alpha=count - self.slots))
 
     def expand(self, slot: int, parent: Tensor, action: Tensor, state: Any, reward: Tensor, prior: Tensor,
-               value: Tensor) -> None:
-        """Node ``slot`` of every tree becomes the child ``action`` of ``parent`` (rows ``[B]``)."""
+               value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Node ``slot`` of every tree becomes the child ``action`` of ``parent`` (rows ``[B]``);
+        returns the new leaves' paths ``[B, P]``, depths ``[B]`` and values ``[B]`` for
+        :meth:`backup`."""
         batch, slots = self.batch, self.slots
         tree_map(lambda store, x: store.view(batch, slots, *x.shape[1:])[:, slot].copy_(x), self.states, state)
         edge = torch.add(action, parent, alpha=self.num_actions)
@@ -418,13 +419,11 @@ class _Tree:
         path.scatter_(1, depth.unsqueeze(1), edge.unsqueeze(1))
         self.path_view[:, slot, :width] = path
         self.depth_view[:, slot] = depth
-        self._leaf = (path, depth, value)
+        return path, depth, value
 
-    def backup(self, slot: int) -> None:
-        """Back the value of the new leaves (slot ``slot``) up to the roots: visit counts, value
-        sums, min-max statistics."""
-        assert self._leaf is not None, "backup follows expand"
-        path, depth, value = self._leaf
+    def backup(self, path: Tensor, depth: Tensor, value: Tensor) -> None:
+        """Back the values ``[B]`` of the new leaves (paths ``[B, P]``, depths ``[B]``, from
+        :meth:`expand`) up to the roots: visit counts, value sums, min-max statistics."""
         batch, width = path.shape
         on_path, discounts, leaf_discounts = self._by_width(width)
         edge = path.view(-1)
@@ -434,8 +433,8 @@ class _Tree:
         self.edge_w.index_add_(0, edge, returns.view(-1))  # 0 past the leaf
         # min-max over every node on the path, the root's r + discount * V included (r = 0);
         # positions past the leaf repeat the root's
-        q = torch.addcdiv(reward, self.edge_w.index_select(0, edge).view(batch, width),
-                          self.edge_n.index_select(0, edge).view(batch, width), value=self.discount)
+        q = self.q(self.edge_n.index_select(0, edge).view(batch, width),
+                   self.edge_w.index_select(0, edge).view(batch, width), reward)
         lo, hi = torch.aminmax(q, dim=1)
         self.lo = torch.minimum(self.lo, lo.view(-1, 1, 1))
         self.hi = torch.maximum(self.hi, hi.view(-1, 1, 1))
