@@ -143,3 +143,37 @@ def test_joint_and_separate_decoding_agree():
         nxt, r, logits, v = model.recurrent_fn(state, torch.zeros(5, dtype=torch.long))
         out = model.recurrent_inference(state, torch.zeros(5, dtype=torch.long))
         assert torch.allclose(r, out["reward"]) and torch.allclose(v, out["value"]) and torch.equal(nxt, out["state"])
+
+
+@pytest.mark.parametrize("act", ["relu", "silu", "elu"])
+def test_recurrent_fn_direct_path_matches_the_modules_bit_for_bit(act):
+    torch.manual_seed(1)
+    model = MuZeroModel(VECTOR, 3, latent_dim=16, hidden=16, head_hidden=8, support_size=5, act=act).eval()
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    state = model.initial_state(torch.randn(7, 4))
+    action = torch.tensor([0, 1, 2, 2, 1, 0, 1])
+    with torch.inference_mode():
+        fast = model.recurrent_fn(state, action)  # MLP.call_direct
+        slow = model.recurrent_inference(state, action)  # nn.Module calls
+    assert torch.equal(fast[0], slow["state"]) and torch.equal(fast[2], slow["policy_logits"])
+    assert torch.equal(fast[1], slow["reward"]) and torch.equal(fast[3], slow["value"])
+
+
+def test_mlp_direct_call_runs_forward_hooks():
+    from lightning_wm.nn.blocks import MLP
+
+    mlp = MLP(4, 3, hidden=8, layers=2, act="relu")
+    x = torch.randn(5, 4)
+    assert torch.equal(mlp.call_direct(x), mlp(x))
+    seen = []
+    handle = mlp[0].register_forward_hook(lambda module, args, out: seen.append(out.shape) or out * 0)
+    assert torch.equal(mlp.call_direct(x), mlp(x))  # the hook changes the output on both paths
+    assert len(seen) == 2
+    handle.remove()
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda module, args, out: seen.append(1))
+    try:
+        mlp.call_direct(x)
+    finally:
+        handle.remove()
+    assert len(seen) > 2

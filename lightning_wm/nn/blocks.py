@@ -7,7 +7,9 @@ Pixel tensors follow the row convention: observations are stored ``uint8 [..., H
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.modules import module as _module
 
 
 def activation(name: str) -> type[nn.Module]:
@@ -62,6 +64,29 @@ class MLP(nn.Sequential):
             dim = out_dim
         super().__init__(*modules)
         self.out_dim = dim
+
+    def call_direct(self, x: Tensor) -> Tensor:
+        """``forward(x)``, bit for bit, calling ``F.linear`` / ``F.layer_norm`` / the activation
+        directly instead of each layer's ``nn.Module.__call__``. For tiny networks in a search
+        loop, where that machinery is most of the cost (MuZero's CartPole network: 300 -> 242 us
+        per recurrent step). Where any forward hook is registered (on a layer or globally) it
+        takes the ordinary path, so hooks always run."""
+        if _module._global_forward_hooks or _module._global_forward_pre_hooks or any(
+                m._forward_hooks or m._forward_pre_hooks for m in self):
+            return self(x)
+        for m in self:
+            kind = type(m)
+            if kind is nn.Linear:
+                x = F.linear(x, m.weight, m.bias)
+            elif kind is nn.LayerNorm:
+                x = F.layer_norm(x, m.normalized_shape, m.weight, m.bias, m.eps)
+            elif kind is nn.ReLU:
+                x = torch.relu(x)
+            elif kind is nn.SiLU:
+                x = F.silu(x)
+            else:
+                x = m(x)
+        return x
 
 
 class ChannelNorm(nn.Module):

@@ -158,6 +158,7 @@ class MuZeroModel(nn.Module, WorldModel):
         self.value_eps = value_eps
         self.register_buffer("value_bins", dists.h_support(support_size), persistent=False)
         self.register_buffer("reward_bins", dists.h_support(reward_support_size or support_size), persistent=False)
+        self.register_buffer("action_eye", torch.eye(num_actions), persistent=False)  # one-hot rows
         value_out, reward_out = self.value_bins.numel(), self.reward_bins.numel()
         self.is_image = is_image_space(observation_space)
         if self.is_image:
@@ -276,8 +277,15 @@ class MuZeroModel(nn.Module, WorldModel):
     def recurrent_fn(self, state: Tensor, action: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """The search's view of the model: ``(state [B, ...], action [B] int64) -> (next_state,
         reward [B], policy logits [B, A], value [B])`` (see :func:`lightning_wm.search.mcts`)."""
-        reward_logits, nxt = self.dynamics(state, action)
-        policy_logits, value_logits = self.prediction(nxt)
+        if self.is_image or action.dtype != torch.int64:
+            reward_logits, nxt = self.dynamics(state, action)
+            policy_logits, value_logits = self.prediction(nxt)
+        else:  # the same functions without nn.Module's per-layer call overhead (MLP.call_direct)
+            onehot = self.action_eye.index_select(0, action).to(state.dtype)
+            nxt = scale_hidden(self.dyn_net.call_direct(torch.cat([state, onehot], -1)))
+            reward_logits = self.reward_head.call_direct(nxt)
+            x = self.pred_net.call_direct(nxt)
+            policy_logits, value_logits = self.policy_head.call_direct(x), self.value_head.call_direct(x)
         reward, value = self.decode(reward_logits, value_logits)
         return nxt, reward, policy_logits, value
 
