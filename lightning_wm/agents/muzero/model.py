@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import gymnasium as gym
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lightning_wm.envs import is_image_space
@@ -236,7 +235,7 @@ class MuZeroModel(nn.Module, WorldModel):
     def action_onehot(self, action: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
         """int64 ``[B]`` -> one-hot ``[B, A]``; float ``[B, A]`` passes through."""
         if action.dtype in (torch.int64, torch.int32, torch.int16, torch.uint8):
-            return F.one_hot(action.long(), self.num_actions).to(dtype)
+            return self.action_eye.index_select(0, action.long()).to(dtype)
         if action.shape[-1] != self.num_actions:
             raise ValueError(f"one-hot actions must be [B, {self.num_actions}], got {list(action.shape)}")
         return action.to(dtype)
@@ -277,15 +276,8 @@ class MuZeroModel(nn.Module, WorldModel):
     def recurrent_fn(self, state: Tensor, action: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """The search's view of the model: ``(state [B, ...], action [B] int64) -> (next_state,
         reward [B], policy logits [B, A], value [B])`` (see :func:`lightning_wm.search.mcts`)."""
-        if self.is_image or action.dtype != torch.int64:
-            reward_logits, nxt = self.dynamics(state, action)
-            policy_logits, value_logits = self.prediction(nxt)
-        else:  # the same functions without nn.Module's per-layer call overhead (MLP.call_direct)
-            onehot = self.action_eye.index_select(0, action).to(state.dtype)
-            nxt = scale_hidden(self.dyn_net.call_direct(torch.cat([state, onehot], -1)))
-            reward_logits = self.reward_head.call_direct(nxt)
-            x = self.pred_net.call_direct(nxt)
-            policy_logits, value_logits = self.policy_head.call_direct(x), self.value_head.call_direct(x)
+        reward_logits, nxt = self.dynamics(state, action)
+        policy_logits, value_logits = self.prediction(nxt)
         reward, value = self.decode(reward_logits, value_logits)
         return nxt, reward, policy_logits, value
 
