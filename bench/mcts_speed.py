@@ -10,7 +10,9 @@ of 128, heads of 32, value and reward over 601 bins), built as a ``MuZeroModel``
 and called under ``torch.no_grad()``; both searches get the same root states, logits and values
 (the root inference is outside the timing) and use PUCT with Dirichlet noise (alpha 0.3, weight
 0.25), pb_c 1.25 / 19652 and discount 0.997, an untried action valued at the mean Q of its
-tried siblings as LightZero does (``--unvisited-q zero`` for the pseudocode's 0 in ours). ``sims/s = batch * simulations / seconds`` of one
+tried siblings as LightZero does (``--unvisited-q zero`` for the pseudocode's 0 in ours). Ours runs twice: eager, and with
+``compile=True`` (the tree's steps between network calls through ``torch.compile``; its one-time
+compilation falls in the warm-up). ``sims/s = batch * simulations / seconds`` of one
 whole search, median over ``--repeats`` rounds after one warm-up, the searches taking turns
 within a round; the process CPU time is given beside the wall time (on a shared machine it is the
 steadier of the two; with 2 threads it counts both). Each search's network time (our
@@ -68,11 +70,11 @@ class Timed:
 
 
 def ours(model: MuZeroModel, root: dict[str, torch.Tensor], simulations: int, seed: int,
-         unvisited_q: str = "mean") -> tuple[float, float]:
+         unvisited_q: str = "mean", compile: bool = False) -> tuple[float, float]:
     rec = Timed(model.recurrent_fn)
     t = time.perf_counter()
     mcts(rec, root["state"], root["policy_logits"], root["value"], num_simulations=simulations, discount=DISCOUNT,
-         generator=torch.Generator().manual_seed(seed), unvisited_q=unvisited_q)
+         generator=torch.Generator().manual_seed(seed), unvisited_q=unvisited_q, compile=compile)
     return time.perf_counter() - t, rec.seconds
 
 
@@ -140,10 +142,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--unvisited-q", choices=["mean", "zero"], default="mean",
                         help="our PUCT's value of an untried action (mean: MuZero's default and LightZero's rule)")
+    parser.add_argument("--no-compile", action="store_true",
+                        help="leave out our search with its tree steps compiled (torch.compile, needs a C++ compiler)")
     args = parser.parse_args()
 
     model = cartpole_model()
     searches = {"lightning_wm": functools.partial(ours, unvisited_q=args.unvisited_q)}
+    if not args.no_compile:
+        searches["lightning_wm compile_search"] = functools.partial(ours, unvisited_q=args.unvisited_q, compile=True)
     lz = lightzero_search()
     if lz is None:
         print("LightZero is not installed in this Python: measuring lightning_wm only "

@@ -116,6 +116,23 @@ def test_acting_copy_acts_like_the_module_and_carries_the_temperature():
     torch.testing.assert_close(extras["root_value"], extras_b["root_value"])
 
 
+def test_compile_search_acts_like_the_eager_search():
+    """``compile_search`` reaches the search of the module and of its acting copy (the one the
+    actor processes run) and changes nothing but the speed."""
+    torch.manual_seed(0)
+    eager = MuZero(cartpole_spec(), **SMALL)
+    compiled = MuZero(cartpole_spec(), compile_search=True, **SMALL)
+    compiled.load_state_dict(eager.state_dict())
+    assert compiled.settings.compile and not eager.settings.compile
+    obs = torch.randn(5, 4)
+    a, _, extras = eager.act(obs, None, explore=False)
+    for agent in (compiled, compiled.acting_copy()):
+        b, _, extras_b = agent.act(obs, None, explore=False)
+        assert torch.equal(a, b)
+        torch.testing.assert_close(extras["visit_probs"], extras_b["visit_probs"])
+        torch.testing.assert_close(extras["root_value"], extras_b["root_value"])
+
+
 def test_frame_stack_acting_state():
     space = gym.spaces.Box(0, 255, (64, 64, 1), np.uint8)
     spec = EnvSpec(space, gym.spaces.Discrete(3), "frames")

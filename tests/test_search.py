@@ -78,7 +78,7 @@ def run_both(model: TableModel, ids: list[int], legal: torch.Tensor | None = Non
         noise = sample_gumbel(logits.shape, torch.Generator().manual_seed(seed), dtype=torch.float64) * scale
     refs = []
     ref_kw = {k: v for k, v in kw.items() if k not in ("dirichlet_alpha", "exploration_fraction", "gumbel_scale",
-                                                        "temperature")}
+                                                        "temperature", "compile")}
     for b, i in enumerate(ids):
         refs.append(reference_search(model.step, i, out.root_prior[b].tolist(), float(value[b]),
                                      legal=None if legal is None else legal[b].tolist(),
@@ -338,3 +338,23 @@ def test_search_statistics_are_consistent():
     assert torch.allclose(out.visit_probs, out.visit_counts / 25)
     assert (out.max_depth >= 1).all() and (out.max_depth <= 25).all()
     assert math.isfinite(out.root_value.sum().item())
+
+
+# -- the compiled tree steps ----------------------------------------------------------------------
+@pytest.mark.parametrize("gumbel", [False, True])
+def test_compiled_tree_steps_match_reference(gumbel):
+    """``compile=True`` (the tree's steps through torch.compile, pointer walk instead of doubling)
+    gives the reference search's visits, values and actions, with a legal mask."""
+    pytest.importorskip("torch._inductor")
+    model = random_model(num_states=200, num_actions=3, seed=11)
+    ids = [0, 5, 9, 17]
+    legal = torch.tensor([[True, True, True], [True, False, True], [False, True, True], [True, True, False]])
+    kw = dict(num_simulations=12, discount=0.95, gumbel=gumbel, compile=True)
+    if not gumbel:
+        kw["unvisited_q"] = "mean"
+    out, refs = run_both(model, ids, legal=legal, **kw)
+    assert_match(out, refs)
+    eager = mcts(model.recurrent_fn, *model.roots(ids), legal_actions_mask=legal, generator=torch.Generator().manual_seed(0),
+                 **{**kw, "compile": False})
+    for a, b in zip(eager.__dict__.values(), out.__dict__.values()):
+        assert torch.allclose(a.double(), b.double(), rtol=1e-12, atol=1e-12)
