@@ -283,7 +283,16 @@ def _search(recurrent_fn: RecurrentFn, root_state: Any, root_logits: Tensor, roo
         next_state, reward, next_logits, value = recurrent_fn(tree.states_of(parent), action)
         tree.store_states(tree.slot_ids[slot], next_state)
         # the new leaf's backup, then the next simulation's descent (after the last: unused)
-        parent, action = step(tree, rule, tree.slot_ids[slot], parent, action, reward, next_logits, value, compile)
+        try:
+            parent, action = step(tree, rule, tree.slot_ids[slot], parent, action, reward, next_logits, value,
+                                  compile)
+        except Exception as err:
+            if compile and type(err).__module__.startswith(("torch._dynamo", "torch._inductor")):
+                raise RuntimeError(f"the compiled search failed ({type(err).__name__}: "
+                                   f"{str(err).strip().splitlines()[0] if str(err).strip() else ''}); torch.compile "
+                                   "on CPU needs a working C++ compiler (g++ or clang). Install one, or turn "
+                                   "the option off (compile_search: false / mcts(compile=False))") from err
+            raise
 
     visits, q = tree.root_children()
     root_val = tree.root_value()

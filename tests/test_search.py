@@ -358,3 +358,20 @@ def test_compiled_tree_steps_match_reference(gumbel):
                  **{**kw, "compile": False})
     for a, b in zip(eager.__dict__.values(), out.__dict__.values()):
         assert torch.allclose(a.double(), b.double(), rtol=1e-12, atol=1e-12)
+
+
+def test_a_failing_compilation_says_what_to_do(monkeypatch):
+    import lightning_wm.search as search
+
+    class CppCompileError(Exception):  # what inductor raises without a working C++ compiler
+        pass
+
+    CppCompileError.__module__ = "torch._inductor.exc"
+
+    def broken(*args):
+        raise CppCompileError("C++ compile error\n...")
+
+    monkeypatch.setattr(search, "_compiled_record_descend", lambda: broken)
+    model = random_model(seed=1)
+    with pytest.raises(RuntimeError, match="needs a working C\\+\\+ compiler.*compile_search: false"):
+        mcts(model.recurrent_fn, *model.roots([0, 1]), num_simulations=3, discount=0.9, compile=True)
