@@ -230,3 +230,33 @@ def test_bad_options_say_what_is_wrong():
         DynaWorldModel(PushModel(), SPACE, real_ratio=1.5)
     with pytest.raises(ValueError, match="rollout_batch_size"):
         DynaWorldModel(PushModel(), SPACE, rollout_batch_size=0)
+
+
+class DoneModel(PushModel):
+    """PushModel whose done head says 0.3 everywhere."""
+
+    def step(self, state, action, generator=None):
+        reward, nxt, _ = super().step(state, action, generator)
+        return reward, nxt, torch.full_like(reward, 0.3)
+
+
+def test_sampled_terminations_follow_the_done_probability():
+    """terminal_mode sample: an imagined step ends with the done head's probability (0.3 here, so
+    episode lengths are geometric), where the threshold 0.5 never ends one; the draws follow the
+    seed."""
+    def lengths(mode, seed):
+        dyna = DynaWorldModel(DoneModel(), SPACE, rollout_length_scheduler=fixed(4), rollout_batch_size=4000,
+                              rollout_retain=1, seed=seed, terminal_mode=mode)
+        episodes = split_episodes(stored_rows(dyna.fill_img_buffer(PushAgent(), real_buffer([-9.0]), None, 0)))
+        return np.array([len(e["is_first"]) - 1 for e in episodes]), np.array([e["is_terminal"][-1] for e in episodes])
+
+    steps, terminal = lengths("threshold", 0)
+    assert (steps == 4).all() and not terminal.any()
+    steps, terminal = lengths("sample", 0)
+    # P(ends at step k) = 0.7^(k-1) 0.3 for k <= 4; truncated at 4 otherwise
+    for k in (1, 2, 3):
+        assert np.mean((steps == k) & terminal) == pytest.approx(0.7 ** (k - 1) * 0.3, abs=0.025)
+    assert np.mean(~terminal) == pytest.approx(0.7 ** 4, abs=0.025)
+    assert np.array_equal(lengths("sample", 0)[0], steps) and not np.array_equal(lengths("sample", 1)[0], steps)
+    with pytest.raises(ValueError, match="terminal_mode must be 'threshold' or 'sample'"):
+        DynaWorldModel(PushModel(), SPACE, terminal_mode="bernoulli")

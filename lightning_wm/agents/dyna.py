@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import copy
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import torch
 from torch import Tensor, nn
@@ -64,8 +64,10 @@ class DynaLearner(RLModule):
             ``train_freq``).
         rollout_start_step, rollout_end_step, rollout_length_min, rollout_length_max: the
             rollout-length scheduler (DI-engine's ``rollout_length_scheduler``).
-        real_ratio, rollout_batch_size, rollout_retain, terminal_threshold, burn_in: the
-            imagination (:class:`~lightning_wm.data.imagination.DynaWorldModel`).
+        real_ratio, rollout_batch_size, rollout_retain, terminal_threshold, burn_in,
+            terminal_mode: the imagination (:class:`~lightning_wm.data.imagination.DynaWorldModel`;
+            ``terminal_mode: sample`` ends an imagined episode with the done head's probability
+            instead of above ``terminal_threshold``).
         model_train_start: env steps before which neither the model trains nor imagination is
             used (the model needs some real data first).
 
@@ -91,6 +93,7 @@ class DynaLearner(RLModule):
         terminal_threshold: float = 0.5,
         burn_in: int = 0,
         model_train_start: int = 0,
+        terminal_mode: Literal["threshold", "sample"] = "threshold",
     ) -> None:
         super().__init__(env_spec)
         if env_spec is None:
@@ -107,7 +110,8 @@ class DynaLearner(RLModule):
                 raise ValueError(f"DynaLearner's {name} ({type(module).__name__}) lacks {lacking}")
         schedule = RolloutLengthScheduler(rollout_start_step, rollout_end_step, rollout_length_min, rollout_length_max)
         self.dyna = DynaWorldModel(self.world_model.wm, env_spec, train_freq, eval_freq, schedule, real_ratio,
-                                   rollout_batch_size, rollout_retain, terminal_threshold, burn_in)
+                                   rollout_batch_size, rollout_retain, terminal_threshold, burn_in,
+                                   terminal_mode=terminal_mode)
         self.model_train_start = model_train_start
         self.dyna.last_train_step = model_train_start  # the first imagination at model_train_start + train_freq
 

@@ -11,7 +11,8 @@ Imagined rows follow the row convention (DESIGN.md): each rollout is one episode
 row is the real observation it branched from (``is_first``, reward 0), then one row per
 imagined step with the decoded observation (:meth:`~lightning_wm.world_model.WorldModel.decode`)
 and the model's reward; a step whose termination probability exceeds ``terminal_threshold``
-is the episode's ``is_terminal`` and ``is_last`` row and nothing is imagined after it; a
+(``terminal_mode="sample"``: a Bernoulli draw of it) is the episode's ``is_terminal`` and
+``is_last`` row and nothing is imagined after it; a
 rollout that reaches its length without terminating ends with ``is_last`` (a truncation). The
 action and the agent's extras (e.g. behaviour ``logits``) are those of the policy that acted,
 zeroed on last rows as the Collector does. Rollouts are written one after another into the
@@ -60,6 +61,7 @@ def imagine_episodes(
     terminal_threshold: float = 0.5,
     generator: torch.Generator | None = None,
     start: State | None = None,
+    terminal_mode: str = "threshold",
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Roll ``agent`` through ``model`` for ``horizon`` steps from real observations.
 
@@ -70,9 +72,12 @@ def imagine_episodes(
         obs: real observations ``[B, ...]`` (torch, env format): the branch points.
         horizon: imagined steps ``H`` (>= 1).
         terminal_threshold: a step whose termination probability is above it terminates.
-        generator: randomness of the model's transitions.
+        generator: randomness of the model's transitions (and of sampled terminations).
         start: the model's state at ``obs`` (e.g. filtered over the rows before it); default
             ``model.initial_state(obs)``.
+        terminal_mode: ``"threshold"`` (above) or ``"sample"``: a step terminates with the
+            model's termination probability (a Bernoulli draw), so imagined episodes end as often
+            as the done head predicts even where it never exceeds a threshold.
     Returns:
         ``(rows, alive)``: rows in the row convention, time-major numpy ``[H+1, B, ...]``
         (``obs``, ``reward``, ``is_first``, ``is_last``, ``is_terminal``, ``action`` and the
@@ -81,6 +86,7 @@ def imagine_episodes(
     """
     if horizon < 1:
         raise ValueError(f"imagined episodes need a horizon >= 1, got {horizon}")
+    _check_terminal_mode(terminal_mode)
     device = _device(model)
     obs = tree_map(lambda x: torch.as_tensor(x).to(device), obs)
     state = model.initial_state(obs) if start is None else start
@@ -95,7 +101,10 @@ def imagine_episodes(
         if t == horizon:
             break
         reward, state, done = model.step(state, codec.encode(action.to(device)), generator=generator)
-        terminal = done > terminal_threshold
+        if terminal_mode == "sample":
+            terminal = torch.rand(done.shape, generator=generator, device=done.device, dtype=done.dtype) < done
+        else:
+            terminal = done > terminal_threshold
         obs = model.decode(state)
     rows = tree_map(lambda x: x.detach().cpu().numpy(), stack(steps))
     term = rows["is_terminal"].astype(bool)
@@ -111,6 +120,11 @@ def imagine_episodes(
         value[is_last] = 0
         rows[key] = value
     return rows, alive
+
+
+def _check_terminal_mode(mode: str) -> None:
+    if mode not in ("threshold", "sample"):
+        raise ValueError(f"terminal_mode must be 'threshold' or 'sample', got {mode!r}")
 
 
 def _episodes_in_order(rows: dict[str, Any], alive: np.ndarray) -> dict[str, Any]:
@@ -140,6 +154,8 @@ class DynaWorldModel(LearnedModel):
             (``zero_state`` + ``observe_step``, resetting at ``is_first``), so a recurrent model
             starts from the posterior it would have there.
         seed: seed of the imagination's randomness (model transitions, the buffer's draws).
+        terminal_mode: ``"threshold"`` (``terminal_threshold``) or ``"sample"`` (a step
+            terminates with the done head's probability).
     """
 
     def __init__(
@@ -155,6 +171,7 @@ class DynaWorldModel(LearnedModel):
         terminal_threshold: float = 0.5,
         burn_in: int = 0,
         seed: int | None = None,
+        terminal_mode: str = "threshold",
     ) -> None:
         super().__init__(model, train_freq, eval_freq, rollout_length_scheduler)
         if rollout_batch_size < 1 or rollout_retain < 1:
@@ -166,6 +183,8 @@ class DynaWorldModel(LearnedModel):
         self.real_ratio = float(real_ratio)
         self.rollout_batch_size, self.rollout_retain = int(rollout_batch_size), int(rollout_retain)
         self.terminal_threshold = float(terminal_threshold)
+        _check_terminal_mode(terminal_mode)
+        self.terminal_mode = terminal_mode
         if burn_in < 0:
             raise ValueError(f"burn_in must be >= 0 rows, got {burn_in}")
         self.burn_in = int(burn_in)
@@ -201,7 +220,7 @@ class DynaWorldModel(LearnedModel):
             with torch.no_grad():
                 obs, start = self._starts(env_buffer)
             rows, alive = imagine_episodes(self.model, agent, self.codec, obs, horizon, self.terminal_threshold,
-                                           self.generator, start)
+                                           self.generator, start, self.terminal_mode)
         finally:
             self.model.train(was_training)
         chunk = _episodes_in_order(rows, alive)
