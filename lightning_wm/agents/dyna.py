@@ -31,6 +31,7 @@ from lightning_wm.agents.base import RLModule
 from lightning_wm.envs import EnvSpec
 from lightning_wm.data.imagination import DynaWorldModel
 from lightning_wm.world_model import RolloutLengthScheduler
+from lightning_wm.seeding import derive_seed
 
 __all__ = ["DynaLearner"]
 
@@ -70,6 +71,9 @@ class DynaLearner(RLModule):
             instead of above ``terminal_threshold``).
         model_train_start: env steps before which neither the model trains nor imagination is
             used (the model needs some real data first).
+        seed: the imagination's seed (model transitions, sampled terminations, the imagination
+            buffer's draws), derived per DDP rank; default: the run's seed (``seed_everything``,
+            which the CLI sets before building the model), so seeded runs repeat exactly.
 
     ``trainer.global_step`` counts the policy's optimizer steps (the model's optimizer steps
     directly).
@@ -94,6 +98,7 @@ class DynaLearner(RLModule):
         burn_in: int = 0,
         model_train_start: int = 0,
         terminal_mode: Literal["threshold", "sample"] = "threshold",
+        seed: int | None = None,
     ) -> None:
         super().__init__(env_spec)
         if env_spec is None:
@@ -113,7 +118,11 @@ class DynaLearner(RLModule):
                                    rollout_batch_size, rollout_retain, terminal_threshold, burn_in,
                                    terminal_mode=terminal_mode)
         self.model_train_start = model_train_start
+        self.seed = int(torch.initial_seed()) if seed is None else int(seed)
         self.dyna.last_train_step = model_train_start  # the first imagination at model_train_start + train_freq
+
+    def setup(self, stage: str) -> None:
+        self.dyna.reseed(derive_seed(self.seed % 2**63, "imagination", self.global_rank))
 
     # -- Agent protocol: the policy acts ------------------------------------------------------
     def initial_state(self, batch_size: int) -> Any:

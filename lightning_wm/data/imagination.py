@@ -188,11 +188,16 @@ class DynaWorldModel(LearnedModel):
         if burn_in < 0:
             raise ValueError(f"burn_in must be >= 0 rows, got {burn_in}")
         self.burn_in = int(burn_in)
-        self.seed = seed
         self.generator = torch.Generator(device=_device(model))
-        if seed is not None:
-            self.generator.manual_seed(int(seed))
+        self.reseed(seed)
         self.fills = 0
+
+    def reseed(self, seed: int | None) -> None:
+        """Seed the imagination's randomness: model transitions, sampled terminations and the
+        imagination buffers' draws (``None``: the buffers draw from fresh entropy)."""
+        self.seed = None if seed is None else int(seed) % 2**63
+        if self.seed is not None:
+            self.generator.manual_seed(self.seed)
 
     def buffer_size(self, envstep: int) -> int:
         """Rows the imagination buffer holds at ``envstep`` (see the module docstring)."""
@@ -233,7 +238,7 @@ class DynaWorldModel(LearnedModel):
             chunk[key] = np.full((n, 1, *column.shape[2:]), fill, column.dtype)
         size = self.buffer_size(envstep)
         if img_buffer is None or img_buffer.capacity != size:
-            seed = None if self.seed is None else self.seed + 1 + self.fills
+            seed = None if self.seed is None else (self.seed + 1 + self.fills) % 2**63
             img_buffer = ReplayBuffer(size, 1, seed=seed, checkpoint=False)
         img_buffer.add_many(chunk)
         self.fills += 1
