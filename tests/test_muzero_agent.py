@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import shutil
 from pathlib import Path
 
 import gymnasium as gym
@@ -116,6 +117,8 @@ def test_acting_copy_acts_like_the_module_and_carries_the_temperature():
     torch.testing.assert_close(extras["root_value"], extras_b["root_value"])
 
 
+@pytest.mark.skipif(not any(shutil.which(c) for c in ("c++", "g++", "clang++")),
+                    reason="torch.compile on CPU needs a C++ compiler")
 def test_compile_search_acts_like_the_eager_search():
     """``compile_search`` reaches the search of the module and of its acting copy (the one the
     actor processes run) and changes nothing but the speed."""
