@@ -36,7 +36,7 @@ from torch import Tensor
 
 from lightning_wm.actions import ActionCodec
 from lightning_wm.tree import first_leaf, leaves, tree_map
-from lightning_wm.world_model import State, WorldModel
+from lightning_wm.world_model import State, WorldModel, check_done_mode, episode_ends
 
 
 @torch.no_grad()
@@ -131,8 +131,7 @@ class DreamEnv(gym.vector.VectorEnv):
     ) -> None:
         if not isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)):
             raise ValueError(f"DreamEnv supports Discrete and Box actions, got {action_space}")
-        if done_mode not in ("threshold", "sample"):
-            raise ValueError(f"done_mode must be 'threshold' or 'sample', got {done_mode!r}")
+        check_done_mode(done_mode)
         if reward not in ("head", "survival"):
             raise ValueError(f"reward must be 'head' or 'survival', got {reward!r}")
         if observation not in ("features", "decoded"):
@@ -204,10 +203,7 @@ class DreamEnv(gym.vector.VectorEnv):
             raise RuntimeError("call reset() before step()")
         action = self._action_tensor(actions)
         reward, nxt, done_prob = self.model.step(self.state, action, generator=self.generator)
-        if self.done_mode == "threshold":
-            terminated = done_prob > self.done_threshold
-        else:
-            terminated = torch.rand(done_prob.shape, generator=self.generator, device=self.device) < done_prob
+        terminated = episode_ends(done_prob, self.done_mode, self.done_threshold, self.generator)
         if self.reward_mode == "survival":
             reward = torch.ones_like(reward)
         self._elapsed += 1

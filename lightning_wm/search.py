@@ -337,11 +337,11 @@ class _Tree:
         self.batch, self.num_actions, self.discount = batch, num_actions, float(discount)
         self.slots = slots = num_simulations + 1
         self.base = torch.arange(batch, device=device) * slots
-        self.rows = torch.arange(batch * slots, device=device).view(batch, slots)
+        rows = torch.arange(batch * slots, device=device).view(batch, slots)
         num_edges = batch * slots * num_actions
         shape = (batch, slots, num_actions)
         # an unexpanded child is the node itself: following it goes nowhere
-        self.children = self.rows.unsqueeze(2).expand(shape).reshape(-1).clone()
+        self.children = rows.unsqueeze(2).expand(shape).reshape(-1).clone()
         self.slot_ids = torch.arange(slots + 1, device=device).view(slots + 1, 1)  # [1] slot indices
         # a chain of best children from the root passes at most M nodes: 2^steps >= M
         self.doubling_steps = max(0, math.ceil(math.log2(slots)))

@@ -99,6 +99,22 @@ def frozen(module: nn.Module) -> Iterator[None]:
             p.requires_grad_(flag)
 
 
+def check_done_mode(mode: str, name: str = "done_mode") -> None:
+    """Refuse a done mode other than ``threshold`` or ``sample`` (``name``: the option's name)."""
+    if mode not in ("threshold", "sample"):
+        raise ValueError(f"{name} must be 'threshold' or 'sample', got {mode!r}")
+
+
+def episode_ends(done_prob: Tensor, mode: str, threshold: float = 0.5,
+                 generator: torch.Generator | None = None) -> Tensor:
+    """Which imagined steps end their episode, from the done head's probabilities ``[N]``: those
+    above ``threshold`` (``mode="threshold"``) or a Bernoulli draw of each (``mode="sample"``,
+    uniform float32 draws from ``generator``) -> bool ``[N]``."""
+    if mode == "threshold":
+        return done_prob > threshold
+    return torch.rand(done_prob.shape, generator=generator, device=done_prob.device) < done_prob
+
+
 ActorFn = Callable[[Tensor], Any]  # features [B, F] -> action [B, A] or (action, aug_reward [B])
 
 

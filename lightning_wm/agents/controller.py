@@ -54,7 +54,7 @@ from lightning_wm.envs import EnvConfig, EnvSpec
 from lightning_wm.protocols import GenerationTask
 from lightning_wm.seeding import derive_seed
 from lightning_wm.tree import tree_map
-from lightning_wm.world_model import WorldModel
+from lightning_wm.world_model import WorldModel, check_done_mode
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # cma warns that matplotlib is missing
@@ -210,8 +210,7 @@ class Controller(RLModule):
             raise ValueError(f"use must be 'mean' or 'best', got {use!r}")
         if dream_starts not in ("first", "all"):
             raise ValueError(f"dream_starts must be 'first' or 'all', got {dream_starts!r}")
-        if dream_done_mode not in ("threshold", "sample"):
-            raise ValueError(f"dream_done_mode must be 'threshold' or 'sample', got {dream_done_mode!r}")
+        check_done_mode(dream_done_mode, "dream_done_mode")
         if not 0.0 <= explore_noise <= 1.0:
             raise ValueError(f"explore_noise is a probability, got {explore_noise}")
         if l2_decay < 0:

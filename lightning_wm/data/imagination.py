@@ -41,7 +41,8 @@ from lightning_wm.data.samplers import MixedSampler, RowSampler, Sampler
 from lightning_wm.envs import EnvSpec
 from lightning_wm.protocols import Agent
 from lightning_wm.tree import first_leaf, stack, tree_map
-from lightning_wm.world_model import DreamWorldModel, LearnedModel, RolloutLengthScheduler, State, WorldModel
+from lightning_wm.world_model import (DreamWorldModel, LearnedModel, RolloutLengthScheduler, State, WorldModel,
+                                      check_done_mode, episode_ends)
 
 __all__ = ["DynaWorldModel", "HybridWorldModel", "imagine_episodes"]
 
@@ -86,7 +87,7 @@ def imagine_episodes(
     """
     if horizon < 1:
         raise ValueError(f"imagined episodes need a horizon >= 1, got {horizon}")
-    _check_terminal_mode(terminal_mode)
+    check_done_mode(terminal_mode, "terminal_mode")
     device = _device(model)
     obs = tree_map(lambda x: torch.as_tensor(x).to(device), obs)
     state = model.initial_state(obs) if start is None else start
@@ -101,10 +102,7 @@ def imagine_episodes(
         if t == horizon:
             break
         reward, state, done = model.step(state, codec.encode(action.to(device)), generator=generator)
-        if terminal_mode == "sample":
-            terminal = torch.rand(done.shape, generator=generator, device=done.device, dtype=done.dtype) < done
-        else:
-            terminal = done > terminal_threshold
+        terminal = episode_ends(done, terminal_mode, terminal_threshold, generator)
         obs = model.decode(state)
     rows = tree_map(lambda x: x.detach().cpu().numpy(), stack(steps))
     term = rows["is_terminal"].astype(bool)
@@ -120,11 +118,6 @@ def imagine_episodes(
         value[is_last] = 0
         rows[key] = value
     return rows, alive
-
-
-def _check_terminal_mode(mode: str) -> None:
-    if mode not in ("threshold", "sample"):
-        raise ValueError(f"terminal_mode must be 'threshold' or 'sample', got {mode!r}")
 
 
 def _episodes_in_order(rows: dict[str, Any], alive: np.ndarray) -> dict[str, Any]:
@@ -183,7 +176,7 @@ class DynaWorldModel(LearnedModel):
         self.real_ratio = float(real_ratio)
         self.rollout_batch_size, self.rollout_retain = int(rollout_batch_size), int(rollout_retain)
         self.terminal_threshold = float(terminal_threshold)
-        _check_terminal_mode(terminal_mode)
+        check_done_mode(terminal_mode, "terminal_mode")
         self.terminal_mode = terminal_mode
         if burn_in < 0:
             raise ValueError(f"burn_in must be >= 0 rows, got {burn_in}")
