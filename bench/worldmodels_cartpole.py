@@ -87,6 +87,13 @@ def parse_args() -> argparse.Namespace:
                    help="an extra M setting (model.init_args.KEY), e.g. sample_z=false; repeatable")
     p.add_argument("--dream-set", action="append", default=[], metavar="KEY=VALUE",
                    help="an extra setting of the dream-trained controller (model.init_args.KEY); repeatable")
+    p.add_argument("--ensemble", type=int, default=1,
+                   help="Ms per round: M (seed 0) and K-1 more with seeds 1..K-1 on the same latents, all of them "
+                        "dreaming together (the controller's memory_ensemble); 1: M alone")
+    p.add_argument("--dream-ensemble-next", choices=("random", "primary"), default="random",
+                   help="with --ensemble: z' from a member drawn per step, or from M")
+    p.add_argument("--dream-ensemble-done", choices=("max", "mean"), default="max",
+                   help="with --ensemble: a dream step ends with the members' largest or mean done probability")
     p.add_argument("--rounds", type=int, default=2, help="iterate: rounds of record -> M -> dream controller")
     p.add_argument("--round-episodes", type=int, default=100, help="iterate: episodes recorded per round")
     p.add_argument("--explore-noise", type=float, default=0.1,
@@ -195,17 +202,23 @@ def main() -> None:
         return "latent store written"
 
     def memory(latents: str = LATENTS, run_name: str = MEMORY_RUN) -> str:
-        cli = run(["fit", "--config", str(CONFIGS / "memory.yaml"), *QUIET,
-                   "--trainer.max_epochs", str(args.memory_epochs), "--trainer.run_name", run_name,
-                   "--data.init_args.directory", latents,
-                   "--data.init_args.train_batches", str(args.memory_batches),
-                   *(["--data.init_args.sequence_length", str(args.memory_sequence_length)]
-                     if args.memory_sequence_length else []),
-                   *(["--data.init_args.batch_size", str(args.memory_batch_size)] if args.memory_batch_size else []),
-                   *settings(args.memory_set)])
-        m = cli.trainer.callback_metrics
-        return (f"val NLL {float(m['val/nll']):.3f} nats/dim, done BCE {float(m['val/done_loss']):.3f} "
-                f"(acc {float(m['val/done_acc']):.3f})")
+        figures = []
+        for k in range(args.ensemble):  # M, then the ensemble's further members (other seeds)
+            name = run_name if k == 0 else f"{run_name}-s{k}"
+            if k:
+                shutil.rmtree(work / "lightning_logs" / name, ignore_errors=True)
+            cli = run(["fit", "--config", str(CONFIGS / "memory.yaml"), *QUIET, "--seed_everything", str(k),
+                       "--trainer.max_epochs", str(args.memory_epochs), "--trainer.run_name", name,
+                       "--data.init_args.directory", latents,
+                       "--data.init_args.train_batches", str(args.memory_batches),
+                       *(["--data.init_args.sequence_length", str(args.memory_sequence_length)]
+                         if args.memory_sequence_length else []),
+                       *(["--data.init_args.batch_size", str(args.memory_batch_size)] if args.memory_batch_size else []),
+                       *settings(args.memory_set)])
+            m = cli.trainer.callback_metrics
+            figures.append(f"val NLL {float(m['val/nll']):.3f} nats/dim, done BCE {float(m['val/done_loss']):.3f} "
+                           f"(acc {float(m['val/done_acc']):.3f})")
+        return figures[0] if len(figures) == 1 else "; ".join(f"M{k}: {f}" for k, f in enumerate(figures))
 
     def controller(dream: bool, memory_run: str = MEMORY_RUN, latents: str = LATENTS,
                    run_name: str | None = None) -> str:
@@ -241,6 +254,11 @@ def main() -> None:
                         "--model.init_args.sample_z", str(args.dream_sample_z).lower(),
                         "--model.init_args.episodes_per_member", str(args.dream_episodes_per_member),
                         *settings(args.dream_set)]
+            if args.ensemble > 1:
+                members = [f"lightning_logs/{memory_run}-s{k}/checkpoints/last.ckpt" for k in range(1, args.ensemble)]
+                command += ["--model.init_args.memory_ensemble", "[" + ",".join(members) + "]",
+                            "--model.init_args.dream_ensemble_next", args.dream_ensemble_next,
+                            "--model.init_args.dream_ensemble_done", args.dream_ensemble_done]
         else:
             command += ["--model.init_args.episodes_per_member", str(args.episodes_per_member)]
         fit_start = time.time()

@@ -19,7 +19,12 @@ with the true CartPole state beside every frame (``keep_state``):
    false alarms by how long M's memory has been running (rows since the episode start);
 5. **controllers** — for each checkpoint: mean real return, mean dream return (starts at
    first rows and at all rows), and along its dreams the probed angle: how often a dream runs
-   on with the pole past 12 degrees or the cart past 2.4 (what a controller can exploit).
+   on with the pole past 12 degrees or the cart past 2.4 (what a controller can exploit); and
+   how its real episodes end (pole angle, track edge or the 500-step limit);
+6. **ensemble** (with ``--ensemble``: more Ms on the same latents) — the members'
+   disagreement (std over members of the mixture's mean, averaged over ``z``'s dimensions) on
+   the real episodes teacher-forced, along each controller's dreams, and along dreams under
+   random actions: do the members disagree where a controller's dream leaves the data?
 
     python bench/worldmodels_dream_diagnostics.py --workdir bench_runs/wm \\
         --controller lightning_logs/worldmodels-cartpole_pixels-controller-dream/checkpoints/last.ckpt
@@ -53,6 +58,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--memory", default="lightning_logs/worldmodels-cartpole_pixels-memory/checkpoints/last.ckpt")
     p.add_argument("--latents", default="data/worldmodels/cartpole_pixels/latents", help="M's training store")
     p.add_argument("--controller", action="append", default=[], help="controller checkpoint(s) to score")
+    p.add_argument("--ensemble", action="append", default=[],
+                   help="a further M checkpoint (same latents, another seed): section 6, and the controllers "
+                        "dream with the ensemble; repeatable")
     p.add_argument("--random-episodes", type=int, default=30)
     p.add_argument("--balancer-episodes", type=int, default=8,
                    help="episodes of a noisy hand-made balancer (a = [theta + 0.5 theta_dot > 0], 10%% random)")
@@ -139,7 +147,8 @@ def main() -> None:
     torch.set_num_threads(1)
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
     os.chdir(Path(args.workdir).resolve())
-    report: dict = {"vision": args.vision, "memory": args.memory, "temperature": args.temperature}
+    report: dict = {"vision": args.vision, "memory": args.memory, "temperature": args.temperature,
+                    "ensemble": args.ensemble}
     model = VisionMemoryModel.from_checkpoints(args.vision, args.memory, temperature=args.temperature)
     mem = model.memory
     t0 = time.time()
@@ -302,6 +311,78 @@ def main() -> None:
             report["done_false_alarm_by_age"].append({"rows": [lo, hi], "n": int(m.sum()), "false_alarm": rate})
             print(f"| {lo}-{hi} | {m.sum()} | {rate:.3f} |")
 
+    from lightning_wm.agents.memory import Memory
+    from lightning_wm.checkpoints import load_module
+
+    ensemble = VisionMemoryModel(model.vision, mem, temperature=args.temperature,
+                                 ensemble=[load_module(Memory, path) for path in args.ensemble])
+    members = [mem, *ensemble.ensemble]
+
+    def disagreement(outs: list) -> np.ndarray:
+        """Std over members of each member's mixture mean, averaged over z's dimensions: ``[B]``."""
+        means = []
+        for member, out in zip(members, outs):
+            heads = member.heads(out)
+            weights = torch.softmax(heads["logit_pi"], -1)
+            means.append((weights * heads["mu"].squeeze(-1)).sum(-1) if member.mixture == "per_dim"
+                         else (weights.unsqueeze(-1) * heads["mu"]).sum(-2))
+        return torch.stack(means).std(0).mean(-1).numpy()
+
+    @torch.no_grad()
+    def teacher_forced_disagreement(e: dict) -> np.ndarray:
+        z = torch.as_tensor(e["mu"])
+        actions = mem.action_input(torch.as_tensor(e["action"]))
+        state, out = ensemble.zero_state(1), []
+        for t in range(len(z) - 1):
+            outs, state = ensemble._read({**state, "z": z[t : t + 1]}, actions[t : t + 1])
+            out.append(disagreement(outs)[0])
+        return np.asarray(out)
+
+    @torch.no_grad()
+    def dream_disagreement(controller, act, steps: int = 300) -> list[float]:
+        """Disagreement at every step of ``args.dreams`` dreams of the controller's (ensemble)
+        dream, ends ignored (a dream runs on for ``steps`` from a first-row start)."""
+        bank = controller.dream_starts_bank()  # the controller dreams with the ensemble (memory_ensemble)
+        g = torch.Generator().manual_seed(args.seed)
+        pick = torch.randint(len(bank["z"]), (args.dreams,), generator=g)
+        state = {k: v[pick] for k, v in bank.items()}
+        out = []
+        for _ in range(steps):
+            action = act(ensemble.features(state))
+            outs, new = ensemble._read(state, mem.action_input(action))
+            out.extend(disagreement(outs).tolist())
+            heads = [member.heads(o) for member, o in zip(members, outs)]
+            new["z"] = mem.sample_next(heads[0], args.temperature, g)
+            state = new
+        return out
+
+    def real_ends(controller, episodes: int) -> dict:
+        """Play ``episodes`` real episodes with the true state kept: how each one ended."""
+        from lightning_wm.envs import make_env
+
+        real_env = make_env(EnvConfig(id="CartPole-v1", pixels=True, size=(64, 64), crop=CROP, keep_state=True))
+        ends = {"angle": 0, "edge": 0, "limit": 0}
+        lengths, max_x, theta_end = [], [], []
+        for i in range(episodes):
+            obs, _ = real_env.reset(seed=900_000 + i)
+            state, xs, t, done = controller.initial_state(1), [], 0, False
+            while not done:
+                with torch.no_grad():
+                    action, state = controller.policy_step(torch.as_tensor(obs["image"])[None], state,
+                                                           controller.params.detach())
+                obs, _, term, trunc, _ = real_env.step(int(action[0]))
+                x, _, theta, _ = obs["state"]
+                xs.append(abs(x))
+                t += 1
+                done = term or trunc
+            ends["edge" if abs(x) > X_LIMIT else "angle" if term else "limit"] += 1
+            lengths.append(t)
+            max_x.append(max(xs))
+            theta_end.append(abs(theta))
+        real_env.close()
+        return {**ends, "mean_length": float(np.mean(lengths)), "max_abs_x": float(np.max(max_x)),
+                "mean_abs_theta_end": float(np.mean(theta_end))}
+
     # 5. controllers: real return, dream return (first / all starts), what the dream lets pass
     from lightning_wm.agents.controller import Controller
     from lightning_wm.data.generations import GenerationDataModule
@@ -315,7 +396,7 @@ def main() -> None:
         known = inspect.signature(Controller).parameters
         hp = {k: v for k, v in ckpt["hyper_parameters"].items() if k in known}
         hp.update(vision_ckpt=args.vision, memory_ckpt=args.memory, train_in="dream", dream_dir=args.latents,
-                  dream_temperature=args.temperature, env_workers=0)
+                  dream_temperature=args.temperature, env_workers=0, memory_ensemble=args.ensemble or None)
         entry = {"checkpoint": path}
         for starts in ("first", "all"):
             controller = Controller(spec, **{**hp, "dream_starts": starts})
@@ -343,6 +424,10 @@ def main() -> None:
                     if not active.any():
                         break
                 entry["dream_steps_past_limits"] = past / max(steps, 1)
+                entry["real_ends"] = real_ends(controller, args.real_episodes)
+                if args.ensemble:
+                    entry["dream_disagreement"] = dream_disagreement(
+                        controller, lambda f: controller._act(controller.params.detach(), f))
         report["controllers"].append(entry)
     if report["controllers"]:
         print("\n5. controllers: real return vs dream return; share of dream steps beyond the real limits")
@@ -351,6 +436,35 @@ def main() -> None:
         for c in report["controllers"]:
             print(f"| {c['checkpoint']} | {c['real']:.1f} | {c['dream_first']:.1f} | {c['dream_all']:.1f} | "
                   f"{c['dream_steps_past_limits']:.3f} |")
+        print("\nhow the real episodes end (true state at the last step)")
+        print("| checkpoint | by angle | by track edge | 500 steps | mean length | max abs(x) | mean abs(theta) at the end |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for c in report["controllers"]:
+            e = c["real_ends"]
+            print(f"| {c['checkpoint']} | {e['angle']} | {e['edge']} | {e['limit']} | {e['mean_length']:.1f} | "
+                  f"{e['max_abs_x']:.2f} | {e['mean_abs_theta_end']:.3f} |")
+
+    # 6. ensemble disagreement: real episodes (teacher-forced), controllers' dreams, random-action dreams
+    if args.ensemble:
+        real = {}
+        for e in episodes:
+            real.setdefault(e["policy"], []).append(teacher_forced_disagreement(e))
+        rows = [(f"real {policy} episodes, teacher-forced", np.concatenate(v)) for policy, v in real.items()]
+        rows += [(f"dreams of {c['checkpoint']}", np.asarray(c["dream_disagreement"])) for c in report["controllers"]
+                 if "dream_disagreement" in c]
+        if args.controller:
+            gen_random = torch.Generator().manual_seed(args.seed)
+            rows.append(("dreams under random actions", np.asarray(dream_disagreement(
+                controller, lambda f: torch.randint(2, (f.shape[0],), generator=gen_random)))))
+        report["ensemble_disagreement"] = {name: [float(q) for q in np.quantile(v, [0.5, 0.9, 0.99])]
+                                           for name, v in rows}
+        print(f"\n6. ensemble of {1 + len(args.ensemble)} Ms: disagreement per step (std over members of the "
+              "mixture mean, mean over z's dimensions)")
+        print("| where | median | 90% | 99% | steps |")
+        print("| --- | ---: | ---: | ---: | ---: |")
+        for name, v in rows:
+            q = np.quantile(v, [0.5, 0.9, 0.99])
+            print(f"| {name} | {q[0]:.4f} | {q[1]:.4f} | {q[2]:.4f} | {len(v)} |")
     Path("diagnostics.json").write_text(json.dumps(report, indent=1))
     print(f"\nwrote {Path('diagnostics.json').resolve()} ({time.time() - t0:.0f} s)")
 

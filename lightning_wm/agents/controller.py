@@ -154,6 +154,12 @@ class Controller(RLModule):
         dream_done_mode, dream_done_threshold: a dream ends where the done probability exceeds
             the threshold (``threshold``) or by a Bernoulli draw of it (``sample``).
         dream_reward: ``head`` (the model's reward) or ``survival`` (+1 per step).
+        memory_ensemble: further M checkpoints trained on the same latents (other seeds) that
+            make up the dream with M (V+M only; the real env still runs M alone):
+            :class:`~lightning_wm.agents.vm_model.VisionMemoryModel`'s ``ensemble``.
+        dream_ensemble_next, dream_ensemble_done: how the ensemble dreams: ``z'`` from a member
+            drawn per step (``random``) or from M (``primary``); the episode ends with the
+            members' ``max`` or ``mean`` done probability.
         max_episode_steps: cap on the steps of one fitness episode (None: the env's own limit).
         sample_z: V+M: the real frames give a ``z`` sampled from V's posterior (reference)
             instead of its mean.
@@ -188,6 +194,9 @@ class Controller(RLModule):
         dream_done_mode: Literal["threshold", "sample"] = "threshold",
         dream_done_threshold: float = 0.5,
         dream_reward: Literal["head", "survival"] = "head",
+        memory_ensemble: list[str] | None = None,
+        dream_ensemble_next: Literal["random", "primary"] = "random",
+        dream_ensemble_done: Literal["max", "mean"] = "max",
         max_episode_steps: int | None = None,
         sample_z: bool = False,
         env_workers: int = 0,
@@ -211,6 +220,8 @@ class Controller(RLModule):
         if dream_starts not in ("first", "all"):
             raise ValueError(f"dream_starts must be 'first' or 'all', got {dream_starts!r}")
         check_done_mode(dream_done_mode, "dream_done_mode")
+        if memory_ensemble and not memory_ckpt:
+            raise ValueError("memory_ensemble needs memory_ckpt (and vision_ckpt): its members dream beside M")
         if not 0.0 <= explore_noise <= 1.0:
             raise ValueError(f"explore_noise is a probability, got {explore_noise}")
         if l2_decay < 0:
@@ -245,6 +256,11 @@ class Controller(RLModule):
                                                  temperature=dream_temperature, sample_z=sample_z).train()
         elif vision_ckpt:
             self.vision = load_module(Vision, vision_ckpt).train()
+        # the ensemble's further Ms (their weights are the only new entries in the state dict;
+        # without an ensemble the state dict is what it was, so older checkpoints load)
+        if memory_ensemble:
+            self.memory_ensemble = nn.ModuleList(load_module(Memory, path) for path in memory_ensemble).train()
+        self.dream_ensemble_next, self.dream_ensemble_done = dream_ensemble_next, dream_ensemble_done
         if vision_ckpt and not env_spec.is_pixels:
             raise ValueError(f"vision_ckpt given but {env_spec.env_id} observes vectors; set env.pixels: true")
         if self.world_model is not None:
@@ -345,6 +361,20 @@ class Controller(RLModule):
             self._pool = EnvPool(cfg, n, workers=self.env_workers)
         return self._pool
 
+    @property
+    def dream_model(self) -> WorldModel | None:
+        """The dream's dynamics: the world model, or V+M with ``memory_ensemble`` (a view that
+        shares their modules, built once and kept out of the state dict)."""
+        if "memory_ensemble" not in self._modules:
+            return self.world_model
+        if "_dream_model" not in self.__dict__:
+            vm = self.world_model
+            assert isinstance(vm, VisionMemoryModel)
+            self.__dict__["_dream_model"] = VisionMemoryModel(
+                vm.vision, vm.memory, temperature=vm.temperature, sample_z=vm.sample_z, ensemble=list(self.memory_ensemble),
+                ensemble_next=self.dream_ensemble_next, ensemble_done=self.dream_ensemble_done)
+        return self.__dict__["_dream_model"]
+
     def dream_starts_bank(self) -> Any:
         """The dream's start states ``[N, ...]``: the world model's filtered states of the
         episodes in ``dream_dir`` (``dream_starts``: first rows or all rows), computed once."""
@@ -355,14 +385,14 @@ class Controller(RLModule):
             if not store.paths():
                 raise FileNotFoundError(f"dream start store {self.dream_dir!r} holds no episodes; record (and, for "
                                         "V+M, convert) episodes first")
-            self._dream_bank = start_states(self.world_model, store.episodes(), where=self.dream_starts,
+            self._dream_bank = start_states(self.dream_model, store.episodes(), where=self.dream_starts,
                                             max_starts=self.dream_max_starts, seed=derive_seed(self.seed, "dream"))
         return self._dream_bank
 
     def _dream_env(self, n: int) -> DreamEnv:
         if self._dream is None or self._dream.num_envs != n:
             self._dream = DreamEnv(
-                self.world_model, self.env_spec.action_space, self.dream_starts_bank(), num_envs=n,
+                self.dream_model, self.env_spec.action_space, self.dream_starts_bank(), num_envs=n,
                 max_episode_steps=self.max_episode_steps or self.dream_max_steps, done_mode=self.dream_done_mode,
                 done_threshold=self.dream_done_threshold, reward=self.dream_reward)
         return self._dream

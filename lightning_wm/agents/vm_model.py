@@ -11,12 +11,22 @@ next frame).
 :class:`~lightning_wm.dream_env.DreamEnv` over it, starting dreams from the states of recorded
 episodes (an :class:`~lightning_wm.data.episodes.EpisodeStore`, pixel or latent): their first
 frames, or any row with M's memory of the rows before it.
+
+**An ensemble of Ms** (``ensemble``: more Ms trained on the same latents with other seeds) makes
+the dream harder to exploit, the remedy of ME-TRPO / PETS / MOPO for a policy that finds where
+one model is wrong. Every member reads the same ``[z, a]`` with its own LSTM state (the state
+gains ``eh``/``ec`` ``[B, K-1, H]``); the first M stays the controller's memory (``features`` =
+``[z, h]`` of ``memory``, as in the real env). Each dream step draws ``z'`` from one member
+chosen at random per dream (``ensemble_next="random"``: trajectory sampling, so a controller
+must do well under every member) or from ``memory`` alone (``"primary"``), and the episode ends
+with the members' largest done probability (``ensemble_done="max"``: a state any member thinks
+is terminal is terminal) or their mean (``"mean"``). The reward is the members' mean.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -42,14 +52,34 @@ class VisionMemoryModel(nn.Module, WorldModel):
         temperature: sampling temperature of ``step`` (``None``: the memory's own).
         sample_z: real frames give a ``z`` drawn from V's posterior (as M's training targets
             were, and as the reference's controller sees them) instead of its mean.
+        ensemble: further Ms on the same latents (same ``z_size``, ``hidden_size`` and actions),
+            used in ``step`` only as the module docstring says; empty: M alone.
+        ensemble_next: whose mixture gives ``z'``: a member drawn per dream step and env
+            (``random``) or ``memory`` (``primary``).
+        ensemble_done: the done probability of a step: the members' ``max`` or ``mean``.
     """
 
     def __init__(self, vision: Vision, memory: Memory, temperature: float | None = None,
-                 sample_z: bool = False) -> None:
+                 sample_z: bool = False, ensemble: Sequence[Memory] = (),
+                 ensemble_next: Literal["random", "primary"] = "random",
+                 ensemble_done: Literal["max", "mean"] = "max") -> None:
         super().__init__()
         if vision.z_size != memory.z_size:
             raise ValueError(f"V's z_size {vision.z_size} differs from M's z_size {memory.z_size}")
+        for i, other in enumerate(ensemble):
+            if (other.z_size, other.hidden_size, other.actions.dim) != \
+                    (memory.z_size, memory.hidden_size, memory.actions.dim):
+                raise ValueError(
+                    f"ensemble member {i} has z_size {other.z_size}, hidden_size {other.hidden_size} and action input "
+                    f"{other.actions.dim}; M has {memory.z_size}, {memory.hidden_size} and "
+                    f"{memory.actions.dim}: train every member with M's config on the same latents")
+        if ensemble_next not in ("random", "primary"):
+            raise ValueError(f"ensemble_next must be 'random' or 'primary', got {ensemble_next!r}")
+        if ensemble_done not in ("max", "mean"):
+            raise ValueError(f"ensemble_done must be 'max' or 'mean', got {ensemble_done!r}")
         self.vision, self.memory = vision, memory
+        self.ensemble = nn.ModuleList(ensemble)
+        self.ensemble_next, self.ensemble_done = ensemble_next, ensemble_done
         self.actions = memory.actions  # env actions <-> M's action input (one-hot / env values)
         self.temperature = memory.temperature if temperature is None else temperature
         self.sample_z = sample_z
@@ -58,10 +88,10 @@ class VisionMemoryModel(nn.Module, WorldModel):
 
     @classmethod
     def from_checkpoints(cls, vision_ckpt: str, memory_ckpt: str, device: torch.device | str = "cpu",
-                         **kwargs: Any) -> "VisionMemoryModel":
-        """Load V and M from their Lightning checkpoints (frozen, eval mode)."""
-        return cls(load_module(Vision, vision_ckpt, device),
-                   load_module(Memory, memory_ckpt, device), **kwargs)
+                         ensemble_ckpts: Sequence[str] = (), **kwargs: Any) -> "VisionMemoryModel":
+        """Load V, M and the ensemble's further Ms from their Lightning checkpoints (frozen, eval mode)."""
+        return cls(load_module(Vision, vision_ckpt, device), load_module(Memory, memory_ckpt, device),
+                   ensemble=[load_module(Memory, path, device) for path in ensemble_ckpts], **kwargs)
 
     @property
     def z_size(self) -> int:
@@ -88,33 +118,67 @@ class VisionMemoryModel(nn.Module, WorldModel):
     def zero_state(self, batch_size: int, device: torch.device | None = None) -> VMState:
         """Zeros ``{"z": [B, Z], "h": [B, H], "c": [B, H]}``."""
         h, c = self.memory.initial_state(batch_size, device if device is not None else self._device())
-        return {"z": torch.zeros_like(h[:, : self.z_size]), "h": h, "c": c}
+        return self._with_ensemble({"z": torch.zeros_like(h[:, : self.z_size]), "h": h, "c": c})
+
+    def _with_ensemble(self, state: VMState) -> VMState:
+        """Add the ensemble's zero LSTM states ``eh``/``ec`` ``[B, K-1, H]`` (nothing without one)."""
+        if len(self.ensemble):
+            zeros = state["h"].new_zeros(state["h"].shape[0], len(self.ensemble), state["h"].shape[-1])
+            state.update(eh=zeros, ec=zeros.clone())
+        return state
+
+    def _read(self, state: VMState, action_in: Tensor) -> tuple[list[Tensor], VMState]:
+        """Every member reads ``[z, action_in]``: their outputs ``[B, H]`` (M first) and the next
+        LSTM states (``z`` still the old one)."""
+        out, (h, c) = self.memory.step(state["z"], action_in, (state["h"], state["c"]))
+        outs, new = [out], {"z": state["z"], "h": h, "c": c}
+        if len(self.ensemble):
+            ehs, ecs = [], []
+            for k, member in enumerate(self.ensemble):
+                o, (eh, ec) = member.step(state["z"], action_in, (state["eh"][:, k], state["ec"][:, k]))
+                outs.append(o)
+                ehs.append(eh)
+                ecs.append(ec)
+            new.update(eh=torch.stack(ehs, 1), ec=torch.stack(ecs, 1))
+        return outs, new
 
     def initial_state(self, obs: Tensor, generator: torch.Generator | None = None) -> VMState:
         """``uint8 [B, H, W, C]`` real frames -> state with zero LSTM memory."""
         z = self.encode(obs, generator)
         h, c = self.memory.initial_state(z.shape[0], z.device)
-        return {"z": z, "h": h, "c": c}
+        return self._with_ensemble({"z": z, "h": h, "c": c})
 
     def observe_step(self, state: VMState, action: Tensor, obs: Tensor, is_first: Tensor | None = None,
                      generator: torch.Generator | None = None) -> VMState:
         """M reads ``[z, action]`` (``action [B, A]`` M's input format), V encodes the next
         frame ``obs``; the LSTM memory is zero where ``is_first``."""
-        _, (h, c) = self.memory.step(state["z"], action, (state["h"], state["c"]))
+        _, new = self._read(state, action)
         if is_first is not None:
-            keep = (~is_first.bool()).to(h.dtype).unsqueeze(-1)
-            h, c = h * keep, c * keep
-        return {"z": self.encode(obs, generator), "h": h, "c": c}
+            keep = (~is_first.bool()).to(new["h"].dtype)
+            for key in ("h", "c", "eh", "ec"):
+                if key in new:
+                    new[key] = new[key] * keep.view(-1, *[1] * (new[key].dim() - 1))
+        new["z"] = self.encode(obs, generator)
+        return new
 
     def step(self, state: VMState, action: Tensor, generator: torch.Generator | None = None,
              temperature: float | None = None) -> tuple[Tensor, VMState, Tensor]:
         """``action [B, A]`` float (one-hot for discrete) or int64 ``[B]`` ->
         ``(reward [B], next_state, done probability [B])``."""
-        out, (h, c) = self.memory.step(state["z"], self.memory.action_input(action), (state["h"], state["c"]))
-        heads = self.memory.heads(out)
+        outs, new = self._read(state, self.memory.action_input(action))
         tau = self.temperature if temperature is None else temperature
-        z = self.memory.sample_next(heads, tau, generator)
-        return heads["reward"], {"z": z, "h": h, "c": c}, torch.sigmoid(heads["done_logit"])
+        members = [self.memory, *self.ensemble]
+        heads = [member.heads(out) for member, out in zip(members, outs)]
+        if len(members) == 1 or self.ensemble_next == "primary":
+            new["z"] = self.memory.sample_next(heads[0], tau, generator)
+        else:
+            draws = torch.stack([m.sample_next(h, tau, generator) for m, h in zip(members, heads)])  # [K, B, Z]
+            pick = torch.randint(len(members), (draws.shape[1],), generator=generator, device=draws.device)
+            new["z"] = draws[pick, torch.arange(draws.shape[1], device=draws.device)]
+        done = torch.stack([torch.sigmoid(h["done_logit"]) for h in heads])  # [K, B]
+        done = done.max(0).values if self.ensemble_done == "max" else done.mean(0)
+        reward = torch.stack([h["reward"] for h in heads]).mean(0)
+        return reward, new, done
 
     def features(self, state: VMState) -> Tensor:
         """``[B, Z + H]``: ``[z, h]``."""
@@ -140,13 +204,13 @@ class VisionMemoryModel(nn.Module, WorldModel):
             raise ValueError("an episode needs latents (mu/logvar) or pixel obs to be filtered by V+M")
         z = self.latent(mu, logvar)
         actions = self.memory.action_input(torch.as_tensor(np.asarray(episode["action"]), device=device))
-        h, c = self.memory.initial_state(1, device)
-        hs, cs = [h], [c]
+        state = self.zero_state(1, device)
+        states = [state]
         for t in range(z.shape[0] - 1):
-            _, (h, c) = self.memory.step(z[t : t + 1], actions[t : t + 1], (h, c))
-            hs.append(h)
-            cs.append(c)
-        return {"z": z, "h": torch.cat(hs), "c": torch.cat(cs)}
+            state = self._read({**state, "z": z[t : t + 1]}, actions[t : t + 1])[1]
+            states.append(state)
+        rows = {key: torch.cat([s[key] for s in states]) for key in states[0] if key != "z"}
+        return {"z": z, **rows}
 
     # -- dreams ------------------------------------------------------------------------
     def dream_env(self, start_dir: str, action_space: gym.Space, num_envs: int = 1,
