@@ -179,3 +179,32 @@ def test_mlp_direct_call_runs_forward_hooks():
     finally:
         handle.remove()
     assert len(seen) > 3  # the MLP and its layers
+
+
+def test_mlp_batch_norm_over_leading_axes_and_running_stats_in_eval():
+    from lightning_wm.nn.blocks import MLP, BatchNormLast
+
+    torch.manual_seed(0)
+    mlp = MLP(4, 3, hidden=8, layers=2, act="relu", norm="batch")
+    assert sum(isinstance(m, BatchNormLast) for m in mlp) == 2 and not any(isinstance(m, torch.nn.LayerNorm) for m in mlp)
+    x = torch.randn(5, 6, 4)
+    flat = mlp(x.reshape(30, 4))  # train mode: the batch's statistics over all 30 rows
+    torch.testing.assert_close(mlp(x), flat.reshape(5, 6, 3))
+    bn = mlp[1]
+    h = mlp[0](x.reshape(30, 4))
+    torch.testing.assert_close(bn(h), (h - h.mean(0)) / torch.sqrt(h.var(0, unbiased=False) + bn.eps))
+    mlp.eval()  # running statistics: one row gives the same output alone or in a batch
+    torch.testing.assert_close(mlp(x[0, :1]), mlp(x[0])[:1])
+    with pytest.raises(ValueError, match="MLP norm must be"):
+        MLP(4, 3, norm="group")
+
+
+def test_vector_model_with_batch_norm_trains_and_infers_in_eval():
+    model = MuZeroModel(gym.spaces.Box(-1, 1, (4,), np.float32), 2, latent_dim=8, hidden=16, layers=1,
+                        head_hidden=8, support_size=5, norm="batch")
+    out = model.initial_inference(torch.randn(6, 4))
+    assert out["value"].shape == (6,) and out["policy_logits"].shape == (6, 2)
+    out["value"].sum().backward()
+    model.eval()
+    one = model.initial_inference(torch.randn(1, 4))  # eval: a batch of one works (running stats)
+    assert torch.isfinite(one["value"]).all()

@@ -30,11 +30,20 @@ def postprocess_pixels(image: Tensor) -> Tensor:
     return ((image + 0.5).clamp(0, 1) * 255).round().to(torch.uint8).movedim(-3, -1)
 
 
+class BatchNormLast(nn.BatchNorm1d):
+    """BatchNorm over the last axis of ``[..., C]`` (the leading axes are the batch)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return super().forward(x.reshape(-1, x.shape[-1])).reshape(x.shape)
+
+
 class MLP(nn.Sequential):
     """``[..., in_dim] -> [..., out_dim]``: ``layers`` hidden layers of ``hidden`` units.
 
-    Each hidden layer is Linear -> (LayerNorm) -> activation. ``out_dim=None`` ends on the
-    last hidden layer. ``zero_init_output`` zeroes the output layer (DreamerV3 reward/critic).
+    Each hidden layer is Linear -> (norm) -> activation; ``norm`` True or ``"layer"``:
+    LayerNorm, ``"batch"``: BatchNorm over the batch (train-mode statistics, running ones in
+    eval mode), False or ``"none"``: none. ``out_dim=None`` ends on the last hidden layer.
+    ``zero_init_output`` zeroes the output layer (DreamerV3 reward/critic).
     """
 
     def __init__(
@@ -44,15 +53,20 @@ class MLP(nn.Sequential):
         hidden: int = 256,
         layers: int = 2,
         act: str = "silu",
-        norm: bool = True,
+        norm: bool | str = True,
         zero_init_output: bool = False,
     ) -> None:
+        kind = {True: "layer", False: "none"}.get(norm, norm) if isinstance(norm, bool) else norm
+        if kind not in ("layer", "batch", "none"):
+            raise ValueError(f"MLP norm must be 'layer', 'batch' or 'none', got {norm!r}")
         modules: list[nn.Module] = []
         dim = in_dim
         for _ in range(layers):
-            modules.append(nn.Linear(dim, hidden, bias=not norm))
-            if norm:
+            modules.append(nn.Linear(dim, hidden, bias=kind == "none"))
+            if kind == "layer":
                 modules.append(nn.LayerNorm(hidden, eps=1e-3))
+            elif kind == "batch":
+                modules.append(BatchNormLast(hidden))
             modules.append(activation(act)())
             dim = hidden
         if out_dim is not None:

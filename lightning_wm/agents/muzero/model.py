@@ -46,9 +46,7 @@ def _norm2d(kind: str, channels: int) -> nn.Module:
 
 def _mlp(in_dim: int, out_dim: int | None, hidden: int, layers: int, act: str, norm: str,
          zero_init_output: bool = False) -> MLP:
-    if norm not in ("layer", "none"):
-        raise ValueError(f"MLP networks take norm 'layer' or 'none', got {norm!r}")
-    return MLP(in_dim, out_dim, hidden, layers, act, norm == "layer", zero_init_output)
+    return MLP(in_dim, out_dim, hidden, layers, act, norm, zero_init_output)
 
 
 class ResidualBlock(nn.Module):
@@ -122,8 +120,8 @@ class MuZeroModel(nn.Module, WorldModel):
         support_size: value bins ``-S..S`` in transformed space (MuZero Atari: 300).
         reward_support_size: reward bins (default: ``support_size``).
         value_eps: the ``eps`` of :func:`~lightning_wm.nn.dists.h_transform`.
-        norm: ``"layer"`` (LayerNorm / channel LayerNorm), ``"batch"`` (BatchNorm, convs only) or
-            ``"none"``.
+        norm: ``"layer"`` (LayerNorm / channel LayerNorm), ``"batch"`` (BatchNorm: LightZero's
+            ``norm_type='BN'``) or ``"none"``.
         act: activation name.
         game_over_head: also predict termination on arriving at ``s'``.
     """
