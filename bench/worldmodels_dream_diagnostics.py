@@ -334,7 +334,7 @@ def main() -> None:
         actions = mem.action_input(torch.as_tensor(e["action"]))
         state, out = ensemble.zero_state(1), []
         for t in range(len(z) - 1):
-            outs, state = ensemble._read({**state, "z": z[t : t + 1]}, actions[t : t + 1])
+            outs, state = ensemble.read_step({**state, "z": z[t : t + 1]}, actions[t : t + 1])
             out.append(disagreement(outs)[0])
         return np.asarray(out)
 
@@ -349,7 +349,7 @@ def main() -> None:
         out = []
         for _ in range(steps):
             action = act(ensemble.features(state))
-            outs, new = ensemble._read(state, mem.action_input(action))
+            outs, new = ensemble.read_step(state, mem.action_input(action))
             out.extend(disagreement(outs).tolist())
             heads = [member.heads(o) for member, o in zip(members, outs)]
             new["z"] = mem.sample_next(heads[0], args.temperature, g)

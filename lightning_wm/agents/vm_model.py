@@ -127,9 +127,10 @@ class VisionMemoryModel(nn.Module, WorldModel):
             state.update(eh=zeros, ec=zeros.clone())
         return state
 
-    def _read(self, state: VMState, action_in: Tensor) -> tuple[list[Tensor], VMState]:
-        """Every member reads ``[z, action_in]``: their outputs ``[B, H]`` (M first) and the next
-        LSTM states (``z`` still the old one)."""
+    def read_step(self, state: VMState, action_in: Tensor) -> tuple[list[Tensor], VMState]:
+        """Every member (M first) reads ``[z, action_in]`` (``action_in [B, A]``, M's input
+        format) -> (their LSTM outputs, each ``[B, H]``; the state with every member's next LSTM
+        state and the old ``z``). ``step`` and ``observe_step`` then set the next ``z``."""
         out, (h, c) = self.memory.step(state["z"], action_in, (state["h"], state["c"]))
         outs, new = [out], {"z": state["z"], "h": h, "c": c}
         if len(self.ensemble):
@@ -152,7 +153,7 @@ class VisionMemoryModel(nn.Module, WorldModel):
                      generator: torch.Generator | None = None) -> VMState:
         """M reads ``[z, action]`` (``action [B, A]`` M's input format), V encodes the next
         frame ``obs``; the LSTM memory is zero where ``is_first``."""
-        _, new = self._read(state, action)
+        _, new = self.read_step(state, action)
         if is_first is not None:
             keep = (~is_first.bool()).to(new["h"].dtype)
             for key in ("h", "c", "eh", "ec"):
@@ -165,7 +166,7 @@ class VisionMemoryModel(nn.Module, WorldModel):
              temperature: float | None = None) -> tuple[Tensor, VMState, Tensor]:
         """``action [B, A]`` float (one-hot for discrete) or int64 ``[B]`` ->
         ``(reward [B], next_state, done probability [B])``."""
-        outs, new = self._read(state, self.memory.action_input(action))
+        outs, new = self.read_step(state, self.memory.action_input(action))
         tau = self.temperature if temperature is None else temperature
         members = [self.memory, *self.ensemble]
         heads = [member.heads(out) for member, out in zip(members, outs)]
@@ -207,7 +208,7 @@ class VisionMemoryModel(nn.Module, WorldModel):
         state = self.zero_state(1, device)
         states = [state]
         for t in range(z.shape[0] - 1):
-            state = self._read({**state, "z": z[t : t + 1]}, actions[t : t + 1])[1]
+            state = self.read_step({**state, "z": z[t : t + 1]}, actions[t : t + 1])[1]
             states.append(state)
         rows = {key: torch.cat([s[key] for s in states]) for key in states[0] if key != "z"}
         return {"z": z, **rows}
