@@ -56,7 +56,7 @@ class MLP(nn.Sequential):
         norm: bool | str = True,
         zero_init_output: bool = False,
     ) -> None:
-        kind = {True: "layer", False: "none"}.get(norm, norm) if isinstance(norm, bool) else norm
+        kind = ("layer" if norm else "none") if isinstance(norm, bool) else norm
         if kind not in ("layer", "batch", "none"):
             raise ValueError(f"MLP norm must be 'layer', 'batch' or 'none', got {norm!r}")
         modules: list[nn.Module] = []
