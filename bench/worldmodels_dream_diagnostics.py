@@ -318,14 +318,12 @@ def main() -> None:
                                  ensemble=[load_module(Memory, path) for path in args.ensemble])
     members = [mem, *ensemble.ensemble]
 
-    def disagreement(outs: list) -> np.ndarray:
+    def member_heads(outs: list) -> list[dict]:
+        return [member.heads(out) for member, out in zip(members, outs)]
+
+    def disagreement(heads: list[dict]) -> np.ndarray:
         """Std over members of each member's mixture mean, averaged over z's dimensions: ``[B]``."""
-        means = []
-        for member, out in zip(members, outs):
-            heads = member.heads(out)
-            weights = torch.softmax(heads["logit_pi"], -1)
-            means.append((weights * heads["mu"].squeeze(-1)).sum(-1) if member.mixture == "per_dim"
-                         else (weights.unsqueeze(-1) * heads["mu"]).sum(-2))
+        means = [member.mean_next(h) for member, h in zip(members, heads)]
         return torch.stack(means).std(0).mean(-1).numpy()
 
     @torch.no_grad()
@@ -335,13 +333,14 @@ def main() -> None:
         state, out = ensemble.zero_state(1), []
         for t in range(len(z) - 1):
             outs, state = ensemble.read_step({**state, "z": z[t : t + 1]}, actions[t : t + 1])
-            out.append(disagreement(outs)[0])
+            out.append(disagreement(member_heads(outs))[0])
         return np.asarray(out)
 
     @torch.no_grad()
     def dream_disagreement(controller, act, steps: int = 300) -> list[float]:
-        """Disagreement at every step of ``args.dreams`` dreams of the controller's (ensemble)
-        dream, ends ignored (a dream runs on for ``steps`` from a first-row start)."""
+        """Disagreement at every step of ``args.dreams`` dreams from the controller's (ensemble)
+        starts, ends ignored (a dream runs on for ``steps`` from a first-row start); ``z'`` is
+        drawn from M's mixture, every member reading it."""
         bank = controller.dream_starts_bank()  # the controller dreams with the ensemble (memory_ensemble)
         g = torch.Generator().manual_seed(args.seed)
         pick = torch.randint(len(bank["z"]), (args.dreams,), generator=g)
@@ -350,8 +349,8 @@ def main() -> None:
         for _ in range(steps):
             action = act(ensemble.features(state))
             outs, new = ensemble.read_step(state, mem.action_input(action))
-            out.extend(disagreement(outs).tolist())
-            heads = [member.heads(o) for member, o in zip(members, outs)]
+            heads = member_heads(outs)
+            out.extend(disagreement(heads).tolist())
             new["z"] = mem.sample_next(heads[0], args.temperature, g)
             state = new
         return out

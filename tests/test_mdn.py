@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import distributions as td
 
-from lightning_wm.nn.mdn import gaussian_kl_standard, mdn_log_prob, mdn_sample, per_dim_layout
+from lightning_wm.nn.mdn import gaussian_kl_standard, mdn_log_prob, mdn_mean, mdn_sample, per_dim_layout
 
 torch.set_num_threads(1)
 
@@ -86,3 +86,17 @@ def test_gaussian_kl_standard_hand_checked():
     ref = td.kl_divergence(td.Normal(torch.tensor([1.0, 0.0]), torch.tensor([0.0, 2.0]).mul(0.5).exp()),
                            td.Normal(0.0, 1.0)).sum()
     assert kl.item() == pytest.approx(ref.item(), abs=1e-5)
+
+
+def test_mixture_mean_hand_checked_and_in_both_layouts():
+    # weights softmax([0, log 3]) = (1/4, 3/4); means (0, 4) and (8, -4) -> (6, -2)
+    logit_pi = torch.tensor([[0.0, math.log(3.0)]])
+    mu = torch.tensor([[[0.0, 4.0], [8.0, -4.0]]])
+    torch.testing.assert_close(mdn_mean(logit_pi, mu), torch.tensor([[6.0, -2.0]]))
+    # per-dimension layout: each dimension's own 1-D mixture mean, against a loop
+    g = torch.Generator().manual_seed(0)
+    logits, means = torch.randn(5, 3, 4, generator=g), torch.randn(5, 3, 4, generator=g)
+    lp, m, _ = per_dim_layout(logits, means, torch.zeros_like(means))
+    slow = torch.tensor([[sum(torch.softmax(logits[b, d], 0)[k] * means[b, d, k] for k in range(4))
+                          for d in range(3)] for b in range(5)])
+    torch.testing.assert_close(mdn_mean(lp, m).squeeze(-1), slow)

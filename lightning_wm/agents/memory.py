@@ -32,7 +32,7 @@ from lightning_wm.agents.vision import Vision
 from lightning_wm.checkpoints import load_module
 from lightning_wm.envs import EnvSpec
 from lightning_wm.logging import image_grid, log_image
-from lightning_wm.nn.mdn import mdn_log_prob, mdn_sample, per_dim_layout
+from lightning_wm.nn.mdn import mdn_log_prob, mdn_mean, mdn_sample, per_dim_layout
 
 LSTMState = tuple[Tensor, Tensor]
 
@@ -191,6 +191,11 @@ class Memory(pl.LightningModule):
         """Draw ``z_{t+1} [..., Z]`` from the predicted mixture at ``temperature``."""
         tau = self.temperature if temperature is None else temperature
         z = mdn_sample(heads["logit_pi"], heads["mu"], heads["log_sigma"], tau, generator)
+        return z.squeeze(-1) if self.mixture == "per_dim" else z
+
+    def mean_next(self, heads: dict[str, Tensor]) -> Tensor:
+        """The predicted mixture's mean ``[..., Z]`` for ``z_{t+1}``."""
+        z = mdn_mean(heads["logit_pi"], heads["mu"])
         return z.squeeze(-1) if self.mixture == "per_dim" else z
 
     # -- training ---------------------------------------------------------------------

@@ -116,7 +116,7 @@ class VisionMemoryModel(nn.Module, WorldModel):
 
     # -- WorldModel -------------------------------------------------------------------
     def zero_state(self, batch_size: int, device: torch.device | None = None) -> VMState:
-        """Zeros ``{"z": [B, Z], "h": [B, H], "c": [B, H]}``."""
+        """Zeros ``{"z": [B, Z], "h": [B, H], "c": [B, H]}`` (and the ensemble's ``eh``/``ec`` ``[B, K-1, H]``)."""
         h, c = self.memory.initial_state(batch_size, device if device is not None else self._device())
         return self._with_ensemble({"z": torch.zeros_like(h[:, : self.z_size]), "h": h, "c": c})
 
@@ -146,8 +146,7 @@ class VisionMemoryModel(nn.Module, WorldModel):
     def initial_state(self, obs: Tensor, generator: torch.Generator | None = None) -> VMState:
         """``uint8 [B, H, W, C]`` real frames -> state with zero LSTM memory."""
         z = self.encode(obs, generator)
-        h, c = self.memory.initial_state(z.shape[0], z.device)
-        return self._with_ensemble({"z": z, "h": h, "c": c})
+        return {**self.zero_state(z.shape[0], z.device), "z": z}
 
     def observe_step(self, state: VMState, action: Tensor, obs: Tensor, is_first: Tensor | None = None,
                      generator: torch.Generator | None = None) -> VMState:
@@ -170,7 +169,10 @@ class VisionMemoryModel(nn.Module, WorldModel):
         tau = self.temperature if temperature is None else temperature
         members = [self.memory, *self.ensemble]
         heads = [member.heads(out) for member, out in zip(members, outs)]
-        if len(members) == 1 or self.ensemble_next == "primary":
+        if len(members) == 1:  # M alone: its own heads, nothing to combine (the dream's hot path)
+            new["z"] = self.memory.sample_next(heads[0], tau, generator)
+            return heads[0]["reward"], new, torch.sigmoid(heads[0]["done_logit"])
+        if self.ensemble_next == "primary":
             new["z"] = self.memory.sample_next(heads[0], tau, generator)
         else:
             draws = torch.stack([m.sample_next(h, tau, generator) for m, h in zip(members, heads)])  # [K, B, Z]

@@ -87,6 +87,12 @@ def mdn_sample(
     return (chosen_mu + chosen_sigma * math.sqrt(temperature) * noise).reshape(*batch, d)
 
 
+def mdn_mean(logit_pi: Tensor, mu: Tensor) -> Tensor:
+    """The mixture's mean ``sum_k softmax(logit_pi)_k mu_k``: ``logit_pi [..., K]``,
+    ``mu [..., K, D]`` -> ``[..., D]``."""
+    return (torch.softmax(logit_pi, dim=-1).unsqueeze(-1) * mu).sum(-2)
+
+
 def per_dim_layout(logit_pi: Tensor, mu: Tensor, log_sigma: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Per-dimension mixtures ``[..., D, K]`` each -> the layout of :func:`mdn_log_prob`:
     ``logit_pi [..., D, K]``, ``mu, log_sigma [..., D, K, 1]`` (then use ``x[..., None]``)."""
