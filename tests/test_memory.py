@@ -142,6 +142,78 @@ def test_open_loop_dream_stops_at_the_episode_border():
     torch.testing.assert_close(dream, again)  # temperature 0 is deterministic
 
 
+@pytest.mark.parametrize("mixture", ["per_dim", "joint"])
+def test_open_loop_heads_feed_back_the_mean_after_the_warmup(mixture):
+    torch.manual_seed(0)
+    m = Memory(SPEC, z_size=4, hidden_size=8, num_mixtures=3, mixture=mixture, open_loop_warmup=2,
+               open_loop_input="mean")
+    batch = _batch(b=2, length=7, border=3)
+    z, a = batch["mu"], m.action_input(batch["action"])
+    heads, fed_back = m.open_loop_heads(z, batch["action"], batch["is_first"])
+    # episode 0: rows 0-2, a new episode from row 3 (warm-up again); episode 1: the whole window
+    assert fed_back.tolist() == [[False, False, True, False, False, True], [False, False, True, True, True, True]]
+    for b in range(2):  # independent loop: one sequence at a time
+        state, previous = m.initial_state(1), None
+        since = 0
+        for t in range(6):
+            if t == 0 or batch["is_first"][b, t]:
+                state, since = m.initial_state(1), 0
+            else:
+                since += 1
+            z_in = previous if since >= 2 else z[b : b + 1, t]
+            h, state = m.step(z_in, a[b : b + 1, t], state)
+            previous = m.mean_next(m.heads(h))
+            torch.testing.assert_close(m.mean_next({k: v[b : b + 1, t] for k, v in heads.items()}), previous)
+
+
+def test_open_loop_loss_is_off_by_default_and_scored_only_on_fed_back_rows():
+    torch.manual_seed(0)
+    batch = _batch(b=2, length=6, border=3)
+    plain = Memory(SPEC, z_size=4, hidden_size=8, num_mixtures=3, sample_z=False)
+    assert "open_loop_nll" not in plain.losses(batch)
+    torch.manual_seed(0)
+    never = Memory(SPEC, z_size=4, hidden_size=8, num_mixtures=3, sample_z=False, open_loop_weight=1.0,
+                   open_loop_warmup=6)  # the warm-up covers the window: nothing is fed back, no open-loop term
+    with torch.no_grad():
+        never.load_state_dict(plain.state_dict())
+        a, b = plain.losses(batch), never.losses(batch)
+    torch.testing.assert_close(a["loss"], b["loss"])
+    assert b["open_loop_nll"].item() == 0.0
+    sampled = Memory(SPEC, z_size=4, hidden_size=8, num_mixtures=3, open_loop_weight=0.5, open_loop_warmup=1)
+    losses = sampled.losses(batch)
+    expected = (losses["nll"] + losses["reward_loss"] + losses["done_loss"]
+                + 0.5 * (losses["open_loop_nll"] + losses["open_loop_reward_loss"] + losses["open_loop_done_loss"]))
+    torch.testing.assert_close(losses["loss"], expected)
+    losses["open_loop_nll"].backward()  # reparameterised draws: the gradient reaches the LSTM's input weights
+    assert sampled.lstm.weight_ih_l0.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="open_loop_warmup"):
+        Memory(SPEC, z_size=4, open_loop_warmup=0)
+
+
+def test_open_loop_training_improves_multi_step_predictions():
+    """On the synthetic dynamics, training with the open-loop loss gives a lower open-loop NLL
+    than training the one-step loss alone for the same steps."""
+    results = {}
+    test = _dynamics_batch(torch.Generator().manual_seed(99), length=16)
+    for weight in (0.0, 1.0):
+        torch.manual_seed(0)
+        g = torch.Generator().manual_seed(1)
+        m = Memory(SPEC, z_size=2, hidden_size=32, num_mixtures=2, lr=1e-2, open_loop_weight=weight,
+                   open_loop_warmup=2, open_loop_input="mean")
+        opt = m.configure_optimizers()
+        for _ in range(100):
+            loss = m.losses(_dynamics_batch(g, length=16))["loss"]
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        probe = Memory(SPEC, z_size=2, hidden_size=32, num_mixtures=2, open_loop_weight=1.0, open_loop_warmup=2,
+                       open_loop_input="mean")
+        probe.load_state_dict(m.state_dict())
+        with torch.no_grad():
+            results[weight] = probe.losses(test)["open_loop_nll"].item()
+    assert results[1.0] < results[0.0], results
+
+
 def test_fit_on_a_converted_store_logs_losses_and_a_dream_image(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

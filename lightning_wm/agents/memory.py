@@ -58,6 +58,17 @@ class Memory(pl.LightningModule):
         vision_ckpt: V's checkpoint; when given, validation logs a decoded open-loop dream.
         dream_length, dream_sequences: size of that dream image.
         action_dim, discrete: the action space when no ``env_spec`` is given.
+        open_loop_weight: weight of the open-loop loss (0: off, the reference). M also reads
+            every window a second time feeding back its own predictions: after
+            ``open_loop_warmup`` real latents from each window or episode start, the input
+            ``z_t`` is M's draw from its prediction for ``t`` (reparameterised, so gradients flow
+            through the fed-back draws), and the real ``z_{t+1}``, reward and done are scored
+            against what M predicts there, as in a dream. Teaches M to stay on the real
+            trajectory when it reads its own samples (what the dream does), not only one step
+            ahead of real inputs (PlaNet's overshooting and scheduled sampling are relatives).
+        open_loop_warmup: real latents read before the first fed-back one (>= 1).
+        open_loop_input: what is fed back: ``sample`` (a draw at ``temperature``, as the dream
+            does) or ``mean`` (the mixture's mean).
         patience: stop training after this many validations (epochs) without a lower
             ``val/loss`` (HumbleRL's ``rnn_training.patience``, 10; Lightning's
             ``EarlyStopping``); None trains for ``max_epochs``. The best model by ``val/loss``
@@ -84,6 +95,9 @@ class Memory(pl.LightningModule):
         action_dim: int | None = None,
         discrete: bool | None = None,
         patience: int | None = 10,
+        open_loop_weight: float = 0.0,
+        open_loop_warmup: int = 8,
+        open_loop_input: Literal["sample", "mean"] = "sample",
     ) -> None:
         super().__init__()
         if env_spec is not None:
@@ -94,6 +108,11 @@ class Memory(pl.LightningModule):
             raise ValueError(f"mixture must be 'per_dim' or 'joint', got {mixture!r}")
         if patience is not None and patience < 1:
             raise ValueError(f"patience must be >= 1 validations (or null: no early stopping), got {patience}")
+        if open_loop_weight < 0 or open_loop_warmup < 1:
+            raise ValueError(f"open_loop_weight must be >= 0 and open_loop_warmup >= 1, got {open_loop_weight} "
+                             f"and {open_loop_warmup}")
+        if open_loop_input not in ("sample", "mean"):
+            raise ValueError(f"open_loop_input must be 'sample' or 'mean', got {open_loop_input!r}")
         self.save_hyperparameters(ignore=["env_spec"])
         self.hparams["action_dim"], self.hparams["discrete"] = int(action_dim), bool(discrete)
         self.env_spec = env_spec
@@ -103,6 +122,8 @@ class Memory(pl.LightningModule):
         self.reward_weight, self.done_weight, self.done_pos_weight = reward_weight, done_weight, done_pos_weight
         self.burn_in, self.sample_z, self.patience = burn_in, sample_z, patience
         self.vision_ckpt, self.dream_length, self.dream_sequences = vision_ckpt, dream_length, dream_sequences
+        self.open_loop_weight, self.open_loop_warmup, self.open_loop_input = (
+            open_loop_weight, open_loop_warmup, open_loop_input)
         space = env_spec.action_space if env_spec is not None else (
             gym.spaces.Discrete(self.action_dim) if self.discrete else gym.spaces.Box(-np.inf, np.inf, (self.action_dim,)))
         self.actions = ActionCodec(space)
@@ -204,7 +225,9 @@ class Memory(pl.LightningModule):
 
         The output at ``t`` is scored on row ``t+1`` unless ``is_first[t+1]`` (new episode) or
         ``t < burn_in``. Returns ``loss``, ``nll`` (per latent dimension), ``reward_loss`` (MSE),
-        ``done_loss`` (BCE on ``is_terminal``) and ``done_acc``.
+        ``done_loss`` (BCE on ``is_terminal``) and ``done_acc``; with ``open_loop_weight > 0``
+        also ``open_loop_nll``, ``open_loop_reward_loss``, ``open_loop_done_loss`` (see
+        :meth:`open_loop_heads`), added to ``loss`` with that weight.
         """
         mu, logvar = batch["mu"].float(), batch["logvar"].float()
         z = mu + (0.5 * logvar).exp() * torch.randn_like(mu) if self.sample_z else mu
@@ -214,17 +237,64 @@ class Memory(pl.LightningModule):
         valid = ~is_first[:, 1:]
         if self.burn_in > 0:
             valid[:, : self.burn_in] = False
+        losses = self.target_losses(heads, z, batch, valid)
+        loss = losses["nll"] + self.reward_weight * losses["reward_loss"] + self.done_weight * losses["done_loss"]
+        if self.open_loop_weight > 0:
+            ol_heads, fed_back = self.open_loop_heads(z, batch["action"], is_first)
+            ol = self.target_losses(ol_heads, z, batch, valid & fed_back)
+            loss = loss + self.open_loop_weight * (
+                ol["nll"] + self.reward_weight * ol["reward_loss"] + self.done_weight * ol["done_loss"])
+            losses.update({f"open_loop_{k}": v for k, v in ol.items() if k != "done_acc"})
+        return {"loss": loss, **losses}
+
+    def target_losses(self, heads: dict[str, Tensor], z: Tensor, batch: dict[str, Tensor],
+                      valid: Tensor) -> dict[str, Tensor]:
+        """Predictions ``heads`` ``[B, L-1, ...]`` (made at ``t``) scored on rows ``t+1`` of
+        ``z [B, L, Z]`` and ``batch`` where ``valid [B, L-1]``: ``nll`` (per latent dimension),
+        ``reward_loss``, ``done_loss``, ``done_acc`` (means over the valid rows)."""
         weight = valid.float()
         count = weight.sum().clamp(min=1.0)
         nll = -(self.log_prob(heads, z[:, 1:]) * weight).sum() / count / self.z_size
         reward_loss = ((heads["reward"] - batch["reward"][:, 1:].float()).square() * weight).sum() / count
         done_target = batch["is_terminal"][:, 1:].float()
-        pos_weight = torch.tensor(self.done_pos_weight, device=out.device)
+        pos_weight = torch.tensor(self.done_pos_weight, device=z.device)
         done_loss = (F.binary_cross_entropy_with_logits(heads["done_logit"], done_target, reduction="none",
                                                         pos_weight=pos_weight) * weight).sum() / count
         done_acc = (((heads["done_logit"] > 0).float() == done_target).float() * weight).sum() / count
-        loss = nll + self.reward_weight * reward_loss + self.done_weight * done_loss
-        return {"loss": loss, "nll": nll, "reward_loss": reward_loss, "done_loss": done_loss, "done_acc": done_acc}
+        return {"nll": nll, "reward_loss": reward_loss, "done_loss": done_loss, "done_acc": done_acc}
+
+    def open_loop_heads(self, z: Tensor, action: Tensor, is_first: Tensor) -> tuple[dict[str, Tensor], Tensor]:
+        """M over a window reading its own predictions, as in a dream.
+
+        From each window start and each ``is_first`` row (where the LSTM state resets) M reads
+        ``open_loop_warmup`` real latents; after that its input ``z_t`` is what it predicted for
+        ``t`` (``open_loop_input``), with the real actions.
+
+        Args:
+            z: ``[B, L, Z]`` real latents; action: ``[B, L(, A)]``; is_first: bool ``[B, L]``.
+        Returns:
+            ``(heads, fed_back)``: the predictions made at ``t`` for ``t+1`` (``heads`` layout,
+            ``[B, L-1, ...]``) and bool ``[B, L-1]``, true where the input at ``t`` was M's own.
+        """
+        b, length = z.shape[:2]
+        actions = self.action_input(action)
+        state = self.initial_state(b, z.device)
+        since_start = torch.zeros(b, dtype=torch.long, device=z.device)
+        outs, fed_back = [], []
+        prediction: Tensor | None = None
+        for t in range(length - 1):
+            first = is_first[:, t] if t else torch.ones(b, dtype=torch.bool, device=z.device)
+            since_start = torch.where(first, torch.zeros_like(since_start), since_start + 1)
+            own = since_start >= self.open_loop_warmup
+            keep = (~first).float().unsqueeze(-1)
+            state = (state[0] * keep, state[1] * keep)
+            z_in = z[:, t] if prediction is None else torch.where(own.unsqueeze(-1), prediction, z[:, t])
+            out, state = self.step(z_in, actions[:, t], state)
+            heads = self.heads(out)
+            prediction = self.sample_next(heads) if self.open_loop_input == "sample" else self.mean_next(heads)
+            outs.append(out)
+            fed_back.append(own)
+        return self.heads(torch.stack(outs, 1)), torch.stack(fed_back, 1)
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         losses = self.losses(batch)
