@@ -99,6 +99,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--explore-noise", type=float, default=0.1,
                    help="iterate: probability of a random action while recording with the controller")
     p.add_argument("--eval-episodes", type=int, default=20)
+    p.add_argument("--crop", type=int, nargs=4, default=None, metavar=("TOP", "LEFT", "HEIGHT", "WIDTH"),
+                   help="crop of the 400x600 rendering for every stage that plays the env (record, the "
+                        "controller's real env); the configs' [160, 0, 160, 600] by default")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for these small nets)")
     p.add_argument("--quick", action="store_true", help="tiny sizes: checks the pipeline, not the figures")
     args = p.parse_args()
@@ -122,6 +125,11 @@ FRAMES = "data/worldmodels/cartpole_pixels/frames"
 LATENTS = "data/worldmodels/cartpole_pixels/latents"
 VISION_CKPT = "lightning_logs/worldmodels-cartpole_pixels-vision/checkpoints/last.ckpt"
 MEMORY_RUN = "worldmodels-cartpole_pixels-memory"
+
+
+def env_settings(args: argparse.Namespace) -> list[str]:
+    """Overrides of the env that every stage playing it shares (V, M and C must see one crop)."""
+    return ["--data.init_args.env.crop", "[" + ",".join(map(str, args.crop)) + "]"] if args.crop else []
 
 
 def settings(pairs: list[str]) -> list[str]:
@@ -185,7 +193,7 @@ def main() -> None:
         print(f"\n=== {name}: {rows[-1][1]:.0f} s  {figure}\n", flush=True)
 
     def record() -> str:
-        run(["record", "--config", str(CONFIGS / "record.yaml"), "--episodes", str(args.episodes)])
+        run(["record", "--config", str(CONFIGS / "record.yaml"), "--episodes", str(args.episodes), *env_settings(args)])
         from lightning_wm.data.episodes import EpisodeStore
 
         store = EpisodeStore("data/worldmodels/cartpole_pixels/frames")
@@ -235,7 +243,7 @@ def main() -> None:
                     raise SystemExit(f"no time left for the controller in a {args.budget_minutes}-minute budget")
                 seconds = int(minutes * 60)
                 limit = f"00:{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
-        command = ["fit", "--config", str(CONFIGS / "controller.yaml"), *QUIET,
+        command = ["fit", "--config", str(CONFIGS / "controller.yaml"), *QUIET, *env_settings(args),
                    "--trainer.max_steps", str(generations), "--trainer.val_check_interval", str(10**6),
                    "--model.init_args.popsize", str(args.popsize),
                    "--model.init_args.memory_ckpt", f"lightning_logs/{memory_run}/checkpoints/last.ckpt"]
@@ -280,6 +288,7 @@ def main() -> None:
         figures = []
         for r in range(1, args.rounds + 1):
             run(["record", "--config", str(CONFIGS / "record.yaml"), "--episodes", str(args.round_episodes),
+                 *env_settings(args),
                  "--data.init_args.env.seed", str(1000 + r), "--model", "lightning_wm.agents.controller.Controller",
                  "--model.init_args.vision_ckpt", VISION_CKPT,
                  "--model.init_args.memory_ckpt", f"lightning_logs/{memory_run}/checkpoints/last.ckpt",

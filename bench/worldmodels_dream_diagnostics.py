@@ -69,6 +69,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--dreams", type=int, default=64, help="dream episodes per controller and start mode")
     p.add_argument("--real-episodes", type=int, default=10, help="real episodes per controller")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--crop", type=int, nargs=4, default=list(CROP), metavar=("TOP", "LEFT", "HEIGHT", "WIDTH"),
+                   help="the crop V was trained on (worldmodels_cartpole.py --crop)")
     return p.parse_args()
 
 
@@ -152,7 +154,10 @@ def main() -> None:
     model = VisionMemoryModel.from_checkpoints(args.vision, args.memory, temperature=args.temperature)
     mem = model.memory
     t0 = time.time()
-    cache = Path(f"truth_{args.random_episodes}_{args.balancer_episodes}_{args.seed}.pkl")
+    global CROP
+    CROP = tuple(args.crop)
+    cache = Path(f"truth_{args.random_episodes}_{args.balancer_episodes}_{args.seed}"
+                 f"{'' if CROP == (160, 0, 160, 600) else '_crop' + '_'.join(map(str, CROP))}.pkl")
     if cache.is_file():  # the same real episodes for every V and M measured in this workdir
         episodes = pickle.loads(cache.read_bytes())
     else:
