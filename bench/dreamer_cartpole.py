@@ -38,6 +38,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from lightning_wm.agents.dreamer import Dreamer  # noqa: E402
 from lightning_wm.callbacks import default_callbacks  # noqa: E402
 from lightning_wm.data.modules import ReplayDataModule  # noqa: E402
+from lightning_wm.data.samplers import SequenceSampler  # noqa: E402
 from lightning_wm.envs import EnvConfig  # noqa: E402
 from lightning_wm.runtime import keep_freed_memory  # noqa: E402
 
@@ -150,6 +151,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--precision", default="32-true", help="e.g. bf16-mixed")
+    parser.add_argument("--terminal-fraction", type=float, default=None,
+                        help="replay batches: this fraction of windows holds an episode end "
+                             "(SequenceSampler terminal_fraction)")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="override model init_args, e.g. --set lr_actor=3e-4 deter=256")
     args = parser.parse_args()
@@ -172,6 +176,9 @@ def main() -> None:
     if args.eval_every is None:
         args.eval_every = int(config["trainer"].get("val_check_interval", 250))
     data_args.update(eval_episodes=args.eval_episodes, eval_envs=min(args.eval_episodes, 5))
+    if args.terminal_fraction is not None:
+        data_args["sampler"] = SequenceSampler(data_args.pop("sequence_length", 64), data_args.pop("cross_episodes", True),
+                                               terminal_fraction=args.terminal_fraction)
     datamodule = ReplayDataModule(env=env, **data_args)
     model = Dreamer(datamodule.spec, **model_args)
 
@@ -198,7 +205,8 @@ def main() -> None:
     print()
     print(f"Dreamer on {env.id} (vector), config {os.path.relpath(args.config)}, seed {args.seed}, "
           f"{args.threads} thread(s), precision {args.precision}, action repeat {env.action_repeat}"
-          + (f", overrides {' '.join(args.set)}" if args.set else ""))
+          + (f", overrides {' '.join(args.set)}" if args.set else "")
+          + (f", terminal_fraction {args.terminal_fraction:g}" if args.terminal_fraction is not None else ""))
     print()
     print("| outcome | env steps | gradient steps | wall time | best eval return |")
     print("| --- | --- | --- | --- | --- |")

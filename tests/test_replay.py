@@ -165,6 +165,37 @@ def test_cross_episodes_flag(prioritized):
     seqs(buf, 4, 16, True)  # fine when crossing is allowed
 
 
+def test_terminal_fraction_oversamples_windows_holding_an_episode_end():
+    buf = ReplayBuffer(2 * 400, 2, seed=7)
+    ends = {(0, 150), (1, 390)}  # two episode ends among 800 rows
+    for t in range(400):
+        row = make_row(t, 2)
+        row["is_terminal"] = np.array([(e, t) in ends for e in range(2)])
+        buf.add(row)
+    plain = SequenceSampler(8).sample(buf, 4000)
+    assert plain["is_terminal"].any(1).float().mean() < 0.05  # 16 of the 786 windows
+    mixed = SequenceSampler(8, terminal_fraction=0.25).sample(buf, 4000)
+    holds = mixed["is_terminal"].any(1)
+    assert holds[3000:].all()  # the last quarter: windows holding an end, drawn among those only
+    t_end = mixed["obs"][3000:, :, 1][mixed["is_terminal"][3000:]]
+    assert set(t_end.tolist()) == {150, 390}
+    starts = mixed["obs"][3000:, 0, 1]
+    assert set(starts.tolist()) == set(range(143, 151)) | set(range(383, 391))  # every such window
+    assert holds[:3000].float().mean() < 0.05  # the rest as usual
+    t = mixed["obs"][..., 1]
+    assert torch.all(t[:, 1:] - t[:, :-1] == 1)
+    # with no episode end stored yet the whole batch is ordinary; 0 changes nothing (same RNG draws)
+    empty = ReplayBuffer(100, 1, seed=8)
+    fill(empty, 50)
+    assert SequenceSampler(8, terminal_fraction=0.5).sample(empty, 16)["obs"].shape == (16, 8, 2)
+    a, b = ReplayBuffer(100, 1, seed=9), ReplayBuffer(100, 1, seed=9)
+    fill(a, 50), fill(b, 50)
+    assert torch.equal(SequenceSampler(8).sample(a, 16)["index"],
+                       SequenceSampler(8, terminal_fraction=0.0).sample(b, 16)["index"])
+    with pytest.raises(ValueError, match="terminal_fraction"):
+        SequenceSampler(8, terminal_fraction=1.5)
+
+
 # ---------------------------------------------------------------------------- priorities
 def test_prioritized_row_frequencies_match_priorities():
     buf = ReplayBuffer(8, 1, prioritized=True, alpha=0.5, seed=5)

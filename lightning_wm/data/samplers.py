@@ -96,12 +96,21 @@ class SequenceSampler(Sampler):
     ``cross_episodes`` (Dreamer) a window may span episode borders (``is_first`` marks the
     resets); without it ``is_first`` may only be true at position 0. Prioritized: a window's
     priority is that of its first row (``index``).
+
+    ``terminal_fraction`` (0: off, uniform windows) of every batch (rounded) are windows that
+    hold an ``is_terminal`` row, drawn uniformly among those. Episode ends are rare rows on a
+    task whose good episodes are long (one in 500 on a solved CartPole), so a world model's
+    continue head and the imagination starts near them see them more often; the rest of the
+    batch is drawn as usual. Until the buffer holds such a window, the whole batch is ordinary.
     """
 
-    def __init__(self, length: int = 64, cross_episodes: bool = True) -> None:
+    def __init__(self, length: int = 64, cross_episodes: bool = True, terminal_fraction: float = 0.0) -> None:
         if length < 1:
             raise ValueError(f"sequence length must be >= 1, got {length}")
+        if not 0.0 <= terminal_fraction <= 1.0:
+            raise ValueError(f"terminal_fraction must be in [0, 1], got {terminal_fraction}")
         self.length, self.cross_episodes = int(length), bool(cross_episodes)
+        self.terminal_fraction = float(terminal_fraction)
 
     @property
     def span(self) -> int:  # type: ignore[override]
@@ -118,12 +127,35 @@ class SequenceSampler(Sampler):
                 later = (slot[:, None] + np.arange(1, L)) % cap
                 return ~_flag(buffer, "is_first", stream[:, None], later, "cross_episodes=False").any(axis=1)
 
-        stream, start = buffer.draw(batch_size, span=L, accept=accept,
-                                    what=f"sequences of length {L} without a reset (is_first) inside")
+        what = f"sequences of length {L} without a reset (is_first) inside"
+        ends = round(self.terminal_fraction * batch_size) if self.terminal_fraction > 0 else 0
+        stream, start = buffer.draw(batch_size - ends, span=L, accept=accept, what=what) if ends < batch_size else (
+            np.zeros(0, np.int64), np.zeros(0, np.int64))
+        if ends:
+            stream, start = self._add_terminal_windows(buffer, ends, accept, what, stream, start)
         slot = (start[:, None] + np.arange(L)) % cap
         out = buffer.gather(stream[:, None], slot)
         self._rows(buffer, out, stream[:, None], slot)
         return self._position(buffer, out, stream, start)
+
+    def _add_terminal_windows(self, buffer: ReplayBuffer, n: int, accept: Any, what: str, stream: np.ndarray,
+                              start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(stream, start)`` with ``n`` more windows holding an ``is_terminal`` row (ordinary
+        ones while the buffer holds none)."""
+        L, cap = self.length, buffer.cap_per_stream
+        if "is_terminal" not in buffer:
+            raise ValueError("terminal_fraction > 0 needs an 'is_terminal' key in the rows")
+
+        def holds_end(s: np.ndarray, t: np.ndarray) -> np.ndarray:
+            rows = (t[:, None] + np.arange(L)) % cap
+            ok = _flag(buffer, "is_terminal", s[:, None], rows, "terminal_fraction").any(axis=1)
+            return ok & accept(s, t) if accept is not None else ok
+
+        try:
+            more = buffer.draw(n, span=L, accept=holds_end, what=f"{what} holding an episode end")
+        except ValueError:  # no such window yet (no episode has ended, or none fits a window)
+            more = buffer.draw(n, span=L, accept=accept, what=what)
+        return np.concatenate([stream, more[0]]), np.concatenate([start, more[1]])
 
 
 class WindowSampler(Sampler):
