@@ -120,7 +120,7 @@ def main() -> None:
         print("| ---: |" + " ---: |" * len(DONE_MARKS))
         for i, (mu, action_in) in enumerate(encoded):
             out, _ = memory.unroll(mu[None, :-1], action_in[None])
-            p_done = torch.sigmoid(memory.heads(out[0])["done_logit"])
+            p_done = torch.sigmoid(memory.next_done_logit(memory.heads(out[0]), mu[1:]))
             print(f"| {i} | " + " | ".join(f"{float(p_done[t]):.2f}" if t < len(p_done) else "" for t in DONE_MARKS) + " |")
         variance = float(torch.cat([mu for mu, _ in encoded]).var(0).mean())
         print(f"\nOpen-loop MSE per latent dimension (variance of the latents over these episodes: {variance:.3f});"

@@ -286,7 +286,8 @@ def main() -> None:
         a = mem.action_input(torch.as_tensor(e["action"]))
         with torch.no_grad():
             out, _ = mem.step(states["z"], a, (states["h"], states["c"]))
-            p = torch.sigmoid(mem.heads(out)["done_logit"]).numpy()
+            z_next = torch.cat([states["z"][1:], states["z"][-1:]])  # the last row's is dropped below
+            p = torch.sigmoid(mem.next_done_logit(mem.heads(out), z_next)).numpy()
         probs.append(p[:-1])
         targets.append(e["is_terminal"][1:].astype(float))
         ages.append(np.arange(len(p) - 1))

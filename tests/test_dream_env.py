@@ -215,6 +215,16 @@ def test_vision_memory_model_is_a_world_model():
     assert model.decode(start).shape == (3, 64, 64, 3)
 
 
+def test_dream_ends_from_the_drawn_latent_with_done_input_latent():
+    torch.manual_seed(0)
+    model = VisionMemoryModel(Vision(DISCRETE, z_size=4, depth=4),
+                              Memory(DISCRETE, z_size=4, hidden_size=8, num_mixtures=2, done_input="latent"))
+    start = _vm_starts(model, 3)
+    g = torch.Generator().manual_seed(5)
+    reward, nxt, done = model.step(start, torch.tensor([0, 1, 0]), generator=g)
+    torch.testing.assert_close(done, torch.sigmoid(model.memory.done_head(nxt["z"]).squeeze(-1)))
+
+
 def test_vision_memory_filtering_matches_m_over_the_episode():
     """posterior_states: z_t = V's mean of row t, h_t = M's LSTM output after reading rows < t
     (what Memory.unroll gives); observe_step reproduces it row by row and restarts at is_first."""

@@ -131,6 +131,36 @@ def test_learns_synthetic_dynamics():
     assert after["done_loss"] < before["done_loss"]
 
 
+def test_done_from_the_next_latent():
+    """``done_input: latent``: the end is read from z_{t+1} only (the LSTM state cannot raise it),
+    and on the synthetic dynamics, where the end is a function of z_{t+1}, it learns the end
+    better than the head on M's output in the same steps."""
+    m = Memory(SPEC, z_size=2, hidden_size=8, num_mixtures=2, done_input="latent")
+    heads = m.heads(torch.randn(3, 8))
+    assert "done_logit" not in heads
+    z_next = torch.randn(3, 2)
+    torch.testing.assert_close(m.next_done_logit(heads, z_next), m.next_done_logit(m.heads(torch.randn(3, 8)), z_next))
+    torch.testing.assert_close(m.next_done_logit(heads, z_next), m.done_head(z_next).squeeze(-1))
+    with pytest.raises(ValueError, match="done_input"):
+        Memory(SPEC, z_size=2, done_input="frame")
+    results = {}
+    test = _dynamics_batch(torch.Generator().manual_seed(99), b=64)
+    for done_input in ("hidden", "latent"):
+        torch.manual_seed(0)
+        g = torch.Generator().manual_seed(1)
+        m = Memory(SPEC, z_size=2, hidden_size=32, num_mixtures=2, lr=1e-2, done_input=done_input)
+        opt = m.configure_optimizers()
+        for _ in range(150):
+            loss = m.losses(_dynamics_batch(g))["loss"]
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        with torch.no_grad():
+            results[done_input] = m.losses(test)
+    assert results["latent"]["done_loss"] < 0.5 * results["hidden"]["done_loss"], results
+    assert results["latent"]["done_acc"] > 0.97
+
+
 def test_open_loop_dream_stops_at_the_episode_border():
     m = Memory(SPEC, z_size=4, hidden_size=8, num_mixtures=3)
     batch = _batch(b=2, length=6, border=4)

@@ -53,6 +53,11 @@ class Memory(pl.LightningModule):
         reward_weight, done_weight: weights of the reward (MSE) and done (BCE) losses; 0
             disables a head's loss.
         done_pos_weight: weight of the positive (terminal) class in the done BCE.
+        done_input: what the done head reads: ``hidden`` (M's LSTM output at ``t``, the
+            reference) or ``latent`` (a small MLP on the next latent ``z_{t+1}``: the real one in
+            training, M's draw in a dream). For envs whose end is a function of what the frame
+            shows (CartPole's angle and position), ``latent`` cannot raise an end from the LSTM
+            state alone, which drifts when M runs longer than the windows it was trained on.
         burn_in: first steps of every window that only warm the LSTM (no loss).
         sample_z: draw ``z`` from ``mu``/``logvar`` per batch (reference); else use ``mu``.
         vision_ckpt: V's checkpoint; when given, validation logs a decoded open-loop dream.
@@ -98,6 +103,7 @@ class Memory(pl.LightningModule):
         open_loop_weight: float = 0.0,
         open_loop_warmup: int = 8,
         open_loop_input: Literal["sample", "mean"] = "sample",
+        done_input: Literal["hidden", "latent"] = "hidden",
     ) -> None:
         super().__init__()
         if env_spec is not None:
@@ -111,6 +117,8 @@ class Memory(pl.LightningModule):
         if open_loop_weight < 0 or open_loop_warmup < 1:
             raise ValueError(f"open_loop_weight must be >= 0 and open_loop_warmup >= 1, got {open_loop_weight} "
                              f"and {open_loop_warmup}")
+        if done_input not in ("hidden", "latent"):
+            raise ValueError(f"done_input must be 'hidden' or 'latent', got {done_input!r}")
         if open_loop_input not in ("sample", "mean"):
             raise ValueError(f"open_loop_input must be 'sample' or 'mean', got {open_loop_input!r}")
         self.save_hyperparameters(ignore=["env_spec"])
@@ -132,7 +140,9 @@ class Memory(pl.LightningModule):
         self.mdn_out = 3 * k * d if mixture == "per_dim" else k + 2 * k * d
         self.mdn_head = nn.Linear(hidden_size, self.mdn_out)
         self.reward_head = nn.Linear(hidden_size, 1)
-        self.done_head = nn.Linear(hidden_size, 1)
+        self.done_input = done_input
+        self.done_head = nn.Linear(hidden_size, 1) if done_input == "hidden" else nn.Sequential(
+            nn.Linear(z_size, 64), nn.ELU(), nn.Linear(64, 1))
         self._vision: list[Any] = []  # V, loaded lazily for dream images (not a submodule)
 
     # -- pieces -----------------------------------------------------------------------
@@ -182,8 +192,9 @@ class Memory(pl.LightningModule):
 
     def heads(self, out: Tensor) -> dict[str, Tensor]:
         """``out [..., H]`` -> mixture parameters in :func:`mdn_log_prob` layout, ``reward [...]``,
-        ``done_logit [...]``. ``per_dim``: ``logit_pi [..., Z, K]``, ``mu/log_sigma [..., Z, K, 1]``;
-        ``joint``: ``logit_pi [..., K]``, ``mu/log_sigma [..., K, Z]``."""
+        and (``done_input: hidden``) ``done_logit [...]``; read the end with :meth:`next_done_logit`.
+        ``per_dim``: ``logit_pi [..., Z, K]``, ``mu/log_sigma [..., Z, K, 1]``; ``joint``:
+        ``logit_pi [..., K]``, ``mu/log_sigma [..., K, Z]``."""
         p = self.mdn_head(out)
         k, d = self.num_mixtures, self.z_size
         if self.mixture == "per_dim":
@@ -193,13 +204,15 @@ class Memory(pl.LightningModule):
             logit_pi = p[..., :k]
             mu, log_sigma = p[..., k:].unflatten(-1, (2, k, d)).unbind(-3)
         log_sigma = log_sigma.clamp(-7.0, 3.0)
-        return {
-            "logit_pi": logit_pi,
-            "mu": mu,
-            "log_sigma": log_sigma,
-            "reward": self.reward_head(out).squeeze(-1),
-            "done_logit": self.done_head(out).squeeze(-1),
-        }
+        heads = {"logit_pi": logit_pi, "mu": mu, "log_sigma": log_sigma, "reward": self.reward_head(out).squeeze(-1)}
+        if self.done_input == "hidden":
+            heads["done_logit"] = self.done_head(out).squeeze(-1)
+        return heads
+
+    def next_done_logit(self, heads: dict[str, Tensor], z_next: Tensor) -> Tensor:
+        """Logit ``[...]`` that the episode ends at ``t+1``: from M's heads at ``t``
+        (``done_input: hidden``) or from the next latent ``z_next [..., Z]`` (``latent``)."""
+        return heads["done_logit"] if self.done_input == "hidden" else self.done_head(z_next).squeeze(-1)
 
     def log_prob(self, heads: dict[str, Tensor], z: Tensor) -> Tensor:
         """``log p(z [..., Z])`` under the predicted mixture -> ``[...]`` (summed over dimensions)."""
@@ -257,10 +270,11 @@ class Memory(pl.LightningModule):
         nll = -(self.log_prob(heads, z[:, 1:]) * weight).sum() / count / self.z_size
         reward_loss = ((heads["reward"] - batch["reward"][:, 1:].float()).square() * weight).sum() / count
         done_target = batch["is_terminal"][:, 1:].float()
+        done_logit = self.next_done_logit(heads, z[:, 1:])
         pos_weight = torch.tensor(self.done_pos_weight, device=z.device)
-        done_loss = (F.binary_cross_entropy_with_logits(heads["done_logit"], done_target, reduction="none",
+        done_loss = (F.binary_cross_entropy_with_logits(done_logit, done_target, reduction="none",
                                                         pos_weight=pos_weight) * weight).sum() / count
-        done_acc = (((heads["done_logit"] > 0).float() == done_target).float() * weight).sum() / count
+        done_acc = (((done_logit > 0).float() == done_target).float() * weight).sum() / count
         return {"nll": nll, "reward_loss": reward_loss, "done_loss": done_loss, "done_acc": done_acc}
 
     def open_loop_heads(self, z: Tensor, action: Tensor, is_first: Tensor) -> tuple[dict[str, Tensor], Tensor]:

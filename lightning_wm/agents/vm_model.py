@@ -171,14 +171,14 @@ class VisionMemoryModel(nn.Module, WorldModel):
         heads = [member.heads(out) for member, out in zip(members, outs)]
         if len(members) == 1:  # M alone: its own heads, nothing to combine (the dream's hot path)
             new["z"] = self.memory.sample_next(heads[0], tau, generator)
-            return heads[0]["reward"], new, torch.sigmoid(heads[0]["done_logit"])
+            return heads[0]["reward"], new, torch.sigmoid(self.memory.next_done_logit(heads[0], new["z"]))
         if self.ensemble_next == "primary":
             new["z"] = self.memory.sample_next(heads[0], tau, generator)
         else:
             draws = torch.stack([m.sample_next(h, tau, generator) for m, h in zip(members, heads)])  # [K, B, Z]
             pick = torch.randint(len(members), (draws.shape[1],), generator=generator, device=draws.device)
             new["z"] = draws[pick, torch.arange(draws.shape[1], device=draws.device)]
-        done = torch.stack([torch.sigmoid(h["done_logit"]) for h in heads])  # [K, B]
+        done = torch.stack([torch.sigmoid(m.next_done_logit(h, new["z"])) for m, h in zip(members, heads)])  # [K, B]
         done = done.max(0).values if self.ensemble_done == "max" else done.mean(0)
         reward = torch.stack([h["reward"] for h in heads]).mean(0)
         return reward, new, done
