@@ -102,6 +102,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--crop", type=int, nargs=4, default=None, metavar=("TOP", "LEFT", "HEIGHT", "WIDTH"),
                    help="crop of the 400x600 rendering for every stage that plays the env (record, the "
                         "controller's real env); the configs' [160, 0, 160, 600] by default")
+    p.add_argument("--action-repeat", type=int, default=1,
+                   help="env steps per agent step for every stage that plays the env (record, the controller's "
+                        "real env); a dream step then stands for this many env steps")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for these small nets)")
     p.add_argument("--quick", action="store_true", help="tiny sizes: checks the pipeline, not the figures")
     args = p.parse_args()
@@ -128,8 +131,11 @@ MEMORY_RUN = "worldmodels-cartpole_pixels-memory"
 
 
 def env_settings(args: argparse.Namespace) -> list[str]:
-    """Overrides of the env that every stage playing it shares (V, M and C must see one crop)."""
-    return ["--data.init_args.env.crop", "[" + ",".join(map(str, args.crop)) + "]"] if args.crop else []
+    """Overrides of the env that every stage playing it shares (V, M and C must see one crop and
+    one action repeat)."""
+    crop = ["--data.init_args.env.crop", "[" + ",".join(map(str, args.crop)) + "]"] if args.crop else []
+    repeat = ["--data.init_args.env.action_repeat", str(args.action_repeat)] if args.action_repeat != 1 else []
+    return crop + repeat
 
 
 def settings(pairs: list[str]) -> list[str]:
