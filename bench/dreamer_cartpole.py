@@ -151,6 +151,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--precision", default="32-true", help="e.g. bf16-mixed")
+    parser.add_argument("--action-repeat", type=int, default=None,
+                        help="env steps per agent step (the config's env action_repeat; env steps above count agent steps)")
+    parser.add_argument("--data-set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="override data init_args, e.g. --data-set replay_ratio=0.5")
     parser.add_argument("--terminal-fraction", type=float, default=None,
                         help="replay batches: this fraction of windows holds an episode end "
                              "(SequenceSampler terminal_fraction)")
@@ -168,7 +172,11 @@ def main() -> None:
         key, value = item.split("=", 1)
         model_args[key] = _parse_value(value)
     data_args = dict(config["data"]["init_args"])
-    env = EnvConfig(**{**data_args.pop("env"), "seed": args.seed})
+    for item in args.data_set:
+        key, value = item.split("=", 1)
+        data_args[key] = _parse_value(value)
+    env = EnvConfig(**{**data_args.pop("env"), "seed": args.seed,
+                       **({"action_repeat": args.action_repeat} if args.action_repeat else {})})
     if args.target is None:
         if env.id not in TARGETS:
             parser.error(f"no default --target for {env.id}; pass one")
@@ -206,7 +214,8 @@ def main() -> None:
     print(f"Dreamer on {env.id} (vector), config {os.path.relpath(args.config)}, seed {args.seed}, "
           f"{args.threads} thread(s), precision {args.precision}, action repeat {env.action_repeat}"
           + (f", overrides {' '.join(args.set)}" if args.set else "")
-          + (f", terminal_fraction {args.terminal_fraction:g}" if args.terminal_fraction is not None else ""))
+          + (f", terminal_fraction {args.terminal_fraction:g}" if args.terminal_fraction is not None else "")
+          + (f", data {' '.join(args.data_set)}" if args.data_set else ""))
     print()
     print("| outcome | env steps | gradient steps | wall time | best eval return |")
     print("| --- | --- | --- | --- | --- |")
