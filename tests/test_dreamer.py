@@ -343,7 +343,8 @@ def test_cli_size_presets_build_and_take_a_step(preset):
 def test_horizon_schedule_grows_the_imagination_with_env_steps():
     # debug fit: 64 prefill rows, then 4 env steps per gradient step (one env, replay ratio 0.25)
     cli = main(args=_fit_args("cartpole.yaml", 10, ["--model.init_args.horizon", "6",
-                                                    "--model.init_args.horizon_schedule", "[70, 2, 100]"]))
+                                                    "--model.init_args.horizon_schedule", "[70, 2, 100]",
+                                                    "--data.init_args.replay_ratio", "0.25"]))
     horizons = logged_scalars(Path("lightning_logs/run"), "train/horizon")
     assert horizons[0] == 2 and horizons[-1] == 6 and horizons == sorted(horizons) and len(set(horizons)) > 2
     assert cli.model.current_horizon() == 6
