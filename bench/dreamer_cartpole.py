@@ -128,6 +128,11 @@ def _parse_value(text: str) -> Any:
     return value
 
 
+def _overrides(items: list[str]) -> dict[str, Any]:
+    """``["key=value", ...]`` (``--set``, ``--data-set``) -> ``{key: value parsed as YAML}``."""
+    return {key: _parse_value(value) for key, value in (item.split("=", 1) for item in items)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     default_config = os.path.join(os.path.dirname(__file__), "..", "configs/dreamer/cartpole.yaml")
@@ -167,14 +172,8 @@ def main() -> None:
 
     with open(args.config) as f:
         config = yaml.safe_load(f)
-    model_args = dict(config["model"].get("init_args", {}))
-    for item in args.set:
-        key, value = item.split("=", 1)
-        model_args[key] = _parse_value(value)
-    data_args = dict(config["data"]["init_args"])
-    for item in args.data_set:
-        key, value = item.split("=", 1)
-        data_args[key] = _parse_value(value)
+    model_args = {**config["model"].get("init_args", {}), **_overrides(args.set)}
+    data_args = {**config["data"]["init_args"], **_overrides(args.data_set)}
     env = EnvConfig(**{**data_args.pop("env"), "seed": args.seed,
                        **({"action_repeat": args.action_repeat} if args.action_repeat else {})})
     if args.target is None:

@@ -47,7 +47,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-CROP = (160, 0, 160, 600)
+DEFAULT_CROP = (160, 0, 160, 600)
 THETA_LIMIT, X_LIMIT = 12 * 2 * np.pi / 360, 2.4  # CartPole-v1's termination
 
 
@@ -69,7 +69,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--dreams", type=int, default=64, help="dream episodes per controller and start mode")
     p.add_argument("--real-episodes", type=int, default=10, help="real episodes per controller")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--crop", type=int, nargs=4, default=list(CROP), metavar=("TOP", "LEFT", "HEIGHT", "WIDTH"),
+    p.add_argument("--crop", type=int, nargs=4, default=list(DEFAULT_CROP), metavar=("TOP", "LEFT", "HEIGHT", "WIDTH"),
                    help="the crop V was trained on (worldmodels_cartpole.py --crop)")
     return p.parse_args()
 
@@ -77,12 +77,13 @@ def parse_args() -> argparse.Namespace:
 # -- ground truth ------------------------------------------------------------------------
 
 
-def record_truth(random_episodes: int, balancer_episodes: int, seed: int) -> list[dict[str, np.ndarray]]:
+def record_truth(random_episodes: int, balancer_episodes: int, seed: int,
+                 crop: tuple[int, ...] = DEFAULT_CROP) -> list[dict[str, np.ndarray]]:
     """Real pixel episodes with the true state: ``obs`` (uint8 frames), ``state [T, 4]``,
     ``action``, ``is_terminal`` (row convention) and ``policy``."""
     from lightning_wm.envs import EnvConfig, make_env
 
-    env = make_env(EnvConfig(id="CartPole-v1", pixels=True, size=(64, 64), crop=CROP, keep_state=True))
+    env = make_env(EnvConfig(id="CartPole-v1", pixels=True, size=(64, 64), crop=crop, keep_state=True))
     rng = np.random.default_rng(seed)
     episodes = []
     for i in range(random_episodes + balancer_episodes):
@@ -154,14 +155,13 @@ def main() -> None:
     model = VisionMemoryModel.from_checkpoints(args.vision, args.memory, temperature=args.temperature)
     mem = model.memory
     t0 = time.time()
-    global CROP
-    CROP = tuple(args.crop)
+    crop = tuple(args.crop)
     cache = Path(f"truth_{args.random_episodes}_{args.balancer_episodes}_{args.seed}"
-                 f"{'' if CROP == (160, 0, 160, 600) else '_crop' + '_'.join(map(str, CROP))}.pkl")
+                 f"{'' if crop == DEFAULT_CROP else '_crop' + '_'.join(map(str, crop))}.pkl")
     if cache.is_file():  # the same real episodes for every V and M measured in this workdir
         episodes = pickle.loads(cache.read_bytes())
     else:
-        episodes = record_truth(args.random_episodes, args.balancer_episodes, args.seed)
+        episodes = record_truth(args.random_episodes, args.balancer_episodes, args.seed, crop)
         cache.write_bytes(pickle.dumps(episodes))
     for e in episodes:
         mu, logvar = encode_frames(model.vision, e["obs"])
@@ -365,7 +365,7 @@ def main() -> None:
         """Play ``episodes`` real episodes with the true state kept: how each one ended."""
         from lightning_wm.envs import make_env
 
-        real_env = make_env(EnvConfig(id="CartPole-v1", pixels=True, size=(64, 64), crop=CROP, keep_state=True))
+        real_env = make_env(EnvConfig(id="CartPole-v1", pixels=True, size=(64, 64), crop=crop, keep_state=True))
         ends = {"angle": 0, "edge": 0, "limit": 0}
         lengths, max_x, theta_end = [], [], []
         for i in range(episodes):
@@ -394,7 +394,7 @@ def main() -> None:
     from lightning_wm.envs import EnvConfig
 
     report["controllers"] = []
-    env = EnvConfig(id="CartPole-v1", pixels=True, size=(64, 64), crop=CROP, seed=100)
+    env = EnvConfig(id="CartPole-v1", pixels=True, size=(64, 64), crop=crop, seed=100)
     spec = GenerationDataModule(env).spec
     for path in args.controller:
         ckpt = torch.load(path, map_location="cpu", weights_only=False)

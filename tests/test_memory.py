@@ -111,19 +111,24 @@ def _dynamics_batch(g, b=16, length=12):
             "is_first": torch.zeros(b, length, dtype=torch.bool), "is_last": done, "is_terminal": done}
 
 
+def _train(m: Memory, g: torch.Generator, steps: int, length: int = 12) -> None:
+    """``steps`` Adam steps of M's loss on fresh synthetic batches drawn with ``g``."""
+    opt = m.configure_optimizers()
+    for _ in range(steps):
+        loss = m.losses(_dynamics_batch(g, length=length))["loss"]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
 def test_learns_synthetic_dynamics():
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)
     m = Memory(SPEC, z_size=2, hidden_size=32, num_mixtures=2, lr=1e-2)
-    opt = m.configure_optimizers()
     test = _dynamics_batch(torch.Generator().manual_seed(99))
     with torch.no_grad():
         before = m.losses(test)
-    for _ in range(150):
-        loss = m.losses(_dynamics_batch(g))["loss"]
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    _train(m, g, 150)
     with torch.no_grad():
         after = m.losses(test)
     assert after["nll"] < before["nll"] - 1.0, (before["nll"], after["nll"])
@@ -149,12 +154,7 @@ def test_done_from_the_next_latent():
         torch.manual_seed(0)
         g = torch.Generator().manual_seed(1)
         m = Memory(SPEC, z_size=2, hidden_size=32, num_mixtures=2, lr=1e-2, done_input=done_input)
-        opt = m.configure_optimizers()
-        for _ in range(150):
-            loss = m.losses(_dynamics_batch(g))["loss"]
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+        _train(m, g, 150)
         with torch.no_grad():
             results[done_input] = m.losses(test)
     assert results["latent"]["done_loss"] < 0.5 * results["hidden"]["done_loss"], results
@@ -230,12 +230,7 @@ def test_open_loop_training_improves_multi_step_predictions():
         g = torch.Generator().manual_seed(1)
         m = Memory(SPEC, z_size=2, hidden_size=32, num_mixtures=2, lr=1e-2, open_loop_weight=weight,
                    open_loop_warmup=2, open_loop_input="mean")
-        opt = m.configure_optimizers()
-        for _ in range(100):
-            loss = m.losses(_dynamics_batch(g, length=16))["loss"]
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+        _train(m, g, 100, length=16)
         probe = Memory(SPEC, z_size=2, hidden_size=32, num_mixtures=2, open_loop_weight=1.0, open_loop_warmup=2,
                        open_loop_input="mean")
         probe.load_state_dict(m.state_dict())

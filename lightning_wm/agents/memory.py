@@ -251,20 +251,19 @@ class Memory(pl.LightningModule):
         if self.burn_in > 0:
             valid[:, : self.burn_in] = False
         losses = self.target_losses(heads, z, batch, valid)
-        loss = losses["nll"] + self.reward_weight * losses["reward_loss"] + self.done_weight * losses["done_loss"]
         if self.open_loop_weight > 0:
             ol_heads, fed_back = self.open_loop_heads(z, batch["action"], is_first)
             ol = self.target_losses(ol_heads, z, batch, valid & fed_back)
-            loss = loss + self.open_loop_weight * (
-                ol["nll"] + self.reward_weight * ol["reward_loss"] + self.done_weight * ol["done_loss"])
-            losses.update({f"open_loop_{k}": v for k, v in ol.items() if k != "done_acc"})
-        return {"loss": loss, **losses}
+            losses["loss"] = losses["loss"] + self.open_loop_weight * ol["loss"]
+            losses.update({f"open_loop_{k}": v for k, v in ol.items() if k not in ("loss", "done_acc")})
+        return losses
 
     def target_losses(self, heads: dict[str, Tensor], z: Tensor, batch: dict[str, Tensor],
                       valid: Tensor) -> dict[str, Tensor]:
         """Predictions ``heads`` ``[B, L-1, ...]`` (made at ``t``) scored on rows ``t+1`` of
         ``z [B, L, Z]`` and ``batch`` where ``valid [B, L-1]``: ``nll`` (per latent dimension),
-        ``reward_loss``, ``done_loss``, ``done_acc`` (means over the valid rows)."""
+        ``reward_loss``, ``done_loss``, ``done_acc`` (means over the valid rows) and ``loss``
+        (``nll`` plus the reward and done losses at their weights)."""
         weight = valid.float()
         count = weight.sum().clamp(min=1.0)
         nll = -(self.log_prob(heads, z[:, 1:]) * weight).sum() / count / self.z_size
@@ -275,7 +274,8 @@ class Memory(pl.LightningModule):
         done_loss = (F.binary_cross_entropy_with_logits(done_logit, done_target, reduction="none",
                                                         pos_weight=pos_weight) * weight).sum() / count
         done_acc = (((done_logit > 0).float() == done_target).float() * weight).sum() / count
-        return {"nll": nll, "reward_loss": reward_loss, "done_loss": done_loss, "done_acc": done_acc}
+        loss = nll + self.reward_weight * reward_loss + self.done_weight * done_loss
+        return {"loss": loss, "nll": nll, "reward_loss": reward_loss, "done_loss": done_loss, "done_acc": done_acc}
 
     def open_loop_heads(self, z: Tensor, action: Tensor, is_first: Tensor) -> tuple[dict[str, Tensor], Tensor]:
         """M over a window reading its own predictions, as in a dream.
@@ -294,7 +294,7 @@ class Memory(pl.LightningModule):
         actions = self.action_input(action)
         state = self.initial_state(b, z.device)
         since_start = torch.zeros(b, dtype=torch.long, device=z.device)
-        outs, fed_back = [], []
+        step_heads, fed_back = [], []
         prediction: Tensor | None = None
         for t in range(length - 1):
             first = is_first[:, t] if t else torch.ones(b, dtype=torch.bool, device=z.device)
@@ -306,9 +306,9 @@ class Memory(pl.LightningModule):
             out, state = self.step(z_in, actions[:, t], state)
             heads = self.heads(out)
             prediction = self.sample_next(heads) if self.open_loop_input == "sample" else self.mean_next(heads)
-            outs.append(out)
+            step_heads.append(heads)
             fed_back.append(own)
-        return self.heads(torch.stack(outs, 1)), torch.stack(fed_back, 1)
+        return {k: torch.stack([h[k] for h in step_heads], 1) for k in step_heads[0]}, torch.stack(fed_back, 1)
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         losses = self.losses(batch)
