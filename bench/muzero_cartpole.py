@@ -25,6 +25,8 @@ The lightning_wm side (``--system lightning_wm``) trains ``--config`` (default
 ``seed_everything``, evaluating every ``--eval-every`` gradient steps (the config's
 validation: 10 episodes in 10 envs, ``explore=False``), until ``--max-env-steps``. Env steps
 and games are the training collector's (the random prefill included, evaluation episodes not);
+env steps count simulator frames: with ``env.action_repeat`` k each agent step is k of them
+(the record keeps ``agent_steps`` too), so systems with and without a repeat compare per frame;
 wall time runs from the start of ``fit``. Both systems write the same JSON records, so
 ``--summarize`` prints one table for a folder holding both.
 """
@@ -125,14 +127,16 @@ def run_lightning_wm(seed: int, max_env_steps: int, out_dir: str, config: str, e
         def on_validation_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
             stats = trainer.datamodule.collector.stats
             wall = time.perf_counter() - self.start
-            record["evaluations"].append({"train_iter": trainer.global_step, "env_steps": int(stats.env_steps),
+            frames = int(stats.env_steps) * trainer.datamodule.env.action_repeat
+            record["evaluations"].append({"train_iter": trainer.global_step, "env_steps": frames,
+                                          "agent_steps": int(stats.env_steps),
                                           "games": int(stats.episodes), "wall_s": wall, "returns": self.returns,
                                           "return_mean": statistics.fmean(self.returns)})
             with open(path, "w") as f:
                 json.dump(record, f, indent=1)
-            print(f"[lightning_wm seed {seed}] step {trainer.global_step}, env steps {stats.env_steps}, games "
+            print(f"[lightning_wm seed {seed}] step {trainer.global_step}, env steps {frames}, games "
                   f"{stats.episodes}, wall {wall:.0f} s: eval return {statistics.fmean(self.returns):.1f}", flush=True)
-            if stats.env_steps >= max_env_steps:
+            if frames >= max_env_steps:
                 trainer.should_stop = True
 
     args = ["--config", config, "--seed_everything", str(seed), "--data.init_args.env.seed", str(seed),

@@ -96,6 +96,9 @@ def parse_args() -> argparse.Namespace:
                    help="with --ensemble: a dream step ends with the members' largest or mean done probability")
     p.add_argument("--rounds", type=int, default=2, help="iterate: rounds of record -> M -> dream controller")
     p.add_argument("--round-episodes", type=int, default=100, help="iterate: episodes recorded per round")
+    p.add_argument("--warm-start", action="store_true",
+                   help="iterate: each round's CMA-ES starts from the last round's dream controller "
+                        "(init_params_ckpt) instead of zeros")
     p.add_argument("--explore-noise", type=float, default=0.1,
                    help="iterate: probability of a random action while recording with the controller")
     p.add_argument("--eval-episodes", type=int, default=20)
@@ -235,7 +238,7 @@ def main() -> None:
         return figures[0] if len(figures) == 1 else "; ".join(f"M{k}: {f}" for k, f in enumerate(figures))
 
     def controller(dream: bool, memory_run: str = MEMORY_RUN, latents: str = LATENTS,
-                   run_name: str | None = None) -> str:
+                   run_name: str | None = None, start_from: str | None = None) -> str:
         limit = ""
         if dream:
             generations = args.dream_generations
@@ -255,6 +258,8 @@ def main() -> None:
                    "--model.init_args.memory_ckpt", f"lightning_logs/{memory_run}/checkpoints/last.ckpt"]
         if limit:
             command += ["--trainer.max_time", limit]
+        if start_from:
+            command += ["--model.init_args.init_params_ckpt", start_from]
         if dream:
             command += ["--trainer.run_name", run_name or args.dream_run_name,
                         "--model.init_args.train_in", "dream",
@@ -303,11 +308,13 @@ def main() -> None:
             latents = f"{LATENTS}-round{r}"
             shutil.rmtree(latents, ignore_errors=True)
             convert(latents)
+            last_controller = f"lightning_logs/{dream_run}/checkpoints/last.ckpt"
             memory_run, dream_run = f"{MEMORY_RUN}-round{r}", f"{args.dream_run_name}-round{r}"
             for name in (memory_run, dream_run):
                 shutil.rmtree(work / "lightning_logs" / name, ignore_errors=True)
             m_figure = memory(latents, memory_run)
-            c_figure = controller(True, memory_run, latents, dream_run)
+            c_figure = controller(True, memory_run, latents, dream_run,
+                                  start_from=last_controller if args.warm_start else None)
             store = EpisodeStore(FRAMES)
             figures.append(f"round {r}: {len(store)} episodes, {store.total_steps()} frames; M {m_figure}; C {c_figure}")
             print(f"\n--- {figures[-1]}\n", flush=True)

@@ -401,3 +401,32 @@ def test_explore_noise_replaces_actions_only_when_exploring():
     assert 0.2 < (noisy == 0).float().mean() < 0.3  # half replaced, half of those by the other action
     with pytest.raises(ValueError, match="explore_noise"):
         _cartpole_controller(explore_noise=1.5)
+
+
+def test_init_params_ckpt_starts_the_search_from_another_controllers_mean(tmp_path):
+    trained, dm = _cartpole_controller(popsize=4, episodes_per_member=1)
+    trainer = _fit(trained, dm, 3)
+    path = tmp_path / "round1.ckpt"
+    trainer.save_checkpoint(path)
+    mean = trained.params.detach().clone()
+    assert mean.abs().sum() > 0
+
+    warm, _ = _cartpole_controller(popsize=4, episodes_per_member=1, init_params_ckpt=str(path), sigma0=0.05)
+    torch.testing.assert_close(warm.params.detach(), mean)
+    np.testing.assert_allclose(warm.es.mean, mean.double().numpy(), rtol=0, atol=1e-7)
+    assert warm.es.sigma == 0.05 and warm.es.countiter == 0  # a new search around that mean
+    assert "init_params_ckpt" not in warm.hparams  # only a start: not a setting a checkpoint keeps
+    # the first generation is drawn around the saved mean, not around zero
+    members = torch.as_tensor(np.array(warm.es.ask()))
+    assert (members - mean).abs().max() < 0.3 < mean.abs().max()
+
+    cold, _ = _cartpole_controller(popsize=4, episodes_per_member=1)
+    assert cold.params.abs().sum() == 0
+
+    spec = env_spec(EnvConfig(id="CartPole-v1"))
+    with pytest.raises(ValueError, match="holds 10 controller weights, this controller has 30"):
+        Controller(env_spec=spec, hidden=4, popsize=4, init_params_ckpt=str(path))
+    other = tmp_path / "not_a_controller.ckpt"
+    torch.save({"state_dict": {"w": torch.zeros(1)}}, other)
+    with pytest.raises(ValueError, match="not a Controller checkpoint"):
+        Controller(env_spec=spec, popsize=4, init_params_ckpt=str(other))

@@ -46,7 +46,7 @@ from lightning_wm.agents.dreamer import Dreamer
 from lightning_wm.agents.memory import Memory
 from lightning_wm.agents.vision import Vision
 from lightning_wm.agents.vm_model import VisionMemoryModel
-from lightning_wm.checkpoints import load_module
+from lightning_wm.checkpoints import CheckpointError, load_checkpoint, load_module
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.dream_env import DreamEnv, start_states
 from lightning_wm.env_pool import EnvPool
@@ -171,6 +171,10 @@ class Controller(RLModule):
             ``evaluate`` and the fitness never explore.
         seed: seed of CMA-ES's sampler, of the fitness episodes, of the dream starts and of
             the exploration noise.
+        init_params_ckpt: a Controller checkpoint whose CMA-ES mean starts this search instead
+            of zeros (same features and action size; the step size starts at ``sigma0`` again).
+            The paper's iterative training goes on evolving C while M is retrained; this lets
+            a round start from the last round's controller. Not a model setting (not saved).
     """
 
     def __init__(
@@ -202,6 +206,7 @@ class Controller(RLModule):
         env_workers: int = 0,
         explore_noise: float = 0.0,
         seed: int = 0,
+        init_params_ckpt: str | None = None,
     ) -> None:
         super().__init__(env_spec)
         if env_spec is None:
@@ -231,7 +236,7 @@ class Controller(RLModule):
         if popsize < 2 or episodes_per_member < 1:
             raise ValueError(f"popsize must be >= 2 and episodes_per_member >= 1 (got {popsize}, {episodes_per_member})")
         # `use` only picks which saved weights act: not a setting a checkpoint must agree with
-        self.save_hyperparameters(ignore=["env_spec", "use"])
+        self.save_hyperparameters(ignore=["env_spec", "use", "init_params_ckpt"])
         self.automatic_optimization = False
         self.hidden, self.popsize, self.episodes_per_member, self.sigma0 = hidden, popsize, episodes_per_member, sigma0
         self.l2_decay, self.use = l2_decay, use
@@ -274,18 +279,30 @@ class Controller(RLModule):
         self.in_dim, self.out_dim = in_dim, env_spec.action_dim
         self.num_params = controller_num_params(in_dim, self.out_dim, hidden)
         # the CMA-ES mean; a Parameter (never given a gradient) so DDP has something to wrap
-        self.params = nn.Parameter(torch.zeros(self.num_params))
+        start = np.zeros(self.num_params) if init_params_ckpt is None else self._start_params(init_params_ckpt)
+        self.params = nn.Parameter(torch.as_tensor(start, dtype=torch.float32))
         # the best member evaluated so far and its (told) fitness
         self.register_buffer("best_params", torch.zeros(self.num_params))
         self.register_buffer("best_fitness", torch.tensor(float("-inf")))
         self.actions = ActionCodec(env_spec)  # the controller's output -> env actions
         self.es = cma.CMAEvolutionStrategy(
-            np.zeros(self.num_params), sigma0,
+            start, sigma0,
             {"popsize": popsize, "seed": np.nan, "randn": _Randn(derive_seed(seed, "cmaes")), "verbose": -9},
         )
         self._pool: EnvPool | None = None
         self._dream: DreamEnv | None = None
         self._dream_bank: Any = None
+
+    def _start_params(self, path: str) -> np.ndarray:
+        """The CMA-ES mean ``[P]`` saved in the controller checkpoint at ``path``."""
+        params = load_checkpoint(path)["state_dict"].get("params")
+        if params is None:
+            raise CheckpointError(f"init_params_ckpt {path!r} is not a Controller checkpoint (it holds no 'params')")
+        if params.numel() != self.num_params:
+            raise ValueError(f"init_params_ckpt {path!r} holds {params.numel()} controller weights, this controller "
+                             f"has {self.num_params} (features {self.in_dim}, actions {self.out_dim}, hidden "
+                             f"{self.hidden}): start from a controller on the same V, M and env")
+        return params.double().numpy()
 
     # -- policy -----------------------------------------------------------------------
     @property
