@@ -41,6 +41,25 @@ def test_vector_model_shapes_and_ranges():
     assert rec["state"].shape == (5, 16) and rec["reward_logits"].shape == (5, 21) and rec["reward"].shape == (5,)
 
 
+@pytest.mark.parametrize("frames", [False, True])
+def test_state_norm_off_leaves_the_trunks_outputs_unscaled(frames):
+    space = gym.spaces.Box(0, 255, (16, 16, 3), np.uint8) if frames else VECTOR
+    torch.manual_seed(0)
+    scaled = MuZeroModel(space, 2, latent_dim=16, hidden=32, head_hidden=8, support_size=10, channels=8)
+    torch.manual_seed(0)
+    raw = MuZeroModel(space, 2, latent_dim=16, hidden=32, head_hidden=8, support_size=10, channels=8,
+                      state_norm=False)
+    obs = torch.randint(0, 255, (5, 16, 16, 3), dtype=torch.uint8) if frames else torch.randn(5, 4) * 3
+    s_raw, s_scaled = raw.representation(obs), scaled.representation(obs)
+    torch.testing.assert_close(scale_hidden(s_raw), s_scaled)  # same networks, only the scaling differs
+    assert s_raw.min() < 0 or s_raw.max() > 1
+    action = torch.tensor([0, 1, 1, 0, 1])
+    _, n_raw = raw.dynamics(s_raw, action)
+    _, n_scaled = scaled.dynamics(s_raw, action)
+    torch.testing.assert_close(scale_hidden(n_raw), n_scaled)
+    assert n_raw.min() < 0 or n_raw.max() > 1
+
+
 def test_value_decoding_matches_dists():
     model = MuZeroModel(VECTOR, 3, latent_dim=8, hidden=8, head_hidden=8, support_size=20, reward_support_size=5)
     x = torch.tensor([0.0, 2.5, -40.0])

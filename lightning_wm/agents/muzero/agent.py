@@ -283,7 +283,7 @@ class MuZero(RLModule):
     Args:
         env_spec: linked from the datamodule (Discrete actions; float vectors or uint8 frames).
         latent_dim, hidden, layers, head_hidden, channels, blocks, frame_stack, support_size,
-            reward_support_size, value_eps, norm, act: :class:`MuZeroModel` options.
+            reward_support_size, value_eps, norm, act, state_norm: :class:`MuZeroModel` options.
         num_simulations, discount, pb_c_init, pb_c_base, dirichlet_alpha, exploration_fraction,
             gumbel, max_num_considered_actions, unvisited_q: the search
             (:func:`lightning_wm.search.mcts`); ``discount`` is also the targets' discount.
@@ -336,6 +336,7 @@ class MuZero(RLModule):
         value_eps: float = 0.001,
         norm: Literal["layer", "batch", "none"] = "layer",
         act: str = "relu",
+        state_norm: bool = True,
         num_simulations: int = 50,
         discount: float = 0.997,
         pb_c_init: float = 1.25,
@@ -412,7 +413,7 @@ class MuZero(RLModule):
             env_spec.observation_space, env_spec.action_dim, latent_dim=latent_dim, hidden=hidden, layers=layers,
             head_hidden=head_hidden, channels=channels, blocks=blocks, frame_stack=frame_stack,
             support_size=support_size, reward_support_size=reward_support_size, value_eps=value_eps, norm=norm,
-            act=act, game_over_head=train_game_over_function,
+            act=act, game_over_head=train_game_over_function, state_norm=state_norm,
         )
         self.target_model = copy.deepcopy(self.model).requires_grad_(False)
         if unvisited_q not in ("zero", "mean"):

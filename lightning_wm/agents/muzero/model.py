@@ -124,6 +124,8 @@ class MuZeroModel(nn.Module, WorldModel):
             ``norm_type='BN'``) or ``"none"``.
         act: activation name.
         game_over_head: also predict termination on arriving at ``s'``.
+        state_norm: min-max scale every hidden state to ``[0, 1]`` (the paper's rule; LightZero's
+            ``state_norm``, which its MLP model leaves off). Off: the trunks' raw outputs.
     """
 
     def __init__(
@@ -144,6 +146,7 @@ class MuZeroModel(nn.Module, WorldModel):
         norm: str = "layer",
         act: str = "relu",
         game_over_head: bool = False,
+        state_norm: bool = True,
     ) -> None:
         super().__init__()
         if not isinstance(observation_space, gym.spaces.Box):
@@ -153,6 +156,7 @@ class MuZeroModel(nn.Module, WorldModel):
         self.num_actions = num_actions
         self.frame_stack = frame_stack
         self.value_eps = value_eps
+        self.state_norm = state_norm
         self.register_buffer("value_bins", dists.h_support(support_size), persistent=False)
         self.register_buffer("reward_bins", dists.h_support(reward_support_size or support_size), persistent=False)
         self.register_buffer("action_eye", torch.eye(num_actions), persistent=False)  # one-hot rows
@@ -193,7 +197,8 @@ class MuZeroModel(nn.Module, WorldModel):
 
     # -- the three functions ---------------------------------------------------------------------
     def representation(self, obs: Tensor) -> Tensor:
-        """``h``: observations ``[B, *obs_shape]`` -> hidden state ``[B, *state_shape]`` in ``[0, 1]``."""
+        """``h``: observations ``[B, *obs_shape]`` -> hidden state ``[B, *state_shape]`` (in ``[0, 1]``
+        with ``state_norm``)."""
         if tuple(obs.shape[1:]) != self.obs_shape:
             raise ValueError(f"MuZeroModel expects observations [B, {', '.join(map(str, self.obs_shape))}], "
                              f"got {list(obs.shape)}")
@@ -203,8 +208,11 @@ class MuZeroModel(nn.Module, WorldModel):
                 x = x.permute(0, 1, 4, 2, 3).flatten(1, 2)
             else:
                 x = x.permute(0, 3, 1, 2)
-            return scale_hidden(self.repr_net(x))
-        return scale_hidden(self.repr_net(obs.float()))
+            return self._scale(self.repr_net(x))
+        return self._scale(self.repr_net(obs.float()))
+
+    def _scale(self, state: Tensor) -> Tensor:
+        return scale_hidden(state) if self.state_norm else state
 
     def dynamics(self, state: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
         """``g``: ``state [B, *state_shape]``, ``action`` int64 ``[B]`` or one-hot float ``[B, A]``
@@ -213,9 +221,9 @@ class MuZeroModel(nn.Module, WorldModel):
         if self.is_image:
             planes = onehot[:, :, None, None].expand(-1, -1, *state.shape[-2:])
             y = self.dyn_act(self.dyn_in(torch.cat([state, planes], 1)) + state)
-            nxt = scale_hidden(self.dyn_blocks(y))
+            nxt = self._scale(self.dyn_blocks(y))
         else:
-            nxt = scale_hidden(self.dyn_net(torch.cat([state, onehot], -1)))
+            nxt = self._scale(self.dyn_net(torch.cat([state, onehot], -1)))
         return self.reward_head(nxt), nxt
 
     def prediction(self, state: Tensor) -> tuple[Tensor, Tensor]:
