@@ -183,10 +183,13 @@ def main() -> None:
     if args.eval_every is None:
         args.eval_every = int(config["trainer"].get("val_check_interval", 250))
     data_args.update(eval_episodes=args.eval_episodes, eval_envs=min(args.eval_episodes, 5))
-    if args.terminal_fraction is not None:
-        data_args["sampler"] = SequenceSampler(data_args.pop("sequence_length", 64), data_args.pop("cross_episodes", True),
-                                               terminal_fraction=args.terminal_fraction)
     datamodule = ReplayDataModule(env=env, **data_args)
+    if args.terminal_fraction is not None:  # the config's own windows, a share of them holding an episode end
+        windows = datamodule.sampler
+        if not isinstance(windows, SequenceSampler):
+            parser.error(f"--terminal-fraction needs sequence replay; the config samples {type(windows).__name__}")
+        datamodule.sampler = SequenceSampler(windows.length, windows.cross_episodes,
+                                             terminal_fraction=args.terminal_fraction)
     model = Dreamer(datamodule.spec, **model_args)
 
     if args.env_steps is None:  # the config's own run (what `main.py fit --config ...` trains)

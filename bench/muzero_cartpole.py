@@ -127,9 +127,10 @@ def run_lightning_wm(seed: int, max_env_steps: int, out_dir: str, config: str, e
         def on_validation_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
             stats = trainer.datamodule.collector.stats
             wall = time.perf_counter() - self.start
-            frames = int(stats.env_steps) * trainer.datamodule.env.action_repeat
+            agent_steps = int(stats.env_steps)
+            frames = agent_steps * trainer.datamodule.env.action_repeat
             record["evaluations"].append({"train_iter": trainer.global_step, "env_steps": frames,
-                                          "agent_steps": int(stats.env_steps),
+                                          "agent_steps": agent_steps,
                                           "games": int(stats.episodes), "wall_s": wall, "returns": self.returns,
                                           "return_mean": statistics.fmean(self.returns)})
             with open(path, "w") as f:

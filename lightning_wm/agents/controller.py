@@ -235,7 +235,8 @@ class Controller(RLModule):
             raise ValueError(f"env_workers must be >= 0, got {env_workers}")
         if popsize < 2 or episodes_per_member < 1:
             raise ValueError(f"popsize must be >= 2 and episodes_per_member >= 1 (got {popsize}, {episodes_per_member})")
-        # `use` only picks which saved weights act: not a setting a checkpoint must agree with
+        # `use` only picks which saved weights act and `init_params_ckpt` only where the search
+        # starts: neither is a setting a checkpoint must agree with
         self.save_hyperparameters(ignore=["env_spec", "use", "init_params_ckpt"])
         self.automatic_optimization = False
         self.hidden, self.popsize, self.episodes_per_member, self.sigma0 = hidden, popsize, episodes_per_member, sigma0
