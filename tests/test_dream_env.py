@@ -581,3 +581,16 @@ def test_controller_dreams_with_an_ensemble_and_acts_with_m_alone(tmp_path):
     assert "eh" not in controller.initial_state(2)["model"]  # the real env runs M alone
     fitness = controller.evaluate_population(torch.randn(4, controller.num_params), 2, seed=0)
     torch.testing.assert_close(fitness, torch.full((4,), 7.0))
+    # the ensemble's Ms are not saved: V and M alone load the dream-trained controller (evaluate,
+    # record), and a controller built with the ensemble loads it with its members' own weights
+    with torch.no_grad():
+        controller.params.normal_()
+    state = controller.state_dict()
+    assert not any(k.startswith("memory_ensemble") for k in state)
+    alone = Controller(DISCRETE, vision_ckpt=v, memory_ckpt=m, popsize=4)
+    alone.load_state_dict(state)
+    torch.testing.assert_close(alone.params, controller.params)
+    member = {k: t.clone() for k, t in controller.memory_ensemble.state_dict().items()}
+    controller.load_state_dict(state)
+    for k, t in controller.memory_ensemble.state_dict().items():
+        torch.testing.assert_close(t, member[k])

@@ -262,8 +262,9 @@ class Controller(RLModule):
                                                  temperature=dream_temperature, sample_z=sample_z).train()
         elif vision_ckpt:
             self.vision = load_module(Vision, vision_ckpt).train()
-        # the ensemble's further Ms (their weights are the only new entries in the state dict;
-        # without an ensemble the state dict is what it was, so older checkpoints load)
+        # the ensemble's further Ms: frozen copies of their own checkpoints, loaded again from
+        # memory_ensemble at construction and left out of the state dict (state_dict below), so a
+        # controller trained in an ensemble's dream evaluates and records with V and M alone
         if memory_ensemble:
             self.memory_ensemble = nn.ModuleList(load_module(Memory, path) for path in memory_ensemble).train()
         self.dream_ensemble_next, self.dream_ensemble_done = dream_ensemble_next, dream_ensemble_done
@@ -511,6 +512,24 @@ class Controller(RLModule):
         self.close_envs()
 
     # -- checkpoints ------------------------------------------------------------------
+    _UNSAVED = "memory_ensemble."
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The module's state without the ensemble's Ms (they come from their own checkpoints)."""
+        out = super().state_dict(*args, **kwargs)
+        unsaved = kwargs.get("prefix", "") + self._UNSAVED
+        for key in [k for k in out if k.startswith(unsaved)]:
+            del out[key]
+        return out
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        """Loads a state saved with or without ensemble Ms: the ensemble this controller was
+        built with keeps the weights of its own checkpoints."""
+        state = {k: v for k, v in state_dict.items() if not k.startswith(self._UNSAVED)}
+        if "memory_ensemble" in self._modules:
+            state.update({self._UNSAVED + k: v for k, v in self.memory_ensemble.state_dict().items()})
+        return super().load_state_dict(state, strict=strict, assign=assign)
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["cma_es"] = torch.frombuffer(bytearray(pickle.dumps(self.es)), dtype=torch.uint8)
 
