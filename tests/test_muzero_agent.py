@@ -148,13 +148,14 @@ def test_frame_stack_acting_state():
 
 
 # -- the unroll losses ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("bootstrap", ["target_network", "stored"])
-def test_unroll_losses_match_a_per_sample_computation(bootstrap):
+@pytest.mark.parametrize("bootstrap,step_weights", [("target_network", "pseudocode"), ("stored", "pseudocode"),
+                                                    ("target_network", "equal")])
+def test_unroll_losses_match_a_per_sample_computation(bootstrap, step_weights):
     """The batched loss against a slow per-sample, per-step computation from the same targets."""
     torch.manual_seed(1)
     K, n = 3, 2
     model = quiet(MuZero(cartpole_spec(), num_unroll_steps=K, td_steps=n, train_game_over_function=True,
-                         bootstrap_value=bootstrap,
+                         bootstrap_value=bootstrap, unroll_step_weights=step_weights,
                          train_repr_prediction=True, reward_loss_weight=0.7, repr_loss_weight=0.3,
                          recurrent_gradient_scaling_factor=1.0, **SMALL))
     with torch.no_grad():  # heads away from their zero init; a target network unlike the model
@@ -182,7 +183,7 @@ def test_unroll_losses_match_a_per_sample_computation(bootstrap):
         state = m.representation(batch["obs"][b:b + 1, 0])
         sample = 0.0
         for k in range(K + 1):
-            scale = 1.0 if k == 0 else 1.0 / K
+            scale = 1.0 if k == 0 and step_weights == "pseudocode" else 1.0 / K  # "equal": every step 1 / K
             if k > 0:
                 r_logits, state = m.dynamics(state, t.actions[b:b + 1, k - 1])
                 if t.reward_mask[b, k]:
@@ -208,6 +209,11 @@ def test_unroll_losses_match_a_per_sample_computation(bootstrap):
     out["loss"].backward()
     assert all(p.grad is not None for p in m.parameters())
     assert not any(p.requires_grad for p in model.target_model.parameters())
+
+
+def test_unknown_unroll_step_weights_are_refused():
+    with pytest.raises(ValueError, match="unroll_step_weights must be 'pseudocode' or 'equal'"):
+        MuZero(cartpole_spec(), unroll_step_weights="mean", **SMALL)
 
 
 def test_losses_fall_on_a_fixed_batch():

@@ -26,7 +26,7 @@ from lightning_wm.nn.blocks import scale_gradient, soft_update
 from lightning_wm.optim import with_lr_schedule
 from lightning_wm.search import SearchOutput, TemperatureSchedule, mcts
 
-__all__ = ["MuZero", "MuZeroPolicy", "SearchSettings", "LossSettings", "unroll_losses", "push_frame", "window_stacks",
+__all__ = ["MuZero", "MuZeroPolicy", "SearchSettings", "LossSettings", "unroll_losses", "unroll_step_weight", "push_frame", "window_stacks",
            "reanalyze_td_steps"]
 
 
@@ -182,13 +182,26 @@ class LossSettings:
     train_policy: bool = True
     train_game_over_function: bool = False
     train_repr_prediction: bool = False
+    unroll_step_weights: str = "pseudocode"
+
+
+def unroll_step_weight(num_unroll_steps: int, rule: str) -> Tensor:
+    """Weights ``[K + 1]`` of the unroll's steps in the loss: ``pseudocode`` (the MuZero pseudocode,
+    ALF): step 0 weighs 1 and every unrolled step ``1 / K``; ``equal`` (EfficientZero, LightZero):
+    every step weighs ``1 / K``, so the K unrolled steps together weigh K times step 0."""
+    K = num_unroll_steps
+    if rule == "pseudocode":
+        return torch.tensor([1.0] + [1.0 / K] * K)
+    if rule == "equal":
+        return torch.full((K + 1,), 1.0 / K)
+    raise ValueError(f"unroll_step_weights must be 'pseudocode' or 'equal', got {rule!r}")
 
 
 def unroll_losses(model: MuZeroModel, obs: Tensor, t: UnrollTargets, valid: Tensor,
                   settings: LossSettings) -> tuple[dict[str, Tensor], Tensor]:
     """Per-sample losses ``{name: [B]}`` of the K-step unroll of ``model`` from ``obs [B, W, ...]``
     (row 0 the position; rows ``1..K`` for latent consistency) along ``t.actions`` (steps
-    ``k >= 1`` weighted ``1 / K``; the hidden state's gradient scaled at every step), and the
+    weighted by :func:`unroll_step_weight`; the hidden state's gradient scaled at every step), and the
     network's value at the position ``[B]`` (no gradient). ``valid [B, W]``: the window's mask."""
     K = t.actions.shape[1]
     root = model.initial_inference(obs[:, 0])
@@ -203,7 +216,7 @@ def unroll_losses(model: MuZeroModel, obs: Tensor, t: UnrollTargets, valid: Tens
         value_logits.append(v_logits)
         states.append(state)
         state = scale_gradient(state, settings.recurrent_gradient_scaling_factor)
-    step_weight = torch.tensor([1.0] + [1.0 / K] * K, device=obs.device)  # [K + 1]
+    step_weight = unroll_step_weight(K, settings.unroll_step_weights).to(obs.device)  # [K + 1]
 
     def total(per_step: Tensor, mask: Tensor) -> Tensor:  # [B, K + 1] -> [B]
         return (per_step * mask.float() * step_weight).sum(1)
@@ -251,7 +264,8 @@ class MuZero(RLModule):
     value (categorical over the h-transformed support, weight ``value_loss_weight``) against
     the n-step target, reward (``k >= 1``), policy (cross-entropy to the stored or reanalysed
     ``visit_probs``), game over and latent consistency when trained; steps ``k >= 1`` weigh
-    ``1 / K`` (the loss is averaged over the unroll) and samples their importance weights. See
+    ``1 / K`` (``unroll_step_weights``: step 0 weighs 1, or ``1 / K`` too) and samples their
+    importance weights. See
     :mod:`lightning_wm.agents.muzero.targets` for the targets at episode ends.
 
     Value targets bootstrap (the row ``min(k + td_steps, episode end)`` of unroll step ``k``)
@@ -299,6 +313,9 @@ class MuZero(RLModule):
             (:class:`~lightning_wm.search.TemperatureSchedule`; MuZero: 1.0 / 0.5 / 0.25 at 500k
             and 750k steps).
         num_unroll_steps, td_steps, recurrent_gradient_scaling_factor: the unroll (ALF's names).
+        unroll_step_weights: ``pseudocode`` (step 0 weighs 1, each unrolled step ``1 / K``: the
+            MuZero pseudocode and ALF) or ``equal`` (every step ``1 / K``: EfficientZero and
+            LightZero, whose unrolled steps weigh K times the first).
         value_loss_weight, reward_loss_weight, policy_loss_weight, game_over_loss_weight,
             repr_loss_weight: loss weights.
         train_reward_function, train_game_over_function, train_repr_prediction, train_policy:
@@ -352,6 +369,7 @@ class MuZero(RLModule):
         num_unroll_steps: int = 5,
         td_steps: int = 10,
         recurrent_gradient_scaling_factor: float = 0.5,
+        unroll_step_weights: Literal["pseudocode", "equal"] = "pseudocode",
         value_loss_weight: float = 0.25,
         reward_loss_weight: float = 1.0,
         policy_loss_weight: float = 1.0,
@@ -407,6 +425,7 @@ class MuZero(RLModule):
         if lr_warmup_steps < 0 or (lr_anneal_steps is not None and lr_anneal_steps < 1):
             raise ValueError(f"lr_warmup_steps must be >= 0 and lr_anneal_steps >= 1 or null, got {lr_warmup_steps}, "
                              f"{lr_anneal_steps}")
+        unroll_step_weight(num_unroll_steps, unroll_step_weights)  # a clear error for an unknown rule
         if optimizer not in ("adam", "sgd"):
             raise ValueError(f"optimizer must be 'adam' or 'sgd', got {optimizer!r}")
         self.model = MuZeroModel(
@@ -585,7 +604,7 @@ class MuZero(RLModule):
         return unroll_losses(self.model, obs, t, valid, LossSettings(
             hp.recurrent_gradient_scaling_factor, hp.value_loss_weight, hp.reward_loss_weight, hp.policy_loss_weight,
             hp.game_over_loss_weight, hp.repr_loss_weight, hp.train_reward_function, hp.train_policy,
-            hp.train_game_over_function, hp.train_repr_prediction))
+            hp.train_game_over_function, hp.train_repr_prediction, hp.unroll_step_weights))
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         self.update_target(self.global_step)
