@@ -13,7 +13,8 @@ Stages (each the CLI command README documents, run in-process in ``--workdir``):
 7. iterate    the paper's iterative training, ``--rounds`` times: ``record`` episodes with the
               latest dream-trained controller (``explore_noise``), ``convert`` the whole store,
               ``fit`` M on it, ``fit`` C inside the new M's dream (the controller never learns
-              from the real env: it only supplies frames for M)
+              from the real env: it only supplies frames for M); with ``--round-ensemble N`` the
+              dream is the new M together with the Ms of the N rounds before it
 
 and prints per stage the wall time and its figure: V's held-out reconstruction MSE (per
 pixel value on the [0, 1] scale), M's held-out NLL (nats per latent dimension), and each
@@ -90,6 +91,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--ensemble", type=int, default=1,
                    help="Ms per round: M (seed 0) and K-1 more with seeds 1..K-1 on the same latents, all of them "
                         "dreaming together (the controller's memory_ensemble); 1: M alone")
+    p.add_argument("--round-ensemble", type=int, default=0,
+                   help="iterate: each round's controller dreams in its new M together with the Ms of this many "
+                        "rounds before it (round 0: M on the first episodes), as the controller's memory_ensemble; "
+                        "0: the new M alone")
     p.add_argument("--dream-ensemble-next", choices=("random", "primary"), default="random",
                    help="with --ensemble: z' from a member drawn per step, or from M")
     p.add_argument("--dream-ensemble-done", choices=("max", "mean"), default="max",
@@ -238,7 +243,9 @@ def main() -> None:
         return figures[0] if len(figures) == 1 else "; ".join(f"M{k}: {f}" for k, f in enumerate(figures))
 
     def controller(dream: bool, memory_run: str = MEMORY_RUN, latents: str = LATENTS,
-                   run_name: str | None = None, start_from: str | None = None) -> str:
+                   run_name: str | None = None, start_from: str | None = None,
+                   members: list[str] | None = None) -> str:
+        """``members``: memory runs that dream beside ``memory_run`` (default: ``--ensemble``'s seeds)."""
         limit = ""
         if dream:
             generations = args.dream_generations
@@ -273,9 +280,11 @@ def main() -> None:
                         "--model.init_args.sample_z", str(args.dream_sample_z).lower(),
                         "--model.init_args.episodes_per_member", str(args.dream_episodes_per_member),
                         *settings(args.dream_set)]
-            if args.ensemble > 1:
-                members = [f"lightning_logs/{memory_run}-s{k}/checkpoints/last.ckpt" for k in range(1, args.ensemble)]
-                command += ["--model.init_args.memory_ensemble", "[" + ",".join(members) + "]",
+            if members is None:
+                members = [f"{memory_run}-s{k}" for k in range(1, args.ensemble)]
+            if members:
+                paths = [f"lightning_logs/{name}/checkpoints/last.ckpt" for name in members]
+                command += ["--model.init_args.memory_ensemble", "[" + ",".join(paths) + "]",
                             "--model.init_args.dream_ensemble_next", args.dream_ensemble_next,
                             "--model.init_args.dream_ensemble_done", args.dream_ensemble_done]
         else:
@@ -296,6 +305,7 @@ def main() -> None:
         from lightning_wm.data.episodes import EpisodeStore
 
         dream_run, memory_run = args.dream_run_name, MEMORY_RUN
+        memory_runs = [MEMORY_RUN]  # round 0's M, then each round's
         figures = []
         for r in range(1, args.rounds + 1):
             run(["record", "--config", str(CONFIGS / "record.yaml"), "--episodes", str(args.round_episodes),
@@ -313,8 +323,10 @@ def main() -> None:
             for name in (memory_run, dream_run):
                 shutil.rmtree(work / "lightning_logs" / name, ignore_errors=True)
             m_figure = memory(latents, memory_run)
+            earlier = memory_runs[::-1][:args.round_ensemble] if args.round_ensemble > 0 else None
+            memory_runs.append(memory_run)
             c_figure = controller(True, memory_run, latents, dream_run,
-                                  start_from=last_controller if args.warm_start else None)
+                                  start_from=last_controller if args.warm_start else None, members=earlier)
             store = EpisodeStore(FRAMES)
             figures.append(f"round {r}: {len(store)} episodes, {store.total_steps()} frames; M {m_figure}; C {c_figure}")
             print(f"\n--- {figures[-1]}\n", flush=True)
