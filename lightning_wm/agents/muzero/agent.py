@@ -26,8 +26,8 @@ from lightning_wm.nn.blocks import scale_gradient, soft_update
 from lightning_wm.optim import with_lr_schedule
 from lightning_wm.search import SearchOutput, TemperatureSchedule, mcts
 
-__all__ = ["MuZero", "MuZeroPolicy", "SearchSettings", "LossSettings", "unroll_losses", "unroll_step_weight", "push_frame", "window_stacks",
-           "reanalyze_td_steps"]
+__all__ = ["MuZero", "MuZeroPolicy", "SearchSettings", "LossSettings", "unroll_losses", "unroll_step_weight",
+           "push_frame", "window_stacks", "reanalyze_td_steps"]
 
 
 # -- frame stacks --------------------------------------------------------------------------------
@@ -264,9 +264,9 @@ class MuZero(RLModule):
     value (categorical over the h-transformed support, weight ``value_loss_weight``) against
     the n-step target, reward (``k >= 1``), policy (cross-entropy to the stored or reanalysed
     ``visit_probs``), game over and latent consistency when trained; steps ``k >= 1`` weigh
-    ``1 / K`` (``unroll_step_weights``: step 0 weighs 1, or ``1 / K`` too) and samples their
-    importance weights. See
-    :mod:`lightning_wm.agents.muzero.targets` for the targets at episode ends.
+    ``1 / K`` and step 0 weighs 1 or ``1 / K`` too (``unroll_step_weights``), and samples
+    their importance weights. See :mod:`lightning_wm.agents.muzero.targets` for the targets at
+    episode ends.
 
     Value targets bootstrap (the row ``min(k + td_steps, episode end)`` of unroll step ``k``)
     from the target network's value of that row's observation (``bootstrap_value:
