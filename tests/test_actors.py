@@ -153,7 +153,10 @@ def test_hung_and_killed_actors_are_reported():
 
 
 LEARNER = textwrap.dedent("""
-    import json, sys, time
+    import json, signal, sys, time
+    # Ctrl-C as in a terminal: a background job of a non-interactive shell (nohup pytest &)
+    # starts with SIGINT ignored, and the learner would inherit that and never see it
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.path.insert(0, {tests!r})
     from actor_agents import MarkedPolicy
     from lightning_wm.data.actors import ActorPool
