@@ -235,7 +235,10 @@ def check_compatible(checkpoint: Mapping[str, Any], model: pl.LightningModule, p
         raise CheckpointError(f"{action} refused: the config contradicts the model in {str(path)!r} ({listed}); a "
                               "checkpoint keeps its architecture: use the config it was trained with or set these keys "
                               "to its values (another model is a new run: another --trainer.run_name)")
-    mismatch = _state_dict_mismatch(model.state_dict(), checkpoint["state_dict"])
+    # weights a module keeps out of its checkpoints (loaded from elsewhere) but older checkpoints hold
+    unsaved = tuple(getattr(model, "unsaved_state_prefixes", ()))
+    given = {k: v for k, v in checkpoint["state_dict"].items() if not (unsaved and k.startswith(unsaved))}
+    mismatch = _state_dict_mismatch(model.state_dict(), given)
     if mismatch:
         raise CheckpointError(f"{action} refused: the weights in {str(path)!r} do not fit this "
                               f"{own.__name__} ({mismatch}){f' (settings that differ: {listed})' if listed else ''}; "

@@ -594,3 +594,10 @@ def test_controller_dreams_with_an_ensemble_and_acts_with_m_alone(tmp_path):
     controller.load_state_dict(state)
     for k, t in controller.memory_ensemble.state_dict().items():
         torch.testing.assert_close(t, member[k])
+    # checkpoints saved before the members were left out still load, with or without the ensemble
+    from lightning_wm.checkpoints import check_compatible
+
+    older = {"state_dict": {**state, **{"memory_ensemble." + k: t for k, t in member.items()}}}
+    for target in (alone, controller):
+        check_compatible(older, target, "older.ckpt", "evaluation", "warn")
+        target.load_state_dict(older["state_dict"])

@@ -513,6 +513,7 @@ class Controller(RLModule):
 
     # -- checkpoints ------------------------------------------------------------------
     _UNSAVED = "memory_ensemble."
+    unsaved_state_prefixes = (_UNSAVED,)  # check_compatible accepts older checkpoints that hold them
 
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """The module's state without the ensemble's Ms (they come from their own checkpoints)."""
