@@ -211,6 +211,49 @@ def test_unroll_losses_match_a_per_sample_computation(bootstrap, step_weights):
     assert not any(p.requires_grad for p in model.target_model.parameters())
 
 
+def test_consistency_through_projection_heads():
+    """With ``projection`` the latent consistency loss compares predictor(projector(unrolled state))
+    with projector(representation of the observation reached), the latter without gradient, as in
+    EfficientZero; projector and predictor learn, and acting never uses them."""
+    from lightning_wm.agents.muzero.agent import LossSettings, unroll_losses
+    from lightning_wm.agents.muzero.targets import muzero_targets
+
+    torch.manual_seed(2)
+    K = 3
+    model = quiet(MuZero(cartpole_spec(), num_unroll_steps=K, td_steps=2, train_repr_prediction=True,
+                         projection=[12, 10, 6], **SMALL))
+    m = model.model
+    assert m.project(torch.rand(5, 16)).shape == (5, 10) and m.predict_projection(torch.rand(5, 16)).shape == (5, 10)
+    batch = filled_datamodule(model, rows=60).sample_batch()
+    t = muzero_targets(dict(batch), num_unroll_steps=K, td_steps=torch.full((8,), 2), discount=0.997)
+    valid = batch["mask"].bool()
+    settings = LossSettings(recurrent_gradient_scaling_factor=1.0, train_reward_function=False, train_policy=False,
+                            train_repr_prediction=True)
+    losses, _ = unroll_losses(m, batch["obs"], t, valid, settings)
+    # by hand, for the whole batch at once (batch norm sees the same rows)
+    state, unrolled = m.representation(batch["obs"][:, 0]), []
+    for k in range(K):
+        _, state = m.dynamics(state, t.actions[:, k])
+        unrolled.append(state)
+    online = m.predictor(m.projector(torch.stack(unrolled, 1).flatten(0, 1))).view(8, K, -1)
+    target = m.projector(m.representation(batch["obs"][:, 1:K + 1].flatten(0, 1))).view(8, K, -1).detach()
+    by_hand = ((1 - F.cosine_similarity(online, target, dim=-1)) * valid[:, 1:K + 1] / K).sum(1)
+    torch.testing.assert_close(losses["repr"], by_hand, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(losses["repr"], unroll_losses(
+        MuZero(cartpole_spec(), num_unroll_steps=K, **SMALL).model, batch["obs"], t, valid, settings)[0]["repr"])
+    losses["repr"].sum().backward()
+    heads = list(m.projector.parameters()) + list(m.predictor.parameters())
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in heads)
+    # no gradient through the target branch: the representation's gradient is the online branch's alone
+    grads = [p.grad.clone() for p in m.repr_net.parameters()]
+    m.zero_grad()
+    by_hand.sum().backward()
+    for g, p in zip(grads, m.repr_net.parameters()):
+        torch.testing.assert_close(g, p.grad)
+    with pytest.raises(ValueError, match="projection is"):
+        MuZero(cartpole_spec(), projection=[8, 8], **SMALL)
+
+
 def test_unknown_unroll_step_weights_are_refused():
     with pytest.raises(ValueError, match="unroll_step_weights must be 'pseudocode' or 'equal'"):
         MuZero(cartpole_spec(), unroll_step_weights="mean", **SMALL)

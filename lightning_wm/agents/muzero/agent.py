@@ -236,10 +236,11 @@ def unroll_losses(model: MuZeroModel, obs: Tensor, t: UnrollTargets, valid: Tens
         bce = F.binary_cross_entropy_with_logits(logits, t.game_over.float(), reduction="none")
         losses["game_over"] = settings.game_over_loss_weight * total(bce, t.game_over_mask)
     if settings.train_repr_prediction:
+        B = obs.shape[0]
         with torch.no_grad():
-            target = model.representation(obs[:, 1:K + 1].flatten(0, 1)).view(-1, K, *model.state_shape)
-        predicted = torch.stack(states[1:], 1)  # [B, K, ...]
-        cosine = F.cosine_similarity(predicted.flatten(2).float(), target.flatten(2).float(), dim=-1)
+            target = model.project(model.representation(obs[:, 1:K + 1].flatten(0, 1))).view(B, K, -1)
+        predicted = model.predict_projection(torch.stack(states[1:], 1).flatten(0, 1)).view(B, K, -1)
+        cosine = F.cosine_similarity(predicted.float(), target.float(), dim=-1)
         losses["repr"] = settings.repr_loss_weight * total(F.pad(1.0 - cosine, (1, 0)), F.pad(valid[:, 1:K + 1], (1, 0)))
     value0 = model.value(root["value_logits"].detach()).float()
     return losses, value0
@@ -297,7 +298,10 @@ class MuZero(RLModule):
     Args:
         env_spec: linked from the datamodule (Discrete actions; float vectors or uint8 frames).
         latent_dim, hidden, layers, head_hidden, channels, blocks, frame_stack, support_size,
-            reward_support_size, value_eps, norm, act, state_norm: :class:`MuZeroModel` options.
+            reward_support_size, value_eps, norm, act, state_norm, projection: :class:`MuZeroModel`
+            options (``projection``: EfficientZero's / LightZero's projector and predictor heads
+            for the latent consistency loss, ``[proj_hid, proj_out, pred_hid]``; LightZero's
+            default ``[1024, 1024, 512]``).
         num_simulations, discount, pb_c_init, pb_c_base, dirichlet_alpha, exploration_fraction,
             gumbel, max_num_considered_actions, unvisited_q: the search
             (:func:`lightning_wm.search.mcts`); ``discount`` is also the targets' discount.
@@ -321,7 +325,9 @@ class MuZero(RLModule):
         train_reward_function, train_game_over_function, train_repr_prediction, train_policy:
             ALF's switches (game over adds a termination head; repr prediction is the negative
             cosine similarity of the unrolled state with the representation of the observation
-            reached, gradient stopped on the latter).
+            reached, gradient stopped on the latter; with ``projection`` the unrolled state goes
+            through projector and predictor and the representation through the projector, as in
+            EfficientZero).
         bootstrap_value: what value targets bootstrap from, ``target_network`` or ``stored`` (above).
         policy_after_end: policy target at and past a termination, ``uniform`` or ``mask``.
         random_action_after_episode_end: unroll past the episode end with random actions (ALF).
@@ -354,6 +360,7 @@ class MuZero(RLModule):
         norm: Literal["layer", "batch", "none"] = "layer",
         act: str = "relu",
         state_norm: bool = True,
+        projection: tuple[int, int, int] | None = None,
         num_simulations: int = 50,
         discount: float = 0.997,
         pb_c_init: float = 1.25,
@@ -433,6 +440,7 @@ class MuZero(RLModule):
             head_hidden=head_hidden, channels=channels, blocks=blocks, frame_stack=frame_stack,
             support_size=support_size, reward_support_size=reward_support_size, value_eps=value_eps, norm=norm,
             act=act, game_over_head=train_game_over_function, state_norm=state_norm,
+            projection=tuple(projection) if projection is not None else None,
         )
         self.target_model = copy.deepcopy(self.model).requires_grad_(False)
         if unvisited_q not in ("zero", "mean"):

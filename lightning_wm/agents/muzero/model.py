@@ -12,6 +12,9 @@
   (:func:`lightning_wm.nn.dists.h_support`), decoded with :func:`h_twohot_mean`.
 * An optional game-over head predicts that the episode terminated on arriving at ``s'`` (ALF's
   ``train_game_over_function``); without it ``step`` reports ``done = 0``.
+* An optional projection and prediction head (``projection``: EfficientZero's SimSiam heads, as
+  LightZero's ``self_supervised_learning_loss``) for the latent consistency loss; they take no
+  part in acting or search.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from torch import Tensor, nn
 
 from lightning_wm.envs import is_image_space
 from lightning_wm.nn import dists
-from lightning_wm.nn.blocks import MLP, ChannelNorm, activation
+from lightning_wm.nn.blocks import MLP, BatchNormLast, ChannelNorm, activation
 from lightning_wm.world_model import WorldModel
 
 
@@ -126,6 +129,11 @@ class MuZeroModel(nn.Module, WorldModel):
         game_over_head: also predict termination on arriving at ``s'``.
         state_norm: min-max scale every hidden state to ``[0, 1]`` (the paper's rule; LightZero's
             ``state_norm``, which its MLP model leaves off). Off: the trunks' raw outputs.
+        projection: ``(proj_hid, proj_out, pred_hid)``, LightZero's names: a projector (two hidden
+            layers of ``proj_hid`` and an output of ``proj_out``, each batch-normalised) and a
+            predictor (one hidden layer of ``pred_hid``) on the flattened hidden state, for the
+            latent consistency loss (:meth:`project`, :meth:`predict_projection`). ``None``: no
+            heads; the loss compares the hidden states themselves.
     """
 
     def __init__(
@@ -147,6 +155,7 @@ class MuZeroModel(nn.Module, WorldModel):
         act: str = "relu",
         game_over_head: bool = False,
         state_norm: bool = True,
+        projection: tuple[int, int, int] | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(observation_space, gym.spaces.Box):
@@ -194,6 +203,15 @@ class MuZeroModel(nn.Module, WorldModel):
         else:
             raise ValueError(f"MuZeroModel takes float vectors [D] or uint8 frames [H, W, C]; got shape "
                              f"{observation_space.shape}")
+        self.projector: nn.Module | None = None
+        self.predictor: nn.Module | None = None
+        if projection is not None:
+            if len(projection) != 3 or min(projection) < 1:
+                raise ValueError(f"projection is [proj_hid, proj_out, pred_hid], three widths >= 1; got {projection}")
+            proj_hid, proj_out, pred_hid = (int(d) for d in projection)
+            self.projector = nn.Sequential(MLP(self.feature_dim, None, proj_hid, 2, act, "batch"),
+                                           nn.Linear(proj_hid, proj_out, bias=False), BatchNormLast(proj_out))
+            self.predictor = MLP(proj_out, proj_out, pred_hid, 1, act, "batch")
 
     # -- the three functions ---------------------------------------------------------------------
     def representation(self, obs: Tensor) -> Tensor:
@@ -300,6 +318,19 @@ class MuZeroModel(nn.Module, WorldModel):
         else:
             done = torch.sigmoid(self.game_over_logit(nxt))
         return self.reward(reward_logits), nxt, done
+
+    # -- the latent consistency heads -----------------------------------------------------------
+    def project(self, state: Tensor) -> Tensor:
+        """``[N, *state_shape] -> [N, proj_out]`` through the projector (the target branch; the
+        hidden state itself, flattened, without ``projection``)."""
+        flat = state.flatten(1)
+        return flat if self.projector is None else self.projector(flat)
+
+    def predict_projection(self, state: Tensor) -> Tensor:
+        """``[N, *state_shape] -> [N, proj_out]`` through projector and predictor (the online branch
+        that the unrolled state takes; the hidden state itself, flattened, without ``projection``)."""
+        projected = self.project(state)
+        return projected if self.predictor is None else self.predictor(projected)
 
     def features(self, state: Tensor) -> Tensor:
         """``[B, F]``: the hidden state flattened."""

@@ -88,6 +88,8 @@ class MuZeroRepresentation(nn.Module):
         value_loss_weight, reward_loss_weight, policy_loss_weight, repr_loss_weight,
             train_reward_function, train_policy, train_repr_prediction: the losses (ALF's
             switches; ``train_policy`` needs ``logits`` columns, the host's behaviour policy).
+        projection: ``[proj_hid, proj_out, pred_hid]``: the latent consistency loss through
+            projector and predictor heads (:class:`MuZeroModel`; EfficientZero, LightZero).
         detach: the host's gradients do not reach the representation (ALF's learner).
         interval: train every this many host steps (ALF's ``interval``).
         loss_weight: scale of the MuZero loss added to the host's.
@@ -117,6 +119,7 @@ class MuZeroRepresentation(nn.Module):
         train_reward_function: bool = True,
         train_policy: bool = True,
         train_repr_prediction: bool = False,
+        projection: tuple[int, int, int] | None = None,
         detach: bool = True,
         interval: int = 1,
         loss_weight: float = 1.0,
@@ -129,7 +132,8 @@ class MuZeroRepresentation(nn.Module):
                              f"{td_steps}, {interval}")
         self.model = MuZeroModel(env_spec.observation_space, env_spec.action_dim, latent_dim=latent_dim,
                                  hidden=hidden, layers=layers, head_hidden=head_hidden, channels=channels,
-                                 blocks=blocks, support_size=support_size, norm=norm, act=act)
+                                 blocks=blocks, support_size=support_size, norm=norm, act=act,
+                                 projection=tuple(projection) if projection is not None else None)
         self.out_dim = math.prod(self.model.state_shape)
         self.num_unroll_steps, self.td_steps, self.discount = num_unroll_steps, td_steps, discount
         self.settings = LossSettings(recurrent_gradient_scaling_factor, value_loss_weight, reward_loss_weight,
