@@ -214,7 +214,7 @@ def test_unroll_losses_match_a_per_sample_computation(bootstrap, step_weights):
 def test_consistency_through_projection_heads():
     """With ``projection`` the latent consistency loss compares predictor(projector(unrolled state))
     with projector(representation of the observation reached), the latter without gradient, as in
-    EfficientZero; projector and predictor learn, and acting never uses them."""
+    EfficientZero; projector and predictor learn."""
     from lightning_wm.agents.muzero.agent import LossSettings, unroll_losses
     from lightning_wm.agents.muzero.targets import muzero_targets
 

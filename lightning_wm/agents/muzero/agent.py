@@ -440,7 +440,7 @@ class MuZero(RLModule):
             head_hidden=head_hidden, channels=channels, blocks=blocks, frame_stack=frame_stack,
             support_size=support_size, reward_support_size=reward_support_size, value_eps=value_eps, norm=norm,
             act=act, game_over_head=train_game_over_function, state_norm=state_norm,
-            projection=tuple(projection) if projection is not None else None,
+            projection=projection,
         )
         self.target_model = copy.deepcopy(self.model).requires_grad_(False)
         if unvisited_q not in ("zero", "mean"):

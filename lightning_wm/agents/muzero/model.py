@@ -19,6 +19,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import gymnasium as gym
 import torch
 from torch import Tensor, nn
@@ -155,7 +157,7 @@ class MuZeroModel(nn.Module, WorldModel):
         act: str = "relu",
         game_over_head: bool = False,
         state_norm: bool = True,
-        projection: tuple[int, int, int] | None = None,
+        projection: Sequence[int] | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(observation_space, gym.spaces.Box):

@@ -133,7 +133,7 @@ class MuZeroRepresentation(nn.Module):
         self.model = MuZeroModel(env_spec.observation_space, env_spec.action_dim, latent_dim=latent_dim,
                                  hidden=hidden, layers=layers, head_hidden=head_hidden, channels=channels,
                                  blocks=blocks, support_size=support_size, norm=norm, act=act,
-                                 projection=tuple(projection) if projection is not None else None)
+                                 projection=projection)
         self.out_dim = math.prod(self.model.state_shape)
         self.num_unroll_steps, self.td_steps, self.discount = num_unroll_steps, td_steps, discount
         self.settings = LossSettings(recurrent_gradient_scaling_factor, value_loss_weight, reward_loss_weight,
