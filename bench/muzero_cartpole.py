@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import os
 import statistics
 import sys
@@ -46,20 +47,46 @@ TARGET = 475.0
 
 
 # -- summaries (any system) --------------------------------------------------------------------
-def summarize(evals: list[dict[str, Any]], target: float = TARGET) -> dict[str, Any]:
-    """First evaluation at or above ``target`` (env steps, games, wall seconds), whether every
-    later one stays there, and the last one."""
+def summarize(evals: list[dict[str, Any]], target: float = TARGET, in_a_row: int = 3,
+              tail_env_steps: int = 2000) -> dict[str, Any]:
+    """One run's evaluations (``env_steps``, ``games``, ``wall_s``, ``return_mean`` each, in order):
+    the first at or above ``target`` (env steps, games, wall seconds), whether every later one
+    stays there and the lowest of them, the env steps of the first ``in_a_row`` evaluations in a
+    row at or above ``target`` (a measure that one lucky evaluation does not meet), the mean
+    return over the last ``tail_env_steps`` env steps of the run, and the last evaluation."""
     first = next((e for e in evals if e["return_mean"] >= target), None)
-    out: dict[str, Any] = {"evaluations": len(evals), "solved": first is not None}
+    out: dict[str, Any] = {"evaluations": len(evals), "solved": first is not None, "held_env_steps": None}
     if first is not None:
         later = [e for e in evals if e["env_steps"] >= first["env_steps"]]
         out.update(env_steps=first["env_steps"], games=first["games"], wall_s=first["wall_s"],
                    stays=all(e["return_mean"] >= target for e in later),
                    min_after=min(e["return_mean"] for e in later))
+    run = 0
+    for e in evals:
+        run = run + 1 if e["return_mean"] >= target else 0
+        if run == in_a_row:
+            out["held_env_steps"] = e["env_steps"]
+            break
     if evals:
         out["last_return"] = evals[-1]["return_mean"]
         out["last_env_steps"] = evals[-1]["env_steps"]
+        tail = [e["return_mean"] for e in evals if e["env_steps"] > evals[-1]["env_steps"] - tail_env_steps]
+        out["tail_mean"] = statistics.fmean(tail)
     return out
+
+
+def _steps(median: float) -> str:
+    return "not (half the runs never got there)" if math.isinf(median) else f"{median:.0f}"
+
+
+def median_counting_unsolved(values: list[float | None]) -> float:
+    """Median of ``values`` where ``None`` (never got there) counts as slower than every number."""
+    if not values:
+        raise ValueError("no runs to take the median of")
+    ordered = sorted(values, key=lambda v: (v is None, v or 0.0))
+    mid = len(ordered) // 2
+    pair = ordered[mid - 1:mid + 1] if len(ordered) % 2 == 0 else [ordered[mid]]
+    return math.inf if any(v is None for v in pair) else statistics.fmean(pair)
 
 
 def print_runs(paths: list[str]) -> None:
@@ -76,20 +103,30 @@ def print_runs(paths: list[str]) -> None:
         for e in run["evaluations"]:
             print(f"| {e['env_steps']} | {e['games']} | {e['wall_s']:.0f} | {e['return_mean']:.1f} | "
                   f"{min(e['returns']):.0f} | {max(e['returns']):.0f} |")
-    print("\n| system | seed | env steps to 475 | games | wall s | stays >= 475 | min after | last |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("\n| system | seed | env steps to 475 | games | wall s | stays >= 475 | min after | 3 in a row at "
+          "| mean of the last 2,000 | last |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for run, s in rows:
+        held = s["held_env_steps"] if s["held_env_steps"] is not None else "not"
+        tail = f"{s['tail_mean']:.1f}" if "tail_mean" in s else ""
         if s["solved"]:
             print(f"| {run['system']} | {run['seed']} | {s['env_steps']} | {s['games']} | {s['wall_s']:.0f} | "
-                  f"{s['stays']} | {s['min_after']:.1f} | {s.get('last_return', float('nan')):.1f} |")
+                  f"{s['stays']} | {s['min_after']:.1f} | {held} | {tail} | {s.get('last_return', float('nan')):.1f} |")
         else:
             print(f"| {run['system']} | {run['seed']} | not reached in {s.get('last_env_steps', 0)} | | | | | "
-                  f"{s.get('last_return', float('nan')):.1f} |")
-    solved = [s for _, s in rows if s["solved"]]
-    if solved:
-        print(f"\nmedians over {len(solved)}/{len(rows)} solved runs: env steps "
-              f"{statistics.median(s['env_steps'] for s in solved):.0f}, games "
-              f"{statistics.median(s['games'] for s in solved):.0f}, wall {statistics.median(s['wall_s'] for s in solved):.0f} s")
+                  f"{held} | {tail} | {s.get('last_return', float('nan')):.1f} |")
+    for system in sorted({run["system"] for run, _ in rows}):
+        mine = [s for run, s in rows if run["system"] == system]
+        solved = [s for s in mine if s["solved"]]
+        first = median_counting_unsolved([s.get("env_steps") for s in mine])
+        held = median_counting_unsolved([s["held_env_steps"] for s in mine])
+        line = (f"\n{system}: {len(solved)}/{len(mine)} runs reach 475, {sum(s['held_env_steps'] is not None for s in mine)}"
+                f"/{len(mine)} hold it 3 evaluations in a row; medians (a run that never gets there counts as the "
+                f"slowest): env steps to 475 {_steps(first)}, to 3 in a row {_steps(held)}, mean of the last 2,000 env steps "
+                f"{statistics.median(s['tail_mean'] for s in mine if 'tail_mean' in s):.1f}")
+        if solved:
+            line += f"; wall to 475 over the solved runs {statistics.median(s['wall_s'] for s in solved):.0f} s"
+        print(line)
 
 
 # -- lightning_wm ------------------------------------------------------------------------------

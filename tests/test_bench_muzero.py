@@ -1,0 +1,48 @@
+"""The summaries of bench/muzero_cartpole.py on hand-made evaluation curves."""
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "muzero_cartpole.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("muzero_cartpole_bench", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def curve(returns, every=1000):
+    return [{"env_steps": every * (i + 1), "games": 10 * (i + 1), "wall_s": 5.0 * (i + 1), "return_mean": r}
+            for i, r in enumerate(returns)]
+
+
+def test_a_lucky_evaluation_is_first_but_not_held(bench):
+    s = bench.summarize(curve([9, 500, 200, 480, 490, 300, 500, 500, 500]))
+    assert s["solved"] and s["env_steps"] == 2000 and s["games"] == 20 and s["wall_s"] == 10.0
+    assert not s["stays"] and s["min_after"] == 200
+    assert s["held_env_steps"] == 9000  # 480, 490 then 300 break the run; 500 x 3 ends at 9,000
+    # the last 2,000 env steps of a 9,000-step run: the evaluations after 7,000
+    assert s["tail_mean"] == pytest.approx(500.0)
+    assert s["last_return"] == 500 and s["last_env_steps"] == 9000
+
+
+def test_an_unsolved_run(bench):
+    s = bench.summarize(curve([9, 100, 474.9]), tail_env_steps=1500)
+    assert not s["solved"] and s["held_env_steps"] is None and "env_steps" not in s
+    assert s["tail_mean"] == pytest.approx((100 + 474.9) / 2)
+
+
+def test_median_counts_a_run_that_never_got_there_as_the_slowest(bench):
+    median = bench.median_counting_unsolved
+    assert median([3000, None, 1000]) == 3000
+    assert median([4000, 1000, None, 2000]) == 3000
+    assert math.isinf(median([1000, None, None, 2000]))
+    assert math.isinf(median([None]))
+    with pytest.raises(ValueError):
+        median([])
