@@ -91,10 +91,13 @@ def median_counting_unsolved(values: list[float | None]) -> float:
 
 def print_runs(paths: list[str]) -> None:
     """A markdown table per run (every evaluation) and the medians over runs."""
-    rows = []
+    runs = []
     for path in paths:
         with open(path) as f:
-            run = json.load(f)
+            runs.append((path, json.load(f)))
+    runs.sort(key=lambda item: (item[1]["system"], item[1]["seed"]))  # seed 10 after seed 9
+    rows = []
+    for path, run in runs:
         s = summarize(run["evaluations"])
         rows.append((run, s))
         print(f"\n{run['system']} seed {run['seed']} ({path}):\n")
