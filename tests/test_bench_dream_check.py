@@ -1,17 +1,12 @@
 """bench/worldmodels_dream_check.py: the mixture mean it rolls M forward with, and its open loop."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
+from bench_scripts import load_bench_script  # pytest puts tests/ (no __init__.py) on sys.path
 from lightning_wm.agents.memory import Memory
 
-_SPEC = importlib.util.spec_from_file_location(
-    "worldmodels_dream_check", Path(__file__).resolve().parents[1] / "bench" / "worldmodels_dream_check.py")
-check = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(check)
+check = load_bench_script("worldmodels_dream_check.py")
 
 
 @pytest.mark.parametrize("mixture", ["per_dim", "joint"])

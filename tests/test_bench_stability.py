@@ -1,20 +1,15 @@
 """The stability verdict of bench/dreamer_cartpole.py on hand-made evaluation curves."""
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "dreamer_cartpole.py"
+from bench_scripts import load_bench_script  # pytest puts tests/ (no __init__.py) on sys.path
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("dreamer_cartpole_bench", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_script("dreamer_cartpole.py")
 
 
 @pytest.fixture(scope="module")

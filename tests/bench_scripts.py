@@ -1,0 +1,15 @@
+"""Import a script of bench/ (not a package) as a module, for tests of its pure parts."""
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+BENCH_DIR = Path(__file__).resolve().parents[1] / "bench"
+
+
+def load_bench_script(filename: str) -> ModuleType:
+    """``bench/<filename>`` executed as a module named after it (its ``main`` does not run)."""
+    spec = importlib.util.spec_from_file_location(f"bench_{Path(filename).stem}", BENCH_DIR / filename)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
