@@ -282,6 +282,24 @@ def test_a_sampler_whose_windows_are_too_short_is_refused():
         model.training_step(dm.sample_batch(), 0)
 
 
+def test_a_sampler_whose_windows_are_longer_than_needed_warns_once():
+    """The model's td_steps lowered without the sampler's: training works on the first rows and
+    the user hears, once, that the rest are sampled for nothing and which sampler fits."""
+    import warnings
+
+    model = quiet(MuZero(cartpole_spec(), num_unroll_steps=3, td_steps=2, **SMALL))
+    dm = filled_datamodule(model, rows=30, sampler=WindowSampler(3, 5))
+    with pytest.warns(UserWarning, match=r"longer than .* use WindowSampler\(num_unroll_steps=3, td_steps=2, history=0\)"):
+        model.training_step(dm.sample_batch(), 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.training_step(dm.sample_batch(), 1)  # once is enough
+    exact = quiet(MuZero(cartpole_spec(), num_unroll_steps=3, td_steps=2, **SMALL))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        exact.training_step(filled_datamodule(exact, rows=30).sample_batch(), 0)
+
+
 # -- reanalyse -------------------------------------------------------------------------------------------
 def test_reanalyse_writes_only_the_selected_rows_and_stale_rows_are_skipped():
     torch.manual_seed(3)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -451,6 +452,7 @@ class MuZero(RLModule):
         self.temperature = TemperatureSchedule(tuple(temperature_boundaries), tuple(temperature_values))
         self.search_stats = SearchStats()
         self.hp = self.hparams
+        self._warned_long_window = False
 
     # -- acting (Agent protocol) ------------------------------------------------------------
     def initial_state(self, batch_size: int) -> Tensor | None:
@@ -490,6 +492,13 @@ class MuZero(RLModule):
         h = hp.frame_stack - 1
         width = batch["mask"].shape[1] - h
         td = max(hp.td_steps, hp.reanalyze_td_steps if hp.reanalyze_ratio > 0 else 1)
+        fits = f"WindowSampler(num_unroll_steps={hp.num_unroll_steps}, td_steps={td}, history={h})"
+        if hp.td_steps != -1 and width > hp.num_unroll_steps + 1 + td and not self._warned_long_window:
+            self._warned_long_window = True
+            warnings.warn(f"the sampler's windows ({width} rows after the history) are longer than num_unroll_steps "
+                          f"{hp.num_unroll_steps} and td_steps {td} use ({hp.num_unroll_steps + 1 + td}): the extra "
+                          f"rows are sampled and never read; use {fits} (the model's td_steps and the sampler's "
+                          "go together)", UserWarning, stacklevel=2)
         if width < hp.num_unroll_steps + 1 + (td if hp.td_steps != -1 else 1):
             raise ValueError(
                 f"the sampler's windows ({batch['mask'].shape[1]} rows) are too short for num_unroll_steps "
