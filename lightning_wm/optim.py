@@ -4,7 +4,8 @@
   optimizer's own constants (Adam ``betas``/``eps``; RMSProp ``alpha``/``eps``/``momentum``).
 * :func:`lr_factor` / :func:`with_lr_schedule` — linear warm-up and linear annealing to 0 of
   the learning rate over optimizer steps (IMPALA's ``lr_anneal_steps``, MuZero's
-  ``lr_warmup_steps`` / ``lr_anneal_steps``).
+  ``lr_warmup_steps`` / ``lr_anneal_steps``); :func:`anneal_outlasted` says when a run would
+  outlast its anneal (warned at the start of ``fit``).
 * :class:`GradClipper` — DI-engine's ``grad_clip_type`` (``clip_value``, ``clip_norm``,
   ``clip_momentum``, ``clip_momentum_norm``) with ``clip_value``, ``clip_coef``,
   ``clip_norm_type`` and ``clip_momentum_timestep``, applied to the gradients between
@@ -82,6 +83,18 @@ def lr_factor(step: int, warmup_steps: int = 0, anneal_steps: int | None = None)
     if anneal_steps is not None:
         factor *= max(0.0, 1.0 - step / anneal_steps)
     return factor
+
+
+def anneal_outlasted(anneal_steps: int | None, max_steps: int) -> str | None:
+    """Why a run of ``max_steps`` optimizer steps (``-1``: no step limit) would go on learning
+    nothing after a linear anneal to 0 over ``anneal_steps`` (the message to warn with), or None
+    when the anneal ends at or after the run's end or there is none."""
+    if anneal_steps is None or 0 <= max_steps <= anneal_steps:
+        return None
+    run = "has no step limit" if max_steps < 0 else f"runs {max_steps} optimizer steps"
+    return (f"the learning rate anneals to 0 at lr_anneal_steps={anneal_steps} but the trainer {run}: every "
+            f"step after {anneal_steps} changes nothing. Set lr_anneal_steps to the trainer's max_steps (they go "
+            "together), or null for a constant learning rate")
 
 
 def with_lr_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int = 0,

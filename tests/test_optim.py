@@ -151,3 +151,40 @@ def test_impala_lr_anneal_steps_reaches_zero() -> None:
         opt.step()
         schedule.step()
     assert seen == [0.1, 0.075, 0.05, 0.025, 0.0]
+
+
+def test_anneal_outlasted_only_when_the_run_goes_past_the_anneal() -> None:
+    from lightning_wm.optim import anneal_outlasted
+
+    assert anneal_outlasted(None, 10_000) is None  # a constant learning rate
+    assert anneal_outlasted(3000, 3000) is None and anneal_outlasted(3000, 2000) is None
+    assert "every step after 3000 changes nothing" in anneal_outlasted(3000, 6000)
+    assert "6000 optimizer steps" in anneal_outlasted(3000, 6000)
+    assert "no step limit" in anneal_outlasted(3000, -1)
+
+
+def test_fit_warns_when_max_steps_outlasts_lr_anneal_steps() -> None:
+    """Raising only the trainer's max_steps on an annealing config (IMPALA's, say) would leave the
+    rest of the run at learning rate 0: the module says so when fit starts, for an agent nested
+    inside another (Dyna's policy) too, and stays quiet when the two agree."""
+    import types
+    import warnings
+
+    from lightning_wm.agents.impala import IMPALA
+    from lightning_wm.envs import EnvConfig, env_spec
+
+    model = IMPALA(env_spec(EnvConfig("CartPole-v1")), lr_anneal_steps=3000)
+    model._trainer = types.SimpleNamespace(max_steps=6000)
+    with pytest.warns(UserWarning, match="IMPALA: the learning rate anneals to 0 at lr_anneal_steps=3000"):
+        model.on_fit_start()
+    from lightning_wm.agents.base import RLModule
+
+    host = RLModule()  # any agent holding the annealing one
+    host.inner = model
+    host._trainer = types.SimpleNamespace(max_steps=-1)
+    with pytest.warns(UserWarning, match="no step limit"):
+        host.on_fit_start()
+    model._trainer = types.SimpleNamespace(max_steps=3000)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.on_fit_start()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import warnings
 from typing import Any
 
 import pytorch_lightning as pl
@@ -11,6 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_wm.envs import EnvSpec
+from lightning_wm.optim import anneal_outlasted
 from lightning_wm.protocols import EvaluationRequest
 
 __all__ = ["RLModule"]
@@ -25,7 +27,10 @@ class RLModule(pl.LightningModule):
     * ``validation_step`` takes the datamodule's :class:`~lightning_wm.protocols.EvaluationRequest`
       batch, runs its evaluation episodes (``explore=False``) and logs ``val/return``,
       ``val/return_std`` and ``val/length``;
-    * :meth:`acting_copy` ships a CPU copy for actor processes.
+    * :meth:`acting_copy` ships a CPU copy for actor processes;
+    * at the start of ``fit`` it warns when the trainer's ``max_steps`` outlasts an
+      ``lr_anneal_steps`` of this module or of an agent inside it (the learning rate would sit
+      at 0 for the rest of the run).
     """
 
     def __init__(self, env_spec: EnvSpec | None = None) -> None:
@@ -50,6 +55,14 @@ class RLModule(pl.LightningModule):
         finally:
             self._trainer = trainer
         return clone.cpu().eval().requires_grad_(False)
+
+    def on_fit_start(self) -> None:
+        for module in self.modules():
+            if isinstance(module, RLModule):
+                why = anneal_outlasted(module.hparams.get("lr_anneal_steps"), self.trainer.max_steps)
+                if why is not None:
+                    warnings.warn(f"{type(module).__name__}: {why}", UserWarning, stacklevel=2)
+                    break
 
     # -- evaluation -----------------------------------------------------------------------
     def validation_step(self, batch: Any, batch_idx: int) -> None:
