@@ -294,6 +294,9 @@ def test_a_sampler_whose_windows_are_longer_than_needed_warns_once():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         model.training_step(dm.sample_batch(), 1)  # once is enough
+    shifted = quiet(MuZero(cartpole_spec(), num_unroll_steps=3, td_steps=2, **SMALL))  # frame_stack 1
+    with pytest.warns(UserWarning, match=r"history is longer than frame_stack - 1 = 0"):
+        shifted.training_step(filled_datamodule(shifted, rows=30, sampler=WindowSampler(3, 2, history=2)).sample_batch(), 0)
     exact = quiet(MuZero(cartpole_spec(), num_unroll_steps=3, td_steps=2, **SMALL))
     with warnings.catch_warnings():
         warnings.simplefilter("error")

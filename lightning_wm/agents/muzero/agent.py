@@ -497,8 +497,9 @@ class MuZero(RLModule):
             self._warned_long_window = True
             warnings.warn(f"the sampler's windows ({width} rows after the history) are longer than num_unroll_steps "
                           f"{hp.num_unroll_steps} and td_steps {td} use ({hp.num_unroll_steps + 1 + td}): the extra "
-                          f"rows are sampled and never read; use {fits} (the model's td_steps and the sampler's "
-                          "go together)", UserWarning, stacklevel=2)
+                          "rows are sampled and never read (or, if the sampler's history is longer than frame_stack "
+                          f"- 1 = {h}, every row is shifted); use {fits} (the model's td_steps and frame_stack and "
+                          "the sampler's go together)", UserWarning, stacklevel=2)
         if width < hp.num_unroll_steps + 1 + (td if hp.td_steps != -1 else 1):
             raise ValueError(
                 f"the sampler's windows ({batch['mask'].shape[1]} rows) are too short for num_unroll_steps "
