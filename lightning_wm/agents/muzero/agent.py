@@ -492,21 +492,26 @@ class MuZero(RLModule):
         h = hp.frame_stack - 1
         width = batch["mask"].shape[1] - h
         td = max(hp.td_steps, hp.reanalyze_td_steps if hp.reanalyze_ratio > 0 else 1)
-        fits = f"WindowSampler(num_unroll_steps={hp.num_unroll_steps}, td_steps={td}, history={h})"
-        if hp.td_steps != -1 and width > hp.num_unroll_steps + 1 + td and not self._warned_long_window:
+        monte_carlo = hp.td_steps == -1
+        rows = hp.num_unroll_steps + 1 + (1 if monte_carlo else td)  # the window rows training reads
+
+        def fitting_sampler() -> str:
+            return (f"WindowSampler(num_unroll_steps={hp.num_unroll_steps}, "
+                    f"td_steps={'<episode limit>' if monte_carlo else td}, history={h})")
+
+        if not monte_carlo and width > rows and not self._warned_long_window:
             self._warned_long_window = True
             warnings.warn(f"the sampler's windows ({width} rows after the history) are longer than num_unroll_steps "
-                          f"{hp.num_unroll_steps} and td_steps {td} use ({hp.num_unroll_steps + 1 + td}): the extra "
+                          f"{hp.num_unroll_steps} and td_steps {td} use ({rows}): the extra "
                           "rows are sampled and never read (or, if the sampler's history is longer than frame_stack "
-                          f"- 1 = {h}, every row is shifted); use {fits} (the model's td_steps and frame_stack and "
-                          "the sampler's go together)", UserWarning, stacklevel=2)
-        if width < hp.num_unroll_steps + 1 + (td if hp.td_steps != -1 else 1):
+                          f"- 1 = {h}, every row is shifted); use {fitting_sampler()} (the model's td_steps and "
+                          "frame_stack and the sampler's go together)", UserWarning, stacklevel=2)
+        if width < rows:
             raise ValueError(
                 f"the sampler's windows ({batch['mask'].shape[1]} rows) are too short for num_unroll_steps "
                 f"{hp.num_unroll_steps}, td_steps {hp.td_steps}"
                 + (f", reanalyze_td_steps {hp.reanalyze_td_steps}" if hp.reanalyze_ratio > 0 else "")
-                + f" and frame_stack {hp.frame_stack}: use WindowSampler(num_unroll_steps={hp.num_unroll_steps}, "
-                f"td_steps={td if hp.td_steps != -1 else '<episode limit>'}, history={h})")
+                + f" and frame_stack {hp.frame_stack}: use {fitting_sampler()}")
         return h
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Any]:
