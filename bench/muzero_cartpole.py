@@ -23,7 +23,8 @@ the wall time since the start, into ``<out>/<system>_seed<k>.json``.
 The lightning_wm side (``--system lightning_wm``) trains ``--config`` (default
 ``configs/muzero/cartpole.yaml``) with its own settings, seed ``k`` as the env seed and
 ``seed_everything``, evaluating every ``--eval-every`` gradient steps (the config's
-validation: 10 episodes in 10 envs, ``explore=False``), until ``--max-env-steps``. Env steps
+validation: 10 episodes in 10 envs, ``explore=False``; the shipped config's ``EMAWeights``
+callback plays them with its average of the weights), until ``--max-env-steps``. Env steps
 and games are the training collector's (the random prefill included, evaluation episodes not);
 env steps count simulator frames: with ``env.action_repeat`` k each agent step is k of them
 (the record keeps ``agent_steps`` too), so systems with and without a repeat compare per frame;

