@@ -63,7 +63,12 @@ def test_representation_loss_trains_the_whole_model_and_the_schedule():
     assert rep(torch.zeros(3, 4)).shape == (3, rep.out_dim) and rep.out_dim == 8
     assert rep.representation_loss(unroll_batch(), step=1) is None  # interval 2: odd steps skipped
     loss, logs = rep.representation_loss(unroll_batch(), step=2)
-    assert set(logs) == {"repr/loss", "repr/value_loss", "repr/reward_loss", "repr/policy_loss", "repr/repr_loss"}
+    assert set(logs) == {"repr/loss", "repr/value_loss", "repr/reward_loss", "repr/policy_loss", "repr/repr_loss",
+                         "repr/feature_std"}
+    batch = unroll_batch()
+    features = rep.model.representation(batch["obs"].flatten(0, 1))
+    torch.testing.assert_close(logs["repr/feature_std"], features.std(0).mean())
+    assert logs["repr/feature_std"] > 0
     loss.backward()
     for name in ("repr_net", "dyn_net", "pred_net", "reward_head", "value_head", "policy_head"):
         grads = [p.grad for n, p in rep.model.named_parameters() if n.startswith(name)]

@@ -148,7 +148,10 @@ class MuZeroRepresentation(nn.Module):
 
     def representation_loss(self, batch: dict[str, Any], step: int) -> tuple[Tensor, dict[str, Tensor]] | None:
         """The MuZero loss on the host's unroll batch ``[B, T+1, ...]`` (mean over the positions
-        where an action was taken) and its parts to log, or None on the steps ``interval`` skips."""
+        where an action was taken) and what to log: its parts and ``repr/feature_std``, the spread
+        of the features over the batch's rows (the std of each feature, averaged; it falls towards
+        0 when the representation maps every observation alike). None on the steps ``interval``
+        skips."""
         if step % self.interval != 0:
             return None
         K = self.num_unroll_steps
@@ -157,8 +160,10 @@ class MuZeroRepresentation(nn.Module):
         valid = windows["mask"][ok]
         with torch.no_grad():  # bootstrap values: the model's own, as when acting (once per row)
             rows = batch["obs"]
-            value = self.model.initial_inference(rows.flatten(0, 1))["value"].float().view(rows.shape[:2])
+            inference = self.model.initial_inference(rows.flatten(0, 1))
+            value = inference["value"].float().view(rows.shape[:2])
             value = windows_of(value, K + self.td_steps + 1)[ok]
+            spread = inference["state"].flatten(1).float().std(0).mean()
         if self.settings.train_policy:
             if "logits" not in batch:
                 raise ValueError("MuZeroRepresentation's train_policy needs the host's behaviour policy (logits) "
@@ -173,5 +178,6 @@ class MuZeroRepresentation(nn.Module):
         total = sum(part.mean() for part in losses.values())
         logs = {f"repr/{name}_loss": part.detach().mean() for name, part in losses.items()}
         logs["repr/loss"] = total.detach()
+        logs["repr/feature_std"] = spread  # across the batch, mean over features: near 0 = the features collapsed
         return self.loss_weight * total, logs
 
