@@ -317,7 +317,9 @@ class EMAWeights(WeightAveraging):
 
     def should_update(self, step_idx: int | None = None, epoch_idx: int | None = None) -> bool:
         """After optimizer steps (``step_idx`` counts from 0) from ``update_starting_at_step`` on,
-        every ``update_every_n_steps``-th; never at an epoch's end."""
+        every ``update_every_n_steps``-th; never at an epoch's end. (``EMAWeightAveraging``'s
+        schedule, restated: that class always passes ``avg_fn``, and ``AveragedModel`` refuses
+        ``avg_fn`` together with ``multi_avg_fn``, so this one subclasses ``WeightAveraging``.)"""
         if step_idx is None:
             return False
         return step_idx >= (self.update_starting_at_step or 0) and step_idx % self.update_every_n_steps == 0
