@@ -20,6 +20,8 @@ CLI's Trainer adds :func:`default_callbacks` to every run.
 * :class:`EMAWeights` — Lightning's ``EMAWeightAveraging`` (the evaluation episodes and the saved
   ``state_dict`` use an exponential moving average of the weights) whose checkpoints always keep
   the weights training continues from. Not a default: a config lists it under ``trainer.callbacks``.
+* :class:`OnlineWeightsOnResume` — a run resumed without a weight-averaging callback from a
+  checkpoint written with one continues from the online weights, not from the saved average.
 * :class:`Imagination` — for a module with a ``dyna`` world model
   (:class:`~lightning_wm.data.imagination.DynaWorldModel`), refills the imagination buffer of an
   :class:`~lightning_wm.protocols.ImaginationHost` every ``train_freq`` env steps.
@@ -37,13 +39,14 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import Callback, WeightAveraging
+from pytorch_lightning.utilities import rank_zero_info
 from torch.optim.swa_utils import get_ema_multi_avg_fn
 
 from lightning_wm.io import clean_stale_temps
 from lightning_wm.protocols import EnvStats, EnvStatsSource, FeedbackSink, ImaginationHost, ReplayHolder, WeightSink
 
-__all__ = ["EnvStatsLogger", "ReplayFeedback", "BufferCheckpoint", "WeightPublisher", "EMAWeights", "Imagination",
-           "default_callbacks"]
+__all__ = ["EnvStatsLogger", "ReplayFeedback", "BufferCheckpoint", "WeightPublisher", "EMAWeights",
+           "OnlineWeightsOnResume", "Imagination", "default_callbacks"]
 
 
 def _datamodule(trainer: pl.Trainer) -> Any:
@@ -339,6 +342,24 @@ class EMAWeights(WeightAveraging):
             checkpoint["current_model_state"] = self._online_at_end
 
 
+class OnlineWeightsOnResume(Callback):
+    """``fit --ckpt_path`` from a checkpoint written with a weight-averaging callback
+    (:class:`EMAWeights`, Lightning's ``WeightAveraging``), by a run that lists none: training goes
+    on from the online weights (the checkpoint's ``current_model_state``), not from the average
+    that its ``state_dict`` holds (what Lightning alone would load). A run that lists such a
+    callback lets it restore both; ``evaluate`` and ``record`` load the average either way."""
+
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
+        online = checkpoint.get("current_model_state")
+        if online is None or trainer.state.fn != "fit":
+            return
+        if any(isinstance(c, WeightAveraging) for c in trainer.callbacks):
+            return
+        pl_module.load_state_dict(online)
+        rank_zero_info("the checkpoint holds averaged weights and the online weights beside them; this run lists no "
+                       "weight averaging, so training continues from the online weights")
+
+
 class Imagination(Callback):
     """Dyna's loop (DI-engine's ``fill_img_buffer`` after each model training): after a training
     batch, when the module's ``dyna`` world model is due (``dyna.should_train(env_steps)``, every
@@ -372,4 +393,5 @@ class Imagination(Callback):
 
 def default_callbacks() -> list[Callback]:
     """The callbacks every CLI run gets (the Trainer skips a type the config already lists)."""
-    return [EnvStatsLogger(), ReplayFeedback(), BufferCheckpoint(), WeightPublisher(), Imagination()]
+    return [EnvStatsLogger(), ReplayFeedback(), BufferCheckpoint(), WeightPublisher(), OnlineWeightsOnResume(),
+            Imagination()]

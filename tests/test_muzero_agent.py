@@ -435,7 +435,7 @@ def test_averaged_weights_are_evaluated_and_saved_and_a_resumed_run_continues_fr
     """configs/muzero/cartpole.yaml lists EMAWeights: the module after fit and last.ckpt's
     state_dict are the average (what `evaluate` loads, without a warning), the online weights are
     kept beside it, and a longer run resumed from the finished run's last.ckpt starts from those
-    (Lightning's own callback saved the average twice there)."""
+    (Lightning's own callback saved the average twice there), with the callback listed or not."""
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     import resume_probe
     from lightning_wm.callbacks import EMAWeights
@@ -456,6 +456,13 @@ def test_averaged_weights_are_evaluated_and_saved_and_a_resumed_run_continues_fr
                "--ckpt_path", "last", "--episodes", "1", "--model.init_args.num_simulations", "4",
                "--model.init_args.latent_dim", "16", "--model.init_args.hidden", "16"])
     assert not [w for w in recwarn if "WeightAveraging" in str(w.message)]
+
+    # a run that lists no averaging, resumed from that checkpoint, also continues from the online weights
+    main(args=_cartpole_args(7, run="plain", extra=("--ckpt_path", "lightning_logs/ema/checkpoints/last.ckpt",
+                                                    "--trainer.callbacks", '[{"class_path": "resume_probe.RecordStart"}]')))
+    assert resume_probe.SEEN["global_step"] == 6
+    for name, value in online.items():
+        assert torch.equal(resume_probe.SEEN["model"][name], value), name
 
     callbacks = '[{"class_path": "lightning_wm.callbacks.EMAWeights", "init_args": {"decay": 0.99}}, ' \
                 '{"class_path": "resume_probe.RecordStart"}]'
