@@ -218,6 +218,34 @@ def test_mlp_batch_norm_over_leading_axes_and_running_stats_in_eval():
         MLP(4, 3, norm="group")
 
 
+def test_layer_norm_mlp_without_biases_is_blind_to_the_input_scale_and_biases_fix_it():
+    """LN(W c x) = LN(W x) for c > 0: the default (bias-free under LayerNorm) MLP maps an input and
+    any positive multiple of it to one output; with ``bias=True`` it does not."""
+    from lightning_wm.nn.blocks import MLP
+
+    torch.manual_seed(0)
+    x = torch.tensor([[0.9, 0.5, 0.025, 0.15]])
+    blind = MLP(4, 3, hidden=16, layers=2, act="relu", norm="layer")
+    assert all(m.bias is None for m in blind if isinstance(m, torch.nn.Linear) and m is not blind[-1])
+    torch.testing.assert_close(blind(2 * x), blind(x), atol=1e-3, rtol=0)
+    seeing = MLP(4, 3, hidden=16, layers=2, act="relu", norm="layer", bias=True)
+    assert all(m.bias is not None for m in seeing if isinstance(m, torch.nn.Linear))
+    assert (seeing(2 * x) - seeing(x)).abs().max() > 0.05
+    assert all(m.bias is not None for m in MLP(4, 3, norm="none") if isinstance(m, torch.nn.Linear))
+
+
+def test_vector_representation_tells_an_observation_from_a_multiple_of_it():
+    """A CartPole cart at 0.9 m moving at 0.5 m/s and one at 1.8 m moving at 1 m/s (the pole twice
+    as tilted) must not share a hidden state: MuZero's vector representation has biases under its
+    LayerNorms (before, runs drove the cart out of bounds with a value that stayed flat)."""
+    torch.manual_seed(0)
+    model = MuZeroModel(VECTOR, 2, latent_dim=16, hidden=32, head_hidden=8, support_size=10)
+    x = torch.tensor([[0.9, 0.5, 0.025, 0.15]])
+    with torch.no_grad():
+        states = [model.representation(c * x) for c in (1.0, 2.0, 4.0)]
+    assert (states[1] - states[0]).abs().max() > 0.05 and (states[2] - states[1]).abs().max() > 0.05
+
+
 def test_vector_model_with_batch_norm_trains_and_infers_in_eval():
     model = MuZeroModel(gym.spaces.Box(-1, 1, (4,), np.float32), 2, latent_dim=8, hidden=16, layers=1,
                         head_hidden=8, support_size=5, norm="batch")

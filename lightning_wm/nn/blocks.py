@@ -44,6 +44,12 @@ class MLP(nn.Sequential):
     LayerNorm, ``"batch"``: BatchNorm over the batch (train-mode statistics, running ones in
     eval mode), False or ``"none"``: none. ``out_dim=None`` ends on the last hidden layer.
     ``zero_init_output`` zeroes the output layer (DreamerV3 reward/critic).
+
+    ``bias``: whether the hidden layers' Linear have a bias; ``None`` (default): only without a
+    norm, whose shift takes its place. That is exact for BatchNorm, not for LayerNorm: a bias-free
+    first layer under LayerNorm makes the output blind to the input's scale (``LN(W c x) = LN(W x)``
+    for ``c > 0``), so raw observations (a cart at 0.9 or at 1.8 moving twice as fast) need
+    ``bias=True``.
     """
 
     def __init__(
@@ -55,6 +61,7 @@ class MLP(nn.Sequential):
         act: str = "silu",
         norm: bool | str = True,
         zero_init_output: bool = False,
+        bias: bool | None = None,
     ) -> None:
         kind = ("layer" if norm else "none") if isinstance(norm, bool) else norm
         if kind not in ("layer", "batch", "none"):
@@ -62,7 +69,7 @@ class MLP(nn.Sequential):
         modules: list[nn.Module] = []
         dim = in_dim
         for _ in range(layers):
-            modules.append(nn.Linear(dim, hidden, bias=kind == "none"))
+            modules.append(nn.Linear(dim, hidden, bias=kind == "none" if bias is None else bias))
             if kind == "layer":
                 modules.append(nn.LayerNorm(hidden, eps=1e-3))
             elif kind == "batch":

@@ -50,8 +50,8 @@ def _norm2d(kind: str, channels: int) -> nn.Module:
 
 
 def _mlp(in_dim: int, out_dim: int | None, hidden: int, layers: int, act: str, norm: str,
-         zero_init_output: bool = False) -> MLP:
-    return MLP(in_dim, out_dim, hidden, layers, act, norm, zero_init_output)
+         zero_init_output: bool = False, bias: bool | None = None) -> MLP:
+    return MLP(in_dim, out_dim, hidden, layers, act, norm, zero_init_output, bias)
 
 
 class ResidualBlock(nn.Module):
@@ -195,7 +195,9 @@ class MuZeroModel(nn.Module, WorldModel):
                 raise ValueError("frame_stack applies to image observations only")
             self.obs_shape = tuple(observation_space.shape)
             self.state_shape = (latent_dim,)
-            self.repr_net = _mlp(observation_space.shape[0], latent_dim, hidden, layers, act, norm)
+            # biases: under LayerNorm a bias-free first layer cannot tell an observation from a multiple
+            # of it (CartPole: a cart drifting at 0.9 or at 1.8 looked the same, and runs drove it out)
+            self.repr_net = _mlp(observation_space.shape[0], latent_dim, hidden, layers, act, norm, bias=True)
             self.dyn_net = _mlp(latent_dim + num_actions, latent_dim, hidden, layers, act, norm)
             self.reward_head = _mlp(latent_dim, reward_out, head_hidden, 1, act, norm, True)
             self.pred_net = _mlp(latent_dim, None, hidden, layers, act, norm)
