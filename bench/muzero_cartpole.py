@@ -53,7 +53,8 @@ def summarize(evals: list[dict[str, Any]], target: float = TARGET, in_a_row: int
     """One run's evaluations (``env_steps``, ``games``, ``wall_s``, ``return_mean`` each, in order):
     the first at or above ``target`` (env steps, games, wall seconds), whether every later one
     stays there and the lowest of them, the env steps of the first ``in_a_row`` evaluations in a
-    row at or above ``target`` (a measure that one lucky evaluation does not meet), the mean
+    row at or above ``target`` (a measure that one lucky evaluation does not meet) and whether every
+    evaluation from there on stays at or above ``target`` (``stays_after_held``), the mean
     return over the last ``tail_env_steps`` env steps of the run, and the last evaluation."""
     first = next((e for e in evals if e["return_mean"] >= target), None)
     out: dict[str, Any] = {"evaluations": len(evals), "solved": first is not None, "held_env_steps": None}
@@ -67,6 +68,7 @@ def summarize(evals: list[dict[str, Any]], target: float = TARGET, in_a_row: int
         run = run + 1 if e["return_mean"] >= target else 0
         if run == in_a_row:
             out["held_env_steps"] = e["env_steps"]
+            out["stays_after_held"] = all(x["return_mean"] >= target for x in evals if x["env_steps"] >= e["env_steps"])
             break
     if evals:
         out["last_return"] = evals[-1]["return_mean"]
@@ -108,10 +110,10 @@ def print_runs(paths: list[str]) -> None:
             print(f"| {e['env_steps']} | {e['games']} | {e['wall_s']:.0f} | {e['return_mean']:.1f} | "
                   f"{min(e['returns']):.0f} | {max(e['returns']):.0f} |")
     print("\n| system | seed | env steps to 475 | games | wall s | stays >= 475 | min after | 3 in a row at "
-          "| mean of the last 2,000 | last |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "| stays from there | mean of the last 2,000 | last |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for run, s in rows:
-        held = s["held_env_steps"] if s["held_env_steps"] is not None else "not"
+        held = f"{s['held_env_steps']} | {s['stays_after_held']}" if s["held_env_steps"] is not None else "not | "
         tail = f"{s['tail_mean']:.1f}" if "tail_mean" in s else ""
         if s["solved"]:
             print(f"| {run['system']} | {run['seed']} | {s['env_steps']} | {s['games']} | {s['wall_s']:.0f} | "
@@ -125,7 +127,8 @@ def print_runs(paths: list[str]) -> None:
         first = median_counting_unsolved([s.get("env_steps") for s in mine])
         held = median_counting_unsolved([s["held_env_steps"] for s in mine])
         line = (f"\n{system}: {len(solved)}/{len(mine)} runs reach 475, {sum(s['held_env_steps'] is not None for s in mine)}"
-                f"/{len(mine)} hold it 3 evaluations in a row; medians (a run that never gets there counts as the "
+                f"/{len(mine)} hold it 3 evaluations in a row ({sum(bool(s.get('stays_after_held')) for s in mine)} of "
+                f"them stay >= 475 from there to the end, {sum(bool(s.get('stays')) for s in mine)} from the first 475); medians (a run that never gets there counts as the "
                 f"slowest): env steps to 475 {_steps(first)}, to 3 in a row {_steps(held)}, mean of the last 2,000 env steps "
                 f"{statistics.median(s['tail_mean'] for s in mine if 'tail_mean' in s):.1f}")
         if solved:

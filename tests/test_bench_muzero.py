@@ -22,9 +22,16 @@ def test_a_lucky_evaluation_is_first_but_not_held(bench):
     assert s["solved"] and s["env_steps"] == 2000 and s["games"] == 20 and s["wall_s"] == 10.0
     assert not s["stays"] and s["min_after"] == 200
     assert s["held_env_steps"] == 9000  # 480, 490 then 300 break the run; 500 x 3 ends at 9,000
+    assert s["stays_after_held"]
     # the last 2,000 env steps of a 9,000-step run: the evaluations after 7,000
     assert s["tail_mean"] == pytest.approx(500.0)
     assert s["last_return"] == 500 and s["last_env_steps"] == 9000
+
+
+def test_a_dip_after_three_in_a_row_is_not_staying(bench):
+    s = bench.summarize(curve([500, 480, 476, 400, 500]))
+    assert s["held_env_steps"] == 3000 and not s["stays_after_held"] and not s["stays"]
+    assert bench.summarize(curve([9, 500, 480, 476, 500]))["stays_after_held"]
 
 
 def test_an_unsolved_run(bench):
