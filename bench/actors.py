@@ -49,8 +49,9 @@ class MLPPolicy(nn.Module):
 
     def __init__(self, obs_dim: int, actions: int) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(obs_dim, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(),
-                                 nn.Linear(64, actions))
+        self.net = nn.Sequential(
+            nn.Linear(obs_dim, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, actions)
+        )
 
     def logits(self, obs: torch.Tensor) -> torch.Tensor:
         return self.net(obs.float())
@@ -70,8 +71,15 @@ class ConvPolicy(MLPPolicy):
     def __init__(self, channels: int, actions: int) -> None:
         nn.Module.__init__(self)
         self.net = nn.Sequential(
-            nn.Conv2d(channels, 16, 8, stride=4), nn.ReLU(), nn.Conv2d(16, 32, 4, stride=2), nn.ReLU(),
-            nn.Flatten(), nn.Linear(32 * 9 * 9, 128), nn.ReLU(), nn.Linear(128, actions))
+            nn.Conv2d(channels, 16, 8, stride=4),
+            nn.ReLU(),
+            nn.Conv2d(16, 32, 4, stride=2),
+            nn.ReLU(),
+            nn.Flatten(),
+            nn.Linear(32 * 9 * 9, 128),
+            nn.ReLU(),
+            nn.Linear(128, actions),
+        )
 
     def logits(self, obs: torch.Tensor) -> torch.Tensor:
         return self.net(obs.permute(0, 3, 1, 2).float() / 255.0)
@@ -81,14 +89,29 @@ def settings(name: str) -> dict:
     if name == "cartpole":
         env = EnvConfig("CartPole-v1")
         spec = env_spec(env)
-        return dict(env=env, policy=lambda: MLPPolicy(spec.obs_shape[0], spec.action_dim), envs_per_actor=16,
-                    chunk_length=64, batch=256, capacity=200_000, skip=1)
+        return dict(
+            env=env,
+            policy=lambda: MLPPolicy(spec.obs_shape[0], spec.action_dim),
+            envs_per_actor=16,
+            chunk_length=64,
+            batch=256,
+            capacity=200_000,
+            skip=1,
+        )
     if name == "pong":
-        env = EnvConfig("ALE/Pong-v5", atari_preprocessing=AtariPreprocessingConfig(), frame_stack=4,
-                        max_episode_steps=27_000)
+        env = EnvConfig(
+            "ALE/Pong-v5", atari_preprocessing=AtariPreprocessingConfig(), frame_stack=4, max_episode_steps=27_000
+        )
         spec = env_spec(env)
-        return dict(env=env, policy=lambda: ConvPolicy(spec.obs_shape[-1], spec.action_dim), envs_per_actor=4,
-                    chunk_length=32, batch=32, capacity=20_000, skip=4)
+        return dict(
+            env=env,
+            policy=lambda: ConvPolicy(spec.obs_shape[-1], spec.action_dim),
+            envs_per_actor=4,
+            chunk_length=32,
+            batch=32,
+            capacity=20_000,
+            skip=4,
+        )
     raise ValueError(f"unknown env {name!r}; choose cartpole or pong")
 
 
@@ -129,8 +152,11 @@ def in_process(s: dict, seconds: float, prefill: int) -> dict:
         wall = time.perf_counter() - start
     finally:
         env.close()
-    return {"fps": (collector.stats.env_steps - rows0) / wall, "steps_per_s": (learner.steps - steps0) / wall,
-            "wait": acting / wall}
+    return {
+        "fps": (collector.stats.env_steps - rows0) / wall,
+        "steps_per_s": (learner.steps - steps0) / wall,
+        "wait": acting / wall,
+    }
 
 
 def with_actors(s: dict, actors: int, seconds: float, prefill: int, rows_per_step: float | None) -> dict:
@@ -140,8 +166,7 @@ def with_actors(s: dict, actors: int, seconds: float, prefill: int, rows_per_ste
     buffer = ReplayBuffer(s["capacity"], actors * s["envs_per_actor"], seed=0)
     learner = Learner(policy, buffer, s["batch"])
     acting = s["policy"]()
-    with ActorPool(s["env"], acting, actors, s["envs_per_actor"], s["chunk_length"], seed=0,
-                   timeout_s=120) as pool:
+    with ActorPool(s["env"], acting, actors, s["envs_per_actor"], s["chunk_length"], seed=0, timeout_s=120) as pool:
         feed = ReplayFeed(pool, buffer, replay_ratio=1.0 / (rows_per_step or 1.0), prefill=prefill)
         while len(buffer) < prefill:  # warm-up: every actor started and the buffer prefilled
             chunk = pool.get(timeout=300)
@@ -167,8 +192,9 @@ def async_ceiling(s: dict, num_envs: int, seconds: float) -> float:
     """Random actions in gymnasium's AsyncVectorEnv (one process per env), no learner."""
     from lightning_wm.envs import make_env
 
-    env = gym.vector.AsyncVectorEnv([lambda: make_env(s["env"]) for _ in range(num_envs)],
-                                    autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
+    env = gym.vector.AsyncVectorEnv(
+        [lambda: make_env(s["env"]) for _ in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP
+    )
     try:
         env.reset(seed=0)
         env.action_space.seed(0)
@@ -196,10 +222,14 @@ def main() -> None:
         args.envs, args.actors, args.seconds, args.prefill, args.async_envs = "cartpole", "0,2", 4.0, 1000, 2
     torch.set_num_threads(1)
     load = os.getloadavg()[0]
-    print(f"machine: {os.cpu_count()} CPUs, load average {load:.2f} at start; torch threads 1 in the learner and in "
-          f"each actor\n")
-    print("| env | actors | envs/actor | chunk | frames/s (flat out) | learner steps/s | frames/s (keep up) "
-          "| learner wait (keep up) |")
+    print(
+        f"machine: {os.cpu_count()} CPUs, load average {load:.2f} at start; torch threads 1 in the learner and in "
+        f"each actor\n"
+    )
+    print(
+        "| env | actors | envs/actor | chunk | frames/s (flat out) | learner steps/s | frames/s (keep up) "
+        "| learner wait (keep up) |"
+    )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name in args.envs.split(","):
         s = settings(name)
@@ -210,17 +240,26 @@ def main() -> None:
         for actors in [int(a) for a in args.actors.split(",")]:
             if actors == 0:
                 r = in_process(s, args.seconds, args.prefill)
-                print(f"| {name} | 0 (in process) | {s['envs_per_actor']} | {s['chunk_length']} | {fps(r['fps'])} "
-                      f"| {r['steps_per_s']:.1f} | - | {100 * r['wait']:.0f}% acting |", flush=True)
+                print(
+                    f"| {name} | 0 (in process) | {s['envs_per_actor']} | {s['chunk_length']} | {fps(r['fps'])} "
+                    f"| {r['steps_per_s']:.1f} | - | {100 * r['wait']:.0f}% acting |",
+                    flush=True,
+                )
                 continue
             flat = with_actors(s, actors, args.seconds, args.prefill, None)
             rows_per_step = 0.5 * flat["fps"] / max(flat["steps_per_s"], 1e-9)
             keep = with_actors(s, actors, args.seconds, args.prefill, rows_per_step)
-            print(f"| {name} | {actors} | {s['envs_per_actor']} | {s['chunk_length']} | {fps(flat['fps'])} "
-                  f"| {flat['steps_per_s']:.1f} | {fps(keep['fps'])} | {100 * keep['wait']:.1f}% |", flush=True)
+            print(
+                f"| {name} | {actors} | {s['envs_per_actor']} | {s['chunk_length']} | {fps(flat['fps'])} "
+                f"| {flat['steps_per_s']:.1f} | {fps(keep['fps'])} | {100 * keep['wait']:.1f}% |",
+                flush=True,
+            )
         ceiling = async_ceiling(s, args.async_envs, args.seconds)
-        print(f"| {name} | AsyncVectorEnv alone ({args.async_envs} envs, random actions, no learner) | | | "
-              f"{fps(ceiling)} | | | |", flush=True)
+        print(
+            f"| {name} | AsyncVectorEnv alone ({args.async_envs} envs, random actions, no learner) | | | "
+            f"{fps(ceiling)} | | | |",
+            flush=True,
+        )
     print(f"\nload average {os.getloadavg()[0]:.2f} at the end")
 
 

@@ -42,15 +42,20 @@ from lightning_wm.data.samplers import SequenceSampler  # noqa: E402
 from lightning_wm.envs import EnvConfig  # noqa: E402
 from lightning_wm.runtime import keep_freed_memory  # noqa: E402
 
-
 TARGETS = {"CartPole-v1": 475.0, "Pendulum-v1": -200.0}
 
 
 class StopAtReturn(pl.Callback):
     """Record every evaluation; stop at ``target`` return or when the env-step budget is spent."""
 
-    def __init__(self, target: float, env_steps: int, keep_going: bool = False,
-                 checkpoints: str | None = None, also_eval: str | None = None) -> None:
+    def __init__(
+        self,
+        target: float,
+        env_steps: int,
+        keep_going: bool = False,
+        checkpoints: str | None = None,
+        also_eval: str | None = None,
+    ) -> None:
         self.target, self.env_steps, self.keep_going = target, env_steps, keep_going
         self.checkpoints, self.also_eval = checkpoints, also_eval
         self.also: list[float] = []  # returns of the --also-eval policy at each evaluation
@@ -79,8 +84,10 @@ class StopAtReturn(pl.Callback):
             pl_module.hparams["eval_policy"] = kept
             self.also.append(statistics.fmean(s["return"] for s in stats))
             other = f"  ({self.also_eval}: {self.also[-1]:7.1f})"
-        print(f"[eval] step {row[0]:6d}  env steps {row[1]:6d}  return {row[2]:7.1f}{other}  {row[3] / 60:5.1f} min",
-              flush=True)
+        print(
+            f"[eval] step {row[0]:6d}  env steps {row[1]:6d}  return {row[2]:7.1f}{other}  {row[3] / 60:5.1f} min",
+            flush=True,
+        )
         if row[2] >= self.target and self.solved is None:
             self.solved = row
             trainer.should_stop = not self.keep_going
@@ -99,11 +106,15 @@ def stability_verdict(returns: list[float], target: float) -> dict[str, Any]:
     "min_later", "final", "reason"}`` (``first``: index of the first evaluation at the target).
     """
     first = next((i for i, r in enumerate(returns) if r >= target), None)
-    later = returns[first + 1:] if first is not None else []
+    later = returns[first + 1 :] if first is not None else []
     median_later = float(statistics.median(later)) if later else float("nan")
-    out: dict[str, Any] = {"first": first, "later": len(later), "median_later": median_later,
-                           "min_later": min(later) if later else float("nan"),
-                           "final": returns[-1] if returns else float("nan")}
+    out: dict[str, Any] = {
+        "first": first,
+        "later": len(later),
+        "median_later": median_later,
+        "min_later": min(later) if later else float("nan"),
+        "final": returns[-1] if returns else float("nan"),
+    }
     if first is None:
         out.update(stable=False, reason=f"never reached {target:g}")
     elif not later:
@@ -137,34 +148,73 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     default_config = os.path.join(os.path.dirname(__file__), "..", "configs/dreamer/cartpole.yaml")
     parser.add_argument("--config", default=default_config)
-    parser.add_argument("--env-steps", type=int, default=None,
-                        help="training env-step budget (default: the config's run, prefill + "
-                             "trainer.max_steps / replay_ratio)")
+    parser.add_argument(
+        "--env-steps",
+        type=int,
+        default=None,
+        help="training env-step budget (default: the config's run, prefill + trainer.max_steps / replay_ratio)",
+    )
     parser.add_argument("--minutes", type=float, default=30.0)
-    parser.add_argument("--eval-every", type=int, default=None,
-                        help="gradient steps between evaluations (default: the config's val_check_interval)")
+    parser.add_argument(
+        "--eval-every",
+        type=int,
+        default=None,
+        help="gradient steps between evaluations (default: the config's val_check_interval)",
+    )
     parser.add_argument("--eval-episodes", type=int, default=10)
-    parser.add_argument("--target", type=float, default=None,
-                        help=f"evaluation return that counts as solved (default per env: {TARGETS})")
-    parser.add_argument("--keep-going", action="store_true",
-                        help="train on to the env-step/time budget after reaching the target (is it stable?)")
-    parser.add_argument("--checkpoints", default=None, metavar="DIR",
-                        help="save the model at every evaluation to DIR/step_<N>.ckpt (to inspect it later)")
-    parser.add_argument("--also-eval", choices=["mode", "sample"], default=None,
-                        help="at every evaluation also play the episodes with this eval_policy (the "
-                             "actor's mode or its samples) and print both returns and both verdicts")
+    parser.add_argument(
+        "--target",
+        type=float,
+        default=None,
+        help=f"evaluation return that counts as solved (default per env: {TARGETS})",
+    )
+    parser.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="train on to the env-step/time budget after reaching the target (is it stable?)",
+    )
+    parser.add_argument(
+        "--checkpoints",
+        default=None,
+        metavar="DIR",
+        help="save the model at every evaluation to DIR/step_<N>.ckpt (to inspect it later)",
+    )
+    parser.add_argument(
+        "--also-eval",
+        choices=["mode", "sample"],
+        default=None,
+        help="at every evaluation also play the episodes with this eval_policy (the "
+        "actor's mode or its samples) and print both returns and both verdicts",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--precision", default="32-true", help="e.g. bf16-mixed")
-    parser.add_argument("--action-repeat", type=int, default=None,
-                        help="env steps per agent step (the config's env action_repeat; env steps above count agent steps)")
-    parser.add_argument("--data-set", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="override data init_args, e.g. --data-set replay_ratio=0.5")
-    parser.add_argument("--terminal-fraction", type=float, default=None,
-                        help="replay batches: this fraction of windows holds an episode end "
-                             "(SequenceSampler terminal_fraction)")
-    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="override model init_args, e.g. --set lr_actor=3e-4 deter=256")
+    parser.add_argument(
+        "--action-repeat",
+        type=int,
+        default=None,
+        help="env steps per agent step (the config's env action_repeat; env steps above count agent steps)",
+    )
+    parser.add_argument(
+        "--data-set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override data init_args, e.g. --data-set replay_ratio=0.5",
+    )
+    parser.add_argument(
+        "--terminal-fraction",
+        type=float,
+        default=None,
+        help="replay batches: this fraction of windows holds an episode end (SequenceSampler terminal_fraction)",
+    )
+    parser.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override model init_args, e.g. --set lr_actor=3e-4 deter=256",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     keep_freed_memory()
@@ -174,8 +224,13 @@ def main() -> None:
         config = yaml.safe_load(f)
     model_args = {**config["model"].get("init_args", {}), **_overrides(args.set)}
     data_args = {**config["data"]["init_args"], **_overrides(args.data_set)}
-    env = EnvConfig(**{**data_args.pop("env"), "seed": args.seed,
-                       **({"action_repeat": args.action_repeat} if args.action_repeat else {})})
+    env = EnvConfig(
+        **{
+            **data_args.pop("env"),
+            "seed": args.seed,
+            **({"action_repeat": args.action_repeat} if args.action_repeat else {}),
+        }
+    )
     if args.target is None:
         if env.id not in TARGETS:
             parser.error(f"no default --target for {env.id}; pass one")
@@ -188,8 +243,9 @@ def main() -> None:
         windows = datamodule.sampler
         if not isinstance(windows, SequenceSampler):
             parser.error(f"--terminal-fraction needs sequence replay; the config samples {type(windows).__name__}")
-        datamodule.sampler = SequenceSampler(windows.length, windows.cross_episodes,
-                                             terminal_fraction=args.terminal_fraction)
+        datamodule.sampler = SequenceSampler(
+            windows.length, windows.cross_episodes, terminal_fraction=args.terminal_fraction
+        )
     model = Dreamer(datamodule.spec, **model_args)
 
     if args.env_steps is None:  # the config's own run (what `main.py fit --config ...` trains)
@@ -200,9 +256,17 @@ def main() -> None:
         budget_steps = int((args.env_steps - datamodule.prefill) * datamodule.replay_ratio) + 1
         stopper = StopAtReturn(args.target, args.env_steps, args.keep_going, args.checkpoints, args.also_eval)
     trainer = pl.Trainer(
-        accelerator="cpu", devices=1, max_steps=budget_steps, max_time={"minutes": args.minutes},
-        val_check_interval=args.eval_every, check_val_every_n_epoch=None, limit_val_batches=1,
-        num_sanity_val_steps=0, log_every_n_steps=50, enable_checkpointing=False, callbacks=[*default_callbacks(), stopper],
+        accelerator="cpu",
+        devices=1,
+        max_steps=budget_steps,
+        max_time={"minutes": args.minutes},
+        val_check_interval=args.eval_every,
+        check_val_every_n_epoch=None,
+        limit_val_batches=1,
+        num_sanity_val_steps=0,
+        log_every_n_steps=50,
+        enable_checkpointing=False,
+        callbacks=[*default_callbacks(), stopper],
         enable_progress_bar=False,
         logger=pl.loggers.TensorBoardLogger("lightning_logs", name=f"bench-dreamer-{env.id}"),
         precision=args.precision,
@@ -213,11 +277,13 @@ def main() -> None:
     env_steps = stopper._env_steps(trainer)
 
     print()
-    print(f"Dreamer on {env.id} (vector), config {os.path.relpath(args.config)}, seed {args.seed}, "
-          f"{args.threads} thread(s), precision {args.precision}, action repeat {env.action_repeat}"
-          + (f", overrides {' '.join(args.set)}" if args.set else "")
-          + (f", terminal_fraction {args.terminal_fraction:g}" if args.terminal_fraction is not None else "")
-          + (f", data {' '.join(args.data_set)}" if args.data_set else ""))
+    print(
+        f"Dreamer on {env.id} (vector), config {os.path.relpath(args.config)}, seed {args.seed}, "
+        f"{args.threads} thread(s), precision {args.precision}, action repeat {env.action_repeat}"
+        + (f", overrides {' '.join(args.set)}" if args.set else "")
+        + (f", terminal_fraction {args.terminal_fraction:g}" if args.terminal_fraction is not None else "")
+        + (f", data {' '.join(args.data_set)}" if args.data_set else "")
+    )
     print()
     print("| outcome | env steps | gradient steps | wall time | best eval return |")
     print("| --- | --- | --- | --- | --- |")
@@ -226,11 +292,15 @@ def main() -> None:
         g, e, r, s = stopper.solved
         print(f"| solved (eval >= {args.target:g}) | {e} | {g} | {s / 60:.1f} min | {best:.1f} |")
         if args.keep_going:
-            print(f"| end of run (--keep-going) | {env_steps} | {trainer.global_step} | {wall / 60:.1f} min "
-                  f"| last {stopper.history[-1][2]:.1f} |")
+            print(
+                f"| end of run (--keep-going) | {env_steps} | {trainer.global_step} | {wall / 60:.1f} min "
+                f"| last {stopper.history[-1][2]:.1f} |"
+            )
     else:
-        print(f"| not solved within {args.env_steps} env steps / {args.minutes:g} min | {env_steps} | "
-              f"{trainer.global_step} | {wall / 60:.1f} min | {best:.1f} |")
+        print(
+            f"| not solved within {args.env_steps} env steps / {args.minutes:g} min | {env_steps} | "
+            f"{trainer.global_step} | {wall / 60:.1f} min | {best:.1f} |"
+        )
     print()
     print(f"evaluations (gradient steps, env steps, frames = env steps x {env.action_repeat}, return, minutes):")
     for i, (g, e, r, s) in enumerate(stopper.history):
@@ -242,10 +312,12 @@ def main() -> None:
     for policy, returns in curves:
         verdict = stability_verdict(returns, args.target)
         if verdict["first"] is not None and verdict["later"]:
-            print(f"stability (eval_policy {policy}): first >= {args.target:g} at evaluation {verdict['first'] + 1} "
-                  f"of {len(returns)}; the {verdict['later']} later evaluations: median {verdict['median_later']:.1f}, "
-                  f"min {verdict['min_later']:.1f}; final {verdict['final']:.1f} -> "
-                  f"{'STABLE' if verdict['stable'] else 'NOT STABLE'} ({verdict['reason']})")
+            print(
+                f"stability (eval_policy {policy}): first >= {args.target:g} at evaluation {verdict['first'] + 1} "
+                f"of {len(returns)}; the {verdict['later']} later evaluations: median {verdict['median_later']:.1f}, "
+                f"min {verdict['min_later']:.1f}; final {verdict['final']:.1f} -> "
+                f"{'STABLE' if verdict['stable'] else 'NOT STABLE'} ({verdict['reason']})"
+            )
         else:
             print(f"stability (eval_policy {policy}): not assessed ({verdict['reason']})")
     print("load average:", " ".join(f"{x:.2f}" for x in os.getloadavg()))

@@ -26,10 +26,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from lightning_wm.agents.dreamer import Dreamer  # noqa: E402
 from lightning_wm.data.collector import Collector  # noqa: E402
-from lightning_wm.policies import RandomAgent  # noqa: E402
 from lightning_wm.data.replay import ReplayBuffer  # noqa: E402
 from lightning_wm.data.samplers import SequenceSampler  # noqa: E402
 from lightning_wm.envs import EnvConfig, env_spec, make_vector_env  # noqa: E402
+from lightning_wm.policies import RandomAgent  # noqa: E402
 from lightning_wm.runtime import keep_freed_memory  # noqa: E402
 
 
@@ -69,12 +69,19 @@ def main() -> None:
     parser.add_argument("--bins", type=int, default=255)
     parser.add_argument("--num-envs", type=int, default=4, help="envs stepped together while acting")
     parser.add_argument("--act-steps", type=int, default=300)
-    parser.add_argument("--replay-critic", type=float, default=0.0,
-                        help="loss_replay_critic (the critic's loss on the replayed sequences; 0: off)")
+    parser.add_argument(
+        "--replay-critic",
+        type=float,
+        default=0.0,
+        help="loss_replay_critic (the critic's loss on the replayed sequences; 0: off)",
+    )
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast (what --trainer.precision bf16-mixed does)")
-    parser.add_argument("--no-malloc-tuning", action="store_true",
-                        help="leave glibc's malloc defaults (large freed blocks go back to the OS)")
+    parser.add_argument(
+        "--no-malloc-tuning",
+        action="store_true",
+        help="leave glibc's malloc defaults (large freed blocks go back to the OS)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if not args.no_malloc_tuning:
@@ -83,9 +90,18 @@ def main() -> None:
 
     cfg = EnvConfig(id="CartPole-v1", num_envs=args.num_envs, seed=0)
     spec = env_spec(cfg)
-    model = Dreamer(spec, deter=args.deter, hidden=args.hidden, layers=args.layers, stoch=args.stoch,
-                    classes=args.classes, bins=args.bins, horizon=args.horizon, compile=args.compile,
-                    loss_replay_critic=args.replay_critic)
+    model = Dreamer(
+        spec,
+        deter=args.deter,
+        hidden=args.hidden,
+        layers=args.layers,
+        stoch=args.stoch,
+        classes=args.classes,
+        bins=args.bins,
+        horizon=args.horizon,
+        compile=args.compile,
+        loss_replay_critic=args.replay_critic,
+    )
     optimizers = model.configure_optimizers()
     batch = random_batch(cfg, args.batch, args.length)
 
@@ -111,17 +127,23 @@ def main() -> None:
     env.close()
 
     params = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    print(f"Dreamer speed on CartPole-v1 vector obs, torch {torch.__version__}, {args.threads} thread(s), "
-          f"{os.cpu_count()} CPUs, compile={args.compile}, bf16={args.bf16}, "
-          f"malloc tuning={not args.no_malloc_tuning}")
+    print(
+        f"Dreamer speed on CartPole-v1 vector obs, torch {torch.__version__}, {args.threads} thread(s), "
+        f"{os.cpu_count()} CPUs, compile={args.compile}, bf16={args.bf16}, "
+        f"malloc tuning={not args.no_malloc_tuning}"
+    )
     print()
-    print("| preset | params | batch | horizon | replay critic | s/grad step (median) | min | CPU s/step (median) "
-          "| env steps/s acting |")
+    print(
+        "| preset | params | batch | horizon | replay critic | s/grad step (median) | min | CPU s/step (median) "
+        "| env steps/s acting |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    print(f"| deter {args.deter}, hidden {args.hidden}x{args.layers}, {args.stoch}x{args.classes}, {args.bins} bins "
-          f"| {params / 1e6:.2f}M | {args.batch}x{args.length} | {args.horizon} | {args.replay_critic:g} "
-          f"| {statistics.median(wall):.3f} "
-          f"| {min(wall):.3f} | {statistics.median(cpu):.3f} | {act_rate:.0f} ({args.num_envs} envs) |")
+    print(
+        f"| deter {args.deter}, hidden {args.hidden}x{args.layers}, {args.stoch}x{args.classes}, {args.bins} bins "
+        f"| {params / 1e6:.2f}M | {args.batch}x{args.length} | {args.horizon} | {args.replay_critic:g} "
+        f"| {statistics.median(wall):.3f} "
+        f"| {min(wall):.3f} | {statistics.median(cpu):.3f} | {act_rate:.0f} ({args.num_envs} envs) |"
+    )
     print()
     print("wall per step:", " ".join(f"{w:.2f}" for w in wall))
     print("load average:", " ".join(f"{x:.2f}" for x in os.getloadavg()))

@@ -144,26 +144,44 @@ def _rllib_loop(args: argparse.Namespace, algo: Any, module_id: str, columns: An
         result = algo.train()
         train_time += time.perf_counter() - start
         # the first iterations may report no env-runner metrics yet (their samples are in flight)
-        env_steps = int(result.get("env_runners", {}).get("num_env_steps_sampled_lifetime",
-                                                          result.get("num_env_steps_sampled_lifetime", 0)))
+        env_steps = int(
+            result.get("env_runners", {}).get(
+                "num_env_steps_sampled_lifetime", result.get("num_env_steps_sampled_lifetime", 0)
+            )
+        )
         start = time.perf_counter()
         returns = greedy_episodes(policy, args.eval_episodes, args.seed)
         eval_time += time.perf_counter() - start
-        row = {"env_steps": env_steps, "seconds": train_time, "eval_return": float(np.mean(returns)),
-               "train_return": float(result.get("env_runners", {}).get("episode_return_mean", float("nan")))}
+        row = {
+            "env_steps": env_steps,
+            "seconds": train_time,
+            "eval_return": float(np.mean(returns)),
+            "train_return": float(result.get("env_runners", {}).get("episode_return_mean", float("nan"))),
+        }
         history.append(row)
-        print(f"[eval] env steps {env_steps:8d}  {train_time:7.1f} s  eval {row['eval_return']:6.1f}  "
-              f"train {row['train_return']:6.1f}", file=sys.stderr, flush=True)
+        print(
+            f"[eval] env steps {env_steps:8d}  {train_time:7.1f} s  eval {row['eval_return']:6.1f}  "
+            f"train {row['train_return']:6.1f}",
+            file=sys.stderr,
+            flush=True,
+        )
         if solved is None and row["eval_return"] >= args.target:
             solved = row
             if not args.keep_going:
                 break
         if env_steps >= args.max_env_steps or train_time >= args.minutes * 60:
             break
-    return {"system": "rllib", "seed": args.seed, "solved": solved, "history": history,
-            "env_steps": env_steps, "train_seconds": train_time, "eval_seconds": eval_time,
-            "frames_per_s": env_steps / max(train_time, 1e-9),
-            "final_eval_return": history[-1]["eval_return"] if history else float("nan")}
+    return {
+        "system": "rllib",
+        "seed": args.seed,
+        "solved": solved,
+        "history": history,
+        "env_steps": env_steps,
+        "train_seconds": train_time,
+        "eval_seconds": eval_time,
+        "frames_per_s": env_steps / max(train_time, 1e-9),
+        "final_eval_return": history[-1]["eval_return"] if history else float("nan"),
+    }
 
 
 # -- ours ------------------------------------------------------------------------------------
@@ -177,16 +195,36 @@ def build_cli(config: str, overrides: list[str]) -> Any:
     sys.path.insert(0, ROOT)
     from lightning_wm.cli import CLI, Trainer
 
-    return CLI(model_class=None, datamodule_class=None, subclass_mode_model=True, subclass_mode_data=True,
-               trainer_class=Trainer, trainer_defaults={"num_sanity_val_steps": 0}, run=False,
-               save_config_kwargs={"overwrite": True}, parser_kwargs={"allow_abbrev": False},
-               args=["--config", config, *overrides])
+    return CLI(
+        model_class=None,
+        datamodule_class=None,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        trainer_class=Trainer,
+        trainer_defaults={"num_sanity_val_steps": 0},
+        run=False,
+        save_config_kwargs={"overwrite": True},
+        parser_kwargs={"allow_abbrev": False},
+        args=["--config", config, *overrides],
+    )
 
 
 def _overrides(args: argparse.Namespace, seed: int, *extra: str) -> list[str]:
-    out = ["--seed_everything", str(seed), "--data.init_args.env.seed", str(seed),
-           "--trainer.enable_progress_bar", "false", "--trainer.limit_val_batches", "0",
-           "--trainer.enable_checkpointing", "false", "--trainer.logger", "false", *extra]
+    out = [
+        "--seed_everything",
+        str(seed),
+        "--data.init_args.env.seed",
+        str(seed),
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.limit_val_batches",
+        "0",
+        "--trainer.enable_checkpointing",
+        "false",
+        "--trainer.logger",
+        "false",
+        *extra,
+    ]
     for key, value in args.set or []:
         out += [f"--{key}", value]
     return out
@@ -228,11 +266,19 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
             start = time.perf_counter()
             returns = greedy_episodes(policy, args.eval_episodes, args.seed, env_id)
             self.eval_time += time.perf_counter() - start
-            row = {"env_steps": int(pl_module.env_steps), "seconds": seconds, "step": step,
-                   "eval_return": float(np.mean(returns))}
+            row = {
+                "env_steps": int(pl_module.env_steps),
+                "seconds": seconds,
+                "step": step,
+                "eval_return": float(np.mean(returns)),
+            }
             self.history.append(row)
-            print(f"[eval] env steps {row['env_steps']:8d}  {seconds:7.1f} s  step {step:6d}  "
-                  f"eval {row['eval_return']:8.1f}", file=sys.stderr, flush=True)
+            print(
+                f"[eval] env steps {row['env_steps']:8d}  {seconds:7.1f} s  step {step:6d}  "
+                f"eval {row['eval_return']:8.1f}",
+                file=sys.stderr,
+                flush=True,
+            )
             if self.solved is None and row["eval_return"] >= args.target:
                 self.solved = row
                 over = over or not args.keep_going
@@ -246,14 +292,24 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
     history = evaluate.history
     env_steps = history[-1]["env_steps"] if history else 0
     seconds = history[-1]["seconds"] if history else evaluate.train_seconds()
-    return {"system": "ours", "seed": args.seed, "env_id": env_id, "solved": evaluate.solved, "history": history,
-            "env_steps": env_steps, "train_seconds": seconds, "eval_seconds": evaluate.eval_time,
-            "frames_per_s": env_steps / max(seconds, 1e-9),
-            "final_eval_return": history[-1]["eval_return"] if history else float("nan")}
+    return {
+        "system": "ours",
+        "seed": args.seed,
+        "env_id": env_id,
+        "solved": evaluate.solved,
+        "history": history,
+        "env_steps": env_steps,
+        "train_seconds": seconds,
+        "eval_seconds": evaluate.eval_time,
+        "frames_per_s": env_steps / max(seconds, 1e-9),
+        "final_eval_return": history[-1]["eval_return"] if history else float("nan"),
+    }
 
 
-SPEED_CONFIGS = {"cartpole": os.path.join(ROOT, "configs", "impala", "cartpole.yaml"),
-                 "pong": os.path.join(ROOT, "configs", "impala", "pong.yaml")}
+SPEED_CONFIGS = {
+    "cartpole": os.path.join(ROOT, "configs", "impala", "cartpole.yaml"),
+    "pong": os.path.join(ROOT, "configs", "impala", "pong.yaml"),
+}
 
 
 def run_speed(args: argparse.Namespace) -> dict[str, Any]:
@@ -262,9 +318,19 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
     ``args.warmup_seconds``."""
     import pytorch_lightning as pl
 
-    cli = build_cli(SPEED_CONFIGS[args.speed_env], _overrides(
-        args, 0, "--trainer.max_steps", "-1", "--data.init_args.num_actors", str(args.num_actors),
-        "--trainer.val_check_interval", "100000000"))
+    cli = build_cli(
+        SPEED_CONFIGS[args.speed_env],
+        _overrides(
+            args,
+            0,
+            "--trainer.max_steps",
+            "-1",
+            "--data.init_args.num_actors",
+            str(args.num_actors),
+            "--trainer.val_check_interval",
+            "100000000",
+        ),
+    )
 
     class Clock(pl.Callback):
         def __init__(self) -> None:
@@ -281,17 +347,26 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
             span = now - self.mark[0]
             if span >= args.speed_seconds:
                 wait = trainer.logged_metrics.get("actors/wait_fraction")  # the last 10 s, as the learner saw them
-                self.result = {"frames_per_s": (pl_module.env_steps - self.mark[1]) / span,
-                               "steps_per_s": (trainer.global_step - self.mark[2]) / span, "seconds": span,
-                               "wait_fraction": float(wait) if wait is not None else float("nan")}
+                self.result = {
+                    "frames_per_s": (pl_module.env_steps - self.mark[1]) / span,
+                    "steps_per_s": (trainer.global_step - self.mark[2]) / span,
+                    "seconds": span,
+                    "wait_fraction": float(wait) if wait is not None else float("nan"),
+                }
                 trainer.should_stop = True
 
     clock = Clock()
     cli.trainer.callbacks.append(clock)
     cli.trainer.fit(cli.model, cli.datamodule)
     data = cli.datamodule
-    return {"env": args.speed_env, "actors": args.num_actors, "envs_per_actor": data.env.num_envs,
-            "unroll_length": data.unroll_length, "batch_size": data.batch_size, **clock.result}
+    return {
+        "env": args.speed_env,
+        "actors": args.num_actors,
+        "envs_per_actor": data.env.num_envs,
+        "unroll_length": data.unroll_length,
+        "batch_size": data.batch_size,
+        **clock.result,
+    }
 
 
 # -- driver ------------------------------------------------------------------------------------
@@ -309,13 +384,22 @@ def _worker(args: argparse.Namespace, cmd: list[str], env: dict[str, str]) -> di
     lines = [line for line in stdout.splitlines() if line.startswith(RESULT_PREFIX)]
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"error: {' '.join(cmd[2:])} failed (exit {proc.returncode}); its log is above")
-    return json.loads(lines[-1][len(RESULT_PREFIX):])
+    return json.loads(lines[-1][len(RESULT_PREFIX) :])
 
 
 def _common(args: argparse.Namespace) -> list[str]:
     cmd = []
-    for key in ("target", "max_env_steps", "minutes", "eval_episodes", "num_cpus", "eval_every", "config",
-                "speed_seconds", "warmup_seconds"):
+    for key in (
+        "target",
+        "max_env_steps",
+        "minutes",
+        "eval_episodes",
+        "num_cpus",
+        "eval_every",
+        "config",
+        "speed_seconds",
+        "warmup_seconds",
+    ):
         value = getattr(args, key)
         cmd += [f"--{key.replace('_', '-')}", os.path.abspath(value) if key == "config" else str(value)]
     for key, value in args.set or []:
@@ -330,8 +414,10 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
         return _worker(args, cmd + _common(args), env)
     if not os.path.exists(args.rllib_python):
-        raise SystemExit(f"error: no RLlib interpreter at {args.rllib_python}; create the venv as the docstring says "
-                         "or pass --rllib-python")
+        raise SystemExit(
+            f"error: no RLlib interpreter at {args.rllib_python}; create the venv as the docstring says "
+            "or pass --rllib-python"
+        )
     cmd = [args.rllib_python, os.path.abspath(__file__), "--worker", "--system", "rllib", "--seed", str(seed)]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # RLlib's venv, not our packages
     return _worker(args, cmd + _common(args), env)
@@ -340,8 +426,10 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
 def report(args: argparse.Namespace, records: list[dict[str, Any]]) -> None:
     env_id = records[0].get("env_id", "CartPole-v1") if records else "CartPole-v1"
     print()
-    print(f"IMPALA ({args.system}) on {env_id}, target eval return >= {args.target:g} "
-          f"({args.eval_episodes} greedy episodes), budget {args.max_env_steps} env steps / {args.minutes:g} min")
+    print(
+        f"IMPALA ({args.system}) on {env_id}, target eval return >= {args.target:g} "
+        f"({args.eval_episodes} greedy episodes), budget {args.max_env_steps} env steps / {args.minutes:g} min"
+    )
     print()
     print("| seed | env steps to target | wall time to target | frames/s | final eval return (env steps) |")
     print("| --- | --- | --- | --- | --- |")
@@ -349,16 +437,23 @@ def report(args: argparse.Namespace, records: list[dict[str, Any]]) -> None:
         s = r["solved"]
         steps = f"{s['env_steps']:,}" if s else f"not within {r['env_steps']:,}"
         wall = f"{s['seconds']:.0f} s" if s else f"> {r['train_seconds']:.0f} s"
-        print(f"| {r['seed']} | {steps} | {wall} | {r['frames_per_s']:,.0f} | {r['final_eval_return']:.1f} "
-              f"({r['env_steps']:,}) |")
+        print(
+            f"| {r['seed']} | {steps} | {wall} | {r['frames_per_s']:,.0f} | {r['final_eval_return']:.1f} "
+            f"({r['env_steps']:,}) |"
+        )
     if records:  # an unsolved seed counts as "more than its budget" (the median may be one)
-        steps = sorted((r["solved"]["env_steps"], "") if r["solved"] else (math.inf, f"> {r['env_steps']:,}")
-                       for r in records)[(len(records) - 1) // 2]
-        wall = sorted((r["solved"]["seconds"], "") if r["solved"] else (math.inf, f"> {r['train_seconds']:.0f} s")
-                      for r in records)[(len(records) - 1) // 2]
-        print(f"| median | {steps[1] or f'{steps[0]:,.0f}'} | {wall[1] or f'{wall[0]:.0f} s'} | "
-              f"{statistics.median(r['frames_per_s'] for r in records):,.0f} | "
-              f"{statistics.median(r['final_eval_return'] for r in records):.1f} |")
+        steps = sorted(
+            (r["solved"]["env_steps"], "") if r["solved"] else (math.inf, f"> {r['env_steps']:,}") for r in records
+        )[(len(records) - 1) // 2]
+        wall = sorted(
+            (r["solved"]["seconds"], "") if r["solved"] else (math.inf, f"> {r['train_seconds']:.0f} s")
+            for r in records
+        )[(len(records) - 1) // 2]
+        print(
+            f"| median | {steps[1] or f'{steps[0]:,.0f}'} | {wall[1] or f'{wall[0]:.0f} s'} | "
+            f"{statistics.median(r['frames_per_s'] for r in records):,.0f} | "
+            f"{statistics.median(r['final_eval_return'] for r in records):.1f} |"
+        )
     print()
     print("load average:", " ".join(f"{x:.2f}" for x in os.getloadavg()))
 
@@ -370,12 +465,23 @@ def speed_table(args: argparse.Namespace) -> None:
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name in args.speed_envs:
         for actors in args.actors:
-            cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--speed", "--speed-env", name,
-                   "--num-actors", str(actors)]
+            cmd = [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--worker",
+                "--speed",
+                "--speed-env",
+                name,
+                "--num-actors",
+                str(actors),
+            ]
             env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
             r = _worker(args, cmd + _common(args), env)
-            print(f"| {name} | {actors} | {r['envs_per_actor']} | {r['unroll_length']} x {r['batch_size']} | "
-                  f"{r['frames_per_s']:,.0f} | {r['steps_per_s']:.1f} | {100 * r['wait_fraction']:.0f}% |", flush=True)
+            print(
+                f"| {name} | {actors} | {r['envs_per_actor']} | {r['unroll_length']} x {r['batch_size']} | "
+                f"{r['frames_per_s']:,.0f} | {r['steps_per_s']:.1f} | {100 * r['wait_fraction']:.0f}% |",
+                flush=True,
+            )
     print()
     print("load average:", " ".join(f"{x:.2f}" for x in os.getloadavg()))
 
@@ -384,16 +490,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--system", choices=["ours", "rllib"], default="ours")
     parser.add_argument("--config", default=DEFAULT_CONFIG, help="our config (--system ours)")
-    parser.add_argument("--set", nargs=2, action="append", metavar=("KEY", "VALUE"),
-                        help="override an option of --config, e.g. --set model.init_args.learning_rate 0.001")
+    parser.add_argument(
+        "--set",
+        nargs=2,
+        action="append",
+        metavar=("KEY", "VALUE"),
+        help="override an option of --config, e.g. --set model.init_args.learning_rate 0.001",
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--target", type=float, default=475.0)
     parser.add_argument("--max-env-steps", type=int, default=3_000_000)
     parser.add_argument("--minutes", type=float, default=15.0, help="training wall-time budget per seed")
     parser.add_argument("--eval-episodes", type=int, default=10)
     parser.add_argument("--eval-every", type=int, default=10, help="gradient steps between evaluations (ours)")
-    parser.add_argument("--keep-going", action="store_true",
-                        help="train on to the budget after reaching the target (does the policy stay solved?)")
+    parser.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="train on to the budget after reaching the target (does the policy stay solved?)",
+    )
     parser.add_argument("--rllib-python", default=DEFAULT_RLLIB_PYTHON)
     parser.add_argument("--num-cpus", type=int, default=2, help="CPUs Ray may use")
     parser.add_argument("--speed", action="store_true", help="frames/s with --actors actor processes")

@@ -29,8 +29,9 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,8 +49,15 @@ DISCOUNT = 0.997
 def cartpole_model(seed: int = 0) -> MuZeroModel:
     """LightZero's CartPole MuZero sizes, random weights (heads not zero, so the search branches)."""
     torch.manual_seed(seed)
-    model = MuZeroModel(gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), 2, latent_dim=128, hidden=128, layers=2,
-                        head_hidden=32, support_size=300)
+    model = MuZeroModel(
+        gym.spaces.Box(-np.inf, np.inf, (4,), np.float32),
+        2,
+        latent_dim=128,
+        hidden=128,
+        layers=2,
+        head_hidden=32,
+        support_size=300,
+    )
     for head in (model.policy_head, model.value_head, model.reward_head):
         for p in head.parameters():
             torch.nn.init.normal_(p, std=0.05)
@@ -69,12 +77,27 @@ class Timed:
         return out
 
 
-def ours(model: MuZeroModel, root: dict[str, torch.Tensor], simulations: int, seed: int,
-         unvisited_q: str = "mean", compile: bool = False) -> tuple[float, float]:
+def ours(
+    model: MuZeroModel,
+    root: dict[str, torch.Tensor],
+    simulations: int,
+    seed: int,
+    unvisited_q: str = "mean",
+    compile: bool = False,
+) -> tuple[float, float]:
     rec = Timed(model.recurrent_fn)
     t = time.perf_counter()
-    mcts(rec, root["state"], root["policy_logits"], root["value"], num_simulations=simulations, discount=DISCOUNT,
-         generator=torch.Generator().manual_seed(seed), unvisited_q=unvisited_q, compile=compile)
+    mcts(
+        rec,
+        root["state"],
+        root["policy_logits"],
+        root["value"],
+        num_simulations=simulations,
+        discount=DISCOUNT,
+        generator=torch.Generator().manual_seed(seed),
+        unvisited_q=unvisited_q,
+        compile=compile,
+    )
     return time.perf_counter() - t, rec.seconds
 
 
@@ -88,16 +111,23 @@ def lightzero_search() -> Callable[..., tuple[float, float]] | None:
 
     def run(model: MuZeroModel, root: dict[str, torch.Tensor], simulations: int, seed: int) -> tuple[float, float]:
         rng = np.random.default_rng(seed)
-        cfg = EasyDict(dict(num_simulations=simulations, discount_factor=DISCOUNT, device="cpu",
-                            model=dict(support_scale=300, categorical_distribution=True)))
+        cfg = EasyDict(
+            dict(
+                num_simulations=simulations,
+                discount_factor=DISCOUNT,
+                device="cpu",
+                model=dict(support_scale=300, categorical_distribution=True),
+            )
+        )
         search = MuZeroMCTSCtree(cfg)
 
         def infer(latent: torch.Tensor, action: torch.Tensor) -> SimpleNamespace:
             # LightZero decodes the categorical value and reward itself
             reward_logits, state = model.dynamics(latent.float(), action)
             policy_logits, value_logits = model.prediction(state)
-            return SimpleNamespace(latent_state=state, policy_logits=policy_logits, value=value_logits,
-                                   reward=reward_logits)
+            return SimpleNamespace(
+                latent_state=state, policy_logits=policy_logits, value=value_logits, reward=reward_logits
+            )
 
         net = SimpleNamespace(recurrent_inference=Timed(infer), eval=lambda: None)
         batch, actions = root["policy_logits"].shape
@@ -113,8 +143,13 @@ def lightzero_search() -> Callable[..., tuple[float, float]] | None:
     return run
 
 
-def measure(searches: dict[str, Callable[..., tuple[float, float]]], model: MuZeroModel, batch: int,
-            simulations: int, repeats: int) -> dict[str, dict[str, float]]:
+def measure(
+    searches: dict[str, Callable[..., tuple[float, float]]],
+    model: MuZeroModel,
+    batch: int,
+    simulations: int,
+    repeats: int,
+) -> dict[str, dict[str, float]]:
     """Median wall seconds, process CPU seconds and network seconds per search, for every search,
     over ``repeats`` rounds after one warm-up; the searches take turns within a round so that a
     shared machine's load falls on all of them alike."""
@@ -130,8 +165,14 @@ def measure(searches: dict[str, Callable[..., tuple[float, float]]], model: MuZe
                 cpu = time.process_time()
                 wall, net = fn(model, root, simulations, i + 1)
                 runs[name].append((wall, time.process_time() - cpu, net))
-    return {name: {"wall": statistics.median(r[0] for r in rs), "cpu": statistics.median(r[1] for r in rs),
-                   "network": statistics.median(r[2] for r in rs)} for name, rs in runs.items()}
+    return {
+        name: {
+            "wall": statistics.median(r[0] for r in rs),
+            "cpu": statistics.median(r[1] for r in rs),
+            "network": statistics.median(r[2] for r in rs),
+        }
+        for name, rs in runs.items()
+    }
 
 
 def main() -> None:
@@ -140,10 +181,17 @@ def main() -> None:
     parser.add_argument("--simulations", type=int, default=50)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--unvisited-q", choices=["mean", "zero"], default="mean",
-                        help="our PUCT's value of an untried action (mean: MuZero's default and LightZero's rule)")
-    parser.add_argument("--no-compile", action="store_true",
-                        help="leave out our search with its tree steps compiled (torch.compile, needs a C++ compiler)")
+    parser.add_argument(
+        "--unvisited-q",
+        choices=["mean", "zero"],
+        default="mean",
+        help="our PUCT's value of an untried action (mean: MuZero's default and LightZero's rule)",
+    )
+    parser.add_argument(
+        "--no-compile",
+        action="store_true",
+        help="leave out our search with its tree steps compiled (torch.compile, needs a C++ compiler)",
+    )
     args = parser.parse_args()
 
     model = cartpole_model()
@@ -152,13 +200,17 @@ def main() -> None:
         searches["lightning_wm compile_search"] = functools.partial(ours, unvisited_q=args.unvisited_q, compile=True)
     lz = lightzero_search()
     if lz is None:
-        print("LightZero is not installed in this Python: measuring lightning_wm only "
-              "(run with the LightZero venv's python to compare).")
+        print(
+            "LightZero is not installed in this Python: measuring lightning_wm only "
+            "(run with the LightZero venv's python to compare)."
+        )
     else:
         searches["LightZero ctree"] = lz
     print(f"torch {torch.__version__}, load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs\n")
-    print("| search | threads | batch | simulations | s / search (wall) | sims/s (wall) | CPU s / search | "
-          "sims/s (CPU) | network s / search |")
+    print(
+        "| search | threads | batch | simulations | s / search (wall) | sims/s (wall) | CPU s / search | "
+        "sims/s (CPU) | network s / search |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for threads in args.threads:
         torch.set_num_threads(threads)
@@ -166,8 +218,12 @@ def main() -> None:
             results = measure(searches, model, batch, args.simulations, args.repeats)
             sims = batch * args.simulations
             for name, r in results.items():
-                print(f"| {name} | {threads} | {batch} | {args.simulations} | {r['wall']:.4f} | {sims / r['wall']:,.0f} | "
-                      f"{r['cpu']:.4f} | {sims / r['cpu']:,.0f} | {r['network']:.4f} |", flush=True)
+                print(
+                    f"| {name} | {threads} | {batch} | {args.simulations} | {r['wall']:.4f} | {sims / r['wall']:,.0f} | "
+                    f"{r['cpu']:.4f} | {sims / r['cpu']:,.0f} | {r['network']:.4f} |",
+                    flush=True,
+                )
+
 
 if __name__ == "__main__":
     main()

@@ -48,8 +48,9 @@ TARGET = 475.0
 
 
 # -- summaries (any system) --------------------------------------------------------------------
-def summarize(evals: list[dict[str, Any]], target: float = TARGET, in_a_row: int = 3,
-              tail_env_steps: int = 2000) -> dict[str, Any]:
+def summarize(
+    evals: list[dict[str, Any]], target: float = TARGET, in_a_row: int = 3, tail_env_steps: int = 2000
+) -> dict[str, Any]:
     """One run's evaluations (``env_steps``, ``games``, ``wall_s``, ``return_mean`` each, in order):
     the first at or above ``target`` (env steps, games, wall seconds), whether every later one
     stays there and the lowest of them, the env steps of the first ``in_a_row`` evaluations in a
@@ -60,9 +61,13 @@ def summarize(evals: list[dict[str, Any]], target: float = TARGET, in_a_row: int
     out: dict[str, Any] = {"evaluations": len(evals), "solved": first is not None, "held_env_steps": None}
     if first is not None:
         later = [e for e in evals if e["env_steps"] >= first["env_steps"]]
-        out.update(env_steps=first["env_steps"], games=first["games"], wall_s=first["wall_s"],
-                   stays=all(e["return_mean"] >= target for e in later),
-                   min_after=min(e["return_mean"] for e in later))
+        out.update(
+            env_steps=first["env_steps"],
+            games=first["games"],
+            wall_s=first["wall_s"],
+            stays=all(e["return_mean"] >= target for e in later),
+            min_after=min(e["return_mean"] for e in later),
+        )
     run = 0
     for e in evals:
         run = run + 1 if e["return_mean"] >= target else 0
@@ -88,7 +93,7 @@ def median_counting_unsolved(values: list[float | None]) -> float:
         raise ValueError("no runs to take the median of")
     ordered = sorted(values, key=lambda v: (v is None, v or 0.0))
     mid = len(ordered) // 2
-    pair = ordered[mid - 1:mid + 1] if len(ordered) % 2 == 0 else [ordered[mid]]
+    pair = ordered[mid - 1 : mid + 1] if len(ordered) % 2 == 0 else [ordered[mid]]
     return math.inf if any(v is None for v in pair) else statistics.fmean(pair)
 
 
@@ -107,38 +112,49 @@ def print_runs(paths: list[str]) -> None:
         print("| env steps | games | wall s | return mean | min | max |")
         print("| --- | --- | --- | --- | --- | --- |")
         for e in run["evaluations"]:
-            print(f"| {e['env_steps']} | {e['games']} | {e['wall_s']:.0f} | {e['return_mean']:.1f} | "
-                  f"{min(e['returns']):.0f} | {max(e['returns']):.0f} |")
-    print("\n| system | seed | env steps to 475 | games | wall s | stays >= 475 | min after | 3 in a row at "
-          "| stays from there | mean of the last 2,000 | last |")
+            print(
+                f"| {e['env_steps']} | {e['games']} | {e['wall_s']:.0f} | {e['return_mean']:.1f} | "
+                f"{min(e['returns']):.0f} | {max(e['returns']):.0f} |"
+            )
+    print(
+        "\n| system | seed | env steps to 475 | games | wall s | stays >= 475 | min after | 3 in a row at "
+        "| stays from there | mean of the last 2,000 | last |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for run, s in rows:
         held = f"{s['held_env_steps']} | {s['stays_after_held']}" if s["held_env_steps"] is not None else "not | "
         tail = f"{s['tail_mean']:.1f}" if "tail_mean" in s else ""
         if s["solved"]:
-            print(f"| {run['system']} | {run['seed']} | {s['env_steps']} | {s['games']} | {s['wall_s']:.0f} | "
-                  f"{s['stays']} | {s['min_after']:.1f} | {held} | {tail} | {s.get('last_return', float('nan')):.1f} |")
+            print(
+                f"| {run['system']} | {run['seed']} | {s['env_steps']} | {s['games']} | {s['wall_s']:.0f} | "
+                f"{s['stays']} | {s['min_after']:.1f} | {held} | {tail} | {s.get('last_return', float('nan')):.1f} |"
+            )
         else:
-            print(f"| {run['system']} | {run['seed']} | not reached in {s.get('last_env_steps', 0)} | | | | | "
-                  f"{held} | {tail} | {s.get('last_return', float('nan')):.1f} |")
+            print(
+                f"| {run['system']} | {run['seed']} | not reached in {s.get('last_env_steps', 0)} | | | | | "
+                f"{held} | {tail} | {s.get('last_return', float('nan')):.1f} |"
+            )
     for system in sorted({run["system"] for run, _ in rows}):
         mine = [s for run, s in rows if run["system"] == system]
         solved = [s for s in mine if s["solved"]]
         first = median_counting_unsolved([s.get("env_steps") for s in mine])
         held = median_counting_unsolved([s["held_env_steps"] for s in mine])
-        line = (f"\n{system}: {len(solved)}/{len(mine)} runs reach 475, {sum(s['held_env_steps'] is not None for s in mine)}"
-                f"/{len(mine)} hold it 3 evaluations in a row ({sum(bool(s.get('stays_after_held')) for s in mine)} of "
-                f"them stay >= 475 from there to the end, {sum(bool(s.get('stays')) for s in mine)} from the first 475); medians (a run that never gets there counts as the "
-                f"slowest): env steps to 475 {_steps(first)}, to 3 in a row {_steps(held)}, mean of the last 2,000 env steps "
-                f"{statistics.median(s['tail_mean'] for s in mine if 'tail_mean' in s):.1f}")
+        line = (
+            f"\n{system}: {len(solved)}/{len(mine)} runs reach 475, {sum(s['held_env_steps'] is not None for s in mine)}"
+            f"/{len(mine)} hold it 3 evaluations in a row ({sum(bool(s.get('stays_after_held')) for s in mine)} of "
+            f"them stay >= 475 from there to the end, {sum(bool(s.get('stays')) for s in mine)} from the first 475); medians (a run that never gets there counts as the "
+            f"slowest): env steps to 475 {_steps(first)}, to 3 in a row {_steps(held)}, mean of the last 2,000 env steps "
+            f"{statistics.median(s['tail_mean'] for s in mine if 'tail_mean' in s):.1f}"
+        )
         if solved:
             line += f"; wall to 475 over the solved runs {statistics.median(s['wall_s'] for s in solved):.0f} s"
         print(line)
 
 
 # -- lightning_wm ------------------------------------------------------------------------------
-def run_lightning_wm(seed: int, max_env_steps: int, out_dir: str, config: str, eval_every: int,
-                     overrides: list[str]) -> str:
+def run_lightning_wm(
+    seed: int, max_env_steps: int, out_dir: str, config: str, eval_every: int, overrides: list[str]
+) -> str:
     """One run of our MuZero config; returns the path of its JSON record."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     import pytorch_lightning as pl
@@ -146,8 +162,14 @@ def run_lightning_wm(seed: int, max_env_steps: int, out_dir: str, config: str, e
     from lightning_wm.cli import CLI, Trainer
 
     path = os.path.join(out_dir, f"lightning_wm_seed{seed}.json")
-    record: dict[str, Any] = {"system": "lightning_wm", "seed": seed, "max_env_steps": max_env_steps,
-                              "config": config, "overrides": overrides, "evaluations": []}
+    record: dict[str, Any] = {
+        "system": "lightning_wm",
+        "seed": seed,
+        "max_env_steps": max_env_steps,
+        "config": config,
+        "overrides": overrides,
+        "evaluations": [],
+    }
 
     class Recorder(pl.Callback):
         """Every evaluation's returns, env steps, games and wall time; stop at the env-step budget."""
@@ -173,24 +195,59 @@ def run_lightning_wm(seed: int, max_env_steps: int, out_dir: str, config: str, e
             wall = time.perf_counter() - self.start
             agent_steps = int(stats.env_steps)
             frames = agent_steps * trainer.datamodule.env.action_repeat
-            record["evaluations"].append({"train_iter": trainer.global_step, "env_steps": frames,
-                                          "agent_steps": agent_steps,
-                                          "games": int(stats.episodes), "wall_s": wall, "returns": self.returns,
-                                          "return_mean": statistics.fmean(self.returns)})
+            record["evaluations"].append(
+                {
+                    "train_iter": trainer.global_step,
+                    "env_steps": frames,
+                    "agent_steps": agent_steps,
+                    "games": int(stats.episodes),
+                    "wall_s": wall,
+                    "returns": self.returns,
+                    "return_mean": statistics.fmean(self.returns),
+                }
+            )
             with open(path, "w") as f:
                 json.dump(record, f, indent=1)
-            print(f"[lightning_wm seed {seed}] step {trainer.global_step}, env steps {frames}, games "
-                  f"{stats.episodes}, wall {wall:.0f} s: eval return {statistics.fmean(self.returns):.1f}", flush=True)
+            print(
+                f"[lightning_wm seed {seed}] step {trainer.global_step}, env steps {frames}, games "
+                f"{stats.episodes}, wall {wall:.0f} s: eval return {statistics.fmean(self.returns):.1f}",
+                flush=True,
+            )
             if frames >= max_env_steps:
                 trainer.should_stop = True
 
-    args = ["--config", config, "--seed_everything", str(seed), "--data.init_args.env.seed", str(seed),
-            "--trainer.val_check_interval", str(eval_every), "--trainer.max_steps", "10000000",
-            "--trainer.logger", "false", "--trainer.enable_checkpointing", "false",
-            "--trainer.enable_progress_bar", "false", "--trainer.num_sanity_val_steps", "0", *overrides]
-    cli = CLI(model_class=None, datamodule_class=None, subclass_mode_model=True, subclass_mode_data=True,
-              trainer_class=Trainer, save_config_callback=None, parser_kwargs={"allow_abbrev": False}, args=args,
-              run=False)
+    args = [
+        "--config",
+        config,
+        "--seed_everything",
+        str(seed),
+        "--data.init_args.env.seed",
+        str(seed),
+        "--trainer.val_check_interval",
+        str(eval_every),
+        "--trainer.max_steps",
+        "10000000",
+        "--trainer.logger",
+        "false",
+        "--trainer.enable_checkpointing",
+        "false",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.num_sanity_val_steps",
+        "0",
+        *overrides,
+    ]
+    cli = CLI(
+        model_class=None,
+        datamodule_class=None,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        trainer_class=Trainer,
+        save_config_callback=None,
+        parser_kwargs={"allow_abbrev": False},
+        args=args,
+        run=False,
+    )
     recorder = Recorder()
     cli.trainer.callbacks.append(recorder)
     start = time.perf_counter()
@@ -204,16 +261,18 @@ def run_lightning_wm(seed: int, max_env_steps: int, out_dir: str, config: str, e
 # -- LightZero ---------------------------------------------------------------------------------
 def run_lightzero(seed: int, max_env_steps: int, out_dir: str) -> str:
     """One LightZero CartPole MuZero run; returns the path of its JSON record."""
-    import torch
     import lzero.worker.muzero_collector as collector_mod
     import lzero.worker.muzero_evaluator as evaluator_mod
+    import torch
     from lzero.entry import train_muzero
     from zoo.classic_control.cartpole.config.cartpole_muzero_config import create_config, main_config
 
     torch.set_num_threads(1)
     out_dir = os.path.abspath(out_dir)
     os.makedirs(out_dir, exist_ok=True)
-    os.chdir(out_dir)  # DI-engine puts "./" before exp_name: its logs and checkpoints land here, not in the caller's folder
+    os.chdir(
+        out_dir
+    )  # DI-engine puts "./" before exp_name: its logs and checkpoints land here, not in the caller's folder
     cfg, create = copy.deepcopy(main_config), copy.deepcopy(create_config)
     cfg.exp_name = f"lightzero_seed{seed}"
     cfg.env.env_id = "CartPole-v1"
@@ -224,9 +283,13 @@ def run_lightzero(seed: int, max_env_steps: int, out_dir: str) -> str:
     create.env_manager.type = "base"
 
     start = time.perf_counter()
-    record: dict[str, Any] = {"system": "lightzero", "seed": seed, "max_env_steps": max_env_steps,
-                              "config": "zoo/classic_control/cartpole/config/cartpole_muzero_config.py",
-                              "evaluations": []}
+    record: dict[str, Any] = {
+        "system": "lightzero",
+        "seed": seed,
+        "max_env_steps": max_env_steps,
+        "config": "zoo/classic_control/cartpole/config/cartpole_muzero_config.py",
+        "evaluations": [],
+    }
     path = os.path.join(out_dir, f"lightzero_seed{seed}.json")
     returns: list[list[float]] = []
     collectors: list[Any] = []
@@ -240,17 +303,28 @@ def run_lightzero(seed: int, max_env_steps: int, out_dir: str) -> str:
 
     evaluate = evaluator_mod.MuZeroEvaluator.eval
 
-    def recorded_eval(self: Any, save_ckpt_fn: Any = None, train_iter: int = -1, envstep: int = -1, *args: Any,
-                      **kwargs: Any) -> Any:
+    def recorded_eval(
+        self: Any, save_ckpt_fn: Any = None, train_iter: int = -1, envstep: int = -1, *args: Any, **kwargs: Any
+    ) -> Any:
         out = evaluate(self, save_ckpt_fn, train_iter, envstep, *args, **kwargs)
         games = collectors[0]._total_episode_count if collectors else 0
-        record["evaluations"].append({"train_iter": int(train_iter), "env_steps": int(envstep), "games": int(games),
-                                      "wall_s": time.perf_counter() - start, "returns": returns[-1],
-                                      "return_mean": statistics.fmean(returns[-1])})
+        record["evaluations"].append(
+            {
+                "train_iter": int(train_iter),
+                "env_steps": int(envstep),
+                "games": int(games),
+                "wall_s": time.perf_counter() - start,
+                "returns": returns[-1],
+                "return_mean": statistics.fmean(returns[-1]),
+            }
+        )
         with open(path, "w") as f:
             json.dump(record, f, indent=1)
-        print(f"[lightzero seed {seed}] env steps {envstep}, games {games}, wall {time.perf_counter() - start:.0f} s: "
-              f"eval return {statistics.fmean(returns[-1]):.1f}", flush=True)
+        print(
+            f"[lightzero seed {seed}] env steps {envstep}, games {games}, wall {time.perf_counter() - start:.0f} s: "
+            f"eval return {statistics.fmean(returns[-1]):.1f}",
+            flush=True,
+        )
         return out
 
     init = collector_mod.MuZeroCollector.__init__
@@ -283,9 +357,13 @@ def main() -> None:
     parser.add_argument("--summarize", metavar="DIR", help="only print the tables of the JSON records in DIR")
     parser.add_argument("--config", default="configs/muzero/cartpole.yaml", help="lightning_wm: the config to train")
     parser.add_argument("--eval-every", type=int, default=100, help="lightning_wm: gradient steps between evaluations")
-    parser.add_argument("--override", action="append", default=[], metavar="ARG",
-                        help="lightning_wm: an extra command-line override (repeatable), e.g. "
-                             "--override=--model.init_args.lr=0.001")
+    parser.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="lightning_wm: an extra command-line override (repeatable), e.g. --override=--model.init_args.lr=0.001",
+    )
     args = parser.parse_args()
     args.out = os.path.abspath(args.out)  # LightZero runs chdir into it
     if args.summarize:
@@ -298,15 +376,19 @@ def main() -> None:
         return
     os.makedirs(args.out, exist_ok=True)
     if args.system == "lightning_wm":
-        paths = [run_lightning_wm(seed, args.max_env_steps, args.out, args.config, args.eval_every, args.override)
-                 for seed in args.seeds]
+        paths = [
+            run_lightning_wm(seed, args.max_env_steps, args.out, args.config, args.eval_every, args.override)
+            for seed in args.seeds
+        ]
         print_runs(paths)
         return
     try:
         import lzero  # noqa: F401
     except ImportError:
-        sys.exit("error: LightZero is not installed in this Python; run this with LightZero's venv, e.g. "
-                 "/work/venvs/lightzero/bin/python bench/muzero_cartpole.py --system lightzero")
+        sys.exit(
+            "error: LightZero is not installed in this Python; run this with LightZero's venv, e.g. "
+            "/work/venvs/lightzero/bin/python bench/muzero_cartpole.py --system lightzero"
+        )
     paths = [run_lightzero(seed, args.max_env_steps, args.out) for seed in args.seeds]
     print_runs(paths)
 

@@ -8,6 +8,7 @@ sequences x 64 steps are sampled, uniform and prioritized, and MuZero-style unro
     python bench/replay.py --rows 200000
     python bench/replay.py --rows 200000 --in-memory
 """
+
 from __future__ import annotations
 
 import argparse
@@ -92,9 +93,14 @@ def main() -> None:
             add(t)
         again_s = time.perf_counter() - start
         T = 64  # chunks of T rows per stream, as actors deliver them
-        chunk = {"obs": pool[np.arange(T) % len(pool)], "reward": np.zeros((T, E), np.float32),
-                 "is_first": np.zeros((T, E), bool), "is_last": np.zeros((T, E), bool),
-                 "is_terminal": np.zeros((T, E), bool), "action": actions[:T]}
+        chunk = {
+            "obs": pool[np.arange(T) % len(pool)],
+            "reward": np.zeros((T, E), np.float32),
+            "is_first": np.zeros((T, E), bool),
+            "is_last": np.zeros((T, E), bool),
+            "is_terminal": np.zeros((T, E), bool),
+            "action": actions[:T],
+        }
         chunks = max(1, min(steps, 5000) // T)
         start = time.perf_counter()
         for _ in range(chunks):
@@ -113,9 +119,16 @@ def main() -> None:
         B, L = args.batch, args.length
         rows = []
         rows.append(("add 8 rows/call, first fill", f"{len(buf) / add_s:,.0f} rows/s", f"{add_s / steps * 1e3:.3f}"))
-        rows.append(("add 8 rows/call, ring full", f"{again * E / again_s:,.0f} rows/s", f"{again_s / again * 1e3:.3f}"))
-        rows.append((f"add_many {T}x{E} rows/call, ring full", f"{chunks * T * E / chunk_s:,.0f} rows/s",
-                     f"{chunk_s / chunks * 1e3:.3f}"))
+        rows.append(
+            ("add 8 rows/call, ring full", f"{again * E / again_s:,.0f} rows/s", f"{again_s / again * 1e3:.3f}")
+        )
+        rows.append(
+            (
+                f"add_many {T}x{E} rows/call, ring full",
+                f"{chunks * T * E / chunk_s:,.0f} rows/s",
+                f"{chunk_s / chunks * 1e3:.3f}",
+            )
+        )
         for name, b, cross in [
             ("uniform", uniform, True),
             ("prioritized", buf, True),
@@ -129,8 +142,13 @@ def main() -> None:
         rows.append(("RowSampler 256 rows, prioritized", f"{1e3 / ms:,.0f} batches/s", f"{ms:.2f}"))
         windows = WindowSampler(num_unroll_steps=5, td_steps=5)
         ms = median_ms(lambda: windows.sample(buf, 4 * B), args.repeats)
-        rows.append((f"WindowSampler {4 * B}x{windows.window} (K=5, td=5), prioritized", f"{1e3 / ms:,.0f} batches/s",
-                     f"{ms:.2f}"))
+        rows.append(
+            (
+                f"WindowSampler {4 * B}x{windows.window} (K=5, td=5), prioritized",
+                f"{1e3 / ms:,.0f} batches/s",
+                f"{ms:.2f}",
+            )
+        )
         batch = SequenceSampler(L).sample(buf, B)
         idx, gen = batch["index"], batch["generation"]
         ms = median_ms(lambda: buf.update_priorities(idx, np.random.uniform(0.1, 10.0, B), gen), args.repeats)

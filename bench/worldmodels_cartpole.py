@@ -49,70 +49,158 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--vision-epochs", type=int, default=4)
     p.add_argument("--memory-epochs", type=int, default=10)
     p.add_argument("--memory-batches", type=int, default=100, help="M training batches per epoch")
-    p.add_argument("--generations", type=int, default=None,
-                   help="CMA-ES generations in the real env (default: as many as --budget-minutes leaves, "
-                        "at most 1000)")
-    p.add_argument("--budget-minutes", type=float, default=30.0,
-                   help="whole-pipeline budget: the real-env controller gets what the stages before it left, "
-                        "minus --reserve-minutes (Lightning's max_time)")
-    p.add_argument("--reserve-minutes", type=float, default=3.0,
-                   help="kept back from the budget for the controller's evaluation and the dream stage")
-    p.add_argument("--controller-minutes", type=float, default=None,
-                   help="wall-clock limit of the real-env controller, instead of the one from the budget")
+    p.add_argument(
+        "--generations",
+        type=int,
+        default=None,
+        help="CMA-ES generations in the real env (default: as many as --budget-minutes leaves, at most 1000)",
+    )
+    p.add_argument(
+        "--budget-minutes",
+        type=float,
+        default=30.0,
+        help="whole-pipeline budget: the real-env controller gets what the stages before it left, "
+        "minus --reserve-minutes (Lightning's max_time)",
+    )
+    p.add_argument(
+        "--reserve-minutes",
+        type=float,
+        default=3.0,
+        help="kept back from the budget for the controller's evaluation and the dream stage",
+    )
+    p.add_argument(
+        "--controller-minutes",
+        type=float,
+        default=None,
+        help="wall-clock limit of the real-env controller, instead of the one from the budget",
+    )
     p.add_argument("--dream-generations", type=int, default=30, help="CMA-ES generations inside the dream")
     p.add_argument("--popsize", type=int, default=16)
-    p.add_argument("--episodes-per-member", type=int, default=1,
-                   help="real episodes per member (1: more generations for the time; all members share the seed)")
+    p.add_argument(
+        "--episodes-per-member",
+        type=int,
+        default=1,
+        help="real episodes per member (1: more generations for the time; all members share the seed)",
+    )
     p.add_argument("--dream-episodes-per-member", type=int, default=8)
     p.add_argument("--dream-temperature", type=float, default=1.0)
-    p.add_argument("--dream-sample-z", action="store_true",
-                   help="the dream-trained controller sees z sampled from V's posterior in the real env "
-                        "(as M's training targets were) instead of V's mean")
-    p.add_argument("--dream-done-threshold", type=float, default=0.5,
-                   help="a dream episode ends where M's done probability exceeds this")
-    p.add_argument("--dream-done-mode", choices=("threshold", "sample"), default="threshold",
-                   help="end a dream where p > threshold, or by a Bernoulli draw of p")
-    p.add_argument("--dream-starts", choices=("first", "all"), default="first",
-                   help="dreams start at the recorded episodes' first rows, or at any row (M warmed up on the prefix)")
-    p.add_argument("--dream-max-steps", type=int, default=500,
-                   help="a dream episode is truncated after this many steps (M's memory is reliable for as long as "
-                        "the sequences it was trained on)")
-    p.add_argument("--dream-run-name", default="worldmodels-cartpole_pixels-controller-dream",
-                   help="run folder of the dream stage (several dream experiments side by side)")
+    p.add_argument(
+        "--dream-sample-z",
+        action="store_true",
+        help="the dream-trained controller sees z sampled from V's posterior in the real env "
+        "(as M's training targets were) instead of V's mean",
+    )
+    p.add_argument(
+        "--dream-done-threshold",
+        type=float,
+        default=0.5,
+        help="a dream episode ends where M's done probability exceeds this",
+    )
+    p.add_argument(
+        "--dream-done-mode",
+        choices=("threshold", "sample"),
+        default="threshold",
+        help="end a dream where p > threshold, or by a Bernoulli draw of p",
+    )
+    p.add_argument(
+        "--dream-starts",
+        choices=("first", "all"),
+        default="first",
+        help="dreams start at the recorded episodes' first rows, or at any row (M warmed up on the prefix)",
+    )
+    p.add_argument(
+        "--dream-max-steps",
+        type=int,
+        default=500,
+        help="a dream episode is truncated after this many steps (M's memory is reliable for as long as "
+        "the sequences it was trained on)",
+    )
+    p.add_argument(
+        "--dream-run-name",
+        default="worldmodels-cartpole_pixels-controller-dream",
+        help="run folder of the dream stage (several dream experiments side by side)",
+    )
     p.add_argument("--dream-seed", type=int, default=0, help="CMA-ES seed of the dream stage")
-    p.add_argument("--memory-sequence-length", type=int, default=None,
-                   help="M's training window (the config's 32 by default); a dream runs M for as long as the "
-                        "episode, so longer windows (with recorded episodes that long) keep its state in range")
+    p.add_argument(
+        "--memory-sequence-length",
+        type=int,
+        default=None,
+        help="M's training window (the config's 32 by default); a dream runs M for as long as the "
+        "episode, so longer windows (with recorded episodes that long) keep its state in range",
+    )
     p.add_argument("--memory-batch-size", type=int, default=None, help="M's batch size (the config's 32 by default)")
-    p.add_argument("--memory-set", action="append", default=[], metavar="KEY=VALUE",
-                   help="an extra M setting (model.init_args.KEY), e.g. sample_z=false; repeatable")
-    p.add_argument("--dream-set", action="append", default=[], metavar="KEY=VALUE",
-                   help="an extra setting of the dream-trained controller (model.init_args.KEY); repeatable")
-    p.add_argument("--ensemble", type=int, default=1,
-                   help="Ms per round: M (seed 0) and K-1 more with seeds 1..K-1 on the same latents, all of them "
-                        "dreaming together (the controller's memory_ensemble); 1: M alone")
-    p.add_argument("--round-ensemble", type=int, default=0,
-                   help="iterate: each round's controller dreams in its new M together with the Ms of this many "
-                        "rounds before it (round 0: M on the first episodes), as the controller's memory_ensemble; "
-                        "0: the new M alone")
-    p.add_argument("--dream-ensemble-next", choices=("random", "primary"), default="random",
-                   help="with --ensemble: z' from a member drawn per step, or from M")
-    p.add_argument("--dream-ensemble-done", choices=("max", "mean"), default="max",
-                   help="with --ensemble: a dream step ends with the members' largest or mean done probability")
+    p.add_argument(
+        "--memory-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an extra M setting (model.init_args.KEY), e.g. sample_z=false; repeatable",
+    )
+    p.add_argument(
+        "--dream-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an extra setting of the dream-trained controller (model.init_args.KEY); repeatable",
+    )
+    p.add_argument(
+        "--ensemble",
+        type=int,
+        default=1,
+        help="Ms per round: M (seed 0) and K-1 more with seeds 1..K-1 on the same latents, all of them "
+        "dreaming together (the controller's memory_ensemble); 1: M alone",
+    )
+    p.add_argument(
+        "--round-ensemble",
+        type=int,
+        default=0,
+        help="iterate: each round's controller dreams in its new M together with the Ms of this many "
+        "rounds before it (round 0: M on the first episodes), as the controller's memory_ensemble; "
+        "0: the new M alone",
+    )
+    p.add_argument(
+        "--dream-ensemble-next",
+        choices=("random", "primary"),
+        default="random",
+        help="with --ensemble: z' from a member drawn per step, or from M",
+    )
+    p.add_argument(
+        "--dream-ensemble-done",
+        choices=("max", "mean"),
+        default="max",
+        help="with --ensemble: a dream step ends with the members' largest or mean done probability",
+    )
     p.add_argument("--rounds", type=int, default=2, help="iterate: rounds of record -> M -> dream controller")
     p.add_argument("--round-episodes", type=int, default=100, help="iterate: episodes recorded per round")
-    p.add_argument("--warm-start", action="store_true",
-                   help="iterate: each round's CMA-ES starts from the last round's dream controller "
-                        "(init_params_ckpt) instead of zeros")
-    p.add_argument("--explore-noise", type=float, default=0.1,
-                   help="iterate: probability of a random action while recording with the controller")
+    p.add_argument(
+        "--warm-start",
+        action="store_true",
+        help="iterate: each round's CMA-ES starts from the last round's dream controller "
+        "(init_params_ckpt) instead of zeros",
+    )
+    p.add_argument(
+        "--explore-noise",
+        type=float,
+        default=0.1,
+        help="iterate: probability of a random action while recording with the controller",
+    )
     p.add_argument("--eval-episodes", type=int, default=20)
-    p.add_argument("--crop", type=int, nargs=4, default=None, metavar=("TOP", "LEFT", "HEIGHT", "WIDTH"),
-                   help="crop of the 400x600 rendering for every stage that plays the env (record, the "
-                        "controller's real env); the configs' [160, 0, 160, 600] by default")
-    p.add_argument("--action-repeat", type=int, default=1,
-                   help="env steps per agent step for every stage that plays the env (record, the controller's "
-                        "real env); a dream step then stands for this many env steps")
+    p.add_argument(
+        "--crop",
+        type=int,
+        nargs=4,
+        default=None,
+        metavar=("TOP", "LEFT", "HEIGHT", "WIDTH"),
+        help="crop of the 400x600 rendering for every stage that plays the env (record, the "
+        "controller's real env); the configs' [160, 0, 160, 600] by default",
+    )
+    p.add_argument(
+        "--action-repeat",
+        type=int,
+        default=1,
+        help="env steps per agent step for every stage that plays the env (record, the controller's "
+        "real env); a dream step then stands for this many env steps",
+    )
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for these small nets)")
     p.add_argument("--quick", action="store_true", help="tiny sizes: checks the pipeline, not the figures")
     args = p.parse_args()
@@ -167,8 +255,9 @@ def evaluate_real(model, env, episodes: int, seed: int = 900_000, use: str = "me
     model.eval()
     with torch.no_grad():
         params = model.params if use == "mean" else model.best_params
-        returns = model.evaluate_population(params.detach()[None], episodes, seed, where="real", config=env,
-                                            per_episode=True)[0]
+        returns = model.evaluate_population(
+            params.detach()[None], episodes, seed, where="real", config=env, per_episode=True
+        )[0]
     model.close_envs()
     return float(returns.mean()), float(returns.std(unbiased=False))
 
@@ -191,8 +280,12 @@ def main() -> None:
             shutil.rmtree(work / sub, ignore_errors=True)
     if "convert" in stages:
         shutil.rmtree(work / "data/worldmodels/cartpole_pixels/latents", ignore_errors=True)
-    runs = {"vision": "worldmodels-cartpole_pixels-vision", "memory": "worldmodels-cartpole_pixels-memory",
-            "controller": "worldmodels-cartpole_pixels-controller", "dream": args.dream_run_name}
+    runs = {
+        "vision": "worldmodels-cartpole_pixels-vision",
+        "memory": "worldmodels-cartpole_pixels-memory",
+        "controller": "worldmodels-cartpole_pixels-controller",
+        "dream": args.dream_run_name,
+    }
     for name, run_name in runs.items():  # a re-run stage starts from scratch, not from its last checkpoint
         if name in stages:
             shutil.rmtree(work / "lightning_logs" / run_name, ignore_errors=True)
@@ -214,8 +307,9 @@ def main() -> None:
         return f"{len(store)} episodes, {store.total_steps()} frames"
 
     def vision() -> str:
-        cli = run(["fit", "--config", str(CONFIGS / "vision.yaml"), *QUIET,
-                   "--trainer.max_epochs", str(args.vision_epochs)])
+        cli = run(
+            ["fit", "--config", str(CONFIGS / "vision.yaml"), *QUIET, "--trainer.max_epochs", str(args.vision_epochs)]
+        )
         m = cli.trainer.callback_metrics
         return f"val recon MSE {float(m['val/mse']):.5f} per pixel value, KL {float(m['val/kl']):.1f} nats"
 
@@ -229,22 +323,46 @@ def main() -> None:
             name = run_name if k == 0 else f"{run_name}-s{k}"
             if k:
                 shutil.rmtree(work / "lightning_logs" / name, ignore_errors=True)
-            cli = run(["fit", "--config", str(CONFIGS / "memory.yaml"), *QUIET, "--seed_everything", str(k),
-                       "--trainer.max_epochs", str(args.memory_epochs), "--trainer.run_name", name,
-                       "--data.init_args.directory", latents,
-                       "--data.init_args.train_batches", str(args.memory_batches),
-                       *(["--data.init_args.sequence_length", str(args.memory_sequence_length)]
-                         if args.memory_sequence_length else []),
-                       *(["--data.init_args.batch_size", str(args.memory_batch_size)] if args.memory_batch_size else []),
-                       *settings(args.memory_set)])
+            cli = run(
+                [
+                    "fit",
+                    "--config",
+                    str(CONFIGS / "memory.yaml"),
+                    *QUIET,
+                    "--seed_everything",
+                    str(k),
+                    "--trainer.max_epochs",
+                    str(args.memory_epochs),
+                    "--trainer.run_name",
+                    name,
+                    "--data.init_args.directory",
+                    latents,
+                    "--data.init_args.train_batches",
+                    str(args.memory_batches),
+                    *(
+                        ["--data.init_args.sequence_length", str(args.memory_sequence_length)]
+                        if args.memory_sequence_length
+                        else []
+                    ),
+                    *(["--data.init_args.batch_size", str(args.memory_batch_size)] if args.memory_batch_size else []),
+                    *settings(args.memory_set),
+                ]
+            )
             m = cli.trainer.callback_metrics
-            figures.append(f"val NLL {float(m['val/nll']):.3f} nats/dim, done BCE {float(m['val/done_loss']):.3f} "
-                           f"(acc {float(m['val/done_acc']):.3f})")
+            figures.append(
+                f"val NLL {float(m['val/nll']):.3f} nats/dim, done BCE {float(m['val/done_loss']):.3f} "
+                f"(acc {float(m['val/done_acc']):.3f})"
+            )
         return figures[0] if len(figures) == 1 else "; ".join(f"M{k}: {f}" for k, f in enumerate(figures))
 
-    def controller(dream: bool, memory_run: str = MEMORY_RUN, latents: str = LATENTS,
-                   run_name: str | None = None, start_from: str | None = None,
-                   members: list[str] | None = None) -> str:
+    def controller(
+        dream: bool,
+        memory_run: str = MEMORY_RUN,
+        latents: str = LATENTS,
+        run_name: str | None = None,
+        start_from: str | None = None,
+        members: list[str] | None = None,
+    ) -> str:
         """``members``: memory runs that dream beside ``memory_run`` (default: ``--ensemble``'s seeds)."""
         limit = ""
         if dream:
@@ -259,34 +377,63 @@ def main() -> None:
                     raise SystemExit(f"no time left for the controller in a {args.budget_minutes}-minute budget")
                 seconds = int(minutes * 60)
                 limit = f"00:{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
-        command = ["fit", "--config", str(CONFIGS / "controller.yaml"), *QUIET, *env_settings(args),
-                   "--trainer.max_steps", str(generations), "--trainer.val_check_interval", str(10**6),
-                   "--model.init_args.popsize", str(args.popsize),
-                   "--model.init_args.memory_ckpt", f"lightning_logs/{memory_run}/checkpoints/last.ckpt"]
+        command = [
+            "fit",
+            "--config",
+            str(CONFIGS / "controller.yaml"),
+            *QUIET,
+            *env_settings(args),
+            "--trainer.max_steps",
+            str(generations),
+            "--trainer.val_check_interval",
+            str(10**6),
+            "--model.init_args.popsize",
+            str(args.popsize),
+            "--model.init_args.memory_ckpt",
+            f"lightning_logs/{memory_run}/checkpoints/last.ckpt",
+        ]
         if limit:
             command += ["--trainer.max_time", limit]
         if start_from:
             command += ["--model.init_args.init_params_ckpt", start_from]
         if dream:
-            command += ["--trainer.run_name", run_name or args.dream_run_name,
-                        "--model.init_args.train_in", "dream",
-                        "--model.init_args.dream_starts", args.dream_starts,
-                        "--model.init_args.dream_max_steps", str(args.dream_max_steps),
-                        "--model.init_args.dream_done_mode", args.dream_done_mode,
-                        "--model.init_args.seed", str(args.dream_seed),
-                        "--model.init_args.dream_dir", latents,
-                        "--model.init_args.dream_temperature", str(args.dream_temperature),
-                        "--model.init_args.dream_done_threshold", str(args.dream_done_threshold),
-                        "--model.init_args.sample_z", str(args.dream_sample_z).lower(),
-                        "--model.init_args.episodes_per_member", str(args.dream_episodes_per_member),
-                        *settings(args.dream_set)]
+            command += [
+                "--trainer.run_name",
+                run_name or args.dream_run_name,
+                "--model.init_args.train_in",
+                "dream",
+                "--model.init_args.dream_starts",
+                args.dream_starts,
+                "--model.init_args.dream_max_steps",
+                str(args.dream_max_steps),
+                "--model.init_args.dream_done_mode",
+                args.dream_done_mode,
+                "--model.init_args.seed",
+                str(args.dream_seed),
+                "--model.init_args.dream_dir",
+                latents,
+                "--model.init_args.dream_temperature",
+                str(args.dream_temperature),
+                "--model.init_args.dream_done_threshold",
+                str(args.dream_done_threshold),
+                "--model.init_args.sample_z",
+                str(args.dream_sample_z).lower(),
+                "--model.init_args.episodes_per_member",
+                str(args.dream_episodes_per_member),
+                *settings(args.dream_set),
+            ]
             if members is None:
                 members = [f"{memory_run}-s{k}" for k in range(1, args.ensemble)]
             if members:
                 paths = [f"lightning_logs/{name}/checkpoints/last.ckpt" for name in members]
-                command += ["--model.init_args.memory_ensemble", "[" + ",".join(paths) + "]",
-                            "--model.init_args.dream_ensemble_next", args.dream_ensemble_next,
-                            "--model.init_args.dream_ensemble_done", args.dream_ensemble_done]
+                command += [
+                    "--model.init_args.memory_ensemble",
+                    "[" + ",".join(paths) + "]",
+                    "--model.init_args.dream_ensemble_next",
+                    args.dream_ensemble_next,
+                    "--model.init_args.dream_ensemble_done",
+                    args.dream_ensemble_done,
+                ]
         else:
             command += ["--model.init_args.episodes_per_member", str(args.episodes_per_member)]
         fit_start = time.time()
@@ -296,10 +443,12 @@ def main() -> None:
         mean, std = evaluate_real(cli.model, cli.datamodule.env, args.eval_episodes)
         best_mean, best_std = evaluate_real(cli.model, cli.datamodule.env, args.eval_episodes, use="best")
         where = "dream" if dream else "real-env"
-        return (f"{cli.trainer.global_step} generations{' (time limit ' + limit + ')' if limit else ''}; "
-                f"last generation {where} fitness mean {float(m['fitness/mean']):.1f} best "
-                f"{float(m['fitness/best']):.1f}; fit {fit_seconds:.0f} s; real return {mean:.1f} ± {std:.1f} "
-                f"(CMA-ES mean), {best_mean:.1f} ± {best_std:.1f} (best member) over {args.eval_episodes} episodes")
+        return (
+            f"{cli.trainer.global_step} generations{' (time limit ' + limit + ')' if limit else ''}; "
+            f"last generation {where} fitness mean {float(m['fitness/mean']):.1f} best "
+            f"{float(m['fitness/best']):.1f}; fit {fit_seconds:.0f} s; real return {mean:.1f} ± {std:.1f} "
+            f"(CMA-ES mean), {best_mean:.1f} ± {best_std:.1f} (best member) over {args.eval_episodes} episodes"
+        )
 
     def iterate() -> str:
         from lightning_wm.data.episodes import EpisodeStore
@@ -308,13 +457,28 @@ def main() -> None:
         memory_runs = [MEMORY_RUN]  # round 0's M, then each round's
         figures = []
         for r in range(1, args.rounds + 1):
-            run(["record", "--config", str(CONFIGS / "record.yaml"), "--episodes", str(args.round_episodes),
-                 *env_settings(args),
-                 "--data.init_args.env.seed", str(1000 + r), "--model", "lightning_wm.agents.controller.Controller",
-                 "--model.init_args.vision_ckpt", VISION_CKPT,
-                 "--model.init_args.memory_ckpt", f"lightning_logs/{memory_run}/checkpoints/last.ckpt",
-                 "--model.init_args.explore_noise", str(args.explore_noise),
-                 "--ckpt_path", f"lightning_logs/{dream_run}/checkpoints/last.ckpt"])
+            run(
+                [
+                    "record",
+                    "--config",
+                    str(CONFIGS / "record.yaml"),
+                    "--episodes",
+                    str(args.round_episodes),
+                    *env_settings(args),
+                    "--data.init_args.env.seed",
+                    str(1000 + r),
+                    "--model",
+                    "lightning_wm.agents.controller.Controller",
+                    "--model.init_args.vision_ckpt",
+                    VISION_CKPT,
+                    "--model.init_args.memory_ckpt",
+                    f"lightning_logs/{memory_run}/checkpoints/last.ckpt",
+                    "--model.init_args.explore_noise",
+                    str(args.explore_noise),
+                    "--ckpt_path",
+                    f"lightning_logs/{dream_run}/checkpoints/last.ckpt",
+                ]
+            )
             latents = f"{LATENTS}-round{r}"
             shutil.rmtree(latents, ignore_errors=True)
             convert(latents)
@@ -323,17 +487,32 @@ def main() -> None:
             for name in (memory_run, dream_run):
                 shutil.rmtree(work / "lightning_logs" / name, ignore_errors=True)
             m_figure = memory(latents, memory_run)
-            earlier = memory_runs[::-1][:args.round_ensemble] if args.round_ensemble > 0 else None
+            earlier = memory_runs[::-1][: args.round_ensemble] if args.round_ensemble > 0 else None
             memory_runs.append(memory_run)
-            c_figure = controller(True, memory_run, latents, dream_run,
-                                  start_from=last_controller if args.warm_start else None, members=earlier)
+            c_figure = controller(
+                True,
+                memory_run,
+                latents,
+                dream_run,
+                start_from=last_controller if args.warm_start else None,
+                members=earlier,
+            )
             store = EpisodeStore(FRAMES)
-            figures.append(f"round {r}: {len(store)} episodes, {store.total_steps()} frames; M {m_figure}; C {c_figure}")
+            figures.append(
+                f"round {r}: {len(store)} episodes, {store.total_steps()} frames; M {m_figure}; C {c_figure}"
+            )
             print(f"\n--- {figures[-1]}\n", flush=True)
         return " || ".join(figures)
 
-    plan = {"record": record, "vision": vision, "convert": convert, "memory": memory,
-            "controller": lambda: controller(False), "dream": lambda: controller(True), "iterate": iterate}
+    plan = {
+        "record": record,
+        "vision": vision,
+        "convert": convert,
+        "memory": memory,
+        "controller": lambda: controller(False),
+        "dream": lambda: controller(True),
+        "iterate": iterate,
+    }
     for name in STAGES:
         if name in stages:
             stage(name, plan[name])
@@ -342,8 +521,10 @@ def main() -> None:
     print("\n| stage | wall time (s) | figure |\n| --- | ---: | --- |")
     for name, seconds, figure in rows:
         print(f"| {name} | {seconds:.0f} | {figure} |")
-    print(f"| total | {elapsed:.0f} | {'quick smoke settings' if args.quick else 'full settings'}, "
-          f"{args.threads} torch thread(s) |")
+    print(
+        f"| total | {elapsed:.0f} | {'quick smoke settings' if args.quick else 'full settings'}, "
+        f"{args.threads} torch thread(s) |"
+    )
 
 
 if __name__ == "__main__":

@@ -42,8 +42,9 @@ def balanced_episodes(episodes: int, steps: int, noise: float, seed: int) -> lis
     rule, cropped as ``configs/worldmodels/cartpole_pixels`` records them."""
     from lightning_wm.envs import EnvConfig, make_env
 
-    env = make_env(EnvConfig("CartPole-v1", pixels=True, keep_state=True, size=(64, 64), crop=(160, 0, 160, 600),
-                             seed=seed))
+    env = make_env(
+        EnvConfig("CartPole-v1", pixels=True, keep_state=True, size=(64, 64), crop=(160, 0, 160, 600), seed=seed)
+    )
     rng = np.random.default_rng(seed)
     out = []
     for e in range(episodes):
@@ -75,7 +76,7 @@ def warm_up(memory, mu: torch.Tensor, action_in: torch.Tensor, start: int):
     """M's LSTM state after reading the real latents and actions before ``start`` (zeros at 0)."""
     state = memory.initial_state(1, torch.device("cpu"))
     for t in range(start):
-        _, state = memory.step(mu[t:t + 1], action_in[t:t + 1], state)
+        _, state = memory.step(mu[t : t + 1], action_in[t : t + 1], state)
     return state
 
 
@@ -113,18 +114,26 @@ def main() -> None:
     episodes = balanced_episodes(args.episodes, args.steps, args.noise, args.seed)
     print(f"{len(episodes)} real episodes of the balancing rule, lengths {[len(a) for _, a in episodes]}")
     with torch.no_grad():
-        encoded = [(vision.encode(torch.as_tensor(frames))[0], memory.action_input(torch.as_tensor(actions)))
-                   for frames, actions in episodes]
+        encoded = [
+            (vision.encode(torch.as_tensor(frames))[0], memory.action_input(torch.as_tensor(actions)))
+            for frames, actions in episodes
+        ]
         print("\nM's done probability along them (teacher-forced), at step:")
         print("| episode | " + " | ".join(str(t) for t in DONE_MARKS) + " |")
         print("| ---: |" + " ---: |" * len(DONE_MARKS))
         for i, (mu, action_in) in enumerate(encoded):
             out, _ = memory.unroll(mu[None, :-1], action_in[None])
             p_done = torch.sigmoid(memory.next_done_logit(memory.heads(out[0]), mu[1:]))
-            print(f"| {i} | " + " | ".join(f"{float(p_done[t]):.2f}" if t < len(p_done) else "" for t in DONE_MARKS) + " |")
+            print(
+                f"| {i} | "
+                + " | ".join(f"{float(p_done[t]):.2f}" if t < len(p_done) else "" for t in DONE_MARKS)
+                + " |"
+            )
         variance = float(torch.cat([mu for mu, _ in encoded]).var(0).mean())
-        print(f"\nOpen-loop MSE per latent dimension (variance of the latents over these episodes: {variance:.3f});"
-              " M's mixture mean / start latent held fixed:")
+        print(
+            f"\nOpen-loop MSE per latent dimension (variance of the latents over these episodes: {variance:.3f});"
+            " M's mixture mean / start latent held fixed:"
+        )
         print("| from step | " + " | ".join(f"h={h}" for h in HORIZONS) + " | 10 steps left vs right |")
         print("| ---: |" + " --- |" * (len(HORIZONS) + 1))
         for start in STARTS:
@@ -134,18 +143,22 @@ def main() -> None:
             for mu, action_in in encoded:
                 if len(action_in) < start + max(HORIZONS) + 1:
                     continue
-                state, z = warm_up(memory, mu, action_in, start), mu[start:start + 1]
-                predicted = open_loop(memory, state, z, action_in[start:start + max(HORIZONS)])
+                state, z = warm_up(memory, mu, action_in, start), mu[start : start + 1]
+                predicted = open_loop(memory, state, z, action_in[start : start + max(HORIZONS)])
                 for h in HORIZONS:
-                    real = mu[start + h:start + h + 1]
+                    real = mu[start + h : start + h + 1]
                     errors[h].append(float((predicted[h - 1] - real).pow(2).mean()))
-                    frozen[h].append(float((mu[start:start + 1] - real).pow(2).mean()))
-                left, right = (open_loop(memory, state, z, memory.action_input(torch.full((10,), a)))[-1]
-                               for a in (0, 1))
+                    frozen[h].append(float((mu[start : start + 1] - real).pow(2).mean()))
+                left, right = (
+                    open_loop(memory, state, z, memory.action_input(torch.full((10,), a)))[-1] for a in (0, 1)
+                )
                 spread.append(float((left - right).pow(2).mean()))
             if spread:
-                print(f"| {start} | " + " | ".join(f"{np.mean(errors[h]):.3f} / {np.mean(frozen[h]):.3f}"
-                                                   for h in HORIZONS) + f" | {np.mean(spread):.3f} |")
+                print(
+                    f"| {start} | "
+                    + " | ".join(f"{np.mean(errors[h]):.3f} / {np.mean(frozen[h]):.3f}" for h in HORIZONS)
+                    + f" | {np.mean(spread):.3f} |"
+                )
 
 
 if __name__ == "__main__":

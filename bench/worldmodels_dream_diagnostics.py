@@ -58,27 +58,42 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--memory", default="lightning_logs/worldmodels-cartpole_pixels-memory/checkpoints/last.ckpt")
     p.add_argument("--latents", default="data/worldmodels/cartpole_pixels/latents", help="M's training store")
     p.add_argument("--controller", action="append", default=[], help="controller checkpoint(s) to score")
-    p.add_argument("--ensemble", action="append", default=[],
-                   help="a further M checkpoint (same latents, another seed): section 6, and the controllers "
-                        "dream with the ensemble; repeatable")
+    p.add_argument(
+        "--ensemble",
+        action="append",
+        default=[],
+        help="a further M checkpoint (same latents, another seed): section 6, and the controllers "
+        "dream with the ensemble; repeatable",
+    )
     p.add_argument("--random-episodes", type=int, default=30)
-    p.add_argument("--balancer-episodes", type=int, default=8,
-                   help="episodes of a noisy hand-made balancer (a = [theta + 0.5 theta_dot > 0], 10%% random)")
+    p.add_argument(
+        "--balancer-episodes",
+        type=int,
+        default=8,
+        help="episodes of a noisy hand-made balancer (a = [theta + 0.5 theta_dot > 0], 10%% random)",
+    )
     p.add_argument("--horizon", type=int, default=30)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--dreams", type=int, default=64, help="dream episodes per controller and start mode")
     p.add_argument("--real-episodes", type=int, default=10, help="real episodes per controller")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--crop", type=int, nargs=4, default=list(DEFAULT_CROP), metavar=("TOP", "LEFT", "HEIGHT", "WIDTH"),
-                   help="the crop V was trained on (worldmodels_cartpole.py --crop)")
+    p.add_argument(
+        "--crop",
+        type=int,
+        nargs=4,
+        default=list(DEFAULT_CROP),
+        metavar=("TOP", "LEFT", "HEIGHT", "WIDTH"),
+        help="the crop V was trained on (worldmodels_cartpole.py --crop)",
+    )
     return p.parse_args()
 
 
 # -- ground truth ------------------------------------------------------------------------
 
 
-def record_truth(random_episodes: int, balancer_episodes: int, seed: int,
-                 crop: tuple[int, ...] = DEFAULT_CROP) -> list[dict[str, np.ndarray]]:
+def record_truth(
+    random_episodes: int, balancer_episodes: int, seed: int, crop: tuple[int, ...] = DEFAULT_CROP
+) -> list[dict[str, np.ndarray]]:
     """Real pixel episodes with the true state: ``obs`` (uint8 frames), ``state [T, 4]``,
     ``action``, ``is_terminal`` (row convention) and ``policy``."""
     from lightning_wm.envs import EnvConfig, make_env
@@ -101,8 +116,15 @@ def record_truth(random_episodes: int, balancer_episodes: int, seed: int,
             terminal.append(bool(term))
             done = term or trunc
         actions.append(0)
-        episodes.append({"obs": np.stack(frames), "state": np.stack(states), "action": np.array(actions),
-                         "is_terminal": np.array(terminal), "policy": "balancer" if balancer else "random"})
+        episodes.append(
+            {
+                "obs": np.stack(frames),
+                "state": np.stack(states),
+                "action": np.array(actions),
+                "is_terminal": np.array(terminal),
+                "policy": "balancer" if balancer else "random",
+            }
+        )
     env.close()
     return episodes
 
@@ -115,8 +137,13 @@ def fit_probe(x: np.ndarray, y: np.ndarray, steps: int = 3000, seed: int = 0):
     torch.manual_seed(seed)
     mx, sx, my, sy = x.mean(0), x.std(0) + 1e-6, y.mean(0), y.std(0) + 1e-6
     xt, yt = torch.as_tensor((x - mx) / sx).float(), torch.as_tensor((y - my) / sy).float()
-    net = torch.nn.Sequential(torch.nn.Linear(x.shape[1], 128), torch.nn.Tanh(), torch.nn.Linear(128, 128),
-                              torch.nn.Tanh(), torch.nn.Linear(128, y.shape[1]))
+    net = torch.nn.Sequential(
+        torch.nn.Linear(x.shape[1], 128),
+        torch.nn.Tanh(),
+        torch.nn.Linear(128, 128),
+        torch.nn.Tanh(),
+        torch.nn.Linear(128, y.shape[1]),
+    )
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(seed)
     for _ in range(steps):
@@ -150,14 +177,20 @@ def main() -> None:
     torch.set_num_threads(1)
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
     os.chdir(Path(args.workdir).resolve())
-    report: dict = {"vision": args.vision, "memory": args.memory, "temperature": args.temperature,
-                    "ensemble": args.ensemble}
+    report: dict = {
+        "vision": args.vision,
+        "memory": args.memory,
+        "temperature": args.temperature,
+        "ensemble": args.ensemble,
+    }
     model = VisionMemoryModel.from_checkpoints(args.vision, args.memory, temperature=args.temperature)
     mem = model.memory
     t0 = time.time()
     crop = tuple(args.crop)
-    cache = Path(f"truth_{args.random_episodes}_{args.balancer_episodes}_{args.seed}"
-                 f"{'' if crop == DEFAULT_CROP else '_crop' + '_'.join(map(str, crop))}.pkl")
+    cache = Path(
+        f"truth_{args.random_episodes}_{args.balancer_episodes}_{args.seed}"
+        f"{'' if crop == DEFAULT_CROP else '_crop' + '_'.join(map(str, crop))}.pkl"
+    )
     if cache.is_file():  # the same real episodes for every V and M measured in this workdir
         episodes = pickle.loads(cache.read_bytes())
     else:
@@ -168,8 +201,10 @@ def main() -> None:
         e["mu"], e["logvar"] = mu.numpy(), logvar.numpy()
         e["post"] = model.posterior_states(e)  # z_t = mu_t, M's memory of the rows before t
     lengths = {p: [len(e["action"]) for e in episodes if e["policy"] == p] for p in ("random", "balancer")}
-    print(f"recorded {len(episodes)} real episodes in {time.time() - t0:.0f} s; lengths: random mean "
-          f"{np.mean(lengths['random']):.1f}, balancer mean {np.mean(lengths['balancer']):.1f}")
+    print(
+        f"recorded {len(episodes)} real episodes in {time.time() - t0:.0f} s; lengths: random mean "
+        f"{np.mean(lengths['random']):.1f}, balancer mean {np.mean(lengths['balancer']):.1f}"
+    )
 
     # 1. probe: mu -> (x, theta), fit on half the episodes of each policy, scored on the rest
     train = [e for i, e in enumerate(episodes) if i % 2 == 0]
@@ -178,16 +213,24 @@ def main() -> None:
     # fit on z drawn from V's posterior (what M is trained to predict), so that the probe reads the
     # dimensions that carry the frame and ignores those that are only posterior noise
     rng = np.random.default_rng(args.seed)
-    draws = [cat(train, "mu") + np.exp(0.5 * cat(train, "logvar")) * rng.standard_normal(cat(train, "mu").shape)
-             for _ in range(4)]
+    draws = [
+        cat(train, "mu") + np.exp(0.5 * cat(train, "logvar")) * rng.standard_normal(cat(train, "mu").shape)
+        for _ in range(4)
+    ]
     probe = fit_probe(np.concatenate(draws), np.tile(cat(train, "state")[:, [0, 2]], (4, 1)))
     held_out = probe(cat(test, "mu"))
     score = r2(held_out, cat(test, "state")[:, [0, 2]])
     probe_err = np.abs(held_out - cat(test, "state")[:, [0, 2]]).mean(0)
-    report["probe"] = {"r2_x": float(score[0]), "r2_theta": float(score[1]), "err_x": float(probe_err[0]),
-                       "err_theta_deg": float(np.degrees(probe_err[1]))}
-    print(f"\n1. probe mu -> state, held out: R^2 x {score[0]:.3f}, theta {score[1]:.3f}; mean |error| x "
-          f"{probe_err[0]:.3f}, theta {np.degrees(probe_err[1]):.2f} deg")
+    report["probe"] = {
+        "r2_x": float(score[0]),
+        "r2_theta": float(score[1]),
+        "err_x": float(probe_err[0]),
+        "err_theta_deg": float(np.degrees(probe_err[1])),
+    }
+    print(
+        f"\n1. probe mu -> state, held out: R^2 x {score[0]:.3f}, theta {score[1]:.3f}; mean |error| x "
+        f"{probe_err[0]:.3f}, theta {np.degrees(probe_err[1]):.2f} deg"
+    )
     for e in episodes:
         e["probed"] = probe(e["mu"])
     z_var = float(cat(episodes, "mu").var(0).sum())
@@ -203,8 +246,9 @@ def main() -> None:
             s["c"].zero_()
         out = []
         for k in range(min(K, len(e["action"]) - 1 - start)):
-            _, s, _ = model.step(s, torch.as_tensor(e["action"][start + k : start + k + 1]), generator=gen,
-                                 temperature=tau)
+            _, s, _ = model.step(
+                s, torch.as_tensor(e["action"][start + k : start + k + 1]), generator=gen, temperature=tau
+            )
             out.append(s["z"][0].numpy())
         return np.array(out)
 
@@ -231,23 +275,33 @@ def main() -> None:
                             copy_theta[k].append(abs(e["probed"][start, 1] - truth[k, 1]))
                 for k in sorted({0, 4, 9, 19, K - 1}):
                     if k < K and err_z[k]:
-                        rows.append({"policy": policy, "memory": "warm" if warm else "zero", "temperature": tau,
-                                     "k": k + 1, "n": len(err_z[k]), "z_err": float(np.mean(err_z[k])),
-                                     "theta_err_deg": float(np.degrees(np.mean(err_theta[k]))),
-                                     "x_err": float(np.mean(err_x[k])),
-                                     "theta_err_if_frozen_deg": float(np.degrees(np.mean(copy_theta[k])))})
+                        rows.append(
+                            {
+                                "policy": policy,
+                                "memory": "warm" if warm else "zero",
+                                "temperature": tau,
+                                "k": k + 1,
+                                "n": len(err_z[k]),
+                                "z_err": float(np.mean(err_z[k])),
+                                "theta_err_deg": float(np.degrees(np.mean(err_theta[k]))),
+                                "x_err": float(np.mean(err_x[k])),
+                                "theta_err_if_frozen_deg": float(np.degrees(np.mean(copy_theta[k]))),
+                            }
+                        )
     report["open_loop"] = rows
     print("\n2. open loop under the recorded actions (z error / var(z); |theta| error in degrees; |x| error)")
     print("| policy | M's memory | tau | k | n | z err | theta err | x err | theta err if frame frozen |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
-        print(f"| {r['policy']} | {r['memory']} | {r['temperature']} | {r['k']} | {r['n']} | {r['z_err']:.2f} | "
-              f"{r['theta_err_deg']:.2f} | {r['x_err']:.3f} | {r['theta_err_if_frozen_deg']:.2f} |")
+        print(
+            f"| {r['policy']} | {r['memory']} | {r['temperature']} | {r['k']} | {r['n']} | {r['z_err']:.2f} | "
+            f"{r['theta_err_deg']:.2f} | {r['x_err']:.3f} | {r['theta_err_if_frozen_deg']:.2f} |"
+        )
 
     # 3. action response: always-left vs always-right for k steps, dream (mode) vs physics
-    import gymnasium as gym
-
     import warnings
+
+    import gymnasium as gym
 
     warnings.filterwarnings("ignore", message=".*already returned terminated.*")  # physics past the limits
     physics = gym.make("CartPole-v1").unwrapped
@@ -275,8 +329,14 @@ def main() -> None:
     print("| ---: | ---: | ---: | ---: |")
     for k, (dream, real) in responses.items():
         corr = float(np.corrcoef(dream, real)[0, 1]) if np.std(dream) > 0 else float("nan")
-        report["action_response"].append({"k": k, "dream_deg": float(np.degrees(np.mean(dream))),
-                                          "real_deg": float(np.degrees(np.mean(real))), "corr": corr})
+        report["action_response"].append(
+            {
+                "k": k,
+                "dream_deg": float(np.degrees(np.mean(dream))),
+                "real_deg": float(np.degrees(np.mean(real))),
+                "corr": corr,
+            }
+        )
         print(f"| {k} | {np.degrees(np.mean(dream)):.2f} | {np.degrees(np.mean(real)):.2f} | {corr:.2f} |")
 
     # 4. done head on real rows: p(done at t+1) from M after reading rows <= t
@@ -300,8 +360,9 @@ def main() -> None:
     for lo, hi in zip(bins[:-1], bins[1:]):
         m = (probs >= lo) & (probs < hi)
         if m.any():
-            report["done_calibration"].append({"bin": [lo, hi], "rows": int(m.sum()), "p": float(probs[m].mean()),
-                                               "freq": float(targets[m].mean())})
+            report["done_calibration"].append(
+                {"bin": [lo, hi], "rows": int(m.sum()), "p": float(probs[m].mean()), "freq": float(targets[m].mean())}
+            )
             print(f"| [{lo}, {min(hi, 1):.2f}) | {m.sum()} | {probs[m].mean():.3f} | {targets[m].mean():.3f} |")
     hit = probs[targets == 1] > 0.5
     false_alarm = (probs[targets == 0] > 0.5).mean()
@@ -320,8 +381,9 @@ def main() -> None:
     from lightning_wm.agents.memory import Memory
     from lightning_wm.checkpoints import load_module
 
-    ensemble = VisionMemoryModel(model.vision, mem, temperature=args.temperature,
-                                 ensemble=[load_module(Memory, path) for path in args.ensemble])
+    ensemble = VisionMemoryModel(
+        model.vision, mem, temperature=args.temperature, ensemble=[load_module(Memory, path) for path in args.ensemble]
+    )
     members = [mem, *ensemble.ensemble]
 
     def member_heads(outs: list) -> list[dict]:
@@ -373,8 +435,9 @@ def main() -> None:
             state, xs, t, done = controller.initial_state(1), [], 0, False
             while not done:
                 with torch.no_grad():
-                    action, state = controller.policy_step(torch.as_tensor(obs["image"])[None], state,
-                                                           controller.params.detach())
+                    action, state = controller.policy_step(
+                        torch.as_tensor(obs["image"])[None], state, controller.params.detach()
+                    )
                 obs, _, term, trunc, _ = real_env.step(int(action[0]))
                 x, _, theta, _ = obs["state"]
                 xs.append(abs(x))
@@ -385,8 +448,12 @@ def main() -> None:
             max_x.append(max(xs))
             theta_end.append(abs(theta))
         real_env.close()
-        return {**ends, "mean_length": float(np.mean(lengths)), "max_abs_x": float(np.max(max_x)),
-                "mean_abs_theta_end": float(np.mean(theta_end))}
+        return {
+            **ends,
+            "mean_length": float(np.mean(lengths)),
+            "max_abs_x": float(np.max(max_x)),
+            "mean_abs_theta_end": float(np.mean(theta_end)),
+        }
 
     # 5. controllers: real return, dream return (first / all starts), what the dream lets pass
     from lightning_wm.agents.controller import Controller
@@ -400,19 +467,29 @@ def main() -> None:
         ckpt = torch.load(path, map_location="cpu", weights_only=False)
         known = inspect.signature(Controller).parameters
         hp = {k: v for k, v in ckpt["hyper_parameters"].items() if k in known}
-        hp.update(vision_ckpt=args.vision, memory_ckpt=args.memory, train_in="dream", dream_dir=args.latents,
-                  dream_temperature=args.temperature, env_workers=0, memory_ensemble=args.ensemble or None)
+        hp.update(
+            vision_ckpt=args.vision,
+            memory_ckpt=args.memory,
+            train_in="dream",
+            dream_dir=args.latents,
+            dream_temperature=args.temperature,
+            env_workers=0,
+            memory_ensemble=args.ensemble or None,
+        )
         entry = {"checkpoint": path}
         for starts in ("first", "all"):
             controller = Controller(spec, **{**hp, "dream_starts": starts})
             controller.params.data.copy_(ckpt["state_dict"]["params"])
-            returns = controller.evaluate_population(controller.params.detach()[None], args.dreams, seed=1,
-                                                     where="dream", per_episode=True)[0]
+            returns = controller.evaluate_population(
+                controller.params.detach()[None], args.dreams, seed=1, where="dream", per_episode=True
+            )[0]
             entry[f"dream_{starts}"] = float(returns.mean())
             if starts == "first":
-                entry["real"] = float(controller.evaluate_population(
-                    controller.params.detach()[None], args.real_episodes, seed=900_000, where="real",
-                    config=env).mean())
+                entry["real"] = float(
+                    controller.evaluate_population(
+                        controller.params.detach()[None], args.real_episodes, seed=900_000, where="real", config=env
+                    ).mean()
+                )
                 # along dreams: probed angle / position past the real limits while the dream runs on
                 dream = controller._dream_env(args.dreams)
                 feats = dream.reset_tensor(2)
@@ -432,22 +509,29 @@ def main() -> None:
                 entry["real_ends"] = real_ends(controller, args.real_episodes)
                 if args.ensemble:
                     entry["dream_disagreement"] = dream_disagreement(
-                        controller, lambda f: controller._act(controller.params.detach(), f))
+                        controller, lambda f: controller._act(controller.params.detach(), f)
+                    )
         report["controllers"].append(entry)
     if report["controllers"]:
         print("\n5. controllers: real return vs dream return; share of dream steps beyond the real limits")
         print("| checkpoint | real | dream (first-frame starts) | dream (all-row starts) | dream steps past limits |")
         print("| --- | ---: | ---: | ---: | ---: |")
         for c in report["controllers"]:
-            print(f"| {c['checkpoint']} | {c['real']:.1f} | {c['dream_first']:.1f} | {c['dream_all']:.1f} | "
-                  f"{c['dream_steps_past_limits']:.3f} |")
+            print(
+                f"| {c['checkpoint']} | {c['real']:.1f} | {c['dream_first']:.1f} | {c['dream_all']:.1f} | "
+                f"{c['dream_steps_past_limits']:.3f} |"
+            )
         print("\nhow the real episodes end (true state at the last step)")
-        print("| checkpoint | by angle | by track edge | 500 steps | mean length | max abs(x) | mean abs(theta) at the end |")
+        print(
+            "| checkpoint | by angle | by track edge | 500 steps | mean length | max abs(x) | mean abs(theta) at the end |"
+        )
         print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
         for c in report["controllers"]:
             e = c["real_ends"]
-            print(f"| {c['checkpoint']} | {e['angle']} | {e['edge']} | {e['limit']} | {e['mean_length']:.1f} | "
-                  f"{e['max_abs_x']:.2f} | {e['mean_abs_theta_end']:.3f} |")
+            print(
+                f"| {c['checkpoint']} | {e['angle']} | {e['edge']} | {e['limit']} | {e['mean_length']:.1f} | "
+                f"{e['max_abs_x']:.2f} | {e['mean_abs_theta_end']:.3f} |"
+            )
 
     # 6. ensemble disagreement: real episodes (teacher-forced), controllers' dreams, random-action dreams
     if args.ensemble:
@@ -455,16 +539,28 @@ def main() -> None:
         for e in episodes:
             real.setdefault(e["policy"], []).append(teacher_forced_disagreement(e))
         rows = [(f"real {policy} episodes, teacher-forced", np.concatenate(v)) for policy, v in real.items()]
-        rows += [(f"dreams of {c['checkpoint']}", np.asarray(c["dream_disagreement"])) for c in report["controllers"]
-                 if "dream_disagreement" in c]
+        rows += [
+            (f"dreams of {c['checkpoint']}", np.asarray(c["dream_disagreement"]))
+            for c in report["controllers"]
+            if "dream_disagreement" in c
+        ]
         if args.controller:
             gen_random = torch.Generator().manual_seed(args.seed)
-            rows.append(("dreams under random actions", np.asarray(dream_disagreement(
-                controller, lambda f: torch.randint(2, (f.shape[0],), generator=gen_random)))))
-        report["ensemble_disagreement"] = {name: [float(q) for q in np.quantile(v, [0.5, 0.9, 0.99])]
-                                           for name, v in rows}
-        print(f"\n6. ensemble of {1 + len(args.ensemble)} Ms: disagreement per step (std over members of the "
-              "mixture mean, mean over z's dimensions)")
+            rows.append(
+                (
+                    "dreams under random actions",
+                    np.asarray(
+                        dream_disagreement(controller, lambda f: torch.randint(2, (f.shape[0],), generator=gen_random))
+                    ),
+                )
+            )
+        report["ensemble_disagreement"] = {
+            name: [float(q) for q in np.quantile(v, [0.5, 0.9, 0.99])] for name, v in rows
+        }
+        print(
+            f"\n6. ensemble of {1 + len(args.ensemble)} Ms: disagreement per step (std over members of the "
+            "mixture mean, mean over z's dimensions)"
+        )
         print("| where | median | 90% | 99% | steps |")
         print("| --- | ---: | ---: | ---: | ---: |")
         for name, v in rows:

@@ -86,8 +86,10 @@ class ActionCodec(nn.Module):
         if self.discrete:
             if torch.is_floating_point(action):
                 if action.shape[-1] != self.dim:
-                    raise ValueError(f"discrete actions must be integer indices or one-hot [..., {self.dim}] "
-                                     f"floats, got {tuple(action.shape)}")
+                    raise ValueError(
+                        f"discrete actions must be integer indices or one-hot [..., {self.dim}] "
+                        f"floats, got {tuple(action.shape)}"
+                    )
                 return action.float()
             return F.one_hot(action.long(), self.dim).float()
         flat = self._flat(action.float())

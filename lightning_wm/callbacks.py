@@ -45,8 +45,16 @@ from torch.optim.swa_utils import get_ema_multi_avg_fn
 from lightning_wm.io import clean_stale_temps
 from lightning_wm.protocols import EnvStats, EnvStatsSource, FeedbackSink, ImaginationHost, ReplayHolder, WeightSink
 
-__all__ = ["EnvStatsLogger", "ReplayFeedback", "BufferCheckpoint", "WeightPublisher", "EMAWeights",
-           "OnlineWeightsOnResume", "Imagination", "default_callbacks"]
+__all__ = [
+    "EnvStatsLogger",
+    "ReplayFeedback",
+    "BufferCheckpoint",
+    "WeightPublisher",
+    "EMAWeights",
+    "OnlineWeightsOnResume",
+    "Imagination",
+    "default_callbacks",
+]
 
 
 def _datamodule(trainer: pl.Trainer) -> Any:
@@ -94,20 +102,25 @@ class EnvStatsLogger(Callback):
             pl_module.env_steps = int(stats.env_steps)
         return stats
 
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
-                             batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         self._pop(trainer, pl_module)
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         stats = self._pop(trainer, pl_module)
         if stats is None:
             return
         if trainer.global_step % max(1, trainer.log_every_n_steps) != 0:
             return
         strategy, device = trainer.strategy, pl_module.device
-        totals = torch.tensor([float(stats.env_steps), self._return_sum, self._length_sum, float(self._count)],
-                              dtype=torch.float64, device=device)
+        totals = torch.tensor(
+            [float(stats.env_steps), self._return_sum, self._length_sum, float(self._count)],
+            dtype=torch.float64,
+            device=device,
+        )
         env_steps, return_sum, length_sum, count = strategy.reduce(totals, reduce_op="sum").tolist()
         log = dict(on_step=True, rank_zero_only=True, batch_size=1)
         pl_module.log("env/steps", env_steps, prog_bar=True, **log)
@@ -117,8 +130,11 @@ class EnvStatsLogger(Callback):
             pl_module.log("env/episodes", count, **log)
         names = _union_over_ranks(sorted(self._metrics), trainer.world_size)
         if names:
-            pairs = torch.tensor([[self._metrics[n], 1.0] if n in self._metrics else [0.0, 0.0] for n in names],
-                                 dtype=torch.float64, device=device)
+            pairs = torch.tensor(
+                [[self._metrics[n], 1.0] if n in self._metrics else [0.0, 0.0] for n in names],
+                dtype=torch.float64,
+                device=device,
+            )
             pairs = strategy.reduce(pairs, reduce_op="sum")
             for name, (total, ranks) in zip(names, pairs.tolist()):
                 if ranks > 0:
@@ -144,8 +160,9 @@ class ReplayFeedback(Callback):
     ``{"applied", "stale"}`` row counts, logs the share of feedback rows skipped because they
     were overwritten since sampling (``replay/stale_feedback``)."""
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if not isinstance(outputs, Mapping) or ("priority" not in outputs and "write" not in outputs):
             return
         sink = _datamodule(trainer)
@@ -204,7 +221,9 @@ class BufferCheckpoint(Callback):
         callback = trainer.checkpoint_callback  # the first ModelCheckpoint, if any
         return Path((callback.dirpath if callback is not None else None) or trainer.default_root_dir)
 
-    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
         buffers = self._buffers(trainer)
         if not buffers:
             return
@@ -224,7 +243,9 @@ class BufferCheckpoint(Callback):
         # every rank fills this dict; Lightning writes rank 0's, and every rank names its file by the same step
         checkpoint["replay_buffers"] = {"step": step, "dir": str(directory), "names": sorted(buffers)}
 
-    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
         record = checkpoint.get("replay_buffers")
         if record is None:
             return
@@ -238,9 +259,11 @@ class BufferCheckpoint(Callback):
             filename = self.filename(name, rank, step)
             path = next((f / filename for f in folders if (f / filename).is_file()), None)
             if path is None:
-                warnings.warn(f"rank {rank}: no replay file {filename} for this checkpoint (looked in "
-                              f"{', '.join(map(str, folders))}); buffer {name!r} starts empty and prefills again",
-                              stacklevel=2)
+                warnings.warn(
+                    f"rank {rank}: no replay file {filename} for this checkpoint (looked in "
+                    f"{', '.join(map(str, folders))}); buffer {name!r} starts empty and prefills again",
+                    stacklevel=2,
+                )
                 continue
             buffer.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
             buffer.mark_episode_end()
@@ -276,8 +299,9 @@ class WeightPublisher(Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._publish(trainer, pl_module)
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         step = int(trainer.global_step)
         if step != self._last and step % self.publish_every == 0:
             self._publish(trainer, pl_module)
@@ -306,9 +330,14 @@ class EMAWeights(WeightAveraging):
     for the MuZero CartPole module on one CPU thread).
     """
 
-    def __init__(self, decay: float = 0.999, update_every_n_steps: int = 1,
-                 update_starting_at_step: int | None = None, use_buffers: bool = True,
-                 device: str | None = None) -> None:
+    def __init__(
+        self,
+        decay: float = 0.999,
+        update_every_n_steps: int = 1,
+        update_starting_at_step: int | None = None,
+        use_buffers: bool = True,
+        device: str | None = None,
+    ) -> None:
         if not 0.0 <= decay < 1.0:
             raise ValueError(f"EMAWeights decay must be in [0, 1) (0.99 averages over about 100 steps), got {decay}")
         if update_every_n_steps < 1:
@@ -335,8 +364,9 @@ class EMAWeights(WeightAveraging):
         self._online_at_end = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
         super().on_train_end(trainer, pl_module)
 
-    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                           checkpoint: dict[str, Any]) -> None:
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
         super().on_save_checkpoint(trainer, pl_module, checkpoint)
         if self._online_at_end is not None and "current_model_state" in checkpoint:
             checkpoint["current_model_state"] = self._online_at_end
@@ -349,15 +379,19 @@ class OnlineWeightsOnResume(Callback):
     that its ``state_dict`` holds (what Lightning alone would load). A run that lists such a
     callback lets it restore both; ``evaluate`` and ``record`` load the average either way."""
 
-    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
         online = checkpoint.get("current_model_state")
         if online is None or trainer.state.fn != "fit":
             return
         if any(isinstance(c, WeightAveraging) for c in trainer.callbacks):
             return
         pl_module.load_state_dict(online)
-        rank_zero_info("the checkpoint holds averaged weights and the online weights beside them; this run lists no "
-                       "weight averaging, so training continues from the online weights")
+        rank_zero_info(
+            "the checkpoint holds averaged weights and the online weights beside them; this run lists no "
+            "weight averaging, so training continues from the online weights"
+        )
 
 
 class Imagination(Callback):
@@ -374,16 +408,18 @@ class Imagination(Callback):
     def __init__(self) -> None:
         self._buffer: Any = None
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         dyna, host = getattr(pl_module, "dyna", None), _datamodule(trainer)
         if dyna is None or not isinstance(host, ImaginationHost):
             return
         envstep = int(getattr(pl_module, "env_steps", 0))
         if not dyna.should_train(envstep):
             return
-        self._buffer = dyna.fill_img_buffer(pl_module, host.real_buffer(), self._buffer, envstep,
-                                            policy_version=int(trainer.global_step))
+        self._buffer = dyna.fill_img_buffer(
+            pl_module, host.real_buffer(), self._buffer, envstep, policy_version=int(trainer.global_step)
+        )
         host.set_imagination(self._buffer, dyna.real_ratio)
         dyna.trained(envstep)
         log = dict(on_step=True, rank_zero_only=True, batch_size=1)
@@ -393,5 +429,11 @@ class Imagination(Callback):
 
 def default_callbacks() -> list[Callback]:
     """The callbacks every CLI run gets (the Trainer skips a type the config already lists)."""
-    return [EnvStatsLogger(), ReplayFeedback(), BufferCheckpoint(), WeightPublisher(), OnlineWeightsOnResume(),
-            Imagination()]
+    return [
+        EnvStatsLogger(),
+        ReplayFeedback(),
+        BufferCheckpoint(),
+        WeightPublisher(),
+        OnlineWeightsOnResume(),
+        Imagination(),
+    ]

@@ -28,8 +28,9 @@ import math
 import os
 import shutil
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping, TypeVar
+from typing import Any, TypeVar
 
 import pytorch_lightning as pl
 import torch
@@ -90,29 +91,37 @@ def read_torch_file(path: str | os.PathLike) -> Any:
     if path.is_dir():
         raise CheckpointError(f"checkpoint {str(path)!r} is a folder, not a checkpoint file")
     if path.stat().st_size == 0:
-        raise CheckpointError(f"checkpoint {str(path)!r} is empty (0 bytes; a write was cut off): delete it "
-                              "and use another checkpoint of the run")
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} is empty (0 bytes; a write was cut off): delete it "
+            "and use another checkpoint of the run"
+        )
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises many types here (UnpicklingError, RuntimeError, EOFError, ...)
         text = str(err).strip()
         unsupported = next((line.strip() for line in text.splitlines() if "Unsupported global" in line), None)
         if unsupported:
-            raise CheckpointError(f"checkpoint {str(path)!r} holds Python objects, not only tensors and plain values "
-                                  f"({unsupported}); it was not written by lightning_wm and is not loaded") from None
+            raise CheckpointError(
+                f"checkpoint {str(path)!r} holds Python objects, not only tensors and plain values "
+                f"({unsupported}); it was not written by lightning_wm and is not loaded"
+            ) from None
         boilerplate = ("Weights only load failed", "Please file an issue", "Check the documentation")
-        lines = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith(boilerplate)]
+        lines = [
+            line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith(boilerplate)
+        ]
         reason = lines[0] if lines else type(err).__name__
         with open(path, "rb") as f:
             zipped = f.read(4) == b"PK\x03\x04"  # torch.save writes a zip archive
         what = "is truncated or corrupt" if zipped else "is not a checkpoint file"
-        raise CheckpointError(f"checkpoint {str(path)!r} {what} ({reason}): delete it and use another "
-                              "checkpoint of the run") from None
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} {what} ({reason}): delete it and use another checkpoint of the run"
+        ) from None
     return checkpoint
 
 
-def open_checkpoint(ckpt_path: str | os.PathLike | None,
-                    checkpoint_dir: str | os.PathLike) -> tuple[Path, dict[str, Any]] | None:
+def open_checkpoint(
+    ckpt_path: str | os.PathLike | None, checkpoint_dir: str | os.PathLike
+) -> tuple[Path, dict[str, Any]] | None:
     """Find and read the checkpoint that ``--ckpt_path`` means (``None``: none).
 
     ``last`` / ``best`` are ``last.ckpt`` / ``best.ckpt`` in ``checkpoint_dir``; anything else is
@@ -132,8 +141,10 @@ def open_checkpoint(ckpt_path: str | os.PathLike | None,
     if str(ckpt_path) == "best":
         path = folder / BEST
         if not path.is_file():
-            raise FileNotFoundError(f"--ckpt_path best: there is no {BEST} in {str(folder)!r}; it is written when "
-                                    "validation logs val/return (online agents), beside last.ckpt")
+            raise FileNotFoundError(
+                f"--ckpt_path best: there is no {BEST} in {str(folder)!r}; it is written when "
+                "validation logs val/return (online agents), beside last.ckpt"
+            )
         return path, load_checkpoint(path)
     if str(ckpt_path) != "last":
         path = Path(ckpt_path)
@@ -142,21 +153,28 @@ def open_checkpoint(ckpt_path: str | os.PathLike | None,
         return path, load_checkpoint(path)
     last = folder / LAST
     if not last.is_file():
-        raise FileNotFoundError(f"--ckpt_path last: there is no {LAST} in {str(folder)!r} (searched there)"
-                                f"{_runs_hint(folder)}; train first with `fit`, or check --trainer.run_name")
+        raise FileNotFoundError(
+            f"--ckpt_path last: there is no {LAST} in {str(folder)!r} (searched there)"
+            f"{_runs_hint(folder)}; train first with `fit`, or check --trainer.run_name"
+        )
     try:
         return last, load_checkpoint(last)
     except CheckpointError as err:
-        others = sorted((p for p in folder.glob("*.ckpt") if p.name != LAST), key=lambda p: p.stat().st_mtime,
-                        reverse=True)
+        others = sorted(
+            (p for p in folder.glob("*.ckpt") if p.name != LAST), key=lambda p: p.stat().st_mtime, reverse=True
+        )
         for fallback in others:
             try:
                 checkpoint = load_checkpoint(fallback)
             except (CheckpointError, FileNotFoundError):
                 continue
             why = str(err).replace(f"checkpoint {str(last)!r} ", "").split(": delete it")[0]
-            warnings.warn(f"{LAST} in {str(folder)!r} cannot be read (it {why}); using {fallback.name}, the newest "
-                          "intact checkpoint beside it, instead", CheckpointWarning, stacklevel=2)
+            warnings.warn(
+                f"{LAST} in {str(folder)!r} cannot be read (it {why}); using {fallback.name}, the newest "
+                "intact checkpoint beside it, instead",
+                CheckpointWarning,
+                stacklevel=2,
+            )
             return fallback, checkpoint
         raise CheckpointError(f"{err}; no intact checkpoint is beside it to resume from") from None
 
@@ -206,8 +224,13 @@ def hparam_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> 
     return out
 
 
-def check_compatible(checkpoint: Mapping[str, Any], model: pl.LightningModule, path: str | os.PathLike,
-                     action: str = "loading", settings: str = "refuse") -> None:
+def check_compatible(
+    checkpoint: Mapping[str, Any],
+    model: pl.LightningModule,
+    path: str | os.PathLike,
+    action: str = "loading",
+    settings: str = "refuse",
+) -> None:
     """Refuse a checkpoint that ``model`` (built from the config) contradicts.
 
     The checkpoint keeps its architecture: another model class is refused by name, and so are
@@ -224,28 +247,38 @@ def check_compatible(checkpoint: Mapping[str, Any], model: pl.LightningModule, p
     saved_class = _checkpoint_class(checkpoint)
     own = type(model)
     if saved_class is not None and saved_class.rsplit(".", 1)[-1] != own.__name__:
-        raise CheckpointError(f"{action} refused: {str(path)!r} holds a {saved_class.rsplit('.', 1)[-1]} "
-                              f"({saved_class}), but this config builds a {own.__name__}; use the config the "
-                              "checkpoint was trained with")
+        raise CheckpointError(
+            f"{action} refused: {str(path)!r} holds a {saved_class.rsplit('.', 1)[-1]} "
+            f"({saved_class}), but this config builds a {own.__name__}; use the config the "
+            "checkpoint was trained with"
+        )
     saved = checkpoint.get("hyper_parameters") or {}
     current = dict(model.hparams)
     differences = hparam_differences(saved, current) if saved and current else {}
     listed = "; ".join(f"{k}: checkpoint {a!r}, config {b!r}" for k, (a, b) in differences.items())
     if differences and settings == "refuse":
-        raise CheckpointError(f"{action} refused: the config contradicts the model in {str(path)!r} ({listed}); a "
-                              "checkpoint keeps its architecture: use the config it was trained with or set these keys "
-                              "to its values (another model is a new run: another --trainer.run_name)")
+        raise CheckpointError(
+            f"{action} refused: the config contradicts the model in {str(path)!r} ({listed}); a "
+            "checkpoint keeps its architecture: use the config it was trained with or set these keys "
+            "to its values (another model is a new run: another --trainer.run_name)"
+        )
     # weights a module keeps out of its checkpoints (loaded from elsewhere) but older checkpoints hold
     unsaved = tuple(getattr(model, "unsaved_state_prefixes", ()))
     given = {k: v for k, v in checkpoint["state_dict"].items() if not (unsaved and k.startswith(unsaved))}
     mismatch = _state_dict_mismatch(model.state_dict(), given)
     if mismatch:
-        raise CheckpointError(f"{action} refused: the weights in {str(path)!r} do not fit this "
-                              f"{own.__name__} ({mismatch}){f' (settings that differ: {listed})' if listed else ''}; "
-                              "use the config the checkpoint was trained with")
+        raise CheckpointError(
+            f"{action} refused: the weights in {str(path)!r} do not fit this "
+            f"{own.__name__} ({mismatch}){f' (settings that differ: {listed})' if listed else ''}; "
+            "use the config the checkpoint was trained with"
+        )
     if differences:
-        warnings.warn(f"{action}: the model in {str(path)!r} was trained with other settings than this config's "
-                      f"({listed}); its weights are used with the config's settings", CheckpointWarning, stacklevel=3)
+        warnings.warn(
+            f"{action}: the model in {str(path)!r} was trained with other settings than this config's "
+            f"({listed}); its weights are used with the config's settings",
+            CheckpointWarning,
+            stacklevel=3,
+        )
 
 
 def _state_dict_mismatch(expected: Mapping[str, torch.Tensor], given: Mapping[str, Any]) -> str:
@@ -253,8 +286,11 @@ def _state_dict_mismatch(expected: Mapping[str, torch.Tensor], given: Mapping[st
     parts = []
     missing = [k for k in expected if k not in given]
     unexpected = [k for k in given if k not in expected]
-    shapes = [f"{k} {tuple(given[k].shape)} vs {tuple(v.shape)}" for k, v in expected.items()
-              if k in given and hasattr(given[k], "shape") and tuple(given[k].shape) != tuple(v.shape)]
+    shapes = [
+        f"{k} {tuple(given[k].shape)} vs {tuple(v.shape)}"
+        for k, v in expected.items()
+        if k in given and hasattr(given[k], "shape") and tuple(given[k].shape) != tuple(v.shape)
+    ]
 
     def listing(items: list[str]) -> str:
         return ", ".join(items[:3]) + (f", ... ({len(items)} in all)" if len(items) > 3 else "")
@@ -273,8 +309,13 @@ def _state_dict_mismatch(expected: Mapping[str, torch.Tensor], given: Mapping[st
 # ---------------------------------------------------------------------------------------
 
 
-def load_weights(model: pl.LightningModule, checkpoint: str | os.PathLike | Mapping[str, Any],
-                 path: str | os.PathLike | None = None, action: str = "loading", settings: str = "warn") -> dict[str, Any]:
+def load_weights(
+    model: pl.LightningModule,
+    checkpoint: str | os.PathLike | Mapping[str, Any],
+    path: str | os.PathLike | None = None,
+    action: str = "loading",
+    settings: str = "warn",
+) -> dict[str, Any]:
     """Load a checkpoint's weights (and the module's own extra state) into ``model``.
 
     Args:
@@ -297,8 +338,9 @@ def load_weights(model: pl.LightningModule, checkpoint: str | os.PathLike | Mapp
 M = TypeVar("M", bound=pl.LightningModule)
 
 
-def load_module(cls: type[M], path: str | os.PathLike, device: torch.device | str = "cpu",
-                what: str | None = None, **init_args: Any) -> M:
+def load_module(
+    cls: type[M], path: str | os.PathLike, device: torch.device | str = "cpu", what: str | None = None, **init_args: Any
+) -> M:
     """Build a ``cls`` with the settings saved in the checkpoint at ``path`` (plus ``init_args``:
     constructor arguments a checkpoint does not hold, e.g. ``env_spec``), load its weights, and
     return it frozen (no gradients) in eval mode on ``device``.
@@ -388,8 +430,9 @@ class RunCheckpoints(Checkpoint):
     other callbacks. Stale temp files of killed writes are removed when training starts.
     """
 
-    def __init__(self, dirpath: str | os.PathLike, every_n_train_steps: int = 1000, keep: int = 2,
-                 monitor: str = "val/return") -> None:
+    def __init__(
+        self, dirpath: str | os.PathLike, every_n_train_steps: int = 1000, keep: int = 2, monitor: str = "val/return"
+    ) -> None:
         if every_n_train_steps < 0:
             raise ValueError(f"checkpoint_every_n_steps must be >= 0 (0: only at the end), got {every_n_train_steps}")
         if keep < 1:
@@ -410,8 +453,9 @@ class RunCheckpoints(Checkpoint):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.best, self.best_step = state_dict.get("best"), state_dict.get("best_step")
 
-    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                           checkpoint: dict[str, Any]) -> None:
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
         cls = type(pl_module)
         checkpoint[CLASS_KEY] = f"{cls.__module__}.{cls.__qualname__}"
 
@@ -424,8 +468,9 @@ class RunCheckpoints(Checkpoint):
         trainer.save_checkpoint(path, weights_only=False)
         return path
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         step = trainer.global_step
         if self.every_n_train_steps < 1 or step % self.every_n_train_steps or step == self._last_saved_step:
             return
@@ -443,7 +488,7 @@ class RunCheckpoints(Checkpoint):
                 return -1
 
         periodic = sorted(self.dirpath.glob("step=*.ckpt"), key=step_of)
-        for old in periodic[:-self.keep]:
+        for old in periodic[: -self.keep]:
             old.unlink(missing_ok=True)
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -30,8 +30,14 @@ from pytorch_lightning.loggers import TensorBoardLogger
 
 from lightning_wm import console, runtime
 from lightning_wm.callbacks import default_callbacks
-from lightning_wm.checkpoints import (LAST, AtomicCheckpointIO, RunCheckpoints, check_compatible, load_weights,
-                                      open_checkpoint)
+from lightning_wm.checkpoints import (
+    LAST,
+    AtomicCheckpointIO,
+    RunCheckpoints,
+    check_compatible,
+    load_weights,
+    open_checkpoint,
+)
 from lightning_wm.data.collector import Collector, run_evaluation
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.data.modules import EpisodeDataModule
@@ -45,8 +51,9 @@ from lightning_wm.video import check_video_path, write_video
 class NonFiniteLossGuard(Callback):
     """Stop with a clear message when a logged loss becomes NaN or infinite."""
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         values: dict[str, Any] = {}
         if isinstance(outputs, torch.Tensor):
             values["loss"] = outputs
@@ -90,8 +97,15 @@ class Trainer(pl.Trainer):
             stays at its peak. ``false`` keeps the defaults.
     """
 
-    def __init__(self, *args: Any, run_name: str | None = None, checkpoint_every_n_steps: int = 1000,
-                 torch_threads: int | None = None, keep_freed_memory: bool = True, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        run_name: str | None = None,
+        checkpoint_every_n_steps: int = 1000,
+        torch_threads: int | None = None,
+        keep_freed_memory: bool = True,
+        **kwargs: Any,
+    ) -> None:
         if keep_freed_memory:
             runtime.keep_freed_memory()
         if torch_threads is not None:
@@ -113,7 +127,9 @@ class Trainer(pl.Trainer):
                 callbacks.append(RunCheckpoints(self.checkpoint_dir, checkpoint_every_n_steps))
         callbacks.append(NonFiniteLossGuard())
         callbacks += [c for c in default_callbacks() if not any(type(x) is type(c) for x in callbacks)]
-        if kwargs.get("enable_progress_bar", True) is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
+        if kwargs.get("enable_progress_bar", True) is not False and not any(
+            isinstance(c, ProgressBar) for c in callbacks
+        ):
             callbacks.append(console.RunProgress())
         kwargs["callbacks"] = callbacks
         plugins = list(kwargs.get("plugins") or [])
@@ -123,8 +139,14 @@ class Trainer(pl.Trainer):
         super().__init__(*args, **kwargs)
 
     # -- checkpoints -------------------------------------------------------------------
-    def _checkpoint_for(self, model: pl.LightningModule | None, ckpt_path: str | None, action: str,
-                        resume_if_exists: bool = False, settings: str = "warn") -> str | None:
+    def _checkpoint_for(
+        self,
+        model: pl.LightningModule | None,
+        ckpt_path: str | None,
+        action: str,
+        resume_if_exists: bool = False,
+        settings: str = "warn",
+    ) -> str | None:
         """Resolve ``ckpt_path`` (``last``, ``best``, a file), read it and check it against ``model``
         before Lightning does anything with it; the checked checkpoint is handed to the
         checkpoint reader so it is not read twice."""
@@ -144,9 +166,15 @@ class Trainer(pl.Trainer):
             reader.preload(path, checkpoint)
         return str(path)
 
-    def fit(self, model: pl.LightningModule, train_dataloaders: Any = None, val_dataloaders: Any = None,
-            datamodule: pl.LightningDataModule | None = None, ckpt_path: str | None = None,
-            resume_if_exists: bool = False) -> None:
+    def fit(
+        self,
+        model: pl.LightningModule,
+        train_dataloaders: Any = None,
+        val_dataloaders: Any = None,
+        datamodule: pl.LightningDataModule | None = None,
+        ckpt_path: str | None = None,
+        resume_if_exists: bool = False,
+    ) -> None:
         """Lightning's ``fit``; ``ckpt_path``: ``last``, ``best`` or a checkpoint file to resume from.
 
         Args:
@@ -160,14 +188,26 @@ class Trainer(pl.Trainer):
         path = self._checkpoint_for(model, ckpt_path, "resume", resume_if_exists, settings="refuse")
         super().fit(model, train_dataloaders, val_dataloaders, datamodule, ckpt_path=path, weights_only=True)
 
-    def validate(self, model: pl.LightningModule | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
-                 verbose: bool = True, datamodule: pl.LightningDataModule | None = None) -> Any:
+    def validate(
+        self,
+        model: pl.LightningModule | None = None,
+        dataloaders: Any = None,
+        ckpt_path: str | None = None,
+        verbose: bool = True,
+        datamodule: pl.LightningDataModule | None = None,
+    ) -> Any:
         """Lightning's ``validate``; ``ckpt_path``: ``last``, ``best`` or a checkpoint file."""
         path = self._checkpoint_for(model, ckpt_path, "validation")
         return super().validate(model, dataloaders, path, verbose, datamodule, weights_only=True)
 
-    def test(self, model: pl.LightningModule | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
-             verbose: bool = True, datamodule: pl.LightningDataModule | None = None) -> Any:
+    def test(
+        self,
+        model: pl.LightningModule | None = None,
+        dataloaders: Any = None,
+        ckpt_path: str | None = None,
+        verbose: bool = True,
+        datamodule: pl.LightningDataModule | None = None,
+    ) -> Any:
         """Lightning's ``test``; ``ckpt_path``: ``last``, ``best`` or a checkpoint file."""
         path = self._checkpoint_for(model, ckpt_path, "test")
         return super().test(model, dataloaders, path, verbose, datamodule, weights_only=True)
@@ -178,16 +218,24 @@ class Trainer(pl.Trainer):
             load_weights(model, found[1], found[0], action=action)
 
     # -- extra subcommands -------------------------------------------------------------
-    def record(self, model: pl.LightningModule, datamodule: pl.LightningDataModule, episodes: int = 10,
-               ckpt_path: str | None = None, explore: bool = True) -> int:
+    def record(
+        self,
+        model: pl.LightningModule,
+        datamodule: pl.LightningDataModule,
+        episodes: int = 10,
+        ckpt_path: str | None = None,
+        explore: bool = True,
+    ) -> int:
         """Roll ``model`` (random by default; trained weights from ``ckpt_path``) out for
         ``episodes`` episodes into the datamodule's episode store. Returns rows written."""
         if episodes < 1:
             raise ValueError(f"--episodes must be >= 1, got {episodes}")
         if not isinstance(datamodule, EpisodeDataModule):
-            raise ValueError("record writes episodes into an episode store and needs an EpisodeDataModule "
-                             "(--data lightning_wm.data.modules.EpisodeDataModule --data.init_args.directory DIR "
-                             f"--data.init_args.env {{...}}); this config's datamodule is a {type(datamodule).__name__}")
+            raise ValueError(
+                "record writes episodes into an episode store and needs an EpisodeDataModule "
+                "(--data lightning_wm.data.modules.EpisodeDataModule --data.init_args.directory DIR "
+                f"--data.init_args.env {{...}}); this config's datamodule is a {type(datamodule).__name__}"
+            )
         env = _env_of(datamodule)
         self._load_weights(model, ckpt_path, "record")
         store = EpisodeStore(check_writable(datamodule.directory, "episode store"))
@@ -202,12 +250,21 @@ class Trainer(pl.Trainer):
         finally:
             vector_env.close()
         returns = [e["return"] for e in finished]
-        print(f"recorded {store.episodes_written} episodes, {store.rows_written} rows into {store.directory} "
-              f"(return {np.mean(returns):.1f} ± {np.std(returns):.1f}; the store holds {len(store)} episodes)")
+        print(
+            f"recorded {store.episodes_written} episodes, {store.rows_written} rows into {store.directory} "
+            f"(return {np.mean(returns):.1f} ± {np.std(returns):.1f}; the store holds {len(store)} episodes)"
+        )
         return store.rows_written
 
-    def evaluate(self, model: pl.LightningModule, datamodule: pl.LightningDataModule, ckpt_path: str | None = None,
-                 episodes: int = 10, video: str | None = None, explore: bool = False) -> dict[str, float]:
+    def evaluate(
+        self,
+        model: pl.LightningModule,
+        datamodule: pl.LightningDataModule,
+        ckpt_path: str | None = None,
+        episodes: int = 10,
+        video: str | None = None,
+        explore: bool = False,
+    ) -> dict[str, float]:
         """Run ``episodes`` episodes (``explore=False``), print mean ± std return; with
         ``video=path.gif`` or ``path.mp4`` the first of them is filmed (MP4 needs the ``video``
         extra, imageio-ffmpeg)."""
@@ -225,14 +282,21 @@ class Trainer(pl.Trainer):
                 finished.append(self._film_episode(model, env, seed, video, explore))
                 bar.update(1)
             if episodes > len(finished):
-                finished += run_evaluation(env, model, episodes - len(finished), 8, seed + len(finished),
-                                           explore=explore, progress=bar.update)
+                finished += run_evaluation(
+                    env, model, episodes - len(finished), 8, seed + len(finished), explore=explore, progress=bar.update
+                )
         returns = np.array([e["return"] for e in finished])
         lengths = np.array([e["length"] for e in finished])
-        result = {"return_mean": float(returns.mean()), "return_std": float(returns.std()),
-                  "length_mean": float(lengths.mean()), "episodes": float(len(returns))}
-        print(f"{env.id}: return {result['return_mean']:.2f} ± {result['return_std']:.2f} over {len(returns)} "
-              f"episodes (mean length {result['length_mean']:.1f})")
+        result = {
+            "return_mean": float(returns.mean()),
+            "return_std": float(returns.std()),
+            "length_mean": float(lengths.mean()),
+            "episodes": float(len(returns)),
+        }
+        print(
+            f"{env.id}: return {result['return_mean']:.2f} ± {result['return_std']:.2f} over {len(returns)} "
+            f"episodes (mean length {result['length_mean']:.1f})"
+        )
         if video:
             print(f"wrote {video} (episode 1, return {finished[0]['return']:.2f})")
         return result
@@ -243,8 +307,9 @@ class Trainer(pl.Trainer):
         import gymnasium as gym
 
         one = EnvConfig(**{**vars(config), "num_envs": 1, "seed": seed})
-        env = gym.vector.SyncVectorEnv([lambda: make_env(one, render_mode="rgb_array")],
-                                       autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
+        env = gym.vector.SyncVectorEnv(
+            [lambda: make_env(one, render_mode="rgb_array")], autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP
+        )
         try:
             collector = Collector(env, model, seeds=seed)
             frames: list[np.ndarray] = []
@@ -257,8 +322,14 @@ class Trainer(pl.Trainer):
         write_video(frames, path)
         return done[0]
 
-    def convert(self, model: pl.LightningModule, datamodule: pl.LightningDataModule, ckpt_path: str | None = None,
-                target: str = "latents", batch_size: int = 256) -> int:
+    def convert(
+        self,
+        model: pl.LightningModule,
+        datamodule: pl.LightningDataModule,
+        ckpt_path: str | None = None,
+        target: str = "latents",
+        batch_size: int = 256,
+    ) -> int:
         """Encode every episode of the datamodule's store with a trained Vision model
         (``ckpt_path``) into the latent store ``target``. Returns episodes written."""
         from lightning_wm.agents.vision import convert_episodes
@@ -302,8 +373,11 @@ class CLI(LightningCLI):
         if subcommand == "record":  # random episodes unless a --model (and --ckpt_path) is given
             parser.set_defaults({"model": {"class_path": "lightning_wm.agents.random.RandomPolicy"}})
         if not any(action.dest == "verbose" for action in parser._actions):  # validate/test have their own
-            parser.add_argument("--verbose", action="store_true",
-                                help=f"show every warning and log line (or set {console.VERBOSE_ENV}=1)")
+            parser.add_argument(
+                "--verbose",
+                action="store_true",
+                help=f"show every warning and log line (or set {console.VERBOSE_ENV}=1)",
+            )
         return parser
 
     def _parse_ckpt_path(self) -> None:
@@ -312,8 +386,9 @@ class CLI(LightningCLI):
         checkpoint against the config instead (:func:`lightning_wm.checkpoints.check_compatible`)."""
 
     def add_arguments_to_parser(self, parser: Any) -> None:
-        parser.link_arguments("data", "model.init_args.env_spec", compute_fn=lambda data: data.spec,
-                              apply_on="instantiate")
+        parser.link_arguments(
+            "data", "model.init_args.env_spec", compute_fn=lambda data: data.spec, apply_on="instantiate"
+        )
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -388,8 +463,10 @@ def check_config_files(argv: list[str]) -> None:
             mark = getattr(err, "problem_mark", None)
             where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
             problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-            sys.stderr.write(f"error: config file {value!r} is not valid YAML: {problem}{where}\n"
-                             f"{console.help_hint(Path(sys.argv[0]).name, None)}\n")
+            sys.stderr.write(
+                f"error: config file {value!r} is not valid YAML: {problem}{where}\n"
+                f"{console.help_hint(Path(sys.argv[0]).name, None)}\n"
+            )
             raise SystemExit(2) from None
 
 
@@ -400,8 +477,11 @@ def user_message(err: BaseException) -> str:
     text = str(err)
     if "Union subtypes" not in text:
         return text
-    causes = [line.strip()[2:] for line in text.splitlines()
-              if line.startswith("  - ") and "Expected a <class 'NoneType'>" not in line]
+    causes = [
+        line.strip()[2:]
+        for line in text.splitlines()
+        if line.startswith("  - ") and "Expected a <class 'NoneType'>" not in line
+    ]
     return "\n".join(causes) or text
 
 

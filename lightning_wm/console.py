@@ -23,8 +23,9 @@ import sys
 import time
 import warnings
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import IO, Any, Iterator
+from typing import IO, Any
 
 import pytorch_lightning as pl
 from pytorch_lightning.callbacks.progress.progress_bar import ProgressBar
@@ -48,24 +49,44 @@ class Hidden:
 
 HIDDEN: tuple[Hidden, ...] = (
     # -- warnings -------------------------------------------------------------------------------
-    Hidden(r"isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning,
-           why="torch deprecates an API that pytorch_lightning's own _pytree helper still calls; "
-               "nothing of ours uses it and it changes no result"),
-    Hidden(r"LightningCLI's args parameter is intended to run from within Python", category=UserWarning,
-           why="tests and scripts call main(args=...) on purpose"),
+    Hidden(
+        r"isinstance\(treespec, LeafSpec\)` is deprecated",
+        category=FutureWarning,
+        why="torch deprecates an API that pytorch_lightning's own _pytree helper still calls; "
+        "nothing of ours uses it and it changes no result",
+    ),
+    Hidden(
+        r"LightningCLI's args parameter is intended to run from within Python",
+        category=UserWarning,
+        why="tests and scripts call main(args=...) on purpose",
+    ),
     # -- Lightning's info lines ---------------------------------------------------------------
-    Hidden(r"^💡 Tip:", logger="pytorch_lightning.utilities.rank_zero",
-           why="an advertisement for another logging service"),
-    Hidden(r"^(TPU|HPU) available: False", logger="pytorch_lightning.utilities.rank_zero",
-           why="hardware that is absent"),
-    Hidden(r"^GPU available: False, used: False", logger="pytorch_lightning.utilities.rank_zero",
-           why="no GPU at all; a GPU that is present (used or not) is still reported"),
-    Hidden(r"^`Trainer\(limit_\w+_batches=1(\.0)?\)` was configured", logger="pytorch_lightning.utilities.rank_zero",
-           why="repeats a setting of the config (online validation is one batch of episodes)"),
-    Hidden(r"^`Trainer\.fit` stopped: `max_(steps|epochs)=\d+` reached\.$", logger="pytorch_lightning.utilities.rank_zero",
-           why="the planned end of the run, which the progress shows; other stops (max_time, ...) are shown"),
-    Hidden(r"^Seed set to \d+$", logger="lightning_fabric.utilities.seed",
-           why="the seed is in the run's saved config.yaml and in --print_config"),
+    Hidden(
+        r"^💡 Tip:", logger="pytorch_lightning.utilities.rank_zero", why="an advertisement for another logging service"
+    ),
+    Hidden(
+        r"^(TPU|HPU) available: False", logger="pytorch_lightning.utilities.rank_zero", why="hardware that is absent"
+    ),
+    Hidden(
+        r"^GPU available: False, used: False",
+        logger="pytorch_lightning.utilities.rank_zero",
+        why="no GPU at all; a GPU that is present (used or not) is still reported",
+    ),
+    Hidden(
+        r"^`Trainer\(limit_\w+_batches=1(\.0)?\)` was configured",
+        logger="pytorch_lightning.utilities.rank_zero",
+        why="repeats a setting of the config (online validation is one batch of episodes)",
+    ),
+    Hidden(
+        r"^`Trainer\.fit` stopped: `max_(steps|epochs)=\d+` reached\.$",
+        logger="pytorch_lightning.utilities.rank_zero",
+        why="the planned end of the run, which the progress shows; other stops (max_time, ...) are shown",
+    ),
+    Hidden(
+        r"^Seed set to \d+$",
+        logger="lightning_fabric.utilities.seed",
+        why="the seed is in the run's saved config.yaml and in --print_config",
+    ),
 )
 
 
@@ -169,7 +190,9 @@ _PLURAL = {"step": "steps", "batch": "batches", "ep": "episodes", "it": "items"}
 class _LineProgress:
     """tqdm's ``update``/``set_postfix_str``/``close`` as a line every ``every_s`` seconds."""
 
-    def __init__(self, total: int | None, desc: str, unit: str, file: IO[str], every_s: float, initial: int = 0) -> None:
+    def __init__(
+        self, total: int | None, desc: str, unit: str, file: IO[str], every_s: float, initial: int = 0
+    ) -> None:
         self.total, self.desc, self.unit, self.file, self.every_s = total, desc, unit, file, every_s
         self.n = self._start = initial
         self.postfix = ""
@@ -207,7 +230,7 @@ class _LineProgress:
         if self._printed != (self.n, self.postfix):  # the last state is always shown
             self._emit()
 
-    def __enter__(self) -> "_LineProgress":
+    def __enter__(self) -> _LineProgress:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -221,8 +244,7 @@ def _is_terminal(file: IO[str]) -> bool:
         return False
 
 
-def progress(total: int | None, desc: str, unit: str = "it", file: IO[str] | None = None,
-             initial: int = 0) -> Any:
+def progress(total: int | None, desc: str, unit: str = "it", file: IO[str] | None = None, initial: int = 0) -> Any:
     """A progress bar for ``total`` units: tqdm on a terminal, else a :class:`_LineProgress`
     (one line every ``LIGHTNING_WM_PROGRESS_EVERY`` seconds and one at the end). Both support
     ``update(k)``, ``set_postfix_str(text)``, ``close()`` and ``with``."""
@@ -230,8 +252,16 @@ def progress(total: int | None, desc: str, unit: str = "it", file: IO[str] | Non
     if _is_terminal(file):
         from tqdm import tqdm
 
-        return tqdm(total=total, desc=desc, unit=unit, file=file, initial=initial, dynamic_ncols=True,
-                    mininterval=0.5, smoothing=0.1)
+        return tqdm(
+            total=total,
+            desc=desc,
+            unit=unit,
+            file=file,
+            initial=initial,
+            dynamic_ncols=True,
+            mininterval=0.5,
+            smoothing=0.1,
+        )
     return _LineProgress(total, desc, unit, file, _every_s(), initial)
 
 
@@ -342,8 +372,17 @@ class RunProgress(ProgressBar):
         if _is_terminal(file):
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total, initial=initial, desc="train", unit=unit, file=file, dynamic_ncols=True,
-                             mininterval=0.5, smoothing=0.1, leave=True)
+            self._bar = tqdm(
+                total=total,
+                initial=initial,
+                desc="train",
+                unit=unit,
+                file=file,
+                dynamic_ncols=True,
+                mininterval=0.5,
+                smoothing=0.1,
+                leave=True,
+            )
         else:
             self._bar = _LineProgress(total, "train", unit, file, every, initial)
 
@@ -363,8 +402,9 @@ class RunProgress(ProgressBar):
             self._bar.set_postfix_str(text, refresh=False)
         self._bar.update(n - self._bar.n)
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         self._batches += 1
         self._show(trainer, trainer.global_step if self._steps else self._batches)
 
@@ -437,9 +477,12 @@ def explain_parser_error(message: str) -> tuple[str, str | None]:
         key = f"{key}.init_args.{keys[1]}"
     expected = next((m for m in map(_EXPECTED.search, lines) if m and "NoneType" not in m.group(1)), None)
     if expected is None and key:  # an optional value: "- Expected a T" per alternative, then "Given value: v"
-        inner = lines[next((i for i, line in enumerate(lines) if _KEY.search(line) and keys[-1] in line), 0):]
-        types = [m.group(1) for m in (re.search(r"- Expected a (.+)$", line) for line in inner)
-                 if m and "NoneType" not in m.group(1)]
+        inner = lines[next((i for i, line in enumerate(lines) if _KEY.search(line) and keys[-1] in line), 0) :]
+        types = [
+            m.group(1)
+            for m in (re.search(r"- Expected a (.+)$", line) for line in inner)
+            if m and "NoneType" not in m.group(1)
+        ]
         given = next((m.group(1) for m in (re.search(r"Given value: (.*)$", line) for line in inner) if m), None)
         if types and given is not None:
             return f"--{key} expects {' or '.join(_type_name(t) for t in types)}, got {given.strip()!r}", class_path
@@ -447,13 +490,16 @@ def explain_parser_error(message: str) -> tuple[str, str | None]:
     if not_accepted and class_path:
         option = not_accepted.group(1)
         name = class_path.rsplit(".", 1)[-1]
-        return f"--{keys[0] if keys else 'model'}.init_args.{option}: {name} has no option {option!r}" \
-               f"{_suggest(class_path, option)}", class_path
+        return (
+            f"--{keys[0] if keys else 'model'}.init_args.{option}: {name} has no option {option!r}"
+            f"{_suggest(class_path, option)}",
+            class_path,
+        )
     if expected and key:
         return f"--{key} expects {_type_name(expected.group(1))}, got {expected.group(2).strip()!r}", class_path
     if class_path and class_match is not None:  # the class itself failed: e.g. it cannot be imported
         index = lines.index(next(line for line in lines if _CLASS_PATH.search(line)))
-        cause = next((line.strip() for line in lines[index + 1:] if line.strip()), "")
+        cause = next((line.strip() for line in lines[index + 1 :] if line.strip()), "")
         return f"--{key or 'model'}: {class_path!r} cannot be used ({cause})", None
     if key:
         rest = [_KEY.sub("", line).strip() for line in lines]

@@ -27,7 +27,8 @@ observations), ``posterior_states`` (for :func:`start_states`) and its ``actions
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Literal, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
 
 import gymnasium as gym
 import numpy as np
@@ -40,8 +41,13 @@ from lightning_wm.world_model import State, WorldModel, check_done_mode, episode
 
 
 @torch.no_grad()
-def start_states(model: WorldModel, episodes: Iterable[Mapping[str, Any]], where: Literal["first", "all"] = "first",
-                 max_starts: int | None = None, seed: int = 0) -> State:
+def start_states(
+    model: WorldModel,
+    episodes: Iterable[Mapping[str, Any]],
+    where: Literal["first", "all"] = "first",
+    max_starts: int | None = None,
+    seed: int = 0,
+) -> State:
     """A bank of dream start states ``[N, ...]`` from recorded episodes (row convention).
 
     Args:
@@ -230,8 +236,13 @@ class DreamEnv(gym.vector.VectorEnv):
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
         obs, reward, terminated, truncated = self.step_tensor(actions)
-        return (_to_numpy(obs), reward.cpu().numpy().astype(np.float64), terminated.cpu().numpy(),
-                truncated.cpu().numpy(), {})
+        return (
+            _to_numpy(obs),
+            reward.cpu().numpy().astype(np.float64),
+            terminated.cpu().numpy(),
+            truncated.cpu().numpy(),
+            {},
+        )
 
     def _image(self) -> Tensor | None:
         """The decoded frames ``uint8 [N, H, W, C]`` of the current states (a dict observation's
@@ -282,8 +293,7 @@ class DreamSingleEnv(gym.Env):
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
         obs, reward, terminated, truncated = self.dream.step_tensor(np.asarray(action)[None])
-        return (_to_numpy(tree_map(lambda x: x[0], obs)), float(reward[0]), bool(terminated[0]), bool(truncated[0]),
-                {})
+        return (_to_numpy(tree_map(lambda x: x[0], obs)), float(reward[0]), bool(terminated[0]), bool(truncated[0]), {})
 
     def render(self) -> np.ndarray | None:
         frames = self.dream.render()

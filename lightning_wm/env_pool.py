@@ -59,8 +59,10 @@ class EnvPool:
             try:
                 ok, answer = self._conns[w].recv()
             except (EOFError, OSError) as e:
-                raise RuntimeError(f"env worker {w} of {self.workers} died ({type(e).__name__}); "
-                                   f"set env_workers: 0 to step the envs in this process") from e
+                raise RuntimeError(
+                    f"env worker {w} of {self.workers} died ({type(e).__name__}); "
+                    f"set env_workers: 0 to step the envs in this process"
+                ) from e
             if not ok:
                 raise RuntimeError(f"env worker {w} failed: {answer}")
             for k, a in zip(ks, answer):

@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import gymnasium as gym
-from gymnasium import wrappers as gym_wrappers  # looked up at use: the module imports under older gymnasium (LightZero's venv)
 import numpy as np
+from gymnasium import (
+    wrappers as gym_wrappers,
+)  # looked up at use: the module imports under older gymnasium (LightZero's venv)
 
 PIXEL_KEY = "pixels"
 _ATARI_REGISTERED = False
@@ -26,8 +28,11 @@ _ATARI_REGISTERED = False
 # Named by string, so this module imports nothing above the foundation.
 DREAM_ENV_ID = "lightning_wm/Dream-v0"
 if DREAM_ENV_ID not in gym.registry:
-    gym.register(DREAM_ENV_ID, entry_point="lightning_wm.agents.dreamer.dream:make_dream_env",
-                 vector_entry_point="lightning_wm.agents.dreamer.dream:make_dream_vector_env")
+    gym.register(
+        DREAM_ENV_ID,
+        entry_point="lightning_wm.agents.dreamer.dream:make_dream_env",
+        vector_entry_point="lightning_wm.agents.dreamer.dream:make_dream_vector_env",
+    )
 
 
 @dataclass
@@ -140,8 +145,10 @@ class EnvSpec:
     @property
     def obs_shape(self) -> tuple[int, ...]:
         if self.is_dict:
-            raise ValueError(f"{self.env_id}: dict observations have one shape per key: "
-                             f"{ {k: v.shape for k, v in self.obs_spaces.items()} }")
+            raise ValueError(
+                f"{self.env_id}: dict observations have one shape per key: "
+                f"{ {k: v.shape for k, v in self.obs_spaces.items()} }"
+            )
         return tuple(self.observation_space.shape)
 
     @property
@@ -214,9 +221,7 @@ def check_crop(crop: Any, frame_shape: tuple[int, ...] | None = None) -> tuple[i
         raise EnvError(f"crop must be four integers [top, left, height, width], got {crop!r}")
     top, left, height, width = values
     if top < 0 or left < 0 or height <= 0 or width <= 0:
-        raise EnvError(
-            f"crop [top, left, height, width] = {values} needs top, left >= 0 and height, width > 0"
-        )
+        raise EnvError(f"crop [top, left, height, width] = {values} needs top, left >= 0 and height, width > 0")
     if frame_shape is not None:
         frame_h, frame_w = int(frame_shape[0]), int(frame_shape[1])
         if top + height > frame_h or left + width > frame_w:
@@ -256,7 +261,8 @@ class PixelObservation(gym.ObservationWrapper):
         if keep_state:
             state = env.observation_space
             self.observation_space = gym.spaces.Dict(
-                {"image": image_space, "state": gym.spaces.Box(state.low, state.high, state.shape, np.float32)})
+                {"image": image_space, "state": gym.spaces.Box(state.low, state.high, state.shape, np.float32)}
+            )
         else:
             self.observation_space = image_space
 
@@ -303,10 +309,7 @@ def _check_spaces(env: gym.Env, env_id: str) -> None:
             "observations (float vectors or uint8 images) and Dicts of them"
         )
     if not isinstance(act, (gym.spaces.Discrete, gym.spaces.Box)):
-        raise EnvError(
-            f"{env_id}: action space {act} is not supported; lightning_wm supports Discrete "
-            "and Box actions"
-        )
+        raise EnvError(f"{env_id}: action space {act} is not supported; lightning_wm supports Discrete and Box actions")
     if isinstance(act, gym.spaces.Box) and not np.all(np.isfinite(act.low) & np.isfinite(act.high)):
         raise EnvError(f"{env_id}: continuous actions need finite bounds, got {act}")
 
@@ -359,11 +362,19 @@ def make_env(config: EnvConfig, render_mode: str | None = None) -> gym.Env:
     if config.crop is not None and not (config.pixels or is_image):
         raise EnvError(f"{config.id}: crop applies to image observations; set pixels: true or drop crop")
     if config.keep_state and not (config.pixels and not is_image):
-        raise EnvError(f"{config.id}: keep_state adds the state vector to rendered frames; it needs pixels: true "
-                       "and an env whose own observation is a vector")
+        raise EnvError(
+            f"{config.id}: keep_state adds the state vector to rendered frames; it needs pixels: true "
+            "and an env whose own observation is a vector"
+        )
     if (config.pixels or is_image) and atari is None:
-        env = PixelObservation(env, config.size, config.grayscale, render=config.pixels and not is_image,
-                               crop=config.crop, keep_state=config.keep_state)
+        env = PixelObservation(
+            env,
+            config.size,
+            config.grayscale,
+            render=config.pixels and not is_image,
+            crop=config.crop,
+            keep_state=config.keep_state,
+        )
     if config.frame_stack > 1:
         env = _stack_frames(env, config)
     _check_spaces(env, config.id)
@@ -380,25 +391,37 @@ def atari_options(config: EnvConfig) -> AtariPreprocessingConfig | None:
         try:
             return AtariPreprocessingConfig(**options)
         except TypeError as err:
-            raise EnvError(f"atari_preprocessing: {err}; its options are noop_max, frame_skip, screen_size, "
-                           "terminal_on_life_loss and grayscale_obs") from None
+            raise EnvError(
+                f"atari_preprocessing: {err}; its options are noop_max, frame_skip, screen_size, "
+                "terminal_on_life_loss and grayscale_obs"
+            ) from None
     raise EnvError(f"atari_preprocessing must be a mapping of AtariPreprocessing options or null, got {options!r}")
 
 
 def _atari_preprocessing(env: gym.Env, config: EnvConfig, atari: AtariPreprocessingConfig) -> gym.Env:
     """gymnasium's ``AtariPreprocessing`` on the raw ALE env -> ``uint8 [S, S, C]`` frames."""
     if config.pixels or config.crop is not None or config.keep_state or config.action_repeat != 1:
-        raise EnvError(f"{config.id}: atari_preprocessing makes the frames and skips frames itself; drop pixels, "
-                       "crop, keep_state and action_repeat (its options: screen_size, grayscale_obs, frame_skip)")
+        raise EnvError(
+            f"{config.id}: atari_preprocessing makes the frames and skips frames itself; drop pixels, "
+            "crop, keep_state and action_repeat (its options: screen_size, grayscale_obs, frame_skip)"
+        )
     try:
-        return gym_wrappers.AtariPreprocessing(env, noop_max=atari.noop_max, frame_skip=atari.frame_skip,
-                                  screen_size=atari.screen_size, terminal_on_life_loss=atari.terminal_on_life_loss,
-                                  grayscale_obs=atari.grayscale_obs, grayscale_newaxis=True)
+        return gym_wrappers.AtariPreprocessing(
+            env,
+            noop_max=atari.noop_max,
+            frame_skip=atari.frame_skip,
+            screen_size=atari.screen_size,
+            terminal_on_life_loss=atari.terminal_on_life_loss,
+            grayscale_obs=atari.grayscale_obs,
+            grayscale_newaxis=True,
+        )
     except gym.error.DependencyNotInstalled as err:
-        raise EnvError(f"{config.id}: atari_preprocessing needs opencv: pip install -e \".[atari]\" ({err})") from None
+        raise EnvError(f'{config.id}: atari_preprocessing needs opencv: pip install -e ".[atari]" ({err})') from None
     except (ValueError, AssertionError) as err:
-        raise EnvError(f"{config.id}: AtariPreprocessing refused the env or its options ({err}); it takes a raw "
-                       "ALE env such as ALE/Pong-v5 (built with frameskip=1)") from None
+        raise EnvError(
+            f"{config.id}: AtariPreprocessing refused the env or its options ({err}); it takes a raw "
+            "ALE env such as ALE/Pong-v5 (built with frameskip=1)"
+        ) from None
 
 
 def _stack_frames(env: gym.Env, config: EnvConfig) -> gym.Env:
@@ -406,28 +429,43 @@ def _stack_frames(env: gym.Env, config: EnvConfig) -> gym.Env:
     ``[K, H, W, C]`` laid out as channels ``[H, W, K * C]`` (oldest frame first)."""
     space = env.observation_space
     if not (isinstance(space, gym.spaces.Box) and is_image_space(space)):
-        raise EnvError(f"{config.id}: frame_stack stacks image observations (uint8 [H, W, C]); this env observes "
-                       f"{space}. Set pixels: true or atari_preprocessing, or frame_stack: 1")
+        raise EnvError(
+            f"{config.id}: frame_stack stacks image observations (uint8 [H, W, C]); this env observes "
+            f"{space}. Set pixels: true or atari_preprocessing, or frame_stack: 1"
+        )
     k = config.frame_stack
     h, w, c = space.shape
     env = gym_wrappers.FrameStackObservation(env, k)
     stacked = gym.spaces.Box(0, 255, (h, w, k * c), np.uint8)
-    return gym_wrappers.TransformObservation(env, lambda obs: np.ascontiguousarray(np.asarray(obs).transpose(1, 2, 0, 3))
-                                .reshape(h, w, k * c), stacked)
+    return gym_wrappers.TransformObservation(
+        env, lambda obs: np.ascontiguousarray(np.asarray(obs).transpose(1, 2, 0, 3)).reshape(h, w, k * c), stacked
+    )
 
 
 def _check_dream_config(config: EnvConfig) -> None:
     """A dream decodes into the real env's observation format, so the real env's settings go in its
     ``kwargs.real_env``; wrappers on the dream itself would change what the model was trained on."""
-    wrapped = [name for name, on in (("pixels", config.pixels), ("action_repeat", config.action_repeat != 1),
-                                     ("crop", config.crop is not None), ("frame_stack", config.frame_stack != 1),
-                                     ("atari_preprocessing", config.atari_preprocessing is not None)) if on]
+    wrapped = [
+        name
+        for name, on in (
+            ("pixels", config.pixels),
+            ("action_repeat", config.action_repeat != 1),
+            ("crop", config.crop is not None),
+            ("frame_stack", config.frame_stack != 1),
+            ("atari_preprocessing", config.atari_preprocessing is not None),
+        )
+        if on
+    ]
     if wrapped:
-        raise EnvError(f"{DREAM_ENV_ID}: {', '.join(wrapped)} cannot wrap a dream; give the real env's settings as "
-                       "env.kwargs.real_env (e.g. {id: CartPole-v1, pixels: true}), the Dreamer was trained on them")
+        raise EnvError(
+            f"{DREAM_ENV_ID}: {', '.join(wrapped)} cannot wrap a dream; give the real env's settings as "
+            "env.kwargs.real_env (e.g. {id: CartPole-v1, pixels: true}), the Dreamer was trained on them"
+        )
     if "dreamer_ckpt" not in config.kwargs or "episodes" not in config.kwargs:
-        raise EnvError(f"{DREAM_ENV_ID} needs env.kwargs.dreamer_ckpt (a Dreamer checkpoint) and env.kwargs.episodes "
-                       "(an episode store of the real env, where dreams start)")
+        raise EnvError(
+            f"{DREAM_ENV_ID} needs env.kwargs.dreamer_ckpt (a Dreamer checkpoint) and env.kwargs.episodes "
+            "(an episode store of the real env, where dreams start)"
+        )
 
 
 def make_vector_env(config: EnvConfig) -> gym.vector.VectorEnv:
@@ -453,9 +491,19 @@ _SPEC_CACHE: dict[str, EnvSpec] = {}
 
 def env_spec(config: EnvConfig) -> EnvSpec:
     """The spaces of one env of ``config`` (builds and closes one env; cached)."""
-    key = repr((config.id, config.pixels, config.keep_state, tuple(config.size), config.grayscale,
-                None if config.crop is None else tuple(config.crop), atari_options(config), config.frame_stack,
-                sorted(config.kwargs.items())))
+    key = repr(
+        (
+            config.id,
+            config.pixels,
+            config.keep_state,
+            tuple(config.size),
+            config.grayscale,
+            None if config.crop is None else tuple(config.crop),
+            atari_options(config),
+            config.frame_stack,
+            sorted(config.kwargs.items()),
+        )
+    )
     if key not in _SPEC_CACHE:
         env = make_env(config)
         _SPEC_CACHE[key] = EnvSpec(env.observation_space, env.action_space, config.id)

@@ -11,8 +11,9 @@ from __future__ import annotations
 import os
 import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any, Callable
+from typing import IO, Any
 
 __all__ = ["atomic_write", "atomic_torch_save", "check_writable", "fsync_dir", "clean_stale_temps", "TEMP_SUFFIX"]
 
@@ -101,6 +102,7 @@ def check_writable(directory: str | os.PathLike, what: str = "folder") -> Path:
         probe.unlink()
     except OSError as err:
         reason = err.strerror or type(err).__name__
-        raise PermissionError(f"{what} {str(directory)!r} is not writable ({reason}); fix its permissions or "
-                              "choose another folder") from None
+        raise PermissionError(
+            f"{what} {str(directory)!r} is not writable ({reason}); fix its permissions or choose another folder"
+        ) from None
     return directory

@@ -12,7 +12,8 @@ is a no-op for a module without a trainer or logger, and logs from the global-ze
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pytorch_lightning as pl

@@ -31,7 +31,8 @@ its RMSProp variant none; here both use the number of updates including the curr
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Literal
+from collections.abc import Iterable
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -57,8 +58,9 @@ def build_optimizer(
     if optim == "adam":
         return torch.optim.Adam(params, lr=learning_rate, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
     if optim == "rmsprop":
-        return torch.optim.RMSprop(params, lr=learning_rate, alpha=alpha, eps=eps, momentum=momentum,
-                                   weight_decay=weight_decay)
+        return torch.optim.RMSprop(
+            params, lr=learning_rate, alpha=alpha, eps=eps, momentum=momentum, weight_decay=weight_decay
+        )
     raise ValueError(f"optim must be 'adam' or 'rmsprop', got {optim!r}")
 
 
@@ -92,13 +94,14 @@ def anneal_outlasted(anneal_steps: int | None, max_steps: int) -> str | None:
     if anneal_steps is None or 0 <= max_steps <= anneal_steps:
         return None
     run = "has no step limit" if max_steps < 0 else f"runs {max_steps} optimizer steps"
-    return (f"the learning rate anneals to 0 at lr_anneal_steps={anneal_steps} but the trainer {run}: every "
-            f"step after {anneal_steps} changes nothing. Set lr_anneal_steps to the trainer's max_steps (they go "
-            "together), or null for a constant learning rate")
+    return (
+        f"the learning rate anneals to 0 at lr_anneal_steps={anneal_steps} but the trainer {run}: every "
+        f"step after {anneal_steps} changes nothing. Set lr_anneal_steps to the trainer's max_steps (they go "
+        "together), or null for a constant learning rate"
+    )
 
 
-def with_lr_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int = 0,
-                     anneal_steps: int | None = None) -> Any:
+def with_lr_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int = 0, anneal_steps: int | None = None) -> Any:
     """What ``configure_optimizers`` returns: the optimizer alone, or with a per-step
     :func:`lr_factor` schedule when it warms up or anneals."""
     if warmup_steps <= 0 and anneal_steps is None:
@@ -155,7 +158,8 @@ class GradClipper:
         if not tensors:
             return torch.zeros(())
         return torch.linalg.vector_norm(
-            torch.stack([torch.linalg.vector_norm(t, self.clip_norm_type) for t in tensors]), self.clip_norm_type)
+            torch.stack([torch.linalg.vector_norm(t, self.clip_norm_type) for t in tensors]), self.clip_norm_type
+        )
 
     def __call__(self, params: Iterable[Tensor]) -> dict[str, Tensor]:
         """Clip ``params``' gradients (the same parameters, in the same order, every call).
@@ -168,7 +172,9 @@ class GradClipper:
         norm = self._norm(grads)
         clipped = torch.zeros(())
         if self.grad_clip_type == "clip_value":
-            clipped = torch.stack([g.abs().max() for g in grads]).max().gt(self.clip_value).float() if grads else clipped
+            clipped = (
+                torch.stack([g.abs().max() for g in grads]).max().gt(self.clip_value).float() if grads else clipped
+            )
             torch.nn.utils.clip_grad_value_(params, self.clip_value)
         elif self.grad_clip_type == "clip_norm":
             clipped = norm.gt(self.clip_value).float()
@@ -181,8 +187,10 @@ class GradClipper:
         if not self.square_avg:
             self.square_avg = [torch.zeros_like(g) for g in grads]
         if len(self.square_avg) != len(grads):
-            raise RuntimeError(f"GradClipper got {len(grads)} gradients after {len(self.square_avg)}: "
-                               "pass the same parameters every call")
+            raise RuntimeError(
+                f"GradClipper got {len(grads)} gradients after {len(self.square_avg)}: "
+                "pass the same parameters every call"
+            )
         self.count += 1
         for avg, g in zip(self.square_avg, grads):
             avg.mul_(self.beta).addcmul_(g, g, value=1.0 - self.beta)
@@ -210,4 +218,3 @@ class GradClipper:
     def load_state_dict(self, state: dict) -> None:
         self.count = int(state["count"])
         self.square_avg = [t.clone() for t in state["square_avg"]]
-

@@ -84,7 +84,9 @@ class RandomAgent:
         if self.mean is not None:
             x = rho * state + (1 - rho**2) ** 0.5 * noise
             return self.actions.clip((self.mean + self.std * x).reshape(batch, *self.actions.shape)), x, {}
-        u = (rho * state + (1 - rho**2) ** 0.5 * noise).clamp(-1, 1) if rho > 0 else torch.rand(
-            batch, self.spec.action_dim, generator=self.generator
-        ) * 2 - 1
+        u = (
+            (rho * state + (1 - rho**2) ** 0.5 * noise).clamp(-1, 1)
+            if rho > 0
+            else torch.rand(batch, self.spec.action_dim, generator=self.generator) * 2 - 1
+        )
         return self.actions.decode(u), u, {}

@@ -20,16 +20,25 @@ A callback whose datamodule does not implement its protocol does nothing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from torch import Tensor, nn
 
 from lightning_wm.envs import EnvConfig
 
 __all__ = [
-    "Agent", "ActingAgent", "EnvStats", "EnvStatsSource", "FeedbackSink", "ReplayHolder", "WeightSink",
-    "EnvHolder", "EvaluationRequest", "GenerationTask",
+    "Agent",
+    "ActingAgent",
+    "EnvStats",
+    "EnvStatsSource",
+    "FeedbackSink",
+    "ReplayHolder",
+    "WeightSink",
+    "EnvHolder",
+    "EvaluationRequest",
+    "GenerationTask",
 ]
 
 

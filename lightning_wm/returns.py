@@ -82,8 +82,15 @@ def nstep_return(reward: Tensor, value: Tensor, discount: Tensor, n: int) -> Ten
     return ret + disc * value[boot]
 
 
-def window_nstep_values(reward: Tensor, value: Tensor, is_terminal: Tensor, valid: Tensor, discount: float,
-                        td_steps: int | Tensor, num_positions: int) -> tuple[Tensor, Tensor]:
+def window_nstep_values(
+    reward: Tensor,
+    value: Tensor,
+    is_terminal: Tensor,
+    valid: Tensor,
+    discount: float,
+    td_steps: int | Tensor,
+    num_positions: int,
+) -> tuple[Tensor, Tensor]:
     """n-step value targets for the first ``num_positions`` rows of windows that may hold an
     episode end (MuZero's targets; rows in the row convention, time-major).
 
@@ -107,8 +114,10 @@ def window_nstep_values(reward: Tensor, value: Tensor, is_terminal: Tensor, vali
         ``(target [P, B], mask [P, B] bool)``.
     """
     if reward.shape != value.shape or reward.shape != valid.shape or reward.shape != is_terminal.shape:
-        raise ValueError(f"reward {tuple(reward.shape)}, value {tuple(value.shape)}, is_terminal "
-                         f"{tuple(is_terminal.shape)} and valid {tuple(valid.shape)} must have one shape [W, B]")
+        raise ValueError(
+            f"reward {tuple(reward.shape)}, value {tuple(value.shape)}, is_terminal "
+            f"{tuple(is_terminal.shape)} and valid {tuple(valid.shape)} must have one shape [W, B]"
+        )
     window, batch = reward.shape
     device, dtype = reward.device, reward.dtype
     n = torch.as_tensor(td_steps, device=device).long()
@@ -128,8 +137,11 @@ def window_nstep_values(reward: Tensor, value: Tensor, is_terminal: Tensor, vali
     # weights[p, i, b] = discount^(i - p - 1) for p < i <= p + n_b: discounted rewards in one contraction
     power = (i - p - 1).to(dtype)
     band = (i > p) & (i <= p + n)
-    weights = torch.where(band, torch.tensor(float(discount), dtype=dtype, device=device) ** power.clamp(min=0),
-                          torch.zeros((), dtype=dtype, device=device))  # [P, W, B or 1]
+    weights = torch.where(
+        band,
+        torch.tensor(float(discount), dtype=dtype, device=device) ** power.clamp(min=0),
+        torch.zeros((), dtype=dtype, device=device),
+    )  # [P, W, B or 1]
     rewards = torch.where(valid, reward, torch.zeros_like(reward))  # rewards past e are 0
     if weights.shape[2] == 1:
         rewards = weights.squeeze(2) @ rewards  # [P, B]
@@ -153,8 +165,7 @@ class UnrollSteps(NamedTuple):
     mask: Tensor  # bool: step t is a real transition of one episode
 
 
-def unroll_steps(reward: Tensor, is_first: Tensor, is_last: Tensor, is_terminal: Tensor,
-                 gamma: float) -> UnrollSteps:
+def unroll_steps(reward: Tensor, is_first: Tensor, is_last: Tensor, is_terminal: Tensor, gamma: float) -> UnrollSteps:
     """Turn ``T+1`` rows of the row convention into ``T`` steps for the return estimators.
 
     Row ``t`` holds ``o_t``, the reward received on arriving at ``o_t`` and the action taken
@@ -186,7 +197,12 @@ def unroll_steps(reward: Tensor, is_first: Tensor, is_last: Tensor, is_terminal:
 
 
 def replay_lambda_return(
-    reward: Tensor, value: Tensor, is_first: Tensor, is_last: Tensor, is_terminal: Tensor, gamma: float,
+    reward: Tensor,
+    value: Tensor,
+    is_first: Tensor,
+    is_last: Tensor,
+    is_terminal: Tensor,
+    gamma: float,
     lambda_: float,
 ) -> tuple[Tensor, Tensor]:
     """TD(lambda) targets along replayed rows ``[T+1, B]`` (row convention), which may cross
@@ -268,13 +284,19 @@ def vtrace(
         :class:`VTrace` ``(vs, pg_advantage)``, both ``[T, B]`` and without gradient.
     """
     T = reward.shape[0]
-    for name, x in (("behaviour_log_prob", behaviour_log_prob), ("target_log_prob", target_log_prob),
-                    ("value", value), ("discount", discount)):
+    for name, x in (
+        ("behaviour_log_prob", behaviour_log_prob),
+        ("target_log_prob", target_log_prob),
+        ("value", value),
+        ("discount", discount),
+    ):
         if x.shape != reward.shape:
             raise ValueError(f"{name} {tuple(x.shape)} must have the shape of reward {tuple(reward.shape)} [T, B]")
     if bootstrap_value.shape != reward.shape[1:]:
-        raise ValueError(f"bootstrap_value {tuple(bootstrap_value.shape)} must be reward's shape without "
-                         f"time {tuple(reward.shape[1:])}")
+        raise ValueError(
+            f"bootstrap_value {tuple(bootstrap_value.shape)} must be reward's shape without "
+            f"time {tuple(reward.shape[1:])}"
+        )
     if mask is not None and mask.shape != reward.shape:
         raise ValueError(f"mask {tuple(mask.shape)} must have the shape of reward {tuple(reward.shape)}")
     with torch.no_grad():

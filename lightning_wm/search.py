@@ -40,8 +40,9 @@ Tree conventions (what the per-node reference search in the tests implements too
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -88,8 +89,10 @@ class TemperatureSchedule:
 
     def __post_init__(self) -> None:
         if len(self.values) != len(self.boundaries) + 1:
-            raise ValueError(f"TemperatureSchedule needs one value more than boundaries; got "
-                             f"{len(self.values)} values for {len(self.boundaries)} boundaries")
+            raise ValueError(
+                f"TemperatureSchedule needs one value more than boundaries; got "
+                f"{len(self.values)} values for {len(self.boundaries)} boundaries"
+            )
         if list(self.boundaries) != sorted(self.boundaries):
             raise ValueError(f"TemperatureSchedule boundaries must increase, got {list(self.boundaries)}")
 
@@ -131,15 +134,20 @@ def dirichlet_noise(alpha: float, legal: Tensor, generator: torch.Generator | No
     return (gamma / gamma.sum(-1, keepdim=True).clamp(min=1e-300)).float()
 
 
-def sample_gumbel(shape: Sequence[int], generator: torch.Generator | None = None,
-                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> Tensor:
+def sample_gumbel(
+    shape: Sequence[int],
+    generator: torch.Generator | None = None,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> Tensor:
     """Standard Gumbel draws ``-log(-log(U))``."""
     u = torch.rand(tuple(shape), generator=generator, device=device, dtype=torch.float64)
     return (-torch.log(-torch.log(u.clamp(min=1e-300)))).to(dtype)
 
 
-def select_action(visit_counts: Tensor, explore: bool, temperature: float = 1.0,
-                  generator: torch.Generator | None = None) -> Tensor:
+def select_action(
+    visit_counts: Tensor, explore: bool, temperature: float = 1.0, generator: torch.Generator | None = None
+) -> Tensor:
     """Action ``[B]`` from root visit counts ``[B, A]``: the most visited (lowest index on ties)
     unless ``explore``, then sampled from ``N^(1/temperature)`` (``temperature == 0``: argmax)."""
     if not explore or temperature <= 0:
@@ -228,20 +236,69 @@ def mcts(
             compiler on CPU.
     """
     with torch.inference_mode():  # no autograd bookkeeping: ~15% less overhead per tiny op
-        out = _search(recurrent_fn, root_state, root_logits, root_value, num_simulations, discount, pb_c_init,
-                      pb_c_base, dirichlet_alpha, exploration_fraction, explore, temperature, generator,
-                      legal_actions_mask, gumbel, max_num_considered_actions, gumbel_scale, c_visit, c_scale,
-                      unvisited_q, compile)
+        out = _search(
+            recurrent_fn,
+            root_state,
+            root_logits,
+            root_value,
+            num_simulations,
+            discount,
+            pb_c_init,
+            pb_c_base,
+            dirichlet_alpha,
+            exploration_fraction,
+            explore,
+            temperature,
+            generator,
+            legal_actions_mask,
+            gumbel,
+            max_num_considered_actions,
+            gumbel_scale,
+            c_visit,
+            c_scale,
+            unvisited_q,
+            compile,
+        )
     # plain tensors for the caller (inference tensors cannot be saved for backward)
-    return SearchOutput(*(x.clone() for x in (out.action, out.visit_probs, out.root_value, out.visit_counts,
-                                              out.q_values, out.root_prior, out.max_depth)))
+    return SearchOutput(
+        *(
+            x.clone()
+            for x in (
+                out.action,
+                out.visit_probs,
+                out.root_value,
+                out.visit_counts,
+                out.q_values,
+                out.root_prior,
+                out.max_depth,
+            )
+        )
+    )
 
 
-def _search(recurrent_fn: RecurrentFn, root_state: Any, root_logits: Tensor, root_value: Tensor, num_simulations: int,
-            discount: float, pb_c_init: float, pb_c_base: float, dirichlet_alpha: float, exploration_fraction: float,
-            explore: bool, temperature: float, generator: torch.Generator | None, legal_actions_mask: Tensor | None,
-            gumbel: bool, max_num_considered_actions: int, gumbel_scale: float, c_visit: float,
-            c_scale: float, unvisited_q: str = "zero", compile: bool = False) -> SearchOutput:
+def _search(
+    recurrent_fn: RecurrentFn,
+    root_state: Any,
+    root_logits: Tensor,
+    root_value: Tensor,
+    num_simulations: int,
+    discount: float,
+    pb_c_init: float,
+    pb_c_base: float,
+    dirichlet_alpha: float,
+    exploration_fraction: float,
+    explore: bool,
+    temperature: float,
+    generator: torch.Generator | None,
+    legal_actions_mask: Tensor | None,
+    gumbel: bool,
+    max_num_considered_actions: int,
+    gumbel_scale: float,
+    c_visit: float,
+    c_scale: float,
+    unvisited_q: str = "zero",
+    compile: bool = False,
+) -> SearchOutput:
     if unvisited_q not in ("zero", "mean"):
         raise ValueError(f"unvisited_q must be 'zero' or 'mean', got {unvisited_q!r}")
     if num_simulations < 1:
@@ -257,8 +314,7 @@ def _search(recurrent_fn: RecurrentFn, root_state: Any, root_logits: Tensor, roo
     else:
         legal = legal_actions_mask.to(device=device, dtype=torch.bool)
         if legal.shape != (batch, num_actions):
-            raise ValueError(f"legal_actions_mask must be [B, A] = [{batch}, {num_actions}], "
-                             f"got {tuple(legal.shape)}")
+            raise ValueError(f"legal_actions_mask must be [B, A] = [{batch}, {num_actions}], got {tuple(legal.shape)}")
         if not bool(legal.any(-1).all()):
             raise ValueError("legal_actions_mask has a root without any legal action")
     neg_inf = torch.tensor(float("-inf"), dtype=dtype, device=device)
@@ -268,8 +324,7 @@ def _search(recurrent_fn: RecurrentFn, root_state: Any, root_logits: Tensor, roo
     if gumbel:
         scale = gumbel_scale if explore else 0.0
         noise = sample_gumbel((batch, num_actions), generator, device, dtype) * scale
-        rule: _Rule = _GumbelRule(logits, noise, legal, num_simulations, max_num_considered_actions,
-                                  c_visit, c_scale)
+        rule: _Rule = _GumbelRule(logits, noise, legal, num_simulations, max_num_considered_actions, c_visit, c_scale)
     else:
         if explore and exploration_fraction > 0:
             noise = dirichlet_noise(dirichlet_alpha, legal, generator).to(dtype)
@@ -284,14 +339,15 @@ def _search(recurrent_fn: RecurrentFn, root_state: Any, root_logits: Tensor, roo
         tree.store_states(tree.slot_ids[slot], next_state)
         # the new leaf's backup, then the next simulation's descent (after the last: unused)
         try:
-            parent, action = step(tree, rule, tree.slot_ids[slot], parent, action, reward, next_logits, value,
-                                  compile)
+            parent, action = step(tree, rule, tree.slot_ids[slot], parent, action, reward, next_logits, value, compile)
         except Exception as err:
             if compile and type(err).__module__.startswith(("torch._dynamo", "torch._inductor")):
-                raise RuntimeError(f"the compiled search failed ({type(err).__name__}: "
-                                   f"{str(err).strip().splitlines()[0] if str(err).strip() else ''}); torch.compile "
-                                   "on CPU needs a working C++ compiler (g++ or clang). Install one, or turn "
-                                   "the option off (compile_search: false / mcts(compile=False))") from err
+                raise RuntimeError(
+                    f"the compiled search failed ({type(err).__name__}: "
+                    f"{str(err).strip().splitlines()[0] if str(err).strip() else ''}); torch.compile "
+                    "on CPU needs a working C++ compiler (g++ or clang). Install one, or turn "
+                    "the option off (compile_search: false / mcts(compile=False))"
+                ) from err
             raise
 
     visits, q = tree.root_children()
@@ -303,8 +359,15 @@ def _search(recurrent_fn: RecurrentFn, root_state: Any, root_logits: Tensor, roo
     else:
         action = select_action(visits, explore, temperature, generator)
         probs = visits / visits.sum(-1, keepdim=True)
-    return SearchOutput(action=action, visit_probs=probs, root_value=root_val, visit_counts=visits,
-                        q_values=q, root_prior=prior, max_depth=tree.max_depth())
+    return SearchOutput(
+        action=action,
+        visit_probs=probs,
+        root_value=root_val,
+        visit_counts=visits,
+        q_values=q,
+        root_prior=prior,
+        max_depth=tree.max_depth(),
+    )
 
 
 class _Tree:
@@ -330,8 +393,9 @@ class _Tree:
     only the visit counts take a 0/1 row. Memory: ``B * M^2`` int64 for the paths.
     """
 
-    def __init__(self, root_state: Any, root_prior: Tensor, root_value: Tensor, num_simulations: int,
-                 discount: float) -> None:
+    def __init__(
+        self, root_state: Any, root_prior: Tensor, root_value: Tensor, num_simulations: int, discount: float
+    ) -> None:
         batch, num_actions = root_prior.shape
         dtype, device = root_value.dtype, root_value.device
         self.batch, self.num_actions, self.discount = batch, num_actions, float(discount)
@@ -380,7 +444,7 @@ class _Tree:
     # -- reading ---------------------------------------------------------------------------
     def edges(self, count: int) -> tuple[Tensor, Tensor, Tensor]:
         """Visits, value sums and rewards ``[B, S, A]`` of the children of slots ``0..S-1``."""
-        return tuple(x[:self.num_edges].view(self.shape)[:, :count] for x in (self.edge_n, self.edge_w, self.edge_r))
+        return tuple(x[: self.num_edges].view(self.shape)[:, :count] for x in (self.edge_n, self.edge_w, self.edge_r))
 
     def q(self, visits: Tensor, value_sum: Tensor, reward: Tensor) -> Tensor:
         """``r + discount * value_sum / visits`` (``r`` where unvisited: 0 for an unexpanded child)."""
@@ -408,7 +472,7 @@ class _Tree:
         tree_map(lambda store, x: store.index_copy_(0, rows, x), self.states, state)
 
     # -- one simulation (fixed shapes: every slot is scored, so one compiled graph serves all) ----
-    def descend(self, rule: "_Rule", slot: Tensor, walk: bool = False) -> tuple[Tensor, Tensor]:
+    def descend(self, rule: _Rule, slot: Tensor, walk: bool = False) -> tuple[Tensor, Tensor]:
         """``(parent row [B], action [B])`` of the leaf each tree expands as node ``slot [1]``.
         ``walk``: follow the best children from the roots one level at a time (``M - 1``
         gathers of ``[B]``: one loop when compiled) instead of pointer doubling (``log2 M``
@@ -427,8 +491,9 @@ class _Tree:
             parent = pointer.index_select(0, self.base)
         return parent, action.view(-1).index_select(0, parent)
 
-    def record(self, slot: Tensor, parent: Tensor, action: Tensor, reward: Tensor, logits: Tensor,
-               value: Tensor) -> None:
+    def record(
+        self, slot: Tensor, parent: Tensor, action: Tensor, reward: Tensor, logits: Tensor, value: Tensor
+    ) -> None:
         """Node ``slot [1]`` of every tree becomes the child ``action [B]`` of ``parent [B]`` with
         the model's ``reward [B]``, prior ``logits [B, A]`` and ``value [B]``; its value is then
         backed up to the root: visit counts, value sums, min-max statistics."""
@@ -451,12 +516,16 @@ class _Tree:
         batch = self.batch
         edges = path.view(-1)
         rewards = self.edge_r.index_select(0, edges).view(batch, -1)  # r[k], 0 past the leaf
-        returns = torch.addcmul(rewards @ self.discounts, value.unsqueeze(1),
-                                self.leaf_discounts.index_select(0, depth))
+        returns = torch.addcmul(
+            rewards @ self.discounts, value.unsqueeze(1), self.leaf_discounts.index_select(0, depth)
+        )
         self.edge_n.index_add_(0, edges, self.on_path.index_select(0, depth).view(-1))
         self.edge_w.index_add_(0, edges, returns.view(-1))
-        q = self.q(self.edge_n.index_select(0, edges).view(batch, -1),
-                   self.edge_w.index_select(0, edges).view(batch, -1), rewards)
+        q = self.q(
+            self.edge_n.index_select(0, edges).view(batch, -1),
+            self.edge_w.index_select(0, edges).view(batch, -1),
+            rewards,
+        )
         lo, hi = torch.aminmax(q, dim=1)
         self.lo.copy_(torch.minimum(self.lo, lo.view(-1, 1, 1)))
         self.hi.copy_(torch.maximum(self.hi, hi.view(-1, 1, 1)))
@@ -466,8 +535,17 @@ class _Tree:
         self.shift.copy_(torch.addcmul(self.zero, torch.where(ok, self.lo, self.zero), self.scale, value=-1))
 
 
-def _record_descend(tree: _Tree, rule: "_Rule", slot: Tensor, parent: Tensor, action: Tensor, reward: Tensor,
-                    logits: Tensor, value: Tensor, walk: bool = False) -> tuple[Tensor, Tensor]:
+def _record_descend(
+    tree: _Tree,
+    rule: _Rule,
+    slot: Tensor,
+    parent: Tensor,
+    action: Tensor,
+    reward: Tensor,
+    logits: Tensor,
+    value: Tensor,
+    walk: bool = False,
+) -> tuple[Tensor, Tensor]:
     """:meth:`_Tree.record` of node ``slot``, then :meth:`_Tree.descend` to node ``slot + 1``:
     everything between two network calls (one compiled graph)."""
     tree.record(slot, parent, action, reward, logits, value)
@@ -512,8 +590,15 @@ class _Rule:
 
 
 class _PuctRule(_Rule):
-    def __init__(self, discount: float, pb_c_init: float, pb_c_base: float, num_simulations: int,
-                 legal: Tensor, mean_q: bool = False) -> None:
+    def __init__(
+        self,
+        discount: float,
+        pb_c_init: float,
+        pb_c_base: float,
+        num_simulations: int,
+        legal: Tensor,
+        mean_q: bool = False,
+    ) -> None:
         self.mean_q = mean_q
         # exploration factor by the node's children's visits k (the node's visits n = k + 1):
         # (pb_c_init + log((n + base + 1) / base)) sqrt(n)
@@ -532,26 +617,37 @@ class _PuctRule(_Rule):
             # any (a node without visited children has visits 1: V(s) is its own evaluation)
             visited = n.clamp(max=1)  # 1.0 / 0.0
             tried = _sum_actions(visited)
-            mean = torch.where(tried > 0, _sum_actions(q), tree.raw_value[:, :n.shape[1]]) / tried.clamp(min=1)
+            mean = torch.where(tried > 0, _sum_actions(q), tree.raw_value[:, : n.shape[1]]) / tried.clamp(min=1)
             q = torch.addcmul(q, 1 - visited, mean.unsqueeze(2))
             value_score = torch.addcmul(tree.shift, q, tree.scale)  # (q - offset) * scale
         else:  # an unvisited child sits at the bottom of the normalised range
             value_score = torch.addcmul(tree.shift, q, tree.scale).mul_(n.clamp(max=1))
-        score = torch.addcdiv(value_score, tree.prior[:, :n.shape[1]] * c.unsqueeze(2), n + 1)
+        score = torch.addcdiv(value_score, tree.prior[:, : n.shape[1]] * c.unsqueeze(2), n + 1)
         if self.illegal is not None:
             score[:, 0].masked_fill_(self.illegal, float("-inf"))
         return _argmax_actions(score)
 
 
 class _GumbelRule(_Rule):
-    def __init__(self, logits: Tensor, gumbel: Tensor, legal: Tensor, num_simulations: int,
-                 max_considered: int, c_visit: float, c_scale: float) -> None:
+    def __init__(
+        self,
+        logits: Tensor,
+        gumbel: Tensor,
+        legal: Tensor,
+        num_simulations: int,
+        max_considered: int,
+        c_visit: float,
+        c_scale: float,
+    ) -> None:
         self.log_prior = torch.log_softmax(logits, -1)
         self.gumbel = gumbel
         self.c_visit, self.c_scale = c_visit, c_scale
         considered = legal.sum(-1).clamp(max=max_considered)
-        table = torch.tensor([considered_visit_sequence(m, num_simulations) for m in range(max_considered + 1)],
-                             dtype=gumbel.dtype, device=gumbel.device).view(max_considered + 1, num_simulations)
+        table = torch.tensor(
+            [considered_visit_sequence(m, num_simulations) for m in range(max_considered + 1)],
+            dtype=gumbel.dtype,
+            device=gumbel.device,
+        ).view(max_considered + 1, num_simulations)
         # [B, 2 + num_simulations]: column s for the simulation that expands slot s (columns 0 and
         # N + 1 unused: the descent after the last simulation is discarded)
         self.considered_visit = torch.nn.functional.pad(table.index_select(0, considered), (1, 1))

@@ -6,8 +6,8 @@ written as files beside the logs instead.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -49,8 +49,16 @@ def write_mp4(frames: Sequence[np.ndarray], path: str, fps: int = 30) -> None:
     first = np.asarray(frames[0])
     h, w = first.shape[:2]
     ph, pw = h + h % 2, w + w % 2
-    writer = imageio_ffmpeg.write_frames(path, (pw, ph), fps=fps, codec="libx264", pix_fmt_in="rgb24",
-                                         pix_fmt_out="yuv420p", macro_block_size=1, quality=7)
+    writer = imageio_ffmpeg.write_frames(
+        path,
+        (pw, ph),
+        fps=fps,
+        codec="libx264",
+        pix_fmt_in="rgb24",
+        pix_fmt_out="yuv420p",
+        macro_block_size=1,
+        quality=7,
+    )
     writer.send(None)  # start ffmpeg
     try:
         for frame in frames:

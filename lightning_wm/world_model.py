@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -41,8 +42,9 @@ class WorldModel(ABC):
         """Latent state from real observations ``[B, ...]``."""
 
     @abstractmethod
-    def step(self, state: State, action: Tensor,
-             generator: torch.Generator | None = None) -> tuple[Tensor, State, Tensor]:
+    def step(
+        self, state: State, action: Tensor, generator: torch.Generator | None = None
+    ) -> tuple[Tensor, State, Tensor]:
         """One imagined transition.
 
         Args:
@@ -105,8 +107,9 @@ def check_done_mode(mode: str, name: str = "done_mode") -> None:
         raise ValueError(f"{name} must be 'threshold' or 'sample', got {mode!r}")
 
 
-def episode_ends(done_prob: Tensor, mode: str, threshold: float = 0.5,
-                 generator: torch.Generator | None = None) -> Tensor:
+def episode_ends(
+    done_prob: Tensor, mode: str, threshold: float = 0.5, generator: torch.Generator | None = None
+) -> Tensor:
     """Which imagined steps end their episode, from the done head's probabilities ``[N]``: those
     above ``threshold`` (``mode="threshold"``) or a Bernoulli draw of each (``mode="sample"``,
     uniform float32 draws from ``generator``) -> bool ``[N]``."""
@@ -198,11 +201,15 @@ class RolloutLengthScheduler:
 
     def __post_init__(self) -> None:
         if not 0 <= self.rollout_length_min <= self.rollout_length_max:
-            raise ValueError("rollout_length_scheduler needs 0 <= rollout_length_min <= rollout_length_max, got "
-                             f"{self.rollout_length_min} and {self.rollout_length_max}")
+            raise ValueError(
+                "rollout_length_scheduler needs 0 <= rollout_length_min <= rollout_length_max, got "
+                f"{self.rollout_length_min} and {self.rollout_length_max}"
+            )
         if not 0 <= self.rollout_start_step <= self.rollout_end_step:
-            raise ValueError("rollout_length_scheduler needs 0 <= rollout_start_step <= rollout_end_step, got "
-                             f"{self.rollout_start_step} and {self.rollout_end_step}")
+            raise ValueError(
+                "rollout_length_scheduler needs 0 <= rollout_start_step <= rollout_end_step, got "
+                f"{self.rollout_start_step} and {self.rollout_end_step}"
+            )
 
     def __call__(self, envstep: int) -> int:
         if envstep >= self.rollout_end_step:
@@ -248,8 +255,11 @@ class Cadence:
         self.last_eval_step = int(envstep)
 
     def state_dict(self) -> dict[str, int]:
-        return {"last_train_step": self.last_train_step, "last_eval_step": self.last_eval_step,
-                "train_count": self.train_count}
+        return {
+            "last_train_step": self.last_train_step,
+            "last_eval_step": self.last_eval_step,
+            "train_count": self.train_count,
+        }
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.last_train_step = int(state["last_train_step"])
@@ -271,8 +281,13 @@ class LearnedModel(Cadence):
         rollout_length_scheduler: rollout length per env step (default: DI-engine's defaults).
     """
 
-    def __init__(self, model: WorldModel, train_freq: int = 250, eval_freq: int = 250,
-                 rollout_length_scheduler: RolloutLengthScheduler | None = None) -> None:
+    def __init__(
+        self,
+        model: WorldModel,
+        train_freq: int = 250,
+        eval_freq: int = 250,
+        rollout_length_scheduler: RolloutLengthScheduler | None = None,
+    ) -> None:
         super().__init__(train_freq, eval_freq)
         if not (isinstance(model, WorldModel) and isinstance(model, nn.Module)):
             raise TypeError(f"{type(self).__name__} needs a WorldModel nn.Module, got {type(model).__name__}")

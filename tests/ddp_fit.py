@@ -14,11 +14,12 @@ from pytorch_lightning.callbacks import Callback
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root, installed or not
 
+from tiny_agent import TinyAgent  # noqa: E402
+
 from lightning_wm.cli import Trainer  # noqa: E402
 from lightning_wm.data.modules import ReplayDataModule  # noqa: E402
 from lightning_wm.data.samplers import SequenceSampler  # noqa: E402
 from lightning_wm.envs import EnvConfig  # noqa: E402
-from tiny_agent import TinyAgent  # noqa: E402
 
 
 class DumpRankState(Callback):
@@ -27,14 +28,17 @@ class DumpRankState(Callback):
 
     def on_train_end(self, trainer, module):
         dm = trainer.datamodule
-        torch.save({
-            "weights": {k: v.detach().cpu().clone() for k, v in module.state_dict().items()},
-            "env_seed": dm.train_env_seeds(),
-            "env_steps": dm.pop_env_stats().env_steps,
-            "obs_sum": float(SequenceSampler(8).sample(dm.buffer, 64)["obs"].double().abs().sum()),
-            "first_obs": dm.buffer.state_dict()["data"]["obs"][:, 0].clone(),  # [envs, 4]: each stream's reset
-            "buffer": dm.buffer.state_dict(),
-        }, os.path.join(self.out_dir, f"rank{trainer.global_rank}.pt"))
+        torch.save(
+            {
+                "weights": {k: v.detach().cpu().clone() for k, v in module.state_dict().items()},
+                "env_seed": dm.train_env_seeds(),
+                "env_steps": dm.pop_env_stats().env_steps,
+                "obs_sum": float(SequenceSampler(8).sample(dm.buffer, 64)["obs"].double().abs().sum()),
+                "first_obs": dm.buffer.state_dict()["data"]["obs"][:, 0].clone(),  # [envs, 4]: each stream's reset
+                "buffer": dm.buffer.state_dict(),
+            },
+            os.path.join(self.out_dir, f"rank{trainer.global_rank}.pt"),
+        )
 
 
 class DumpResumedBuffer(Callback):
@@ -42,23 +46,40 @@ class DumpResumedBuffer(Callback):
         self.out_dir = out_dir
 
     def on_train_start(self, trainer, module):
-        torch.save(trainer.datamodule.buffer.state_dict(), os.path.join(self.out_dir, f"rank{trainer.global_rank}_resumed.pt"))
+        torch.save(
+            trainer.datamodule.buffer.state_dict(), os.path.join(self.out_dir, f"rank{trainer.global_rank}_resumed.pt")
+        )
 
 
 def main(out_dir: str, strategy: str, resume: bool = False, actors: bool = False) -> None:
     torch.set_num_threads(1)
     env = EnvConfig("CartPole-v1", num_envs=2, seed=3)
     acting = dict(num_actors=1, chunk_length=8, actor_timeout_s=240) if actors else {}
-    data = ReplayDataModule(env, capacity=2000, batch_size=4, sequence_length=8, prefill=32, replay_ratio=0.5,
-                            save_buffer=True, **acting)
+    data = ReplayDataModule(
+        env, capacity=2000, batch_size=4, sequence_length=8, prefill=32, replay_ratio=0.5, save_buffer=True, **acting
+    )
     model = TinyAgent(data.spec)
     dump = DumpResumedBuffer(out_dir) if resume else DumpRankState(out_dir)
-    trainer = Trainer(accelerator="cpu", devices=2, strategy=strategy, max_steps=22 if resume else 20, logger=False,
-                      enable_progress_bar=False, callbacks=[dump], num_sanity_val_steps=0, limit_val_batches=0,
-                      default_root_dir=out_dir, run_name="ddp")
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=strategy,
+        max_steps=22 if resume else 20,
+        logger=False,
+        enable_progress_bar=False,
+        callbacks=[dump],
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        default_root_dir=out_dir,
+        run_name="ddp",
+    )
     trainer.fit(model, data, ckpt_path=os.path.join(trainer.checkpoint_dir, "last.ckpt") if resume else None)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "ddp", resume=sys.argv[3:] == ["resume"],
-         actors=sys.argv[3:] == ["actors"])
+    main(
+        sys.argv[1],
+        sys.argv[2] if len(sys.argv) > 2 else "ddp",
+        resume=sys.argv[3:] == ["resume"],
+        actors=sys.argv[3:] == ["actors"],
+    )

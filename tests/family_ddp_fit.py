@@ -45,16 +45,21 @@ class DumpRankState(Callback):
 
     def on_train_end(self, trainer, module) -> None:
         dm = trainer.datamodule
-        torch.save({
-            "initial": self.initial,
-            "weights": _weights(module),
-            "optimizers": [opt.optimizer.state_dict() if hasattr(opt, "optimizer") else opt.state_dict()
-                           for opt in trainer.optimizers],
-            "global_step": trainer.global_step,
-            "env_seed": dm.train_env_seeds(),
-            "env_steps": dm.collector.stats.env_steps,
-            "obs_sum": float(abs(dm.buffer.column("obs")).sum()),
-        }, os.path.join(self.out_dir, f"rank{trainer.global_rank}.pt"))
+        torch.save(
+            {
+                "initial": self.initial,
+                "weights": _weights(module),
+                "optimizers": [
+                    opt.optimizer.state_dict() if hasattr(opt, "optimizer") else opt.state_dict()
+                    for opt in trainer.optimizers
+                ],
+                "global_step": trainer.global_step,
+                "env_seed": dm.train_env_seeds(),
+                "env_steps": dm.collector.stats.env_steps,
+                "obs_sum": float(abs(dm.buffer.column("obs")).sum()),
+            },
+            os.path.join(self.out_dir, f"rank{trainer.global_rank}.pt"),
+        )
 
 
 def _config(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -84,8 +89,9 @@ def build_muzero() -> tuple[torch.nn.Module, ReplayDataModule]:
     data_args.pop("sampler")
     env = EnvConfig(**{**data_args.pop("env"), "num_envs": 2, "seed": 5})
     data_args.update(batch_size=8, prefill=40, eval_episodes=1, eval_envs=1, capacity=2000)
-    data = ReplayDataModule(env, sampler=WindowSampler(model_args["num_unroll_steps"], model_args["td_steps"]),
-                            **data_args)
+    data = ReplayDataModule(
+        env, sampler=WindowSampler(model_args["num_unroll_steps"], model_args["td_steps"]), **data_args
+    )
     torch.manual_seed(0)
     return MuZero(data.spec, **model_args), data
 
@@ -96,13 +102,27 @@ FAMILIES = {"dreamer": build_dreamer, "muzero": build_muzero}
 def main(family: str, out_dir: str, steps: int, strategy: str) -> None:
     torch.set_num_threads(1)
     model, data = FAMILIES[family]()
-    trainer = Trainer(accelerator="cpu", devices=2, strategy=strategy, max_steps=steps, logger=False,
-                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                      callbacks=[DumpRankState(out_dir)], num_sanity_val_steps=0, limit_val_batches=1,
-                      val_check_interval=steps)
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=strategy,
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[DumpRankState(out_dir)],
+        num_sanity_val_steps=0,
+        limit_val_batches=1,
+        val_check_interval=steps,
+    )
     trainer.fit(model, data)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 6,
-         sys.argv[4] if len(sys.argv) > 4 else "ddp_fork")
+    main(
+        sys.argv[1],
+        sys.argv[2],
+        int(sys.argv[3]) if len(sys.argv) > 3 else 6,
+        sys.argv[4] if len(sys.argv) > 4 else "ddp_fork",
+    )

@@ -25,19 +25,35 @@ class DumpRankState(Callback):
             self.pids = trainer.datamodule._actors.pool.pids()
 
     def on_train_end(self, trainer, module):
-        torch.save({"weights": {k: v.detach().cpu().clone() for k, v in module.state_dict().items()},
-                    "obs_sum": self.obs_sum, "env_steps": module.env_steps, "actor_pids": self.pids},
-                   os.path.join(self.out_dir, f"rank{trainer.global_rank}.pt"))
+        torch.save(
+            {
+                "weights": {k: v.detach().cpu().clone() for k, v in module.state_dict().items()},
+                "obs_sum": self.obs_sum,
+                "env_steps": module.env_steps,
+                "actor_pids": self.pids,
+            },
+            os.path.join(self.out_dir, f"rank{trainer.global_rank}.pt"),
+        )
 
 
 def main(out_dir: str) -> None:
     torch.set_num_threads(1)
-    data = UnrollDataModule(EnvConfig("CartPole-v1", num_envs=2, seed=3), unroll_length=4, batch_size=2,
-                            num_actors=1, actor_timeout_s=300)
+    data = UnrollDataModule(
+        EnvConfig("CartPole-v1", num_envs=2, seed=3), unroll_length=4, batch_size=2, num_actors=1, actor_timeout_s=300
+    )
     model = IMPALA(data.spec, hidden_size=16, learning_rate=0.01)
-    trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=8, logger=False,
-                      enable_checkpointing=False, enable_progress_bar=False, callbacks=[DumpRankState(out_dir)],
-                      num_sanity_val_steps=0, limit_val_batches=0)
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        max_steps=8,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        callbacks=[DumpRankState(out_dir)],
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+    )
     trainer.fit(model, data)
 
 

@@ -5,7 +5,7 @@ The tests run both on the same toy models and compare visit counts, values and a
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 from lightning_wm.search import considered_visit_sequence
 
@@ -62,8 +62,9 @@ def _q(node: Node, child: Node, discount: float) -> float:
     return child.reward + discount * child.value()
 
 
-def _puct_child(node: Node, discount: float, c1: float, c2: float, mm: MinMax, legal: list[bool] | None,
-                mean_q: bool = False) -> int:
+def _puct_child(
+    node: Node, discount: float, c1: float, c2: float, mm: MinMax, legal: list[bool] | None, mean_q: bool = False
+) -> int:
     scores = []
     for a, child in node.children.items():
         if legal is not None and not legal[a]:
@@ -110,8 +111,7 @@ def _gumbel_interior(node: Node, discount: float, c_visit: float, c_scale: float
     return _argmax([exps[a] / z - node.children[a].visits / (1 + total) for a in range(len(sigma))])
 
 
-def _gumbel_root(node: Node, gumbel: list[float], target: int, discount: float, c_visit: float,
-                 c_scale: float) -> int:
+def _gumbel_root(node: Node, gumbel: list[float], target: int, discount: float, c_visit: float, c_scale: float) -> int:
     sigma = _sigma(node, discount, c_visit, c_scale)
     scores = []
     for a in range(len(sigma)):
@@ -121,11 +121,23 @@ def _gumbel_root(node: Node, gumbel: list[float], target: int, discount: float, 
     return _argmax(scores)
 
 
-def reference_search(step: StepFn, root_state: object, root_prior: list[float], root_value: float, *,
-                     num_simulations: int, discount: float, pb_c_init: float = 1.25, pb_c_base: float = 19652.0,
-                     legal: list[bool] | None = None, gumbel: list[float] | None = None,
-                     max_num_considered_actions: int = 16, c_visit: float = 50.0, c_scale: float = 0.1,
-                     unvisited_q: str = "zero") -> dict:
+def reference_search(
+    step: StepFn,
+    root_state: object,
+    root_prior: list[float],
+    root_value: float,
+    *,
+    num_simulations: int,
+    discount: float,
+    pb_c_init: float = 1.25,
+    pb_c_base: float = 19652.0,
+    legal: list[bool] | None = None,
+    gumbel: list[float] | None = None,
+    max_num_considered_actions: int = 16,
+    c_visit: float = 50.0,
+    c_scale: float = 0.1,
+    unvisited_q: str = "zero",
+) -> dict:
     """One tree. ``root_prior`` is the final root prior (after masking and noise); ``gumbel`` the
     root's Gumbel draws (Gumbel mode) or ``None`` (PUCT)."""
     root = Node(1.0)
@@ -139,8 +151,9 @@ def reference_search(step: StepFn, root_state: object, root_prior: list[float], 
         node, path = root, [root]
         while True:
             if gumbel is None:
-                a = _puct_child(node, discount, pb_c_init, pb_c_base, mm, legal if node is root else None,
-                                unvisited_q == "mean")
+                a = _puct_child(
+                    node, discount, pb_c_init, pb_c_base, mm, legal if node is root else None, unvisited_q == "mean"
+                )
             elif node is root:
                 a = _gumbel_root(node, gumbel, schedule[sim], discount, c_visit, c_scale)
             else:
@@ -170,8 +183,12 @@ def reference_search(step: StepFn, root_state: object, root_prior: list[float], 
     if gumbel is not None:
         sigma = _sigma(root, discount, c_visit, c_scale)
         top = max(k.visits for k in kids)
-        out["action"] = _argmax([gumbel[a] + _log(kids[a].prior) + sigma[a] if kids[a].visits == top else -math.inf
-                                 for a in range(len(kids))])
+        out["action"] = _argmax(
+            [
+                gumbel[a] + _log(kids[a].prior) + sigma[a] if kids[a].visits == top else -math.inf
+                for a in range(len(kids))
+            ]
+        )
         logits = [_log(kids[a].prior) + sigma[a] for a in range(len(kids))]
         m = max(logits)
         exps = [math.exp(x - m) for x in logits]

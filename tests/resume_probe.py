@@ -30,6 +30,11 @@ class RecordStart(pl.Callback):
             env_steps=dm.collector.stats.env_steps,
             buffer=dm.buffer.state_dict(),
             model={k: v.detach().clone() for k, v in pl_module.state_dict().items()},
-            optimizers=[{k: {n: t.clone() if torch.is_tensor(t) else t for n, t in s.items()}
-                         for k, s in opt.state_dict()["state"].items()} for opt in trainer.optimizers],
+            optimizers=[
+                {
+                    k: {n: t.clone() if torch.is_tensor(t) else t for n, t in s.items()}
+                    for k, s in opt.state_dict()["state"].items()
+                }
+                for opt in trainer.optimizers
+            ],
         )

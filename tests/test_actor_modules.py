@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytorch_lightning as pl
 import torch
+from test_actors import _descendants, _wait_gone
+from tiny_agent import TinyAgent
 
 from lightning_wm.callbacks import default_callbacks
 from lightning_wm.cli import main
 from lightning_wm.data.modules import ReplayDataModule, UnrollDataModule
 from lightning_wm.envs import EnvConfig
-from test_actors import _descendants, _wait_gone
-from tiny_agent import TinyAgent
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,16 +38,34 @@ class Recorder(pl.Callback):
 
 def _fit(datamodule, steps: int) -> Recorder:
     recorder = Recorder()
-    trainer = pl.Trainer(max_steps=steps, logger=True, enable_checkpointing=False, enable_progress_bar=False,
-                         limit_val_batches=0, num_sanity_val_steps=0, log_every_n_steps=5,
-                         callbacks=[*default_callbacks(), recorder], default_root_dir=".")
+    trainer = pl.Trainer(
+        max_steps=steps,
+        logger=True,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        log_every_n_steps=5,
+        callbacks=[*default_callbacks(), recorder],
+        default_root_dir=".",
+    )
     trainer.fit(TinyAgent(datamodule.spec), datamodule)
     return recorder
 
 
 def test_replay_with_actors_keeps_the_ratio_and_reports():
-    dm = ReplayDataModule(EnvConfig("CartPole-v1"), capacity=4000, batch_size=4, sequence_length=8, prefill=64,
-                          replay_ratio=0.2, num_actors=2, envs_per_actor=2, chunk_length=8, actor_timeout_s=120)
+    dm = ReplayDataModule(
+        EnvConfig("CartPole-v1"),
+        capacity=4000,
+        batch_size=4,
+        sequence_length=8,
+        prefill=64,
+        replay_ratio=0.2,
+        num_actors=2,
+        envs_per_actor=2,
+        chunk_length=8,
+        actor_timeout_s=120,
+    )
     recorder = _fit(dm, 40)
     buffer = dm.buffer
     per_stream = buffer.rows_per_stream
@@ -84,8 +102,9 @@ def test_unrolls_in_process_overlap_by_one():
 
 
 def test_unrolls_from_actors():
-    dm = UnrollDataModule(EnvConfig("CartPole-v1"), unroll_length=4, batch_size=4, num_actors=2, envs_per_actor=2,
-                          actor_timeout_s=120)
+    dm = UnrollDataModule(
+        EnvConfig("CartPole-v1"), unroll_length=4, batch_size=4, num_actors=2, envs_per_actor=2, actor_timeout_s=120
+    )
     recorder = _fit(dm, 12)
     for batch in recorder.batches:
         assert batch["obs"].shape == (4, 5, 4) and batch["policy_version"].shape == (4, 5)
@@ -94,14 +113,35 @@ def test_unrolls_from_actors():
 
 
 def test_dreamer_actors_config_from_the_cli():
-    cli = main(args=[
-        "fit", "--config", str(ROOT / "configs/dreamer/cartpole_actors.yaml"),
-        "--config", str(ROOT / "configs/dreamer/presets/debug.yaml"),
-        "--trainer.max_steps", "8", "--trainer.log_every_n_steps", "2", "--trainer.val_check_interval", "8",
-        "--trainer.enable_progress_bar", "false", "--trainer.run_name", "run",
-        "--data.init_args.batch_size", "4", "--data.init_args.sequence_length", "8",
-        "--data.init_args.prefill", "64", "--data.init_args.eval_episodes", "1", "--data.init_args.eval_envs", "1",
-    ])
+    cli = main(
+        args=[
+            "fit",
+            "--config",
+            str(ROOT / "configs/dreamer/cartpole_actors.yaml"),
+            "--config",
+            str(ROOT / "configs/dreamer/presets/debug.yaml"),
+            "--trainer.max_steps",
+            "8",
+            "--trainer.log_every_n_steps",
+            "2",
+            "--trainer.val_check_interval",
+            "8",
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.run_name",
+            "run",
+            "--data.init_args.batch_size",
+            "4",
+            "--data.init_args.sequence_length",
+            "8",
+            "--data.init_args.prefill",
+            "64",
+            "--data.init_args.eval_episodes",
+            "1",
+            "--data.init_args.eval_envs",
+            "1",
+        ]
+    )
     assert cli.trainer.global_step == 8
     metrics = cli.trainer.logged_metrics
     assert "actors/policy_lag" in metrics and "val/return" in metrics and metrics["env/steps"] >= 64
@@ -125,16 +165,45 @@ if __name__ == "__main__":
 def test_ctrl_c_on_a_fit_with_actors_leaves_no_orphans(tmp_path):
     script = tmp_path / "fit.py"
     script.write_text(CTRL_C_FIT.format(tests=str(ROOT / "tests")))
-    args = [sys.executable, str(script), "fit", "--model", "tiny_agent.TinyAgent",
-            "--data", "lightning_wm.data.modules.ReplayDataModule", "--data.env.id", "CartPole-v1",
-            "--data.batch_size", "4", "--data.sequence_length", "8", "--data.prefill", "64",
-            "--data.num_actors", "2", "--data.chunk_length", "8", "--trainer.max_steps", "100000",
-            "--trainer.enable_progress_bar", "false", "--trainer.limit_val_batches", "0"]
+    args = [
+        sys.executable,
+        str(script),
+        "fit",
+        "--model",
+        "tiny_agent.TinyAgent",
+        "--data",
+        "lightning_wm.data.modules.ReplayDataModule",
+        "--data.env.id",
+        "CartPole-v1",
+        "--data.batch_size",
+        "4",
+        "--data.sequence_length",
+        "8",
+        "--data.prefill",
+        "64",
+        "--data.num_actors",
+        "2",
+        "--data.chunk_length",
+        "8",
+        "--trainer.max_steps",
+        "100000",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.limit_val_batches",
+        "0",
+    ]
     # stderr to a file, not a pipe: the fit's progress lines would fill an unread pipe (64 KiB) and
     # block it in write(), and then it could not shut down after Ctrl-C either
     log = tmp_path / "stderr.txt"
-    proc = subprocess.Popen(args, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
-                            stderr=log.open("w"), text=True, start_new_session=True, cwd=tmp_path)
+    proc = subprocess.Popen(
+        args,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("w"),
+        text=True,
+        start_new_session=True,
+        cwd=tmp_path,
+    )
     try:
         deadline, family = time.monotonic() + 240, set()
         while time.monotonic() < deadline and len(family) < 2:  # both actors spawned and training going
@@ -147,8 +216,10 @@ def test_ctrl_c_on_a_fit_with_actors_leaves_no_orphans(tmp_path):
         os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C goes to the whole process group
         try:
             proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"the fit did not stop within 60 s of Ctrl-C; its stderr ends:\n{log.read_text()[-3000:]}")
+        except subprocess.TimeoutExpired as err:
+            raise AssertionError(
+                f"the fit did not stop within 60 s of Ctrl-C; its stderr ends:\n{log.read_text()[-3000:]}"
+            ) from err
         assert not _wait_gone(family, seconds=10), "actors outlived the interrupted learner"
     finally:
         if proc.poll() is None:
@@ -191,8 +262,13 @@ def test_ddp_ranks_with_actors(tmp_path):
 
     from lightning_wm.seeding import env_seeds
 
-    out = subprocess.run([sys.executable, str(ROOT / "tests/ddp_fit.py"), str(tmp_path), "ddp", "actors"],
-                         capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "tests/ddp_fit.py"), str(tmp_path), "ddp", "actors"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert out.returncode == 0, out.stderr[-4000:]
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
     for key, value in ranks[0]["weights"].items():
@@ -207,11 +283,37 @@ def test_ddp_ranks_with_actors(tmp_path):
 def test_resume_with_actors_continues_the_counts():
     """fit, then fit --ckpt_path last: the step and the rows received continue; the resumed buffer
     (not saved here) is prefilled again by the new actors instead of waiting forever."""
-    args = ["fit", "--model", "tiny_agent.TinyAgent", "--data", "lightning_wm.data.modules.ReplayDataModule",
-            "--data.env.id", "CartPole-v1", "--data.batch_size", "4", "--data.sequence_length", "8",
-            "--data.prefill", "64", "--data.replay_ratio", "0.5", "--data.num_actors", "1",
-            "--data.chunk_length", "8", "--data.actor_timeout_s", "240", "--trainer.enable_progress_bar", "false",
-            "--trainer.limit_val_batches", "0", "--trainer.run_name", "resume", "--trainer.logger", "false"]
+    args = [
+        "fit",
+        "--model",
+        "tiny_agent.TinyAgent",
+        "--data",
+        "lightning_wm.data.modules.ReplayDataModule",
+        "--data.env.id",
+        "CartPole-v1",
+        "--data.batch_size",
+        "4",
+        "--data.sequence_length",
+        "8",
+        "--data.prefill",
+        "64",
+        "--data.replay_ratio",
+        "0.5",
+        "--data.num_actors",
+        "1",
+        "--data.chunk_length",
+        "8",
+        "--data.actor_timeout_s",
+        "240",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.limit_val_batches",
+        "0",
+        "--trainer.run_name",
+        "resume",
+        "--trainer.logger",
+        "false",
+    ]
     first = main(args=[*args, "--trainer.max_steps", "10"])
     rows = first.datamodule.pop_env_stats().env_steps
     assert rows >= 64 + 10 / 0.5 - 16

@@ -14,8 +14,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-
 from actor_agents import FaultyPolicy, MarkedPolicy
+
 from lightning_wm.data.actors import ActorError, ActorPool, WeightStore
 from lightning_wm.envs import EnvConfig
 from lightning_wm.seeding import env_seeds
@@ -87,8 +87,17 @@ def test_pool_weights_versions_and_seeds():
     the actors within a bounded lag, and every env of every actor and rank has its own seed."""
     seed, rank, envs = 3, 1, 2
     module = _set(MarkedPolicy(), 0.0)
-    with ActorPool(EnvConfig("CartPole-v1"), module, num_actors=2, envs_per_actor=envs, chunk_length=4, seed=seed,
-                   rank=rank, timeout_s=60, queue_size=2) as pool:
+    with ActorPool(
+        EnvConfig("CartPole-v1"),
+        module,
+        num_actors=2,
+        envs_per_actor=envs,
+        chunk_length=4,
+        seed=seed,
+        rank=rank,
+        timeout_s=60,
+        queue_size=2,
+    ) as pool:
         firsts: dict[int, np.ndarray] = {}
         version, published_5, lag_checked = 0, None, False
         deadline = time.monotonic() + 300  # one actor may start long after the other on a busy machine
@@ -179,8 +188,9 @@ def test_no_orphans_when_the_learner_dies(how, tmp_path):
     script = tmp_path / "learner.py"
     script.write_text(LEARNER.format(tests=str(TESTS)))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, env=env, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, env=env, text=True, start_new_session=True
+    )
     try:
         line = proc.stdout.readline()
         assert line, f"the learner script printed nothing (exit code {proc.poll()})"
@@ -205,8 +215,16 @@ def test_ray_backend_on_a_local_instance(monkeypatch):
     ray.init(num_cpus=3, include_dashboard=False, configure_logging=False)
     try:
         module = _set(MarkedPolicy(), 0.0)
-        with ActorPool(EnvConfig("CartPole-v1"), module, num_actors=2, envs_per_actor=2, chunk_length=4, seed=3,
-                       backend="ray", timeout_s=120) as pool:
+        with ActorPool(
+            EnvConfig("CartPole-v1"),
+            module,
+            num_actors=2,
+            envs_per_actor=2,
+            chunk_length=4,
+            seed=3,
+            backend="ray",
+            timeout_s=120,
+        ) as pool:
             pids = pool.pids()
             assert len(set(pids)) == 2 and os.getpid() not in pids
             firsts, newest = {}, None
@@ -225,8 +243,9 @@ def test_ray_backend_on_a_local_instance(monkeypatch):
                 for j, s in enumerate(env_seeds(3, 2, "train", 0, actor)):
                     np.testing.assert_array_equal(obs[j], gym.make("CartPole-v1").reset(seed=s)[0])
         assert not _wait_gone(pids) and ray.is_initialized(), "a pool leaves a Ray instance it did not start running"
-        crashing = ActorPool(EnvConfig("CartPole-v1"), FaultyPolicy("raise", at=3), num_actors=1, chunk_length=1,
-                             backend="ray")
+        crashing = ActorPool(
+            EnvConfig("CartPole-v1"), FaultyPolicy("raise", at=3), num_actors=1, chunk_length=1, backend="ray"
+        )
         with pytest.raises(ActorError, match=r"(?s)ray actor 0 raised:.*ValueError: policy exploded on call 3"):
             for _ in range(100):
                 crashing.get(timeout=120)

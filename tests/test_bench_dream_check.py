@@ -2,8 +2,8 @@
 
 import pytest
 import torch
-
 from bench_scripts import load_bench_script  # pytest puts tests/ (no __init__.py) on sys.path
+
 from lightning_wm.agents.memory import Memory
 
 check = load_bench_script("worldmodels_dream_check.py")
@@ -37,10 +37,10 @@ def test_open_loop_feeds_its_own_predictions_after_the_warm_up() -> None:
         # by hand: warm up on rows 0-1, then step from row 2 with its own mixture means
         state = memory.initial_state(1, torch.device("cpu"))
         for t in range(2):
-            _, state = memory.step(mu[t:t + 1], action_in[t:t + 1], state)
+            _, state = memory.step(mu[t : t + 1], action_in[t : t + 1], state)
         z = mu[2:3]
         for h in range(3):
-            out, state = memory.step(z, action_in[2 + h:3 + h], state)
+            out, state = memory.step(z, action_in[2 + h : 3 + h], state)
             z = check.mixture_mean(memory, memory.heads(out))
             assert torch.equal(predicted[h], z)
     assert len(predicted) == 3

@@ -3,7 +3,6 @@
 import math
 
 import pytest
-
 from bench_scripts import load_bench_script  # pytest puts tests/ (no __init__.py) on sys.path
 
 
@@ -13,8 +12,10 @@ def bench():
 
 
 def curve(returns, every=1000):
-    return [{"env_steps": every * (i + 1), "games": 10 * (i + 1), "wall_s": 5.0 * (i + 1), "return_mean": r}
-            for i, r in enumerate(returns)]
+    return [
+        {"env_steps": every * (i + 1), "games": 10 * (i + 1), "wall_s": 5.0 * (i + 1), "return_mean": r}
+        for i, r in enumerate(returns)
+    ]
 
 
 def test_a_lucky_evaluation_is_first_but_not_held(bench):

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_cli import TINY_FIT
 
 from lightning_wm.checkpoints import CheckpointError, load_checkpoint, load_weights
 from lightning_wm.cli import main
-from test_cli import TINY_FIT
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -47,11 +47,15 @@ def _one_line(err: pytest.ExceptionInfo) -> str:
     return text
 
 
-@pytest.mark.parametrize("content, why", [
-    (b"", "empty"),
-    (None, "truncated or corrupt"),  # the first half of a real checkpoint
-    (b"this is not a checkpoint\n" * 40, "not a checkpoint file"),
-], ids=["empty", "truncated", "garbage"])
+@pytest.mark.parametrize(
+    "content, why",
+    [
+        (b"", "empty"),
+        (None, "truncated or corrupt"),  # the first half of a real checkpoint
+        (b"this is not a checkpoint\n" * 40, "not a checkpoint file"),
+    ],
+    ids=["empty", "truncated", "garbage"],
+)
 def test_unreadable_checkpoints_are_one_line_errors_naming_the_file(run, content, why):
     bad = Path("bad.ckpt")
     real = (run / "last.ckpt").read_bytes()
@@ -74,8 +78,14 @@ def test_a_checkpoint_holding_python_objects_is_refused_not_executed(tmp_path):
 def test_fit_from_a_garbage_checkpoint_prints_one_error_line_without_traceback(tmp_path):
     Path(tmp_path / "bad.ckpt").write_bytes(b"\x00garbage" * 100)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(TESTS)])}
-    out = subprocess.run([sys.executable, str(ROOT / "main.py"), "fit", *TINY, "--trainer.max_steps", "2",
-                          "--ckpt_path", "bad.ckpt"], capture_output=True, text=True, cwd=tmp_path, timeout=300, env=env)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "main.py"), "fit", *TINY, "--trainer.max_steps", "2", "--ckpt_path", "bad.ckpt"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+        env=env,
+    )
     assert out.returncode == 1, out.stderr[-3000:]
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
     errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
@@ -96,8 +106,18 @@ def test_resume_refuses_a_config_that_contradicts_the_checkpoint_naming_the_keys
 
 def test_evaluating_another_familys_checkpoint_is_refused_by_name(run):
     with pytest.raises(CheckpointError, match=r"holds a TinyAgent .* builds a RandomPolicy") as err:
-        main(args=["evaluate", "--model", "lightning_wm.agents.random.RandomPolicy",
-                   *TINY[2:], "--ckpt_path", "last", "--episodes", "1"])
+        main(
+            args=[
+                "evaluate",
+                "--model",
+                "lightning_wm.agents.random.RandomPolicy",
+                *TINY[2:],
+                "--ckpt_path",
+                "last",
+                "--episodes",
+                "1",
+            ]
+        )
     _one_line(err)
 
 
@@ -170,8 +190,14 @@ def test_kill_9_during_a_checkpoint_write_keeps_last_ckpt_and_the_next_run_clean
     (tmp_path / "tmp").mkdir()
     args = [*TINY, "--trainer.max_steps", "8", "--trainer.checkpoint_every_n_steps", "2"]
     # saves: step=2.ckpt (1), its copy to last.ckpt (no torch.save), step=4.ckpt (2: killed half-way)
-    out = subprocess.run([sys.executable, str(TESTS / "kill_during_save.py"), "2", "fit", *args],
-                         capture_output=True, text=True, cwd=tmp_path, timeout=300, env=env)
+    out = subprocess.run(
+        [sys.executable, str(TESTS / "kill_during_save.py"), "2", "fit", *args],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+        env=env,
+    )
     assert out.returncode == -9, out.stderr[-3000:]
     folder = tmp_path / "lightning_logs/tiny/checkpoints"
     assert load_checkpoint(folder / "last.ckpt")["global_step"] == 2
@@ -193,10 +219,23 @@ def test_a_corrupt_last_ckpt_falls_back_to_the_newest_intact_checkpoint_with_a_w
     folder = Path("lightning_logs/tiny/checkpoints")
     assert sorted(p.name for p in folder.glob("*.ckpt")) == ["last.ckpt", "step=2.ckpt", "step=4.ckpt"]
     (folder / "last.ckpt").write_bytes(b"")
-    with pytest.warns(CheckpointWarning, match=r"last\.ckpt in .* cannot be read \(it is empty .*\); using "
-                                            r"step=4\.ckpt, the newest intact"):
-        cli = main(args=["fit", *TINY, "--trainer.max_steps", "7", "--trainer.checkpoint_every_n_steps", "2",
-                         "--ckpt_path", "last"])
+    with pytest.warns(
+        CheckpointWarning,
+        match=r"last\.ckpt in .* cannot be read \(it is empty .*\); using "
+        r"step=4\.ckpt, the newest intact",
+    ):
+        cli = main(
+            args=[
+                "fit",
+                *TINY,
+                "--trainer.max_steps",
+                "7",
+                "--trainer.checkpoint_every_n_steps",
+                "2",
+                "--ckpt_path",
+                "last",
+            ]
+        )
     assert cli.trainer.global_step == 7
     assert load_checkpoint(folder / "last.ckpt")["global_step"] == 7
 
@@ -208,7 +247,10 @@ def test_resume_from_last_without_a_last_ckpt_is_refused_naming_the_folder():
     cli = main(args=["fit", *TINY, "--trainer.max_steps", "2", "--resume_if_exists", "true"])  # starts fresh
     assert cli.trainer.global_step == 2
     cli = main(args=["fit", *TINY, "--trainer.max_steps", "4", "--resume_if_exists", "true"])  # resumes
-    assert cli.trainer.global_step == 4 and load_checkpoint("lightning_logs/tiny/checkpoints/last.ckpt")["global_step"] == 4
+    assert (
+        cli.trainer.global_step == 4
+        and load_checkpoint("lightning_logs/tiny/checkpoints/last.ckpt")["global_step"] == 4
+    )
 
 
 def test_best_ckpt_holds_the_highest_validation_return_and_evaluate_takes_it(monkeypatch, capsys):
@@ -220,8 +262,20 @@ def test_best_ckpt_holds_the_highest_validation_return_and_evaluate_takes_it(mon
         self.log("val/return", next(returns), batch_size=1)
 
     monkeypatch.setattr(tiny_agent.TinyAgent, "validation_step", validation_step)
-    main(args=["fit", *TINY, "--trainer.max_steps", "12", "--trainer.val_check_interval", "2",
-               "--trainer.check_val_every_n_epoch", "null", "--trainer.limit_val_batches", "1"])
+    main(
+        args=[
+            "fit",
+            *TINY,
+            "--trainer.max_steps",
+            "12",
+            "--trainer.val_check_interval",
+            "2",
+            "--trainer.check_val_every_n_epoch",
+            "null",
+            "--trainer.limit_val_batches",
+            "1",
+        ]
+    )
     best = load_checkpoint("lightning_logs/tiny/checkpoints/best.ckpt")
     assert best["global_step"] == 8  # the second 7.0: ties go to the newer checkpoint
     state = next(v for k, v in best["callbacks"].items() if k.startswith("RunCheckpoints"))

@@ -16,13 +16,32 @@ ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
 
 TINY_FIT = [
-    "--model", "tiny_agent.TinyAgent",
-    "--data", "lightning_wm.data.modules.ReplayDataModule",
-    "--data.env.id", "CartPole-v1", "--data.env.num_envs", "2",
-    "--data.batch_size", "4", "--data.sequence_length", "8", "--data.prefill", "64",
-    "--data.replay_ratio", "0.5", "--data.eval_episodes", "2",
-    "--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false",
-    "--trainer.log_every_n_steps", "5", "--trainer.run_name", "tiny",
+    "--model",
+    "tiny_agent.TinyAgent",
+    "--data",
+    "lightning_wm.data.modules.ReplayDataModule",
+    "--data.env.id",
+    "CartPole-v1",
+    "--data.env.num_envs",
+    "2",
+    "--data.batch_size",
+    "4",
+    "--data.sequence_length",
+    "8",
+    "--data.prefill",
+    "64",
+    "--data.replay_ratio",
+    "0.5",
+    "--data.eval_episodes",
+    "2",
+    "--trainer.accelerator",
+    "cpu",
+    "--trainer.enable_progress_bar",
+    "false",
+    "--trainer.log_every_n_steps",
+    "5",
+    "--trainer.run_name",
+    "tiny",
 ]
 
 
@@ -31,8 +50,9 @@ def run_cli(args):
 
 
 def test_help_lists_extra_subcommands():
-    out = subprocess.run([sys.executable, str(ROOT / "main.py"), "--help"], capture_output=True, text=True,
-                         cwd=ROOT, timeout=120)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "main.py"), "--help"], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     for command in ("fit", "validate", "record", "evaluate", "convert"):
         assert command in out.stdout
@@ -54,10 +74,24 @@ def test_abbreviated_option_is_rejected(capsys):
 
 def test_fit_then_resume_from_last(monkeypatch):
     monkeypatch.syspath_prepend(str(TESTS))
-    cli = run_cli(["fit", *TINY_FIT, "--data.save_buffer", "true",
-                   "--trainer.max_steps", "30", "--trainer.checkpoint_every_n_steps", "20",
-                   "--trainer.val_check_interval", "15", "--trainer.check_val_every_n_epoch", "null",
-                   "--trainer.limit_val_batches", "1"])
+    cli = run_cli(
+        [
+            "fit",
+            *TINY_FIT,
+            "--data.save_buffer",
+            "true",
+            "--trainer.max_steps",
+            "30",
+            "--trainer.checkpoint_every_n_steps",
+            "20",
+            "--trainer.val_check_interval",
+            "15",
+            "--trainer.check_val_every_n_epoch",
+            "null",
+            "--trainer.limit_val_batches",
+            "1",
+        ]
+    )
     dm = cli.datamodule
     first_env_steps = dm.collector.stats.env_steps
     # 64 prefill rows + 2 rows per batch (replay ratio 0.5); Lightning fetches one batch
@@ -115,12 +149,22 @@ def test_keep_freed_memory_applies_on_glibc():
 def test_record_pixels_then_evaluate_random(tmp_path):
     store_dir = tmp_path / "eps"
     args = [
-        "--model", "lightning_wm.agents.random.RandomPolicy",
-        "--data", "lightning_wm.data.modules.EpisodeDataModule",
-        "--data.directory", str(store_dir), "--data.env", '{"id": "CartPole-v1", "pixels": true, "num_envs": 2}',
+        "--model",
+        "lightning_wm.agents.random.RandomPolicy",
+        "--data",
+        "lightning_wm.data.modules.EpisodeDataModule",
+        "--data.directory",
+        str(store_dir),
+        "--data.env",
+        '{"id": "CartPole-v1", "pixels": true, "num_envs": 2}',
     ]
-    out = subprocess.run([sys.executable, str(ROOT / "main.py"), "record", *args, "--episodes", "3"],
-                         capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "main.py"), "record", *args, "--episodes", "3"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     store = EpisodeStore(store_dir)
     assert len(store) == 3
@@ -129,20 +173,41 @@ def test_record_pixels_then_evaluate_random(tmp_path):
     assert episode["is_first"][0] and episode["is_last"][-1]
     assert store.read_metadata()["env"]["pixels"] is True
     gif = tmp_path / "ep.gif"
-    out = subprocess.run([sys.executable, str(ROOT / "main.py"), "evaluate", *args, "--episodes", "2",
-                          "--video", str(gif)], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "main.py"), "evaluate", *args, "--episodes", "2", "--video", str(gif)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "return" in out.stdout and "±" in out.stdout
     assert gif.stat().st_size > 1000
 
 
-RANDOM_CARTPOLE = ["--model", "lightning_wm.agents.random.RandomPolicy",
-                   "--data", "lightning_wm.data.modules.EpisodeDataModule", "--data.directory", "eps"]
+RANDOM_CARTPOLE = [
+    "--model",
+    "lightning_wm.agents.random.RandomPolicy",
+    "--data",
+    "lightning_wm.data.modules.EpisodeDataModule",
+    "--data.directory",
+    "eps",
+]
 
 
 def test_evaluate_writes_an_mp4_of_the_first_episode(capsys):
-    run_cli(["evaluate", *RANDOM_CARTPOLE, "--data.env", '{"id": "CartPole-v1", "seed": 3}',
-             "--episodes", "2", "--video", "first.mp4"])
+    run_cli(
+        [
+            "evaluate",
+            *RANDOM_CARTPOLE,
+            "--data.env",
+            '{"id": "CartPole-v1", "seed": 3}',
+            "--episodes",
+            "2",
+            "--video",
+            "first.mp4",
+        ]
+    )
     video = Path("first.mp4")
     assert video.stat().st_size > 1000
     assert b"ftyp" in video.read_bytes()[:64]  # an MP4 container
@@ -156,9 +221,22 @@ def test_evaluate_refuses_an_unknown_video_format_before_running_episodes(capsys
 
 
 def test_command_line_errors_are_one_message_without_traceback(tmp_path):
-    out = subprocess.run([sys.executable, str(ROOT / "main.py"), "evaluate", *RANDOM_CARTPOLE,
-                          "--data.env", '{"id": "CartPole-v9"}', "--episodes", "1"],
-                         capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "main.py"),
+            "evaluate",
+            *RANDOM_CARTPOLE,
+            "--data.env",
+            '{"id": "CartPole-v9"}',
+            "--episodes",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert out.returncode == 1, out.stderr[-3000:]
     assert "error: unknown or unbuildable env id 'CartPole-v9'" in out.stderr
     assert "Traceback" not in out.stderr and "Union subtypes" not in out.stderr
@@ -171,8 +249,19 @@ def test_missing_checkpoint_is_reported(monkeypatch):
 
 
 def test_record_is_random_without_a_model():
-    run_cli(["record", "--data", "lightning_wm.data.modules.EpisodeDataModule", "--data.directory", "rnd",
-             "--data.env", '{"id": "CartPole-v1", "num_envs": 2}', "--episodes", "3"])
+    run_cli(
+        [
+            "record",
+            "--data",
+            "lightning_wm.data.modules.EpisodeDataModule",
+            "--data.directory",
+            "rnd",
+            "--data.env",
+            '{"id": "CartPole-v1", "num_envs": 2}',
+            "--episodes",
+            "3",
+        ]
+    )
     store = EpisodeStore("rnd")
     assert len(store) == 3
     actions = np.concatenate([e["action"][:-1] for e in store.episodes()])
@@ -188,8 +277,19 @@ def test_record_random_episodes_of_a_dict_observation_env():
     config = yaml.safe_load((ROOT / "configs/dreamer/cartpole_pixels_state.yaml").read_text())
     env = {**config["data"]["init_args"]["env"], "size": [16, 16], "max_episode_steps": 6, "num_envs": 2}
     assert env["keep_state"] and env["pixels"]
-    run_cli(["record", "--data", "lightning_wm.data.modules.EpisodeDataModule", "--data.directory", "dict",
-             "--data.env", json.dumps(env), "--episodes", "2"])
+    run_cli(
+        [
+            "record",
+            "--data",
+            "lightning_wm.data.modules.EpisodeDataModule",
+            "--data.directory",
+            "dict",
+            "--data.env",
+            json.dumps(env),
+            "--episodes",
+            "2",
+        ]
+    )
     episodes = list(EpisodeStore("dict").episodes())
     assert len(episodes) == 2
     for episode in episodes:
@@ -219,8 +319,15 @@ def test_a_nan_loss_stops_training_with_a_message_and_keeps_the_last_checkpoint(
 
 # -- record: a store that is continued, shared and checked ------------------------------------------
 
-RECORD = ["record", "--data", "lightning_wm.data.modules.EpisodeDataModule", "--data.directory", "store",
-          "--data.env", '{"id": "CartPole-v1", "num_envs": 2}']
+RECORD = [
+    "record",
+    "--data",
+    "lightning_wm.data.modules.EpisodeDataModule",
+    "--data.directory",
+    "store",
+    "--data.env",
+    '{"id": "CartPole-v1", "num_envs": 2}',
+]
 
 
 def _fingerprints(store: EpisodeStore) -> list[bytes]:
@@ -241,8 +348,10 @@ def test_recording_twice_into_one_store_continues_the_seeds_instead_of_repeating
 def test_two_records_at_once_into_one_store_both_finish_with_their_own_counts(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, str(ROOT / "main.py"), *RECORD, "--episodes", "4"]
-    procs = [subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
     store = EpisodeStore(tmp_path / "store")
@@ -278,24 +387,65 @@ def _not_a_folder(name: str) -> str:
 
 def test_an_unwritable_store_is_refused_before_recording():
     with pytest.raises(PermissionError, match=r"blocker/eps.* not writable"):
-        run_cli(["record", "--data", "lightning_wm.data.modules.EpisodeDataModule",
-                 "--data.directory", _not_a_folder("eps"), "--episodes", "1"])
+        run_cli(
+            [
+                "record",
+                "--data",
+                "lightning_wm.data.modules.EpisodeDataModule",
+                "--data.directory",
+                _not_a_folder("eps"),
+                "--episodes",
+                "1",
+            ]
+        )
 
 
 def test_an_unwritable_video_path_is_refused_before_the_episodes(capsys):
     with pytest.raises(PermissionError, match=r"video folder .*blocker.* not writable"):
-        run_cli(["evaluate", *RANDOM_CARTPOLE, "--data.env", '{"id": "CartPole-v1"}', "--episodes", "1",
-                 "--video", _not_a_folder("ep.gif")])
+        run_cli(
+            [
+                "evaluate",
+                *RANDOM_CARTPOLE,
+                "--data.env",
+                '{"id": "CartPole-v1"}',
+                "--episodes",
+                "1",
+                "--video",
+                _not_a_folder("ep.gif"),
+            ]
+        )
     assert "return" not in capsys.readouterr().out
 
 
 def test_an_unwritable_convert_target_is_refused_before_encoding(tmp_path):
-    run_cli(["record", "--data", "lightning_wm.data.modules.EpisodeDataModule", "--data.directory", "store",
-             "--data.env", '{"id": "CartPole-v1", "pixels": true}', "--episodes", "1"])
+    run_cli(
+        [
+            "record",
+            "--data",
+            "lightning_wm.data.modules.EpisodeDataModule",
+            "--data.directory",
+            "store",
+            "--data.env",
+            '{"id": "CartPole-v1", "pixels": true}',
+            "--episodes",
+            "1",
+        ]
+    )
     target = _not_a_folder("latents")
     with pytest.raises(PermissionError, match=r"convert target .*blocker/latents.* not writable"):
-        run_cli(["convert", "--model", "lightning_wm.agents.vision.Vision", "--data",
-                 "lightning_wm.data.modules.EpisodeDataModule", "--data.directory", "store", "--target", target])
+        run_cli(
+            [
+                "convert",
+                "--model",
+                "lightning_wm.agents.vision.Vision",
+                "--data",
+                "lightning_wm.data.modules.EpisodeDataModule",
+                "--data.directory",
+                "store",
+                "--target",
+                target,
+            ]
+        )
 
 
 def test_an_unwritable_replay_storage_dir_and_log_root_are_refused_before_training(monkeypatch):
@@ -309,11 +459,14 @@ def test_an_unwritable_replay_storage_dir_and_log_root_are_refused_before_traini
 # -- settings checked when they are given, not at the first batch -------------------------------------
 
 
-@pytest.mark.parametrize("override, message", [
-    (["--data.prefill", "-1"], r"prefill must be >= 0, got -1"),
-    (["--data.batch_size", "0"], r"batch_size must be >= 1, got 0"),
-    (["--data.sequence_length", "0"], r"sequence_length must be >= 1, got 0"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (["--data.prefill", "-1"], r"prefill must be >= 0, got -1"),
+        (["--data.batch_size", "0"], r"batch_size must be >= 1, got 0"),
+        (["--data.sequence_length", "0"], r"sequence_length must be >= 1, got 0"),
+    ],
+)
 def test_bad_data_settings_are_refused_at_construction(monkeypatch, override, message):
     monkeypatch.syspath_prepend(str(TESTS))
     with pytest.raises(ValueError, match=message):

@@ -5,11 +5,11 @@ import numpy as np
 import torch
 
 from lightning_wm.data.collector import Collector
-from lightning_wm.policies import RandomAgent
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.data.replay import ReplayBuffer
 from lightning_wm.data.samplers import SequenceSampler
 from lightning_wm.envs import EnvConfig, EnvSpec, env_spec, make_vector_env
+from lightning_wm.policies import RandomAgent
 
 
 class CountdownEnv(gym.Env):
@@ -62,8 +62,17 @@ def expected_rows(length, total, truncate=False):
         reward = 0.0 if first else 10 * t + (t - 1) % 3
         action = 0 if last else t % 3
         # no action is taken on a last row: the action and the agent's extras there are zeros
-        rows.append(dict(obs=(episode, t), reward=reward, is_first=first, is_last=last,
-                         is_terminal=last and not truncate, action=action, calls=0 if last else t))
+        rows.append(
+            dict(
+                obs=(episode, t),
+                reward=reward,
+                is_first=first,
+                is_last=last,
+                is_terminal=last and not truncate,
+                action=action,
+                calls=0 if last else t,
+            )
+        )
         if last:
             episode, t = episode + 1, 0
         else:
@@ -90,7 +99,9 @@ def test_rows_match_hand_stepped_env():
             assert bool(got["is_last"][t]) == row["is_last"], (length, t)
             assert bool(got["is_terminal"][t]) == row["is_terminal"], (length, t)
             assert int(got["action"][t]) == row["action"], (length, t)
-            assert got["calls"][t] == row["calls"], "agent state was not reset at is_first (or an extra kept on is_last)"
+            assert got["calls"][t] == row["calls"], (
+                "agent state was not reset at is_first (or an extra kept on is_last)"
+            )
     # env0 (length 2) ends at rows 2, 5, 8; env1 (length 3) at rows 3, 7
     assert sorted(e["length"] for e in finished) == [2, 2, 2, 3, 3]
     assert collector.stats.env_steps == 2 * steps
@@ -204,8 +215,21 @@ def test_carracing_record_config_drives(capsys):
     from lightning_wm.cli import main
 
     cfg = Path(__file__).resolve().parents[1] / "configs" / "worldmodels" / "carracing" / "record.yaml"
-    main(["record", "--config", str(cfg), "--episodes", "1", "--data.init_args.env.num_envs", "1",
-          "--data.init_args.env.max_episode_steps", "60", "--data.init_args.directory", "frames"])
+    main(
+        [
+            "record",
+            "--config",
+            str(cfg),
+            "--episodes",
+            "1",
+            "--data.init_args.env.num_envs",
+            "1",
+            "--data.init_args.env.max_episode_steps",
+            "60",
+            "--data.init_args.directory",
+            "frames",
+        ]
+    )
     store = EpisodeStore("frames")
     (path,) = store.paths()
     action = store.load(path)["action"][:-1]  # the last row's action is zero by convention
@@ -226,8 +250,13 @@ def test_run_episodes_takes_a_fixed_share_from_each_env(tmp_path):
     assert sorted(e["env"] for e in episodes) == [0, 0, 0, 1, 1, 1]
     assert len(store) == 6 and collector.stats.episodes == 6
     # 5 episodes over 2 envs: shares 3 and 2
-    assert sorted(e["length"] for e in Collector(make_env([2, 9]), CountingAgent(), spec=spec).run_episodes(5)) \
-        == [2, 2, 2, 9, 9]
+    assert sorted(e["length"] for e in Collector(make_env([2, 9]), CountingAgent(), spec=spec).run_episodes(5)) == [
+        2,
+        2,
+        2,
+        9,
+        9,
+    ]
 
 
 def test_collect_chunk_is_time_major_and_matches_collect():

@@ -13,24 +13,64 @@ from lightning_wm.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 CARTPOLE = str(ROOT / "configs/dreamer/cartpole.yaml")
-SHRUNK = ["--config", CARTPOLE, "--trainer.max_steps", "8", "--trainer.val_check_interval", "4",
-          "--trainer.log_every_n_steps", "2", "--trainer.checkpoint_every_n_steps", "4",
-          "--model.init_args.deter", "16", "--model.init_args.hidden", "16", "--model.init_args.stoch", "4",
-          "--model.init_args.classes", "4", "--model.init_args.bins", "15",
-          "--data.init_args.prefill", "64", "--data.init_args.batch_size", "4", "--data.init_args.sequence_length", "8",
-          "--data.init_args.eval_episodes", "1", "--data.init_args.eval_envs", "1"]
+SHRUNK = [
+    "--config",
+    CARTPOLE,
+    "--trainer.max_steps",
+    "8",
+    "--trainer.val_check_interval",
+    "4",
+    "--trainer.log_every_n_steps",
+    "2",
+    "--trainer.checkpoint_every_n_steps",
+    "4",
+    "--model.init_args.deter",
+    "16",
+    "--model.init_args.hidden",
+    "16",
+    "--model.init_args.stoch",
+    "4",
+    "--model.init_args.classes",
+    "4",
+    "--model.init_args.bins",
+    "15",
+    "--data.init_args.prefill",
+    "64",
+    "--data.init_args.batch_size",
+    "4",
+    "--data.init_args.sequence_length",
+    "8",
+    "--data.init_args.eval_episodes",
+    "1",
+    "--data.init_args.eval_envs",
+    "1",
+]
 # what a new user saw, none of which is theirs to act on
-SILENCED = ["No seed found", "Seed set to", "Tip:", "litlogger", "GPU available: False", "TPU available",
-            "LeafSpec", "`weights_only` was not set", "Epoch 0", "XDG_RUNTIME_DIR", "limit_val_batches=1",
-            "manual optimization", "`Trainer.fit` stopped", "usage:"]
+SILENCED = [
+    "No seed found",
+    "Seed set to",
+    "Tip:",
+    "litlogger",
+    "GPU available: False",
+    "TPU available",
+    "LeafSpec",
+    "`weights_only` was not set",
+    "Epoch 0",
+    "XDG_RUNTIME_DIR",
+    "limit_val_batches=1",
+    "manual optimization",
+    "`Trainer.fit` stopped",
+    "usage:",
+]
 
 
 def _run(*args: str, env: dict | None = None, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "LIGHTNING_WM_PROGRESS_EVERY": "0", **(env or {})}
     env.pop("SDL_VIDEODRIVER", None)  # as on a user's machine
     env.pop(console.VERBOSE_ENV, None)
-    return subprocess.run([sys.executable, str(ROOT / "main.py"), *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=600)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "main.py"), *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600
+    )
 
 
 def test_the_default_config_prints_the_rl_progress_and_none_of_the_silenced_lines(tmp_path):
@@ -60,8 +100,14 @@ def test_the_bar_on_a_terminal_is_tqdm_with_the_same_fields(tmp_path, monkeypatc
         pytest.skip("needs util-linux script for a pseudo-terminal")
     command = " ".join(["stty cols 250 rows 40;", sys.executable, str(ROOT / "main.py"), "fit", *SHRUNK])
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run(["/usr/bin/script", "-qec", command, "/dev/null"], capture_output=True, text=True, cwd=tmp_path,
-                         env=env, timeout=600)
+    out = subprocess.run(
+        ["/usr/bin/script", "-qec", command, "/dev/null"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stdout[-3000:]
     screen = out.stdout.replace("\r", "\n")
     assert "train: 100%" in screen and "8/8" in screen
@@ -78,17 +124,28 @@ def test_progress_off_a_terminal_prints_lines_at_most_every_interval():
     assert bar.line().startswith("record CartPole-v1: 100/100 episodes (100%) | 0:00:00 elapsed")
 
 
-@pytest.mark.parametrize("args, first, help_for", [
-    (["--trainer.max_steps", "abc"], "error: --trainer.max_steps expects int, got 'abc'", None),
-    (["--trainer.max_step", "3"], "error: unrecognized arguments: --trainer.max_step 3", None),
-    (["--model.init_args.horizon", "x"], "error: --model.init_args.horizon expects int, got 'x'",
-     "--model.help lightning_wm.agents.dreamer.Dreamer"),
-    (["--model.hiden", "3"], "error: --model.init_args.hiden: Dreamer has no option 'hiden' (did you mean 'hidden'?)",
-     "--model.help lightning_wm.agents.dreamer.Dreamer"),
-    (["--data.init_args.sample", "bogus"],
-     "error: --data.init_args.sample expects one of 'sequences', 'transitions', got 'bogus'",
-     "--data.help lightning_wm.data.modules.ReplayDataModule"),
-])
+@pytest.mark.parametrize(
+    "args, first, help_for",
+    [
+        (["--trainer.max_steps", "abc"], "error: --trainer.max_steps expects int, got 'abc'", None),
+        (["--trainer.max_step", "3"], "error: unrecognized arguments: --trainer.max_step 3", None),
+        (
+            ["--model.init_args.horizon", "x"],
+            "error: --model.init_args.horizon expects int, got 'x'",
+            "--model.help lightning_wm.agents.dreamer.Dreamer",
+        ),
+        (
+            ["--model.hiden", "3"],
+            "error: --model.init_args.hiden: Dreamer has no option 'hiden' (did you mean 'hidden'?)",
+            "--model.help lightning_wm.agents.dreamer.Dreamer",
+        ),
+        (
+            ["--data.init_args.sample", "bogus"],
+            "error: --data.init_args.sample expects one of 'sequences', 'transitions', got 'bogus'",
+            "--data.help lightning_wm.data.modules.ReplayDataModule",
+        ),
+    ],
+)
 def test_command_line_errors_are_two_lines_without_a_usage_dump(capsys, args, first, help_for):
     with pytest.raises(SystemExit) as exit_info:
         main(args=["fit", "--config", CARTPOLE, *args])
@@ -111,8 +168,18 @@ def test_a_yaml_error_names_its_file(tmp_path, capsys):
 
 
 def test_pixel_rendering_prints_no_sdl_error_line(tmp_path):
-    out = _run("record", "--data", "lightning_wm.data.modules.EpisodeDataModule", "--data.directory", "eps",
-               "--data.env", '{"id": "CartPole-v1", "pixels": true}', "--episodes", "1", cwd=tmp_path)
+    out = _run(
+        "record",
+        "--data",
+        "lightning_wm.data.modules.EpisodeDataModule",
+        "--data.directory",
+        "eps",
+        "--data.env",
+        '{"id": "CartPole-v1", "pixels": true}',
+        "--episodes",
+        "1",
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "XDG_RUNTIME_DIR" not in out.stderr and "Hello from the pygame community" not in out.stdout
     assert "recorded 1 episodes" in out.stdout

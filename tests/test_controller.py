@@ -1,10 +1,10 @@
 """World Models controller: parameter count, batched policy math, CMA-ES learning and resume."""
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import pytorch_lightning as pl
 import torch
-import gymnasium as gym
 
 from lightning_wm.agents.controller import Controller, controller_forward, controller_num_params
 from lightning_wm.agents.memory import Memory
@@ -24,8 +24,14 @@ CARRACING = EnvSpec(
 
 def save_module(module: pl.LightningModule, path) -> str:
     """A minimal Lightning checkpoint of an (untrained) module, loadable by load_from_checkpoint."""
-    torch.save({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams),
-                "pytorch-lightning_version": pl.__version__}, path)
+    torch.save(
+        {
+            "state_dict": module.state_dict(),
+            "hyper_parameters": dict(module.hparams),
+            "pytorch-lightning_version": pl.__version__,
+        },
+        path,
+    )
     return str(path)
 
 
@@ -73,13 +79,22 @@ def test_batched_policy_matches_a_per_member_loop(hidden):
             expected = w2 @ torch.tanh(w1 @ x + b1) + b2
         torch.testing.assert_close(out[i], expected)
     # a single parameter vector broadcasts over the batch
-    torch.testing.assert_close(controller_forward(params[0], feats, f, o, hidden),
-                               controller_forward(params[:1].expand(b, -1), feats, f, o, hidden))
+    torch.testing.assert_close(
+        controller_forward(params[0], feats, f, o, hidden),
+        controller_forward(params[:1].expand(b, -1), feats, f, o, hidden),
+    )
 
 
 def _fit(model, datamodule, steps, ckpt_path=None):
-    trainer = pl.Trainer(max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0)
+    trainer = pl.Trainer(
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+    )
     trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
     return trainer
 
@@ -160,9 +175,19 @@ def test_ddp_splits_the_population_and_matches_one_process(tmp_path):
 
     model, dm2 = _cartpole_controller(popsize=5, episodes_per_member=2)
     path = tmp_path / "ddp.ckpt"
-    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", max_steps=2, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         num_sanity_val_steps=0, limit_val_batches=0, callbacks=[_SaveAtEnd(str(path))])
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp_spawn",
+        max_steps=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        callbacks=[_SaveAtEnd(str(path))],
+    )
     trainer.fit(model, datamodule=dm2)
     restored, _ = _cartpole_controller(popsize=5, episodes_per_member=2)
     restored.on_load_checkpoint(torch.load(path, weights_only=True))
@@ -180,35 +205,101 @@ def _run_pipeline(name: str, capsys, env: list[str] = (), member_steps: int = 30
     cfg = Path(__file__).resolve().parents[1] / "configs" / "worldmodels" / name
     frames, latents = f"data/worldmodels/{name}/frames", f"data/worldmodels/{name}/latents"
     quiet = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
-    main(["record", "--config", str(cfg / "record.yaml"), "--episodes", "6", "--data.init_args.env.num_envs", "2", *env])
+    main(
+        ["record", "--config", str(cfg / "record.yaml"), "--episodes", "6", "--data.init_args.env.num_envs", "2", *env]
+    )
     assert len(EpisodeStore(frames).paths()) == 6
     v_args = ["--model.init_args.z_size", "4", "--model.init_args.depth", "4"]
-    main(["fit", "--config", str(cfg / "vision.yaml"), *v_args, *quiet, "--trainer.max_epochs", "1",
-          "--data.init_args.batch_size", "8", "--data.init_args.val_fraction", "0.3", "--data.init_args.val_batches", "1"])
+    main(
+        [
+            "fit",
+            "--config",
+            str(cfg / "vision.yaml"),
+            *v_args,
+            *quiet,
+            "--trainer.max_epochs",
+            "1",
+            "--data.init_args.batch_size",
+            "8",
+            "--data.init_args.val_fraction",
+            "0.3",
+            "--data.init_args.val_batches",
+            "1",
+        ]
+    )
     main(["convert", "--config", str(cfg / "vision.yaml"), *v_args, "--ckpt_path", "last", "--target", latents])
     assert len(EpisodeStore(latents).paths()) == 6
-    main(["fit", "--config", str(cfg / "memory.yaml"), *quiet, "--trainer.max_epochs", "1",
-          "--model.init_args.z_size", "4", "--model.init_args.hidden_size", "8", "--model.init_args.num_mixtures", "2",
-          "--data.init_args.batch_size", "2", "--data.init_args.sequence_length", "6",
-          "--data.init_args.val_fraction", "0.3", "--data.init_args.val_batches", "1"])
-    c_args = [*quiet, "--model.init_args.popsize", "3", "--model.init_args.episodes_per_member", "1",
-              "--model.init_args.max_episode_steps", str(member_steps), "--data.init_args.eval_episodes", "1",
-              "--data.init_args.eval_envs", "1", "--trainer.val_check_interval", "2", *env]
+    main(
+        [
+            "fit",
+            "--config",
+            str(cfg / "memory.yaml"),
+            *quiet,
+            "--trainer.max_epochs",
+            "1",
+            "--model.init_args.z_size",
+            "4",
+            "--model.init_args.hidden_size",
+            "8",
+            "--model.init_args.num_mixtures",
+            "2",
+            "--data.init_args.batch_size",
+            "2",
+            "--data.init_args.sequence_length",
+            "6",
+            "--data.init_args.val_fraction",
+            "0.3",
+            "--data.init_args.val_batches",
+            "1",
+        ]
+    )
+    c_args = [
+        *quiet,
+        "--model.init_args.popsize",
+        "3",
+        "--model.init_args.episodes_per_member",
+        "1",
+        "--model.init_args.max_episode_steps",
+        str(member_steps),
+        "--data.init_args.eval_episodes",
+        "1",
+        "--data.init_args.eval_envs",
+        "1",
+        "--trainer.val_check_interval",
+        "2",
+        *env,
+    ]
     first = main(["fit", "--config", str(cfg / "controller.yaml"), *c_args, "--trainer.max_steps", "2"])
     n_actions = first.model.num_params // (4 + 8 + 1)
     assert first.model.es.countiter == 2 and first.model.num_params == (4 + 8 + 1) * n_actions
     ckpt_dir = Path(f"lightning_logs/worldmodels-{name}-controller/checkpoints")
-    resumed = main(["fit", "--config", str(cfg / "controller.yaml"), *c_args, "--trainer.max_steps", "3",
-                    "--ckpt_path", "last"])
+    resumed = main(
+        ["fit", "--config", str(cfg / "controller.yaml"), *c_args, "--trainer.max_steps", "3", "--ckpt_path", "last"]
+    )
     assert resumed.trainer.global_step == 3 and resumed.model.es.countiter == 3
     saved = torch.load(ckpt_dir / "last.ckpt", weights_only=False)
     assert saved["global_step"] == 3
     capsys.readouterr()
     main(["evaluate", "--config", str(cfg / "controller.yaml"), "--ckpt_path", "last", "--episodes", "2", *env])
     assert "return" in capsys.readouterr().out
-    dream = main(["fit", "--config", str(cfg / "controller.yaml"), *c_args, "--trainer.max_steps", "1",
-                  "--trainer.run_name", "dream", "--model.init_args.train_in", "dream",
-                  "--model.init_args.dream_dir", latents, "--model.init_args.dream_max_steps", str(member_steps)])
+    dream = main(
+        [
+            "fit",
+            "--config",
+            str(cfg / "controller.yaml"),
+            *c_args,
+            "--trainer.max_steps",
+            "1",
+            "--trainer.run_name",
+            "dream",
+            "--model.init_args.train_in",
+            "dream",
+            "--model.init_args.dream_dir",
+            latents,
+            "--model.init_args.dream_max_steps",
+            str(member_steps),
+        ]
+    )
     assert dream.model.es.countiter == 1
 
 
@@ -297,7 +388,7 @@ def test_fitness_is_penalised_and_the_best_member_is_kept(monkeypatch):
     _fit(model, dm, 3)
     members = np.concatenate([x for x, _ in told])
     fitness = -np.concatenate([f for _, f in told])
-    np.testing.assert_allclose(fitness, 10.0 - (members ** 2).mean(1))
+    np.testing.assert_allclose(fitness, 10.0 - (members**2).mean(1))
     best = int(fitness.argmax())
     np.testing.assert_allclose(model.best_params.numpy(), members[best], rtol=1e-6)
     assert float(model.best_fitness) == pytest.approx(fitness[best])
@@ -340,21 +431,39 @@ def test_controller_on_dreamers_world_model_in_the_dream_and_the_real_env(tmp_pa
     store = EpisodeStore(tmp_path / "episodes")
     rng = np.random.default_rng(0)
     for _ in range(2):
-        store.add({"obs": rng.normal(size=(5, 4)).astype(np.float32), "action": rng.integers(0, 2, 5),
-                   "reward": np.ones(5, np.float32), "is_first": np.eye(1, 5, dtype=bool)[0],
-                   "is_last": np.eye(1, 5, 4, dtype=bool)[0], "is_terminal": np.eye(1, 5, 4, dtype=bool)[0]})
-    controller = Controller(model_dm.spec, dreamer_ckpt=ckpt, popsize=3, episodes_per_member=1, train_in="dream",
-                            dream_dir=str(tmp_path / "episodes"), dream_starts="all", dream_max_steps=6,
-                            dream_reward="survival", max_episode_steps=20)
+        store.add(
+            {
+                "obs": rng.normal(size=(5, 4)).astype(np.float32),
+                "action": rng.integers(0, 2, 5),
+                "reward": np.ones(5, np.float32),
+                "is_first": np.eye(1, 5, dtype=bool)[0],
+                "is_last": np.eye(1, 5, 4, dtype=bool)[0],
+                "is_terminal": np.eye(1, 5, 4, dtype=bool)[0],
+            }
+        )
+    controller = Controller(
+        model_dm.spec,
+        dreamer_ckpt=ckpt,
+        popsize=3,
+        episodes_per_member=1,
+        train_in="dream",
+        dream_dir=str(tmp_path / "episodes"),
+        dream_starts="all",
+        dream_max_steps=6,
+        dream_reward="survival",
+        max_episode_steps=20,
+    )
     assert controller.in_dim == 16 + 16 and controller.num_params == (32 + 1) * 2
     assert controller.dream_starts_bank()["h"].shape == (8, 16)  # 2 episodes x 4 rows that are not last
-    torch.testing.assert_close(controller.world_model.state_dict()["gru.linear.weight"],
-                               dreamer.wm.state_dict()["gru.linear.weight"])
+    torch.testing.assert_close(
+        controller.world_model.state_dict()["gru.linear.weight"], dreamer.wm.state_dict()["gru.linear.weight"]
+    )
     _fit(controller, model_dm, 1)
     assert controller.es.countiter == 1
     # acting in the real env filters real observations through the RSSM's posterior
-    real = controller.evaluate_population(torch.randn(2, controller.num_params), 1, seed=0, where="real",
-                                          config=model_dm.env)
+    real = controller.evaluate_population(
+        torch.randn(2, controller.num_params), 1, seed=0, where="real", config=model_dm.env
+    )
     assert real.shape == (2,) and (real >= 1).all() and (real <= 20).all()
     episodes = model_dm.evaluate(controller, 1)
     assert len(episodes) == 1
@@ -370,23 +479,66 @@ def test_cli_controller_in_dreamers_dream_end_to_end(capsys):
     root = Path(__file__).resolve().parents[1]
     cfg = root / "configs" / "worldmodels" / "cartpole_dreamer"
     quiet = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
-    main(["fit", "--config", str(root / "configs/dreamer/cartpole.yaml"),
-          "--config", str(root / "configs/dreamer/presets/debug.yaml"), *quiet, "--trainer.max_steps", "2",
-          "--trainer.run_name", "dreamer-cartpole",  # what the config's path gives from the repository root
-          "--trainer.val_check_interval", "2", "--data.init_args.batch_size", "2",
-          "--data.init_args.sequence_length", "8", "--data.init_args.prefill", "16",
-          "--data.init_args.eval_episodes", "1", "--data.init_args.eval_envs", "1"])
+    main(
+        [
+            "fit",
+            "--config",
+            str(root / "configs/dreamer/cartpole.yaml"),
+            "--config",
+            str(root / "configs/dreamer/presets/debug.yaml"),
+            *quiet,
+            "--trainer.max_steps",
+            "2",
+            "--trainer.run_name",
+            "dreamer-cartpole",  # what the config's path gives from the repository root
+            "--trainer.val_check_interval",
+            "2",
+            "--data.init_args.batch_size",
+            "2",
+            "--data.init_args.sequence_length",
+            "8",
+            "--data.init_args.prefill",
+            "16",
+            "--data.init_args.eval_episodes",
+            "1",
+            "--data.init_args.eval_envs",
+            "1",
+        ]
+    )
     assert Path("lightning_logs/dreamer-cartpole/checkpoints/last.ckpt").is_file()
     main(["record", "--config", str(cfg / "record.yaml"), "--episodes", "3"])
     assert len(EpisodeStore("data/worldmodels/cartpole_dreamer/episodes")) == 3
-    c_args = [*quiet, "--model.init_args.popsize", "3", "--model.init_args.episodes_per_member", "1",
-              "--model.init_args.max_episode_steps", "15", "--data.init_args.eval_episodes", "1",
-              "--data.init_args.eval_envs", "1", "--trainer.val_check_interval", "2"]
+    c_args = [
+        *quiet,
+        "--model.init_args.popsize",
+        "3",
+        "--model.init_args.episodes_per_member",
+        "1",
+        "--model.init_args.max_episode_steps",
+        "15",
+        "--data.init_args.eval_episodes",
+        "1",
+        "--data.init_args.eval_envs",
+        "1",
+        "--trainer.val_check_interval",
+        "2",
+    ]
     cli = main(["fit", "--config", str(cfg / "controller.yaml"), *c_args, "--trainer.max_steps", "2"])
     assert cli.model.es.countiter == 2 and cli.model.num_params == (32 + 16 + 1) * 2
     capsys.readouterr()
-    main(["evaluate", "--config", str(cfg / "controller.yaml"), "--ckpt_path", "last", "--episodes", "2",
-          "--model.init_args.use", "best"])
+    main(
+        [
+            "evaluate",
+            "--config",
+            str(cfg / "controller.yaml"),
+            "--ckpt_path",
+            "last",
+            "--episodes",
+            "2",
+            "--model.init_args.use",
+            "best",
+        ]
+    )
     assert "return" in capsys.readouterr().out
 
 

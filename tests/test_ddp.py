@@ -10,8 +10,9 @@ SCRIPT = Path(__file__).resolve().parent / "ddp_fit.py"
 
 
 def test_ddp_two_ranks_share_weights_but_not_envs(tmp_path):
-    out = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), "ddp"], capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), str(tmp_path), "ddp"], capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-4000:]
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
     for key, value in ranks[0]["weights"].items():
@@ -34,11 +35,17 @@ def test_ddp_resume_gives_each_rank_its_own_buffer_back(tmp_path):
     """Every rank saves its buffer beside last.ckpt and loads its own on resume (episode ended at
     the restart), not rank 0's."""
     for args in ([], ["resume"]):
-        out = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), "ddp", *args], capture_output=True,
-                             text=True, timeout=300)
+        out = subprocess.run(
+            [sys.executable, str(SCRIPT), str(tmp_path), "ddp", *args], capture_output=True, text=True, timeout=300
+        )
         assert out.returncode == 0, out.stderr[-4000:]
     files = sorted(p.name for p in (tmp_path / "lightning_logs" / "ddp" / "checkpoints").glob("replay_*"))
-    assert files == ["replay_rank0_step20.pt", "replay_rank0_step22.pt", "replay_rank1_step20.pt", "replay_rank1_step22.pt"]
+    assert files == [
+        "replay_rank0_step20.pt",
+        "replay_rank0_step22.pt",
+        "replay_rank1_step20.pt",
+        "replay_rank1_step22.pt",
+    ]
     saved = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False)["buffer"] for r in (0, 1)]
     resumed = [torch.load(tmp_path / f"rank{r}_resumed.pt", weights_only=False) for r in (0, 1)]
     assert not torch.equal(saved[0]["data"]["obs"], saved[1]["data"]["obs"])

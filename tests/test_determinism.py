@@ -16,14 +16,42 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 FAMILIES = {
-    "dreamer": ["--config", str(ROOT / "configs/dreamer/cartpole.yaml"), "--trainer.max_steps", "6",
-                "--trainer.val_check_interval", "3", "--trainer.checkpoint_every_n_steps", "3",
-                "--model.init_args.deter", "16", "--model.init_args.hidden", "16", "--model.init_args.stoch", "4",
-                "--model.init_args.classes", "4", "--model.init_args.bins", "15",
-                "--data.init_args.prefill", "64", "--data.init_args.batch_size", "4",
-                "--data.init_args.sequence_length", "8", "--data.init_args.eval_episodes", "2",
-                "--data.init_args.eval_envs", "2", "--data.init_args.save_buffer", "true",
-                "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"],
+    "dreamer": [
+        "--config",
+        str(ROOT / "configs/dreamer/cartpole.yaml"),
+        "--trainer.max_steps",
+        "6",
+        "--trainer.val_check_interval",
+        "3",
+        "--trainer.checkpoint_every_n_steps",
+        "3",
+        "--model.init_args.deter",
+        "16",
+        "--model.init_args.hidden",
+        "16",
+        "--model.init_args.stoch",
+        "4",
+        "--model.init_args.classes",
+        "4",
+        "--model.init_args.bins",
+        "15",
+        "--data.init_args.prefill",
+        "64",
+        "--data.init_args.batch_size",
+        "4",
+        "--data.init_args.sequence_length",
+        "8",
+        "--data.init_args.eval_episodes",
+        "2",
+        "--data.init_args.eval_envs",
+        "2",
+        "--data.init_args.save_buffer",
+        "true",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.enable_model_summary",
+        "false",
+    ],
 }
 
 
@@ -32,8 +60,14 @@ def _fit(workdir: Path, args: list[str]) -> dict[str, Any]:
     its checkpoint folder, loaded, with the run's own folder in stored paths replaced by ``<run>``."""
     workdir.mkdir(parents=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, str(ROOT / "main.py"), "fit", *args, "--trainer.run_name", "run"],
-                         capture_output=True, text=True, cwd=workdir, env=env, timeout=600)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "main.py"), "fit", *args, "--trainer.run_name", "run"],
+        capture_output=True,
+        text=True,
+        cwd=workdir,
+        env=env,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     folder = workdir / "lightning_logs/run/checkpoints"
     loaded = {p.name: torch.load(p, map_location="cpu", weights_only=True) for p in sorted(folder.iterdir())}
@@ -58,8 +92,13 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 def _differences(a: Any, b: Any, where: str = "") -> list[str]:
     """Paths at which two loaded checkpoints differ (tensors compared bit for bit)."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        same = (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype
-                and a.shape == b.shape and torch.equal(_bits(a), _bits(b)))
+        same = (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and torch.equal(_bits(a), _bits(b))
+        )
         return [] if same else [where]
     if isinstance(a, dict) and isinstance(b, dict):
         if set(a) != set(b):
@@ -79,8 +118,9 @@ def test_same_seed_and_config_give_bit_identical_runs_on_cpu(tmp_path, family):
     assert sorted(first) == sorted(second)
     last = first["last.ckpt"]
     assert last["state_dict"] and last["optimizer_states"], "nothing to compare"
-    assert any(isinstance(v, dict) and "buffer" in v for v in last.values()) or len(first) > 3, \
+    assert any(isinstance(v, dict) and "buffer" in v for v in last.values()) or len(first) > 3, (
         "the replay buffer is not in the checkpoint folder"
+    )
     assert _differences(first, second) == []
     other = _fit(tmp_path / "c", [*args, "--seed_everything", "1", "--data.init_args.env.seed", "1"])
     assert _differences(first["last.ckpt"]["state_dict"], other["last.ckpt"]["state_dict"])

@@ -37,8 +37,11 @@ TINY_DREAMER = dict(deter=16, stoch=4, classes=4, hidden=16, layers=1, bins=31, 
 
 def _model(spec=DISCRETE, z=4, hidden=8, temperature=None) -> VisionMemoryModel:
     torch.manual_seed(0)
-    return VisionMemoryModel(Vision(spec, z_size=z, depth=4), Memory(spec, z_size=z, hidden_size=hidden, num_mixtures=2),
-                             temperature=temperature)
+    return VisionMemoryModel(
+        Vision(spec, z_size=z, depth=4),
+        Memory(spec, z_size=z, hidden_size=hidden, num_mixtures=2),
+        temperature=temperature,
+    )
 
 
 def _vm_starts(model: VisionMemoryModel, n: int = 5) -> dict[str, torch.Tensor]:
@@ -197,9 +200,15 @@ def _latent_episode(length: int, seed: int) -> dict[str, np.ndarray]:
     is_first[0] = True
     is_last = np.zeros(length, bool)
     is_last[-1] = True
-    return {"mu": rng.normal(size=(length, 4)).astype(np.float32), "logvar": np.full((length, 4), -3.0, np.float32),
-            "action": rng.integers(0, 2, length), "reward": np.ones(length, np.float32), "is_first": is_first,
-            "is_last": is_last, "is_terminal": is_last.copy()}
+    return {
+        "mu": rng.normal(size=(length, 4)).astype(np.float32),
+        "logvar": np.full((length, 4), -3.0, np.float32),
+        "action": rng.integers(0, 2, length),
+        "reward": np.ones(length, np.float32),
+        "is_first": is_first,
+        "is_last": is_last,
+        "is_terminal": is_last.copy(),
+    }
 
 
 def test_vision_memory_model_is_a_world_model():
@@ -217,8 +226,10 @@ def test_vision_memory_model_is_a_world_model():
 
 def test_dream_ends_from_the_drawn_latent_with_done_input_latent():
     torch.manual_seed(0)
-    model = VisionMemoryModel(Vision(DISCRETE, z_size=4, depth=4),
-                              Memory(DISCRETE, z_size=4, hidden_size=8, num_mixtures=2, done_input="latent"))
+    model = VisionMemoryModel(
+        Vision(DISCRETE, z_size=4, depth=4),
+        Memory(DISCRETE, z_size=4, hidden_size=8, num_mixtures=2, done_input="latent"),
+    )
     start = _vm_starts(model, 3)
     g = torch.Generator().manual_seed(5)
     reward, nxt, done = model.step(start, torch.tensor([0, 1, 0]), generator=g)
@@ -260,8 +271,14 @@ def test_start_states_first_rows_or_all_rows():
 
 
 def _save(module, path):
-    torch.save({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams),
-                "pytorch-lightning_version": pl.__version__}, path)
+    torch.save(
+        {
+            "state_dict": module.state_dict(),
+            "hyper_parameters": dict(module.hparams),
+            "pytorch-lightning_version": pl.__version__,
+        },
+        path,
+    )
     return str(path)
 
 
@@ -270,11 +287,26 @@ def test_controller_trains_inside_the_dream(tmp_path):
     v, m = _save(model.vision, tmp_path / "v.ckpt"), _save(model.memory, tmp_path / "m.ckpt")
     store = EpisodeStore(tmp_path / "latents")
     for i in range(3):
-        store.add({"mu": np.full((4, 4), i, np.float32), "logvar": np.zeros((4, 4), np.float32),
-                   "action": np.zeros(4, np.int64), "is_first": np.eye(1, 4, dtype=bool)[0]})
-    controller = Controller(DISCRETE, vision_ckpt=v, memory_ckpt=m, popsize=4, episodes_per_member=2,
-                            train_in="dream", dream_dir=str(tmp_path / "latents"), dream_max_steps=7,
-                            dream_done_threshold=2.0, dream_reward="survival")
+        store.add(
+            {
+                "mu": np.full((4, 4), i, np.float32),
+                "logvar": np.zeros((4, 4), np.float32),
+                "action": np.zeros(4, np.int64),
+                "is_first": np.eye(1, 4, dtype=bool)[0],
+            }
+        )
+    controller = Controller(
+        DISCRETE,
+        vision_ckpt=v,
+        memory_ckpt=m,
+        popsize=4,
+        episodes_per_member=2,
+        train_in="dream",
+        dream_dir=str(tmp_path / "latents"),
+        dream_max_steps=7,
+        dream_done_threshold=2.0,
+        dream_reward="survival",
+    )
     assert sorted(controller.dream_starts_bank()["z"][:, 0].tolist()) == [0.0, 1.0, 2.0]
     solutions = torch.randn(4, controller.num_params)
     fitness = controller.evaluate_population(solutions, 2, seed=0)
@@ -286,8 +318,15 @@ def test_controller_trains_inside_the_dream(tmp_path):
             pl.LightningDataModule.__init__(self)
             self.env, self.spec = None, DISCRETE
 
-    trainer = pl.Trainer(max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0)
+    trainer = pl.Trainer(
+        max_steps=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+    )
     trainer.fit(controller, datamodule=_Synthetic())
     assert controller.es.countiter == 2 and trainer.callback_metrics["fitness/mean"] == 7.0
 
@@ -299,10 +338,16 @@ def test_load_dream_env_from_checkpoints_matches_the_models(tmp_path):
     v, m = _save(model.vision, tmp_path / "v.ckpt"), _save(model.memory, tmp_path / "m.ckpt")
     store = EpisodeStore(tmp_path / "latents")
     for i in range(2):
-        store.add({"mu": np.full((3, 4), i, np.float32), "logvar": np.full((3, 4), -20.0, np.float32),
-                   "action": np.zeros(3, np.int64)})
-    env = load_dream_env(v, m, str(tmp_path / "latents"), DISCRETE.action_space, num_envs=2, max_episode_steps=5,
-                         temperature=0.5)
+        store.add(
+            {
+                "mu": np.full((3, 4), i, np.float32),
+                "logvar": np.full((3, 4), -20.0, np.float32),
+                "action": np.zeros(3, np.int64),
+            }
+        )
+    env = load_dream_env(
+        v, m, str(tmp_path / "latents"), DISCRETE.action_space, num_envs=2, max_episode_steps=5, temperature=0.5
+    )
     assert env.model.temperature == 0.5
     assert sorted(env.starts["z"][:, 0].tolist()) == [0.0, 1.0]
     for a, b in zip(env.model.memory.state_dict().values(), model.memory.state_dict().values()):
@@ -322,9 +367,14 @@ def _vector_episode(length: int, seed: int) -> dict[str, np.ndarray]:
     is_first[0] = True
     is_last = np.zeros(length, bool)
     is_last[-1] = True
-    return {"obs": rng.normal(size=(length, 4)).astype(np.float32), "action": rng.integers(0, 2, length),
-            "reward": np.ones(length, np.float32), "is_first": is_first, "is_last": is_last,
-            "is_terminal": is_last.copy()}
+    return {
+        "obs": rng.normal(size=(length, 4)).astype(np.float32),
+        "action": rng.integers(0, 2, length),
+        "reward": np.ones(length, np.float32),
+        "is_first": is_first,
+        "is_last": is_last,
+        "is_terminal": is_last.copy(),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -357,12 +407,14 @@ def test_rssm_posterior_states_follow_the_recurrence(rssm):
 def test_dream_over_the_rssm_passes_gymnasium_env_checker(rssm, observation):
     bank = start_states(rssm, [_vector_episode(6, seed=s) for s in range(2)], where="all")
     assert bank["h"].shape == (10, 16)
-    env = DreamSingleEnv(DreamEnv(rssm, gym.spaces.Discrete(2), bank, num_envs=1, max_episode_steps=15,
-                                  observation=observation))
+    env = DreamSingleEnv(
+        DreamEnv(rssm, gym.spaces.Discrete(2), bank, num_envs=1, max_episode_steps=15, observation=observation)
+    )
     assert not _checked(env)
     obs, _ = env.reset(seed=3)
     assert obs.shape == ((16 + 16,) if observation == "features" else (4,))
     assert obs.dtype == np.float32 and env.render() is None  # vector observations: nothing to render
+
     # seeded dreams reproduce (the prior's samples come from the env's generator)
     def run(seed):
         out = [env.reset(seed=seed)[0]]
@@ -378,10 +430,12 @@ def test_dream_over_a_pixel_rssm_renders_decoded_frames():
     torch.manual_seed(0)
     spec = env_spec(EnvConfig(id="CartPole-v1", pixels=True, size=(64, 64)))
     wm = Dreamer(spec, **TINY_DREAMER).wm.eval().requires_grad_(False)
-    episode = {"obs": np.random.default_rng(0).integers(0, 256, (3, 64, 64, 3), dtype=np.uint8),
-               "action": np.array([0, 1, 0]), "is_first": np.array([True, False, False])}
-    env = DreamEnv(wm, spec.action_space, start_states(wm, [episode], where="all"), num_envs=2,
-                   observation="decoded")
+    episode = {
+        "obs": np.random.default_rng(0).integers(0, 256, (3, 64, 64, 3), dtype=np.uint8),
+        "action": np.array([0, 1, 0]),
+        "is_first": np.array([True, False, False]),
+    }
+    env = DreamEnv(wm, spec.action_space, start_states(wm, [episode], where="all"), num_envs=2, observation="decoded")
     obs, _ = env.reset(seed=0)
     assert obs.shape == (2, 64, 64, 3) and obs.dtype == np.uint8
     env.step(np.array([1, 0]))
@@ -400,8 +454,14 @@ def dream_files(tmp_path_factory):
     torch.manual_seed(0)
     dreamer = Dreamer(env_spec(EnvConfig(id="CartPole-v1")), **TINY_DREAMER)
     ckpt = root / "dreamer.ckpt"
-    torch.save({"state_dict": dreamer.state_dict(), "hyper_parameters": dict(dreamer.hparams),
-                "pytorch-lightning_version": pl.__version__}, ckpt)
+    torch.save(
+        {
+            "state_dict": dreamer.state_dict(),
+            "hyper_parameters": dict(dreamer.hparams),
+            "pytorch-lightning_version": pl.__version__,
+        },
+        ckpt,
+    )
     store = EpisodeStore(root / "episodes")
     for seed in range(2):
         store.add(_vector_episode(6, seed))
@@ -444,11 +504,14 @@ def test_impala_in_a_dream_evaluates_in_the_real_env(dream_files, monkeypatch):
     from lightning_wm.envs import DREAM_ENV_ID
 
     dream = EnvConfig(id=DREAM_ENV_ID, num_envs=2, kwargs=dream_files)
-    data = UnrollDataModule(dream, unroll_length=4, batch_size=2, eval_env=EnvConfig(id="CartPole-v1"), eval_episodes=2,
-                            eval_envs=2)
+    data = UnrollDataModule(
+        dream, unroll_length=4, batch_size=2, eval_env=EnvConfig(id="CartPole-v1"), eval_episodes=2, eval_envs=2
+    )
     built = []
-    monkeypatch.setattr("lightning_wm.data.collector.make_vector_env",
-                        lambda config: built.append(config.id) or make_vector_env_real(config))
+    monkeypatch.setattr(
+        "lightning_wm.data.collector.make_vector_env",
+        lambda config: built.append(config.id) or make_vector_env_real(config),
+    )
     episodes = data.evaluate(RandomAgent(data.spec, seed=0))
     assert built == ["CartPole-v1"] and len(episodes) == 2
     assert all(e["length"] == e["return"] for e in episodes)  # CartPole pays 1 per real step
@@ -470,11 +533,32 @@ def test_impala_in_dream_config_fits_in_the_dream_and_evaluates_in_the_real_env(
 
     config = str(Path(__file__).resolve().parents[1] / "configs/impala/cartpole_in_dream.yaml")
     kwargs = {**dream_files, "real_env": "CartPole-v1", "starts": "all"}
-    args = ["--config", config, "--trainer.max_steps", "3", "--trainer.val_check_interval", "3",
-            "--trainer.enable_progress_bar", "false", "--trainer.run_name", "in-dream", "--trainer.log_every_n_steps", "1",
-            "--data.init_args.env.num_envs", "2", "--data.init_args.unroll_length", "4",
-            "--data.init_args.batch_size", "2", "--data.init_args.eval_episodes", "2",
-            "--data.init_args.eval_envs", "2", "--data.init_args.env.kwargs", json.dumps(kwargs)]
+    args = [
+        "--config",
+        config,
+        "--trainer.max_steps",
+        "3",
+        "--trainer.val_check_interval",
+        "3",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.run_name",
+        "in-dream",
+        "--trainer.log_every_n_steps",
+        "1",
+        "--data.init_args.env.num_envs",
+        "2",
+        "--data.init_args.unroll_length",
+        "4",
+        "--data.init_args.batch_size",
+        "2",
+        "--data.init_args.eval_episodes",
+        "2",
+        "--data.init_args.eval_envs",
+        "2",
+        "--data.init_args.env.kwargs",
+        json.dumps(kwargs),
+    ]
     cli = main(args=["fit", *args])
     assert cli.trainer.global_step == 3
     logged = cli.trainer.logged_metrics
@@ -501,8 +585,9 @@ def test_ensemble_members_read_the_same_steps_and_the_primary_gives_the_features
     base = _model()
     twin = Memory(DISCRETE, z_size=4, hidden_size=8, num_mixtures=2)
     twin.load_state_dict(base.memory.state_dict())
-    model = VisionMemoryModel(base.vision, base.memory, ensemble=[twin, _member()], ensemble_next="primary",
-                              ensemble_done="mean")
+    model = VisionMemoryModel(
+        base.vision, base.memory, ensemble=[twin, _member()], ensemble_next="primary", ensemble_done="mean"
+    )
     state = {**model.zero_state(3), "z": torch.randn(3, 4)}
     assert state["eh"].shape == state["ec"].shape == (3, 2, 8)
     action = torch.nn.functional.one_hot(torch.tensor([0, 1, 1]), 2).float()
@@ -519,22 +604,24 @@ def test_ensemble_members_read_the_same_steps_and_the_primary_gives_the_features
     torch.testing.assert_close(done, (2 * alone[2] + o_done) / 3)
     torch.testing.assert_close(reward, (2 * alone[0] + o_reward) / 3)
     # filtering a recorded episode fills every member's memory; is_first resets them all
-    episode = {"mu": np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32),
-               "action": np.array([0, 1, 0, 1, 0])}
+    episode = {
+        "mu": np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32),
+        "action": np.array([0, 1, 0, 1, 0]),
+    }
     rows = model.posterior_states(episode)
     assert rows["eh"].shape == (5, 2, 8)
     torch.testing.assert_close(rows["eh"][:, 0], rows["h"])
     torch.testing.assert_close(rows["h"], base.posterior_states(episode)["h"])
-    reset = model.observe_step(state, action, torch.zeros(3, 64, 64, 3, dtype=torch.uint8),
-                               is_first=torch.tensor([True, False, True]))
+    reset = model.observe_step(
+        state, action, torch.zeros(3, 64, 64, 3, dtype=torch.uint8), is_first=torch.tensor([True, False, True])
+    )
     assert reset["eh"][[0, 2]].abs().sum() == 0 and reset["eh"][1].abs().sum() > 0
 
 
 def test_ensemble_random_next_draws_from_every_member_and_done_takes_the_max():
     base = _model()
     far = _member(z_offset=100.0)
-    model = VisionMemoryModel(base.vision, base.memory, ensemble=[far], ensemble_next="random",
-                              ensemble_done="max")
+    model = VisionMemoryModel(base.vision, base.memory, ensemble=[far], ensemble_next="random", ensemble_done="max")
     n = 400
     state = {**model.zero_state(n), "z": torch.zeros(n, 4)}
     action = torch.nn.functional.one_hot(torch.zeros(n, dtype=torch.long), 2).float()
@@ -570,11 +657,27 @@ def test_controller_dreams_with_an_ensemble_and_acts_with_m_alone(tmp_path):
     m2 = _save(_member(), tmp_path / "m2.ckpt")
     store = EpisodeStore(tmp_path / "latents")
     for i in range(3):
-        store.add({"mu": np.full((4, 4), i, np.float32), "logvar": np.zeros((4, 4), np.float32),
-                   "action": np.zeros(4, np.int64), "is_first": np.eye(1, 4, dtype=bool)[0]})
-    controller = Controller(DISCRETE, vision_ckpt=v, memory_ckpt=m, memory_ensemble=[m2], popsize=4,
-                            episodes_per_member=2, train_in="dream", dream_dir=str(tmp_path / "latents"),
-                            dream_max_steps=7, dream_done_threshold=2.0, dream_reward="survival")
+        store.add(
+            {
+                "mu": np.full((4, 4), i, np.float32),
+                "logvar": np.zeros((4, 4), np.float32),
+                "action": np.zeros(4, np.int64),
+                "is_first": np.eye(1, 4, dtype=bool)[0],
+            }
+        )
+    controller = Controller(
+        DISCRETE,
+        vision_ckpt=v,
+        memory_ckpt=m,
+        memory_ensemble=[m2],
+        popsize=4,
+        episodes_per_member=2,
+        train_in="dream",
+        dream_dir=str(tmp_path / "latents"),
+        dream_max_steps=7,
+        dream_done_threshold=2.0,
+        dream_reward="survival",
+    )
     assert len(controller.dream_model.ensemble) == 1 and not len(controller.world_model.ensemble)
     assert not any(k.startswith("world_model.ensemble") or "dream_model" in k for k in controller.state_dict())
     assert controller.dream_starts_bank()["eh"].shape == (3, 1, 8)

@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from tb_scalars import logged_scalars
 
 from lightning_wm.agents.dreamer import Dreamer, onehot_linear
 from lightning_wm.cli import main
 from lightning_wm.data.replay import ReplayBuffer
 from lightning_wm.envs import EnvConfig, env_spec
 from lightning_wm.nn import dists
-from tb_scalars import logged_scalars
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,9 +131,12 @@ def pendulum_batch(B: int = 3, L: int = 8, seed: int = 0) -> dict[str, torch.Ten
     is_first = torch.zeros(B, L, dtype=torch.bool)
     is_first[:, 0] = True
     return {
-        "obs": torch.randn(B, L, 3, generator=g), "action": torch.rand(B, L, 1, generator=g) * 4 - 2,
-        "reward": -torch.rand(B, L, generator=g), "is_first": is_first,
-        "is_last": torch.zeros(B, L, dtype=torch.bool), "is_terminal": torch.zeros(B, L, dtype=torch.bool),
+        "obs": torch.randn(B, L, 3, generator=g),
+        "action": torch.rand(B, L, 1, generator=g) * 4 - 2,
+        "reward": -torch.rand(B, L, generator=g),
+        "is_first": is_first,
+        "is_last": torch.zeros(B, L, dtype=torch.bool),
+        "is_terminal": torch.zeros(B, L, dtype=torch.bool),
     }
 
 
@@ -146,8 +149,11 @@ def test_one_backward_of_the_summed_losses_gives_each_network_its_own_gradient(e
     model = Dreamer(env_spec(EnvConfig(id=env_id)), **TINY, loss_replay_critic=0.3)
     batch = cartpole_batch() if env_id == "CartPole-v1" else pendulum_batch()
     losses, _ = model.losses(batch)
-    groups = {"model": list(model.wm.parameters()), "actor": list(model.actor.parameters()),
-              "critic": list(model.critic.parameters())}
+    groups = {
+        "model": list(model.wm.parameters()),
+        "actor": list(model.actor.parameters()),
+        "critic": list(model.critic.parameters()),
+    }
     assert all(not p.requires_grad for p in model.slow_critic.parameters())
     every = [p for params in groups.values() for p in params]
     assert len(every) == sum(p.requires_grad for p in model.parameters())  # nothing else is trained
@@ -279,8 +285,11 @@ def test_continuous_pendulum_dynamics_backprop():
     assert action.abs().max() <= 2.0  # Pendulum torque bounds
     B, L = 3, 8
     batch = {
-        "obs": torch.randn(B, L, 3), "action": torch.rand(B, L, 1) * 4 - 2, "reward": -torch.rand(B, L),
-        "is_first": torch.zeros(B, L, dtype=torch.bool), "is_last": torch.zeros(B, L, dtype=torch.bool),
+        "obs": torch.randn(B, L, 3),
+        "action": torch.rand(B, L, 1) * 4 - 2,
+        "reward": -torch.rand(B, L),
+        "is_first": torch.zeros(B, L, dtype=torch.bool),
+        "is_last": torch.zeros(B, L, dtype=torch.bool),
         "is_terminal": torch.zeros(B, L, dtype=torch.bool),
     }
     assert model.actions.encode(batch["action"]).abs().max() <= 1.0
@@ -297,14 +306,34 @@ def test_continuous_pendulum_dynamics_backprop():
 # -- command line -------------------------------------------------------------------------------
 def _fit_args(config: str, steps: int, extra: list[str] = ()) -> list[str]:
     return [
-        "fit", "--config", str(ROOT / "configs/dreamer" / config),
-        "--config", str(ROOT / "configs/dreamer/presets/debug.yaml"),
-        "--trainer.max_steps", str(steps), "--trainer.log_every_n_steps", "1",
-        "--trainer.val_check_interval", str(steps), "--trainer.enable_progress_bar", "false",
-        "--trainer.run_name", "run", "--model.init_args.lr_model", "3e-3",
-        "--data.init_args.batch_size", "4", "--data.init_args.sequence_length", "16",
-        "--data.init_args.prefill", "64", "--data.init_args.eval_episodes", "1",
-        "--data.init_args.eval_envs", "1", *extra,
+        "fit",
+        "--config",
+        str(ROOT / "configs/dreamer" / config),
+        "--config",
+        str(ROOT / "configs/dreamer/presets/debug.yaml"),
+        "--trainer.max_steps",
+        str(steps),
+        "--trainer.log_every_n_steps",
+        "1",
+        "--trainer.val_check_interval",
+        str(steps),
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.run_name",
+        "run",
+        "--model.init_args.lr_model",
+        "3e-3",
+        "--data.init_args.batch_size",
+        "4",
+        "--data.init_args.sequence_length",
+        "16",
+        "--data.init_args.prefill",
+        "64",
+        "--data.init_args.eval_episodes",
+        "1",
+        "--data.init_args.eval_envs",
+        "1",
+        *extra,
     ]
 
 
@@ -314,9 +343,19 @@ def test_cli_fit_cartpole_vector_losses_fall():
     losses = logged_scalars(Path("lightning_logs/run"), "train/loss_model")
     assert len(losses) >= 20
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5
-    for tag in ("train/loss_kl_dyn", "train/loss_actor", "train/loss_critic", "train/entropy",
-                "train/imag_return", "grad_norm/model", "val/return", "val/openloop_mse",
-                "env/steps", "env/episode_return", "env/episode_length"):
+    for tag in (
+        "train/loss_kl_dyn",
+        "train/loss_actor",
+        "train/loss_critic",
+        "train/entropy",
+        "train/imag_return",
+        "grad_norm/model",
+        "val/return",
+        "val/openloop_mse",
+        "env/steps",
+        "env/episode_return",
+        "env/episode_length",
+    ):
         assert logged_scalars(Path("lightning_logs/run"), tag), tag
     # the open-loop plot of the vector observation (4 panels, one per CartPole dimension)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -330,9 +369,22 @@ def test_cli_fit_cartpole_vector_losses_fall():
 @pytest.mark.parametrize("preset", ["xs", "s", "m"])
 def test_cli_size_presets_build_and_take_a_step(preset):
     """Each size preset instantiates from the CLI over a family config and trains one step."""
-    args = _fit_args("cartpole.yaml", 1, ["--config", str(ROOT / f"configs/dreamer/presets/{preset}.yaml"),
-                                          "--model.init_args.horizon", "3", "--data.init_args.sequence_length", "8",
-                                          "--data.init_args.batch_size", "2", "--trainer.limit_val_batches", "0"])
+    args = _fit_args(
+        "cartpole.yaml",
+        1,
+        [
+            "--config",
+            str(ROOT / f"configs/dreamer/presets/{preset}.yaml"),
+            "--model.init_args.horizon",
+            "3",
+            "--data.init_args.sequence_length",
+            "8",
+            "--data.init_args.batch_size",
+            "2",
+            "--trainer.limit_val_batches",
+            "0",
+        ],
+    )
     cli = main(args=args)
     wanted = yaml.safe_load((ROOT / f"configs/dreamer/presets/{preset}.yaml").read_text())["model"]["init_args"]
     assert cli.trainer.global_step == 1
@@ -342,9 +394,20 @@ def test_cli_size_presets_build_and_take_a_step(preset):
 
 def test_horizon_schedule_grows_the_imagination_with_env_steps():
     # debug fit: 64 prefill rows, then 4 env steps per gradient step (one env, replay ratio 0.25)
-    cli = main(args=_fit_args("cartpole.yaml", 10, ["--model.init_args.horizon", "6",
-                                                    "--model.init_args.horizon_schedule", "[70, 2, 100]",
-                                                    "--data.init_args.replay_ratio", "0.25"]))
+    cli = main(
+        args=_fit_args(
+            "cartpole.yaml",
+            10,
+            [
+                "--model.init_args.horizon",
+                "6",
+                "--model.init_args.horizon_schedule",
+                "[70, 2, 100]",
+                "--data.init_args.replay_ratio",
+                "0.25",
+            ],
+        )
+    )
     horizons = logged_scalars(Path("lightning_logs/run"), "train/horizon")
     assert horizons[0] == 2 and horizons[-1] == 6 and horizons == sorted(horizons) and len(set(horizons)) > 2
     assert cli.model.current_horizon() == 6
@@ -412,8 +475,13 @@ def test_resume_after_a_crash_continues_from_the_checkpoint_exactly(monkeypatch)
 
     base = ["--data.init_args.save_buffer", "true", "--trainer.checkpoint_every_n_steps", "3"]
     with pytest.raises(RuntimeError, match="simulated crash at step 7"):
-        main(args=_fit_args("cartpole.yaml", 12, [*base, "--trainer.callbacks",
-                                                  '[{"class_path": "resume_probe.CrashAt", "init_args": {"step": 7}}]']))
+        main(
+            args=_fit_args(
+                "cartpole.yaml",
+                12,
+                [*base, "--trainer.callbacks", '[{"class_path": "resume_probe.CrashAt", "init_args": {"step": 7}}]'],
+            )
+        )
     ckpt = torch.load("lightning_logs/run/checkpoints/last.ckpt", weights_only=False)
     assert ckpt["global_step"] == 6
     data_state = ckpt["ReplayDataModule"]
@@ -422,8 +490,13 @@ def test_resume_after_a_crash_continues_from_the_checkpoint_exactly(monkeypatch)
     expected = ReplayBuffer.load(Path(record["dir"]) / "replay_rank0_step6.pt")  # pruned by the later saves
     assert not expected.column("is_last")[0, expected.newest[0]]
     assert expected.mark_episode_end() == 1
-    cli = main(args=_fit_args("cartpole.yaml", 12, [*base, "--ckpt_path", "last", "--trainer.callbacks",
-                                                    '[{"class_path": "resume_probe.RecordStart"}]']))
+    cli = main(
+        args=_fit_args(
+            "cartpole.yaml",
+            12,
+            [*base, "--ckpt_path", "last", "--trainer.callbacks", '[{"class_path": "resume_probe.RecordStart"}]'],
+        )
+    )
     seen = resume_probe.SEEN
     assert seen["global_step"] == 6
     assert seen["env_steps"] == data_state["stats"]["env_steps"]
@@ -506,8 +579,7 @@ def test_cont_terminal_weight_scales_the_continue_loss_on_terminal_rows_only(car
         Dreamer(cartpole_spec, **TINY, cont_terminal_weight=0.0)
 
 
-def test_lr_anneal_steps_anneals_actor_and_critic_to_zero_and_keeps_the_world_models_rate(cartpole_spec,
-                                                                                         monkeypatch):
+def test_lr_anneal_steps_anneals_actor_and_critic_to_zero_and_keeps_the_world_models_rate(cartpole_spec, monkeypatch):
     """At gradient step n the actor's and critic's rates are lr * (1 - n / lr_anneal_steps), floored
     at 0, so from step lr_anneal_steps on the policy no longer moves; the world model keeps
     lr_model and goes on learning."""

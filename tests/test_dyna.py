@@ -12,25 +12,65 @@ from lightning_wm.agents.dreamer import Dreamer
 from lightning_wm.agents.dyna import DynaLearner
 from lightning_wm.agents.impala import IMPALA
 from lightning_wm.cli import main
+from lightning_wm.data.imagination import DynaWorldModel
 from lightning_wm.data.modules import UnrollDataModule
 from lightning_wm.envs import EnvConfig
-from lightning_wm.data.imagination import DynaWorldModel
 from lightning_wm.world_model import RolloutLengthScheduler, WorldModel
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "configs/impala/cartpole_dyna.yaml")
-SHRINK = ["--trainer.max_steps", "10", "--trainer.val_check_interval", "10", "--trainer.log_every_n_steps", "1",
-          "--trainer.enable_progress_bar", "false", "--trainer.run_name", "run",
-          "--data.init_args.env.num_envs", "2", "--data.init_args.unroll_length", "4",
-          "--data.init_args.batch_size", "4", "--data.init_args.eval_episodes", "1", "--data.init_args.eval_envs", "1",
-          "--data.init_args.env.max_episode_steps", "30", "--data.init_args.model_replay_size", "1000",
-          "--data.init_args.model_batch_size", "2", "--data.init_args.model_sequence_length", "8",
-          "--model.init_args.model_train_start", "16", "--model.init_args.train_freq", "16",
-          "--model.init_args.rollout_length_min", "3", "--model.init_args.rollout_length_max", "3",
-          "--model.init_args.rollout_batch_size", "8", "--model.init_args.real_ratio", "0.5",
-          "--model.init_args.world_model.init_args.deter", "16", "--model.init_args.world_model.init_args.hidden", "16",
-          "--model.init_args.world_model.init_args.stoch", "4", "--model.init_args.world_model.init_args.classes", "4",
-          "--model.init_args.world_model.init_args.bins", "31"]
+SHRINK = [
+    "--trainer.max_steps",
+    "10",
+    "--trainer.val_check_interval",
+    "10",
+    "--trainer.log_every_n_steps",
+    "1",
+    "--trainer.enable_progress_bar",
+    "false",
+    "--trainer.run_name",
+    "run",
+    "--data.init_args.env.num_envs",
+    "2",
+    "--data.init_args.unroll_length",
+    "4",
+    "--data.init_args.batch_size",
+    "4",
+    "--data.init_args.eval_episodes",
+    "1",
+    "--data.init_args.eval_envs",
+    "1",
+    "--data.init_args.env.max_episode_steps",
+    "30",
+    "--data.init_args.model_replay_size",
+    "1000",
+    "--data.init_args.model_batch_size",
+    "2",
+    "--data.init_args.model_sequence_length",
+    "8",
+    "--model.init_args.model_train_start",
+    "16",
+    "--model.init_args.train_freq",
+    "16",
+    "--model.init_args.rollout_length_min",
+    "3",
+    "--model.init_args.rollout_length_max",
+    "3",
+    "--model.init_args.rollout_batch_size",
+    "8",
+    "--model.init_args.real_ratio",
+    "0.5",
+    "--model.init_args.world_model.init_args.deter",
+    "16",
+    "--model.init_args.world_model.init_args.hidden",
+    "16",
+    "--model.init_args.world_model.init_args.stoch",
+    "4",
+    "--model.init_args.world_model.init_args.classes",
+    "4",
+    "--model.init_args.world_model.init_args.bins",
+    "31",
+]
 
 
 class StepModel(nn.Module, WorldModel):
@@ -67,8 +107,14 @@ def test_imagined_unrolls_fill_batches_at_real_ratio():
         assert "model" not in first, "no model sequences while the replay holds < model_sequence_length rows per env"
         rows_before = len(dm.model_buffer)
         assert rows_before > 0, "real rows reach the world model's replay"
-        dyna = DynaWorldModel(StepModel(), dm.spec, rollout_length_scheduler=RolloutLengthScheduler(0, 0, 6, 6),
-                              real_ratio=0.25, rollout_batch_size=10, seed=0)
+        dyna = DynaWorldModel(
+            StepModel(),
+            dm.spec,
+            rollout_length_scheduler=RolloutLengthScheduler(0, 0, 6, 6),
+            real_ratio=0.25,
+            rollout_batch_size=10,
+            seed=0,
+        )
         img = dyna.fill_img_buffer(policy, dm.real_buffer(), None, envstep=0, policy_version=9)
         dm.set_imagination(img, dyna.real_ratio)
         steps_before = dm.pop_env_stats().env_steps
@@ -99,9 +145,12 @@ def test_dyna_learner_checks_its_parts_and_checkpoints_its_cadence():
         DynaLearner(dm.spec, policy=lambda s: IMPALA(s), world_model=lambda s: IMPALA(s))
 
     def build():
-        return DynaLearner(dm.spec, policy=lambda s: IMPALA(s, hidden_size=8, grad_clip_type="clip_norm"),
-                           world_model=lambda s: Dreamer(s, deter=8, hidden=8, stoch=2, classes=2, bins=15),
-                           model_train_start=100)
+        return DynaLearner(
+            dm.spec,
+            policy=lambda s: IMPALA(s, hidden_size=8, grad_clip_type="clip_norm"),
+            world_model=lambda s: Dreamer(s, deter=8, hidden=8, stoch=2, classes=2, bins=15),
+            model_train_start=100,
+        )
 
     learner = build()
     assert learner.dyna.should_train(350) and not learner.dyna.should_train(349), "first fill after the warm-up"
@@ -137,8 +186,20 @@ def test_seeded_dyna_fits_repeat_exactly(tmp_path, monkeypatch):
     follows the run's seed, so two fits of the config end with the same weights; another seed
     does not."""
     monkeypatch.chdir(tmp_path)
-    args = ["fit", "--config", CONFIG, *SHRINK, "--trainer.max_steps", "6", "--trainer.val_check_interval", "6",
-            "--trainer.enable_checkpointing", "false", "--trainer.logger", "false"]
+    args = [
+        "fit",
+        "--config",
+        CONFIG,
+        *SHRINK,
+        "--trainer.max_steps",
+        "6",
+        "--trainer.val_check_interval",
+        "6",
+        "--trainer.enable_checkpointing",
+        "false",
+        "--trainer.logger",
+        "false",
+    ]
     runs = [_weights(main(args=[*args, "--seed_everything", str(seed)]).model) for seed in (3, 3, 4)]
     assert all(torch.equal(runs[0][k], runs[1][k]) for k in runs[0])
     assert not all(torch.equal(runs[0][k], runs[2][k]) for k in runs[0])

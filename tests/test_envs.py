@@ -48,17 +48,16 @@ def test_vector_env_seeds_and_next_step_autoreset():
     obs2, _ = again.reset(seed=5)
     np.testing.assert_array_equal(obs, obs2)
     assert not np.allclose(obs[0], obs[1])
-    done_seen = False
+    ended: int | None = None  # the first env whose episode ended
     for _ in range(200):
         obs, reward, terminated, truncated, _ = env.step(np.zeros(3, np.int64))
-        if done_seen:
+        if ended is not None:
             # the step after an episode end is a reset: reward 0, not done
-            assert reward[i] == 0 and not terminated[i]
+            assert reward[ended] == 0 and not terminated[ended]
             break
         if (terminated | truncated).any():
-            i = int(np.flatnonzero(terminated | truncated)[0])
-            done_seen = True
-    assert done_seen
+            ended = int(np.flatnonzero(terminated | truncated)[0])
+    assert ended is not None
 
 
 def test_action_repeat_and_time_limit():
@@ -97,7 +96,9 @@ def test_crop_selects_the_box_before_the_resize():
     assert env.observation_space.shape == (64, 64, 3)
     full = env.unwrapped.render()
     top, left, height, width = box
-    expected = np.asarray(Image.fromarray(full[top : top + height, left : left + width]).resize((64, 64), Image.BILINEAR))
+    expected = np.asarray(
+        Image.fromarray(full[top : top + height, left : left + width]).resize((64, 64), Image.BILINEAR)
+    )
     np.testing.assert_array_equal(obs, expected)
     # the cart (black) fills more of the cropped frame than of the uncropped one
     uncropped, _ = make_env(EnvConfig("CartPole-v1", pixels=True)).reset(seed=0)
@@ -173,7 +174,7 @@ def test_keep_state_gives_a_dict_of_frame_and_vector():
     spec = env_spec(cfg)
     assert spec.is_dict and not spec.is_pixels and set(spec.obs_spaces) == {"image", "state"}
     with pytest.raises(ValueError, match="one shape per key"):
-        spec.obs_shape
+        _ = spec.obs_shape
     env = make_vector_env(cfg)
     obs, _ = env.reset(seed=0)
     assert obs["image"].shape == (2, 32, 32, 3) and obs["image"].dtype == np.uint8
@@ -183,8 +184,9 @@ def test_keep_state_gives_a_dict_of_frame_and_vector():
     env.close()
 
 
-@pytest.mark.parametrize("config", [EnvConfig(id="CartPole-v1", keep_state=True),
-                                    EnvConfig(id="CarRacing-v3", keep_state=True)])
+@pytest.mark.parametrize(
+    "config", [EnvConfig(id="CartPole-v1", keep_state=True), EnvConfig(id="CarRacing-v3", keep_state=True)]
+)
 def test_keep_state_without_a_rendered_vector_env_is_refused(config):
     with pytest.raises(EnvError, match="keep_state"):
         make_env(config)
@@ -192,8 +194,8 @@ def test_keep_state_without_a_rendered_vector_env_is_refused(config):
 
 def test_collector_stores_dict_observations(tmp_path):
     from lightning_wm.data.collector import Collector
-    from lightning_wm.policies import RandomAgent
     from lightning_wm.data.episodes import EpisodeStore
+    from lightning_wm.policies import RandomAgent
 
     cfg = EnvConfig(id="CartPole-v1", pixels=True, keep_state=True, num_envs=2, size=(16, 16))
     spec = env_spec(cfg)
@@ -202,7 +204,9 @@ def test_collector_stores_dict_observations(tmp_path):
     episodes = Collector(env, RandomAgent(spec, seed=0), store=store, seeds=0, spec=spec).run_episodes(2)
     env.close()
     assert len(store) == 2
-    for stats, episode in zip(sorted(episodes, key=lambda e: e["length"]), sorted(store.episodes(), key=lambda e: len(e["reward"]))):
+    for stats, episode in zip(
+        sorted(episodes, key=lambda e: e["length"]), sorted(store.episodes(), key=lambda e: len(e["reward"]))
+    ):
         assert episode["obs"]["image"].shape == (stats["length"] + 1, 16, 16, 3)
         assert episode["obs"]["state"].shape == (stats["length"] + 1, 4)
 
@@ -237,8 +241,14 @@ def test_atari_options_reach_gymnasium_and_max_episode_steps_counts_agent_steps(
     pytest.importorskip("cv2", reason="AtariPreprocessing needs opencv (pip install -e '.[atari]')")
     from lightning_wm.envs import atari_options
 
-    rgb = make_env(EnvConfig("ALE/Pong-v5", atari_preprocessing={"screen_size": 42, "grayscale_obs": False},
-                             frame_stack=2, max_episode_steps=5))
+    rgb = make_env(
+        EnvConfig(
+            "ALE/Pong-v5",
+            atari_preprocessing={"screen_size": 42, "grayscale_obs": False},
+            frame_stack=2,
+            max_episode_steps=5,
+        )
+    )
     assert rgb.observation_space.shape == (42, 42, 6)
     assert atari_options(EnvConfig(atari_preprocessing={"frame_skip": 2})).frame_skip == 2
     rgb.reset(seed=0)
@@ -252,12 +262,15 @@ def test_atari_options_reach_gymnasium_and_max_episode_steps_counts_agent_steps(
     rgb.close()
 
 
-@pytest.mark.parametrize("config, match", [
-    (EnvConfig("CartPole-v1", frame_stack=4), "frame_stack stacks image observations"),
-    (EnvConfig("CartPole-v1", frame_stack=0), "frame_stack must be >= 1"),
-    (EnvConfig("ALE/Pong-v5", atari_preprocessing={"noop": 3}), "its options are noop_max"),
-    (EnvConfig("ALE/Pong-v5", atari_preprocessing={}, pixels=True), "drop pixels"),
-])
+@pytest.mark.parametrize(
+    "config, match",
+    [
+        (EnvConfig("CartPole-v1", frame_stack=4), "frame_stack stacks image observations"),
+        (EnvConfig("CartPole-v1", frame_stack=0), "frame_stack must be >= 1"),
+        (EnvConfig("ALE/Pong-v5", atari_preprocessing={"noop": 3}), "its options are noop_max"),
+        (EnvConfig("ALE/Pong-v5", atari_preprocessing={}, pixels=True), "drop pixels"),
+    ],
+)
 def test_bad_frame_options_are_named(config, match):
     with pytest.raises(EnvError, match=match):
         make_env(config)

@@ -1,4 +1,5 @@
 """Tests for lightning_wm.data.episodes (EpisodeStore)."""
+
 from __future__ import annotations
 
 import os
@@ -72,6 +73,7 @@ def test_atomic_write_leaves_no_temp_and_ignores_leftovers(tmp_path, monkeypatch
     (tmp_path / "20260101T000000-000099-abcd-T9.npz.tmp").write_bytes(b"partial")
     (tmp_path / "notes.txt").write_text("hello")
     assert store.paths() == [path] and store.total_steps() == 5
+
     # a crash while writing leaves no file under a real name and no temp file
     def boom(*args, **kwargs):
         raise OSError("disk full")

@@ -23,8 +23,12 @@ FAMILIES = {
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_two_ranks_share_weights_but_not_envs(tmp_path, family):
     prefixes, optimizers, buffers = FAMILIES[family]
-    out = subprocess.run([sys.executable, str(SCRIPT), family, str(tmp_path), str(STEPS), "ddp_fork"],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), family, str(tmp_path), str(STEPS), "ddp_fork"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-4000:]
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
     assert ranks[0]["global_step"] == ranks[1]["global_step"] == STEPS  # one counted step per gradient step
@@ -33,8 +37,9 @@ def test_two_ranks_share_weights_but_not_envs(tmp_path, family):
         keys = [k for k in weights if k.startswith(prefix)]
         assert keys, prefix
         for key in keys:
-            torch.testing.assert_close(weights[key], ranks[1]["weights"][key], rtol=0, atol=0,
-                                       msg=f"weights differ across ranks: {key}")
+            torch.testing.assert_close(
+                weights[key], ranks[1]["weights"][key], rtol=0, atol=0, msg=f"weights differ across ranks: {key}"
+            )
         # ... and they trained (identical because the gradients were averaged, not because nothing moved)
         assert any(not torch.equal(weights[k], ranks[0]["initial"][k]) for k in keys), f"{prefix} did not change"
     for key in buffers:

@@ -7,24 +7,41 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from tiny_agent import PriorityProbe
 
-from lightning_wm.cli import Trainer
 from lightning_wm.callbacks import BufferCheckpoint
+from lightning_wm.cli import Trainer
 from lightning_wm.data.modules import ReplayDataModule
 from lightning_wm.data.samplers import RowSampler, SequenceSampler, WindowSampler
 from lightning_wm.envs import EnvConfig
-from tiny_agent import PriorityProbe
 
 
 def test_priorities_returned_by_training_step_change_what_is_sampled(tmp_path):
     """End to end through Lightning and the DataModule: rows given priority 0 are never sampled
     again, the one row given a high priority fills most of every later batch."""
-    dm = ReplayDataModule(EnvConfig("CartPole-v1", num_envs=1), capacity=5000, batch_size=8, sampler=RowSampler(),
-                          prefill=64, replay_ratio=4.0, prioritized=True, alpha=1.0, eval_episodes=1, eval_envs=1)
+    dm = ReplayDataModule(
+        EnvConfig("CartPole-v1", num_envs=1),
+        capacity=5000,
+        batch_size=8,
+        sampler=RowSampler(),
+        prefill=64,
+        replay_ratio=4.0,
+        prioritized=True,
+        alpha=1.0,
+        eval_episodes=1,
+        eval_envs=1,
+    )
     model = PriorityProbe(dm.spec)
-    trainer = Trainer(max_steps=60, accelerator="cpu", logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
-                      default_root_dir=str(tmp_path))  # the CLI's Trainer adds ReplayFeedback itself
+    trainer = Trainer(
+        max_steps=60,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        default_root_dir=str(tmp_path),
+    )  # the CLI's Trainer adds ReplayFeedback itself
     trainer.fit(model, dm)
     seen = [set(zip(i.tolist(), g.tolist())) for i, g in model.seen]
     zeroed: set[tuple[int, int]] = set()
@@ -40,8 +57,16 @@ def test_priorities_returned_by_training_step_change_what_is_sampled(tmp_path):
 def test_feedback_on_a_batch_whose_rows_were_overwritten_since_is_skipped():
     """Lightning's one-batch prefetch: batch N + 1 (and its env steps) is made before the feedback
     of batch N arrives; rows overwritten by those env steps keep their new occupant's priority."""
-    dm = ReplayDataModule(EnvConfig("CartPole-v1", num_envs=1), capacity=12, batch_size=12, sampler=RowSampler(),
-                          prefill=12, replay_ratio=0.25, prioritized=True, alpha=1.0)
+    dm = ReplayDataModule(
+        EnvConfig("CartPole-v1", num_envs=1),
+        capacity=12,
+        batch_size=12,
+        sampler=RowSampler(),
+        prefill=12,
+        replay_ratio=0.25,
+        prioritized=True,
+        alpha=1.0,
+    )
     dm.setup("fit")
     stream = iter(dm.train_dataloader())
     batch_n = next(stream)
@@ -58,8 +83,14 @@ def test_feedback_on_a_batch_whose_rows_were_overwritten_since_is_skipped():
 
 
 def test_written_columns_and_mixed_batches_through_apply_feedback():
-    dm = ReplayDataModule(EnvConfig("CartPole-v1", num_envs=2), capacity=200, batch_size=6,
-                          sampler=WindowSampler(num_unroll_steps=2, td_steps=1), prefill=40, prioritized=True)
+    dm = ReplayDataModule(
+        EnvConfig("CartPole-v1", num_envs=2),
+        capacity=200,
+        batch_size=6,
+        sampler=WindowSampler(num_unroll_steps=2, td_steps=1),
+        prefill=40,
+        prioritized=True,
+    )
     dm.setup("fit")
     dm.collect_for_batch()
     batch = dm.sample_batch()
@@ -98,12 +129,25 @@ def test_sampler_option_and_the_old_shorthand():
 
 
 def _datamodule(tmp_path, rank: int, storage: bool = False) -> ReplayDataModule:
-    dm = ReplayDataModule(EnvConfig("CartPole-v1", num_envs=2), capacity=60, batch_size=4, sequence_length=4,
-                          prefill=10, prioritized=True, save_buffer=True,
-                          storage_dir=str(tmp_path / f"mm{rank}") if storage else None)
-    dm.trainer = SimpleNamespace(global_rank=rank, world_size=2, global_step=0, datamodule=dm, ckpt_path=None,
-                                 checkpoint_callback=SimpleNamespace(dirpath=str(tmp_path / "ckpt")),
-                                 default_root_dir=str(tmp_path))
+    dm = ReplayDataModule(
+        EnvConfig("CartPole-v1", num_envs=2),
+        capacity=60,
+        batch_size=4,
+        sequence_length=4,
+        prefill=10,
+        prioritized=True,
+        save_buffer=True,
+        storage_dir=str(tmp_path / f"mm{rank}") if storage else None,
+    )
+    dm.trainer = SimpleNamespace(
+        global_rank=rank,
+        world_size=2,
+        global_step=0,
+        datamodule=dm,
+        ckpt_path=None,
+        checkpoint_callback=SimpleNamespace(dirpath=str(tmp_path / "ckpt")),
+        default_root_dir=str(tmp_path),
+    )
     dm.setup("fit")
     return dm
 
@@ -112,8 +156,11 @@ def test_buffer_checkpoint_round_trip_is_bit_exact(tmp_path):
     dm = _datamodule(tmp_path, rank=1, storage=True)
     dm.collector.collect(40)  # wraps the 30-row rings
     buffer = dm.buffer
-    chunk = {k: v[:, :1] for k, v in SequenceSampler(3).sample(buffer, 1).items() if k in ("obs", "reward", "is_first",
-             "is_last", "is_terminal", "action")}
+    chunk = {
+        k: v[:, :1]
+        for k, v in SequenceSampler(3).sample(buffer, 1).items()
+        if k in ("obs", "reward", "is_first", "is_last", "is_terminal", "action")
+    }
     buffer.add_many({k: v.transpose(0, 1) for k, v in chunk.items()}, streams=[1])  # heads now differ
     batch = dm.sample_batch()
     dm.apply_feedback(batch, {"priority": torch.linspace(0.5, 2.0, 4)})
@@ -177,10 +224,33 @@ def test_the_sampler_is_chosen_on_the_command_line_by_short_name(monkeypatch, tm
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
-    args = ["fit", "--model", "tiny_agent.TinyAgent", "--data", "ReplayDataModule", "--data.env.id", "CartPole-v1",
-            "--data.batch_size", "4", "--data.prefill", "32", "--data.sampler", "WindowSampler",
-            "--data.sampler.num_unroll_steps", "3", "--data.sampler.td_steps", "2", "--trainer.max_steps", "2",
-            "--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "false", "--trainer.logger", "false"]
+    args = [
+        "fit",
+        "--model",
+        "tiny_agent.TinyAgent",
+        "--data",
+        "ReplayDataModule",
+        "--data.env.id",
+        "CartPole-v1",
+        "--data.batch_size",
+        "4",
+        "--data.prefill",
+        "32",
+        "--data.sampler",
+        "WindowSampler",
+        "--data.sampler.num_unroll_steps",
+        "3",
+        "--data.sampler.td_steps",
+        "2",
+        "--trainer.max_steps",
+        "2",
+        "--trainer.limit_val_batches",
+        "0",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.logger",
+        "false",
+    ]
     cli = main(args=args)
     sampler = cli.datamodule.sampler
     assert isinstance(sampler, WindowSampler) and sampler.window == 6

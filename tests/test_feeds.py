@@ -4,11 +4,11 @@
 import numpy as np
 import pytest
 import torch
+from test_collector import CountingAgent, make_env
 
 from lightning_wm.data.actors import Chunk
 from lightning_wm.data.collector import Collector
 from lightning_wm.data.feeds import ActorMetrics, ReplayFeed, UnrollBatcher
-from test_collector import CountingAgent, make_env
 
 
 class FakePool:
@@ -32,8 +32,13 @@ class FakePool:
             return None
         self.sent += 1
         rows = {"obs": np.zeros((self.chunk_length, self.envs_per_actor, 1), np.float32)}
-        return Chunk(self.sent % self.num_actors, self.version, rows, [{"return": 1.0, "length": 2.0}],
-                     self.chunk_length * self.envs_per_actor)
+        return Chunk(
+            self.sent % self.num_actors,
+            self.version,
+            rows,
+            [{"return": 1.0, "length": 2.0}],
+            self.chunk_length * self.envs_per_actor,
+        )
 
 
 class FakeBuffer:

@@ -15,12 +15,36 @@ from lightning_wm.cli import main
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 ROOT = Path(__file__).resolve().parents[1]
-SHRUNK = ["--config", str(ROOT / "configs/dreamer/cartpole.yaml"), "--trainer.max_steps", "4",
-          "--trainer.val_check_interval", "2", "--trainer.accelerator", "gpu", "--trainer.devices", "1",
-          "--model.init_args.deter", "32", "--model.init_args.hidden", "32",
-          "--data.init_args.prefill", "64", "--data.init_args.batch_size", "4", "--data.init_args.sequence_length", "8",
-          "--data.init_args.eval_episodes", "1", "--data.init_args.eval_envs", "1",
-          "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+SHRUNK = [
+    "--config",
+    str(ROOT / "configs/dreamer/cartpole.yaml"),
+    "--trainer.max_steps",
+    "4",
+    "--trainer.val_check_interval",
+    "2",
+    "--trainer.accelerator",
+    "gpu",
+    "--trainer.devices",
+    "1",
+    "--model.init_args.deter",
+    "32",
+    "--model.init_args.hidden",
+    "32",
+    "--data.init_args.prefill",
+    "64",
+    "--data.init_args.batch_size",
+    "4",
+    "--data.init_args.sequence_length",
+    "8",
+    "--data.init_args.eval_episodes",
+    "1",
+    "--data.init_args.eval_envs",
+    "1",
+    "--trainer.enable_progress_bar",
+    "false",
+    "--trainer.enable_model_summary",
+    "false",
+]
 
 
 @pytest.fixture

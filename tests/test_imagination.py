@@ -10,11 +10,11 @@ import torch
 from torch import nn
 
 from lightning_wm.callbacks import Imagination
+from lightning_wm.data.imagination import DynaWorldModel, HybridWorldModel
 from lightning_wm.data.modules import ReplayDataModule
 from lightning_wm.data.replay import ReplayBuffer
 from lightning_wm.data.samplers import SequenceSampler
 from lightning_wm.envs import EnvConfig
-from lightning_wm.data.imagination import DynaWorldModel, HybridWorldModel
 from lightning_wm.protocols import ImaginationHost
 from lightning_wm.world_model import RolloutLengthScheduler, WorldModel
 
@@ -58,10 +58,30 @@ def real_buffer(starts):
     """One stream: episodes of 2 rows each, obs [x, 0] with x from ``starts`` on the first row."""
     rows = []
     for x in starts:
-        rows.append(dict(obs=[x, 0.0], reward=0.0, is_first=True, is_last=False, is_terminal=False, action=1,
-                         logits=[0.0, 1.0], policy_version=3))
-        rows.append(dict(obs=[x + 0.5, 0.0], reward=x + 0.5, is_first=False, is_last=True, is_terminal=True,
-                         action=0, logits=[0.0, 0.0], policy_version=3))
+        rows.append(
+            dict(
+                obs=[x, 0.0],
+                reward=0.0,
+                is_first=True,
+                is_last=False,
+                is_terminal=False,
+                action=1,
+                logits=[0.0, 1.0],
+                policy_version=3,
+            )
+        )
+        rows.append(
+            dict(
+                obs=[x + 0.5, 0.0],
+                reward=x + 0.5,
+                is_first=False,
+                is_last=True,
+                is_terminal=True,
+                action=0,
+                logits=[0.0, 0.0],
+                policy_version=3,
+            )
+        )
     chunk = {k: np.array([r[k] for r in rows])[:, None] for k in rows[0]}
     chunk["obs"] = chunk["obs"].astype(np.float32)
     chunk["reward"] = chunk["reward"].astype(np.float32)
@@ -71,8 +91,9 @@ def real_buffer(starts):
 
 
 def fixed(length):
-    return RolloutLengthScheduler(rollout_start_step=0, rollout_end_step=0, rollout_length_min=length,
-                                  rollout_length_max=length)
+    return RolloutLengthScheduler(
+        rollout_start_step=0, rollout_end_step=0, rollout_length_min=length, rollout_length_max=length
+    )
 
 
 def stored_rows(buffer):
@@ -90,8 +111,9 @@ def test_imagined_rows_follow_the_row_convention():
     """Starts x = -2 (never terminates in 3 steps), 0 (terminates at step 3), 0.75 (at step 1):
     each imagined episode branches from a real first row, rows after a termination are never
     written, rewards/obs are the model's, actions and extras are zero on last rows."""
-    dyna = DynaWorldModel(PushModel(), SPACE, rollout_length_scheduler=fixed(3), rollout_batch_size=12,
-                          rollout_retain=2, seed=0)
+    dyna = DynaWorldModel(
+        PushModel(), SPACE, rollout_length_scheduler=fixed(3), rollout_batch_size=12, rollout_retain=2, seed=0
+    )
     real = real_buffer([-2.0, 0.0, 0.75])
     img = dyna.fill_img_buffer(PushAgent(), real, None, envstep=0, policy_version=7)
     assert img.checkpoint is False and img.capacity == (3 + 1) * 12 * 2 == dyna.buffer_size(0)
@@ -119,10 +141,12 @@ def test_imagined_rows_follow_the_row_convention():
 
 
 def test_buffer_keeps_rollout_retain_fills_and_follows_the_length_schedule():
-    schedule = RolloutLengthScheduler(rollout_start_step=0, rollout_end_step=100, rollout_length_min=0,
-                                      rollout_length_max=4)
-    dyna = DynaWorldModel(PushModel(), SPACE, rollout_length_scheduler=schedule, rollout_batch_size=5,
-                          rollout_retain=2, seed=0)
+    schedule = RolloutLengthScheduler(
+        rollout_start_step=0, rollout_end_step=100, rollout_length_min=0, rollout_length_max=4
+    )
+    dyna = DynaWorldModel(
+        PushModel(), SPACE, rollout_length_scheduler=schedule, rollout_batch_size=5, rollout_retain=2, seed=0
+    )
     real = real_buffer([-5.0])  # never terminates: every episode has length + 1 rows
     assert dyna.fill_img_buffer(PushAgent(), real, None, envstep=0) is None, "length 0: nothing imagined"
     img = dyna.fill_img_buffer(PushAgent(), real, None, envstep=50)  # length 2
@@ -135,13 +159,15 @@ def test_buffer_keeps_rollout_retain_fills_and_follows_the_length_schedule():
 
 
 def test_real_ratio_holds_in_datamodule_batches():
-    dm = ReplayDataModule(EnvConfig("CartPole-v1", num_envs=1), capacity=64, batch_size=20, prefill=0,
-                          sample="transitions")
+    dm = ReplayDataModule(
+        EnvConfig("CartPole-v1", num_envs=1), capacity=64, batch_size=20, prefill=0, sample="transitions"
+    )
     assert isinstance(dm, ImaginationHost)
     dm.buffer = real_buffer([-2.0, 0.0, 0.75, 1.0])
     assert "is_real" not in dm.sample_batch()
-    dyna = DynaWorldModel(PushModel(), SPACE, rollout_length_scheduler=fixed(2), real_ratio=0.25,
-                          rollout_batch_size=8, seed=0)
+    dyna = DynaWorldModel(
+        PushModel(), SPACE, rollout_length_scheduler=fixed(2), real_ratio=0.25, rollout_batch_size=8, seed=0
+    )
     dm.set_imagination(None, dyna.real_ratio)
     assert dm.sample_batch()["is_real"].all(), "all real while there is no imagination"
     img = dyna.fill_img_buffer(PushAgent(), dm.real_buffer(), None, envstep=0, policy_version=5)
@@ -155,8 +181,9 @@ def test_real_ratio_holds_in_datamodule_batches():
 
 
 def test_dyna_sample_mixes_sequences_at_real_ratio():
-    dyna = DynaWorldModel(PushModel(), SPACE, rollout_length_scheduler=fixed(3), real_ratio=0.5,
-                          rollout_batch_size=4, seed=0)
+    dyna = DynaWorldModel(
+        PushModel(), SPACE, rollout_length_scheduler=fixed(3), real_ratio=0.5, rollout_batch_size=4, seed=0
+    )
     real = real_buffer([-2.0, -1.0, 0.0])
     img = dyna.fill_img_buffer(PushAgent(), real, None, envstep=0)
     batch = dyna.sample(real, img, 8, SequenceSampler(2))
@@ -164,14 +191,17 @@ def test_dyna_sample_mixes_sequences_at_real_ratio():
 
 
 def test_imagination_callback_fills_every_train_freq_env_steps():
-    dyna = DynaWorldModel(PushModel(), SPACE, train_freq=100, rollout_length_scheduler=fixed(1),
-                          rollout_batch_size=3, seed=0)
-    dm = ReplayDataModule(EnvConfig("CartPole-v1", num_envs=1), capacity=64, batch_size=4, prefill=0,
-                          sample="transitions")
+    dyna = DynaWorldModel(
+        PushModel(), SPACE, train_freq=100, rollout_length_scheduler=fixed(1), rollout_batch_size=3, seed=0
+    )
+    dm = ReplayDataModule(
+        EnvConfig("CartPole-v1", num_envs=1), capacity=64, batch_size=4, prefill=0, sample="transitions"
+    )
     dm.buffer = real_buffer([0.0])
     agent = PushAgent()
-    module = SimpleNamespace(dyna=dyna, env_steps=0, act=agent.act, initial_state=agent.initial_state,
-                             log=lambda *a, **k: None)
+    module = SimpleNamespace(
+        dyna=dyna, env_steps=0, act=agent.act, initial_state=agent.initial_state, log=lambda *a, **k: None
+    )
     trainer = SimpleNamespace(datamodule=dm, global_step=0)
     callback = Imagination()
     fills = []
@@ -211,14 +241,20 @@ def test_burn_in_starts_from_the_filtered_state():
     """One real episode of 6 rows; burn_in 2 filters the 2 rows before each start (never an
     is_last row), so the state there has read 2 more rows: the imagined obs carry y = 2."""
     x = np.arange(6, dtype=np.float32) * 0.1 - 3
-    chunk = {"obs": np.stack([x, np.zeros(6, np.float32)], -1)[:, None], "reward": np.zeros((6, 1), np.float32),
-             "is_first": (np.arange(6) == 0)[:, None], "is_last": (np.arange(6) == 5)[:, None],
-             "is_terminal": (np.arange(6) == 5)[:, None], "action": np.ones((6, 1), np.int64),
-             "logits": np.zeros((6, 1, 2), np.float32)}
+    chunk = {
+        "obs": np.stack([x, np.zeros(6, np.float32)], -1)[:, None],
+        "reward": np.zeros((6, 1), np.float32),
+        "is_first": (np.arange(6) == 0)[:, None],
+        "is_last": (np.arange(6) == 5)[:, None],
+        "is_terminal": (np.arange(6) == 5)[:, None],
+        "action": np.ones((6, 1), np.int64),
+        "logits": np.zeros((6, 1, 2), np.float32),
+    }
     real = ReplayBuffer(6, 1, seed=0)
     real.add_many(chunk)
-    dyna = DynaWorldModel(CountModel(), SPACE, rollout_length_scheduler=fixed(1), rollout_batch_size=16, burn_in=2,
-                          seed=0)
+    dyna = DynaWorldModel(
+        CountModel(), SPACE, rollout_length_scheduler=fixed(1), rollout_batch_size=16, burn_in=2, seed=0
+    )
     episodes = split_episodes(stored_rows(dyna.fill_img_buffer(PushAgent(), real, None, envstep=0)))
     starts = {round(float(ep["obs"][0, 0]), 3) for ep in episodes}
     assert starts <= {round(float(v), 3) for v in x[2:5]}, "starts have 2 rows before them and are not last rows"
@@ -244,9 +280,17 @@ def test_sampled_terminations_follow_the_done_probability():
     """terminal_mode sample: an imagined step ends with the done head's probability (0.3 here, so
     episode lengths are geometric), where the threshold 0.5 never ends one; the draws follow the
     seed."""
+
     def lengths(mode, seed):
-        dyna = DynaWorldModel(DoneModel(), SPACE, rollout_length_scheduler=fixed(4), rollout_batch_size=4000,
-                              rollout_retain=1, seed=seed, terminal_mode=mode)
+        dyna = DynaWorldModel(
+            DoneModel(),
+            SPACE,
+            rollout_length_scheduler=fixed(4),
+            rollout_batch_size=4000,
+            rollout_retain=1,
+            seed=seed,
+            terminal_mode=mode,
+        )
         episodes = split_episodes(stored_rows(dyna.fill_img_buffer(PushAgent(), real_buffer([-9.0]), None, 0)))
         return np.array([len(e["is_first"]) - 1 for e in episodes]), np.array([e["is_terminal"][-1] for e in episodes])
 
@@ -256,7 +300,7 @@ def test_sampled_terminations_follow_the_done_probability():
     # P(ends at step k) = 0.7^(k-1) 0.3 for k <= 4; truncated at 4 otherwise
     for k in (1, 2, 3):
         assert np.mean((steps == k) & terminal) == pytest.approx(0.7 ** (k - 1) * 0.3, abs=0.025)
-    assert np.mean(~terminal) == pytest.approx(0.7 ** 4, abs=0.025)
+    assert np.mean(~terminal) == pytest.approx(0.7**4, abs=0.025)
     assert np.array_equal(lengths("sample", 0)[0], steps) and not np.array_equal(lengths("sample", 1)[0], steps)
     with pytest.raises(ValueError, match="terminal_mode must be 'threshold' or 'sample'"):
         DynaWorldModel(PushModel(), SPACE, terminal_mode="bernoulli")

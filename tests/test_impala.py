@@ -8,15 +8,16 @@ import pytest
 import torch
 
 from lightning_wm.agents.impala import VTraceLossConfig, impala_loss, unroll_loss
-from lightning_wm.nn.actor_critic import ActorCritic, CategoricalHead, GaussianHead
 from lightning_wm.data.collector import Collector
 from lightning_wm.envs import EnvConfig, EnvSpec, env_spec, make_vector_env
+from lightning_wm.nn.actor_critic import ActorCritic, CategoricalHead, GaussianHead
 from lightning_wm.protocols import Agent
 from lightning_wm.returns import UnrollSteps, lambda_return
 
 CARTPOLE = EnvSpec(gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2), "CartPole-v1")
-PENDULUM = EnvSpec(gym.spaces.Box(-8.0, 8.0, (3,), np.float32), gym.spaces.Box(-2.0, 2.0, (1,), np.float32),
-                   "Pendulum-v1")
+PENDULUM = EnvSpec(
+    gym.spaces.Box(-8.0, 8.0, (3,), np.float32), gym.spaces.Box(-2.0, 2.0, (1,), np.float32), "Pendulum-v1"
+)
 
 
 class RowRecorder:
@@ -113,8 +114,9 @@ def test_gaussian_head_censored_likelihood_sums_to_one():
     inside = torch.trapezoid(dens, grid.squeeze(-1)) / 2.0  # env units -> normalised units (width 4 -> 2)
     edges = head.log_prob({k: v.expand(2, 1) for k, v in params.items()}, torch.tensor([[-2.0], [2.0]])).exp()
     normal = torch.distributions.Normal(0.7, 0.6)
-    assert torch.allclose(edges, torch.stack([normal.cdf(torch.tensor(-1.0)), 1 - normal.cdf(torch.tensor(1.0))]),
-                          rtol=1e-5)
+    assert torch.allclose(
+        edges, torch.stack([normal.cdf(torch.tensor(-1.0)), 1 - normal.cdf(torch.tensor(1.0))]), rtol=1e-5
+    )
     assert torch.allclose(inside * 2.0 / 2.0 + edges.sum(), torch.tensor(1.0), atol=1e-4)
 
 
@@ -213,15 +215,25 @@ def test_impala_loss_gradients_masks_and_weights():
     # the policy gradient is -A / count: the loss raises log pi where the advantage is positive
     adv_sign = torch.sign(-tlogp.grad[mask])
     from lightning_wm.returns import vtrace
+
     safe = torch.where(mask, blogp, torch.zeros(()))
     _, adv = vtrace(safe, tlogp.detach(), steps.reward, value[:-1], value[-1], steps.discount, lambda_=1.0, mask=mask)
     assert torch.equal(adv_sign, torch.sign(adv[mask]))
     # IS weights scale each unroll's terms
     w = torch.tensor([1.0, 0.0, 2.0])
     weighted = impala_loss(tlogp, blogp, torch.ones(T, B), value, steps, cfg, weight=w)
-    terms = [impala_loss(tlogp[:, b:b + 1], blogp[:, b:b + 1], torch.ones(T, 1), value[:, b:b + 1],
-                         UnrollSteps(*(x[:, b:b + 1] for x in steps)), cfg).value_loss * mask[:, b].sum()
-             for b in range(B)]
+    terms = [
+        impala_loss(
+            tlogp[:, b : b + 1],
+            blogp[:, b : b + 1],
+            torch.ones(T, 1),
+            value[:, b : b + 1],
+            UnrollSteps(*(x[:, b : b + 1] for x in steps)),
+            cfg,
+        ).value_loss
+        * mask[:, b].sum()
+        for b in range(B)
+    ]
     assert torch.allclose(weighted.value_loss, (terms[0] + 2 * terms[2]) / mask.sum())
 
 

@@ -18,11 +18,30 @@ from lightning_wm.data.modules import UnrollDataModule
 from lightning_wm.envs import EnvConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-SHRINK = ["--trainer.max_steps", "3", "--trainer.val_check_interval", "3", "--trainer.log_every_n_steps", "1",
-          "--trainer.enable_progress_bar", "false", "--trainer.run_name", "run",
-          "--data.init_args.env.num_envs", "2", "--data.init_args.unroll_length", "4",
-          "--data.init_args.batch_size", "2", "--data.init_args.eval_episodes", "1", "--data.init_args.eval_envs", "1",
-          "--data.init_args.env.max_episode_steps", "30"]
+SHRINK = [
+    "--trainer.max_steps",
+    "3",
+    "--trainer.val_check_interval",
+    "3",
+    "--trainer.log_every_n_steps",
+    "1",
+    "--trainer.enable_progress_bar",
+    "false",
+    "--trainer.run_name",
+    "run",
+    "--data.init_args.env.num_envs",
+    "2",
+    "--data.init_args.unroll_length",
+    "4",
+    "--data.init_args.batch_size",
+    "2",
+    "--data.init_args.eval_episodes",
+    "1",
+    "--data.init_args.eval_envs",
+    "1",
+    "--data.init_args.env.max_episode_steps",
+    "30",
+]
 
 
 @pytest.mark.parametrize("num_actors", [0, 2])
@@ -35,8 +54,18 @@ def test_config_fits_and_evaluates_from_the_cli(name, num_actors, capsys):
     cli = main(args=["fit", "--config", config, *SHRINK, *extra, "--data.init_args.num_actors", str(num_actors)])
     assert cli.trainer.global_step == 3
     logged = cli.trainer.logged_metrics
-    for key in ("train/total_loss", "train/policy_loss", "train/value_loss", "train/entropy_loss", "train/cur_lr",
-                "train/rho_mean", "train/rho_clipped_fraction", "train/policy_lag", "env/steps", "val/return"):
+    for key in (
+        "train/total_loss",
+        "train/policy_loss",
+        "train/value_loss",
+        "train/entropy_loss",
+        "train/cur_lr",
+        "train/rho_mean",
+        "train/rho_clipped_fraction",
+        "train/policy_lag",
+        "env/steps",
+        "val/return",
+    ):
         assert key in logged, f"{key} not logged"
     uses = cli.datamodule.max_use if cli.datamodule.replay_size else 1  # a replayed unroll serves max_use batches
     assert float(logged["env/steps"]) * uses >= 3 * 2 * 4
@@ -49,18 +78,28 @@ def test_config_fits_and_evaluates_from_the_cli(name, num_actors, capsys):
 
 def _fit(seed: int, steps: int = 6, **data_kwargs) -> tuple[IMPALA, list[dict], UnrollDataModule]:
     pl.seed_everything(seed)
-    dm = UnrollDataModule(EnvConfig("CartPole-v1", num_envs=3, seed=seed), unroll_length=5, batch_size=3,
-                          **data_kwargs)
+    dm = UnrollDataModule(EnvConfig("CartPole-v1", num_envs=3, seed=seed), unroll_length=5, batch_size=3, **data_kwargs)
     model = IMPALA(dm.spec, hidden_size=16, learning_rate=0.01, priority=data_kwargs.get("prioritized", False))
     outputs: list[dict] = []
 
     class Keep(pl.Callback):
         def on_train_batch_end(self, trainer, pl_module, out, batch, batch_idx):
-            outputs.append({"out": {k: v.detach().clone() for k, v in out.items()},
-                            "batch": {k: v.clone() for k, v in batch.items()}})
+            outputs.append(
+                {
+                    "out": {k: v.detach().clone() for k, v in out.items()},
+                    "batch": {k: v.clone() for k, v in batch.items()},
+                }
+            )
 
-    trainer = pl.Trainer(max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         limit_val_batches=0, num_sanity_val_steps=0, callbacks=[*default_callbacks(), Keep()])
+    trainer = pl.Trainer(
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        callbacks=[*default_callbacks(), Keep()],
+    )
     trainer.fit(model, dm)
     return model, outputs, dm
 
@@ -94,8 +133,9 @@ def test_priorities_come_back_to_the_unroll_replay(monkeypatch):
         assert result["applied"] + result["stale"] == 3
     assert sum(r["applied"] for *_, r in applied) > 0
     # the datamodule hands priorities of a batch's unrolls to its replay
-    dm = UnrollDataModule(EnvConfig("CartPole-v1", num_envs=3), unroll_length=5, batch_size=3, replay_size=12,
-                          max_use=2, prioritized=True)
+    dm = UnrollDataModule(
+        EnvConfig("CartPole-v1", num_envs=3), unroll_length=5, batch_size=3, replay_size=12, max_use=2, prioritized=True
+    )
     batcher = dm.batcher
     batcher.add({"x": np.zeros((6, 3))})
     batch = batcher.batch()
@@ -128,9 +168,22 @@ def test_priority_and_is_weights_in_the_training_step():
 
 
 def test_encoder_injection_from_the_command_line():
-    cli = main(args=["fit", "--config", str(ROOT / "configs/impala/cartpole.yaml"), *SHRINK,
-                     "--data.init_args.num_actors", "0", "--model.init_args.encoder", "impala_encoders.SumEncoder",
-                     "--model.init_args.encoder.init_args.width", "5", "--trainer.limit_val_batches", "0"])
+    cli = main(
+        args=[
+            "fit",
+            "--config",
+            str(ROOT / "configs/impala/cartpole.yaml"),
+            *SHRINK,
+            "--data.init_args.num_actors",
+            "0",
+            "--model.init_args.encoder",
+            "impala_encoders.SumEncoder",
+            "--model.init_args.encoder.init_args.width",
+            "5",
+            "--trainer.limit_val_batches",
+            "0",
+        ]
+    )
     net = cli.model.net
     assert type(net.encoder).__name__ == "SumEncoder" and net.value.in_features == 5
     assert cli.trainer.global_step == 3
@@ -140,8 +193,9 @@ DDP_SCRIPT = ROOT / "tests" / "impala_ddp_fit.py"
 
 
 def test_ddp_ranks_with_their_own_actors_end_identical(tmp_path):
-    out = subprocess.run([sys.executable, str(DDP_SCRIPT), str(tmp_path)], capture_output=True, text=True,
-                         timeout=600, cwd=tmp_path)
+    out = subprocess.run(
+        [sys.executable, str(DDP_SCRIPT), str(tmp_path)], capture_output=True, text=True, timeout=600, cwd=tmp_path
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
     for name, weight in ranks[0]["weights"].items():

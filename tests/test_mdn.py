@@ -83,8 +83,9 @@ def test_gaussian_kl_standard_hand_checked():
     # KL(N(1, e^0) || N(0,1)) = 0.5 * 1^2 = 0.5 per dim; KL(N(0, e^{2}) || N(0,1)) = 0.5*(e^2 - 1 - 2)
     kl = gaussian_kl_standard(torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 2.0]]))
     assert kl.item() == pytest.approx(0.5 + 0.5 * (math.exp(2) - 3), abs=1e-5)
-    ref = td.kl_divergence(td.Normal(torch.tensor([1.0, 0.0]), torch.tensor([0.0, 2.0]).mul(0.5).exp()),
-                           td.Normal(0.0, 1.0)).sum()
+    ref = td.kl_divergence(
+        td.Normal(torch.tensor([1.0, 0.0]), torch.tensor([0.0, 2.0]).mul(0.5).exp()), td.Normal(0.0, 1.0)
+    ).sum()
     assert kl.item() == pytest.approx(ref.item(), abs=1e-5)
 
 
@@ -97,6 +98,10 @@ def test_mixture_mean_hand_checked_and_in_both_layouts():
     g = torch.Generator().manual_seed(0)
     logits, means = torch.randn(5, 3, 4, generator=g), torch.randn(5, 3, 4, generator=g)
     lp, m, _ = per_dim_layout(logits, means, torch.zeros_like(means))
-    slow = torch.tensor([[sum(torch.softmax(logits[b, d], 0)[k] * means[b, d, k] for k in range(4))
-                          for d in range(3)] for b in range(5)])
+    slow = torch.tensor(
+        [
+            [sum(torch.softmax(logits[b, d], 0)[k] * means[b, d, k] for k in range(4)) for d in range(3)]
+            for b in range(5)
+        ]
+    )
     torch.testing.assert_close(mdn_mean(lp, m).squeeze(-1), slow)

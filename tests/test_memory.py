@@ -107,8 +107,15 @@ def _dynamics_batch(g, b=16, length=12):
     for t in range(length - 1):
         z[:, t + 1] = 0.8 * z[:, t] + (a[:, t : t + 1].float() - 0.5) + 0.05 * torch.randn(b, 2, generator=g)
     done = z[..., 0] > 1.5
-    return {"mu": z, "logvar": torch.full_like(z, -8.0), "action": a, "reward": z[..., 1].clone(),
-            "is_first": torch.zeros(b, length, dtype=torch.bool), "is_last": done, "is_terminal": done}
+    return {
+        "mu": z,
+        "logvar": torch.full_like(z, -8.0),
+        "action": a,
+        "reward": z[..., 1].clone(),
+        "is_first": torch.zeros(b, length, dtype=torch.bool),
+        "is_last": done,
+        "is_terminal": done,
+    }
 
 
 def _train(m: Memory, g: torch.Generator, steps: int, length: int = 12) -> None:
@@ -175,8 +182,9 @@ def test_open_loop_dream_stops_at_the_episode_border():
 @pytest.mark.parametrize("mixture", ["per_dim", "joint"])
 def test_open_loop_heads_feed_back_the_mean_after_the_warmup(mixture):
     torch.manual_seed(0)
-    m = Memory(SPEC, z_size=4, hidden_size=8, num_mixtures=3, mixture=mixture, open_loop_warmup=2,
-               open_loop_input="mean")
+    m = Memory(
+        SPEC, z_size=4, hidden_size=8, num_mixtures=3, mixture=mixture, open_loop_warmup=2, open_loop_input="mean"
+    )
     batch = _batch(b=2, length=7, border=3)
     z, a = batch["mu"], m.action_input(batch["action"])
     heads, fed_back = m.open_loop_heads(z, batch["action"], batch["is_first"])
@@ -202,8 +210,9 @@ def test_open_loop_loss_is_off_by_default_and_scored_only_on_fed_back_rows():
     plain = Memory(SPEC, z_size=4, hidden_size=8, num_mixtures=3, sample_z=False)
     assert "open_loop_nll" not in plain.losses(batch)
     torch.manual_seed(0)
-    never = Memory(SPEC, z_size=4, hidden_size=8, num_mixtures=3, sample_z=False, open_loop_weight=1.0,
-                   open_loop_warmup=6)  # the warm-up covers the window: nothing is fed back, no open-loop term
+    never = Memory(
+        SPEC, z_size=4, hidden_size=8, num_mixtures=3, sample_z=False, open_loop_weight=1.0, open_loop_warmup=6
+    )  # the warm-up covers the window: nothing is fed back, no open-loop term
     with torch.no_grad():
         never.load_state_dict(plain.state_dict())
         a, b = plain.losses(batch), never.losses(batch)
@@ -211,8 +220,12 @@ def test_open_loop_loss_is_off_by_default_and_scored_only_on_fed_back_rows():
     assert b["open_loop_nll"].item() == 0.0
     sampled = Memory(SPEC, z_size=4, hidden_size=8, num_mixtures=3, open_loop_weight=0.5, open_loop_warmup=1)
     losses = sampled.losses(batch)
-    expected = (losses["nll"] + losses["reward_loss"] + losses["done_loss"]
-                + 0.5 * (losses["open_loop_nll"] + losses["open_loop_reward_loss"] + losses["open_loop_done_loss"]))
+    expected = (
+        losses["nll"]
+        + losses["reward_loss"]
+        + losses["done_loss"]
+        + 0.5 * (losses["open_loop_nll"] + losses["open_loop_reward_loss"] + losses["open_loop_done_loss"])
+    )
     torch.testing.assert_close(losses["loss"], expected)
     losses["open_loop_nll"].backward()  # reparameterised draws: the gradient reaches the LSTM's input weights
     assert sampled.lstm.weight_ih_l0.grad.abs().sum() > 0
@@ -228,11 +241,26 @@ def test_open_loop_training_improves_multi_step_predictions():
     for weight in (0.0, 1.0):
         torch.manual_seed(0)
         g = torch.Generator().manual_seed(1)
-        m = Memory(SPEC, z_size=2, hidden_size=32, num_mixtures=2, lr=1e-2, open_loop_weight=weight,
-                   open_loop_warmup=2, open_loop_input="mean")
+        m = Memory(
+            SPEC,
+            z_size=2,
+            hidden_size=32,
+            num_mixtures=2,
+            lr=1e-2,
+            open_loop_weight=weight,
+            open_loop_warmup=2,
+            open_loop_input="mean",
+        )
         _train(m, g, 100, length=16)
-        probe = Memory(SPEC, z_size=2, hidden_size=32, num_mixtures=2, open_loop_weight=1.0, open_loop_warmup=2,
-                       open_loop_input="mean")
+        probe = Memory(
+            SPEC,
+            z_size=2,
+            hidden_size=32,
+            num_mixtures=2,
+            open_loop_weight=1.0,
+            open_loop_warmup=2,
+            open_loop_input="mean",
+        )
         probe.load_state_dict(m.state_dict())
         with torch.no_grad():
             results[weight] = probe.losses(test)["open_loop_nll"].item()
@@ -251,22 +279,51 @@ def test_fit_on_a_converted_store_logs_losses_and_a_dream_image(tmp_path):
         flags = np.zeros(n, bool)
         first, last = flags.copy(), flags.copy()
         first[0], last[-1] = True, True
-        pixels.add({"obs": rng.integers(0, 256, (n, 64, 64, 3), dtype=np.uint8), "action": rng.integers(0, 2, n),
-                    "reward": np.ones(n, np.float32), "is_first": first, "is_last": last, "is_terminal": last})
+        pixels.add(
+            {
+                "obs": rng.integers(0, 256, (n, 64, 64, 3), dtype=np.uint8),
+                "action": rng.integers(0, 2, n),
+                "reward": np.ones(n, np.float32),
+                "is_first": first,
+                "is_last": last,
+                "is_terminal": last,
+            }
+        )
     vision = Vision(SPEC, z_size=4, depth=4)
     vision_ckpt = str(tmp_path / "v.ckpt")
-    torch.save({"state_dict": vision.state_dict(), "hyper_parameters": dict(vision.hparams),
-                "pytorch-lightning_version": pl.__version__}, vision_ckpt)
+    torch.save(
+        {
+            "state_dict": vision.state_dict(),
+            "hyper_parameters": dict(vision.hparams),
+            "pytorch-lightning_version": pl.__version__,
+        },
+        vision_ckpt,
+    )
     latents = EpisodeStore(tmp_path / "latents")
     assert convert_episodes(vision, pixels, latents) == 4
 
-    dm = EpisodeDataModule(str(tmp_path / "latents"), mode="sequences", batch_size=4, sequence_length=8,
-                           val_fraction=0.25, train_batches=3, val_batches=1)
-    model = Memory(SPEC, z_size=4, hidden_size=16, num_mixtures=2, vision_ckpt=vision_ckpt, dream_length=6,
-                   dream_sequences=2)
+    dm = EpisodeDataModule(
+        str(tmp_path / "latents"),
+        mode="sequences",
+        batch_size=4,
+        sequence_length=8,
+        val_fraction=0.25,
+        train_batches=3,
+        val_batches=1,
+    )
+    model = Memory(
+        SPEC, z_size=4, hidden_size=16, num_mixtures=2, vision_ckpt=vision_ckpt, dream_length=6, dream_sequences=2
+    )
     logger = TensorBoardLogger(str(tmp_path / "logs"), name="m")
-    trainer = pl.Trainer(max_epochs=1, logger=logger, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, num_sanity_val_steps=0, log_every_n_steps=1)
+    trainer = pl.Trainer(
+        max_epochs=1,
+        logger=logger,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        log_every_n_steps=1,
+    )
     trainer.fit(model, datamodule=dm)
     for key in ("val/nll", "val/reward_loss", "val/done_loss"):
         assert torch.isfinite(trainer.callback_metrics[key])
@@ -289,14 +346,35 @@ def test_patience_stops_training_when_the_validation_loss_stops_falling(tmp_path
         flags = np.zeros(10, bool)
         first, last = flags.copy(), flags.copy()
         first[0], last[-1] = True, True
-        latents.add({"mu": rng.normal(size=(10, 4)).astype(np.float32), "logvar": np.zeros((10, 4), np.float32),
-                     "action": rng.integers(0, 2, 10), "reward": np.ones(10, np.float32), "is_first": first,
-                     "is_last": last, "is_terminal": last})
-    dm = EpisodeDataModule(str(tmp_path / "latents"), mode="sequences", batch_size=2, sequence_length=6,
-                           val_fraction=0.25, train_batches=2, val_batches=1)
+        latents.add(
+            {
+                "mu": rng.normal(size=(10, 4)).astype(np.float32),
+                "logvar": np.zeros((10, 4), np.float32),
+                "action": rng.integers(0, 2, 10),
+                "reward": np.ones(10, np.float32),
+                "is_first": first,
+                "is_last": last,
+                "is_terminal": last,
+            }
+        )
+    dm = EpisodeDataModule(
+        str(tmp_path / "latents"),
+        mode="sequences",
+        batch_size=2,
+        sequence_length=6,
+        val_fraction=0.25,
+        train_batches=2,
+        val_batches=1,
+    )
     model = Memory(SPEC, z_size=4, hidden_size=8, num_mixtures=2, lr=0.0, sample_z=False, patience=2)
-    trainer = pl.Trainer(max_epochs=20, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, num_sanity_val_steps=0)
+    trainer = pl.Trainer(
+        max_epochs=20,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
     trainer.fit(model, datamodule=dm)
     stopper = next(c for c in trainer.callbacks if isinstance(c, EarlyStopping))
     assert (stopper.monitor, stopper.mode, stopper.patience) == ("val/loss", "min", 2)

@@ -13,15 +13,17 @@ def fill_store(directory, lengths, frame=(8, 8, 3)):
     store = EpisodeStore(directory)
     for e, n in enumerate(lengths):
         rows = n + 1
-        store.add({
-            "obs": np.full((rows, *frame), e, np.uint8),
-            "step": np.arange(rows, dtype=np.int64),
-            "episode": np.full(rows, e, np.int64),
-            "reward": np.ones(rows, np.float32),
-            "is_first": np.arange(rows) == 0,
-            "is_last": np.arange(rows) == rows - 1,
-            "is_terminal": np.arange(rows) == rows - 1,
-        })
+        store.add(
+            {
+                "obs": np.full((rows, *frame), e, np.uint8),
+                "step": np.arange(rows, dtype=np.int64),
+                "episode": np.full(rows, e, np.int64),
+                "reward": np.ones(rows, np.float32),
+                "is_first": np.arange(rows) == 0,
+                "is_last": np.arange(rows) == rows - 1,
+                "is_terminal": np.arange(rows) == rows - 1,
+            }
+        )
     return store
 
 
@@ -47,8 +49,15 @@ def test_frames_mode_batches(tmp_path):
 @pytest.mark.parametrize("cross", [True, False])
 def test_sequence_windows_are_consecutive(tmp_path, cross):
     fill_store(tmp_path / "s", [3, 12, 4, 15, 2, 11])
-    dm = EpisodeDataModule(str(tmp_path / "s"), mode="sequences", batch_size=8, sequence_length=6,
-                           val_fraction=0.0, cross_episodes=cross, train_batches=5)
+    dm = EpisodeDataModule(
+        str(tmp_path / "s"),
+        mode="sequences",
+        batch_size=8,
+        sequence_length=6,
+        val_fraction=0.0,
+        cross_episodes=cross,
+        train_batches=5,
+    )
     for batch in dm.train_dataloader():
         assert batch["step"].shape == (8, 6)
         for b in range(8):
@@ -66,8 +75,22 @@ def test_shards_split_episodes_across_ranks(tmp_path):
     store = fill_store(tmp_path / "s", [4] * 8)
     seen = []
     for rank in range(2):
-        ds = _EpisodeStream(store, store.paths(), "sequences", 4, 3, batches=6, seed=0, shuffle=True, rank=rank,
-                            world=2, keys=None, cross_episodes=True, skip_corrupt=False, pool_episodes=64)
+        ds = _EpisodeStream(
+            store,
+            store.paths(),
+            "sequences",
+            4,
+            3,
+            batches=6,
+            seed=0,
+            shuffle=True,
+            rank=rank,
+            world=2,
+            keys=None,
+            cross_episodes=True,
+            skip_corrupt=False,
+            pool_episodes=64,
+        )
         batches = list(ds)
         assert len(batches) == 6, "every rank yields the same number of batches"
         seen.append({int(e) for b in batches for e in b["episode"].flatten()})
@@ -87,8 +110,9 @@ def test_corrupt_episode_is_named_or_skipped(tmp_path):
     dm = EpisodeDataModule(str(tmp_path / "s"), mode="frames", batch_size=4, val_fraction=0.0, train_batches=4)
     with pytest.raises(ValueError, match=bad.name):
         list(dm.train_dataloader())
-    dm = EpisodeDataModule(str(tmp_path / "s"), mode="frames", batch_size=4, val_fraction=0.0, train_batches=4,
-                           skip_corrupt=True)
+    dm = EpisodeDataModule(
+        str(tmp_path / "s"), mode="frames", batch_size=4, val_fraction=0.0, train_batches=4, skip_corrupt=True
+    )
     with pytest.warns(RuntimeWarning, match=bad.name):
         assert len(list(dm.train_dataloader())) == 4
 
@@ -107,8 +131,14 @@ class ConstantAgent:
 
 
 def test_replay_stream_follows_replay_ratio():
-    dm = ReplayDataModule(EnvConfig("CartPole-v1", num_envs=2), capacity=1000, batch_size=3, sequence_length=4,
-                          prefill=20, replay_ratio=0.25)
+    dm = ReplayDataModule(
+        EnvConfig("CartPole-v1", num_envs=2),
+        capacity=1000,
+        batch_size=3,
+        sequence_length=4,
+        prefill=20,
+        replay_ratio=0.25,
+    )
     dm.setup("fit")
     dm.collector.agent = ConstantAgent()
     dm._agent = lambda: dm.collector.agent
@@ -124,8 +154,15 @@ def test_replay_stream_follows_replay_ratio():
 
 
 def test_replay_stream_of_single_transitions():
-    dm = ReplayDataModule(EnvConfig("Pendulum-v1", num_envs=2), capacity=1000, batch_size=5, sequence_length=1,
-                          sample="transitions", prefill=20, replay_ratio=0.5)
+    dm = ReplayDataModule(
+        EnvConfig("Pendulum-v1", num_envs=2),
+        capacity=1000,
+        batch_size=5,
+        sequence_length=1,
+        sample="transitions",
+        prefill=20,
+        replay_ratio=0.5,
+    )
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
     assert batch["obs"].shape == (5, 3) and batch["action"].shape == (5, 1) and batch["reward"].shape == (5,)
@@ -141,12 +178,21 @@ def test_replay_module_refuses_a_prefill_larger_than_the_buffer():
 def test_prefill_must_fit_the_capacity_the_env_streams_can_use():
     """100 rows over 3 env streams are 3 rings of 33 rows: 99 usable. A prefill of 100 could never
     be reached, and the random policy would act before every batch for the whole run."""
-    with pytest.raises(ValueError, match=r"prefill \(100 rows\) exceeds the replay capacity \(99 rows: 3 env streams "
-                                         r"of 33 rows"):
+    with pytest.raises(
+        ValueError,
+        match=r"prefill \(100 rows\) exceeds the replay capacity \(99 rows: 3 env streams "
+        r"of 33 rows",
+    ):
         ReplayDataModule(EnvConfig("CartPole-v1", num_envs=3), capacity=100, prefill=100)
 
-    dm = ReplayDataModule(EnvConfig("CartPole-v1", num_envs=3), capacity=100, prefill=99, batch_size=2,
-                          sequence_length=4, replay_ratio=0.25)
+    dm = ReplayDataModule(
+        EnvConfig("CartPole-v1", num_envs=3),
+        capacity=100,
+        prefill=99,
+        batch_size=2,
+        sequence_length=4,
+        replay_ratio=0.25,
+    )
     dm.setup("fit")
     agent = ConstantAgent(1)
     dm._agent = lambda: agent
@@ -168,10 +214,23 @@ def test_ddp_side_files_follow_the_checkpoint_step(tmp_path):
     from lightning_wm.callbacks import BufferCheckpoint
 
     def module(rank):
-        dm = ReplayDataModule(EnvConfig(id="CartPole-v1", num_envs=2), capacity=1000, prefill=20,
-                              batch_size=2, sequence_length=4, save_buffer=True)
-        dm.trainer = SimpleNamespace(global_rank=rank, world_size=2, global_step=0, datamodule=dm, ckpt_path=None,
-                                     checkpoint_callback=SimpleNamespace(dirpath=str(tmp_path)), default_root_dir=".")
+        dm = ReplayDataModule(
+            EnvConfig(id="CartPole-v1", num_envs=2),
+            capacity=1000,
+            prefill=20,
+            batch_size=2,
+            sequence_length=4,
+            save_buffer=True,
+        )
+        dm.trainer = SimpleNamespace(
+            global_rank=rank,
+            world_size=2,
+            global_step=0,
+            datamodule=dm,
+            ckpt_path=None,
+            checkpoint_callback=SimpleNamespace(dirpath=str(tmp_path)),
+            default_root_dir=".",
+        )
         dm.setup("fit")
         return dm
 
@@ -185,7 +244,10 @@ def test_ddp_side_files_follow_the_checkpoint_step(tmp_path):
         sizes[step] = len(dm.buffer)
         assert "buffer" not in checkpoints[step]["ReplayDataModule"]
         assert checkpoints[step]["replay_buffers"]["step"] == step
-    assert sorted(p.name for p in tmp_path.glob("replay_rank1_*")) == ["replay_rank1_step20.pt", "replay_rank1_step30.pt"]
+    assert sorted(p.name for p in tmp_path.glob("replay_rank1_*")) == [
+        "replay_rank1_step20.pt",
+        "replay_rank1_step30.pt",
+    ]
     resumed = module(1)
     BufferCheckpoint().on_load_checkpoint(resumed.trainer, None, checkpoints[20])
     assert len(resumed.buffer) == sizes[20] < sizes[30]
@@ -207,11 +269,23 @@ def test_seeded_fits_are_identical_run_to_run(monkeypatch):
 
     def fit():
         pl.seed_everything(7)
-        dm = ReplayDataModule(EnvConfig("CartPole-v1", num_envs=2, seed=11), capacity=500, batch_size=4,
-                              sequence_length=8, prefill=40, replay_ratio=0.5)
+        dm = ReplayDataModule(
+            EnvConfig("CartPole-v1", num_envs=2, seed=11),
+            capacity=500,
+            batch_size=4,
+            sequence_length=8,
+            prefill=40,
+            replay_ratio=0.5,
+        )
         model = TinyAgent(dm.spec)
-        Trainer(max_steps=12, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                enable_model_summary=False, limit_val_batches=0).fit(model, dm)
+        Trainer(
+            max_steps=12,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            limit_val_batches=0,
+        ).fit(model, dm)
         return model.state_dict(), dm.buffer.state_dict()["data"]
 
     (w1, d1), (w2, d2) = fit(), fit()

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import math
 import shutil
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from tb_scalars import logged_scalars
 
 from lightning_wm.agents.muzero import MuZero, MuZeroPolicy
 from lightning_wm.agents.muzero.agent import push_frame, reanalyze_td_steps, window_stacks
@@ -20,7 +20,6 @@ from lightning_wm.data.samplers import WindowSampler
 from lightning_wm.envs import EnvConfig, EnvSpec, env_spec
 from lightning_wm.nn import dists
 from lightning_wm.nn.blocks import scale_gradient, soft_update
-from tb_scalars import logged_scalars
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,12 +30,23 @@ def cartpole_spec() -> EnvSpec:
     return env_spec(EnvConfig("CartPole-v1"))
 
 
-def filled_datamodule(model: MuZero, rows: int = 120, num_envs: int = 2, capacity: int = 1000,
-                      sampler: WindowSampler | None = None, prioritized: bool = False) -> ReplayDataModule:
+def filled_datamodule(
+    model: MuZero,
+    rows: int = 120,
+    num_envs: int = 2,
+    capacity: int = 1000,
+    sampler: WindowSampler | None = None,
+    prioritized: bool = False,
+) -> ReplayDataModule:
     """A datamodule whose buffer holds ``rows`` rows per env acted by ``model`` (no prefill)."""
-    dm = ReplayDataModule(EnvConfig("CartPole-v1", num_envs=num_envs, seed=3), capacity=capacity, batch_size=8,
-                          sampler=sampler or WindowSampler(model.hparams.num_unroll_steps, model.hparams.td_steps),
-                          prefill=0, prioritized=prioritized)
+    dm = ReplayDataModule(
+        EnvConfig("CartPole-v1", num_envs=num_envs, seed=3),
+        capacity=capacity,
+        batch_size=8,
+        sampler=sampler or WindowSampler(model.hparams.num_unroll_steps, model.hparams.td_steps),
+        prefill=0,
+        prioritized=prioritized,
+    )
     dm.setup("fit")
     dm.collector.set_agent(model)
     dm.collector.collect(rows)
@@ -78,7 +88,7 @@ def test_window_stacks_match_the_acting_frame_stack():
     for t in range(8):
         if is_first[t]:
             stacks = torch.zeros_like(stacks)
-        stacks = push_frame(stacks, frames[t:t + 1])
+        stacks = push_frame(stacks, frames[t : t + 1])
         acting.append(stacks[0])
     # a window with history 2 from position t = 4 (rows 2..7): row 2 belongs to the previous episode
     mask = torch.tensor([[False, True, True, True, True, True]])
@@ -117,8 +127,9 @@ def test_acting_copy_acts_like_the_module_and_carries_the_temperature():
     torch.testing.assert_close(extras["root_value"], extras_b["root_value"])
 
 
-@pytest.mark.skipif(not any(shutil.which(c) for c in ("c++", "g++", "clang++")),
-                    reason="torch.compile on CPU needs a C++ compiler")
+@pytest.mark.skipif(
+    not any(shutil.which(c) for c in ("c++", "g++", "clang++")), reason="torch.compile on CPU needs a C++ compiler"
+)
 def test_compile_search_acts_like_the_eager_search():
     """``compile_search`` reaches the search of the module and of its acting copy (the one the
     actor processes run) and changes nothing but the speed."""
@@ -148,16 +159,28 @@ def test_frame_stack_acting_state():
 
 
 # -- the unroll losses ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("bootstrap,step_weights", [("target_network", "pseudocode"), ("stored", "pseudocode"),
-                                                    ("target_network", "equal")])
+@pytest.mark.parametrize(
+    "bootstrap,step_weights", [("target_network", "pseudocode"), ("stored", "pseudocode"), ("target_network", "equal")]
+)
 def test_unroll_losses_match_a_per_sample_computation(bootstrap, step_weights):
     """The batched loss against a slow per-sample, per-step computation from the same targets."""
     torch.manual_seed(1)
     K, n = 3, 2
-    model = quiet(MuZero(cartpole_spec(), num_unroll_steps=K, td_steps=n, train_game_over_function=True,
-                         bootstrap_value=bootstrap, unroll_step_weights=step_weights,
-                         train_repr_prediction=True, reward_loss_weight=0.7, repr_loss_weight=0.3,
-                         recurrent_gradient_scaling_factor=1.0, **SMALL))
+    model = quiet(
+        MuZero(
+            cartpole_spec(),
+            num_unroll_steps=K,
+            td_steps=n,
+            train_game_over_function=True,
+            bootstrap_value=bootstrap,
+            unroll_step_weights=step_weights,
+            train_repr_prediction=True,
+            reward_loss_weight=0.7,
+            repr_loss_weight=0.3,
+            recurrent_gradient_scaling_factor=1.0,
+            **SMALL,
+        )
+    )
     with torch.no_grad():  # heads away from their zero init; a target network unlike the model
         for p in model.parameters():
             p.add_(0.2 * torch.randn_like(p))
@@ -177,30 +200,31 @@ def test_unroll_losses_match_a_per_sample_computation(bootstrap, step_weights):
     if bootstrap == "target_network":  # the choice matters: the target values are not the stored ones
         assert boot.sum() > 8 and not torch.allclose(value[boot], batch["root_value"][boot])
     t = muzero_targets({**fwd, "root_value": value}, num_unroll_steps=K, td_steps=n, discount=model.hparams.discount)
-    m, hp = model.model, model.hparams
+    m = model.model
     total = torch.zeros(())
     for b in range(8):
-        state = m.representation(batch["obs"][b:b + 1, 0])
+        state = m.representation(batch["obs"][b : b + 1, 0])
         sample = 0.0
         for k in range(K + 1):
             scale = 1.0 if k == 0 and step_weights == "pseudocode" else 1.0 / K  # "equal": every step 1 / K
             if k > 0:
-                r_logits, state = m.dynamics(state, t.actions[b:b + 1, k - 1])
+                r_logits, state = m.dynamics(state, t.actions[b : b + 1, k - 1])
                 if t.reward_mask[b, k]:
-                    target = dists.h_twohot_encode(t.reward[b, k:k + 1], m.reward_bins)
+                    target = dists.h_twohot_encode(t.reward[b, k : k + 1], m.reward_bins)
                     sample += scale * 0.7 * -(target * torch.log_softmax(r_logits, -1)).sum()
                 if batch["mask"][b, k]:
-                    rep = m.representation(batch["obs"][b:b + 1, k]).detach()
+                    rep = m.representation(batch["obs"][b : b + 1, k]).detach()
                     sample += scale * 0.3 * (1 - F.cosine_similarity(state.flatten(), rep.flatten(), dim=0))
             p_logits, v_logits = m.prediction(state)
             if t.value_mask[b, k]:
-                target = dists.h_twohot_encode(t.value[b, k:k + 1], m.value_bins)
+                target = dists.h_twohot_encode(t.value[b, k : k + 1], m.value_bins)
                 sample += scale * 0.25 * -(target * torch.log_softmax(v_logits, -1)).sum()
             if t.policy_mask[b, k]:
                 sample += scale * -(t.policy[b, k] * torch.log_softmax(p_logits[0], -1)).sum()
             if t.game_over_mask[b, k]:
-                sample += scale * F.binary_cross_entropy_with_logits(m.game_over_logit(state)[0],
-                                                                     t.game_over[b, k].float())
+                sample += scale * F.binary_cross_entropy_with_logits(
+                    m.game_over_logit(state)[0], t.game_over[b, k].float()
+                )
         total = total + batch["weight"][b] * sample
     torch.testing.assert_close(out["loss"], total / 8, rtol=1e-5, atol=1e-6)
     # priorities: |v(s_0) - z_0| of the network's value at the position
@@ -220,15 +244,22 @@ def test_consistency_through_projection_heads():
 
     torch.manual_seed(2)
     K = 3
-    model = quiet(MuZero(cartpole_spec(), num_unroll_steps=K, td_steps=2, train_repr_prediction=True,
-                         projection=[12, 10, 6], **SMALL))
+    model = quiet(
+        MuZero(
+            cartpole_spec(), num_unroll_steps=K, td_steps=2, train_repr_prediction=True, projection=[12, 10, 6], **SMALL
+        )
+    )
     m = model.model
     assert m.project(torch.rand(5, 16)).shape == (5, 10) and m.predict_projection(torch.rand(5, 16)).shape == (5, 10)
     batch = filled_datamodule(model, rows=60).sample_batch()
     t = muzero_targets(dict(batch), num_unroll_steps=K, td_steps=torch.full((8,), 2), discount=0.997)
     valid = batch["mask"].bool()
-    settings = LossSettings(recurrent_gradient_scaling_factor=1.0, train_reward_function=False, train_policy=False,
-                            train_repr_prediction=True)
+    settings = LossSettings(
+        recurrent_gradient_scaling_factor=1.0,
+        train_reward_function=False,
+        train_policy=False,
+        train_repr_prediction=True,
+    )
     losses, _ = unroll_losses(m, batch["obs"], t, valid, settings)
     # by hand, for the whole batch at once (batch norm sees the same rows)
     state, unrolled = m.representation(batch["obs"][:, 0]), []
@@ -236,11 +267,15 @@ def test_consistency_through_projection_heads():
         _, state = m.dynamics(state, t.actions[:, k])
         unrolled.append(state)
     online = m.predictor(m.projector(torch.stack(unrolled, 1).flatten(0, 1))).view(8, K, -1)
-    target = m.projector(m.representation(batch["obs"][:, 1:K + 1].flatten(0, 1))).view(8, K, -1).detach()
-    by_hand = ((1 - F.cosine_similarity(online, target, dim=-1)) * valid[:, 1:K + 1] / K).sum(1)
+    target = m.projector(m.representation(batch["obs"][:, 1 : K + 1].flatten(0, 1))).view(8, K, -1).detach()
+    by_hand = ((1 - F.cosine_similarity(online, target, dim=-1)) * valid[:, 1 : K + 1] / K).sum(1)
     torch.testing.assert_close(losses["repr"], by_hand, rtol=1e-5, atol=1e-6)
-    assert not torch.allclose(losses["repr"], unroll_losses(
-        MuZero(cartpole_spec(), num_unroll_steps=K, **SMALL).model, batch["obs"], t, valid, settings)[0]["repr"])
+    assert not torch.allclose(
+        losses["repr"],
+        unroll_losses(MuZero(cartpole_spec(), num_unroll_steps=K, **SMALL).model, batch["obs"], t, valid, settings)[0][
+            "repr"
+        ],
+    )
     losses["repr"].sum().backward()
     heads = list(m.projector.parameters()) + list(m.predictor.parameters())
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in heads)
@@ -289,14 +324,18 @@ def test_a_sampler_whose_windows_are_longer_than_needed_warns_once():
 
     model = quiet(MuZero(cartpole_spec(), num_unroll_steps=3, td_steps=2, **SMALL))
     dm = filled_datamodule(model, rows=30, sampler=WindowSampler(3, 5))
-    with pytest.warns(UserWarning, match=r"longer than .* use WindowSampler\(num_unroll_steps=3, td_steps=2, history=0\)"):
+    with pytest.warns(
+        UserWarning, match=r"longer than .* use WindowSampler\(num_unroll_steps=3, td_steps=2, history=0\)"
+    ):
         model.training_step(dm.sample_batch(), 0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         model.training_step(dm.sample_batch(), 1)  # once is enough
     shifted = quiet(MuZero(cartpole_spec(), num_unroll_steps=3, td_steps=2, **SMALL))  # frame_stack 1
     with pytest.warns(UserWarning, match=r"history is longer than frame_stack - 1 = 0"):
-        shifted.training_step(filled_datamodule(shifted, rows=30, sampler=WindowSampler(3, 2, history=2)).sample_batch(), 0)
+        shifted.training_step(
+            filled_datamodule(shifted, rows=30, sampler=WindowSampler(3, 2, history=2)).sample_batch(), 0
+        )
     exact = quiet(MuZero(cartpole_spec(), num_unroll_steps=3, td_steps=2, **SMALL))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -307,8 +346,17 @@ def test_a_sampler_whose_windows_are_longer_than_needed_warns_once():
 def test_reanalyse_writes_only_the_selected_rows_and_stale_rows_are_skipped():
     torch.manual_seed(3)
     K = 2
-    model = quiet(MuZero(cartpole_spec(), num_unroll_steps=K, td_steps=3, reanalyze_ratio=0.25, reanalyze_td_steps=3,
-                         reanalyze_batch_size=5, **SMALL))
+    model = quiet(
+        MuZero(
+            cartpole_spec(),
+            num_unroll_steps=K,
+            td_steps=3,
+            reanalyze_ratio=0.25,
+            reanalyze_td_steps=3,
+            reanalyze_batch_size=5,
+            **SMALL,
+        )
+    )
     # a ring of 40 rows per env, full: new rows overwrite the oldest
     dm = filled_datamodule(model, rows=60, capacity=80, sampler=WindowSampler(K, 3))
     buffer = dm.buffer
@@ -318,10 +366,10 @@ def test_reanalyse_writes_only_the_selected_rows_and_stale_rows_are_skipped():
     write = out["write"]
     # the written rows are the searched rows of the first round(0.25 * 8) = 2 samples: unroll rows
     # 0..K that belong to the episode and are not its last row
-    rows = batch["row_index"][:2, :K + 1]
-    searched = (batch["mask"] & ~batch["is_last"])[:2, :K + 1]
+    rows = batch["row_index"][:2, : K + 1]
+    searched = (batch["mask"] & ~batch["is_last"])[:2, : K + 1]
     assert sorted(write["index"].tolist()) == sorted(rows[searched].tolist())
-    assert torch.equal(write["generation"], batch["row_generation"][:2, :K + 1][searched])
+    assert torch.equal(write["generation"], batch["row_generation"][:2, : K + 1][searched])
     torch.testing.assert_close(write["columns"]["visit_probs"].sum(-1), torch.ones(len(write["index"])))
     # overwrite the oldest rows of both streams before the feedback arrives (Lightning's prefetch)
     written_before = buffer.rows_written(np.arange(2))  # [2]
@@ -340,16 +388,26 @@ def test_reanalyse_writes_only_the_selected_rows_and_stale_rows_are_skipped():
     untouched = ~written & ~fresh
     assert np.array_equal(after["root_value"][untouched], before["root_value"][untouched])
     assert np.array_equal(after["visit_probs"][untouched], before["visit_probs"][untouched])
-    np.testing.assert_allclose(after["root_value"][stream[current], slot[current]],
-                               write["columns"]["root_value"].numpy()[current])
+    np.testing.assert_allclose(
+        after["root_value"][stream[current], slot[current]], write["columns"]["root_value"].numpy()[current]
+    )
     assert current.sum() > 0
 
 
 def test_reanalyse_targets_come_from_the_target_network_search():
     torch.manual_seed(4)
     K = 2
-    model = quiet(MuZero(cartpole_spec(), num_unroll_steps=K, td_steps=2, reanalyze_ratio=1.0, reanalyze_td_steps=2,
-                         full_reanalyze=True, **SMALL))
+    model = quiet(
+        MuZero(
+            cartpole_spec(),
+            num_unroll_steps=K,
+            td_steps=2,
+            reanalyze_ratio=1.0,
+            reanalyze_td_steps=2,
+            full_reanalyze=True,
+            **SMALL,
+        )
+    )
     dm = filled_datamodule(model, rows=40, sampler=WindowSampler(K, 2))
     batch = dm.sample_batch()
     # a target network that differs from the model: reanalysed values must be its search values
@@ -386,27 +444,69 @@ def test_target_network_follows_every_period_by_tau():
 def _cartpole_args(steps: int, run: str = "run", extra: tuple[str, ...] = ()) -> list[str]:
     """configs/muzero/cartpole.yaml shrunk to a few seconds."""
     return [
-        "fit", "--config", str(ROOT / "configs/muzero/cartpole.yaml"), "--seed_everything", "7",
-        "--trainer.max_steps", str(steps), "--trainer.log_every_n_steps", "1",
-        "--trainer.val_check_interval", str(steps), "--trainer.enable_progress_bar", "false",
-        "--trainer.run_name", run, "--model.init_args.num_simulations", "4", "--model.init_args.latent_dim", "16",
-        "--model.init_args.hidden", "16", "--data.init_args.batch_size", "8", "--data.init_args.prefill", "40",
-        "--data.init_args.env.num_envs", "2", "--data.init_args.eval_episodes", "1",
-        "--data.init_args.eval_envs", "1", *extra,
+        "fit",
+        "--config",
+        str(ROOT / "configs/muzero/cartpole.yaml"),
+        "--seed_everything",
+        "7",
+        "--trainer.max_steps",
+        str(steps),
+        "--trainer.log_every_n_steps",
+        "1",
+        "--trainer.val_check_interval",
+        str(steps),
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.run_name",
+        run,
+        "--model.init_args.num_simulations",
+        "4",
+        "--model.init_args.latent_dim",
+        "16",
+        "--model.init_args.hidden",
+        "16",
+        "--data.init_args.batch_size",
+        "8",
+        "--data.init_args.prefill",
+        "40",
+        "--data.init_args.env.num_envs",
+        "2",
+        "--data.init_args.eval_episodes",
+        "1",
+        "--data.init_args.eval_envs",
+        "1",
+        *extra,
     ]
 
 
 def test_cli_fit_cartpole_logs_every_part():
     from lightning_wm.cli import main
 
-    cli = main(args=_cartpole_args(6, extra=("--model.init_args.reanalyze_ratio", "0.5",
-                                             "--model.init_args.reanalyze_td_steps", "3")))
+    cli = main(
+        args=_cartpole_args(
+            6, extra=("--model.init_args.reanalyze_ratio", "0.5", "--model.init_args.reanalyze_td_steps", "3")
+        )
+    )
     assert cli.trainer.global_step == 6
     run = Path("lightning_logs/run")
-    for tag in ("loss/total", "loss/value", "loss/reward", "loss/policy", "replay/priority_mean",
-                "replay/priority_max", "replay/weight_mean", "replay/age", "reanalyse/fraction", "reanalyse/rows",
-                "search/root_value", "search/visit_entropy", "search/depth", "search/temperature",
-                "val/return", "env/steps"):
+    for tag in (
+        "loss/total",
+        "loss/value",
+        "loss/reward",
+        "loss/policy",
+        "replay/priority_mean",
+        "replay/priority_max",
+        "replay/weight_mean",
+        "replay/age",
+        "reanalyse/fraction",
+        "reanalyse/rows",
+        "search/root_value",
+        "search/visit_entropy",
+        "search/depth",
+        "search/temperature",
+        "val/return",
+        "env/steps",
+    ):
         assert logged_scalars(run, tag), tag
     assert logged_scalars(run, "reanalyse/fraction")[-1] == 0.5
     # priorities came back: the buffer's positions no longer all share the initial priority
@@ -421,8 +521,11 @@ def test_same_seed_same_weights():
 
     weights = []
     for run in ("a", "b"):
-        cli = main(args=_cartpole_args(5, run=run, extra=("--model.init_args.reanalyze_ratio", "0.25",
-                                                          "--trainer.limit_val_batches", "0")))
+        cli = main(
+            args=_cartpole_args(
+                5, run=run, extra=("--model.init_args.reanalyze_ratio", "0.25", "--trainer.limit_val_batches", "0")
+            )
+        )
         weights.append({k: v.clone() for k, v in cli.model.state_dict().items()})
     assert weights[0].keys() == weights[1].keys()
     for key in weights[0]:
@@ -431,13 +534,16 @@ def test_same_seed_same_weights():
     assert any(not torch.equal(weights[0][k], start[k]) for k in start if k.startswith("model."))
 
 
-def test_averaged_weights_are_evaluated_and_saved_and_a_resumed_run_continues_from_the_online_ones(monkeypatch, recwarn):
+def test_averaged_weights_are_evaluated_and_saved_and_a_resumed_run_continues_from_the_online_ones(
+    monkeypatch, recwarn
+):
     """configs/muzero/cartpole.yaml lists EMAWeights: the module after fit and last.ckpt's
     state_dict are the average (what `evaluate` loads, without a warning), the online weights are
     kept beside it, and a longer run resumed from the finished run's last.ckpt starts from those
     (Lightning's own callback saved the average twice there), with the callback listed or not."""
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     import resume_probe
+
     from lightning_wm.callbacks import EMAWeights
     from lightning_wm.cli import main
 
@@ -452,20 +558,48 @@ def test_averaged_weights_are_evaluated_and_saved_and_a_resumed_run_continues_fr
     assert moved, "the average equals the online weights: nothing was averaged"
     assert ckpt["averaging_state"]["n_averaged"].item() == 6
 
-    main(args=["evaluate", "--config", str(ROOT / "configs/muzero/cartpole.yaml"), "--trainer.run_name", "ema",
-               "--ckpt_path", "last", "--episodes", "1", "--model.init_args.num_simulations", "4",
-               "--model.init_args.latent_dim", "16", "--model.init_args.hidden", "16"])
+    main(
+        args=[
+            "evaluate",
+            "--config",
+            str(ROOT / "configs/muzero/cartpole.yaml"),
+            "--trainer.run_name",
+            "ema",
+            "--ckpt_path",
+            "last",
+            "--episodes",
+            "1",
+            "--model.init_args.num_simulations",
+            "4",
+            "--model.init_args.latent_dim",
+            "16",
+            "--model.init_args.hidden",
+            "16",
+        ]
+    )
     assert not [w for w in recwarn if "WeightAveraging" in str(w.message)]
 
     # a run that lists no averaging, resumed from that checkpoint, also continues from the online weights
-    main(args=_cartpole_args(7, run="plain", extra=("--ckpt_path", "lightning_logs/ema/checkpoints/last.ckpt",
-                                                    "--trainer.callbacks", '[{"class_path": "resume_probe.RecordStart"}]')))
+    main(
+        args=_cartpole_args(
+            7,
+            run="plain",
+            extra=(
+                "--ckpt_path",
+                "lightning_logs/ema/checkpoints/last.ckpt",
+                "--trainer.callbacks",
+                '[{"class_path": "resume_probe.RecordStart"}]',
+            ),
+        )
+    )
     assert resume_probe.SEEN["global_step"] == 6
     for name, value in online.items():
         assert torch.equal(resume_probe.SEEN["model"][name], value), name
 
-    callbacks = '[{"class_path": "lightning_wm.callbacks.EMAWeights", "init_args": {"decay": 0.99}}, ' \
-                '{"class_path": "resume_probe.RecordStart"}]'
+    callbacks = (
+        '[{"class_path": "lightning_wm.callbacks.EMAWeights", "init_args": {"decay": 0.99}}, '
+        '{"class_path": "resume_probe.RecordStart"}]'
+    )
     cli = main(args=_cartpole_args(8, run="ema", extra=("--ckpt_path", "last", "--trainer.callbacks", callbacks)))
     assert resume_probe.SEEN["global_step"] == 6 and cli.trainer.global_step == 8
     for name, value in online.items():
@@ -491,16 +625,47 @@ def test_cli_fit_pong_config_shrunk():
     latent consistency, reanalyse, SGD with warm-up) shrunk to a CPU smoke test."""
     from lightning_wm.cli import main
 
-    cli = main(args=[
-        "fit", "--config", str(ROOT / "configs/muzero/pong.yaml"), "--seed_everything", "1",
-        "--trainer.accelerator", "cpu", "--trainer.max_steps", "2", "--trainer.log_every_n_steps", "1",
-        "--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "false", "--trainer.run_name", "pong",
-        "--model.init_args.channels", "8", "--model.init_args.num_simulations", "2",
-        "--model.init_args.support_size", "10", "--model.init_args.reanalyze_batch_size", "16",
-        "--data.init_args.env.num_envs", "2", "--data.init_args.env.size", "[32, 32]",
-        "--data.init_args.capacity", "400", "--data.init_args.batch_size", "4", "--data.init_args.prefill", "40",
-        "--data.init_args.replay_ratio", "1.0",
-    ])
+    cli = main(
+        args=[
+            "fit",
+            "--config",
+            str(ROOT / "configs/muzero/pong.yaml"),
+            "--seed_everything",
+            "1",
+            "--trainer.accelerator",
+            "cpu",
+            "--trainer.max_steps",
+            "2",
+            "--trainer.log_every_n_steps",
+            "1",
+            "--trainer.limit_val_batches",
+            "0",
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.run_name",
+            "pong",
+            "--model.init_args.channels",
+            "8",
+            "--model.init_args.num_simulations",
+            "2",
+            "--model.init_args.support_size",
+            "10",
+            "--model.init_args.reanalyze_batch_size",
+            "16",
+            "--data.init_args.env.num_envs",
+            "2",
+            "--data.init_args.env.size",
+            "[32, 32]",
+            "--data.init_args.capacity",
+            "400",
+            "--data.init_args.batch_size",
+            "4",
+            "--data.init_args.prefill",
+            "40",
+            "--data.init_args.replay_ratio",
+            "1.0",
+        ]
+    )
     assert cli.trainer.global_step == 2
     assert cli.model.model.obs_shape == (4, 32, 32, 1)
     run = Path("lightning_logs/pong")
@@ -513,8 +678,11 @@ def test_cli_fit_with_actor_processes():
     rows carry the search's root_value and visit_probs; training goes on from them."""
     from lightning_wm.cli import main
 
-    cli = main(args=_cartpole_args(6, run="actors", extra=("--data.init_args.num_actors", "1",
-                                                           "--data.init_args.chunk_length", "8")))
+    cli = main(
+        args=_cartpole_args(
+            6, run="actors", extra=("--data.init_args.num_actors", "1", "--data.init_args.chunk_length", "8")
+        )
+    )
     assert cli.trainer.global_step == 6
     buffer = cli.datamodule.buffer
     probs, version = buffer.column("visit_probs"), buffer.column("policy_version")

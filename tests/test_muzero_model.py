@@ -47,8 +47,7 @@ def test_state_norm_off_leaves_the_trunks_outputs_unscaled(frames):
     torch.manual_seed(0)
     scaled = MuZeroModel(space, 2, latent_dim=16, hidden=32, head_hidden=8, support_size=10, channels=8)
     torch.manual_seed(0)
-    raw = MuZeroModel(space, 2, latent_dim=16, hidden=32, head_hidden=8, support_size=10, channels=8,
-                      state_norm=False)
+    raw = MuZeroModel(space, 2, latent_dim=16, hidden=32, head_hidden=8, support_size=10, channels=8, state_norm=False)
     obs = torch.randint(0, 255, (5, 16, 16, 3), dtype=torch.uint8) if frames else torch.randn(5, 4) * 3
     s_raw, s_scaled = raw.representation(obs), scaled.representation(obs)
     torch.testing.assert_close(scale_hidden(s_raw), s_scaled)  # same networks, only the scaling differs
@@ -97,8 +96,9 @@ def test_game_over_head():
         MuZeroModel(VECTOR, 2, latent_dim=8, hidden=8, head_hidden=8, support_size=5).game_over_logit(nxt)
 
 
-@pytest.mark.parametrize("shape,stack,plane", [((64, 64, 3), 1, (4, 4)), ((84, 84, 1), 4, (6, 6)),
-                                               ((96, 96, 3), 2, (6, 6))])
+@pytest.mark.parametrize(
+    "shape,stack,plane", [((64, 64, 3), 1, (4, 4)), ((84, 84, 1), 4, (6, 6)), ((96, 96, 3), 2, (6, 6))]
+)
 def test_conv_model_downsamples_by_16(shape, stack, plane):
     space = gym.spaces.Box(0, 255, shape, np.uint8)
     model = MuZeroModel(space, 6, channels=8, blocks=1, head_hidden=8, frame_stack=stack, support_size=5)
@@ -144,16 +144,24 @@ def test_recurrent_fn_drives_the_search():
         torch.nn.init.normal_(p, std=0.3)
     with torch.no_grad():
         root = model.initial_inference(torch.randn(6, 4))
-        out = mcts(model.recurrent_fn, root["state"], root["policy_logits"], root["value"], num_simulations=12,
-                   discount=0.99, explore=False)
+        out = mcts(
+            model.recurrent_fn,
+            root["state"],
+            root["policy_logits"],
+            root["value"],
+            num_simulations=12,
+            discount=0.99,
+            explore=False,
+        )
     assert out.visit_counts.sum(-1).tolist() == [12.0] * 6
     assert out.root_value.shape == (6,) and torch.isfinite(out.root_value).all()
 
 
 def test_joint_and_separate_decoding_agree():
     for reward_support in (None, 7):
-        model = MuZeroModel(VECTOR, 2, latent_dim=8, hidden=8, head_hidden=8, support_size=10,
-                            reward_support_size=reward_support)
+        model = MuZeroModel(
+            VECTOR, 2, latent_dim=8, hidden=8, head_hidden=8, support_size=10, reward_support_size=reward_support
+        )
         rl = torch.randn(5, model.reward_bins.numel())
         vl = torch.randn(5, 21)
         reward, value = model.decode(rl, vl)
@@ -205,7 +213,9 @@ def test_mlp_batch_norm_over_leading_axes_and_running_stats_in_eval():
 
     torch.manual_seed(0)
     mlp = MLP(4, 3, hidden=8, layers=2, act="relu", norm="batch")
-    assert sum(isinstance(m, BatchNormLast) for m in mlp) == 2 and not any(isinstance(m, torch.nn.LayerNorm) for m in mlp)
+    assert sum(isinstance(m, BatchNormLast) for m in mlp) == 2 and not any(
+        isinstance(m, torch.nn.LayerNorm) for m in mlp
+    )
     x = torch.randn(5, 6, 4)
     flat = mlp(x.reshape(30, 4))  # train mode: the batch's statistics over all 30 rows
     torch.testing.assert_close(mlp(x), flat.reshape(5, 6, 3))
@@ -247,8 +257,16 @@ def test_vector_representation_tells_an_observation_from_a_multiple_of_it():
 
 
 def test_vector_model_with_batch_norm_trains_and_infers_in_eval():
-    model = MuZeroModel(gym.spaces.Box(-1, 1, (4,), np.float32), 2, latent_dim=8, hidden=16, layers=1,
-                        head_hidden=8, support_size=5, norm="batch")
+    model = MuZeroModel(
+        gym.spaces.Box(-1, 1, (4,), np.float32),
+        2,
+        latent_dim=8,
+        hidden=16,
+        layers=1,
+        head_hidden=8,
+        support_size=5,
+        norm="batch",
+    )
     out = model.initial_inference(torch.randn(6, 4))
     assert out["value"].shape == (6,) and out["policy_logits"].shape == (6, 2)
     out["value"].sum().backward()

@@ -27,9 +27,15 @@ def unroll_batch(B: int = 2, L: int = 6, seed: int = 0) -> dict[str, torch.Tenso
     is_last[0, 2] = is_terminal[0, 2] = is_first[0, 3] = True
     if B > 1:
         is_last[1, 4] = is_first[1, 5] = True
-    return {"obs": torch.randn(B, L, 4, generator=g), "action": torch.randint(0, 2, (B, L), generator=g),
-            "reward": torch.ones(B, L), "is_first": is_first, "is_last": is_last, "is_terminal": is_terminal,
-            "logits": torch.randn(B, L, 2, generator=g)}
+    return {
+        "obs": torch.randn(B, L, 4, generator=g),
+        "action": torch.randint(0, 2, (B, L), generator=g),
+        "reward": torch.ones(B, L),
+        "is_first": is_first,
+        "is_last": is_last,
+        "is_terminal": is_terminal,
+        "logits": torch.randn(B, L, 2, generator=g),
+    }
 
 
 def test_windows_hold_each_positions_episode():
@@ -50,8 +56,9 @@ def test_windows_hold_each_positions_episode():
 
 def _repr(**kwargs) -> MuZeroRepresentation:
     spec = env_spec(EnvConfig("CartPole-v1"))
-    return MuZeroRepresentation(spec, latent_dim=8, hidden=16, layers=1, head_hidden=8, support_size=5,
-                                num_unroll_steps=2, td_steps=2, **kwargs)
+    return MuZeroRepresentation(
+        spec, latent_dim=8, hidden=16, layers=1, head_hidden=8, support_size=5, num_unroll_steps=2, td_steps=2, **kwargs
+    )
 
 
 def test_representation_loss_trains_the_whole_model_and_the_schedule():
@@ -63,8 +70,14 @@ def test_representation_loss_trains_the_whole_model_and_the_schedule():
     assert rep(torch.zeros(3, 4)).shape == (3, rep.out_dim) and rep.out_dim == 8
     assert rep.representation_loss(unroll_batch(), step=1) is None  # interval 2: odd steps skipped
     loss, logs = rep.representation_loss(unroll_batch(), step=2)
-    assert set(logs) == {"repr/loss", "repr/value_loss", "repr/reward_loss", "repr/policy_loss", "repr/repr_loss",
-                         "repr/feature_std"}
+    assert set(logs) == {
+        "repr/loss",
+        "repr/value_loss",
+        "repr/reward_loss",
+        "repr/policy_loss",
+        "repr/repr_loss",
+        "repr/feature_std",
+    }
     batch = unroll_batch()
     features = rep.model.representation(batch["obs"].flatten(0, 1))
     torch.testing.assert_close(logs["repr/feature_std"], features.std(0).mean())
@@ -101,12 +114,35 @@ def test_host_gradients_reach_the_representation_only_when_not_detached(detach):
 def test_impala_with_the_muzero_representation_from_yaml():
     from lightning_wm.cli import main
 
-    cli = main(args=["fit", "--config", str(ROOT / "configs/impala/cartpole_muzero_repr.yaml"),
-                     "--trainer.max_steps", "3", "--trainer.val_check_interval", "3", "--trainer.log_every_n_steps", "1",
-                     "--trainer.enable_progress_bar", "false", "--trainer.run_name", "run",
-                     "--data.init_args.num_actors", "0", "--data.init_args.env.num_envs", "2",
-                     "--data.init_args.unroll_length", "4", "--data.init_args.batch_size", "2",
-                     "--data.init_args.eval_episodes", "1", "--data.init_args.eval_envs", "1"])
+    cli = main(
+        args=[
+            "fit",
+            "--config",
+            str(ROOT / "configs/impala/cartpole_muzero_repr.yaml"),
+            "--trainer.max_steps",
+            "3",
+            "--trainer.val_check_interval",
+            "3",
+            "--trainer.log_every_n_steps",
+            "1",
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.run_name",
+            "run",
+            "--data.init_args.num_actors",
+            "0",
+            "--data.init_args.env.num_envs",
+            "2",
+            "--data.init_args.unroll_length",
+            "4",
+            "--data.init_args.batch_size",
+            "2",
+            "--data.init_args.eval_episodes",
+            "1",
+            "--data.init_args.eval_envs",
+            "1",
+        ]
+    )
     assert cli.trainer.global_step == 3
     encoder = cli.model.net.encoder
     assert isinstance(encoder, MuZeroRepresentation) and cli.model.net.value.in_features == encoder.out_dim

@@ -46,8 +46,9 @@ def window(length, end=None, terminal=False, head=None):
 
 def run(reward, value, is_terminal, valid, n, positions):
     t = lambda x, dt=torch.float64: torch.tensor(x, dtype=dt).unsqueeze(1)  # noqa: E731 - [W, 1]
-    target, mask = window_nstep_values(t(reward), t(value), t(is_terminal, torch.bool), t(valid, torch.bool), G, n,
-                                       positions)
+    target, mask = window_nstep_values(
+        t(reward), t(value), t(is_terminal, torch.bool), t(valid, torch.bool), G, n, positions
+    )
     return target[:, 0].tolist(), mask[:, 0].tolist()
 
 
@@ -102,8 +103,15 @@ def test_matches_slow_loops_on_random_windows(n):
     is_terminal = (torch.arange(w).unsqueeze(1) == last) & (torch.rand(b, generator=g) < 0.5)
     target, mask = window_nstep_values(reward, value, is_terminal, valid, G, n, positions)
     for j in range(b):
-        want, want_mask = slow_values(reward[:, j].tolist(), value[:, j].tolist(), is_terminal[:, j].tolist(),
-                                      valid[:, j].tolist(), G, n, positions)
+        want, want_mask = slow_values(
+            reward[:, j].tolist(),
+            value[:, j].tolist(),
+            is_terminal[:, j].tolist(),
+            valid[:, j].tolist(),
+            G,
+            n,
+            positions,
+        )
         assert target[:, j].tolist() == pytest.approx(want)
         assert mask[:, j].tolist() == want_mask
 
@@ -119,10 +127,11 @@ def test_one_td_per_window_matches_each_window_alone():
     n = torch.tensor([1, 2, 3, -1, 5, 1, 4, 8, -1, 2, 3, 6])
     target, mask = window_nstep_values(reward, value, is_terminal, valid, G, n, 4)
     for j in range(b):
-        alone, alone_mask = window_nstep_values(reward[:, j:j + 1], value[:, j:j + 1], is_terminal[:, j:j + 1],
-                                                valid[:, j:j + 1], G, int(n[j]), 4)
-        torch.testing.assert_close(target[:, j:j + 1], alone, rtol=0, atol=1e-12)
-        assert torch.equal(mask[:, j:j + 1], alone_mask)
+        alone, alone_mask = window_nstep_values(
+            reward[:, j : j + 1], value[:, j : j + 1], is_terminal[:, j : j + 1], valid[:, j : j + 1], G, int(n[j]), 4
+        )
+        torch.testing.assert_close(target[:, j : j + 1], alone, rtol=0, atol=1e-12)
+        assert torch.equal(mask[:, j : j + 1], alone_mask)
     with pytest.raises(ValueError, match="one per window"):
         window_nstep_values(reward, value, is_terminal, valid, G, n[:3], 4)
 
@@ -147,7 +156,7 @@ def batch_of(windows, actions=3):
             cols[k].append(v)
     out = {k: torch.tensor(v) for k, v in cols.items()}
     b, w = out["mask"].shape
-    out["action"] = (torch.arange(w).repeat(b, 1) % actions)  # action j % A at row j
+    out["action"] = torch.arange(w).repeat(b, 1) % actions  # action j % A at row j
     probs = torch.zeros(b, w, actions)
     probs[..., 0] = 0.7
     probs[..., 1] = 0.3
@@ -170,7 +179,9 @@ def test_muzero_targets_with_termination_truncation_and_running_episode():
     assert t.reward_mask.tolist() == [[False] + [True] * 4, [False, True, True, False, False], [False] + [True] * 4]
     # policy: stored where an action was taken; uniform at and past a termination; masked past a truncation
     assert t.policy[0, 1].tolist() == pytest.approx([0.7, 0.3, 0.0])
-    assert t.policy[0, 2].tolist() == pytest.approx([1 / 3] * 3) and t.policy[0, 4].tolist() == pytest.approx([1 / 3] * 3)
+    assert t.policy[0, 2].tolist() == pytest.approx([1 / 3] * 3) and t.policy[0, 4].tolist() == pytest.approx(
+        [1 / 3] * 3
+    )
     assert t.policy_mask.tolist() == [[True] * 5, [True, True, False, False, False], [True] * 5]
     masked = muzero_targets(batch, num_unroll_steps=k, td_steps=n, discount=G, policy_after_end="mask")
     assert masked.policy_mask[0].tolist() == [True, True, False, False, False]
@@ -184,8 +195,14 @@ def test_muzero_targets_with_termination_truncation_and_running_episode():
 def test_random_actions_after_the_end_and_explicit_values():
     k, n = 4, 2
     batch = batch_of([window(k + n + 1, end=1, terminal=True)] * 64)
-    t = muzero_targets(batch, num_unroll_steps=k, td_steps=n, discount=G, random_action_after_episode_end=True,
-                       generator=torch.Generator().manual_seed(0))
+    t = muzero_targets(
+        batch,
+        num_unroll_steps=k,
+        td_steps=n,
+        discount=G,
+        random_action_after_episode_end=True,
+        generator=torch.Generator().manual_seed(0),
+    )
     assert (t.actions[:, 0] == 0).all()  # the real one
     after = t.actions[:, 1:]
     assert after.min() >= 0 and after.max() <= 2 and len(after.unique()) == 3
@@ -214,11 +231,18 @@ def test_targets_from_real_windows_of_the_replay_buffer():
     for length, terminated in episodes:
         for j in range(length):
             last = terminated is not None and j == length - 1
-            rows.append({"obs": np.array([len(rows)], np.float32), "reward": np.float32(0.0 if j == 0 else len(rows) % 7),
-                         "is_first": j == 0, "is_last": last, "is_terminal": bool(last and terminated),
-                         "action": np.int64(0 if last else len(rows) % actions),
-                         "root_value": np.float32(len(rows) * 0.5),
-                         "visit_probs": np.full(actions, 1.0 / actions, np.float32)})
+            rows.append(
+                {
+                    "obs": np.array([len(rows)], np.float32),
+                    "reward": np.float32(0.0 if j == 0 else len(rows) % 7),
+                    "is_first": j == 0,
+                    "is_last": last,
+                    "is_terminal": bool(last and terminated),
+                    "action": np.int64(0 if last else len(rows) % actions),
+                    "root_value": np.float32(len(rows) * 0.5),
+                    "visit_probs": np.full(actions, 1.0 / actions, np.float32),
+                }
+            )
     buffer = ReplayBuffer(64, 1, seed=0)
     for row in rows:
         buffer.add({key: np.asarray(v)[None] for key, v in row.items()})
@@ -245,13 +269,20 @@ def test_targets_from_real_windows_of_the_replay_buffer():
 
 
 def test_bootstrap_rows_are_the_rows_the_values_are_read_from():
-    valid = torch.tensor([[1, 1, 1, 1, 1, 1, 1],    # e = 6
-                          [1, 1, 1, 0, 0, 0, 0],    # e = 2
-                          [1, 1, 1, 1, 1, 0, 0]], dtype=torch.bool)  # e = 4, Monte Carlo
+    valid = torch.tensor(
+        [
+            [1, 1, 1, 1, 1, 1, 1],  # e = 6
+            [1, 1, 1, 0, 0, 0, 0],  # e = 2
+            [1, 1, 1, 1, 1, 0, 0],
+        ],
+        dtype=torch.bool,
+    )  # e = 4, Monte Carlo
     rows = bootstrap_rows(valid, torch.tensor([2, 3, -1]), 3)
-    assert rows.long().tolist() == [[0, 0, 1, 1, 1, 0, 0],   # p = 0, 1, 2 -> rows 2, 3, 4
-                                    [0, 0, 1, 0, 0, 0, 0],   # every position bootstraps from e = 2
-                                    [0, 0, 0, 0, 1, 0, 0]]   # Monte Carlo: e
+    assert rows.long().tolist() == [
+        [0, 0, 1, 1, 1, 0, 0],  # p = 0, 1, 2 -> rows 2, 3, 4
+        [0, 0, 1, 0, 0, 0, 0],  # every position bootstraps from e = 2
+        [0, 0, 0, 0, 1, 0, 0],
+    ]  # Monte Carlo: e
     # against window_nstep_values: changing the value of any other row changes no target
     g = torch.Generator().manual_seed(0)
     reward = torch.randn(7, 3, generator=g, dtype=torch.float64)

@@ -126,8 +126,7 @@ def test_muzero_lr_anneal_steps_reaches_zero_and_bad_values_are_refused() -> Non
     from lightning_wm.envs import EnvConfig, env_spec
 
     spec = env_spec(EnvConfig("CartPole-v1"))
-    model = MuZero(spec, latent_dim=8, hidden=8, layers=1, head_hidden=8, support_size=5, lr=0.1,
-                   lr_anneal_steps=10)
+    model = MuZero(spec, latent_dim=8, hidden=8, layers=1, head_hidden=8, support_size=5, lr=0.1, lr_anneal_steps=10)
     config = model.configure_optimizers()
     opt, schedule = config["optimizer"], config["lr_scheduler"]["scheduler"]
     for _ in range(10):

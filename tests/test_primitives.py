@@ -74,8 +74,13 @@ def test_atomic_torch_save_and_stale_temp_cleanup(tmp_path):
 def test_seeds_are_deterministic_distinct_and_in_range():
     a = seeding.derive_seed(0, "train", rank=1, actor=2, index=3)
     assert a == seeding.derive_seed(0, "train", rank=1, actor=2, index=3)
-    seeds = {seeding.derive_seed(0, role, r, act, i)
-             for role in ("train", "eval") for r in range(4) for act in range(8) for i in range(16)}
+    seeds = {
+        seeding.derive_seed(0, role, r, act, i)
+        for role in ("train", "eval")
+        for r in range(4)
+        for act in range(8)
+        for i in range(16)
+    }
     assert len(seeds) == 2 * 4 * 8 * 16
     assert all(0 <= s < 2**63 for s in seeds)
     assert seeding.env_seeds(5, 3) == [seeding.derive_seed(5, "train", 0, 0, i) for i in range(3)]

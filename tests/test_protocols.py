@@ -5,15 +5,22 @@ import pickle
 import pytest
 import pytorch_lightning as pl
 import torch
+from tiny_agent import TinyAgent
 from torch.utils.data import DataLoader
 
 from lightning_wm.callbacks import EnvStatsLogger, default_callbacks
 from lightning_wm.data.generations import GenerationDataModule
 from lightning_wm.data.modules import EpisodeDataModule, ReplayDataModule
 from lightning_wm.envs import EnvConfig, env_spec
-from lightning_wm.protocols import (ActingAgent, Agent, EnvHolder, EnvStats, EnvStatsSource, EvaluationRequest,
-                                    GenerationTask)
-from tiny_agent import TinyAgent
+from lightning_wm.protocols import (
+    ActingAgent,
+    Agent,
+    EnvHolder,
+    EnvStats,
+    EnvStatsSource,
+    EvaluationRequest,
+    GenerationTask,
+)
 
 SPEC = env_spec(EnvConfig("CartPole-v1"))
 
@@ -55,9 +62,16 @@ class _Stats(pl.LightningDataModule):
 
 
 def _fit(model, datamodule, steps, callbacks):
-    trainer = pl.Trainer(max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, log_every_n_steps=2, callbacks=callbacks,
-                         limit_val_batches=0)
+    trainer = pl.Trainer(
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        log_every_n_steps=2,
+        callbacks=callbacks,
+        limit_val_batches=0,
+    )
     trainer.fit(model, datamodule)
     return trainer
 

@@ -1,4 +1,5 @@
 """Tests for lightning_wm.data.replay (ReplayBuffer) and lightning_wm.data.sumtree."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -190,8 +191,9 @@ def test_terminal_fraction_oversamples_windows_holding_an_episode_end():
     assert SequenceSampler(8, terminal_fraction=0.5).sample(empty, 16)["obs"].shape == (16, 8, 2)
     a, b = ReplayBuffer(100, 1, seed=9), ReplayBuffer(100, 1, seed=9)
     fill(a, 50), fill(b, 50)
-    assert torch.equal(SequenceSampler(8).sample(a, 16)["index"],
-                       SequenceSampler(8, terminal_fraction=0.0).sample(b, 16)["index"])
+    assert torch.equal(
+        SequenceSampler(8).sample(a, 16)["index"], SequenceSampler(8, terminal_fraction=0.0).sample(b, 16)["index"]
+    )
     with pytest.raises(ValueError, match="terminal_fraction"):
         SequenceSampler(8, terminal_fraction=1.5)
 
@@ -357,7 +359,9 @@ def test_clear_errors():
         buf.add({**make_row(3, 2), "logits": np.zeros((2, 3)), "notes": np.array(["a", None], dtype=object)})
     assert "logits" not in buf  # nothing allocated either
     assert len(buf) == 6  # failed adds wrote nothing
-    with pytest.raises(ValueError, match=r"windows of 4 rows: the fullest of the 2 streams holds only 3 rows \(6 rows in total"):
+    with pytest.raises(
+        ValueError, match=r"windows of 4 rows: the fullest of the 2 streams holds only 3 rows \(6 rows in total"
+    ):
         seqs(buf, 4, 4)
     no_flags = ReplayBuffer(10, 1)
     for _ in range(5):
@@ -411,8 +415,10 @@ def test_add_many_equals_the_same_rows_added_one_by_one(prioritized):
     one, many = (ReplayBuffer(3 * 7, 3, prioritized=prioritized, seed=1) for _ in range(2))
     t = 0
     for T in [1, 3, 9, 2, 0, 5]:  # 9 > 7 rows per stream: only the newest 7 of that chunk survive
-        chunk = {k: np.stack([make_row(t + i, 3)[k] for i in range(T)]) if T else np.zeros((0, 3, *v.shape[1:]))
-                 for k, v in make_row(0, 3).items()}
+        chunk = {
+            k: np.stack([make_row(t + i, 3)[k] for i in range(T)]) if T else np.zeros((0, 3, *v.shape[1:]))
+            for k, v in make_row(0, 3).items()
+        }
         priority = rng.uniform(0.5, 2.0, size=(T, 3)) if prioritized and T % 2 else None
         if priority is not None and T > 7:
             priority[0, 0] = 5.0  # the max seen comes from a row the chunk overwrites itself
@@ -507,8 +513,10 @@ def test_write_keeps_dtypes_and_later_rows_may_leave_written_columns_out():
     buf = ReplayBuffer(2 * 4, 2, seed=0)
     fill(buf, 3)
     gen = buf.generation(np.array([0, 1]), np.array([1, 2]))
-    assert buf.write(np.array([1, 4 + 2]), {"action": np.array([2.9, 1.2]), "target": {"visits": np.ones((2, 3))}},
-                     gen) == 2
+    assert (
+        buf.write(np.array([1, 4 + 2]), {"action": np.array([2.9, 1.2]), "target": {"visits": np.ones((2, 3))}}, gen)
+        == 2
+    )
     assert buf.column("action").dtype == np.int64 and buf.column("action")[0, 1] == 2  # cast to the stored dtype
     assert buf.column("target/visits").shape == (2, 4, 3)
     buf.add(make_row(3, 2))  # rows without the written column are fine ...
@@ -545,7 +553,11 @@ def test_state_round_trip_with_heads_generations_priorities_and_columns(tmp_path
     buf.add_many(_stream_rows(1, range(2)), streams=[1])
     if prioritized:
         buf.update_priorities(np.arange(6), np.linspace(0.1, 2.0, 6))
-    buf.write(np.array([1, 6]), {"value": np.array([0.5, 1.5], np.float32)}, buf.generation(np.array([0, 1]), np.array([1, 0])))
+    buf.write(
+        np.array([1, 6]),
+        {"value": np.array([0.5, 1.5], np.float32)},
+        buf.generation(np.array([0, 1]), np.array([1, 0])),
+    )
     buf.save(tmp_path / "b.pt")
     other = ReplayBuffer.load(tmp_path / "b.pt", storage_dir=tmp_path / "c")
     _state_equal(buf, other)
@@ -564,8 +576,19 @@ def test_loads_a_version_1_state_of_the_lockstep_buffer():
     buf = ReplayBuffer(2 * 5, 2, seed=0)
     fill(buf, 7)  # wrapped: head at slot 2, t = 2..6 stored
     new = buf.state_dict()
-    old = {"version": 1, "capacity": 10, "num_envs": 2, "prioritized": False, "alpha": 0.6, "beta": 0.4,
-           "pos": 2, "count": 5, "max_priority": 1.0, "rng_state": new["rng_state"], "data": new["data"]}
+    old = {
+        "version": 1,
+        "capacity": 10,
+        "num_envs": 2,
+        "prioritized": False,
+        "alpha": 0.6,
+        "beta": 0.4,
+        "pos": 2,
+        "count": 5,
+        "max_priority": 1.0,
+        "rng_state": new["rng_state"],
+        "data": new["data"],
+    }
     restored = ReplayBuffer(10, 2, prioritized=True, seed=0)
     restored.load_state_dict(old)
     seq = seqs(restored, 64, 5)

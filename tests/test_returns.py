@@ -154,8 +154,14 @@ def test_vtrace_hand_values():
     # adv_1 = 0.5 (0 + 0.9*3 - 2) = 0.35; adv_0 = 1 (1 + 0.9*2.35 - 1) = 2.115
     blogp = torch.log(torch.tensor([[0.25], [0.5]]))
     tlogp = torch.log(torch.tensor([[0.5], [0.25]]))
-    vs, adv = vtrace(blogp, tlogp, torch.tensor([[1.0], [0.0]]), torch.tensor([[1.0], [2.0]]),
-                     torch.tensor([3.0]), torch.full((2, 1), 0.9))
+    vs, adv = vtrace(
+        blogp,
+        tlogp,
+        torch.tensor([[1.0], [0.0]]),
+        torch.tensor([[1.0], [2.0]]),
+        torch.tensor([3.0]),
+        torch.full((2, 1), 0.9),
+    )
     assert torch.allclose(vs, torch.tensor([[3.115], [2.35]]))
     assert torch.allclose(adv, torch.tensor([[2.115], [0.35]]))
 
@@ -232,15 +238,31 @@ def test_vtrace_masked_unroll_equals_separate_episodes():
     T, B = steps.reward.shape
     blogp, tlogp = torch.randn(T, B).double() * 0.5, torch.randn(T, B).double() * 0.5
     values = torch.randn(T + 1, B, dtype=torch.float64)
-    vs, adv = vtrace(blogp, tlogp, steps.reward.double(), values[:-1], values[-1], steps.discount.double(),
-                     *clips, lambda_=lam, mask=steps.mask)
+    vs, adv = vtrace(
+        blogp,
+        tlogp,
+        steps.reward.double(),
+        values[:-1],
+        values[-1],
+        steps.discount.double(),
+        *clips,
+        lambda_=lam,
+        mask=steps.mask,
+    )
     # pieces: (column, first step, end step exclusive) of each episode; the piece bootstraps from values[end]
     pieces = [(0, 0, 2), (0, 3, 5), (1, 0, 1), (1, 2, 4)]
     for b, s, e in pieces:
         sl = slice(s, e)
-        want_vs, want_adv = _slow_vtrace(blogp[sl, b].tolist(), tlogp[sl, b].tolist(), steps.reward[sl, b].tolist(),
-                                         values[sl, b].tolist(), values[e, b].item(), steps.discount[sl, b].tolist(),
-                                         *clips, lam)
+        want_vs, want_adv = _slow_vtrace(
+            blogp[sl, b].tolist(),
+            tlogp[sl, b].tolist(),
+            steps.reward[sl, b].tolist(),
+            values[sl, b].tolist(),
+            values[e, b].item(),
+            steps.discount[sl, b].tolist(),
+            *clips,
+            lam,
+        )
         assert torch.allclose(vs[sl, b], torch.tensor(want_vs, dtype=torch.float64), atol=1e-10)
         assert torch.allclose(adv[sl, b], torch.tensor(want_adv, dtype=torch.float64), atol=1e-10)
     for b, t in [(0, 2), (1, 1), (1, 4)]:  # masked steps
@@ -297,8 +319,15 @@ def test_replay_lambda_return_matches_per_episode_segments():
     targets, mask = replay_lambda_return(reward, value, first, last, term, 0.9, 0.8)
     assert targets.shape == mask.shape == (T - 1, 5)
     for b in range(5):
-        slow, slow_mask = _slow_replay_targets(reward[:, b].tolist(), value[:, b].tolist(), first[:, b].tolist(),
-                                               term[:, b].tolist(), last[:, b].tolist(), 0.9, 0.8)
+        slow, slow_mask = _slow_replay_targets(
+            reward[:, b].tolist(),
+            value[:, b].tolist(),
+            first[:, b].tolist(),
+            term[:, b].tolist(),
+            last[:, b].tolist(),
+            0.9,
+            0.8,
+        )
         assert mask[:, b].tolist() == slow_mask
         for t in range(T - 1):
             if slow_mask[t]:

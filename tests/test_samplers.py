@@ -88,7 +88,7 @@ def test_window_positions_follow_priorities_and_weights():
     assert set(np.flatnonzero(counts)) == {1, 6}
     assert abs(counts[6] / counts.sum() - 0.75) < 0.03
     np.testing.assert_allclose(batch["weight"][batch["index"] == 1].numpy(), 1.0)
-    np.testing.assert_allclose(batch["weight"][batch["index"] == 6].numpy(), 3.0 ** -0.4, rtol=1e-6)
+    np.testing.assert_allclose(batch["weight"][batch["index"] == 6].numpy(), 3.0**-0.4, rtol=1e-6)
 
 
 def test_window_longer_than_the_ring_masks_what_the_ring_cannot_hold():
@@ -130,7 +130,13 @@ def test_transitions_carry_the_next_row_and_skip_last_rows_and_the_newest_row():
     assert torch.equal(nt, t + 1) and torch.equal(batch["next_obs"][:, 0], batch["obs"][:, 0])
     assert not batch["is_last"].any()
     stream0, stream1 = t[batch["obs"][:, 0] == 0], t[batch["obs"][:, 0] == 1]
-    assert set(stream0.tolist()) == {0, 1, 3, 4, 5} and set(stream1.tolist()) == {0, 1, 2, 3, 4}  # t=5 of stream 1: no t+1
+    assert set(stream0.tolist()) == {0, 1, 3, 4, 5} and set(stream1.tolist()) == {
+        0,
+        1,
+        2,
+        3,
+        4,
+    }  # t=5 of stream 1: no t+1
     assert torch.equal(batch["next_is_last"], (batch["obs"][:, 0] == 0) & ((t == 1) | (t == 5)))
     assert torch.equal(batch["next_is_terminal"], batch["next_is_last"])
     assert torch.equal(batch["next_reward"], (t + 1).float())
@@ -156,7 +162,9 @@ def test_sequences_report_row_index_and_generation():
 
 def test_can_sample_says_whether_a_stream_holds_a_position():
     buf = buffer_of(episodes([3]), cap=5)
-    assert RowSampler().can_sample(buf) and SequenceSampler(3).can_sample(buf) and not SequenceSampler(4).can_sample(buf)
+    assert (
+        RowSampler().can_sample(buf) and SequenceSampler(3).can_sample(buf) and not SequenceSampler(4).can_sample(buf)
+    )
     assert not RowSampler().can_sample(ReplayBuffer(4, 1)) and TransitionSampler().can_sample(buf)
     with pytest.raises(ValueError, match="windows of 4 rows"):
         SequenceSampler(4).sample(buf, 2)

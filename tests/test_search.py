@@ -7,10 +7,17 @@ import shutil
 
 import pytest
 import torch
-
-from lightning_wm.search import (TemperatureSchedule, considered_visit_sequence, dirichlet_noise, mcts,
-                                 sample_gamma, sample_gumbel, select_action)
 from mcts_reference import reference_search  # pytest puts tests/ (no __init__.py) on sys.path
+
+from lightning_wm.search import (
+    TemperatureSchedule,
+    considered_visit_sequence,
+    dirichlet_noise,
+    mcts,
+    sample_gamma,
+    sample_gumbel,
+    select_action,
+)
 
 torch.set_num_threads(1)
 
@@ -39,10 +46,12 @@ class TableModel:
 
 def random_model(num_states: int = 300, num_actions: int = 3, seed: int = 0, reward_scale: float = 1.0) -> TableModel:
     g = torch.Generator().manual_seed(seed)
-    return TableModel(torch.randint(0, num_states, (num_states, num_actions), generator=g),
-                      torch.randn(num_states, num_actions, generator=g, dtype=torch.float64) * reward_scale,
-                      torch.randn(num_states, num_actions, generator=g, dtype=torch.float64) * 1.5,
-                      torch.randn(num_states, generator=g, dtype=torch.float64))
+    return TableModel(
+        torch.randint(0, num_states, (num_states, num_actions), generator=g),
+        torch.randn(num_states, num_actions, generator=g, dtype=torch.float64) * reward_scale,
+        torch.randn(num_states, num_actions, generator=g, dtype=torch.float64) * 1.5,
+        torch.randn(num_states, generator=g, dtype=torch.float64),
+    )
 
 
 def bandit_model(arm_rewards: list[float]) -> TableModel:
@@ -64,26 +73,53 @@ def delayed_model(depth: int = 3, max_depth: int = 7) -> TableModel:
     for i in range(1, size // 2):
         next_id[i] = torch.tensor([2 * i, 2 * i + 1])
     reward = torch.zeros(size, 2, dtype=torch.float64)
-    reward[2 ** depth - 1, 1] = 1.0  # ids 1 -> 3 -> 7 -> ... follow action 1
+    reward[2**depth - 1, 1] = 1.0  # ids 1 -> 3 -> 7 -> ... follow action 1
     return TableModel(next_id, reward, torch.zeros(size, 2), torch.zeros(size))
 
 
-def run_both(model: TableModel, ids: list[int], legal: torch.Tensor | None = None, explore: bool = True,
-             gumbel: bool = False, seed: int = 0, **kw):
+def run_both(
+    model: TableModel,
+    ids: list[int],
+    legal: torch.Tensor | None = None,
+    explore: bool = True,
+    gumbel: bool = False,
+    seed: int = 0,
+    **kw,
+):
     state, logits, value = model.roots(ids)
-    out = mcts(model.recurrent_fn, state, logits, value, legal_actions_mask=legal, explore=explore, gumbel=gumbel,
-               generator=torch.Generator().manual_seed(seed), **kw)
+    out = mcts(
+        model.recurrent_fn,
+        state,
+        logits,
+        value,
+        legal_actions_mask=legal,
+        explore=explore,
+        gumbel=gumbel,
+        generator=torch.Generator().manual_seed(seed),
+        **kw,
+    )
     noise = None
     if gumbel:
         scale = kw.get("gumbel_scale", 1.0) if explore else 0.0
         noise = sample_gumbel(logits.shape, torch.Generator().manual_seed(seed), dtype=torch.float64) * scale
     refs = []
-    ref_kw = {k: v for k, v in kw.items() if k not in ("dirichlet_alpha", "exploration_fraction", "gumbel_scale",
-                                                        "temperature", "compile")}
+    ref_kw = {
+        k: v
+        for k, v in kw.items()
+        if k not in ("dirichlet_alpha", "exploration_fraction", "gumbel_scale", "temperature", "compile")
+    }
     for b, i in enumerate(ids):
-        refs.append(reference_search(model.step, i, out.root_prior[b].tolist(), float(value[b]),
-                                     legal=None if legal is None else legal[b].tolist(),
-                                     gumbel=None if noise is None else noise[b].tolist(), **ref_kw))
+        refs.append(
+            reference_search(
+                model.step,
+                i,
+                out.root_prior[b].tolist(),
+                float(value[b]),
+                legal=None if legal is None else legal[b].tolist(),
+                gumbel=None if noise is None else noise[b].tolist(),
+                **ref_kw,
+            )
+        )
     return out, refs
 
 
@@ -113,8 +149,9 @@ def test_puct_matches_reference_on_random_models(seed, discount, num_actions):
 @pytest.mark.parametrize("num_actions", [3, 2])
 def test_puct_with_the_mean_q_for_unvisited_children_matches_reference(seed, num_actions):
     model = random_model(seed=seed, num_actions=num_actions)
-    out, refs = run_both(model, [0, 5, 17, 42, 99, 123], num_simulations=40, discount=0.997, seed=seed,
-                         unvisited_q="mean")
+    out, refs = run_both(
+        model, [0, 5, 17, 42, 99, 123], num_simulations=40, discount=0.997, seed=seed, unvisited_q="mean"
+    )
     assert_match(out, refs)
     zero, _ = run_both(model, [0, 5, 17, 42, 99, 123], num_simulations=40, discount=0.997, seed=seed)
     # the option changes the search (the root's visits, or the trees below)
@@ -131,8 +168,12 @@ def test_mean_q_tries_other_actions_where_every_value_is_alike():
     branches."""
     size = 64
     next_id = torch.stack([torch.arange(size) * 2 % size, (torch.arange(size) * 2 + 1) % size], 1)
-    model = TableModel(next_id, torch.ones(size, 2, dtype=torch.float64),
-                       torch.log(torch.tensor([[0.9, 0.1]])).expand(size, 2).clone(), torch.full((size,), 50.0))
+    model = TableModel(
+        next_id,
+        torch.ones(size, 2, dtype=torch.float64),
+        torch.log(torch.tensor([[0.9, 0.1]])).expand(size, 2).clone(),
+        torch.full((size,), 50.0),
+    )
     runs = {}
     for rule in ("zero", "mean"):
         out, refs = run_both(model, [1], explore=False, num_simulations=50, discount=0.997, unvisited_q=rule)
@@ -169,7 +210,7 @@ def test_delayed_reward_found_and_discounted(discount):
     assert_match(out, refs)
     assert out.action.item() == 1
     assert out.q_values[0, 1] > out.q_values[0, 0] == 0
-    assert out.q_values[0, 1] <= discount ** 2 + 1e-12  # the reward is 3 steps away
+    assert out.q_values[0, 1] <= discount**2 + 1e-12  # the reward is 3 steps away
 
 
 def test_hand_checked_chain_values():
@@ -180,8 +221,15 @@ def test_hand_checked_chain_values():
     reward = torch.tensor([[r[1]], [r[2]], [r[3]], [0.0]], dtype=torch.float64)
     model = TableModel(next_id, reward, torch.zeros(4, 1), torch.tensor(v, dtype=torch.float64))
     g = 0.9
-    out = mcts(model.recurrent_fn, torch.tensor([0]), torch.zeros(1, 1, dtype=torch.float64),
-               torch.tensor([v[0]], dtype=torch.float64), num_simulations=3, discount=g, explore=False)
+    out = mcts(
+        model.recurrent_fn,
+        torch.tensor([0]),
+        torch.zeros(1, 1, dtype=torch.float64),
+        torch.tensor([v[0]], dtype=torch.float64),
+        num_simulations=3,
+        discount=g,
+        explore=False,
+    )
     returns = [r[1] + g * v[1], r[1] + g * (r[2] + g * v[2]), r[1] + g * (r[2] + g * (r[3] + g * v[3]))]
     assert out.root_value.item() == pytest.approx((v[0] + sum(returns)) / 4)
     child_value = (v[1] + (r[2] + g * v[2]) + (r[2] + g * (r[3] + g * v[3]))) / 3
@@ -220,10 +268,18 @@ def test_dict_state_and_float32():
         return {"id": nxt, "twice": 2 * nxt}, r.float(), lg.float(), v.float()
 
     ids = torch.tensor([3, 4])
-    out = mcts(rec, {"id": ids, "twice": 2 * ids}, model.logits[ids].float(), model.value_t[ids].float(),
-               num_simulations=20, discount=0.99, explore=False)
-    ref = mcts(model.recurrent_fn, ids, model.logits[ids], model.value_t[ids], num_simulations=20, discount=0.99,
-               explore=False)
+    out = mcts(
+        rec,
+        {"id": ids, "twice": 2 * ids},
+        model.logits[ids].float(),
+        model.value_t[ids].float(),
+        num_simulations=20,
+        discount=0.99,
+        explore=False,
+    )
+    ref = mcts(
+        model.recurrent_fn, ids, model.logits[ids], model.value_t[ids], num_simulations=20, discount=0.99, explore=False
+    )
     assert out.root_value.dtype == torch.float32
     # outputs are plain tensors (the search runs in inference mode): usable in a graph
     assert not any(x.is_inference() for x in (out.action, out.visit_probs, out.root_value, out.q_values))
@@ -242,8 +298,15 @@ def test_one_simulation_and_bad_inputs():
     with pytest.raises(ValueError, match="root_value"):
         mcts(model.recurrent_fn, state, logits, value[:1], num_simulations=2, discount=0.9)
     with pytest.raises(ValueError, match="without any legal"):
-        mcts(model.recurrent_fn, state, logits, value, num_simulations=2, discount=0.9,
-             legal_actions_mask=torch.zeros(2, 3, dtype=torch.bool))
+        mcts(
+            model.recurrent_fn,
+            state,
+            logits,
+            value,
+            num_simulations=2,
+            discount=0.9,
+            legal_actions_mask=torch.zeros(2, 3, dtype=torch.bool),
+        )
 
 
 # -- noise and action selection -------------------------------------------------------------------
@@ -259,8 +322,16 @@ def test_dirichlet_noise_is_reproducible_masked_and_mixed():
     assert a[:, 0].var().item() == pytest.approx((1 / 3) * (2 / 3) / (3 * 0.3 + 1), rel=0.15)
     model = random_model(seed=7)
     state, logits, value = model.roots([1])
-    out = mcts(model.recurrent_fn, state, logits, value, num_simulations=4, discount=0.9,
-               generator=torch.Generator().manual_seed(5), exploration_fraction=0.25)
+    out = mcts(
+        model.recurrent_fn,
+        state,
+        logits,
+        value,
+        num_simulations=4,
+        discount=0.9,
+        generator=torch.Generator().manual_seed(5),
+        exploration_fraction=0.25,
+    )
     noise = dirichlet_noise(0.3, torch.ones(1, 3, dtype=torch.bool), torch.Generator().manual_seed(5)).double()
     assert torch.allclose(out.root_prior, 0.75 * torch.softmax(logits, -1) + 0.25 * noise)
 
@@ -276,18 +347,26 @@ def test_sample_gamma_moments():
 def test_select_action_temperature():
     counts = torch.tensor([[1.0, 3.0]]).expand(8000, 2)
     g = torch.Generator().manual_seed(0)
-    assert select_action(counts, explore=True, temperature=1.0, generator=g).float().mean().item() == \
-        pytest.approx(0.75, abs=0.02)
-    assert select_action(counts, explore=True, temperature=0.5, generator=g).float().mean().item() == \
-        pytest.approx(0.9, abs=0.015)
+    assert select_action(counts, explore=True, temperature=1.0, generator=g).float().mean().item() == pytest.approx(
+        0.75, abs=0.02
+    )
+    assert select_action(counts, explore=True, temperature=0.5, generator=g).float().mean().item() == pytest.approx(
+        0.9, abs=0.015
+    )
     assert (select_action(counts, explore=True, temperature=0.0) == 1).all()
     assert (select_action(torch.tensor([[2.0, 2.0, 1.0]]), explore=False) == 0).all()  # ties: lowest index
 
 
 def test_temperature_schedule():
     paper = TemperatureSchedule()
-    assert [paper(0), paper(499_999), paper(500_000), paper(749_999), paper(750_000), paper(10**7)] == \
-        [1.0, 1.0, 0.5, 0.5, 0.25, 0.25]
+    assert [paper(0), paper(499_999), paper(500_000), paper(749_999), paper(750_000), paper(10**7)] == [
+        1.0,
+        1.0,
+        0.5,
+        0.5,
+        0.25,
+        0.25,
+    ]
     assert TemperatureSchedule((), (0.7,))(123) == 0.7
     with pytest.raises(ValueError, match="one value more"):
         TemperatureSchedule((10,), (1.0,))
@@ -308,8 +387,15 @@ def test_considered_visit_sequence_hand_values():
 @pytest.mark.parametrize("num_actions", [4, 2])
 def test_gumbel_matches_reference(seed, considered, num_actions):
     model = random_model(seed=seed, num_actions=num_actions)
-    out, refs = run_both(model, [0, 11, 22, 33], gumbel=True, num_simulations=24, discount=0.95, seed=seed,
-                         max_num_considered_actions=considered)
+    out, refs = run_both(
+        model,
+        [0, 11, 22, 33],
+        gumbel=True,
+        num_simulations=24,
+        discount=0.95,
+        seed=seed,
+        max_num_considered_actions=considered,
+    )
     assert_match(out, refs)
     assert torch.allclose(out.visit_probs.sum(-1), torch.ones(4, dtype=torch.float64))
 
@@ -317,8 +403,16 @@ def test_gumbel_matches_reference(seed, considered, num_actions):
 def test_gumbel_with_mask_and_without_noise():
     model = random_model(seed=8, num_actions=5)
     legal = torch.tensor([[True, True, False, False, True], [False, True, True, True, True]])
-    out, refs = run_both(model, [2, 3], legal=legal, gumbel=True, explore=False, num_simulations=16, discount=0.9,
-                         max_num_considered_actions=4)
+    out, refs = run_both(
+        model,
+        [2, 3],
+        legal=legal,
+        gumbel=True,
+        explore=False,
+        num_simulations=16,
+        discount=0.9,
+        max_num_considered_actions=4,
+    )
     assert_match(out, refs)
     assert (out.visit_counts[~legal] == 0).all()
     assert (out.visit_probs[~legal] == 0).all()
@@ -326,8 +420,9 @@ def test_gumbel_with_mask_and_without_noise():
 
 def test_gumbel_bandit_few_simulations():
     model = bandit_model([0.1, 0.5, 0.9, 0.3, 0.0, 0.2, 0.4, 0.6])
-    out, refs = run_both(model, [0] * 4, gumbel=True, explore=False, num_simulations=8, discount=0.99,
-                         max_num_considered_actions=8)
+    out, refs = run_both(
+        model, [0] * 4, gumbel=True, explore=False, num_simulations=8, discount=0.99, max_num_considered_actions=8
+    )
     assert_match(out, refs)
     assert out.action.tolist() == [2] * 4  # every arm is tried once, the best one wins
     assert out.visit_probs[0].argmax().item() == 2
@@ -358,8 +453,13 @@ def test_compiled_tree_steps_match_reference(gumbel):
         kw["unvisited_q"] = "mean"
     out, refs = run_both(model, ids, legal=legal, **kw)
     assert_match(out, refs)
-    eager = mcts(model.recurrent_fn, *model.roots(ids), legal_actions_mask=legal, generator=torch.Generator().manual_seed(0),
-                 **{**kw, "compile": False})
+    eager = mcts(
+        model.recurrent_fn,
+        *model.roots(ids),
+        legal_actions_mask=legal,
+        generator=torch.Generator().manual_seed(0),
+        **{**kw, "compile": False},
+    )
     for a, b in zip(eager.__dict__.values(), out.__dict__.values()):
         assert torch.allclose(a.double(), b.double(), rtol=1e-12, atol=1e-12)
 

@@ -11,9 +11,9 @@ import torch
 from pytorch_lightning.loggers import TensorBoardLogger
 
 from lightning_wm.agents.vision import Vision, convert_episodes, encode_frames, vae_losses
-from lightning_wm.logging import image_grid
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.envs import EnvSpec
+from lightning_wm.logging import image_grid
 
 torch.set_num_threads(1)
 
@@ -98,9 +98,16 @@ def _store(directory, episodes=4, length=12, seed=0) -> EpisodeStore:
         is_first[0] = True
         is_last = np.zeros(length, bool)
         is_last[-1] = True
-        store.add({"obs": _synthetic_frames(length, rng), "action": rng.integers(0, 2, length),
-                   "reward": np.ones(length, np.float32), "is_first": is_first, "is_last": is_last,
-                   "is_terminal": is_last.copy()})
+        store.add(
+            {
+                "obs": _synthetic_frames(length, rng),
+                "action": rng.integers(0, 2, length),
+                "reward": np.ones(length, np.float32),
+                "is_first": is_first,
+                "is_last": is_last,
+                "is_terminal": is_last.copy(),
+            }
+        )
     return store
 
 
@@ -110,12 +117,20 @@ def test_tiny_fit_lowers_reconstruction_and_logs_image_grid(tmp_path):
     from lightning_wm.data.modules import EpisodeDataModule
 
     _store(tmp_path / "frames", episodes=6, length=16)
-    dm = EpisodeDataModule(str(tmp_path / "frames"), mode="frames", batch_size=16, val_fraction=0.3,
-                           train_batches=30, val_batches=1)
+    dm = EpisodeDataModule(
+        str(tmp_path / "frames"), mode="frames", batch_size=16, val_fraction=0.3, train_batches=30, val_batches=1
+    )
     model = Vision(PIXELS, z_size=8, depth=8, lr=2e-3)
     logger = TensorBoardLogger(str(tmp_path / "logs"), name="v")
-    trainer = pl.Trainer(max_epochs=1, logger=logger, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, num_sanity_val_steps=0, log_every_n_steps=1)
+    trainer = pl.Trainer(
+        max_epochs=1,
+        logger=logger,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        log_every_n_steps=1,
+    )
     obs = torch.from_numpy(_synthetic_frames(16, np.random.default_rng(5)))
     with torch.no_grad():
         before = model._losses(obs)[0]["recon"].item()

@@ -53,8 +53,9 @@ def test_rollout_stacks_dict_states():
 
 
 def test_rollout_schedule_is_linear_between_its_ends():
-    schedule = RolloutLengthScheduler(rollout_start_step=100, rollout_end_step=200, rollout_length_min=1,
-                                      rollout_length_max=11)
+    schedule = RolloutLengthScheduler(
+        rollout_start_step=100, rollout_end_step=200, rollout_length_min=1, rollout_length_max=11
+    )
     assert [schedule(s) for s in (0, 100, 150, 199, 200, 10_000)] == [1, 1, 6, 10, 11, 11]
     assert RolloutLengthScheduler(0, 0, 1, 5)(0) == 5
 
@@ -95,8 +96,9 @@ def test_actor_bonus_becomes_aug_rewards_in_every_state():
 
 
 def test_dream_world_model_takes_the_horizon_from_its_scheduler():
-    schedule = RolloutLengthScheduler(rollout_start_step=0, rollout_end_step=100, rollout_length_min=0,
-                                      rollout_length_max=10)
+    schedule = RolloutLengthScheduler(
+        rollout_start_step=0, rollout_end_step=100, rollout_length_min=0, rollout_length_max=10
+    )
     dream = DreamWorldModel(LinearModel(), rollout_length_scheduler=schedule)
     actor = lambda f: torch.zeros(f.shape[0], 1)  # noqa: E731
     assert dream.rollout(torch.zeros(2, 2), actor, envstep=0)["rewards"].shape == (0, 2)

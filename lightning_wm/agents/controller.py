@@ -87,7 +87,9 @@ def controller_forward(params: Tensor, features: Tensor, in_dim: int, out_dim: i
         params = params.unsqueeze(0).expand(features.shape[0], -1)
     b = features.shape[0]
     if params.shape[-1] != controller_num_params(in_dim, out_dim, hidden):
-        raise ValueError(f"expected {controller_num_params(in_dim, out_dim, hidden)} parameters, got {params.shape[-1]}")
+        raise ValueError(
+            f"expected {controller_num_params(in_dim, out_dim, hidden)} parameters, got {params.shape[-1]}"
+        )
     x, offset = features, 0
     layers = [(in_dim, out_dim)] if hidden <= 0 else [(in_dim, hidden), (hidden, out_dim)]
     for i, (fan_in, fan_out) in enumerate(layers):
@@ -218,8 +220,10 @@ class Controller(RLModule):
         if train_in not in ("real", "dream"):
             raise ValueError(f"train_in must be 'real' or 'dream', got {train_in!r}")
         if train_in == "dream" and not ((dreamer_ckpt or (vision_ckpt and memory_ckpt)) and dream_dir):
-            raise ValueError("train_in='dream' needs a world model (vision_ckpt and memory_ckpt, or dreamer_ckpt) and "
-                             "dream_dir (recorded episodes whose states start dreams)")
+            raise ValueError(
+                "train_in='dream' needs a world model (vision_ckpt and memory_ckpt, or dreamer_ckpt) and "
+                "dream_dir (recorded episodes whose states start dreams)"
+            )
         if use not in ("mean", "best"):
             raise ValueError(f"use must be 'mean' or 'best', got {use!r}")
         if dream_starts not in ("first", "all"):
@@ -234,7 +238,9 @@ class Controller(RLModule):
         if env_workers < 0:
             raise ValueError(f"env_workers must be >= 0, got {env_workers}")
         if popsize < 2 or episodes_per_member < 1:
-            raise ValueError(f"popsize must be >= 2 and episodes_per_member >= 1 (got {popsize}, {episodes_per_member})")
+            raise ValueError(
+                f"popsize must be >= 2 and episodes_per_member >= 1 (got {popsize}, {episodes_per_member})"
+            )
         # `use` only picks which saved weights act and `init_params_ckpt` only where the search
         # starts: neither is a setting a checkpoint must agree with
         self.save_hyperparameters(ignore=["env_spec", "use", "init_params_ckpt"])
@@ -257,9 +263,12 @@ class Controller(RLModule):
         if dreamer_ckpt:
             self.world_model = load_module(Dreamer, dreamer_ckpt, env_spec=env_spec).wm.train()
         elif memory_ckpt:
-            self.world_model = VisionMemoryModel(load_module(Vision, vision_ckpt),
-                                                 load_module(Memory, memory_ckpt),
-                                                 temperature=dream_temperature, sample_z=sample_z).train()
+            self.world_model = VisionMemoryModel(
+                load_module(Vision, vision_ckpt),
+                load_module(Memory, memory_ckpt),
+                temperature=dream_temperature,
+                sample_z=sample_z,
+            ).train()
         elif vision_ckpt:
             self.vision = load_module(Vision, vision_ckpt).train()
         # the ensemble's further Ms: frozen copies of their own checkpoints, loaded again from
@@ -288,7 +297,8 @@ class Controller(RLModule):
         self.register_buffer("best_fitness", torch.tensor(float("-inf")))
         self.actions = ActionCodec(env_spec)  # the controller's output -> env actions
         self.es = cma.CMAEvolutionStrategy(
-            start, sigma0,
+            start,
+            sigma0,
             {"popsize": popsize, "seed": np.nan, "randn": _Randn(derive_seed(seed, "cmaes")), "verbose": -9},
         )
         self._pool: EnvPool | None = None
@@ -301,9 +311,11 @@ class Controller(RLModule):
         if params is None:
             raise CheckpointError(f"init_params_ckpt {path!r} is not a Controller checkpoint (it holds no 'params')")
         if params.numel() != self.num_params:
-            raise ValueError(f"init_params_ckpt {path!r} holds {params.numel()} controller weights, this controller "
-                             f"has {self.num_params} (features {self.in_dim}, actions {self.out_dim}, hidden "
-                             f"{self.hidden}): start from a controller on the same V, M and env")
+            raise ValueError(
+                f"init_params_ckpt {path!r} holds {params.numel()} controller weights, this controller "
+                f"has {self.num_params} (features {self.in_dim}, actions {self.out_dim}, hidden "
+                f"{self.hidden}): start from a controller on the same V, M and env"
+            )
         return params.double().numpy()
 
     # -- policy -----------------------------------------------------------------------
@@ -317,9 +329,11 @@ class Controller(RLModule):
         ``first`` set (the next ``observe_step`` starts from the frame alone); None without a model."""
         if self.world_model is None:
             return None
-        return {"model": self.world_model.zero_state(batch_size, self.device),
-                "action": self.world_model.actions.zeros(batch_size, self.device),
-                "first": torch.ones(batch_size, dtype=torch.bool, device=self.device)}
+        return {
+            "model": self.world_model.zero_state(batch_size, self.device),
+            "action": self.world_model.actions.zeros(batch_size, self.device),
+            "first": torch.ones(batch_size, dtype=torch.bool, device=self.device),
+        }
 
     def _latent(self, obs: Tensor) -> Tensor:
         if self.vision is None:
@@ -342,8 +356,11 @@ class Controller(RLModule):
         wm = self.world_model
         model_state = wm.observe_step(state["model"], state["action"], obs, state["first"])
         action = self._act(params, wm.features(model_state))
-        return action, {"model": model_state, "action": wm.actions.encode(action),
-                        "first": torch.zeros_like(state["first"])}
+        return action, {
+            "model": model_state,
+            "action": wm.actions.encode(action),
+            "first": torch.zeros_like(state["first"]),
+        }
 
     def act(self, obs: Tensor, state: Any, explore: bool = False) -> tuple[Tensor, Any, dict[str, Tensor]]:
         """Act with the weights ``use`` names: deterministic, or with ``explore`` each action
@@ -369,8 +386,10 @@ class Controller(RLModule):
     # -- fitness ----------------------------------------------------------------------
     def _real_pool(self, n: int, config: EnvConfig | None) -> EnvPool:
         if config is None:
-            raise ValueError("the controller evaluates its population in a real env: fit it with GenerationDataModule "
-                             "(whose batches name the env) or pass config=EnvConfig(...)")
+            raise ValueError(
+                "the controller evaluates its population in a real env: fit it with GenerationDataModule "
+                "(whose batches name the env) or pass config=EnvConfig(...)"
+            )
         cfg = EnvConfig(**{**vars(config), "num_envs": 1, "seed": 0})
         if self.max_episode_steps is not None:
             cfg.max_episode_steps = self.max_episode_steps
@@ -390,8 +409,14 @@ class Controller(RLModule):
             vm = self.world_model
             assert isinstance(vm, VisionMemoryModel)
             self.__dict__["_dream_model"] = VisionMemoryModel(
-                vm.vision, vm.memory, temperature=vm.temperature, sample_z=vm.sample_z, ensemble=list(self.memory_ensemble),
-                ensemble_next=self.dream_ensemble_next, ensemble_done=self.dream_ensemble_done)
+                vm.vision,
+                vm.memory,
+                temperature=vm.temperature,
+                sample_z=vm.sample_z,
+                ensemble=list(self.memory_ensemble),
+                ensemble_next=self.dream_ensemble_next,
+                ensemble_done=self.dream_ensemble_done,
+            )
         return self.__dict__["_dream_model"]
 
     def dream_starts_bank(self) -> Any:
@@ -402,23 +427,43 @@ class Controller(RLModule):
                 raise ValueError("dreams need a world model and dream_dir")
             store = EpisodeStore(self.dream_dir)
             if not store.paths():
-                raise FileNotFoundError(f"dream start store {self.dream_dir!r} holds no episodes; record (and, for "
-                                        "V+M, convert) episodes first")
-            self._dream_bank = start_states(self.dream_model, store.episodes(), where=self.dream_starts,
-                                            max_starts=self.dream_max_starts, seed=derive_seed(self.seed, "dream"))
+                raise FileNotFoundError(
+                    f"dream start store {self.dream_dir!r} holds no episodes; record (and, for "
+                    "V+M, convert) episodes first"
+                )
+            self._dream_bank = start_states(
+                self.dream_model,
+                store.episodes(),
+                where=self.dream_starts,
+                max_starts=self.dream_max_starts,
+                seed=derive_seed(self.seed, "dream"),
+            )
         return self._dream_bank
 
     def _dream_env(self, n: int) -> DreamEnv:
         if self._dream is None or self._dream.num_envs != n:
             self._dream = DreamEnv(
-                self.dream_model, self.env_spec.action_space, self.dream_starts_bank(), num_envs=n,
-                max_episode_steps=self.max_episode_steps or self.dream_max_steps, done_mode=self.dream_done_mode,
-                done_threshold=self.dream_done_threshold, reward=self.dream_reward)
+                self.dream_model,
+                self.env_spec.action_space,
+                self.dream_starts_bank(),
+                num_envs=n,
+                max_episode_steps=self.max_episode_steps or self.dream_max_steps,
+                done_mode=self.dream_done_mode,
+                done_threshold=self.dream_done_threshold,
+                reward=self.dream_reward,
+            )
         return self._dream
 
     @torch.no_grad()
-    def evaluate_population(self, solutions: Tensor, episodes: int, seed: int, where: str | None = None,
-                            config: EnvConfig | None = None, per_episode: bool = False) -> Tensor:
+    def evaluate_population(
+        self,
+        solutions: Tensor,
+        episodes: int,
+        seed: int,
+        where: str | None = None,
+        config: EnvConfig | None = None,
+        per_episode: bool = False,
+    ) -> Tensor:
         """Mean return of each of ``solutions [M, P]`` over ``episodes`` episodes.
 
         All members play the same ``episodes`` start seeds (common random numbers); env
@@ -486,14 +531,19 @@ class Controller(RLModule):
             if fitness[best] >= float(self.best_fitness):  # ties: the newer member
                 self.best_params.copy_(torch.as_tensor(solutions[best], dtype=torch.float32))
                 self.best_fitness.fill_(float(fitness[best]))
-        self.log_dict({
-            "fitness/best": float(gathered.max()),
-            "fitness/mean": float(gathered.mean()),
-            "fitness/worst": float(gathered.min()),
-            "fitness/l2_penalty": float(penalty.mean()),
-            "fitness/best_ever": float(self.best_fitness),
-            "cma/sigma": float(self.es.sigma),
-        }, on_step=True, prog_bar=False, rank_zero_only=True)
+        self.log_dict(
+            {
+                "fitness/best": float(gathered.max()),
+                "fitness/mean": float(gathered.mean()),
+                "fitness/worst": float(gathered.min()),
+                "fitness/l2_penalty": float(penalty.mean()),
+                "fitness/best_ever": float(self.best_fitness),
+                "cma/sigma": float(self.es.sigma),
+            },
+            on_step=True,
+            prog_bar=False,
+            rank_zero_only=True,
+        )
         self.log("fitness", float(gathered.mean()), prog_bar=True, rank_zero_only=True)
         self.optimizers().step()  # a no-op step that advances global_step (one per generation)
 

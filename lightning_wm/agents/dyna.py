@@ -22,16 +22,17 @@ from __future__ import annotations
 
 import copy
 import functools
-from typing import Any, Callable, Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
 from lightning_wm.agents.base import RLModule
-from lightning_wm.envs import EnvSpec
 from lightning_wm.data.imagination import DynaWorldModel
-from lightning_wm.world_model import RolloutLengthScheduler
+from lightning_wm.envs import EnvSpec
 from lightning_wm.seeding import derive_seed
+from lightning_wm.world_model import RolloutLengthScheduler
 
 __all__ = ["DynaLearner"]
 
@@ -102,21 +103,35 @@ class DynaLearner(RLModule):
     ) -> None:
         super().__init__(env_spec)
         if env_spec is None:
-            raise ValueError("DynaLearner needs the env's spaces (env_spec); the CLI links them from the datamodule, "
-                             "in Python pass env_spec=datamodule.spec")
+            raise ValueError(
+                "DynaLearner needs the env's spaces (env_spec); the CLI links them from the datamodule, "
+                "in Python pass env_spec=datamodule.spec"
+            )
         self.save_hyperparameters(ignore=["env_spec", "policy", "world_model"])
         self.automatic_optimization = False
         self.policy = _build(policy, env_spec)
         self.world_model = _build(world_model, env_spec)
-        for name, module, needs in (("policy", self.policy, ("act", "initial_state", "learner_loss")),
-                                    ("world_model", self.world_model, ("wm", "world_model_loss"))):
+        for name, module, needs in (
+            ("policy", self.policy, ("act", "initial_state", "learner_loss")),
+            ("world_model", self.world_model, ("wm", "world_model_loss")),
+        ):
             lacking = [n for n in needs if not hasattr(module, n)]
             if lacking:
                 raise ValueError(f"DynaLearner's {name} ({type(module).__name__}) lacks {lacking}")
         schedule = RolloutLengthScheduler(rollout_start_step, rollout_end_step, rollout_length_min, rollout_length_max)
-        self.dyna = DynaWorldModel(self.world_model.wm, env_spec, train_freq, eval_freq, schedule, real_ratio,
-                                   rollout_batch_size, rollout_retain, terminal_threshold, burn_in,
-                                   terminal_mode=terminal_mode)
+        self.dyna = DynaWorldModel(
+            self.world_model.wm,
+            env_spec,
+            train_freq,
+            eval_freq,
+            schedule,
+            real_ratio,
+            rollout_batch_size,
+            rollout_retain,
+            terminal_threshold,
+            burn_in,
+            terminal_mode=terminal_mode,
+        )
         self.model_train_start = model_train_start
         self.seed = int(torch.initial_seed()) if seed is None else int(seed)
         self.dyna.last_train_step = model_train_start  # the first imagination at model_train_start + train_freq
@@ -137,8 +152,9 @@ class DynaLearner(RLModule):
     # -- training ---------------------------------------------------------------------------
     def configure_optimizers(self) -> Any:
         config = self.policy.configure_optimizers()
-        policy_opt, schedulers = (config["optimizer"], [config["lr_scheduler"]]) if isinstance(config, dict) \
-            else (config, [])
+        policy_opt, schedulers = (
+            (config["optimizer"], [config["lr_scheduler"]]) if isinstance(config, dict) else (config, [])
+        )
         hp = self.world_model.hparams
         model_opt = torch.optim.Adam(self.world_model.wm.parameters(), lr=hp.lr_model, eps=hp.eps_model)
         return [policy_opt, model_opt], schedulers
@@ -154,7 +170,8 @@ class DynaLearner(RLModule):
             model_opt.zero_grad()
             self.manual_backward(loss)
             logs["train/grad_norm/model"] = torch.nn.utils.clip_grad_norm_(
-                self.world_model.wm.parameters(), self.world_model.hparams.clip_model)
+                self.world_model.wm.parameters(), self.world_model.hparams.clip_model
+            )
             getattr(model_opt, "optimizer", model_opt).step()  # the policy's step counts global_step
             logs.update(model_logs)
         loss, policy_logs = self.policy.learner_loss(batch, self.global_step)

@@ -20,8 +20,9 @@ as in the IMPALA paper and torchbeast.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -97,8 +98,19 @@ def impala_loss(
     blogp = torch.where(mask, behaviour_log_prob.detach(), zero)
     tlogp = torch.where(mask, target_log_prob, zero)
     reward = torch.where(mask, steps.reward, zero)
-    vs, advantage = vtrace(blogp, tlogp.detach(), reward, value[:-1], value[-1], steps.discount,
-                           cfg.rho_clip_ratio, cfg.c_clip_ratio, cfg.rho_pg_clip_ratio, cfg.lambda_, mask=mask)
+    vs, advantage = vtrace(
+        blogp,
+        tlogp.detach(),
+        reward,
+        value[:-1],
+        value[-1],
+        steps.discount,
+        cfg.rho_clip_ratio,
+        cfg.c_clip_ratio,
+        cfg.rho_pg_clip_ratio,
+        cfg.lambda_,
+        mask=mask,
+    )
     w = mask.to(tlogp.dtype)
     if weight is not None:
         w = w * weight.to(w.dtype).unsqueeze(0)
@@ -124,8 +136,9 @@ def impala_loss(
     return ImpalaLoss(total, policy_loss, value_loss, entropy_loss, stats, priority)
 
 
-def unroll_loss(net: ActorCritic, batch: dict[str, Any], config: VTraceLossConfig | None = None,
-                weight: Tensor | None = None) -> ImpalaLoss:
+def unroll_loss(
+    net: ActorCritic, batch: dict[str, Any], config: VTraceLossConfig | None = None, weight: Tensor | None = None
+) -> ImpalaLoss:
     """The loss of ``net`` on a batch of unrolls in the row convention, batch-major ``[B, T+1, ...]``.
 
     ``batch`` holds ``obs``, ``reward``, ``is_first``, ``is_last``, ``is_terminal``,
@@ -134,8 +147,11 @@ def unroll_loss(net: ActorCritic, batch: dict[str, Any], config: VTraceLossConfi
     absent). ``weight [B]``: prioritized replay's IS weights, or None.
     """
     cfg = config or VTraceLossConfig()
-    missing = [k for k in ("obs", "reward", "is_first", "is_last", "is_terminal", "action", *net.head.behaviour_keys)
-               if k not in batch]
+    missing = [
+        k
+        for k in ("obs", "reward", "is_first", "is_last", "is_terminal", "action", *net.head.behaviour_keys)
+        if k not in batch
+    ]
     if missing:
         raise KeyError(f"unroll batch lacks {missing}; rows must carry the behaviour policy the actors acted with")
 
@@ -153,8 +169,15 @@ def unroll_loss(net: ActorCritic, batch: dict[str, Any], config: VTraceLossConfi
     action = tm(batch["action"])[:-1]
     target = {k: v[:-1] for k, v in params.items()}
     behaviour = {k: tm(batch[k])[:-1].float() for k in net.head.behaviour_keys}
-    return impala_loss(net.head.log_prob(target, action), net.head.log_prob(behaviour, action),
-                       net.head.entropy(target), value, steps, cfg, weight)
+    return impala_loss(
+        net.head.log_prob(target, action),
+        net.head.log_prob(behaviour, action),
+        net.head.entropy(target),
+        value,
+        steps,
+        cfg,
+        weight,
+    )
 
 
 # -- the learner -----------------------------------------------------------------------------
@@ -235,18 +258,39 @@ class IMPALA(RLModule):
     ) -> None:
         super().__init__(env_spec)
         if env_spec is None:
-            raise ValueError("IMPALA needs the env's spaces (env_spec); the CLI links them from the datamodule, "
-                             "in Python pass env_spec=datamodule.spec")
+            raise ValueError(
+                "IMPALA needs the env's spaces (env_spec); the CLI links them from the datamodule, "
+                "in Python pass env_spec=datamodule.spec"
+            )
         if priority_IS_weight and not priority:
             raise ValueError("priority_IS_weight corrects prioritized sampling: it needs priority: true (as DI-engine)")
         if lr_anneal_steps is not None and lr_anneal_steps < 1:
             raise ValueError(f"lr_anneal_steps must be >= 1 or null, got {lr_anneal_steps}")
         self.save_hyperparameters(ignore=["env_spec", "encoder"])
-        self.net = ActorCritic(env_spec, hidden_size, hidden_layers, activation, conv, tuple(conv_channels), fc_size,
-                               lstm_size, sigma_type, bound_type, init_sigma,
-                               encoder=encoder(env_spec) if encoder is not None else None)
-        self.loss_config = VTraceLossConfig(value_weight, entropy_weight, discount_factor, lambda_, rho_clip_ratio,
-                                            c_clip_ratio, rho_pg_clip_ratio, reward_scale)
+        self.net = ActorCritic(
+            env_spec,
+            hidden_size,
+            hidden_layers,
+            activation,
+            conv,
+            tuple(conv_channels),
+            fc_size,
+            lstm_size,
+            sigma_type,
+            bound_type,
+            init_sigma,
+            encoder=encoder(env_spec) if encoder is not None else None,
+        )
+        self.loss_config = VTraceLossConfig(
+            value_weight,
+            entropy_weight,
+            discount_factor,
+            lambda_,
+            rho_clip_ratio,
+            c_clip_ratio,
+            rho_pg_clip_ratio,
+            reward_scale,
+        )
         self.clipper = GradClipper(grad_clip_type, clip_value, clip_coef, clip_norm_type, clip_momentum_timestep)
         self._clip_stats: dict[str, Tensor] = {}
 
@@ -264,13 +308,15 @@ class IMPALA(RLModule):
     # -- optimization ----------------------------------------------------------------------
     def configure_optimizers(self) -> Any:
         hp = self.hparams
-        optimizer = build_optimizer(self.parameters(), hp.optim, hp.learning_rate, hp.betas, hp.eps, hp.alpha,
-                                    hp.momentum)
+        optimizer = build_optimizer(
+            self.parameters(), hp.optim, hp.learning_rate, hp.betas, hp.eps, hp.alpha, hp.momentum
+        )
         self.clipper.beta = optimizer_beta(optimizer)
         return with_lr_schedule(optimizer, anneal_steps=hp.lr_anneal_steps)
 
-    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: Any = None,
-                                    gradient_clip_algorithm: Any = None) -> None:
+    def configure_gradient_clipping(
+        self, optimizer: torch.optim.Optimizer, gradient_clip_val: Any = None, gradient_clip_algorithm: Any = None
+    ) -> None:
         """DI-engine's ``grad_clip_type`` between backward and the step (after DDP's all-reduce,
         so every rank clips the same gradients); Lightning's own ``gradient_clip_val`` still works."""
         if gradient_clip_val:
@@ -285,8 +331,10 @@ class IMPALA(RLModule):
         weight = None
         if hp.priority_IS_weight:
             if "weight" not in batch:
-                raise ValueError("priority_IS_weight: the batch has no importance weights; use a prioritized unroll "
-                                 "replay (data.init_args.prioritized: true, replay_size > 0)")
+                raise ValueError(
+                    "priority_IS_weight: the batch has no importance weights; use a prioritized unroll "
+                    "replay (data.init_args.prioritized: true, replay_size > 0)"
+                )
             weight = batch["weight"]
         out, loss, encoder_logs = self._losses(batch, weight, self.global_step)
         result = {"loss": loss}
@@ -299,10 +347,15 @@ class IMPALA(RLModule):
             # on the steps that are written.
             return result
         B = int(batch["is_first"].shape[0])
-        logs = {"train/total_loss": out.total_loss.detach(), "train/policy_loss": out.policy_loss.detach(),
-                "train/value_loss": out.value_loss.detach(), "train/entropy_loss": out.entropy_loss.detach(),
-                "train/cur_lr": torch.tensor(self._current_lr()),
-                "train/rho_mean": out.stats["rho_mean"], "train/rho_clipped_fraction": out.stats["rho_clipped_fraction"]}
+        logs = {
+            "train/total_loss": out.total_loss.detach(),
+            "train/policy_loss": out.policy_loss.detach(),
+            "train/value_loss": out.value_loss.detach(),
+            "train/entropy_loss": out.entropy_loss.detach(),
+            "train/cur_lr": torch.tensor(self._current_lr()),
+            "train/rho_mean": out.stats["rho_mean"],
+            "train/rho_clipped_fraction": out.stats["rho_clipped_fraction"],
+        }
         if "policy_version" in batch:  # rows of the random prefill policy carry -1
             version = batch["policy_version"][:, :-1]
             acted = version >= 0
@@ -332,9 +385,14 @@ class IMPALA(RLModule):
         (``DynaLearner``; ``step``: the composing learner's step, default this module's)."""
         weight = batch.get("weight") if self.hparams.priority_IS_weight else None
         out, loss, encoder_logs = self._losses(batch, weight, self.global_step if step is None else step)
-        return loss, {"total_loss": out.total_loss.detach(), "policy_loss": out.policy_loss.detach(),
-                      "value_loss": out.value_loss.detach(), "entropy_loss": out.entropy_loss.detach(),
-                      **out.stats, **encoder_logs}
+        return loss, {
+            "total_loss": out.total_loss.detach(),
+            "policy_loss": out.policy_loss.detach(),
+            "value_loss": out.value_loss.detach(),
+            "entropy_loss": out.entropy_loss.detach(),
+            **out.stats,
+            **encoder_logs,
+        }
 
     def _current_lr(self) -> float:
         optimizers = self._trainer.optimizers if self._trainer is not None else []

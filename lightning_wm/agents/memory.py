@@ -22,9 +22,9 @@ from typing import Any, Literal
 import gymnasium as gym
 import numpy as np
 import pytorch_lightning as pl
-from pytorch_lightning.callbacks import EarlyStopping
 import torch
 import torch.nn.functional as F
+from pytorch_lightning.callbacks import EarlyStopping
 from torch import Tensor, nn
 
 from lightning_wm.actions import ActionCodec
@@ -109,14 +109,18 @@ class Memory(pl.LightningModule):
         if env_spec is not None:
             action_dim, discrete = env_spec.action_dim, env_spec.discrete
         if action_dim is None or discrete is None:
-            raise ValueError("Memory needs the action space: pass env_spec (the CLI links it) or action_dim and discrete")
+            raise ValueError(
+                "Memory needs the action space: pass env_spec (the CLI links it) or action_dim and discrete"
+            )
         if mixture not in ("per_dim", "joint"):
             raise ValueError(f"mixture must be 'per_dim' or 'joint', got {mixture!r}")
         if patience is not None and patience < 1:
             raise ValueError(f"patience must be >= 1 validations (or null: no early stopping), got {patience}")
         if open_loop_weight < 0 or open_loop_warmup < 1:
-            raise ValueError(f"open_loop_weight must be >= 0 and open_loop_warmup >= 1, got {open_loop_weight} "
-                             f"and {open_loop_warmup}")
+            raise ValueError(
+                f"open_loop_weight must be >= 0 and open_loop_warmup >= 1, got {open_loop_weight} "
+                f"and {open_loop_warmup}"
+            )
         if done_input not in ("hidden", "latent"):
             raise ValueError(f"done_input must be 'hidden' or 'latent', got {done_input!r}")
         if open_loop_input not in ("sample", "mean"):
@@ -131,9 +135,19 @@ class Memory(pl.LightningModule):
         self.burn_in, self.sample_z, self.patience = burn_in, sample_z, patience
         self.vision_ckpt, self.dream_length, self.dream_sequences = vision_ckpt, dream_length, dream_sequences
         self.open_loop_weight, self.open_loop_warmup, self.open_loop_input = (
-            open_loop_weight, open_loop_warmup, open_loop_input)
-        space = env_spec.action_space if env_spec is not None else (
-            gym.spaces.Discrete(self.action_dim) if self.discrete else gym.spaces.Box(-np.inf, np.inf, (self.action_dim,)))
+            open_loop_weight,
+            open_loop_warmup,
+            open_loop_input,
+        )
+        space = (
+            env_spec.action_space
+            if env_spec is not None
+            else (
+                gym.spaces.Discrete(self.action_dim)
+                if self.discrete
+                else gym.spaces.Box(-np.inf, np.inf, (self.action_dim,))
+            )
+        )
         self.actions = ActionCodec(space)
         self.lstm = nn.LSTM(z_size + self.action_dim, hidden_size, batch_first=True)
         k, d = num_mixtures, z_size
@@ -141,8 +155,11 @@ class Memory(pl.LightningModule):
         self.mdn_head = nn.Linear(hidden_size, self.mdn_out)
         self.reward_head = nn.Linear(hidden_size, 1)
         self.done_input = done_input
-        self.done_head = nn.Linear(hidden_size, 1) if done_input == "hidden" else nn.Sequential(
-            nn.Linear(z_size, 64), nn.ELU(), nn.Linear(64, 1))
+        self.done_head = (
+            nn.Linear(hidden_size, 1)
+            if done_input == "hidden"
+            else nn.Sequential(nn.Linear(z_size, 64), nn.ELU(), nn.Linear(64, 1))
+        )
         self._vision: list[Any] = []  # V, loaded lazily for dream images (not a submodule)
 
     # -- pieces -----------------------------------------------------------------------
@@ -163,8 +180,9 @@ class Memory(pl.LightningModule):
         out, (h, c) = self.lstm(x, (state[0].unsqueeze(0).contiguous(), state[1].unsqueeze(0).contiguous()))
         return out[:, 0], (h[0], c[0])
 
-    def unroll(self, z: Tensor, action_in: Tensor, is_first: Tensor | None = None,
-               state: LSTMState | None = None) -> tuple[Tensor, LSTMState]:
+    def unroll(
+        self, z: Tensor, action_in: Tensor, is_first: Tensor | None = None, state: LSTMState | None = None
+    ) -> tuple[Tensor, LSTMState]:
         """Run the LSTM over ``[B, L]`` steps, resetting the state to zero where ``is_first``.
 
         Args:
@@ -220,8 +238,9 @@ class Memory(pl.LightningModule):
             return mdn_log_prob(heads["logit_pi"], heads["mu"], heads["log_sigma"], z.unsqueeze(-1)).sum(-1)
         return mdn_log_prob(heads["logit_pi"], heads["mu"], heads["log_sigma"], z)
 
-    def sample_next(self, heads: dict[str, Tensor], temperature: float | None = None,
-                    generator: torch.Generator | None = None) -> Tensor:
+    def sample_next(
+        self, heads: dict[str, Tensor], temperature: float | None = None, generator: torch.Generator | None = None
+    ) -> Tensor:
         """Draw ``z_{t+1} [..., Z]`` from the predicted mixture at ``temperature``."""
         tau = self.temperature if temperature is None else temperature
         z = mdn_sample(heads["logit_pi"], heads["mu"], heads["log_sigma"], tau, generator)
@@ -258,8 +277,9 @@ class Memory(pl.LightningModule):
             losses.update({f"open_loop_{k}": v for k, v in ol.items() if k not in ("loss", "done_acc")})
         return losses
 
-    def target_losses(self, heads: dict[str, Tensor], z: Tensor, batch: dict[str, Tensor],
-                      valid: Tensor) -> dict[str, Tensor]:
+    def target_losses(
+        self, heads: dict[str, Tensor], z: Tensor, batch: dict[str, Tensor], valid: Tensor
+    ) -> dict[str, Tensor]:
         """Predictions ``heads`` ``[B, L-1, ...]`` (made at ``t``) scored on rows ``t+1`` of
         ``z [B, L, Z]`` and ``batch`` where ``valid [B, L-1]``: ``nll`` (per latent dimension),
         ``reward_loss``, ``done_loss``, ``done_acc`` (means over the valid rows) and ``loss``
@@ -271,8 +291,10 @@ class Memory(pl.LightningModule):
         done_target = batch["is_terminal"][:, 1:].float()
         done_logit = self.next_done_logit(heads, z[:, 1:])
         pos_weight = torch.tensor(self.done_pos_weight, device=z.device)
-        done_loss = (F.binary_cross_entropy_with_logits(done_logit, done_target, reduction="none",
-                                                        pos_weight=pos_weight) * weight).sum() / count
+        done_loss = (
+            F.binary_cross_entropy_with_logits(done_logit, done_target, reduction="none", pos_weight=pos_weight)
+            * weight
+        ).sum() / count
         done_acc = (((done_logit > 0).float() == done_target).float() * weight).sum() / count
         loss = nll + self.reward_weight * reward_loss + self.done_weight * done_loss
         return {"loss": loss, "nll": nll, "reward_loss": reward_loss, "done_loss": done_loss, "done_acc": done_acc}
@@ -345,8 +367,9 @@ class Memory(pl.LightningModule):
         return vision
 
     @torch.no_grad()
-    def open_loop_dream(self, mu: Tensor, action: Tensor, is_first: Tensor, length: int,
-                        temperature: float | None = None) -> tuple[Tensor, Tensor]:
+    def open_loop_dream(
+        self, mu: Tensor, action: Tensor, is_first: Tensor, length: int, temperature: float | None = None
+    ) -> tuple[Tensor, Tensor]:
         """Roll M out from the real ``z_0 = mu[:, 0]`` under the recorded actions (open loop).
 
         Args:

@@ -37,8 +37,9 @@ class RandomPolicy(RLModule):
         super().__init__(env_spec)
         if env_spec is None:
             raise ValueError("RandomPolicy needs the env spec (linked from the datamodule's env)")
-        self.sampler = RandomAgent(env_spec, correlation=correlation, seed=seed, action_mean=action_mean,
-                                   action_std=action_std)
+        self.sampler = RandomAgent(
+            env_spec, correlation=correlation, seed=seed, action_mean=action_mean, action_std=action_std
+        )
         self._dummy = torch.nn.Parameter(torch.zeros(()), requires_grad=False)
 
     def initial_state(self, batch_size: int) -> Tensor:

@@ -11,12 +11,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 import numpy as np
 import pytorch_lightning as pl
-from pytorch_lightning.callbacks import EarlyStopping
 import torch
+from pytorch_lightning.callbacks import EarlyStopping
 from torch import Tensor
 
 from lightning_wm.envs import EnvSpec
@@ -188,8 +189,9 @@ def encode_frames(vision: Vision, obs: np.ndarray | Tensor, batch_size: int = 25
     return torch.cat(mus), torch.cat(logvars)
 
 
-def convert_episodes(vision: Vision, source: Any, target: Any, batch_size: int = 256,
-                     progress: Callable[[int], Any] | None = None) -> int:
+def convert_episodes(
+    vision: Vision, source: Any, target: Any, batch_size: int = 256, progress: Callable[[int], Any] | None = None
+) -> int:
     """Encode every episode of ``source`` (pixel EpisodeStore) into ``target`` (latent store).
 
     Each target episode holds ``mu``, ``logvar`` (``float32 [T, Z]``) for every frame and every

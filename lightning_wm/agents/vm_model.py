@@ -25,8 +25,9 @@ is terminal is terminal) or their mean (``"mean"``). The reward is the members' 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 import gymnasium as gym
 import numpy as np
@@ -59,20 +60,30 @@ class VisionMemoryModel(nn.Module, WorldModel):
         ensemble_done: the done probability of a step: the members' ``max`` or ``mean``.
     """
 
-    def __init__(self, vision: Vision, memory: Memory, temperature: float | None = None,
-                 sample_z: bool = False, ensemble: Sequence[Memory] = (),
-                 ensemble_next: Literal["random", "primary"] = "random",
-                 ensemble_done: Literal["max", "mean"] = "max") -> None:
+    def __init__(
+        self,
+        vision: Vision,
+        memory: Memory,
+        temperature: float | None = None,
+        sample_z: bool = False,
+        ensemble: Sequence[Memory] = (),
+        ensemble_next: Literal["random", "primary"] = "random",
+        ensemble_done: Literal["max", "mean"] = "max",
+    ) -> None:
         super().__init__()
         if vision.z_size != memory.z_size:
             raise ValueError(f"V's z_size {vision.z_size} differs from M's z_size {memory.z_size}")
         for i, other in enumerate(ensemble):
-            if (other.z_size, other.hidden_size, other.actions.dim) != \
-                    (memory.z_size, memory.hidden_size, memory.actions.dim):
+            if (other.z_size, other.hidden_size, other.actions.dim) != (
+                memory.z_size,
+                memory.hidden_size,
+                memory.actions.dim,
+            ):
                 raise ValueError(
                     f"ensemble member {i} has z_size {other.z_size}, hidden_size {other.hidden_size} and action input "
                     f"{other.actions.dim}; M has {memory.z_size}, {memory.hidden_size} and "
-                    f"{memory.actions.dim}: train every member with M's config on the same latents")
+                    f"{memory.actions.dim}: train every member with M's config on the same latents"
+                )
         if ensemble_next not in ("random", "primary"):
             raise ValueError(f"ensemble_next must be 'random' or 'primary', got {ensemble_next!r}")
         if ensemble_done not in ("max", "mean"):
@@ -87,11 +98,21 @@ class VisionMemoryModel(nn.Module, WorldModel):
         self.eval()
 
     @classmethod
-    def from_checkpoints(cls, vision_ckpt: str, memory_ckpt: str, device: torch.device | str = "cpu",
-                         ensemble_ckpts: Sequence[str] = (), **kwargs: Any) -> "VisionMemoryModel":
+    def from_checkpoints(
+        cls,
+        vision_ckpt: str,
+        memory_ckpt: str,
+        device: torch.device | str = "cpu",
+        ensemble_ckpts: Sequence[str] = (),
+        **kwargs: Any,
+    ) -> VisionMemoryModel:
         """Load V, M and the ensemble's further Ms from their Lightning checkpoints (frozen, eval mode)."""
-        return cls(load_module(Vision, vision_ckpt, device), load_module(Memory, memory_ckpt, device),
-                   ensemble=[load_module(Memory, path, device) for path in ensemble_ckpts], **kwargs)
+        return cls(
+            load_module(Vision, vision_ckpt, device),
+            load_module(Memory, memory_ckpt, device),
+            ensemble=[load_module(Memory, path, device) for path in ensemble_ckpts],
+            **kwargs,
+        )
 
     @property
     def z_size(self) -> int:
@@ -148,8 +169,14 @@ class VisionMemoryModel(nn.Module, WorldModel):
         z = self.encode(obs, generator)
         return {**self.zero_state(z.shape[0], z.device), "z": z}
 
-    def observe_step(self, state: VMState, action: Tensor, obs: Tensor, is_first: Tensor | None = None,
-                     generator: torch.Generator | None = None) -> VMState:
+    def observe_step(
+        self,
+        state: VMState,
+        action: Tensor,
+        obs: Tensor,
+        is_first: Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ) -> VMState:
         """M reads ``[z, action]`` (``action [B, A]`` M's input format), V encodes the next
         frame ``obs``; the LSTM memory is zero where ``is_first``."""
         _, new = self.read_step(state, action)
@@ -161,8 +188,9 @@ class VisionMemoryModel(nn.Module, WorldModel):
         new["z"] = self.encode(obs, generator)
         return new
 
-    def step(self, state: VMState, action: Tensor, generator: torch.Generator | None = None,
-             temperature: float | None = None) -> tuple[Tensor, VMState, Tensor]:
+    def step(
+        self, state: VMState, action: Tensor, generator: torch.Generator | None = None, temperature: float | None = None
+    ) -> tuple[Tensor, VMState, Tensor]:
         """``action [B, A]`` float (one-hot for discrete) or int64 ``[B]`` ->
         ``(reward [B], next_state, done probability [B])``."""
         outs, new = self.read_step(state, self.memory.action_input(action))
@@ -199,8 +227,9 @@ class VisionMemoryModel(nn.Module, WorldModel):
         device = self._device()
         if "mu" in episode:
             mu = torch.as_tensor(np.asarray(episode["mu"]), device=device).float()
-            logvar = torch.as_tensor(np.asarray(episode["logvar"]), device=device).float() \
-                if "logvar" in episode else None
+            logvar = (
+                torch.as_tensor(np.asarray(episode["logvar"]), device=device).float() if "logvar" in episode else None
+            )
         elif "obs" in episode:
             mu, logvar = (x.to(device) for x in encode_frames(self.vision, np.asarray(episode["obs"])))
         else:
@@ -216,23 +245,38 @@ class VisionMemoryModel(nn.Module, WorldModel):
         return {"z": z, **rows}
 
     # -- dreams ------------------------------------------------------------------------
-    def dream_env(self, start_dir: str, action_space: gym.Space, num_envs: int = 1,
-                  starts: Literal["first", "all"] = "first", max_starts: int = 4096, seed: int = 0,
-                  **kwargs: Any) -> DreamEnv:
+    def dream_env(
+        self,
+        start_dir: str,
+        action_space: gym.Space,
+        num_envs: int = 1,
+        starts: Literal["first", "all"] = "first",
+        max_starts: int = 4096,
+        seed: int = 0,
+        **kwargs: Any,
+    ) -> DreamEnv:
         """A :class:`DreamEnv` over this model whose dreams start from the recorded episodes
         in the store ``start_dir`` (pixel or latent): their first rows (``starts="first"``) or
         any row that is not an episode's last (``"all"``; at most ``max_starts``, drawn with
         ``seed``). ``kwargs`` go to DreamEnv."""
         if not Path(start_dir).is_dir():
-            raise FileNotFoundError(f"dream start store {start_dir!r} does not exist; record (and convert) episodes first")
-        bank = start_states(self, EpisodeStore(start_dir).episodes(), where=starts, max_starts=max_starts,
-                            seed=seed)
+            raise FileNotFoundError(
+                f"dream start store {start_dir!r} does not exist; record (and convert) episodes first"
+            )
+        bank = start_states(self, EpisodeStore(start_dir).episodes(), where=starts, max_starts=max_starts, seed=seed)
         return DreamEnv(self, action_space, bank, num_envs=num_envs, **kwargs)
 
 
-def load_dream_env(vision_ckpt: str, memory_ckpt: str, start_dir: str, action_space: gym.Space,
-                   num_envs: int = 1, device: torch.device | str = "cpu", temperature: float = 1.0,
-                   **kwargs: Any) -> DreamEnv:
+def load_dream_env(
+    vision_ckpt: str,
+    memory_ckpt: str,
+    start_dir: str,
+    action_space: gym.Space,
+    num_envs: int = 1,
+    device: torch.device | str = "cpu",
+    temperature: float = 1.0,
+    **kwargs: Any,
+) -> DreamEnv:
     """:meth:`VisionMemoryModel.dream_env` with V and M loaded from their Lightning checkpoints."""
     model = VisionMemoryModel.from_checkpoints(vision_ckpt, memory_ckpt, device, temperature=temperature)
     return model.dream_env(start_dir, action_space, num_envs, **kwargs)

@@ -114,9 +114,11 @@ class WeightStore:
         state = module.state_dict()
         if state.keys() != self._tensors.keys():
             missing, extra = self._tensors.keys() - state.keys(), state.keys() - self._tensors.keys()
-            raise ValueError(f"acting module's state_dict changed keys (missing {sorted(missing)}, "
-                             f"new {sorted(extra)}); "
-                             "acting_copy() must keep the same layout for the weight store")
+            raise ValueError(
+                f"acting module's state_dict changed keys (missing {sorted(missing)}, "
+                f"new {sorted(extra)}); "
+                "acting_copy() must keep the same layout for the weight store"
+            )
         self._seq.value += 1  # odd: a write is in progress
         with torch.no_grad():
             for key, target in self._tensors.items():
@@ -180,9 +182,12 @@ class _Worker:
         self.actor, self.config, self.module = actor, config, module.requires_grad_(False).eval()
         env_cfg = EnvConfig(**{**vars(config.env), "num_envs": config.envs_per_actor})
         self.spec: EnvSpec = env_spec(env_cfg)
-        self.collector = Collector(make_vector_env(env_cfg), module,
-                                   seeds=env_seeds(config.seed, config.envs_per_actor, "train", config.rank, actor),
-                                   spec=self.spec)
+        self.collector = Collector(
+            make_vector_env(env_cfg),
+            module,
+            seeds=env_seeds(config.seed, config.envs_per_actor, "train", config.rank, actor),
+            spec=self.spec,
+        )
         self.random_left = config.random_steps
         if self.random_left > 0:
             seed = derive_seed(config.seed, "prefill", config.rank, actor)
@@ -201,8 +206,14 @@ class _Worker:
         rows = collector.collect_chunk(steps, explore=config.explore, overlap=config.overlap)
         made = collector.stats.env_steps - before
         self.random_left -= made // config.envs_per_actor
-        return Chunk(self.actor, collector.policy_version, rows, collector.stats.pop_finished(), made,
-                     time.perf_counter() - start)
+        return Chunk(
+            self.actor,
+            collector.policy_version,
+            rows,
+            collector.stats.pop_finished(),
+            made,
+            time.perf_counter() - start,
+        )
 
     def close(self) -> None:
         self.collector.env.close()
@@ -243,8 +254,17 @@ def _module_bytes(module: nn.Module) -> bytes:
     return buffer.getvalue()
 
 
-def _actor_main(actor: int, config: ActorConfig, module_bytes: bytes, store: WeightStore, chunks: Any, errors: Any,
-                stop: Any, heartbeat: Any, parent_pid: int) -> None:
+def _actor_main(
+    actor: int,
+    config: ActorConfig,
+    module_bytes: bytes,
+    store: WeightStore,
+    chunks: Any,
+    errors: Any,
+    stop: Any,
+    heartbeat: Any,
+    parent_pid: int,
+) -> None:
     """Body of actor process ``actor``: chunks into ``chunks`` until ``stop`` is set."""
     _die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the learner decides
@@ -276,7 +296,7 @@ def _actor_main(actor: int, config: ActorConfig, module_bytes: bytes, store: Wei
     _close_quietly(worker)
 
 
-def _close_quietly(worker: "_Worker | None") -> None:
+def _close_quietly(worker: _Worker | None) -> None:
     if worker is not None:
         try:
             worker.close()
@@ -314,9 +334,12 @@ class _LocalBackend:
         self.heartbeat[:] = [time.monotonic() + STARTUP_GRACE_S] * num_actors
         weights = _module_bytes(module)
         self.processes = [
-            ctx.Process(target=_actor_main, name=f"lightning_wm-actor-{i}", daemon=True,
-                        args=(i, config, weights, self.store, self.chunks, self.errors, self.stop, self.heartbeat,
-                              os.getpid()))
+            ctx.Process(
+                target=_actor_main,
+                name=f"lightning_wm-actor-{i}",
+                daemon=True,
+                args=(i, config, weights, self.store, self.chunks, self.errors, self.stop, self.heartbeat, os.getpid()),
+            )
             for i in range(num_actors)
         ]
         self._finalizer = weakref.finalize(self, _terminate, self.processes, self.stop)
@@ -356,13 +379,18 @@ class _LocalBackend:
                     return f"actor {actor} (pid {self.processes[actor].pid}) raised:\n{tb.rstrip()}"
                 except queue_lib.Empty:
                     pass
-                how = (f"was killed by signal {signal.Signals(-proc.exitcode).name}" if proc.exitcode < 0
-                       else f"exited with code {proc.exitcode}")
+                how = (
+                    f"was killed by signal {signal.Signals(-proc.exitcode).name}"
+                    if proc.exitcode < 0
+                    else f"exited with code {proc.exitcode}"
+                )
                 return f"actor {i} (pid {proc.pid}) {how} without reporting an error"
             silent = now - self.heartbeat[i]
             if silent > timeout_s:
-                return (f"actor {i} (pid {proc.pid}) hung: no heartbeat for {silent:.1f} s (actor_timeout_s="
-                        f"{timeout_s:g}); it may be stuck in env.step or in the policy")
+                return (
+                    f"actor {i} (pid {proc.pid}) hung: no heartbeat for {silent:.1f} s (actor_timeout_s="
+                    f"{timeout_s:g}); it may be stuck in env.step or in the policy"
+                )
         return None
 
     def close(self) -> None:
@@ -405,8 +433,9 @@ class _RayBackend:
         self.owns_ray = not ray.is_initialized()
         if self.owns_ray:
             if address is None:  # a local instance, with room for every actor
-                ray.init(num_cpus=max(num_actors, os.cpu_count() or 1), include_dashboard=False,
-                         configure_logging=False)
+                ray.init(
+                    num_cpus=max(num_actors, os.cpu_count() or 1), include_dashboard=False, configure_logging=False
+                )
             else:
                 ray.init(address=address, include_dashboard=False, configure_logging=False)
         remote = ray.remote(num_cpus=1)(_RayWorker)
@@ -469,8 +498,10 @@ class _RayBackend:
             elif calls:
                 silent = now - max(calls[0][1], self.last_seen[actor])
                 if silent > timeout_s:
-                    return (f"ray actor {actor} hung: no chunk for {silent:.1f} s (actor_timeout_s={timeout_s:g}); "
-                            "it may be stuck in env.step or in the policy")
+                    return (
+                        f"ray actor {actor} hung: no chunk for {silent:.1f} s (actor_timeout_s={timeout_s:g}); "
+                        "it may be stuck in env.step or in the policy"
+                    )
         return None
 
     def close(self) -> None:
@@ -539,14 +570,17 @@ class ActorPool:
         initial_version: int = 0,
     ) -> None:
         if num_actors < 1 or envs_per_actor < 1 or chunk_length < 1:
-            raise ValueError(f"num_actors, envs_per_actor and chunk_length must be >= 1, got {num_actors}, "
-                             f"{envs_per_actor}, {chunk_length}")
+            raise ValueError(
+                f"num_actors, envs_per_actor and chunk_length must be >= 1, got {num_actors}, "
+                f"{envs_per_actor}, {chunk_length}"
+            )
         if timeout_s <= 0:
             raise ValueError(f"actor timeout_s must be > 0, got {timeout_s}")
         self.num_actors, self.envs_per_actor, self.chunk_length = num_actors, envs_per_actor, chunk_length
         self.timeout_s, self.backend = float(timeout_s), backend
-        config = ActorConfig(env, envs_per_actor, chunk_length, seed, rank, overlap, random_steps, explore,
-                             initial_version)
+        config = ActorConfig(
+            env, envs_per_actor, chunk_length, seed, rank, overlap, random_steps, explore, initial_version
+        )
         acting_module = acting_module.cpu().eval().requires_grad_(False)
         if backend == "local":
             self._impl: Any = _LocalBackend(config, acting_module, num_actors, queue_size or 2 * num_actors)
@@ -617,7 +651,7 @@ class ActorPool:
             self._closed = True
             self._impl.close()
 
-    def __enter__(self) -> "ActorPool":
+    def __enter__(self) -> ActorPool:
         return self
 
     def __exit__(self, *exc: Any) -> None:

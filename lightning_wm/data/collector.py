@@ -8,7 +8,8 @@ first observation with reward 0, so every row belongs to exactly one episode.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -208,8 +209,7 @@ class Collector:
                 self._episodes[i].append(tree_map(lambda v: np.array(v[i]), row))
             if row["is_last"][i]:
                 # length counts actions taken: the rows of the episode minus its first.
-                episode = {"return": float(self._episode_return[i]), "length": float(self._episode_length[i]),
-                           "env": i}
+                episode = {"return": float(self._episode_return[i]), "length": float(self._episode_length[i]), "env": i}
                 self.stats.add_episode(episode["return"], int(episode["length"]))
                 finished.append(episode)
                 if self.store is not None:
@@ -246,8 +246,16 @@ class Collector:
         return done
 
 
-def run_evaluation(config: EnvConfig, agent: Any, episodes: int, num_envs: int, seed: int, explore: bool = False,
-                   spec: EnvSpec | None = None, progress: Callable[[int], None] | None = None) -> list[dict[str, float]]:
+def run_evaluation(
+    config: EnvConfig,
+    agent: Any,
+    episodes: int,
+    num_envs: int,
+    seed: int,
+    explore: bool = False,
+    spec: EnvSpec | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> list[dict[str, float]]:
     """``episodes`` episodes of ``agent`` in fresh envs built from ``config`` (``min(num_envs,
     episodes)`` of them, seeded from ``seed``), closed afterwards; each env gives a fixed share
     (:meth:`Collector.run_episodes`). Returns ``{"return", "length", "env"}`` per episode."""

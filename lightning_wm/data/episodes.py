@@ -20,6 +20,7 @@ needs no loading::
 Dict observations are stored flattened as ``'obs/key'`` members and returned nested
 again by :meth:`EpisodeStore.load` (one level or more; keys must not contain ``'/'``).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -39,7 +40,8 @@ from typing import Any
 import numpy as np
 
 from lightning_wm.io import atomic_write, check_writable, clean_stale_temps
-from lightning_wm.tree import flatten as _flatten, unflatten as _unflatten
+from lightning_wm.tree import flatten as _flatten
+from lightning_wm.tree import unflatten as _unflatten
 
 __all__ = ["CorruptEpisodeError", "EpisodeStore", "check_layout", "row_layout"]
 
@@ -214,15 +216,25 @@ class EpisodeStore:
             meta = self.read_metadata()
             stored = meta.get("env")
             if stored is not None:
-                differing = [k for k in sorted(set(stored) | set(env)) if k not in _FREE_ENV_SETTINGS
-                             and stored.get(k) != env.get(k)]
+                differing = [
+                    k
+                    for k in sorted(set(stored) | set(env))
+                    if k not in _FREE_ENV_SETTINGS and stored.get(k) != env.get(k)
+                ]
                 if differing:
-                    listed = "; ".join(f"{k}: the store has {stored.get(k)!r}, this run {env.get(k)!r}" for k in differing)
-                    raise ValueError(f"episode store {str(self.directory)!r} was recorded with other env settings "
-                                     f"({listed}); record into another directory or use the store's settings")
+                    listed = "; ".join(
+                        f"{k}: the store has {stored.get(k)!r}, this run {env.get(k)!r}" for k in differing
+                    )
+                    raise ValueError(
+                        f"episode store {str(self.directory)!r} was recorded with other env settings "
+                        f"({listed}); record into another directory or use the store's settings"
+                    )
             first = max(int(meta.get("next_seed_index", 0)), len(self))
-            meta = {**meta, "env": stored if stored is not None else env,
-                    "next_seed_index": first + max(int(episodes), int(streams))}
+            meta = {
+                **meta,
+                "env": stored if stored is not None else env,
+                "next_seed_index": first + max(int(episodes), int(streams)),
+            }
             self.write_metadata(meta)
         return first
 
@@ -245,16 +257,19 @@ def row_layout(episode: Mapping[str, Any]) -> dict[str, tuple[tuple[int, ...], s
     return {k: (tuple(v.shape[1:]), str(v.dtype)) for k, v in _flatten(episode).items()}
 
 
-def check_layout(episode: Mapping[str, Any], expected: Mapping[str, tuple[tuple[int, ...], str]],
-                 path: str | os.PathLike) -> None:
+def check_layout(
+    episode: Mapping[str, Any], expected: Mapping[str, tuple[tuple[int, ...], str]], path: str | os.PathLike
+) -> None:
     """Raise :class:`CorruptEpisodeError` naming ``path`` and the key if ``episode``'s rows differ
     from ``expected`` (:func:`row_layout` of the store's other episodes) in keys, shape or dtype."""
     layout = row_layout(episode)
     for key in sorted(set(layout) | set(expected)):
         if layout.get(key) != expected.get(key):
+
             def show(entry: Any) -> str:
                 return "no such key" if entry is None else f"{entry[0]} {entry[1]}"
 
             raise CorruptEpisodeError(
                 f"episode file {str(path)!r}: key {key!r} has rows of {show(layout.get(key))}, the store's other "
-                f"episodes {show(expected.get(key))}; re-record it or move it to a store of its own")
+                f"episodes {show(expected.get(key))}; re-record it or move it to a store of its own"
+            )

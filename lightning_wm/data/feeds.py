@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -76,8 +77,10 @@ class ActorMetrics:
         now = self.clock()
         self._trim(now)
         span = max(1e-6, min(self.window_s, now - self._start))
-        out = {"actors/frames_per_s": sum(n for _, n in self._frames) / span,
-               "actors/queue_depth": float(self.queue_depth)}
+        out = {
+            "actors/frames_per_s": sum(n for _, n in self._frames) / span,
+            "actors/queue_depth": float(self.queue_depth),
+        }
         if self._lags:
             out["actors/policy_lag"] = float(np.mean([lag for _, lag in self._lags]))
         if self._waits:
@@ -113,13 +116,22 @@ class ReplayFeed:
         metrics: where gauges go.
     """
 
-    def __init__(self, pool: ActorPool, buffer: _Rows, replay_ratio: float, prefill: int, slack: int | None = None,
-                 metrics: ActorMetrics | None = None) -> None:
+    def __init__(
+        self,
+        pool: ActorPool,
+        buffer: _Rows,
+        replay_ratio: float,
+        prefill: int,
+        slack: int | None = None,
+        metrics: ActorMetrics | None = None,
+    ) -> None:
         chunk_rows = pool.chunk_length * pool.envs_per_actor
         self.slack = int(slack if slack is not None else pool.num_actors * chunk_rows)
         if self.slack < chunk_rows:
-            raise ValueError(f"replay ratio slack ({self.slack} rows) must be at least one chunk "
-                             f"({pool.chunk_length} steps x {pool.envs_per_actor} envs = {chunk_rows} rows)")
+            raise ValueError(
+                f"replay ratio slack ({self.slack} rows) must be at least one chunk "
+                f"({pool.chunk_length} steps x {pool.envs_per_actor} envs = {chunk_rows} rows)"
+            )
         if replay_ratio <= 0:
             raise ValueError(f"replay_ratio must be > 0, got {replay_ratio}")
         self.pool, self.buffer, self.replay_ratio, self.prefill = pool, buffer, replay_ratio, prefill
@@ -186,16 +198,26 @@ class UnrollBatcher:
     available, divided by the batch's largest.
     """
 
-    def __init__(self, batch_size: int, replay_size: int = 0, max_use: int = 1, seed: int = 0,
-                 prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4) -> None:
+    def __init__(
+        self,
+        batch_size: int,
+        replay_size: int = 0,
+        max_use: int = 1,
+        seed: int = 0,
+        prioritized: bool = False,
+        alpha: float = 0.6,
+        beta: float = 0.4,
+    ) -> None:
         if batch_size < 1 or max_use < 1 or replay_size < 0:
-            raise ValueError(f"batch_size and max_use must be >= 1 and replay_size >= 0, got {batch_size}, "
-                             f"{max_use}, {replay_size}")
+            raise ValueError(
+                f"batch_size and max_use must be >= 1 and replay_size >= 0, got {batch_size}, {max_use}, {replay_size}"
+            )
         if 0 < replay_size < batch_size:
             raise ValueError(f"replay_size ({replay_size}) must be 0 (no replay) or at least batch_size ({batch_size})")
         if prioritized and replay_size == 0:
-            raise ValueError("prioritized sampling draws from a replay: set replay_size > 0 (unrolls kept), "
-                             "or prioritized: false")
+            raise ValueError(
+                "prioritized sampling draws from a replay: set replay_size > 0 (unrolls kept), or prioritized: false"
+            )
         if alpha < 0 or beta < 0:
             raise ValueError(f"alpha and beta must be >= 0, got {alpha}, {beta}")
         self.batch_size, self.replay_size, self.max_use = batch_size, replay_size, max_use
@@ -252,8 +274,9 @@ class UnrollBatcher:
         ids = np.array([self._ids[i] for i in which], np.int64)
         for i in which:
             self._uses[i] += 1
-        for i in sorted((int(i) for i in which if self.replay_size == 0 or self._uses[i] >= self.max_use),
-                        reverse=True):
+        for i in sorted(
+            (int(i) for i in which if self.replay_size == 0 or self._uses[i] >= self.max_use), reverse=True
+        ):
             self._drop(i)
         out = tree_map(lambda *xs: torch.from_numpy(np.stack(xs)), picked[0], *picked[1:])
         out["index"], out["generation"] = torch.from_numpy(ids), torch.from_numpy(ids.copy())
@@ -272,7 +295,9 @@ class UnrollBatcher:
             raise ValueError(f"priorities must be finite and >= 0, got {priority}")
         ids = np.fromiter(self._ids, np.int64, len(self._ids))
         pos = np.searchsorted(ids, index)
-        found = (pos < len(ids)) & (ids[np.minimum(pos, len(ids) - 1)] == index) if len(ids) else np.zeros_like(index, bool)
+        found = (
+            (pos < len(ids)) & (ids[np.minimum(pos, len(ids) - 1)] == index) if len(ids) else np.zeros_like(index, bool)
+        )
         for i, value in zip(pos[found], priority[found]):
             value = float(value) + 1e-6  # never exactly 0: every unroll stays drawable
             self._priority[int(i)] = value
@@ -295,9 +320,19 @@ class ActorLink:
             default ``2 * num_actors``.
     """
 
-    def __init__(self, env: Any, num_actors: int, envs_per_actor: int, chunk_length: int,
-                 backend: str = "local", ray_address: str | None = None, timeout_s: float = 60.0,
-                 publish_every: int = 1, overlap: bool = False, queue_size: int | None = None) -> None:
+    def __init__(
+        self,
+        env: Any,
+        num_actors: int,
+        envs_per_actor: int,
+        chunk_length: int,
+        backend: str = "local",
+        ray_address: str | None = None,
+        timeout_s: float = 60.0,
+        publish_every: int = 1,
+        overlap: bool = False,
+        queue_size: int | None = None,
+    ) -> None:
         if publish_every < 1:
             raise ValueError(f"publish_every must be >= 1, got {publish_every}")
         if backend not in ("local", "ray"):
@@ -318,10 +353,22 @@ class ActorLink:
         """Send ``module.acting_copy()`` as ``version`` if due (always the first time, which
         starts the actors with ``random_steps`` random vector steps each). Returns whether sent."""
         if self.pool is None:
-            self.pool = ActorPool(self.env, module.acting_copy(), self.num_actors, self.envs_per_actor,
-                                  self.chunk_length, seed=self.env.seed, rank=rank, backend=self.backend,
-                                  ray_address=self.ray_address, timeout_s=self.timeout_s, overlap=self.overlap,
-                                  random_steps=random_steps, initial_version=version, queue_size=self.queue_size)
+            self.pool = ActorPool(
+                self.env,
+                module.acting_copy(),
+                self.num_actors,
+                self.envs_per_actor,
+                self.chunk_length,
+                seed=self.env.seed,
+                rank=rank,
+                backend=self.backend,
+                ray_address=self.ray_address,
+                timeout_s=self.timeout_s,
+                overlap=self.overlap,
+                random_steps=random_steps,
+                initial_version=version,
+                queue_size=self.queue_size,
+            )
         elif self.version is None or version < self.version or version - self.version >= self.publish_every:
             self.pool.publish(module.acting_copy(), version)
         else:
@@ -334,7 +381,8 @@ class ActorLink:
             raise RuntimeError(
                 "num_actors > 0 but no weights were published, so no actor was started: the WeightPublisher "
                 "callback (lightning_wm.callbacks.WeightPublisher, added by the CLI's Trainer) publishes them "
-                "when fit starts; add it to your Trainer's callbacks")
+                "when fit starts; add it to your Trainer's callbacks"
+            )
         return self.pool
 
     def close(self) -> None:

@@ -11,7 +11,8 @@ Validation yields one :class:`~lightning_wm.protocols.EvaluationRequest` that th
 from __future__ import annotations
 
 import itertools
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytorch_lightning as pl
 from torch.utils.data import DataLoader, IterableDataset
@@ -59,5 +60,11 @@ class GenerationDataModule(pl.LightningDataModule):
         """Run ``episodes`` real episodes of ``agent`` with ``explore=False`` (seeds distinct per DDP rank)."""
         trainer = getattr(self, "trainer", None)
         rank = trainer.global_rank if trainer is not None else 0
-        return run_evaluation(self.env, agent, episodes or self.eval_episodes, self.eval_envs,
-                              derive_seed(self.env.seed, "eval", rank), spec=self.spec)
+        return run_evaluation(
+            self.env,
+            agent,
+            episodes or self.eval_episodes,
+            self.eval_envs,
+            derive_seed(self.env.seed, "eval", rank),
+            spec=self.spec,
+        )

@@ -41,8 +41,15 @@ from lightning_wm.data.samplers import MixedSampler, RowSampler, Sampler
 from lightning_wm.envs import EnvSpec
 from lightning_wm.protocols import Agent
 from lightning_wm.tree import first_leaf, stack, tree_map
-from lightning_wm.world_model import (DreamWorldModel, LearnedModel, RolloutLengthScheduler, State, WorldModel,
-                                      check_done_mode, episode_ends)
+from lightning_wm.world_model import (
+    DreamWorldModel,
+    LearnedModel,
+    RolloutLengthScheduler,
+    State,
+    WorldModel,
+    check_done_mode,
+    episode_ends,
+)
 
 __all__ = ["DynaWorldModel", "HybridWorldModel", "imagine_episodes"]
 
@@ -168,8 +175,9 @@ class DynaWorldModel(LearnedModel):
     ) -> None:
         super().__init__(model, train_freq, eval_freq, rollout_length_scheduler)
         if rollout_batch_size < 1 or rollout_retain < 1:
-            raise ValueError(f"rollout_batch_size and rollout_retain must be >= 1, got {rollout_batch_size} "
-                             f"and {rollout_retain}")
+            raise ValueError(
+                f"rollout_batch_size and rollout_retain must be >= 1, got {rollout_batch_size} and {rollout_retain}"
+            )
         self.codec = action_space if isinstance(action_space, ActionCodec) else ActionCodec(action_space)
         self.codec = self.codec.to(_device(model))
         self.mixer = MixedSampler(RowSampler(), real_ratio)  # checks real_ratio
@@ -196,8 +204,14 @@ class DynaWorldModel(LearnedModel):
         """Rows the imagination buffer holds at ``envstep`` (see the module docstring)."""
         return (self.rollout_length_scheduler(envstep) + 1) * self.rollout_batch_size * self.rollout_retain
 
-    def fill_img_buffer(self, agent: Agent, env_buffer: ReplayBuffer, img_buffer: ReplayBuffer | None,
-                        envstep: int, policy_version: int | None = None) -> ReplayBuffer | None:
+    def fill_img_buffer(
+        self,
+        agent: Agent,
+        env_buffer: ReplayBuffer,
+        img_buffer: ReplayBuffer | None,
+        envstep: int,
+        policy_version: int | None = None,
+    ) -> ReplayBuffer | None:
         """Roll ``agent`` through the model from ``rollout_batch_size`` real rows of ``env_buffer``
         (drawn with replacement among rows that are not an episode's last row) and append the
         imagined episodes to ``img_buffer``.
@@ -217,8 +231,17 @@ class DynaWorldModel(LearnedModel):
         try:
             with torch.no_grad():
                 obs, start = self._starts(env_buffer)
-            rows, alive = imagine_episodes(self.model, agent, self.codec, obs, horizon, self.terminal_threshold,
-                                           self.generator, start, self.terminal_mode)
+            rows, alive = imagine_episodes(
+                self.model,
+                agent,
+                self.codec,
+                obs,
+                horizon,
+                self.terminal_threshold,
+                self.generator,
+                start,
+                self.terminal_mode,
+            )
         finally:
             self.model.train(was_training)
         chunk = _episodes_in_order(rows, alive)
@@ -242,12 +265,17 @@ class DynaWorldModel(LearnedModel):
         replacement) -> their observations ``[N, ...]`` and the model's states there."""
         n, span, cap = self.rollout_batch_size, self.burn_in + 1, env_buffer.cap_per_stream
         is_last = env_buffer.column("is_last")
-        stream, first = env_buffer.draw(n, span=span, accept=lambda s, t: ~is_last[s, (t + span - 1) % cap],
-                                        what="imagination starts (rows that are not an episode's last row)")
+        stream, first = env_buffer.draw(
+            n,
+            span=span,
+            accept=lambda s, t: ~is_last[s, (t + span - 1) % cap],
+            what="imagination starts (rows that are not an episode's last row)",
+        )
         slot = (first[:, None] + np.arange(span)) % cap
         device = _device(self.model)
-        rows = tree_map(lambda x: x.to(device), env_buffer.gather(stream[:, None], slot,
-                                                                   keys=("obs", "action", "is_first")))
+        rows = tree_map(
+            lambda x: x.to(device), env_buffer.gather(stream[:, None], slot, keys=("obs", "action", "is_first"))
+        )
         obs = tree_map(lambda x: x[:, -1], rows["obs"])
         if span == 1:
             return obs, self.model.initial_state(obs)
@@ -259,8 +287,9 @@ class DynaWorldModel(LearnedModel):
             action = self.codec.encode(rows["action"][:, k])
         return obs, state
 
-    def sample(self, env_buffer: ReplayBuffer, img_buffer: ReplayBuffer | None, batch_size: int,
-               sampler: Sampler | None = None) -> dict[str, Tensor]:
+    def sample(
+        self, env_buffer: ReplayBuffer, img_buffer: ReplayBuffer | None, batch_size: int, sampler: Sampler | None = None
+    ) -> dict[str, Tensor]:
         """A policy batch: ``round(real_ratio * batch_size)`` items from ``env_buffer``, the rest
         from ``img_buffer`` (all real while it is empty), drawn with ``sampler`` (single rows by
         default); ``is_real`` ``[B]`` tells them apart."""

@@ -15,8 +15,9 @@ import os
 import time
 import warnings
 import zlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal
+from typing import Any, Literal
 
 import numpy as np
 import pytorch_lightning as pl
@@ -24,7 +25,6 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from lightning_wm.data.collector import Collector, run_evaluation
-from lightning_wm.policies import RandomAgent
 from lightning_wm.data.episodes import CorruptEpisodeError, EpisodeStore, check_layout, row_layout
 from lightning_wm.data.feeds import ActorLink, ReplayFeed, UnrollBatcher
 from lightning_wm.data.replay import ReplayBuffer
@@ -57,7 +57,7 @@ def evaluation_loader(evaluate: Callable[[Agent, int | None], list[dict[str, flo
 class _ReplayStream(IterableDataset):
     """Infinite stream: before each batch, act for the env steps the replay ratio calls for."""
 
-    def __init__(self, datamodule: "ReplayDataModule") -> None:
+    def __init__(self, datamodule: ReplayDataModule) -> None:
         self.datamodule = datamodule
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
@@ -142,8 +142,12 @@ class ReplayDataModule(pl.LightningDataModule):
         super().__init__()
         if replay_ratio <= 0:
             raise ValueError(f"replay_ratio (gradient steps per env step) must be > 0, got {replay_ratio}")
-        for name, value, least in (("prefill", prefill, 0), ("batch_size", batch_size, 1),
-                                   ("sequence_length", sequence_length, 1), ("capacity", capacity, 1)):
+        for name, value, least in (
+            ("prefill", prefill, 0),
+            ("batch_size", batch_size, 1),
+            ("sequence_length", sequence_length, 1),
+            ("capacity", capacity, 1),
+        ):
             if value is not None and value < least:
                 raise ValueError(f"data.init_args.{name} must be >= {least}, got {value}")
         if storage_dir is not None:
@@ -152,9 +156,11 @@ class ReplayDataModule(pl.LightningDataModule):
         usable = streams * (capacity // streams)  # one ring of capacity // num_envs rows per env stream
         if prefill > usable:
             split = f": {streams} env streams of {capacity // streams} rows" if usable != capacity else ""
-            raise ValueError(f"prefill ({prefill} rows) exceeds the replay capacity ({usable} rows{split}): the buffer "
-                             "could never hold it and the random policy would act before every batch; raise "
-                             f"data.init_args.capacity or lower prefill to at most {usable}")
+            raise ValueError(
+                f"prefill ({prefill} rows) exceeds the replay capacity ({usable} rows{split}): the buffer "
+                "could never hold it and the random policy would act before every batch; raise "
+                f"data.init_args.capacity or lower prefill to at most {usable}"
+            )
         self.env = env
         self.spec: EnvSpec = env_spec(env)
         self.capacity, self.batch_size, self.prefill = capacity, batch_size, prefill
@@ -175,26 +181,45 @@ class ReplayDataModule(pl.LightningDataModule):
         if num_actors < 0:
             raise ValueError(f"num_actors must be >= 0, got {num_actors}")
         self.num_actors, self.ratio_slack = num_actors, ratio_slack
-        self._actors = ActorLink(env, num_actors, envs_per_actor or env.num_envs, chunk_length, actor_backend,
-                                 ray_address, actor_timeout_s, publish_every) if num_actors > 0 else None
+        self._actors = (
+            ActorLink(
+                env,
+                num_actors,
+                envs_per_actor or env.num_envs,
+                chunk_length,
+                actor_backend,
+                ray_address,
+                actor_timeout_s,
+                publish_every,
+            )
+            if num_actors > 0
+            else None
+        )
         self._feed: ReplayFeed | None = None
         self._actor_counts = (0, 0)  # (rows, batches) of the feed restored from a checkpoint
 
     @staticmethod
-    def _sampler(sampler: Sampler | None, sequence_length: int | None, sample: str | None,
-                 cross_episodes: bool | None) -> Sampler:
+    def _sampler(
+        sampler: Sampler | None, sequence_length: int | None, sample: str | None, cross_episodes: bool | None
+    ) -> Sampler:
         """``sampler``, or the one the shorthand options describe."""
-        shorthand = {k: v for k, v in (("sequence_length", sequence_length), ("sample", sample),
-                                       ("cross_episodes", cross_episodes)) if v is not None}
+        shorthand = {
+            k: v
+            for k, v in (("sequence_length", sequence_length), ("sample", sample), ("cross_episodes", cross_episodes))
+            if v is not None
+        }
         if sampler is not None:
             if shorthand:
-                raise ValueError(f"data.init_args.sampler is given, so {sorted(shorthand)} must not be: set them in "
-                                 "the sampler's init_args instead")
+                raise ValueError(
+                    f"data.init_args.sampler is given, so {sorted(shorthand)} must not be: set them in "
+                    "the sampler's init_args instead"
+                )
             return sampler
         if sample == "transitions":
             return RowSampler()
-        return SequenceSampler(64 if sequence_length is None else sequence_length,
-                               True if cross_episodes is None else cross_episodes)
+        return SequenceSampler(
+            64 if sequence_length is None else sequence_length, True if cross_episodes is None else cross_episodes
+        )
 
     # -- setup ------------------------------------------------------------------------
     def pop_env_stats(self) -> EnvStats:
@@ -228,12 +253,23 @@ class ReplayDataModule(pl.LightningDataModule):
             storage = os.path.join(self.storage_dir, f"rank{rank}")
         streams = self._actors.num_streams if self._actors is not None else self.env.num_envs
         self.buffer = ReplayBuffer(
-            self.capacity, streams, prioritized=self.prioritized, alpha=self.alpha, beta=self.beta,
-            storage_dir=storage, seed=self._seed("replay"), checkpoint=self.save_buffer,
+            self.capacity,
+            streams,
+            prioritized=self.prioritized,
+            alpha=self.alpha,
+            beta=self.beta,
+            storage_dir=storage,
+            seed=self._seed("replay"),
+            checkpoint=self.save_buffer,
         )
         if self._actors is None:
-            self.collector = Collector(make_vector_env(self.env), RandomAgent(self.spec, seed=self._seed("prefill")),
-                                       self.buffer, seeds=self.train_env_seeds(), spec=self.spec)
+            self.collector = Collector(
+                make_vector_env(self.env),
+                RandomAgent(self.spec, seed=self._seed("prefill")),
+                self.buffer,
+                seeds=self.train_env_seeds(),
+                spec=self.spec,
+            )
         if self._pending_state is not None:
             self._restore(self._pending_state)
             self._pending_state = None
@@ -266,10 +302,15 @@ class ReplayDataModule(pl.LightningDataModule):
         self._actors.publish(module, version, rank=rank, random_steps=random_steps)
         if self._feed is None:
             assert self.buffer is not None, "setup() was not called"
-            self._feed = ReplayFeed(self._actors.require_pool(), self.buffer, self.replay_ratio, self.prefill,
-                                    self.ratio_slack, self._actors.metrics)
+            self._feed = ReplayFeed(
+                self._actors.require_pool(),
+                self.buffer,
+                self.replay_ratio,
+                self.prefill,
+                self.ratio_slack,
+                self._actors.metrics,
+            )
             self._feed.rows, self._feed.batches = self._actor_counts
-
 
     # -- the stream -------------------------------------------------------------------
     def _agent(self) -> Any:
@@ -337,8 +378,9 @@ class ReplayDataModule(pl.LightningDataModule):
     # -- evaluation -------------------------------------------------------------------
     def evaluate(self, agent: Any, episodes: int | None = None) -> list[dict[str, float]]:
         """Run ``episodes`` episodes with ``explore=False`` in fresh envs; return their stats."""
-        return run_evaluation(self.env, agent, episodes or self.eval_episodes, self.eval_envs, self._seed("eval"),
-                              spec=self.spec)
+        return run_evaluation(
+            self.env, agent, episodes or self.eval_episodes, self.eval_envs, self._seed("eval"), spec=self.spec
+        )
 
     # -- feedback (FeedbackSink) and buffers (ReplayHolder) --------------------------------
     def replay_buffers(self) -> dict[str, ReplayBuffer]:
@@ -366,8 +408,11 @@ class ReplayDataModule(pl.LightningDataModule):
         priority = feedback.get("priority")
         if priority is not None and not self.buffer.prioritized:
             if not self._warned_priorities:
-                warnings.warn("training_step returns priorities but the replay buffer is uniform "
-                              "(data.init_args.prioritized: false); they are ignored", stacklevel=2)
+                warnings.warn(
+                    "training_step returns priorities but the replay buffer is uniform "
+                    "(data.init_args.prioritized: false); they are ignored",
+                    stacklevel=2,
+                )
                 self._warned_priorities = True
         elif priority is not None:
             index, generation = batch["index"], batch["generation"]
@@ -387,8 +432,11 @@ class ReplayDataModule(pl.LightningDataModule):
         """Acting progress (replay-ratio credit, batches collected, env statistics). The buffer
         itself is saved beside the checkpoint by ``BufferCheckpoint``."""
         trainer = getattr(self, "trainer", None)
-        state: dict[str, Any] = {"credit": self._credit, "batches_collected": self._batches_collected,
-                                 "global_step": int(getattr(trainer, "global_step", 0) or 0)}
+        state: dict[str, Any] = {
+            "credit": self._credit,
+            "batches_collected": self._batches_collected,
+            "global_step": int(getattr(trainer, "global_step", 0) or 0),
+        }
         if self.collector is not None:
             state["stats"] = self.collector.stats.state_dict()
         if self._feed is not None:
@@ -442,9 +490,21 @@ class _EpisodeStream(IterableDataset):
     """
 
     def __init__(
-        self, store: EpisodeStore, paths: list[Path], mode: str, batch_size: int, sequence_length: int,
-        batches: int, seed: int, shuffle: bool, rank: int, world: int, keys: list[str] | None,
-        cross_episodes: bool, skip_corrupt: bool, pool_episodes: int,
+        self,
+        store: EpisodeStore,
+        paths: list[Path],
+        mode: str,
+        batch_size: int,
+        sequence_length: int,
+        batches: int,
+        seed: int,
+        shuffle: bool,
+        rank: int,
+        world: int,
+        keys: list[str] | None,
+        cross_episodes: bool,
+        skip_corrupt: bool,
+        pool_episodes: int,
     ) -> None:
         self.store, self.paths, self.mode = store, paths, mode
         self.batch_size, self.sequence_length, self.batches = batch_size, sequence_length, batches
@@ -578,12 +638,22 @@ class EpisodeDataModule(pl.LightningDataModule):
     def _stream(self, paths: list[Path], batches: int, shuffle: bool) -> DataLoader:
         rank, world = _rank_and_world(getattr(self, "trainer", None))
         ds = _EpisodeStream(
-            self.store, paths, self.mode, self.batch_size, self.sequence_length, batches,
+            self.store,
+            paths,
+            self.mode,
+            self.batch_size,
+            self.sequence_length,
+            batches,
             derive_seed(self.seed, "episodes", rank),
-            shuffle, rank, world, self.keys, self.cross_episodes, self.skip_corrupt, self.pool_episodes,
+            shuffle,
+            rank,
+            world,
+            self.keys,
+            self.cross_episodes,
+            self.skip_corrupt,
+            self.pool_episodes,
         )
-        return DataLoader(ds, batch_size=None, num_workers=self.num_workers,
-                          persistent_workers=self.num_workers > 0)
+        return DataLoader(ds, batch_size=None, num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
 
     def _split(self) -> tuple[list[Path], list[Path]]:
         paths = self.store.paths()
@@ -619,7 +689,7 @@ class EpisodeDataModule(pl.LightningDataModule):
 class _UnrollStream(IterableDataset):
     """Infinite stream of unroll batches ``[B, T+1, ...]``."""
 
-    def __init__(self, datamodule: "UnrollDataModule") -> None:
+    def __init__(self, datamodule: UnrollDataModule) -> None:
         self.datamodule = datamodule
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
@@ -706,14 +776,20 @@ class UnrollDataModule(pl.LightningDataModule):
         if num_actors < 0:
             raise ValueError(f"num_actors must be >= 0, got {num_actors}")
         if model_replay_size < 0 or model_batch_size < 1 or model_sequence_length < 1:
-            raise ValueError("model_replay_size must be >= 0, model_batch_size and model_sequence_length >= 1, got "
-                             f"{model_replay_size}, {model_batch_size}, {model_sequence_length}")
+            raise ValueError(
+                "model_replay_size must be >= 0, model_batch_size and model_sequence_length >= 1, got "
+                f"{model_replay_size}, {model_batch_size}, {model_sequence_length}"
+            )
         if model_replay_size > 0 and num_actors > 0:
-            raise ValueError("model_replay_size (real rows for a world model) works with acting in process only: set "
-                             "data.init_args.num_actors: 0")
+            raise ValueError(
+                "model_replay_size (real rows for a world model) works with acting in process only: set "
+                "data.init_args.num_actors: 0"
+            )
         if model_replay_size and model_replay_size < env.num_envs * model_sequence_length:
-            raise ValueError(f"model_replay_size ({model_replay_size}) must hold model_sequence_length "
-                             f"({model_sequence_length}) rows for each of the {env.num_envs} envs")
+            raise ValueError(
+                f"model_replay_size ({model_replay_size}) must hold model_sequence_length "
+                f"({model_sequence_length}) rows for each of the {env.num_envs} envs"
+            )
         self.model_replay_size = model_replay_size
         self.model_sampler = SequenceSampler(model_sequence_length)
         self.model_batch_size = model_batch_size
@@ -729,14 +805,30 @@ class UnrollDataModule(pl.LightningDataModule):
         if eval_env is not None:
             other = env_spec(eval_env)
             if other.action_space != self.spec.action_space or other.obs_shape != self.spec.obs_shape:
-                raise ValueError(f"eval_env {eval_env.id} (actions {other.action_space}, observations {other.obs_shape}) "
-                                 f"does not fit env {env.id} (actions {self.spec.action_space}, observations "
-                                 f"{self.spec.obs_shape}): the policy trained in one must act in the other")
-        self.batcher = UnrollBatcher(batch_size, replay_size, max_use, seed=env.seed, prioritized=prioritized,
-                                     alpha=alpha, beta=beta)
-        self._actors = ActorLink(env, num_actors, envs_per_actor or env.num_envs, unroll_length, actor_backend,
-                                 ray_address, actor_timeout_s, publish_every, overlap=True,
-                                 queue_size=queue_size) if num_actors > 0 else None
+                raise ValueError(
+                    f"eval_env {eval_env.id} (actions {other.action_space}, observations {other.obs_shape}) "
+                    f"does not fit env {env.id} (actions {self.spec.action_space}, observations "
+                    f"{self.spec.obs_shape}): the policy trained in one must act in the other"
+                )
+        self.batcher = UnrollBatcher(
+            batch_size, replay_size, max_use, seed=env.seed, prioritized=prioritized, alpha=alpha, beta=beta
+        )
+        self._actors = (
+            ActorLink(
+                env,
+                num_actors,
+                envs_per_actor or env.num_envs,
+                unroll_length,
+                actor_backend,
+                ray_address,
+                actor_timeout_s,
+                publish_every,
+                overlap=True,
+                queue_size=queue_size,
+            )
+            if num_actors > 0
+            else None
+        )
         self.collector: Collector | None = None
         self._actor_steps = 0  # env steps the actors' chunks brought
 
@@ -745,10 +837,19 @@ class UnrollDataModule(pl.LightningDataModule):
             rank, _ = _rank_and_world(getattr(self, "trainer", None))
             # acts with the learner's module (set at the first batch); seeds as ReplayDataModule's envs
             if self.model_replay_size > 0:
-                self.model_buffer = ReplayBuffer(self.model_replay_size, self.env.num_envs, checkpoint=False,
-                                                 seed=derive_seed(self.env.seed, "replay", rank))
-            self.collector = Collector(make_vector_env(self.env), RandomAgent(self.spec, seed=0), self.model_buffer,
-                                       seeds=env_seeds(self.env.seed, self.env.num_envs, "train", rank), spec=self.spec)
+                self.model_buffer = ReplayBuffer(
+                    self.model_replay_size,
+                    self.env.num_envs,
+                    checkpoint=False,
+                    seed=derive_seed(self.env.seed, "replay", rank),
+                )
+            self.collector = Collector(
+                make_vector_env(self.env),
+                RandomAgent(self.spec, seed=0),
+                self.model_buffer,
+                seeds=env_seeds(self.env.seed, self.env.num_envs, "train", rank),
+                spec=self.spec,
+            )
 
     def teardown(self, stage: str) -> None:
         if self.collector is not None:
@@ -774,8 +875,10 @@ class UnrollDataModule(pl.LightningDataModule):
         if "priority" not in feedback:
             return {"applied": 0, "stale": 0}
         if not self.batcher.prioritized:
-            raise ValueError("the learner returns priorities but the unroll replay is not prioritized: set "
-                             "data.init_args.prioritized: true (and replay_size > 0), or the model's priority: false")
+            raise ValueError(
+                "the learner returns priorities but the unroll replay is not prioritized: set "
+                "data.init_args.prioritized: true (and replay_size > 0), or the model's priority: false"
+            )
         priority = feedback["priority"]
         priority = priority.detach().cpu().numpy() if isinstance(priority, torch.Tensor) else priority
         return self.batcher.update_priorities(batch["index"].cpu().numpy(), priority)
@@ -836,8 +939,9 @@ class UnrollDataModule(pl.LightningDataModule):
     def real_buffer(self) -> ReplayBuffer:
         """The real rows kept for the world model (``model_replay_size``): where imagination starts."""
         if self.model_buffer is None:
-            raise ValueError("imagination starts from real rows: set data.init_args.model_replay_size > 0 (and "
-                             "num_actors: 0)")
+            raise ValueError(
+                "imagination starts from real rows: set data.init_args.model_replay_size > 0 (and num_actors: 0)"
+            )
         return self.model_buffer
 
     def set_imagination(self, buffer: ReplayBuffer | None, real_ratio: float) -> None:
@@ -849,8 +953,11 @@ class UnrollDataModule(pl.LightningDataModule):
         self.imagination, self.real_ratio = buffer, float(real_ratio)
 
     def _imagination_ready(self) -> bool:
-        return self.imagination is not None and self.real_ratio < 1.0 and bool(
-            self.imagination.rows_per_stream.max(initial=0) >= self.unroll_length + 1)
+        return (
+            self.imagination is not None
+            and self.real_ratio < 1.0
+            and bool(self.imagination.rows_per_stream.max(initial=0) >= self.unroll_length + 1)
+        )
 
     def _mix(self, real: dict[str, Any], imagined: bool) -> dict[str, Any]:
         """``real`` unrolls, completed to ``batch_size`` with imagined windows of ``T+1`` rows."""
@@ -861,8 +968,12 @@ class UnrollDataModule(pl.LightningDataModule):
         lacking = sorted(k for k in real if k not in dream)
         if lacking:
             raise ValueError(f"imagined rows lack the keys {lacking} of the real unrolls")
-        out = {k: torch.cat([v, dream[k].to(v.dtype)]) if isinstance(v, torch.Tensor)
-               else tree_map(lambda a, b: torch.cat([a, b.to(a.dtype)]), v, dream[k]) for k, v in real.items()}
+        out = {
+            k: torch.cat([v, dream[k].to(v.dtype)])
+            if isinstance(v, torch.Tensor)
+            else tree_map(lambda a, b: torch.cat([a, b.to(a.dtype)]), v, dream[k])
+            for k, v in real.items()
+        }
         out["is_real"] = torch.arange(self.batch_size) < len(real["index"])
         return out
 
@@ -890,5 +1001,11 @@ class UnrollDataModule(pl.LightningDataModule):
         rank, _ = _rank_and_world(getattr(self, "trainer", None))
         config = self.eval_env or self.env
         seed = derive_seed(config.seed, "eval", rank)
-        return run_evaluation(config, agent, episodes or self.eval_episodes, self.eval_envs, seed,
-                              spec=self.spec if self.eval_env is None else env_spec(config))
+        return run_evaluation(
+            config,
+            agent,
+            episodes or self.eval_episodes,
+            self.eval_envs,
+            seed,
+            spec=self.spec if self.eval_env is None else env_spec(config),
+        )

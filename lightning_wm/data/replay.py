@@ -39,6 +39,7 @@ Dtypes
 Dtypes are kept as given (uint8 pixels stay uint8, bools stay bool, int64 actions stay
 int64), except float64 which is stored as float32. Later writes are cast to the stored dtype.
 """
+
 from __future__ import annotations
 
 import os
@@ -235,15 +236,18 @@ class ReplayBuffer:
                 raise ValueError(f"row key {key!r} is reserved for sampler output")
             arr = _to_numpy(value)
             if arr.shape[: len(lead)] != lead:
-                expected = (f"a leading dimension of {lead[0]} (one row per stream written)" if len(lead) == 1 else
-                            f"leading dimensions [T, {lead[1]}] (T rows for each stream written)")
+                expected = (
+                    f"a leading dimension of {lead[0]} (one row per stream written)"
+                    if len(lead) == 1
+                    else f"leading dimensions [T, {lead[1]}] (T rows for each stream written)"
+                )
                 raise ValueError(f"{what} key {key!r}: expected {expected}, got shape {tuple(arr.shape)}")
             if stored is None:
                 _storage_dtype(key, arr)  # refuse an unstorable dtype before anything is allocated
-            elif arr.shape[len(lead):] != stored.shape[2:]:
+            elif arr.shape[len(lead) :] != stored.shape[2:]:
                 raise ValueError(
                     f"row key {key!r} changed shape: stored per-row shape {tuple(stored.shape[2:])}, "
-                    f"got {tuple(arr.shape[len(lead):])}"
+                    f"got {tuple(arr.shape[len(lead) :])}"
                 )
             arrays[key] = arr
         missing = [k for k in self._data if k not in arrays and k not in self._optional]
@@ -432,8 +436,10 @@ class ReplayBuffer:
             if stored is None:
                 _storage_dtype(key, arr)
             elif arr.shape[1:] != stored.shape[2:]:
-                raise ValueError(f"write() column {key!r}: stored per-row shape {tuple(stored.shape[2:])}, "
-                                 f"got {tuple(arr.shape[1:])}")
+                raise ValueError(
+                    f"write() column {key!r}: stored per-row shape {tuple(stored.shape[2:])}, "
+                    f"got {tuple(arr.shape[1:])}"
+                )
             arrays[key] = arr
         stream, slot = np.divmod(idx[current], self.cap_per_stream)
         for key, arr in arrays.items():
@@ -481,8 +487,11 @@ class ReplayBuffer:
     def gather(self, stream: np.ndarray, slot: np.ndarray, keys: tuple[str, ...] | None = None) -> dict[str, Any]:
         """Rows ``(stream, slot)`` (broadcastable int arrays, result shape ``X``) of every key
         (or of the top-level ``keys`` only) as torch tensors ``[*X, *shape_k]``, nested as added."""
-        out = {key: torch.from_numpy(arr[stream, slot]) for key, arr in self._data.items()
-               if keys is None or _top_key(key) in keys}
+        out = {
+            key: torch.from_numpy(arr[stream, slot])
+            for key, arr in self._data.items()
+            if keys is None or _top_key(key) in keys
+        }
         return unflatten(out)
 
     def importance_weights(self, leaf: np.ndarray) -> torch.Tensor:
@@ -493,8 +502,13 @@ class ReplayBuffer:
         p = self._tree.get(leaf)  # N and the total cancel out in the normalisation
         return torch.from_numpy(((p / p.min()) ** (-self.beta)).astype(np.float32))
 
-    def draw(self, n: int, span: int = 1, accept: Accept | None = None, what: str = "positions",
-             ) -> tuple[np.ndarray, np.ndarray]:
+    def draw(
+        self,
+        n: int,
+        span: int = 1,
+        accept: Accept | None = None,
+        what: str = "positions",
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Draw ``n`` positions ``(stream [n], slot [n])``, int64.
 
         A candidate is a stored row of a stream followed by at least ``span - 1`` stored rows
@@ -698,8 +712,12 @@ class ReplayBuffer:
         atomic_torch_save(self.state_dict(), path)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, storage_dir: str | os.PathLike | None = None, seed: int | None = None,
-             ) -> "ReplayBuffer":
+    def load(
+        cls,
+        path: str | os.PathLike,
+        storage_dir: str | os.PathLike | None = None,
+        seed: int | None = None,
+    ) -> ReplayBuffer:
         """Build a buffer from a file written by :meth:`save` (same capacity, streams,
         prioritization, alpha and beta; RNG state restored)."""
         state = torch.load(path, map_location="cpu", weights_only=True)

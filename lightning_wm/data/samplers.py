@@ -68,8 +68,13 @@ class Sampler(ABC):
         return out
 
     @staticmethod
-    def _rows(buffer: ReplayBuffer, out: dict[str, Any], stream: np.ndarray, slot: np.ndarray,
-              generation: np.ndarray | None = None) -> dict[str, Any]:
+    def _rows(
+        buffer: ReplayBuffer,
+        out: dict[str, Any],
+        stream: np.ndarray,
+        slot: np.ndarray,
+        generation: np.ndarray | None = None,
+    ) -> dict[str, Any]:
         """Add ``row_index`` / ``row_generation`` of rows ``(stream [B, 1], slot [B, L])`` (their
         generations looked up unless given)."""
         out["row_index"] = torch.from_numpy(stream * buffer.cap_per_stream + slot)
@@ -129,8 +134,11 @@ class SequenceSampler(Sampler):
 
         what = f"sequences of length {L} without a reset (is_first) inside"
         ends = round(self.terminal_fraction * batch_size) if self.terminal_fraction > 0 else 0
-        stream, start = buffer.draw(batch_size - ends, span=L, accept=accept, what=what) if ends < batch_size else (
-            np.zeros(0, np.int64), np.zeros(0, np.int64))
+        stream, start = (
+            buffer.draw(batch_size - ends, span=L, accept=accept, what=what)
+            if ends < batch_size
+            else (np.zeros(0, np.int64), np.zeros(0, np.int64))
+        )
         if ends:
             stream, start = self._add_terminal_windows(buffer, ends, accept, what, stream, start)
         slot = (start[:, None] + np.arange(L)) % cap
@@ -138,8 +146,9 @@ class SequenceSampler(Sampler):
         self._rows(buffer, out, stream[:, None], slot)
         return self._position(buffer, out, stream, start)
 
-    def _add_terminal_windows(self, buffer: ReplayBuffer, n: int, accept: Any, what: str, stream: np.ndarray,
-                              start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _add_terminal_windows(
+        self, buffer: ReplayBuffer, n: int, accept: Any, what: str, stream: np.ndarray, start: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         """``(stream, start)`` with ``n`` more windows holding an ``is_terminal`` row (ordinary
         ones while the buffer holds none)."""
         L, cap = self.length, buffer.cap_per_stream
@@ -180,8 +189,9 @@ class WindowSampler(Sampler):
 
     def __init__(self, num_unroll_steps: int = 5, td_steps: int = 5, history: int = 0) -> None:
         if num_unroll_steps < 0 or td_steps < 0 or history < 0:
-            raise ValueError(f"num_unroll_steps, td_steps and history must be >= 0, got {num_unroll_steps}, "
-                             f"{td_steps}, {history}")
+            raise ValueError(
+                f"num_unroll_steps, td_steps and history must be >= 0, got {num_unroll_steps}, {td_steps}, {history}"
+            )
         self.num_unroll_steps, self.td_steps, self.history = int(num_unroll_steps), int(td_steps), int(history)
 
     @property
@@ -193,26 +203,27 @@ class WindowSampler(Sampler):
         W, h, cap = self.window, self.history, buffer.cap_per_stream
         why = "WindowSampler"
         stream, start = buffer.draw(
-            batch_size, accept=lambda s, t: ~_flag(buffer, "is_last", s, t, why),
+            batch_size,
+            accept=lambda s, t: ~_flag(buffer, "is_last", s, t, why),
             what="window positions (rows that are not an episode's last row)",
         )
         slot = (start[:, None] + np.arange(-h, W)) % cap
         rows = stream[:, None]
         generation = buffer.generation(rows, slot)
         # written in time order relative to the position, not overwritten
-        ok = (generation == generation[:, h:h + 1] + np.arange(-h, W)) & (generation >= 0)
+        ok = (generation == generation[:, h : h + 1] + np.arange(-h, W)) & (generation >= 0)
         is_last = _flag(buffer, "is_last", rows, slot, why)
         is_first = _flag(buffer, "is_first", rows, slot, why) if "is_first" in buffer else None
         forward = ok[:, h:]
         forward[:, 1:] &= ~is_last[:, h:-1]  # the episode ended before
         if is_first is not None:  # a new episode began (a restart without a last row)
-            forward[:, 1:] &= ~is_first[:, h + 1:]
+            forward[:, 1:] &= ~is_first[:, h + 1 :]
         mask = np.empty_like(ok)
         mask[:, h:] = np.logical_and.accumulate(forward, axis=1)
         if h:
             back = ok[:, :h] & ~is_last[:, :h]  # a last row before t ends an earlier episode
             if is_first is not None:  # row j is in t's episode only if no episode began after it
-                back &= ~is_first[:, 1:h + 1]
+                back &= ~is_first[:, 1 : h + 1]
             mask[:, :h] = np.logical_and.accumulate(back[:, ::-1], axis=1)[:, ::-1]
         out = buffer.gather(rows, slot)
         out["mask"] = torch.from_numpy(mask)
@@ -231,8 +242,12 @@ class TransitionSampler(Sampler):
 
     def sample(self, buffer: ReplayBuffer, batch_size: int) -> dict[str, Any]:
         why = "TransitionSampler"
-        stream, slot = buffer.draw(batch_size, span=2, accept=lambda s, t: ~_flag(buffer, "is_last", s, t, why),
-                                   what="transitions (rows that are not an episode's last row)")
+        stream, slot = buffer.draw(
+            batch_size,
+            span=2,
+            accept=lambda s, t: ~_flag(buffer, "is_last", s, t, why),
+            what="transitions (rows that are not an episode's last row)",
+        )
         out = buffer.gather(stream, slot)
         after = buffer.gather(stream, (slot + 1) % buffer.cap_per_stream, keys=self._NEXT)
         missing = [k for k in self._NEXT if k not in after]
@@ -262,16 +277,20 @@ class MixedSampler:
         n_real = B
         if imagined is not None and self.sampler.can_sample(imagined):
             n_real = round(self.real_ratio * B)
-        parts = [(self.sampler.sample(buf, n), flag, buf.prioritized)
-                 for buf, n, flag in ((real, n_real, True), (imagined, B - n_real, False)) if n > 0]
+        parts = [
+            (self.sampler.sample(buf, n), flag, buf.prioritized)
+            for buf, n, flag in ((real, n_real, True), (imagined, B - n_real, False))
+            if n > 0
+        ]
         if any(p[2] for p in parts):
             for batch, _, prioritized in parts:
                 if not prioritized:
                     batch["weight"] = torch.ones(len(batch["index"]))
         if len(parts) == 2 and set(parts[0][0]) != set(parts[1][0]):
             a, b = set(parts[0][0]), set(parts[1][0])
-            raise ValueError(f"real and imagined batches differ in keys: only real {sorted(a - b)}, "
-                             f"only imagined {sorted(b - a)}")
+            raise ValueError(
+                f"real and imagined batches differ in keys: only real {sorted(a - b)}, only imagined {sorted(b - a)}"
+            )
         batches = [p[0] for p in parts]
         out = batches[0] if len(batches) == 1 else tree_map(lambda *xs: torch.cat(xs), batches[0], *batches[1:])
         out["is_real"] = torch.cat([torch.full((len(p[0]["index"]),), p[1]) for p in parts])

@@ -13,6 +13,7 @@ again zero-padded; the last level has ``branching`` entries whose sum is the tot
 Parents are always recomputed as the sum of their children (never updated by adding a
 delta), so the sums do not drift however many updates are made.
 """
+
 from __future__ import annotations
 
 import numpy as np

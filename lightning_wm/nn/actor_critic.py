@@ -103,8 +103,14 @@ class GaussianHead(nn.Module):
 
     behaviour_keys = ("mu", "sigma")
 
-    def __init__(self, in_dim: int, space: gym.spaces.Box, sigma_type: str = "independent",
-                 bound_type: str | None = None, init_sigma: float = 1.0) -> None:
+    def __init__(
+        self,
+        in_dim: int,
+        space: gym.spaces.Box,
+        sigma_type: str = "independent",
+        bound_type: str | None = None,
+        init_sigma: float = 1.0,
+    ) -> None:
         super().__init__()
         if sigma_type not in ("independent", "conditioned"):
             raise ValueError(f"sigma_type must be 'independent' or 'conditioned', got {sigma_type!r}")
@@ -116,8 +122,10 @@ class GaussianHead(nn.Module):
         high = np.asarray(space.high, np.float32).reshape(-1)
         finite = np.isfinite(low) & np.isfinite(high)
         if finite.any() and not finite.all():
-            raise ValueError("continuous actions need bounds in every dimension or in none; "
-                             f"got low {low.tolist()}, high {high.tolist()}")
+            raise ValueError(
+                "continuous actions need bounds in every dimension or in none; "
+                f"got low {low.tolist()}, high {high.tolist()}"
+            )
         self.bounded = bool(finite.all())
         dim = low.shape[0]
         self.register_buffer("low", torch.from_numpy(low if self.bounded else np.full(dim, -1, np.float32)))
@@ -201,8 +209,12 @@ def impala_deep_stack(in_channels: int, channels: tuple[int, ...] = (16, 32, 32)
     residual blocks; a final ReLU. ``[N, C, H, W]`` -> ``[N, channels[-1], H/8, W/8]`` (rounded up)."""
     layers: list[nn.Module] = []
     for out in channels:
-        layers += [nn.Conv2d(in_channels, out, 3, padding=1), nn.MaxPool2d(3, 2, padding=1),
-                   ResidualBlock(out), ResidualBlock(out)]
+        layers += [
+            nn.Conv2d(in_channels, out, 3, padding=1),
+            nn.MaxPool2d(3, 2, padding=1),
+            ResidualBlock(out),
+            ResidualBlock(out),
+        ]
         in_channels = out
     layers.append(nn.ReLU())
     return nn.Sequential(*layers)
@@ -216,8 +228,13 @@ def impala_shallow_stack(in_channels: int) -> nn.Sequential:
 class FrameEncoder(nn.Module):
     """``uint8 [N, H, W, C]`` frames -> ``[N, fc_size]``: a conv stack, flatten, linear, ReLU."""
 
-    def __init__(self, shape: tuple[int, int, int], conv: str = "deep", channels: tuple[int, ...] = (16, 32, 32),
-                 fc_size: int = 256) -> None:
+    def __init__(
+        self,
+        shape: tuple[int, int, int],
+        conv: str = "deep",
+        channels: tuple[int, ...] = (16, 32, 32),
+        fc_size: int = 256,
+    ) -> None:
         super().__init__()
         h, w, c = shape
         if conv == "deep":
@@ -241,8 +258,16 @@ class ObservationEncoder(nn.Module):
     [H, W, C]``) through :class:`FrameEncoder`, float arrays flattened through an MLP; the
     embeddings concatenated. ``obs [N, ...]`` (or a dict of them) -> ``[N, out_dim]``."""
 
-    def __init__(self, spec: EnvSpec, hidden_size: int, hidden_layers: int, act: str, conv: str,
-                 conv_channels: tuple[int, ...], fc_size: int) -> None:
+    def __init__(
+        self,
+        spec: EnvSpec,
+        hidden_size: int,
+        hidden_layers: int,
+        act: str,
+        conv: str,
+        conv_channels: tuple[int, ...],
+        fc_size: int,
+    ) -> None:
         super().__init__()
         self.is_dict = spec.is_dict
         self.parts = nn.ModuleDict()
@@ -280,11 +305,15 @@ def encoder_out_dim(encoder: nn.Module, spec: EnvSpec) -> int:
         try:
             out = encoder(obs)
         except Exception as err:  # noqa: BLE001 - one message naming the encoder
-            raise ValueError(f"the IMPALA encoder {type(encoder).__name__} failed on a zero observation "
-                             f"{ {k: tuple(v.shape) for k, v in zeros.items()} }: {err}") from err
+            raise ValueError(
+                f"the IMPALA encoder {type(encoder).__name__} failed on a zero observation "
+                f"{ {k: tuple(v.shape) for k, v in zeros.items()} }: {err}"
+            ) from err
     if not isinstance(out, Tensor) or out.dim() < 2 or out.shape[0] != 1:
-        raise ValueError(f"the IMPALA encoder {type(encoder).__name__} must map observations [N, ...] to features "
-                         f"[N, ...]; it returned {type(out).__name__} {getattr(out, 'shape', '')}")
+        raise ValueError(
+            f"the IMPALA encoder {type(encoder).__name__} must map observations [N, ...] to features "
+            f"[N, ...]; it returned {type(out).__name__} {getattr(out, 'shape', '')}"
+        )
     return int(out[0].numel())
 
 
@@ -325,12 +354,14 @@ class ActorCritic(nn.Module):
     ) -> None:
         super().__init__()
         if not isinstance(spec.action_space, (gym.spaces.Discrete, gym.spaces.Box)):
-            raise ValueError(f"IMPALA supports Discrete and Box action spaces; {spec.env_id or 'this env'} has "
-                             f"{spec.action_space}")
+            raise ValueError(
+                f"IMPALA supports Discrete and Box action spaces; {spec.env_id or 'this env'} has {spec.action_space}"
+            )
         self.spec = spec
         if encoder is None:
-            self.encoder: nn.Module = ObservationEncoder(spec, hidden_size, hidden_layers, activation, conv,
-                                                         tuple(conv_channels), fc_size)
+            self.encoder: nn.Module = ObservationEncoder(
+                spec, hidden_size, hidden_layers, activation, conv, tuple(conv_channels), fc_size
+            )
             feat = self.encoder.out_dim
         else:
             self.encoder = encoder
@@ -354,8 +385,9 @@ class ActorCritic(nn.Module):
         zeros = torch.zeros(batch_size, self.lstm_size, device=device)
         return zeros, zeros.clone()
 
-    def unroll(self, obs: Obs, is_first: Tensor, state: CoreState = None
-               ) -> tuple[dict[str, Tensor], Tensor, CoreState]:
+    def unroll(
+        self, obs: Obs, is_first: Tensor, state: CoreState = None
+    ) -> tuple[dict[str, Tensor], Tensor, CoreState]:
         """Run the net over time-major ``obs [T, B, ...]`` from ``state`` (zeros if None);
         the core restarts from zeros where ``is_first [T, B]``.
 

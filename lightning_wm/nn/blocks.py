@@ -92,9 +92,13 @@ class MLP(nn.Sequential):
         of a search loop that machinery is most of the cost (MuZero's CartPole network: 300 -> 268
         us per recurrent step). Where any hook is registered on a layer or globally, the layers
         are called as modules, so hooks always run."""
-        if _module._global_forward_hooks or _module._global_forward_pre_hooks or _module._global_backward_hooks \
-                or _module._global_backward_pre_hooks or any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
-                                                             or m._backward_pre_hooks for m in self):
+        if (
+            _module._global_forward_hooks
+            or _module._global_forward_pre_hooks
+            or _module._global_backward_hooks
+            or _module._global_backward_pre_hooks
+            or any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks for m in self)
+        ):
             return super().forward(x)
         for m in self:
             kind = type(m)

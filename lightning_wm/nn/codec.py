@@ -8,7 +8,7 @@ reconstruction losses summed. A plain Box is one part, and observations stay pla
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import gymnasium as gym
 import torch
@@ -32,8 +32,17 @@ class ObservationCodec(nn.Module):
         symlog: encode and reconstruct vectors in symlog space.
     """
 
-    def __init__(self, space: gym.Space, feat_dim: int, hidden: int, layers: int, act: str, norm: bool,
-                 cnn_depth: int, symlog: bool) -> None:
+    def __init__(
+        self,
+        space: gym.Space,
+        feat_dim: int,
+        hidden: int,
+        layers: int,
+        act: str,
+        norm: bool,
+        cnn_depth: int,
+        symlog: bool,
+    ) -> None:
         super().__init__()
         self.is_dict = isinstance(space, gym.spaces.Dict)
         spaces = dict(space.spaces) if self.is_dict else {"obs": space}
@@ -52,8 +61,10 @@ class ObservationCodec(nn.Module):
                 self.encoders[key] = MLP(part.shape[0], None, hidden, layers, act, norm)
                 self.decoders[key] = MLP(feat_dim, part.shape[0], hidden, layers, act, norm)
             else:
-                raise ValueError(f"observation {key!r} of shape {part.shape}: supported are float vectors [D] "
-                                 "and uint8 images [64, 64, C]")
+                raise ValueError(
+                    f"observation {key!r} of shape {part.shape}: supported are float vectors [D] "
+                    "and uint8 images [64, 64, C]"
+                )
         self.embed_dim = sum(enc.out_dim for enc in self.encoders.values())
 
     @property
@@ -120,4 +131,3 @@ class ObservationCodec(nn.Module):
         if not self.images:
             return None
         return obs[self.images[0]] if self.is_dict else obs
-

@@ -65,16 +65,22 @@ class ActorDistribution:
         return sample(mean, std)[0]
 
 
-def initial_acting_state(wm: DreamerWorldModel, actions: ActionCodec, batch_size: int,
-                         device: torch.device) -> State:
+def initial_acting_state(wm: DreamerWorldModel, actions: ActionCodec, batch_size: int, device: torch.device) -> State:
     """The state before an episode's first observation: zeros ``{"h", "z", "action"}``."""
     state = wm.zero_state(batch_size, device)
     state["action"] = actions.zeros(batch_size, device)
     return state
 
 
-def filter_and_act(wm: DreamerWorldModel, actor: nn.Module, distribution: ActorDistribution, actions: ActionCodec,
-                   obs: Obs, state: State, explore: bool) -> tuple[Tensor, State, dict[str, Tensor]]:
+def filter_and_act(
+    wm: DreamerWorldModel,
+    actor: nn.Module,
+    distribution: ActorDistribution,
+    actions: ActionCodec,
+    obs: Obs,
+    state: State,
+    explore: bool,
+) -> tuple[Tensor, State, dict[str, Tensor]]:
     """One acting step: filter ``obs [B, ...]`` into the posterior after ``state`` (whose
     ``"action"`` is the previous action), act on its features, return ``(env action, state, {})``."""
     post = wm.obs_step(state, state["action"], wm.encode(obs))
@@ -86,8 +92,14 @@ class DreamerPolicy(nn.Module):
     """Dreamer's acting copy (:meth:`Dreamer.acting_copy`): the world model's encoders and RSSM
     posterior path, the actor and the action codec; acts exactly like :meth:`Dreamer.act`."""
 
-    def __init__(self, wm: DreamerWorldModel, actor: nn.Module, actions: ActionCodec,
-                 distribution: ActorDistribution, eval_policy: str = "mode") -> None:
+    def __init__(
+        self,
+        wm: DreamerWorldModel,
+        actor: nn.Module,
+        actions: ActionCodec,
+        distribution: ActorDistribution,
+        eval_policy: str = "mode",
+    ) -> None:
         super().__init__()
         self.wm, self.actor, self.actions, self.distribution = wm, actor, actions, distribution
         self.eval_policy = eval_policy
@@ -259,13 +271,31 @@ class Dreamer(RLModule):
         if horizon_schedule is not None:
             start, min_horizon, end = (int(v) for v in horizon_schedule)
             if not (1 <= min_horizon <= horizon and 0 <= start <= end):
-                raise ValueError(f"horizon_schedule [start_step, min_horizon, end_step] needs 1 <= min_horizon <= "
-                                 f"horizon ({horizon}) and 0 <= start_step <= end_step; got {list(horizon_schedule)}")
-            self.horizon_schedule = RolloutLengthScheduler(rollout_start_step=start, rollout_end_step=end,
-                                                           rollout_length_min=min_horizon, rollout_length_max=horizon)
+                raise ValueError(
+                    f"horizon_schedule [start_step, min_horizon, end_step] needs 1 <= min_horizon <= "
+                    f"horizon ({horizon}) and 0 <= start_step <= end_step; got {list(horizon_schedule)}"
+                )
+            self.horizon_schedule = RolloutLengthScheduler(
+                rollout_start_step=start,
+                rollout_end_step=end,
+                rollout_length_min=min_horizon,
+                rollout_length_max=horizon,
+            )
 
         self.wm = DreamerWorldModel(
-            env_spec, deter, stoch, classes, hidden, layers, latent, act, norm, unimix, symlog_obs, twohot, bins,
+            env_spec,
+            deter,
+            stoch,
+            classes,
+            hidden,
+            layers,
+            latent,
+            act,
+            norm,
+            unimix,
+            symlog_obs,
+            twohot,
+            bins,
             cnn_depth,
         )
         feat, A = self.wm.feat_dim, env_spec.action_dim
@@ -315,14 +345,19 @@ class Dreamer(RLModule):
         explore = explore or self.hparams.get("eval_policy", "mode") == "sample"
         return filter_and_act(self.wm, self.actor, self.actor_distribution, self.actions, obs, state, explore)
 
-    def acting_copy(self) -> "DreamerPolicy":
+    def acting_copy(self) -> DreamerPolicy:
         """What actor processes need: the encoders and the RSSM's posterior path, the actor and
         the action codec (no decoders, heads, critics or optimizer state), on the CPU, frozen."""
         actor = copy.deepcopy(self.actor)
         for module in actor.modules():
             module._compiled_call_impl = None  # a torch.compile wrapper bound to self.actor
-        policy = DreamerPolicy(self.wm.acting_copy(), actor, copy.deepcopy(self.actions), self.actor_distribution,
-                               self.hparams.get("eval_policy", "mode"))
+        policy = DreamerPolicy(
+            self.wm.acting_copy(),
+            actor,
+            copy.deepcopy(self.actions),
+            self.actor_distribution,
+            self.hparams.get("eval_policy", "mode"),
+        )
         return policy.cpu().eval().requires_grad_(False)
 
     # -- training ------------------------------------------------------------------------------
@@ -496,8 +531,9 @@ class Dreamer(RLModule):
         def rows(key: str) -> Tensor:
             return batch[key].transpose(0, 1)
 
-        targets, mask = replay_lambda_return(rows("reward").float(), value, rows("is_first"), rows("is_last"),
-                                             rows("is_terminal"), hp.gamma, hp.lambda_)
+        targets, mask = replay_lambda_return(
+            rows("reward").float(), value, rows("is_first"), rows("is_last"), rows("is_terminal"), hp.gamma, hp.lambda_
+        )
         return (mask.to(targets.dtype) * self.wm.head_loss(critic_out[:-1], targets)).mean()
 
     def losses(self, batch: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
@@ -533,8 +569,11 @@ class Dreamer(RLModule):
         """
         hp = self.hparams
         norms = {}
-        for name, module, clip in (("model", self.wm, hp.clip_model), ("actor", self.actor, hp.clip_actor),
-                                   ("critic", self.critic, hp.clip_critic)):
+        for name, module, clip in (
+            ("model", self.wm, hp.clip_model),
+            ("actor", self.actor, hp.clip_actor),
+            ("critic", self.critic, hp.clip_critic),
+        ):
             norms[f"grad_norm/{name}"] = torch.nn.utils.clip_grad_norm_(module.parameters(), clip)
         opt_model, opt_actor, opt_critic = optimizers
         factor = lr_factor(self.global_step, 0, hp.get("lr_anneal_steps"))
@@ -622,6 +661,7 @@ class Dreamer(RLModule):
             log_image(self, "val/openloop", openloop_curves(real[0], pred[0], context), dataformats="HWC")
             return
         real, pred = self.wm.codec.image(real), self.wm.codec.image(pred)
-        log_image(self, "val/openloop", openloop_grid(real[:, : context + 24], pred[:, : context + 24]),
-                  dataformats="HWC")
+        log_image(
+            self, "val/openloop", openloop_grid(real[:, : context + 24], pred[:, : context + 24]), dataformats="HWC"
+        )
         log_gif(self, "openloop", openloop_frames(real, pred, context))

@@ -4,7 +4,8 @@ MuZero, ...) trains inside it by config and is validated in the real env (``eval
 
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import torch
 
@@ -53,14 +54,26 @@ def dream_from_checkpoint(
     model = load_module(Dreamer, dreamer_ckpt, env_spec=spec).wm
     store = EpisodeStore(episodes)
     if not store.paths():
-        raise FileNotFoundError(f"dream start store {episodes!r} holds no episodes; record some of {config.id} first "
-                                "(python main.py record ...)")
+        raise FileNotFoundError(
+            f"dream start store {episodes!r} holds no episodes; record some of {config.id} first "
+            "(python main.py record ...)"
+        )
     with torch.random.fork_rng(devices=[]):  # the posterior's samples: the same bank in every process
         torch.manual_seed(0)
         bank = start_states(model, store.episodes(), where=starts, max_starts=max_starts, seed=0)
-    return DreamEnv(model, spec.action_space, bank, num_envs=num_envs, max_episode_steps=max_episode_steps,
-                    done_mode=done_mode, done_threshold=done_threshold, reward=reward, observation="decoded",
-                    seed=seed, render_mode=render_mode)
+    return DreamEnv(
+        model,
+        spec.action_space,
+        bank,
+        num_envs=num_envs,
+        max_episode_steps=max_episode_steps,
+        done_mode=done_mode,
+        done_threshold=done_threshold,
+        reward=reward,
+        observation="decoded",
+        seed=seed,
+        render_mode=render_mode,
+    )
 
 
 def make_dream_env(**kwargs: Any) -> DreamSingleEnv:

@@ -8,8 +8,9 @@ import torch
 from torch import Tensor
 
 
-def openloop_curves(real: Tensor, pred: Tensor, context: int, max_dims: int = 8, height: int = 60,
-                    step_px: int = 6) -> np.ndarray:
+def openloop_curves(
+    real: Tensor, pred: Tensor, context: int, max_dims: int = 8, height: int = 60, step_px: int = 6
+) -> np.ndarray:
     """Vector observations ``[T, D]`` (real and model) -> a uint8 RGB plot ``[P*height, T*step_px, 3]``:
     one panel per dimension (the first ``max_dims``), the real values in white and the model's
     in red, each panel scaled to its own range; a grey line where the model stops filtering

@@ -130,8 +130,9 @@ class DreamerWorldModel(nn.Module, WorldModel):
         self.act_fn = activation(act)()
 
         # encoder / decoder chosen from the observation space (one part per key of a dict)
-        self.codec = ObservationCodec(spec.observation_space, self.feat_dim, hidden, layers, act, norm, cnn_depth,
-                                      symlog_obs)
+        self.codec = ObservationCodec(
+            spec.observation_space, self.feat_dim, hidden, layers, act, norm, cnn_depth, symlog_obs
+        )
         self.pixels = self.codec.has_image
         self.embed_dim = embed_dim = self.codec.embed_dim
 
@@ -266,8 +267,9 @@ class DreamerWorldModel(nn.Module, WorldModel):
         stats = self._stats(self._posterior(h, self.post_e(embed)))
         return {"h": h, **self._sample(stats, None, mode)}
 
-    def img_step(self, state: State, action: Tensor, mode: bool = False,
-                 generator: torch.Generator | None = None) -> State:
+    def img_step(
+        self, state: State, action: Tensor, mode: bool = False, generator: torch.Generator | None = None
+    ) -> State:
         """Imagine one step with the prior: ``state``, ``action [B, A]`` -> next state (the
         sample's randomness from ``generator`` when given)."""
         h = self._recurrent(state, self.img_in_a(action))
@@ -321,17 +323,22 @@ class DreamerWorldModel(nn.Module, WorldModel):
     def zero_state(self, batch_size: int, device: torch.device | None = None) -> State:
         """The initial (reset) state: zeros ``{"h": [B, D], "z": [B, S]}``."""
         device = device if device is not None else self.bins.device
-        return {"h": torch.zeros(batch_size, self.deter, device=device),
-                "z": torch.zeros(batch_size, self.stoch_dim, device=device)}
+        return {
+            "h": torch.zeros(batch_size, self.deter, device=device),
+            "z": torch.zeros(batch_size, self.stoch_dim, device=device),
+        }
 
     def initial_state(self, obs: Tensor) -> State:
         """Posterior state after the first observation ``obs [B, ...]`` of an episode."""
         leaf = first_leaf(obs)
         zero = self.zero_state(leaf.shape[0], leaf.device)
-        return self.obs_step(zero, leaf.new_zeros(leaf.shape[0], self.action_dim, dtype=torch.float32), self.encode(obs))
+        return self.obs_step(
+            zero, leaf.new_zeros(leaf.shape[0], self.action_dim, dtype=torch.float32), self.encode(obs)
+        )
 
-    def step(self, state: State, action: Tensor,
-             generator: torch.Generator | None = None) -> tuple[Tensor, State, Tensor]:
+    def step(
+        self, state: State, action: Tensor, generator: torch.Generator | None = None
+    ) -> tuple[Tensor, State, Tensor]:
         """Prior step; returns ``(reward [B], next_state, termination probability [B])``."""
         nxt = self.img_step(state, action, generator=generator)
         reward = self.head_mean(self.first_layer(self.reward_head, nxt))
@@ -363,16 +370,22 @@ class DreamerWorldModel(nn.Module, WorldModel):
         def tensor(x: Any) -> Tensor:
             return torch.as_tensor(x.copy() if hasattr(x, "copy") else x, device=device)
 
-        obs = {k: tensor(v)[None] for k, v in episode["obs"].items()} if isinstance(episode["obs"], dict) \
+        obs = (
+            {k: tensor(v)[None] for k, v in episode["obs"].items()}
+            if isinstance(episode["obs"], dict)
             else tensor(episode["obs"])[None]
+        )
         action = self.actions.encode(tensor(episode["action"]))[None]
         length = action.shape[1]
-        is_first = tensor(episode["is_first"]).bool()[None] if "is_first" in episode \
+        is_first = (
+            tensor(episode["is_first"]).bool()[None]
+            if "is_first" in episode
             else torch.zeros(1, length, dtype=torch.bool, device=device)
+        )
         out = self.observe(self.encode(obs), action, is_first)
         return {k: out[k][0] for k in ("h", "z", "idx") if k in out}
 
-    def acting_copy(self) -> "DreamerWorldModel":
+    def acting_copy(self) -> DreamerWorldModel:
         """A copy with only what filtering real observations needs (the encoders and the RSSM's
         posterior path): the decoders, the prior and the reward/continue heads are left out
         (``None``), and ``torch.compile`` wrappers (bound to this instance) are dropped."""

@@ -14,5 +14,13 @@ from lightning_wm.agents.muzero.model import MuZeroModel, scale_hidden
 from lightning_wm.agents.muzero.representation import MuZeroRepresentation
 from lightning_wm.agents.muzero.targets import UnrollTargets, muzero_targets
 
-__all__ = ["MuZero", "MuZeroPolicy", "SearchSettings", "MuZeroModel", "MuZeroRepresentation", "scale_hidden",
-           "UnrollTargets", "muzero_targets"]
+__all__ = [
+    "MuZero",
+    "MuZeroPolicy",
+    "SearchSettings",
+    "MuZeroModel",
+    "MuZeroRepresentation",
+    "scale_hidden",
+    "UnrollTargets",
+    "muzero_targets",
+]

@@ -9,7 +9,6 @@ position (``h = frame_stack - 1`` history rows before it), ``A`` actions.
 from __future__ import annotations
 
 import copy
-import math
 import warnings
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
@@ -27,8 +26,17 @@ from lightning_wm.nn.blocks import scale_gradient, soft_update
 from lightning_wm.optim import with_lr_schedule
 from lightning_wm.search import SearchOutput, TemperatureSchedule, mcts
 
-__all__ = ["MuZero", "MuZeroPolicy", "SearchSettings", "LossSettings", "unroll_losses", "unroll_step_weight",
-           "push_frame", "window_stacks", "reanalyze_td_steps"]
+__all__ = [
+    "MuZero",
+    "MuZeroPolicy",
+    "SearchSettings",
+    "LossSettings",
+    "unroll_losses",
+    "unroll_step_weight",
+    "push_frame",
+    "window_stacks",
+    "reanalyze_td_steps",
+]
 
 
 # -- frame stacks --------------------------------------------------------------------------------
@@ -62,8 +70,14 @@ class SearchSettings:
     compile: bool = False
 
 
-def search(model: MuZeroModel, settings: SearchSettings, obs: Tensor, explore: bool, temperature: float = 1.0,
-           legal_actions_mask: Tensor | None = None) -> SearchOutput:
+def search(
+    model: MuZeroModel,
+    settings: SearchSettings,
+    obs: Tensor,
+    explore: bool,
+    temperature: float = 1.0,
+    legal_actions_mask: Tensor | None = None,
+) -> SearchOutput:
     """One batched search from observations ``obs [B, *obs_shape]`` with ``model`` in eval mode
     (BatchNorm statistics), no gradients."""
     was_training = model.training
@@ -71,8 +85,16 @@ def search(model: MuZeroModel, settings: SearchSettings, obs: Tensor, explore: b
     try:
         with torch.no_grad():
             root = model.initial_inference(obs)
-            return mcts(model.recurrent_fn, root["state"], root["policy_logits"], root["value"], explore=explore,
-                        temperature=temperature, legal_actions_mask=legal_actions_mask, **asdict(settings))
+            return mcts(
+                model.recurrent_fn,
+                root["state"],
+                root["policy_logits"],
+                root["value"],
+                explore=explore,
+                temperature=temperature,
+                legal_actions_mask=legal_actions_mask,
+                **asdict(settings),
+            )
     finally:
         model.train(was_training)
 
@@ -98,8 +120,12 @@ class SearchStats:
 
     def means(self) -> dict[str, float]:
         n = max(1, self.count)
-        return {"search/root_value": self.root_value / n, "search/visit_entropy": self.entropy / n,
-                "search/depth": self.depth / n, "search/max_depth": float(self.max_depth)}
+        return {
+            "search/root_value": self.root_value / n,
+            "search/visit_entropy": self.entropy / n,
+            "search/depth": self.depth / n,
+            "search/max_depth": float(self.max_depth),
+        }
 
 
 class MuZeroPolicy(nn.Module):
@@ -139,9 +165,15 @@ def initial_frames(model: MuZeroModel, batch_size: int, device: torch.device) ->
     return torch.zeros(batch_size, *model.obs_shape, dtype=torch.uint8, device=device)
 
 
-def act_with_search(model: MuZeroModel, settings: SearchSettings, temperature: float, obs: Tensor,
-                    state: Tensor | None, explore: bool,
-                    stats: SearchStats | None = None) -> tuple[Tensor, Any, dict[str, Tensor]]:
+def act_with_search(
+    model: MuZeroModel,
+    settings: SearchSettings,
+    temperature: float,
+    obs: Tensor,
+    state: Tensor | None,
+    explore: bool,
+    stats: SearchStats | None = None,
+) -> tuple[Tensor, Any, dict[str, Tensor]]:
     """The one acting step of :class:`MuZero` and :class:`MuZeroPolicy`: ``(action [B], state,
     {"root_value": [B], "visit_probs": [B, A]})``; search statistics of exploring steps go to ``stats``."""
     if model.frame_stack > 1:
@@ -198,8 +230,9 @@ def unroll_step_weight(num_unroll_steps: int, rule: str) -> Tensor:
     raise ValueError(f"unroll_step_weights must be 'pseudocode' or 'equal', got {rule!r}")
 
 
-def unroll_losses(model: MuZeroModel, obs: Tensor, t: UnrollTargets, valid: Tensor,
-                  settings: LossSettings) -> tuple[dict[str, Tensor], Tensor]:
+def unroll_losses(
+    model: MuZeroModel, obs: Tensor, t: UnrollTargets, valid: Tensor, settings: LossSettings
+) -> tuple[dict[str, Tensor], Tensor]:
     """Per-sample losses ``{name: [B]}`` of the K-step unroll of ``model`` from ``obs [B, W, ...]``
     (row 0 the position; rows ``1..K`` for latent consistency) along ``t.actions`` (steps
     weighted by :func:`unroll_step_weight`; the hidden state's gradient scaled at every step), and the
@@ -223,8 +256,10 @@ def unroll_losses(model: MuZeroModel, obs: Tensor, t: UnrollTargets, valid: Tens
         return (per_step * mask.float() * step_weight).sum(1)
 
     values = torch.stack(value_logits, 1).float()  # [B, K + 1, bins]
-    losses = {"value": settings.value_loss_weight * total(
-        dists.h_twohot_loss(values, t.value, model.value_bins, model.value_eps), t.value_mask)}
+    losses = {
+        "value": settings.value_loss_weight
+        * total(dists.h_twohot_loss(values, t.value, model.value_bins, model.value_eps), t.value_mask)
+    }
     if settings.train_reward_function:
         rewards = torch.stack(reward_logits, 1).float()  # [B, K, bins]
         per_step = dists.h_twohot_loss(rewards, t.reward[:, 1:], model.reward_bins, model.value_eps)
@@ -239,10 +274,12 @@ def unroll_losses(model: MuZeroModel, obs: Tensor, t: UnrollTargets, valid: Tens
     if settings.train_repr_prediction:
         B = obs.shape[0]
         with torch.no_grad():
-            target = model.project(model.representation(obs[:, 1:K + 1].flatten(0, 1))).view(B, K, -1)
+            target = model.project(model.representation(obs[:, 1 : K + 1].flatten(0, 1))).view(B, K, -1)
         predicted = model.predict_projection(torch.stack(states[1:], 1).flatten(0, 1)).view(B, K, -1)
         cosine = F.cosine_similarity(predicted.float(), target.float(), dim=-1)
-        losses["repr"] = settings.repr_loss_weight * total(F.pad(1.0 - cosine, (1, 0)), F.pad(valid[:, 1:K + 1], (1, 0)))
+        losses["repr"] = settings.repr_loss_weight * total(
+            F.pad(1.0 - cosine, (1, 0)), F.pad(valid[:, 1 : K + 1], (1, 0))
+        )
     value0 = model.value(root["value_logits"].detach()).float()
     return losses, value0
 
@@ -409,46 +446,77 @@ class MuZero(RLModule):
         if env_spec is None:
             raise ValueError("MuZero needs env_spec (linked from the datamodule by the CLI)")
         if not env_spec.discrete:
-            raise ValueError(f"MuZero searches over discrete actions; {env_spec.env_id or 'this env'} has "
-                             f"{env_spec.action_space}")
+            raise ValueError(
+                f"MuZero searches over discrete actions; {env_spec.env_id or 'this env'} has {env_spec.action_space}"
+            )
         if env_spec.is_dict:
             raise ValueError("MuZero takes one observation array (float vector or uint8 frames), not a dict")
         if num_unroll_steps < 1:
             raise ValueError(f"num_unroll_steps must be >= 1, got {num_unroll_steps}")
         if td_steps == 0 or td_steps < -1 or reanalyze_td_steps < 1:
-            raise ValueError(f"td_steps must be >= 1 or -1 and reanalyze_td_steps >= 1, got {td_steps}, "
-                             f"{reanalyze_td_steps}")
+            raise ValueError(
+                f"td_steps must be >= 1 or -1 and reanalyze_td_steps >= 1, got {td_steps}, {reanalyze_td_steps}"
+            )
         if not 0.0 <= reanalyze_ratio <= 1.0:
             raise ValueError(f"reanalyze_ratio must be in [0, 1], got {reanalyze_ratio}")
-        if reanalyze_td_steps_schedule is not None and (len(reanalyze_td_steps_schedule) != 2
-                                                        or reanalyze_td_steps_schedule[0] < 1
-                                                        or not 1 <= reanalyze_td_steps_schedule[1] <= reanalyze_td_steps):
-            raise ValueError("reanalyze_td_steps_schedule is [max_age >= 1, min_td_steps in 1..reanalyze_td_steps], "
-                             f"got {reanalyze_td_steps_schedule}")
+        if reanalyze_td_steps_schedule is not None and (
+            len(reanalyze_td_steps_schedule) != 2
+            or reanalyze_td_steps_schedule[0] < 1
+            or not 1 <= reanalyze_td_steps_schedule[1] <= reanalyze_td_steps
+        ):
+            raise ValueError(
+                "reanalyze_td_steps_schedule is [max_age >= 1, min_td_steps in 1..reanalyze_td_steps], "
+                f"got {reanalyze_td_steps_schedule}"
+            )
         if not 0.0 < target_update_tau <= 1.0 or target_update_period < 1:
-            raise ValueError(f"target_update_tau must be in (0, 1] and target_update_period >= 1, got "
-                             f"{target_update_tau}, {target_update_period}")
+            raise ValueError(
+                f"target_update_tau must be in (0, 1] and target_update_period >= 1, got "
+                f"{target_update_tau}, {target_update_period}"
+            )
         if bootstrap_value not in ("target_network", "stored"):
             raise ValueError(f"bootstrap_value must be 'target_network' or 'stored', got {bootstrap_value!r}")
         if lr_warmup_steps < 0 or (lr_anneal_steps is not None and lr_anneal_steps < 1):
-            raise ValueError(f"lr_warmup_steps must be >= 0 and lr_anneal_steps >= 1 or null, got {lr_warmup_steps}, "
-                             f"{lr_anneal_steps}")
+            raise ValueError(
+                f"lr_warmup_steps must be >= 0 and lr_anneal_steps >= 1 or null, got {lr_warmup_steps}, "
+                f"{lr_anneal_steps}"
+            )
         unroll_step_weight(num_unroll_steps, unroll_step_weights)  # a clear error for an unknown rule
         if optimizer not in ("adam", "sgd"):
             raise ValueError(f"optimizer must be 'adam' or 'sgd', got {optimizer!r}")
         self.model = MuZeroModel(
-            env_spec.observation_space, env_spec.action_dim, latent_dim=latent_dim, hidden=hidden, layers=layers,
-            head_hidden=head_hidden, channels=channels, blocks=blocks, frame_stack=frame_stack,
-            support_size=support_size, reward_support_size=reward_support_size, value_eps=value_eps, norm=norm,
-            act=act, game_over_head=train_game_over_function, state_norm=state_norm,
+            env_spec.observation_space,
+            env_spec.action_dim,
+            latent_dim=latent_dim,
+            hidden=hidden,
+            layers=layers,
+            head_hidden=head_hidden,
+            channels=channels,
+            blocks=blocks,
+            frame_stack=frame_stack,
+            support_size=support_size,
+            reward_support_size=reward_support_size,
+            value_eps=value_eps,
+            norm=norm,
+            act=act,
+            game_over_head=train_game_over_function,
+            state_norm=state_norm,
             projection=projection,
         )
         self.target_model = copy.deepcopy(self.model).requires_grad_(False)
         if unvisited_q not in ("zero", "mean"):
             raise ValueError(f"unvisited_q must be 'zero' or 'mean', got {unvisited_q!r}")
-        self.settings = SearchSettings(num_simulations, discount, pb_c_init, pb_c_base, dirichlet_alpha,
-                                       exploration_fraction, gumbel, max_num_considered_actions, unvisited_q,
-                                       compile_search)
+        self.settings = SearchSettings(
+            num_simulations,
+            discount,
+            pb_c_init,
+            pb_c_base,
+            dirichlet_alpha,
+            exploration_fraction,
+            gumbel,
+            max_num_considered_actions,
+            unvisited_q,
+            compile_search,
+        )
         self.temperature = TemperatureSchedule(tuple(temperature_boundaries), tuple(temperature_values))
         self.search_stats = SearchStats()
         self.hp = self.hparams
@@ -460,8 +528,9 @@ class MuZero(RLModule):
 
     @torch.no_grad()
     def act(self, obs: Tensor, state: Tensor | None, explore: bool) -> tuple[Tensor, Any, dict[str, Tensor]]:
-        return act_with_search(self.model, self.settings, self.temperature(self.global_step), obs, state, explore,
-                               self.search_stats)
+        return act_with_search(
+            self.model, self.settings, self.temperature(self.global_step), obs, state, explore, self.search_stats
+        )
 
     def acting_copy(self) -> MuZeroPolicy:
         """A CPU copy of the model with the search settings and the current temperature."""
@@ -484,8 +553,10 @@ class MuZero(RLModule):
         needed = {"obs", "action", "reward", "is_last", "is_terminal", "mask"}
         missing = needed - set(batch)
         if missing:
-            raise ValueError(f"MuZero trains on WindowSampler batches; the batch lacks {sorted(missing)} "
-                             "(set data.init_args.sampler to a WindowSampler)")
+            raise ValueError(
+                f"MuZero trains on WindowSampler batches; the batch lacks {sorted(missing)} "
+                "(set data.init_args.sampler to a WindowSampler)"
+            )
         if "visit_probs" not in batch:  # only random-prefill rows so far: no search has run yet
             batch["visit_probs"] = torch.zeros(*batch["mask"].shape, self.model.num_actions, device=self.device)
             batch["root_value"] = torch.zeros(batch["mask"].shape, device=self.device)
@@ -496,22 +567,29 @@ class MuZero(RLModule):
         rows = hp.num_unroll_steps + 1 + (1 if monte_carlo else td)  # the window rows training reads
 
         def fitting_sampler() -> str:
-            return (f"WindowSampler(num_unroll_steps={hp.num_unroll_steps}, "
-                    f"td_steps={'<episode limit>' if monte_carlo else td}, history={h})")
+            return (
+                f"WindowSampler(num_unroll_steps={hp.num_unroll_steps}, "
+                f"td_steps={'<episode limit>' if monte_carlo else td}, history={h})"
+            )
 
         if not monte_carlo and width > rows and not self._warned_long_window:
             self._warned_long_window = True
-            warnings.warn(f"the sampler's windows ({width} rows after the history) are longer than num_unroll_steps "
-                          f"{hp.num_unroll_steps} and td_steps {td} use ({rows}): the extra "
-                          "rows are sampled and never read (or, if the sampler's history is longer than frame_stack "
-                          f"- 1 = {h}, every row is shifted); use {fitting_sampler()} (the model's td_steps and "
-                          "frame_stack and the sampler's go together)", UserWarning, stacklevel=2)
+            warnings.warn(
+                f"the sampler's windows ({width} rows after the history) are longer than num_unroll_steps "
+                f"{hp.num_unroll_steps} and td_steps {td} use ({rows}): the extra "
+                "rows are sampled and never read (or, if the sampler's history is longer than frame_stack "
+                f"- 1 = {h}, every row is shifted); use {fitting_sampler()} (the model's td_steps and "
+                "frame_stack and the sampler's go together)",
+                UserWarning,
+                stacklevel=2,
+            )
         if width < rows:
             raise ValueError(
                 f"the sampler's windows ({batch['mask'].shape[1]} rows) are too short for num_unroll_steps "
                 f"{hp.num_unroll_steps}, td_steps {hp.td_steps}"
                 + (f", reanalyze_td_steps {hp.reanalyze_td_steps}" if hp.reanalyze_ratio > 0 else "")
-                + f" and frame_stack {hp.frame_stack}: use {fitting_sampler()}")
+                + f" and frame_stack {hp.frame_stack}: use {fitting_sampler()}"
+            )
         return h
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Any]:
@@ -538,8 +616,12 @@ class MuZero(RLModule):
         if boot.any():
             value[rest][boot] = self._target_values(obs[rest][boot])
         targets = muzero_targets(
-            {**fwd, "root_value": value}, num_unroll_steps=K, td_steps=td, discount=hp.discount,
-            policy_after_end=hp.policy_after_end, random_action_after_episode_end=hp.random_action_after_episode_end,
+            {**fwd, "root_value": value},
+            num_unroll_steps=K,
+            td_steps=td,
+            discount=hp.discount,
+            policy_after_end=hp.policy_after_end,
+            random_action_after_episode_end=hp.random_action_after_episode_end,
         )
         losses, value0 = self._unroll_losses(obs, targets, valid)
         weight = batch["weight"].float() if "weight" in batch else None
@@ -587,8 +669,16 @@ class MuZero(RLModule):
         self.target_model.eval()
         return self.target_model.initial_inference(obs)["value"].float()
 
-    def _reanalyse(self, batch: dict[str, Tensor], obs: Tensor, fwd: dict[str, Tensor], value: Tensor, td: Tensor,
-                   count: int, h: int) -> dict[str, Any] | None:
+    def _reanalyse(
+        self,
+        batch: dict[str, Tensor],
+        obs: Tensor,
+        fwd: dict[str, Tensor],
+        value: Tensor,
+        td: Tensor,
+        count: int,
+        h: int,
+    ) -> dict[str, Any] | None:
         """New targets for the first ``count`` samples, in place: ``fwd["visit_probs"]`` and
         ``value`` at the searched rows, ``value`` from the target network at the later rows,
         ``td`` their reanalyse horizon. Returns the buffer write of the searched rows."""
@@ -601,13 +691,15 @@ class MuZero(RLModule):
         acted = valid & ~fwd["is_last"][:count].bool()  # rows where a search decides something
         searched = acted.clone()
         if not hp.full_reanalyze:
-            searched[:, K + 1:] = False
+            searched[:, K + 1 :] = False
         # bootstrap rows without a fresh search value: valued by the target network directly
         later = bootstrap_rows(valid, td[:count], K + 1) & ~searched & ~fwd["is_terminal"][:count].bool()
         if searched.any():
             roots = obs[:count][searched]
-            outs = [search(self.target_model, self.settings, chunk, explore=False)
-                    for chunk in roots.split(hp.reanalyze_batch_size or roots.shape[0])]
+            outs = [
+                search(self.target_model, self.settings, chunk, explore=False)
+                for chunk in roots.split(hp.reanalyze_batch_size or roots.shape[0])
+            ]
             root_value = torch.cat([o.root_value for o in outs]).float()
             probs = torch.cat([o.visit_probs for o in outs]).to(fwd["visit_probs"].dtype)
             value[:count][searched] = root_value
@@ -617,17 +709,35 @@ class MuZero(RLModule):
             value[:count][later] = self._target_values(obs[:count][later])
         if not searched.any():
             return None
-        rows = batch["row_index"][:count, h:h + W][searched]
-        generation = batch["row_generation"][:count, h:h + W][searched]
-        return {"index": rows.cpu(), "generation": generation.cpu(),
-                "columns": {"root_value": root_value.cpu(), "visit_probs": probs.float().cpu()}}
+        rows = batch["row_index"][:count, h : h + W][searched]
+        generation = batch["row_generation"][:count, h : h + W][searched]
+        return {
+            "index": rows.cpu(),
+            "generation": generation.cpu(),
+            "columns": {"root_value": root_value.cpu(), "visit_probs": probs.float().cpu()},
+        }
 
     def _unroll_losses(self, obs: Tensor, t: UnrollTargets, valid: Tensor) -> tuple[dict[str, Tensor], Tensor]:
         hp = self.hp
-        return unroll_losses(self.model, obs, t, valid, LossSettings(
-            hp.recurrent_gradient_scaling_factor, hp.value_loss_weight, hp.reward_loss_weight, hp.policy_loss_weight,
-            hp.game_over_loss_weight, hp.repr_loss_weight, hp.train_reward_function, hp.train_policy,
-            hp.train_game_over_function, hp.train_repr_prediction, hp.unroll_step_weights))
+        return unroll_losses(
+            self.model,
+            obs,
+            t,
+            valid,
+            LossSettings(
+                hp.recurrent_gradient_scaling_factor,
+                hp.value_loss_weight,
+                hp.reward_loss_weight,
+                hp.policy_loss_weight,
+                hp.game_over_loss_weight,
+                hp.repr_loss_weight,
+                hp.train_reward_function,
+                hp.train_policy,
+                hp.train_game_over_function,
+                hp.train_repr_prediction,
+                hp.unroll_step_weights,
+            ),
+        )
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         self.update_target(self.global_step)

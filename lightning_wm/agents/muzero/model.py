@@ -49,8 +49,16 @@ def _norm2d(kind: str, channels: int) -> nn.Module:
     raise ValueError(f"unknown norm {kind!r}; choose 'layer', 'batch' or 'none'")
 
 
-def _mlp(in_dim: int, out_dim: int | None, hidden: int, layers: int, act: str, norm: str,
-         zero_init_output: bool = False, bias: bool | None = None) -> MLP:
+def _mlp(
+    in_dim: int,
+    out_dim: int | None,
+    hidden: int,
+    layers: int,
+    act: str,
+    norm: str,
+    zero_init_output: bool = False,
+    bias: bool | None = None,
+) -> MLP:
     return MLP(in_dim, out_dim, hidden, layers, act, norm, zero_init_output, bias)
 
 
@@ -84,10 +92,16 @@ class ConvRepresentation(nn.Module):
             return [ResidualBlock(c, norm, act) for _ in range(blocks)]
 
         self.net = nn.Sequential(
-            nn.Conv2d(in_channels, half, 3, stride=2, padding=1), activation(act)(), *stage(half),
-            nn.Conv2d(half, channels, 3, stride=2, padding=1), activation(act)(), *stage(channels),
-            nn.AvgPool2d(3, stride=2, padding=1, count_include_pad=False), *stage(channels),
-            nn.AvgPool2d(3, stride=2, padding=1, count_include_pad=False), *stage(channels),
+            nn.Conv2d(in_channels, half, 3, stride=2, padding=1),
+            activation(act)(),
+            *stage(half),
+            nn.Conv2d(half, channels, 3, stride=2, padding=1),
+            activation(act)(),
+            *stage(channels),
+            nn.AvgPool2d(3, stride=2, padding=1, count_include_pad=False),
+            *stage(channels),
+            nn.AvgPool2d(3, stride=2, padding=1, count_include_pad=False),
+            *stage(channels),
         )
 
     def forward(self, x: Tensor) -> Tensor:
@@ -97,8 +111,16 @@ class ConvRepresentation(nn.Module):
 class _ConvHead(nn.Module):
     """Hidden planes ``[N, C, h, w]`` -> ``[N, out]``: 1x1 conv to ``reduced`` channels, flatten, MLP."""
 
-    def __init__(self, channels: int, plane: tuple[int, int], reduced: int, hidden: int, out: int, act: str,
-                 zero_init_output: bool) -> None:
+    def __init__(
+        self,
+        channels: int,
+        plane: tuple[int, int],
+        reduced: int,
+        hidden: int,
+        out: int,
+        act: str,
+        zero_init_output: bool,
+    ) -> None:
         super().__init__()
         self.conv = nn.Conv2d(channels, reduced, 1)
         self.act = activation(act)()
@@ -180,8 +202,9 @@ class MuZeroModel(nn.Module, WorldModel):
             with torch.no_grad():
                 plane = tuple(self.repr_net(torch.zeros(1, c * frame_stack, h, w)).shape[-2:])
             self.state_shape: tuple[int, ...] = (channels, *plane)
-            self.dyn_in = nn.Sequential(nn.Conv2d(channels + num_actions, channels, 3, padding=1, bias=norm == "none"),
-                                        _norm2d(norm, channels))
+            self.dyn_in = nn.Sequential(
+                nn.Conv2d(channels + num_actions, channels, 3, padding=1, bias=norm == "none"), _norm2d(norm, channels)
+            )
             self.dyn_act = activation(act)()
             self.dyn_blocks = nn.Sequential(*[ResidualBlock(channels, norm, act) for _ in range(blocks)])
             self.pred_blocks = nn.Sequential(*[ResidualBlock(channels, norm, act) for _ in range(blocks)])
@@ -205,16 +228,20 @@ class MuZeroModel(nn.Module, WorldModel):
             self.policy_head = _mlp(hidden, num_actions, head_hidden, 1, act, norm, True)
             self.done_head = _mlp(latent_dim, 1, head_hidden, 1, act, norm) if game_over_head else None
         else:
-            raise ValueError(f"MuZeroModel takes float vectors [D] or uint8 frames [H, W, C]; got shape "
-                             f"{observation_space.shape}")
+            raise ValueError(
+                f"MuZeroModel takes float vectors [D] or uint8 frames [H, W, C]; got shape {observation_space.shape}"
+            )
         self.projector: nn.Module | None = None
         self.predictor: nn.Module | None = None
         if projection is not None:
             if len(projection) != 3 or min(projection) < 1:
                 raise ValueError(f"projection is [proj_hid, proj_out, pred_hid], three widths >= 1; got {projection}")
             proj_hid, proj_out, pred_hid = (int(d) for d in projection)
-            self.projector = nn.Sequential(MLP(self.feature_dim, None, proj_hid, 2, act, "batch"),
-                                           nn.Linear(proj_hid, proj_out, bias=False), BatchNormLast(proj_out))
+            self.projector = nn.Sequential(
+                MLP(self.feature_dim, None, proj_hid, 2, act, "batch"),
+                nn.Linear(proj_hid, proj_out, bias=False),
+                BatchNormLast(proj_out),
+            )
             self.predictor = MLP(proj_out, proj_out, pred_hid, 1, act, "batch")
 
     # -- the three functions ---------------------------------------------------------------------
@@ -222,8 +249,9 @@ class MuZeroModel(nn.Module, WorldModel):
         """``h``: observations ``[B, *obs_shape]`` -> hidden state ``[B, *state_shape]`` (in ``[0, 1]``
         with ``state_norm``)."""
         if tuple(obs.shape[1:]) != self.obs_shape:
-            raise ValueError(f"MuZeroModel expects observations [B, {', '.join(map(str, self.obs_shape))}], "
-                             f"got {list(obs.shape)}")
+            raise ValueError(
+                f"MuZeroModel expects observations [B, {', '.join(map(str, self.obs_shape))}], got {list(obs.shape)}"
+            )
         if self.is_image:
             x = obs.float().div(255.0)
             if self.frame_stack > 1:  # [B, K, H, W, C] -> [B, K*C, H, W]
@@ -280,8 +308,12 @@ class MuZeroModel(nn.Module, WorldModel):
         """``obs [B, ...]`` -> ``{"state", "policy_logits", "value_logits", "value"}``."""
         state = self.representation(obs)
         policy_logits, value_logits = self.prediction(state)
-        return {"state": state, "policy_logits": policy_logits, "value_logits": value_logits,
-                "value": self.value(value_logits)}
+        return {
+            "state": state,
+            "policy_logits": policy_logits,
+            "value_logits": value_logits,
+            "value": self.value(value_logits),
+        }
 
     def decode(self, reward_logits: Tensor, value_logits: Tensor) -> tuple[Tensor, Tensor]:
         """``(reward [...], value [...])`` from their logits, decoded together when both use the
@@ -298,8 +330,14 @@ class MuZeroModel(nn.Module, WorldModel):
         reward_logits, nxt = self.dynamics(state, action)
         policy_logits, value_logits = self.prediction(nxt)
         reward, value = self.decode(reward_logits, value_logits)
-        return {"state": nxt, "reward_logits": reward_logits, "reward": reward, "policy_logits": policy_logits,
-                "value_logits": value_logits, "value": value}
+        return {
+            "state": nxt,
+            "reward_logits": reward_logits,
+            "reward": reward,
+            "policy_logits": policy_logits,
+            "value_logits": value_logits,
+            "value": value,
+        }
 
     def recurrent_fn(self, state: Tensor, action: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """The search's view of the model: ``(state [B, ...], action [B] int64) -> (next_state,
@@ -349,4 +387,3 @@ class MuZeroModel(nn.Module, WorldModel):
 
     def extra_repr(self) -> str:
         return f"obs_shape={self.obs_shape}, state_shape={self.state_shape}, num_actions={self.num_actions}"
-

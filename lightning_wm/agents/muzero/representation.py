@@ -42,7 +42,7 @@ def windows_of(x: Tensor, width: int) -> Tensor:
         raise ValueError(f"unrolls need at least 2 rows, got {x.shape[1]}")
     B, L = x.shape[:2]
     pad = x.new_zeros(B, width - 1, *x.shape[2:])
-    return torch.cat([x, pad], 1).unfold(1, width, 1)[:, :L - 1].movedim(-1, 2).flatten(0, 1)
+    return torch.cat([x, pad], 1).unfold(1, width, 1)[:, : L - 1].movedim(-1, 2).flatten(0, 1)
 
 
 def unroll_windows(batch: dict[str, Tensor], width: int) -> tuple[dict[str, Tensor], Tensor]:
@@ -128,17 +128,37 @@ class MuZeroRepresentation(nn.Module):
         if not env_spec.discrete:
             raise ValueError("MuZeroRepresentation needs a discrete action space (its dynamics take action indices)")
         if num_unroll_steps < 1 or td_steps < 1 or interval < 1:
-            raise ValueError(f"num_unroll_steps, td_steps and interval must be >= 1, got {num_unroll_steps}, "
-                             f"{td_steps}, {interval}")
-        self.model = MuZeroModel(env_spec.observation_space, env_spec.action_dim, latent_dim=latent_dim,
-                                 hidden=hidden, layers=layers, head_hidden=head_hidden, channels=channels,
-                                 blocks=blocks, support_size=support_size, norm=norm, act=act,
-                                 projection=projection)
+            raise ValueError(
+                f"num_unroll_steps, td_steps and interval must be >= 1, got {num_unroll_steps}, {td_steps}, {interval}"
+            )
+        self.model = MuZeroModel(
+            env_spec.observation_space,
+            env_spec.action_dim,
+            latent_dim=latent_dim,
+            hidden=hidden,
+            layers=layers,
+            head_hidden=head_hidden,
+            channels=channels,
+            blocks=blocks,
+            support_size=support_size,
+            norm=norm,
+            act=act,
+            projection=projection,
+        )
         self.out_dim = math.prod(self.model.state_shape)
         self.num_unroll_steps, self.td_steps, self.discount = num_unroll_steps, td_steps, discount
-        self.settings = LossSettings(recurrent_gradient_scaling_factor, value_loss_weight, reward_loss_weight,
-                                     policy_loss_weight, 0.0, repr_loss_weight, train_reward_function, train_policy,
-                                     False, train_repr_prediction)
+        self.settings = LossSettings(
+            recurrent_gradient_scaling_factor,
+            value_loss_weight,
+            reward_loss_weight,
+            policy_loss_weight,
+            0.0,
+            repr_loss_weight,
+            train_reward_function,
+            train_policy,
+            False,
+            train_repr_prediction,
+        )
         self.detach, self.interval, self.loss_weight = detach, interval, loss_weight
 
     def forward(self, obs: Tensor) -> Tensor:
@@ -166,18 +186,23 @@ class MuZeroRepresentation(nn.Module):
             spread = inference["state"].flatten(1).float().std(0).mean()
         if self.settings.train_policy:
             if "logits" not in batch:
-                raise ValueError("MuZeroRepresentation's train_policy needs the host's behaviour policy (logits) "
-                                 "in the rows; set train_policy: false")
+                raise ValueError(
+                    "MuZeroRepresentation's train_policy needs the host's behaviour policy (logits) "
+                    "in the rows; set train_policy: false"
+                )
             probs = torch.softmax(windows_of(batch["logits"].float(), K + self.td_steps + 1)[ok], -1)
         else:
             probs = torch.zeros(*valid.shape, self.model.num_actions, device=valid.device)
         fwd = {k: windows[k][ok] for k in ("reward", "is_last", "is_terminal", "action")}
-        targets = muzero_targets({**fwd, "mask": valid, "visit_probs": probs, "root_value": value},
-                                 num_unroll_steps=K, td_steps=self.td_steps, discount=self.discount)
+        targets = muzero_targets(
+            {**fwd, "mask": valid, "visit_probs": probs, "root_value": value},
+            num_unroll_steps=K,
+            td_steps=self.td_steps,
+            discount=self.discount,
+        )
         losses, _ = unroll_losses(self.model, obs, targets, valid, self.settings)
         total = sum(part.mean() for part in losses.values())
         logs = {f"repr/{name}_loss": part.detach().mean() for name, part in losses.items()}
         logs["repr/loss"] = total.detach()
         logs["repr/feature_std"] = spread  # across the batch, mean over features: near 0 = the features collapsed
         return self.loss_weight * total, logs
-

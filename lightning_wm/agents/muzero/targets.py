@@ -97,8 +97,9 @@ def muzero_targets(
     is_terminal = window["is_terminal"].bool() & valid
     reward = window["reward"].float()
     values = window["root_value"] if value is None else value
-    target, value_mask = window_nstep_values(reward.t(), values.float().t(), is_terminal.t(), valid.t(), discount,
-                                             td_steps, k1)
+    target, value_mask = window_nstep_values(
+        reward.t(), values.float().t(), is_terminal.t(), valid.t(), discount, td_steps, k1
+    )
     last = valid.long().sum(1, keepdim=True) - 1  # [B, 1]: the episode's last row in the window
     terminated = is_terminal.gather(1, last)  # [B, 1]
     steps = torch.arange(k1, device=valid.device).unsqueeze(0)  # [1, K + 1]
