@@ -38,6 +38,7 @@ from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 from pytorch_lightning.callbacks import Checkpoint
 
 from lightning_wm.io import atomic_torch_save, atomic_write, clean_stale_temps
+from lightning_wm.settings import flatten
 
 __all__ = [
     "AtomicCheckpointIO",
@@ -53,6 +54,9 @@ __all__ = [
 
 LAST, BEST = "last.ckpt", "best.ckpt"
 CLASS_KEY = "model_class"  # "package.module.Class" of the module a checkpoint was saved from
+# the layout of the saved model settings: 2 = typed groups (``search.num_simulations``); checkpoints
+# of lightning_wm before the groups (flat settings under other names) carry no format key
+FORMAT_KEY, SETTINGS_FORMAT = "settings_format", 2
 _IGNORED_HPARAMS = {"_instantiator", "_class_path"}
 
 
@@ -193,6 +197,20 @@ def _runs_hint(folder: Path) -> str:
 # ---------------------------------------------------------------------------------------
 
 
+def check_settings_format(checkpoint: Mapping[str, Any], path: str | os.PathLike) -> None:
+    """Refuse a checkpoint of this project whose settings predate the typed groups.
+
+    Raises:
+        CheckpointError: one line naming the file and what to do.
+    """
+    if checkpoint.get(CLASS_KEY) and checkpoint.get(FORMAT_KEY, 1) < SETTINGS_FORMAT:
+        raise CheckpointError(
+            f"{str(path)!r} was written by an older lightning_wm whose model settings were flat (before the "
+            "settings groups of 0.1: net, search, loss, optim, ...); this version cannot rebuild its model: "
+            "train it again with the current configs"
+        )
+
+
 def _checkpoint_class(checkpoint: Mapping[str, Any]) -> str | None:
     """``package.module.Class`` of the module a checkpoint was saved from, if it says."""
     if checkpoint.get(CLASS_KEY):
@@ -213,7 +231,9 @@ def _plain(value: Any) -> Any:
 
 
 def hparam_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """``{key: (checkpoint value, config value)}`` for every hyperparameter that differs."""
+    """``{key: (checkpoint value, config value)}`` for every hyperparameter that differs; settings
+    groups are compared field by field (``search.num_simulations``)."""
+    saved, current = flatten(saved), flatten(current)
     missing = object()
     keys = (set(saved) | set(current)) - _IGNORED_HPARAMS
     out = {}
@@ -244,6 +264,7 @@ def check_compatible(
     Raises:
         CheckpointError: one line naming the classes, the differing keys or the weights.
     """
+    check_settings_format(checkpoint, path)
     saved_class = _checkpoint_class(checkpoint)
     own = type(model)
     if saved_class is not None and saved_class.rsplit(".", 1)[-1] != own.__name__:
@@ -353,6 +374,7 @@ def load_module(
     if not Path(path).is_file():
         raise FileNotFoundError(f"{what} checkpoint {str(path)!r} does not exist; train it first with `fit`")
     checkpoint = load_checkpoint(path)
+    check_settings_format(checkpoint, path)
     saved_class = _checkpoint_class(checkpoint)
     if saved_class is not None and saved_class.rsplit(".", 1)[-1] != cls.__name__:
         raise CheckpointError(f"{str(path)!r} holds a {saved_class.rsplit('.', 1)[-1]} checkpoint, not a {what}")
@@ -458,6 +480,7 @@ class RunCheckpoints(Checkpoint):
     ) -> None:
         cls = type(pl_module)
         checkpoint[CLASS_KEY] = f"{cls.__module__}.{cls.__qualname__}"
+        checkpoint[FORMAT_KEY] = SETTINGS_FORMAT
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.is_global_zero:

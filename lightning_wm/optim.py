@@ -1,14 +1,15 @@
-"""Optimizers and gradient clipping under DI-engine's option names.
+"""Optimizers, learning-rate schedules and gradient clipping: one settings group, one builder.
 
-* :func:`build_optimizer` — ``optim: adam | rmsprop`` with the learning rate and the
-  optimizer's own constants (Adam ``betas``/``eps``; RMSProp ``alpha``/``eps``/``momentum``).
+* :class:`OptimSettings` — every agent's ``optim`` group (or one per network): optimizer
+  ``name`` (``adam``, ``rmsprop``, ``sgd``), ``lr``, the optimizer's constants, the schedule
+  (``lr_warmup_steps``, ``lr_anneal_steps``) and ``clip`` (:class:`GradClipSettings`).
+* :func:`build_optimizer` — the one place an optimizer is built from :class:`OptimSettings`.
 * :func:`lr_factor` / :func:`with_lr_schedule` — linear warm-up and linear annealing to 0 of
-  the learning rate over optimizer steps (IMPALA's ``lr_anneal_steps``, MuZero's
-  ``lr_warmup_steps`` / ``lr_anneal_steps``); :func:`anneal_outlasted` says when a run would
+  the learning rate over optimizer steps; :func:`anneal_outlasted` says when a run would
   outlast its anneal (warned at the start of ``fit``).
 * :class:`GradClipper` — DI-engine's ``grad_clip_type`` (``clip_value``, ``clip_norm``,
-  ``clip_momentum``, ``clip_momentum_norm``) with ``clip_value``, ``clip_coef``,
-  ``clip_norm_type`` and ``clip_momentum_timestep``, applied to the gradients between
+  ``clip_momentum``, ``clip_momentum_norm``; here ``clip.type``) with its bound, coefficient,
+  norm type and momentum timestep, applied to the gradients between
   ``backward`` and the optimizer step. It works with either optimizer (DI-engine's IMPALA
   passes the clip options to Adam only).
 
@@ -32,36 +33,92 @@ its RMSProp variant none; here both use the number of updates including the curr
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
-OptimName = Literal["adam", "rmsprop"]
+OptimName = Literal["adam", "rmsprop", "sgd"]
+OPTIMIZERS = ("adam", "rmsprop", "sgd")
 GradClipType = Literal["clip_value", "clip_norm", "clip_momentum", "clip_momentum_norm"]
 GRAD_CLIP_TYPES = ("clip_value", "clip_norm", "clip_momentum", "clip_momentum_norm")
 
 
-def build_optimizer(
-    params: Iterable[nn.Parameter],
-    optim: str = "adam",
-    learning_rate: float = 5e-4,
-    betas: tuple[float, float] = (0.9, 0.999),
-    eps: float = 1e-8,
-    alpha: float = 0.99,
-    momentum: float = 0.0,
-    weight_decay: float = 0.0,
-) -> torch.optim.Optimizer:
-    """``torch.optim.Adam`` (``betas``, ``eps``) or ``torch.optim.RMSprop`` (``alpha`` the
-    squared-gradient decay, ``eps``, ``momentum``) over ``params``. Defaults are torch's and
-    DI-engine's; the IMPALA paper's RMSProp used ``eps=0.01``, ``momentum=0``, ``alpha=0.99``."""
-    if optim == "adam":
-        return torch.optim.Adam(params, lr=learning_rate, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
-    if optim == "rmsprop":
+@dataclass(frozen=True)
+class GradClipSettings:
+    """Gradient clipping between ``backward`` and the optimizer step (:class:`GradClipper`).
+
+    Attributes:
+        type: ``None`` (no clipping), ``clip_norm`` (total norm at most ``value``), ``clip_value``
+            (each element within ``±value``), ``clip_momentum`` / ``clip_momentum_norm`` (against
+            a running RMS of the gradients, ``coef`` times it; see the module docstring).
+        value: the bound of ``clip_norm`` / ``clip_value``.
+        coef: the multiple of the RMS gradient the momentum variants allow.
+        norm_type: the p of the p-norm (2.0; ``inf`` for the max norm).
+        momentum_timestep: updates of the running estimate before the momentum variants act.
+    """
+
+    type: GradClipType | None = None
+    value: float = 0.5
+    coef: float = 5.0
+    norm_type: float = 2.0
+    momentum_timestep: int = 100
+
+
+@dataclass(frozen=True)
+class OptimSettings:
+    """One optimizer, its learning-rate schedule and its gradient clipping.
+
+    Attributes:
+        name: ``adam``, ``rmsprop`` or ``sgd``.
+        lr: the learning rate.
+        eps: Adam's / RMSProp's epsilon.
+        betas: Adam's decays of the gradient and squared-gradient averages.
+        alpha: RMSProp's squared-gradient decay.
+        momentum: RMSProp's / SGD's momentum.
+        weight_decay: L2 penalty added to the gradients (torch's ``weight_decay``).
+        lr_warmup_steps: linear warm-up from ``lr / lr_warmup_steps`` over this many optimizer steps.
+        lr_anneal_steps: linear anneal to 0 at this optimizer step (``None``: constant).
+        clip: gradient clipping (:class:`GradClipSettings`).
+    """
+
+    name: OptimName = "adam"
+    lr: float = 1e-3
+    eps: float = 1e-8
+    betas: tuple[float, float] = (0.9, 0.999)
+    alpha: float = 0.99
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    lr_warmup_steps: int = 0
+    lr_anneal_steps: int | None = None
+    clip: GradClipSettings = field(default_factory=GradClipSettings)
+
+    def __post_init__(self) -> None:
+        if self.name not in OPTIMIZERS:
+            raise ValueError(f"optim name must be one of {list(OPTIMIZERS)}, got {self.name!r}")
+        if not self.lr > 0:
+            raise ValueError(f"optim lr must be > 0, got {self.lr}")
+        if self.lr_warmup_steps < 0 or (self.lr_anneal_steps is not None and self.lr_anneal_steps < 1):
+            raise ValueError(
+                f"optim lr_warmup_steps must be >= 0 and lr_anneal_steps >= 1 or null, got {self.lr_warmup_steps}, "
+                f"{self.lr_anneal_steps}"
+            )
+
+
+def build_optimizer(params: Iterable[nn.Parameter], settings: OptimSettings) -> torch.optim.Optimizer:
+    """The one optimizer builder: ``torch.optim.Adam`` (``betas``, ``eps``), ``RMSprop``
+    (``alpha`` the squared-gradient decay, ``eps``, ``momentum``) or ``SGD`` (``momentum``) over
+    ``params`` at ``settings.lr``, each with ``weight_decay``. The IMPALA paper's RMSProp used
+    ``eps=0.01``, ``momentum=0``, ``alpha=0.99``."""
+    s = settings
+    if s.name == "adam":
+        return torch.optim.Adam(params, lr=s.lr, betas=tuple(s.betas), eps=s.eps, weight_decay=s.weight_decay)
+    if s.name == "rmsprop":
         return torch.optim.RMSprop(
-            params, lr=learning_rate, alpha=alpha, eps=eps, momentum=momentum, weight_decay=weight_decay
+            params, lr=s.lr, alpha=s.alpha, eps=s.eps, momentum=s.momentum, weight_decay=s.weight_decay
         )
-    raise ValueError(f"optim must be 'adam' or 'rmsprop', got {optim!r}")
+    return torch.optim.SGD(params, lr=s.lr, momentum=s.momentum, weight_decay=s.weight_decay)
 
 
 def optimizer_beta(optimizer: torch.optim.Optimizer) -> float:
@@ -101,12 +158,13 @@ def anneal_outlasted(anneal_steps: int | None, max_steps: int) -> str | None:
     )
 
 
-def with_lr_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int = 0, anneal_steps: int | None = None) -> Any:
-    """What ``configure_optimizers`` returns: the optimizer alone, or with a per-step
-    :func:`lr_factor` schedule when it warms up or anneals."""
-    if warmup_steps <= 0 and anneal_steps is None:
+def with_lr_schedule(optimizer: torch.optim.Optimizer, settings: OptimSettings) -> Any:
+    """What ``configure_optimizers`` returns for one optimizer: the optimizer alone, or with a
+    per-step :func:`lr_factor` schedule when ``settings`` warm up or anneal."""
+    warmup, anneal = settings.lr_warmup_steps, settings.lr_anneal_steps
+    if warmup <= 0 and anneal is None:
         return optimizer
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, warmup_steps, anneal_steps))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, warmup, anneal))
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
 
@@ -149,6 +207,11 @@ class GradClipper:
         self.beta = float(beta)
         self.count = 0  # updates of the running estimate
         self.square_avg: list[Tensor] = []
+
+    @classmethod
+    def from_settings(cls, settings: GradClipSettings, beta: float = 0.999) -> GradClipper:
+        """The clipper of ``settings`` (``beta``: :func:`optimizer_beta` of the optimizer it serves)."""
+        return cls(settings.type, settings.value, settings.coef, settings.norm_type, settings.momentum_timestep, beta)
 
     @property
     def uses_momentum(self) -> bool:

@@ -8,7 +8,7 @@ state): any pytree (tensor, tuple, dict) of tensors whose first dimension is the
   state), ``posterior_states`` (filter a recorded episode: where dreams start).
 * :func:`rollout` — imagination: actor gradients flow through the model's computation but
   never into the model's parameters; entropy-augmented rewards when the actor returns them.
-* :class:`RolloutLengthScheduler` — rollout length linear in env steps (DI-engine's names and
+* :class:`RolloutSchedule` — rollout length linear in env steps (DI-engine's names and
   defaults).
 * :class:`Cadence` — when to train / evaluate a model beside a policy, in env steps
   (``train_freq``, ``eval_freq``, ``should_train``, ``should_eval``).
@@ -187,37 +187,35 @@ def rollout(
     }
 
 
-@dataclass
-class RolloutLengthScheduler:
-    """Rollout length linear in env steps (DI-engine's ``rollout_length_scheduler``,
-    ``type: linear``, with its defaults): ``rollout_length_min`` until
-    ``rollout_start_step``, ``rollout_length_max`` from ``rollout_end_step`` on, and the linear
-    interpolation (rounded down) in between."""
+@dataclass(frozen=True)
+class RolloutSchedule:
+    """The imagined rollout's length, linear in env steps (DI-engine's ``rollout_length_scheduler``
+    of ``type: linear``, with its defaults; Dreamer's horizon schedule): ``min_length`` until
+    ``start_step``, ``max_length`` from ``end_step`` on, and the linear interpolation (rounded
+    down) in between. Call it with the env steps taken so far."""
 
-    rollout_start_step: int = 20_000
-    rollout_end_step: int = 150_000
-    rollout_length_min: int = 1
-    rollout_length_max: int = 25
+    start_step: int = 20_000
+    end_step: int = 150_000
+    min_length: int = 1
+    max_length: int = 25
 
     def __post_init__(self) -> None:
-        if not 0 <= self.rollout_length_min <= self.rollout_length_max:
+        if not 0 <= self.min_length <= self.max_length:
             raise ValueError(
-                "rollout_length_scheduler needs 0 <= rollout_length_min <= rollout_length_max, got "
-                f"{self.rollout_length_min} and {self.rollout_length_max}"
+                f"a rollout schedule needs 0 <= min_length <= max_length, got {self.min_length} and {self.max_length}"
             )
-        if not 0 <= self.rollout_start_step <= self.rollout_end_step:
+        if not 0 <= self.start_step <= self.end_step:
             raise ValueError(
-                "rollout_length_scheduler needs 0 <= rollout_start_step <= rollout_end_step, got "
-                f"{self.rollout_start_step} and {self.rollout_end_step}"
+                f"a rollout schedule needs 0 <= start_step <= end_step, got {self.start_step} and {self.end_step}"
             )
 
-    def __call__(self, envstep: int) -> int:
-        if envstep >= self.rollout_end_step:
-            return self.rollout_length_max
-        if envstep <= self.rollout_start_step:
-            return self.rollout_length_min
-        frac = (envstep - self.rollout_start_step) / (self.rollout_end_step - self.rollout_start_step)
-        return int(self.rollout_length_min + frac * (self.rollout_length_max - self.rollout_length_min))
+    def __call__(self, env_steps: int) -> int:
+        if env_steps >= self.end_step:
+            return self.max_length
+        if env_steps <= self.start_step:
+            return self.min_length
+        frac = (env_steps - self.start_step) / (self.end_step - self.start_step)
+        return int(self.min_length + frac * (self.max_length - self.min_length))
 
 
 class Cadence:
@@ -286,13 +284,13 @@ class LearnedModel(Cadence):
         model: WorldModel,
         train_freq: int = 250,
         eval_freq: int = 250,
-        rollout_length_scheduler: RolloutLengthScheduler | None = None,
+        rollout_length_scheduler: RolloutSchedule | None = None,
     ) -> None:
         super().__init__(train_freq, eval_freq)
         if not (isinstance(model, WorldModel) and isinstance(model, nn.Module)):
             raise TypeError(f"{type(self).__name__} needs a WorldModel nn.Module, got {type(model).__name__}")
         self.model = model
-        self.rollout_length_scheduler = rollout_length_scheduler or RolloutLengthScheduler()
+        self.rollout_length_scheduler = rollout_length_scheduler or RolloutSchedule()
 
 
 class DreamWorldModel(LearnedModel):

@@ -15,7 +15,7 @@ from lightning_wm.cli import main
 from lightning_wm.data.imagination import DynaWorldModel
 from lightning_wm.data.modules import UnrollDataModule
 from lightning_wm.envs import EnvConfig
-from lightning_wm.world_model import RolloutLengthScheduler, WorldModel
+from lightning_wm.world_model import RolloutSchedule, WorldModel
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "configs/impala/cartpole_dyna.yaml")
@@ -110,7 +110,7 @@ def test_imagined_unrolls_fill_batches_at_real_ratio():
         dyna = DynaWorldModel(
             StepModel(),
             dm.spec,
-            rollout_length_scheduler=RolloutLengthScheduler(0, 0, 6, 6),
+            rollout_length_scheduler=RolloutSchedule(0, 0, 6, 6),
             real_ratio=0.25,
             rollout_batch_size=10,
             seed=0,

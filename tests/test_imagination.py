@@ -16,7 +16,7 @@ from lightning_wm.data.replay import ReplayBuffer
 from lightning_wm.data.samplers import SequenceSampler
 from lightning_wm.envs import EnvConfig
 from lightning_wm.protocols import ImaginationHost
-from lightning_wm.world_model import RolloutLengthScheduler, WorldModel
+from lightning_wm.world_model import RolloutSchedule, WorldModel
 
 SPACE = gym.spaces.Discrete(2)
 
@@ -91,9 +91,7 @@ def real_buffer(starts):
 
 
 def fixed(length):
-    return RolloutLengthScheduler(
-        rollout_start_step=0, rollout_end_step=0, rollout_length_min=length, rollout_length_max=length
-    )
+    return RolloutSchedule(start_step=0, end_step=0, min_length=length, max_length=length)
 
 
 def stored_rows(buffer):
@@ -141,9 +139,7 @@ def test_imagined_rows_follow_the_row_convention():
 
 
 def test_buffer_keeps_rollout_retain_fills_and_follows_the_length_schedule():
-    schedule = RolloutLengthScheduler(
-        rollout_start_step=0, rollout_end_step=100, rollout_length_min=0, rollout_length_max=4
-    )
+    schedule = RolloutSchedule(start_step=0, end_step=100, min_length=0, max_length=4)
     dyna = DynaWorldModel(
         PushModel(), SPACE, rollout_length_scheduler=schedule, rollout_batch_size=5, rollout_retain=2, seed=0
     )

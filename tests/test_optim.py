@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from lightning_wm.optim import GradClipper, build_optimizer, optimizer_beta
+from lightning_wm.optim import GradClipper, OptimSettings, build_optimizer, optimizer_beta
 
 
 def _param(grad):
@@ -16,15 +16,17 @@ def _param(grad):
 
 def test_build_optimizer_kinds_and_constants():
     p = [torch.nn.Parameter(torch.zeros(2))]
-    adam = build_optimizer(p, "adam", 1e-3, betas=(0.8, 0.99), eps=1e-5)
+    adam = build_optimizer(p, OptimSettings("adam", 1e-3, betas=(0.8, 0.99), eps=1e-5))
     assert isinstance(adam, torch.optim.Adam) and adam.defaults["lr"] == 1e-3 and adam.defaults["eps"] == 1e-5
     assert optimizer_beta(adam) == 0.99
-    rms = build_optimizer(p, "rmsprop", 4.8e-4, eps=0.01, alpha=0.9, momentum=0.5)
+    rms = build_optimizer(p, OptimSettings("rmsprop", 4.8e-4, eps=0.01, alpha=0.9, momentum=0.5))
     assert isinstance(rms, torch.optim.RMSprop)
     assert (rms.defaults["alpha"], rms.defaults["eps"], rms.defaults["momentum"]) == (0.9, 0.01, 0.5)
     assert optimizer_beta(rms) == 0.9
-    with pytest.raises(ValueError, match="'adam' or 'rmsprop'"):
-        build_optimizer(p, "sgd")
+    sgd = build_optimizer(p, OptimSettings("sgd", 0.1, momentum=0.9, weight_decay=1e-4))
+    assert isinstance(sgd, torch.optim.SGD) and sgd.defaults["momentum"] == 0.9
+    with pytest.raises(ValueError, match="optim name must be one of"):
+        OptimSettings("adagrad")
 
 
 def test_clip_value_and_clip_norm():
@@ -109,8 +111,8 @@ def test_with_lr_schedule_steps_the_optimizers_learning_rate() -> None:
     from lightning_wm.optim import with_lr_schedule
 
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    assert with_lr_schedule(opt) is opt  # neither: the optimizer alone
-    config = with_lr_schedule(opt, warmup_steps=2, anneal_steps=4)
+    assert with_lr_schedule(opt, OptimSettings("sgd", 1.0)) is opt  # neither: the optimizer alone
+    config = with_lr_schedule(opt, OptimSettings("sgd", 1.0, lr_warmup_steps=2, lr_anneal_steps=4))
     schedule = config["lr_scheduler"]["scheduler"]
     assert config["lr_scheduler"]["interval"] == "step"
     seen = []

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_wm.world_model import Cadence, DreamWorldModel, RolloutLengthScheduler, WorldModel, rollout
+from lightning_wm.world_model import Cadence, DreamWorldModel, RolloutSchedule, WorldModel, rollout
 
 
 class LinearModel(nn.Module, WorldModel):
@@ -53,20 +53,18 @@ def test_rollout_stacks_dict_states():
 
 
 def test_rollout_schedule_is_linear_between_its_ends():
-    schedule = RolloutLengthScheduler(
-        rollout_start_step=100, rollout_end_step=200, rollout_length_min=1, rollout_length_max=11
-    )
+    schedule = RolloutSchedule(start_step=100, end_step=200, min_length=1, max_length=11)
     assert [schedule(s) for s in (0, 100, 150, 199, 200, 10_000)] == [1, 1, 6, 10, 11, 11]
-    assert RolloutLengthScheduler(0, 0, 1, 5)(0) == 5
+    assert RolloutSchedule(0, 0, 1, 5)(0) == 5
 
 
 def test_rollout_length_scheduler_has_the_seed_defaults():
-    schedule = RolloutLengthScheduler()
-    assert (schedule.rollout_start_step, schedule.rollout_end_step) == (20_000, 150_000)
-    assert (schedule.rollout_length_min, schedule.rollout_length_max) == (1, 25)
+    schedule = RolloutSchedule()
+    assert (schedule.start_step, schedule.end_step) == (20_000, 150_000)
+    assert (schedule.min_length, schedule.max_length) == (1, 25)
     assert [schedule(s) for s in (0, 20_000, 85_000, 150_000)] == [1, 1, 13, 25]
-    with pytest.raises(ValueError, match="rollout_length_min"):
-        RolloutLengthScheduler(rollout_length_min=5, rollout_length_max=2)
+    with pytest.raises(ValueError, match="min_length"):
+        RolloutSchedule(min_length=5, max_length=2)
 
 
 def test_horizon_zero_gives_the_start_alone():
@@ -96,9 +94,7 @@ def test_actor_bonus_becomes_aug_rewards_in_every_state():
 
 
 def test_dream_world_model_takes_the_horizon_from_its_scheduler():
-    schedule = RolloutLengthScheduler(
-        rollout_start_step=0, rollout_end_step=100, rollout_length_min=0, rollout_length_max=10
-    )
+    schedule = RolloutSchedule(start_step=0, end_step=100, min_length=0, max_length=10)
     dream = DreamWorldModel(LinearModel(), rollout_length_scheduler=schedule)
     actor = lambda f: torch.zeros(f.shape[0], 1)  # noqa: E731
     assert dream.rollout(torch.zeros(2, 2), actor, envstep=0)["rewards"].shape == (0, 2)

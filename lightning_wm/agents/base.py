@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
+import inspect
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import pytorch_lightning as pl
@@ -12,8 +15,9 @@ import torch
 from torch import Tensor, nn
 
 from lightning_wm.envs import EnvSpec
-from lightning_wm.optim import anneal_outlasted
+from lightning_wm.optim import OptimSettings, anneal_outlasted
 from lightning_wm.protocols import EvaluationRequest
+from lightning_wm.settings import find_settings, plain
 
 __all__ = ["RLModule"]
 
@@ -28,15 +32,32 @@ class RLModule(pl.LightningModule):
       batch, runs its evaluation episodes (``explore=False``) and logs ``val/return``,
       ``val/return_std`` and ``val/length``;
     * :meth:`acting_copy` ships a CPU copy for actor processes;
+    * :meth:`save_settings` records the constructor's settings groups as plain dicts (what a
+      checkpoint can hold and ``--ckpt_path`` compares key by key);
     * at the start of ``fit`` it warns when the trainer's ``max_steps`` outlasts an
-      ``lr_anneal_steps`` of this module or of an agent inside it (the learning rate would sit
-      at 0 for the rest of the run).
+      ``lr_anneal_steps`` of an :class:`~lightning_wm.optim.OptimSettings` of this module or of
+      an agent inside it (the learning rate would sit at 0 for the rest of the run).
     """
 
     def __init__(self, env_spec: EnvSpec | None = None) -> None:
         super().__init__()
         self.env_spec = env_spec
         self.env_steps = 0
+
+    def save_settings(self, ignore: Sequence[str] = ()) -> None:
+        """``save_hyperparameters`` of the calling ``__init__``'s arguments (without ``env_spec``
+        and ``ignore``), settings groups (dataclasses) stored as plain nested dicts."""
+        frame = inspect.currentframe()
+        self.save_hyperparameters(ignore=["env_spec", *ignore], frame=frame.f_back if frame else None)
+        for key, value in list(self.hparams.items()):
+            if dataclasses.is_dataclass(value) and not isinstance(value, type):
+                self.hparams[key] = plain(value)
+
+    def optim_settings(self) -> list[OptimSettings]:
+        """Every :class:`~lightning_wm.optim.OptimSettings` in this module's settings groups
+        (the dataclass attributes it keeps)."""
+        groups = [v for v in vars(self).values() if dataclasses.is_dataclass(v) and not isinstance(v, type)]
+        return list(find_settings(groups, OptimSettings))
 
     # -- Agent protocol -------------------------------------------------------------------
     def initial_state(self, batch_size: int) -> Any:
@@ -59,10 +80,13 @@ class RLModule(pl.LightningModule):
     def on_fit_start(self) -> None:
         for module in self.modules():
             if isinstance(module, RLModule):
-                why = anneal_outlasted(module.hparams.get("lr_anneal_steps"), self.trainer.max_steps)
+                anneals = [s.lr_anneal_steps for s in module.optim_settings()]
+                if not anneals and module.hparams.get("lr_anneal_steps") is not None:  # not yet grouped
+                    anneals = [module.hparams["lr_anneal_steps"]]
+                why = next((w for a in anneals if (w := anneal_outlasted(a, self.trainer.max_steps))), None)
                 if why is not None:
                     warnings.warn(f"{type(module).__name__}: {why}", UserWarning, stacklevel=2)
-                    break
+                    return
 
     # -- evaluation -----------------------------------------------------------------------
     def validation_step(self, batch: Any, batch_idx: int) -> None:

@@ -32,7 +32,7 @@ from lightning_wm.agents.base import RLModule
 from lightning_wm.data.imagination import DynaWorldModel
 from lightning_wm.envs import EnvSpec
 from lightning_wm.seeding import derive_seed
-from lightning_wm.world_model import RolloutLengthScheduler
+from lightning_wm.world_model import RolloutSchedule
 
 __all__ = ["DynaLearner"]
 
@@ -118,7 +118,7 @@ class DynaLearner(RLModule):
             lacking = [n for n in needs if not hasattr(module, n)]
             if lacking:
                 raise ValueError(f"DynaLearner's {name} ({type(module).__name__}) lacks {lacking}")
-        schedule = RolloutLengthScheduler(rollout_start_step, rollout_end_step, rollout_length_min, rollout_length_max)
+        schedule = RolloutSchedule(rollout_start_step, rollout_end_step, rollout_length_min, rollout_length_max)
         self.dyna = DynaWorldModel(
             self.world_model.wm,
             env_spec,

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from lightning_wm.agents.base import RLModule
 from lightning_wm.envs import EnvSpec
 from lightning_wm.nn.actor_critic import ActorCritic, CoreState, Obs
-from lightning_wm.optim import GradClipper, build_optimizer, optimizer_beta, with_lr_schedule
+from lightning_wm.optim import GradClipper, OptimSettings, build_optimizer, optimizer_beta, with_lr_schedule
 from lightning_wm.returns import UnrollSteps, unroll_steps, vtrace
 
 __all__ = ["IMPALA", "ImpalaLoss", "VTraceLossConfig", "impala_loss", "unroll_loss"]
@@ -308,11 +308,18 @@ class IMPALA(RLModule):
     # -- optimization ----------------------------------------------------------------------
     def configure_optimizers(self) -> Any:
         hp = self.hparams
-        optimizer = build_optimizer(
-            self.parameters(), hp.optim, hp.learning_rate, hp.betas, hp.eps, hp.alpha, hp.momentum
+        settings = OptimSettings(
+            name=hp.optim,
+            lr=hp.learning_rate,
+            betas=tuple(hp.betas),
+            eps=hp.eps,
+            alpha=hp.alpha,
+            momentum=hp.momentum,
+            lr_anneal_steps=hp.lr_anneal_steps,
         )
+        optimizer = build_optimizer(self.parameters(), settings)
         self.clipper.beta = optimizer_beta(optimizer)
-        return with_lr_schedule(optimizer, anneal_steps=hp.lr_anneal_steps)
+        return with_lr_schedule(optimizer, settings)
 
     def configure_gradient_clipping(
         self, optimizer: torch.optim.Optimizer, gradient_clip_val: Any = None, gradient_clip_algorithm: Any = None

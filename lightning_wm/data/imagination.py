@@ -44,7 +44,7 @@ from lightning_wm.tree import first_leaf, stack, tree_map
 from lightning_wm.world_model import (
     DreamWorldModel,
     LearnedModel,
-    RolloutLengthScheduler,
+    RolloutSchedule,
     State,
     WorldModel,
     check_done_mode,
@@ -164,7 +164,7 @@ class DynaWorldModel(LearnedModel):
         action_space: gym.Space | EnvSpec | ActionCodec,
         train_freq: int = 250,
         eval_freq: int = 250,
-        rollout_length_scheduler: RolloutLengthScheduler | None = None,
+        rollout_length_scheduler: RolloutSchedule | None = None,
         real_ratio: float = 0.05,
         rollout_batch_size: int = 100_000,
         rollout_retain: int = 4,

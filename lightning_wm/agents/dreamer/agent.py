@@ -31,7 +31,7 @@ from lightning_wm.nn.codec import Obs
 from lightning_wm.optim import lr_factor
 from lightning_wm.returns import lambda_return, replay_lambda_return
 from lightning_wm.tree import first_leaf, tree_map
-from lightning_wm.world_model import RolloutLengthScheduler, frozen, rollout
+from lightning_wm.world_model import RolloutSchedule, frozen, rollout
 
 
 @dataclass(frozen=True)
@@ -152,7 +152,7 @@ class Dreamer(RLModule):
         horizon, gamma, lambda_: imagination and returns.
         horizon_schedule: ``[start_step, min_horizon, end_step]``: imagine ``min_horizon`` steps
             until ``start_step`` env steps (this rank's), then linearly more, ``horizon`` from
-            ``end_step`` on (:class:`~lightning_wm.world_model.RolloutLengthScheduler`); None: always ``horizon``.
+            ``end_step`` on (:class:`~lightning_wm.world_model.RolloutSchedule`); None: always ``horizon``.
         kl_dyn, kl_rep, free_nats: KL balancing and free bits.
         loss_decoder, loss_reward, loss_cont: world-model loss scales.
         cont_terminal_weight: weight of the continue head's loss on rows that end an episode
@@ -267,7 +267,7 @@ class Dreamer(RLModule):
         if actor_grad == "dynamics" and self.discrete:
             raise ValueError("actor_grad='dynamics' needs continuous actions; use 'reinforce' for Discrete")
         self.actor_grad = actor_grad
-        self.horizon_schedule: RolloutLengthScheduler | None = None
+        self.horizon_schedule: RolloutSchedule | None = None
         if horizon_schedule is not None:
             start, min_horizon, end = (int(v) for v in horizon_schedule)
             if not (1 <= min_horizon <= horizon and 0 <= start <= end):
@@ -275,11 +275,11 @@ class Dreamer(RLModule):
                     f"horizon_schedule [start_step, min_horizon, end_step] needs 1 <= min_horizon <= "
                     f"horizon ({horizon}) and 0 <= start_step <= end_step; got {list(horizon_schedule)}"
                 )
-            self.horizon_schedule = RolloutLengthScheduler(
-                rollout_start_step=start,
-                rollout_end_step=end,
-                rollout_length_min=min_horizon,
-                rollout_length_max=horizon,
+            self.horizon_schedule = RolloutSchedule(
+                start_step=start,
+                end_step=end,
+                min_length=min_horizon,
+                max_length=horizon,
             )
 
         self.wm = DreamerWorldModel(

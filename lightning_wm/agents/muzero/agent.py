@@ -23,7 +23,7 @@ from lightning_wm.agents.muzero.targets import UnrollTargets, bootstrap_rows, mu
 from lightning_wm.envs import EnvSpec
 from lightning_wm.nn import dists
 from lightning_wm.nn.blocks import scale_gradient, soft_update
-from lightning_wm.optim import with_lr_schedule
+from lightning_wm.optim import OptimSettings, build_optimizer, with_lr_schedule
 from lightning_wm.search import SearchOutput, TemperatureSchedule, mcts
 
 __all__ = [
@@ -540,12 +540,15 @@ class MuZero(RLModule):
     # -- training ---------------------------------------------------------------------------
     def configure_optimizers(self) -> Any:
         hp = self.hp
-        params = list(self.model.parameters())
-        if hp.optimizer == "sgd":
-            opt = torch.optim.SGD(params, lr=hp.lr, momentum=hp.momentum, weight_decay=hp.weight_decay)
-        else:
-            opt = torch.optim.Adam(params, lr=hp.lr, weight_decay=hp.weight_decay)
-        return with_lr_schedule(opt, hp.lr_warmup_steps, hp.lr_anneal_steps)
+        settings = OptimSettings(
+            name=hp.optimizer,
+            lr=hp.lr,
+            momentum=hp.momentum if hp.optimizer == "sgd" else 0.0,
+            weight_decay=hp.weight_decay,
+            lr_warmup_steps=hp.lr_warmup_steps,
+            lr_anneal_steps=hp.lr_anneal_steps,
+        )
+        return with_lr_schedule(build_optimizer(self.model.parameters(), settings), settings)
 
     def _check_batch(self, batch: dict[str, Tensor]) -> int:
         """The window's history length ``h``; a clear error for a sampler that does not fit."""
