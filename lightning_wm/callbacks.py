@@ -73,10 +73,6 @@ class EnvStatsLogger(Callback):
       finished since the last log (return in the progress bar), ``env/episodes`` their count;
     * every gauge of ``EnvStats.metrics`` (latest value per rank, averaged over the ranks that
       report it).
-
-    It also keeps ``pl_module.env_steps`` (this rank's env steps) current before every
-    training step, for modules whose schedules count env steps (the module never reads the
-    datamodule itself).
     """
 
     def __init__(self) -> None:
@@ -98,8 +94,6 @@ class EnvStatsLogger(Callback):
             self._length_sum += float(episode["length"])
             self._count += 1
         self._metrics.update(stats.metrics)
-        if hasattr(pl_module, "env_steps"):
-            pl_module.env_steps = int(stats.env_steps)
         return stats
 
     def on_train_batch_start(

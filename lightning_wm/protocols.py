@@ -6,7 +6,8 @@ Nothing here imports ``data/`` or ``agents/``: models, datamodules and callbacks
 * :class:`Agent` — what a Collector needs to act (``initial_state``, ``act``);
   :class:`ActingAgent` adds ``acting_copy()`` for actor processes.
 * :class:`EnvStats` / :class:`EnvStatsSource` — env statistics a datamodule hands to the
-  ``EnvStatsLogger`` callback (which logs ``env/*``).
+  ``EnvStatsLogger`` callback (which logs ``env/*``); :class:`EnvStepCounter` — the env steps
+  so far, which agents with env-step schedules read.
 * :class:`FeedbackSink`, :class:`ReplayHolder`, :class:`WeightSink` — what the feedback,
   buffer-checkpoint and weight-publishing callbacks look for on a datamodule.
 * :class:`EnvHolder` — a datamodule that names its environment (``record`` / ``evaluate``).
@@ -87,6 +88,15 @@ class EnvStats:
     env_steps: int = 0
     episodes: list[dict[str, float]] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
+
+
+@runtime_checkable
+class EnvStepCounter(Protocol):
+    """Counts this rank's env steps so far (an online datamodule); an agent whose schedules run
+    in env steps reads it through :attr:`lightning_wm.agents.base.RLModule.env_steps`."""
+
+    @property
+    def env_steps(self) -> int: ...
 
 
 @runtime_checkable

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from lightning_wm.envs import EnvSpec
 from lightning_wm.optim import OptimSettings, anneal_outlasted
-from lightning_wm.protocols import EvaluationRequest
+from lightning_wm.protocols import EnvStepCounter, EvaluationRequest
 from lightning_wm.settings import find_settings, plain
 
 __all__ = ["RLModule"]
@@ -25,9 +25,9 @@ __all__ = ["RLModule"]
 class RLModule(pl.LightningModule):
     """Base for agents trained on env interaction; implements :class:`~lightning_wm.protocols.ActingAgent`.
 
-    * ``env_steps``: this rank's env steps so far, kept current before every training step by
-      the :class:`~lightning_wm.callbacks.EnvStatsLogger` callback (which also logs ``env/*``);
-      0 without it;
+    * ``env_steps``: this rank's env steps so far, read from an
+      :class:`~lightning_wm.protocols.EnvStepCounter`: the one given to
+      :meth:`use_env_steps_from`, else the trainer's datamodule; 0 without either;
     * ``validation_step`` takes the datamodule's :class:`~lightning_wm.protocols.EvaluationRequest`
       batch, runs its evaluation episodes (``explore=False``) and logs ``val/return``,
       ``val/return_std`` and ``val/length``;
@@ -42,7 +42,23 @@ class RLModule(pl.LightningModule):
     def __init__(self, env_spec: EnvSpec | None = None) -> None:
         super().__init__()
         self.env_spec = env_spec
-        self.env_steps = 0
+        self._env_step_source: EnvStepCounter | None = None
+
+    def use_env_steps_from(self, source: EnvStepCounter | None) -> None:
+        """Count env steps with ``source`` (anything with an ``env_steps`` attribute) instead of
+        the trainer's datamodule; ``None`` goes back to the datamodule."""
+        self._env_step_source = source
+
+    @property
+    def env_steps(self) -> int:
+        """This rank's env steps so far (see the class docstring)."""
+        source = self._env_step_source
+        if source is None:
+            try:
+                source = getattr(self.trainer, "datamodule", None)
+            except RuntimeError:  # not attached to a Trainer
+                return 0
+        return int(source.env_steps) if isinstance(source, EnvStepCounter) else 0
 
     def save_settings(self, ignore: Sequence[str] = ()) -> None:
         """``save_hyperparameters`` of the calling ``__init__``'s arguments (without ``env_spec``

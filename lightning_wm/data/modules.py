@@ -234,6 +234,13 @@ class ReplayDataModule(pl.LightningDataModule):
         stats = self.collector.stats
         return EnvStats(env_steps=stats.env_steps, episodes=stats.pop_finished())
 
+    @property
+    def env_steps(self) -> int:
+        """This rank's env steps so far (:class:`~lightning_wm.protocols.EnvStepCounter`)."""
+        if self._actors is not None:
+            return self._feed.rows if self._feed is not None else self._actor_counts[0]
+        return self.collector.stats.env_steps if self.collector is not None else 0
+
     def _seed(self, role: str) -> int:
         """This rank's seed for ``role`` (``lightning_wm.seeding``)."""
         rank, _ = _rank_and_world(getattr(self, "trainer", None))
@@ -882,6 +889,13 @@ class UnrollDataModule(pl.LightningDataModule):
         priority = feedback["priority"]
         priority = priority.detach().cpu().numpy() if isinstance(priority, torch.Tensor) else priority
         return self.batcher.update_priorities(batch["index"].cpu().numpy(), priority)
+
+    @property
+    def env_steps(self) -> int:
+        """This rank's env steps so far (:class:`~lightning_wm.protocols.EnvStepCounter`)."""
+        if self._actors is not None:
+            return self._actor_steps
+        return self.collector.stats.env_steps if self.collector is not None else 0
 
     def pop_env_stats(self) -> EnvStats:
         """:class:`~lightning_wm.protocols.EnvStatsSource`: env steps, finished episodes, actor gauges."""
