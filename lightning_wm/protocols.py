@@ -33,9 +33,11 @@ __all__ = [
     "Agent",
     "ActingAgent",
     "EnvStats",
+    "EnvStepCounter",
     "EnvStatsSource",
     "FeedbackSink",
     "ReplayHolder",
+    "SamplerSource",
     "WeightSink",
     "EnvHolder",
     "EvaluationRequest",
@@ -139,6 +141,16 @@ class WeightSink(Protocol):
     """A datamodule whose actors act with weights the learner publishes."""
 
     def publish_weights(self, module: nn.Module, version: int) -> None: ...
+
+
+@runtime_checkable
+class SamplerSource(Protocol):
+    """An agent that knows how its replay batches must be read (e.g. MuZero's unroll windows):
+    a replay datamodule whose ``sampler`` is unset samples with ``replay_sampler()``, so a value
+    the model and the sampler both need is set once, in the model (typed ``Any`` so that this
+    module does not import ``data/``)."""
+
+    def replay_sampler(self) -> Any: ...
 
 
 @runtime_checkable
