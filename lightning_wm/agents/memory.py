@@ -59,7 +59,8 @@ class Memory(OfflineModel):
         patience: stop training after this many validations (epochs) without a lower
             ``val/loss`` (HumbleRL's ``rnn_training.patience``, 10); None trains for
             ``max_epochs``. The best model by ``val/loss`` is kept as ``best.ckpt`` beside ``last.ckpt``.
-        action_dim, discrete: the action space when no ``env_spec`` is given.
+        action_dim: number of actions (discrete) or action size when no ``env_spec`` is given.
+        discrete: whether those actions are discrete (when no ``env_spec`` is given).
     """
 
     def __init__(
