@@ -469,11 +469,11 @@ def main() -> None:
         hp = {k: v for k, v in ckpt["hyper_parameters"].items() if k in known}
         hp.update(vision_ckpt=args.vision, memory_ckpt=args.memory, train_in="dream")
         hp["es"] = {**hp.get("es", {}), "env_workers": 0}
-        dream = {**hp.get("dream", {}), "dir": args.latents, "temperature": args.temperature}
-        dream["ensemble"] = list(args.ensemble)
+        in_dream = {**hp.get("dream", {}), "dir": args.latents, "temperature": args.temperature}
+        in_dream["ensemble"] = list(args.ensemble)
         entry = {"checkpoint": path}
         for starts in ("first", "all"):
-            controller = Controller(spec, **{**hp, "dream": {**dream, "starts": starts}})
+            controller = Controller(spec, **{**hp, "dream": {**in_dream, "starts": starts}})
             controller.params.data.copy_(ckpt["state_dict"]["params"])
             returns = controller.evaluate_population(
                 controller.params.detach()[None], args.dreams, seed=1, where="dream", per_episode=True
