@@ -32,6 +32,10 @@ class OfflineModel(RLModule):
       (:class:`~lightning_wm.optim.GradClipper`; or the trainer's ``gradient_clip_val``, not both);
     * early stopping after ``patience`` validations without a lower ``val/loss`` (Lightning's
       ``EarlyStopping``; HumbleRL's ``patience``).
+
+    It does not act; it is an :class:`~lightning_wm.agents.base.RLModule` for what every model of
+    this project shares: ``save_settings`` (groups stored as plain dicts in checkpoints) and the
+    warning when ``optim.lr_anneal_steps`` ends before the trainer's ``max_steps``.
     """
 
     optim: OptimSettings
