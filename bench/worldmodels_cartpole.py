@@ -134,28 +134,29 @@ def parse_args() -> argparse.Namespace:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="an extra M setting (model.init_args.KEY), e.g. sample_z=false; repeatable",
+        help="an extra M setting (model.init_args.KEY), e.g. sample_z=false or loss.open_loop_weight=1; repeatable",
     )
     p.add_argument(
         "--dream-set",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="an extra setting of the dream-trained controller (model.init_args.KEY); repeatable",
+        help="an extra setting of the dream-trained controller (model.init_args.KEY, e.g. dream.max_starts=512); "
+        "repeatable",
     )
     p.add_argument(
         "--ensemble",
         type=int,
         default=1,
         help="Ms per round: M (seed 0) and K-1 more with seeds 1..K-1 on the same latents, all of them "
-        "dreaming together (the controller's memory_ensemble); 1: M alone",
+        "dreaming together (the controller's dream.ensemble); 1: M alone",
     )
     p.add_argument(
         "--round-ensemble",
         type=int,
         default=0,
         help="iterate: each round's controller dreams in its new M together with the Ms of this many "
-        "rounds before it (round 0: M on the first episodes), as the controller's memory_ensemble; "
+        "rounds before it (round 0: M on the first episodes), as the controller's dream.ensemble; "
         "0: the new M alone",
     )
     p.add_argument(
@@ -387,7 +388,7 @@ def main() -> None:
             str(generations),
             "--trainer.val_check_interval",
             str(10**6),
-            "--model.init_args.popsize",
+            "--model.init_args.es.popsize",
             str(args.popsize),
             "--model.init_args.memory_ckpt",
             f"lightning_logs/{memory_run}/checkpoints/last.ckpt",
@@ -402,23 +403,23 @@ def main() -> None:
                 run_name or args.dream_run_name,
                 "--model.init_args.train_in",
                 "dream",
-                "--model.init_args.dream_starts",
+                "--model.init_args.dream.starts",
                 args.dream_starts,
-                "--model.init_args.dream_max_steps",
+                "--model.init_args.dream.max_steps",
                 str(args.dream_max_steps),
-                "--model.init_args.dream_done_mode",
+                "--model.init_args.dream.done_mode",
                 args.dream_done_mode,
-                "--model.init_args.seed",
+                "--model.init_args.es.seed",
                 str(args.dream_seed),
-                "--model.init_args.dream_dir",
+                "--model.init_args.dream.dir",
                 latents,
-                "--model.init_args.dream_temperature",
+                "--model.init_args.dream.temperature",
                 str(args.dream_temperature),
-                "--model.init_args.dream_done_threshold",
+                "--model.init_args.dream.done_threshold",
                 str(args.dream_done_threshold),
                 "--model.init_args.sample_z",
                 str(args.dream_sample_z).lower(),
-                "--model.init_args.episodes_per_member",
+                "--model.init_args.es.episodes_per_member",
                 str(args.dream_episodes_per_member),
                 *settings(args.dream_set),
             ]
@@ -427,15 +428,15 @@ def main() -> None:
             if members:
                 paths = [f"lightning_logs/{name}/checkpoints/last.ckpt" for name in members]
                 command += [
-                    "--model.init_args.memory_ensemble",
+                    "--model.init_args.dream.ensemble",
                     "[" + ",".join(paths) + "]",
-                    "--model.init_args.dream_ensemble_next",
+                    "--model.init_args.dream.ensemble_next",
                     args.dream_ensemble_next,
-                    "--model.init_args.dream_ensemble_done",
+                    "--model.init_args.dream.ensemble_done",
                     args.dream_ensemble_done,
                 ]
         else:
-            command += ["--model.init_args.episodes_per_member", str(args.episodes_per_member)]
+            command += ["--model.init_args.es.episodes_per_member", str(args.episodes_per_member)]
         fit_start = time.time()
         cli = run(command)
         m = cli.trainer.callback_metrics

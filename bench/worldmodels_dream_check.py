@@ -67,7 +67,7 @@ def balanced_episodes(episodes: int, steps: int, noise: float, seed: int) -> lis
 
 def mixture_mean(memory, heads: dict[str, torch.Tensor]) -> torch.Tensor:
     """The mean of M's predicted mixture ``[B, Z]``."""
-    if memory.mixture == "per_dim":  # logit_pi [B, Z, K], mu [B, Z, K, 1]
+    if memory.net.mixture == "per_dim":  # logit_pi [B, Z, K], mu [B, Z, K, 1]
         return (torch.softmax(heads["logit_pi"], -1) * heads["mu"].squeeze(-1)).sum(-1)
     return (torch.softmax(heads["logit_pi"], -1).unsqueeze(-1) * heads["mu"]).sum(-2)  # [B, K] x [B, K, Z]
 

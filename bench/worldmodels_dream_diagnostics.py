@@ -409,7 +409,7 @@ def main() -> None:
         """Disagreement at every step of ``args.dreams`` dreams from the controller's (ensemble)
         starts, ends ignored (a dream runs on for ``steps`` from a first-row start); ``z'`` is
         drawn from M's mixture, every member reading it."""
-        bank = controller.dream_starts_bank()  # the controller dreams with the ensemble (memory_ensemble)
+        bank = controller.dream_starts_bank()  # the controller dreams with the ensemble (dream.ensemble)
         g = torch.Generator().manual_seed(args.seed)
         pick = torch.randint(len(bank["z"]), (args.dreams,), generator=g)
         state = {k: v[pick] for k, v in bank.items()}
@@ -467,18 +467,13 @@ def main() -> None:
         ckpt = torch.load(path, map_location="cpu", weights_only=False)
         known = inspect.signature(Controller).parameters
         hp = {k: v for k, v in ckpt["hyper_parameters"].items() if k in known}
-        hp.update(
-            vision_ckpt=args.vision,
-            memory_ckpt=args.memory,
-            train_in="dream",
-            dream_dir=args.latents,
-            dream_temperature=args.temperature,
-            env_workers=0,
-            memory_ensemble=args.ensemble or None,
-        )
+        hp.update(vision_ckpt=args.vision, memory_ckpt=args.memory, train_in="dream")
+        hp["es"] = {**hp.get("es", {}), "env_workers": 0}
+        in_dream = {**hp.get("dream", {}), "dir": args.latents, "temperature": args.temperature}
+        in_dream["ensemble"] = list(args.ensemble)
         entry = {"checkpoint": path}
         for starts in ("first", "all"):
-            controller = Controller(spec, **{**hp, "dream_starts": starts})
+            controller = Controller(spec, **{**hp, "dream": {**in_dream, "starts": starts}})
             controller.params.data.copy_(ckpt["state_dict"]["params"])
             returns = controller.evaluate_population(
                 controller.params.detach()[None], args.dreams, seed=1, where="dream", per_episode=True

@@ -1,4 +1,4 @@
-"""One place that logs pictures: still images to TensorBoard, animations as GIF files beside the logs.
+"""One place that logs pictures: still images and figures to TensorBoard, animations as GIF files beside the logs.
 
 TensorBoard's ``add_video`` writes nothing with moviepy 2, so animations are written as GIFs
 (:func:`lightning_wm.video.write_gif`) into the run's log directory instead. Every function
@@ -6,13 +6,14 @@ is a no-op for a module without a trainer or logger, and logs from the global-ze
 
 * :func:`image_grid` — rows of frames -> one image;
 * :func:`log_image` — ``add_image`` at the module's global step;
+* :func:`log_figure` — ``add_figure`` (a matplotlib figure, rendered with Agg) at the module's global step;
 * :func:`log_gif` — ``<log_dir>/<name>/step_<global step>.gif``.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,7 @@ from torch import Tensor
 
 from lightning_wm.video import write_gif
 
-__all__ = ["image_grid", "log_image", "log_gif"]
+__all__ = ["image_grid", "log_image", "log_figure", "log_gif"]
 
 
 def image_grid(rows: Sequence[Tensor]) -> Tensor:
@@ -47,6 +48,17 @@ def log_image(module: pl.LightningModule, tag: str, image: Tensor | np.ndarray, 
     if experiment is None or not hasattr(experiment, "add_image"):
         return False
     experiment.add_image(tag, image, module.global_step, dataformats=dataformats)
+    return True
+
+
+def log_figure(module: pl.LightningModule, tag: str, figure: Any | Callable[[], Any]) -> bool:
+    """``add_figure(tag, figure)`` on the module's TensorBoard logger at its global step; the
+    figure (a ``matplotlib.figure.Figure``, or a function that draws one: then it is drawn only
+    where it is logged) is rendered with the Agg canvas and closed. Returns whether it was logged."""
+    experiment = getattr(_logger(module), "experiment", None)
+    if experiment is None or not hasattr(experiment, "add_figure"):
+        return False
+    experiment.add_figure(tag, figure() if callable(figure) else figure, module.global_step, close=True)
     return True
 
 

@@ -12,7 +12,8 @@ check = load_bench_script("worldmodels_dream_check.py")
 @pytest.mark.parametrize("mixture", ["per_dim", "joint"])
 def test_mixture_mean_is_the_weighted_mean_of_the_components(mixture: str) -> None:
     torch.manual_seed(0)
-    memory = Memory(z_size=3, hidden_size=8, num_mixtures=2, mixture=mixture, action_dim=2, discrete=True)
+    net = {"latent_dim": 3, "hidden": 8, "num_mixtures": 2, "mixture": mixture}
+    memory = Memory(net=net, action_dim=2, discrete=True)
     heads = memory.heads(torch.randn(4, 8))
     mean = check.mixture_mean(memory, heads)
     assert mean.shape == (4, 3)
@@ -29,7 +30,7 @@ def test_mixture_mean_is_the_weighted_mean_of_the_components(mixture: str) -> No
 
 def test_open_loop_feeds_its_own_predictions_after_the_warm_up() -> None:
     torch.manual_seed(0)
-    memory = Memory(z_size=3, hidden_size=8, num_mixtures=2, action_dim=2, discrete=True).eval()
+    memory = Memory(net={"latent_dim": 3, "hidden": 8, "num_mixtures": 2}, action_dim=2, discrete=True).eval()
     mu = torch.randn(10, 3)
     action_in = memory.action_input(torch.randint(0, 2, (9,)))
     with torch.no_grad():

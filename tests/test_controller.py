@@ -37,11 +37,13 @@ def save_module(module: pl.LightningModule, path) -> str:
 
 def test_paper_carracing_controller_has_867_parameters(tmp_path):
     assert controller_num_params(32 + 256, 3) == 867
-    vision = save_module(Vision(CARRACING, z_size=32), tmp_path / "v.ckpt")
-    memory = save_module(Memory(CARRACING, z_size=32, hidden_size=256), tmp_path / "m.ckpt")
-    controller = Controller(CARRACING, vision_ckpt=vision, memory_ckpt=memory, popsize=4, episodes_per_member=1)
+    vision = save_module(Vision(CARRACING, latent_dim=32), tmp_path / "v.ckpt")
+    memory = save_module(Memory(CARRACING, net={"latent_dim": 32, "hidden": 256}), tmp_path / "m.ckpt")
+    controller = Controller(
+        CARRACING, vision_ckpt=vision, memory_ckpt=memory, es={"popsize": 4, "episodes_per_member": 1}
+    )
     assert controller.num_params == 867 and controller.params.numel() == 867
-    assert controller.es.N == 867
+    assert controller.cmaes.N == 867
     # V and M are frozen; only the (gradient-free) CMA-ES weights are a trainable leaf
     assert [n for n, p in controller.named_parameters() if p.requires_grad] == ["params"]
     # act: features [z, h] -> tanh mapped onto the bounds; M's state advances
@@ -99,12 +101,12 @@ def _fit(model, datamodule, steps, ckpt_path=None):
     return trainer
 
 
-def _cartpole_controller(**kwargs):
+def _cartpole_controller(es=None, **kwargs):
+    """A controller of vector CartPole (no V or M); ``es`` updates its small CMA-ES settings."""
     cfg = EnvConfig(id="CartPole-v1", seed=3)
     dm = GenerationDataModule(cfg, eval_episodes=2, eval_envs=2)
-    args = dict(popsize=8, episodes_per_member=2, sigma0=0.5, seed=1)
-    args.update(kwargs)
-    return Controller(dm.spec, **args), dm
+    settings = {"popsize": 8, "episodes_per_member": 2, "sigma0": 0.5, "seed": 1, **(es or {})}
+    return Controller(dm.spec, es=settings, **kwargs), dm
 
 
 def test_cma_es_learns_vector_cartpole_without_v_and_m():
@@ -122,22 +124,22 @@ def test_cma_es_learns_vector_cartpole_without_v_and_m():
 
 
 def test_resume_continues_the_same_cma_es_state(tmp_path):
-    straight, dm = _cartpole_controller(popsize=4, episodes_per_member=1)
+    straight, dm = _cartpole_controller(es={"popsize": 4, "episodes_per_member": 1})
     _fit(straight, dm, 4)
 
-    first, dm1 = _cartpole_controller(popsize=4, episodes_per_member=1)
+    first, dm1 = _cartpole_controller(es={"popsize": 4, "episodes_per_member": 1})
     trainer = _fit(first, dm1, 2)
     ckpt = tmp_path / "gen2.ckpt"
     trainer.save_checkpoint(ckpt)
     saved = torch.load(ckpt, weights_only=True)  # the CMA-ES is a plain uint8 tensor
     assert saved["cma_es"].dtype == torch.uint8
 
-    resumed, dm2 = _cartpole_controller(popsize=4, episodes_per_member=1)
+    resumed, dm2 = _cartpole_controller(es={"popsize": 4, "episodes_per_member": 1})
     trainer2 = _fit(resumed, dm2, 4, ckpt_path=str(ckpt))
     assert trainer2.global_step == 4
-    assert resumed.es.countiter == straight.es.countiter == 4
-    np.testing.assert_array_equal(resumed.es.mean, straight.es.mean)
-    assert resumed.es.sigma == straight.es.sigma
+    assert resumed.cmaes.countiter == straight.cmaes.countiter == 4
+    np.testing.assert_array_equal(resumed.cmaes.mean, straight.cmaes.mean)
+    assert resumed.cmaes.sigma == straight.cmaes.sigma
     torch.testing.assert_close(resumed.params, straight.params)
 
 
@@ -151,8 +153,14 @@ def test_bad_configurations_are_named():
         Controller(spec, vision_ckpt="v.ckpt", dreamer_ckpt="d.ckpt")
     with pytest.raises(ValueError, match="use must be"):
         Controller(spec, use="median")
-    with pytest.raises(ValueError, match="l2_decay"):
-        Controller(spec, l2_decay=-1.0)
+    with pytest.raises(ValueError, match="es.l2_decay"):
+        Controller(spec, es={"l2_decay": -1.0})
+    with pytest.raises(ValueError, match="es.popsize"):
+        Controller(spec, es={"popsize": 1})
+    with pytest.raises(ValueError, match="dream.done_mode"):
+        Controller(spec, dream={"done_mode": "never"})
+    with pytest.raises(ValueError, match=r"unknown setting\(s\) \['popsize'\]"):
+        Controller(spec, dream={"popsize": 4})
     with pytest.raises(ValueError, match="need a trained V"):
         Controller(CARRACING)
     with pytest.raises(FileNotFoundError, match="does not exist"):
@@ -170,10 +178,10 @@ class _SaveAtEnd(pl.Callback):
 def test_ddp_splits_the_population_and_matches_one_process(tmp_path):
     """2 ranks (gloo, spawn): each evaluates half the population; the gathered fitness makes the
     same CMA-ES update as one process evaluating everyone (common episode seeds per member)."""
-    single, dm = _cartpole_controller(popsize=5, episodes_per_member=2)
+    single, dm = _cartpole_controller(es={"popsize": 5, "episodes_per_member": 2})
     _fit(single, dm, 2)
 
-    model, dm2 = _cartpole_controller(popsize=5, episodes_per_member=2)
+    model, dm2 = _cartpole_controller(es={"popsize": 5, "episodes_per_member": 2})
     path = tmp_path / "ddp.ckpt"
     trainer = pl.Trainer(
         accelerator="cpu",
@@ -189,10 +197,10 @@ def test_ddp_splits_the_population_and_matches_one_process(tmp_path):
         callbacks=[_SaveAtEnd(str(path))],
     )
     trainer.fit(model, datamodule=dm2)
-    restored, _ = _cartpole_controller(popsize=5, episodes_per_member=2)
+    restored, _ = _cartpole_controller(es={"popsize": 5, "episodes_per_member": 2})
     restored.on_load_checkpoint(torch.load(path, weights_only=True))
-    assert restored.es.countiter == single.es.countiter == 2
-    np.testing.assert_allclose(restored.es.mean, single.es.mean, rtol=1e-12, atol=1e-12)
+    assert restored.cmaes.countiter == single.cmaes.countiter == 2
+    np.testing.assert_allclose(restored.cmaes.mean, single.cmaes.mean, rtol=1e-12, atol=1e-12)
 
 
 def _run_pipeline(name: str, capsys, env: list[str] = (), member_steps: int = 30) -> None:
@@ -209,7 +217,7 @@ def _run_pipeline(name: str, capsys, env: list[str] = (), member_steps: int = 30
         ["record", "--config", str(cfg / "record.yaml"), "--episodes", "6", "--data.init_args.env.num_envs", "2", *env]
     )
     assert len(EpisodeStore(frames).paths()) == 6
-    v_args = ["--model.init_args.z_size", "4", "--model.init_args.depth", "4"]
+    v_args = ["--model.init_args.latent_dim", "4", "--model.init_args.depth", "4"]
     main(
         [
             "fit",
@@ -237,11 +245,11 @@ def _run_pipeline(name: str, capsys, env: list[str] = (), member_steps: int = 30
             *quiet,
             "--trainer.max_epochs",
             "1",
-            "--model.init_args.z_size",
+            "--model.init_args.net.latent_dim",
             "4",
-            "--model.init_args.hidden_size",
+            "--model.init_args.net.hidden",
             "8",
-            "--model.init_args.num_mixtures",
+            "--model.init_args.net.num_mixtures",
             "2",
             "--data.init_args.batch_size",
             "2",
@@ -255,9 +263,9 @@ def _run_pipeline(name: str, capsys, env: list[str] = (), member_steps: int = 30
     )
     c_args = [
         *quiet,
-        "--model.init_args.popsize",
+        "--model.init_args.es.popsize",
         "3",
-        "--model.init_args.episodes_per_member",
+        "--model.init_args.es.episodes_per_member",
         "1",
         "--model.init_args.max_episode_steps",
         str(member_steps),
@@ -271,12 +279,12 @@ def _run_pipeline(name: str, capsys, env: list[str] = (), member_steps: int = 30
     ]
     first = main(["fit", "--config", str(cfg / "controller.yaml"), *c_args, "--trainer.max_steps", "2"])
     n_actions = first.model.num_params // (4 + 8 + 1)
-    assert first.model.es.countiter == 2 and first.model.num_params == (4 + 8 + 1) * n_actions
+    assert first.model.cmaes.countiter == 2 and first.model.num_params == (4 + 8 + 1) * n_actions
     ckpt_dir = Path(f"lightning_logs/worldmodels-{name}-controller/checkpoints")
     resumed = main(
         ["fit", "--config", str(cfg / "controller.yaml"), *c_args, "--trainer.max_steps", "3", "--ckpt_path", "last"]
     )
-    assert resumed.trainer.global_step == 3 and resumed.model.es.countiter == 3
+    assert resumed.trainer.global_step == 3 and resumed.model.cmaes.countiter == 3
     saved = torch.load(ckpt_dir / "last.ckpt", weights_only=False)
     assert saved["global_step"] == 3
     capsys.readouterr()
@@ -294,13 +302,13 @@ def _run_pipeline(name: str, capsys, env: list[str] = (), member_steps: int = 30
             "dream",
             "--model.init_args.train_in",
             "dream",
-            "--model.init_args.dream_dir",
+            "--model.init_args.dream.dir",
             latents,
-            "--model.init_args.dream_max_steps",
+            "--model.init_args.dream.max_steps",
             str(member_steps),
         ]
     )
-    assert dream.model.es.countiter == 1
+    assert dream.model.cmaes.countiter == 1
 
 
 def test_cli_pipeline_end_to_end_and_controller_resume(capsys):
@@ -380,11 +388,11 @@ def test_l2_penalty_is_humblerls_weight_decay():
 def test_fitness_is_penalised_and_the_best_member_is_kept(monkeypatch):
     """With equal returns the L2 penalty alone ranks the members: the smallest-norm member of
     all generations is the best one; the mean is CMA-ES's favourite."""
-    model, dm = _cartpole_controller(popsize=6, episodes_per_member=1, l2_decay=1.0, sigma0=1.0)
+    model, dm = _cartpole_controller(es={"popsize": 6, "episodes_per_member": 1, "l2_decay": 1.0, "sigma0": 1.0})
     told = []
     monkeypatch.setattr(model, "evaluate_population", lambda mine, *a, **k: torch.full((mine.shape[0],), 10.0))
-    tell = model.es.tell
-    monkeypatch.setattr(model.es, "tell", lambda x, f: (told.append((np.asarray(x), np.asarray(f))), tell(x, f)))
+    tell = model.cmaes.tell
+    monkeypatch.setattr(model.cmaes, "tell", lambda x, f: (told.append((np.asarray(x), np.asarray(f))), tell(x, f)))
     _fit(model, dm, 3)
     members = np.concatenate([x for x, _ in told])
     fitness = -np.concatenate([f for _, f in told])
@@ -392,7 +400,7 @@ def test_fitness_is_penalised_and_the_best_member_is_kept(monkeypatch):
     best = int(fitness.argmax())
     np.testing.assert_allclose(model.best_params.numpy(), members[best], rtol=1e-6)
     assert float(model.best_fitness) == pytest.approx(fitness[best])
-    np.testing.assert_allclose(model.params.detach().numpy(), model.es.result.xfavorite, rtol=1e-6)
+    np.testing.assert_allclose(model.params.detach().numpy(), model.cmaes.result.xfavorite, rtol=1e-6)
     # `use` picks which of the two acts
     assert torch.equal(model.acting_params, model.params.detach())
     model.use = "best"
@@ -400,7 +408,7 @@ def test_fitness_is_penalised_and_the_best_member_is_kept(monkeypatch):
 
 
 def test_both_solutions_are_in_the_checkpoint_and_evaluate_picks_one(tmp_path):
-    model, dm = _cartpole_controller(popsize=4, episodes_per_member=1)
+    model, dm = _cartpole_controller(es={"popsize": 4, "episodes_per_member": 1})
     trainer = _fit(model, dm, 3)
     path = tmp_path / "c.ckpt"
     trainer.save_checkpoint(path)
@@ -409,7 +417,7 @@ def test_both_solutions_are_in_the_checkpoint_and_evaluate_picks_one(tmp_path):
     assert "use" not in saved["hyper_parameters"]  # not a model setting: evaluate may choose
     obs = torch.tensor([[0.01, 0.5, -0.02, -0.6], [0.0, -0.5, 0.03, 0.7]])
     for use in ("mean", "best"):
-        fresh, _ = _cartpole_controller(popsize=4, episodes_per_member=1, use=use)
+        fresh, _ = _cartpole_controller(es={"popsize": 4, "episodes_per_member": 1}, use=use)
         fresh.on_load_checkpoint(saved)
         fresh.load_state_dict(saved["state_dict"])
         expected = saved["state_dict"]["params" if use == "mean" else "best_params"]
@@ -444,13 +452,9 @@ def test_controller_on_dreamers_world_model_in_the_dream_and_the_real_env(tmp_pa
     controller = Controller(
         model_dm.spec,
         dreamer_ckpt=ckpt,
-        popsize=3,
-        episodes_per_member=1,
+        es={"popsize": 3, "episodes_per_member": 1},
         train_in="dream",
-        dream_dir=str(tmp_path / "episodes"),
-        dream_starts="all",
-        dream_max_steps=6,
-        dream_reward="survival",
+        dream={"dir": str(tmp_path / "episodes"), "starts": "all", "max_steps": 6, "reward": "survival"},
         max_episode_steps=20,
     )
     assert controller.in_dim == 16 + 16 and controller.num_params == (32 + 1) * 2
@@ -459,7 +463,7 @@ def test_controller_on_dreamers_world_model_in_the_dream_and_the_real_env(tmp_pa
         controller.world_model.state_dict()["gru.linear.weight"], dreamer.wm.state_dict()["gru.linear.weight"]
     )
     _fit(controller, model_dm, 1)
-    assert controller.es.countiter == 1
+    assert controller.cmaes.countiter == 1
     # acting in the real env filters real observations through the RSSM's posterior
     real = controller.evaluate_population(
         torch.randn(2, controller.num_params), 1, seed=0, where="real", config=model_dm.env
@@ -510,9 +514,9 @@ def test_cli_controller_in_dreamers_dream_end_to_end(capsys):
     assert len(EpisodeStore("data/worldmodels/cartpole_dreamer/episodes")) == 3
     c_args = [
         *quiet,
-        "--model.init_args.popsize",
+        "--model.init_args.es.popsize",
         "3",
-        "--model.init_args.episodes_per_member",
+        "--model.init_args.es.episodes_per_member",
         "1",
         "--model.init_args.max_episode_steps",
         "15",
@@ -524,7 +528,7 @@ def test_cli_controller_in_dreamers_dream_end_to_end(capsys):
         "2",
     ]
     cli = main(["fit", "--config", str(cfg / "controller.yaml"), *c_args, "--trainer.max_steps", "2"])
-    assert cli.model.es.countiter == 2 and cli.model.num_params == (32 + 16 + 1) * 2
+    assert cli.model.cmaes.countiter == 2 and cli.model.num_params == (32 + 16 + 1) * 2
     capsys.readouterr()
     main(
         [
@@ -543,7 +547,7 @@ def test_cli_controller_in_dreamers_dream_end_to_end(capsys):
 
 
 def test_explore_noise_replaces_actions_only_when_exploring():
-    model, _ = _cartpole_controller(popsize=4, episodes_per_member=1, explore_noise=0.5)
+    model, _ = _cartpole_controller(es={"popsize": 4, "episodes_per_member": 1}, explore_noise=0.5)
     with torch.no_grad():
         model.params.copy_(torch.tensor([0.0, 0.0, 0.0, 0.0, -1.0, 0.0, 0.0, 0.0, 0.0, 1.0]))  # always action 1
     obs = torch.zeros(2000, 4)
@@ -556,29 +560,31 @@ def test_explore_noise_replaces_actions_only_when_exploring():
 
 
 def test_init_params_ckpt_starts_the_search_from_another_controllers_mean(tmp_path):
-    trained, dm = _cartpole_controller(popsize=4, episodes_per_member=1)
+    trained, dm = _cartpole_controller(es={"popsize": 4, "episodes_per_member": 1})
     trainer = _fit(trained, dm, 3)
     path = tmp_path / "round1.ckpt"
     trainer.save_checkpoint(path)
     mean = trained.params.detach().clone()
     assert mean.abs().sum() > 0
 
-    warm, _ = _cartpole_controller(popsize=4, episodes_per_member=1, init_params_ckpt=str(path), sigma0=0.05)
+    warm, _ = _cartpole_controller(
+        es={"popsize": 4, "episodes_per_member": 1, "sigma0": 0.05}, init_params_ckpt=str(path)
+    )
     torch.testing.assert_close(warm.params.detach(), mean)
-    np.testing.assert_allclose(warm.es.mean, mean.double().numpy(), rtol=0, atol=1e-7)
-    assert warm.es.sigma == 0.05 and warm.es.countiter == 0  # a new search around that mean
+    np.testing.assert_allclose(warm.cmaes.mean, mean.double().numpy(), rtol=0, atol=1e-7)
+    assert warm.cmaes.sigma == 0.05 and warm.cmaes.countiter == 0  # a new search around that mean
     assert "init_params_ckpt" not in warm.hparams  # only a start: not a setting a checkpoint keeps
     # the first generation is drawn around the saved mean, not around zero
-    members = torch.as_tensor(np.array(warm.es.ask()))
+    members = torch.as_tensor(np.array(warm.cmaes.ask()))
     assert (members - mean).abs().max() < 0.3 < mean.abs().max()
 
-    cold, _ = _cartpole_controller(popsize=4, episodes_per_member=1)
+    cold, _ = _cartpole_controller(es={"popsize": 4, "episodes_per_member": 1})
     assert cold.params.abs().sum() == 0
 
     spec = env_spec(EnvConfig(id="CartPole-v1"))
     with pytest.raises(ValueError, match="holds 10 controller weights, this controller has 30"):
-        Controller(env_spec=spec, hidden=4, popsize=4, init_params_ckpt=str(path))
+        Controller(env_spec=spec, hidden=4, es={"popsize": 4}, init_params_ckpt=str(path))
     other = tmp_path / "not_a_controller.ckpt"
     torch.save({"state_dict": {"w": torch.zeros(1)}}, other)
     with pytest.raises(ValueError, match="not a Controller checkpoint"):
-        Controller(env_spec=spec, popsize=4, init_params_ckpt=str(other))
+        Controller(env_spec=spec, es={"popsize": 4}, init_params_ckpt=str(other))

@@ -38,8 +38,8 @@ TINY_DREAMER = dict(deter=16, stoch=4, classes=4, hidden=16, layers=1, bins=31, 
 def _model(spec=DISCRETE, z=4, hidden=8, temperature=None) -> VisionMemoryModel:
     torch.manual_seed(0)
     return VisionMemoryModel(
-        Vision(spec, z_size=z, depth=4),
-        Memory(spec, z_size=z, hidden_size=hidden, num_mixtures=2),
+        Vision(spec, latent_dim=z, depth=4),
+        Memory(spec, net={"latent_dim": z, "hidden": hidden, "num_mixtures": 2}),
         temperature=temperature,
     )
 
@@ -47,7 +47,7 @@ def _model(spec=DISCRETE, z=4, hidden=8, temperature=None) -> VisionMemoryModel:
 def _vm_starts(model: VisionMemoryModel, n: int = 5) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     zeros = model.zero_state(n)
-    return {**zeros, "z": torch.randn(n, model.z_size, generator=g)}
+    return {**zeros, "z": torch.randn(n, model.latent_dim, generator=g)}
 
 
 def _dream(spec=DISCRETE, num_envs=3, temperature=None, **kwargs) -> DreamEnv:
@@ -227,8 +227,8 @@ def test_vision_memory_model_is_a_world_model():
 def test_dream_ends_from_the_drawn_latent_with_done_input_latent():
     torch.manual_seed(0)
     model = VisionMemoryModel(
-        Vision(DISCRETE, z_size=4, depth=4),
-        Memory(DISCRETE, z_size=4, hidden_size=8, num_mixtures=2, done_input="latent"),
+        Vision(DISCRETE, latent_dim=4, depth=4),
+        Memory(DISCRETE, net={"latent_dim": 4, "hidden": 8, "num_mixtures": 2, "done_input": "latent"}),
     )
     start = _vm_starts(model, 3)
     g = torch.Generator().manual_seed(5)
@@ -299,13 +299,9 @@ def test_controller_trains_inside_the_dream(tmp_path):
         DISCRETE,
         vision_ckpt=v,
         memory_ckpt=m,
-        popsize=4,
-        episodes_per_member=2,
+        es={"popsize": 4, "episodes_per_member": 2},
         train_in="dream",
-        dream_dir=str(tmp_path / "latents"),
-        dream_max_steps=7,
-        dream_done_threshold=2.0,
-        dream_reward="survival",
+        dream={"dir": str(tmp_path / "latents"), "max_steps": 7, "done_threshold": 2.0, "reward": "survival"},
     )
     assert sorted(controller.dream_starts_bank()["z"][:, 0].tolist()) == [0.0, 1.0, 2.0]
     solutions = torch.randn(4, controller.num_params)
@@ -328,7 +324,7 @@ def test_controller_trains_inside_the_dream(tmp_path):
         limit_val_batches=0,
     )
     trainer.fit(controller, datamodule=_Synthetic())
-    assert controller.es.countiter == 2 and trainer.callback_metrics["fitness/mean"] == 7.0
+    assert controller.cmaes.countiter == 2 and trainer.callback_metrics["fitness/mean"] == 7.0
 
 
 def test_load_dream_env_from_checkpoints_matches_the_models(tmp_path):
@@ -571,7 +567,7 @@ def _member(spec=DISCRETE, z=4, hidden=8, seed=1, z_offset=0.0) -> Memory:
     """An M like ``_model``'s with other weights; with ``z_offset`` every mixture mean sits there
     (and sigma is tiny), so its draws are recognisable."""
     torch.manual_seed(seed)
-    member = Memory(spec, z_size=z, hidden_size=hidden, num_mixtures=2)
+    member = Memory(spec, net={"latent_dim": z, "hidden": hidden, "num_mixtures": 2})
     with torch.no_grad():
         if z_offset:
             member.mdn_head.weight.zero_()
@@ -583,7 +579,7 @@ def _member(spec=DISCRETE, z=4, hidden=8, seed=1, z_offset=0.0) -> Memory:
 
 def test_ensemble_members_read_the_same_steps_and_the_primary_gives_the_features():
     base = _model()
-    twin = Memory(DISCRETE, z_size=4, hidden_size=8, num_mixtures=2)
+    twin = Memory(DISCRETE, net={"latent_dim": 4, "hidden": 8, "num_mixtures": 2})
     twin.load_state_dict(base.memory.state_dict())
     model = VisionMemoryModel(
         base.vision, base.memory, ensemble=[twin, _member()], ensemble_next="primary", ensemble_done="mean"
@@ -641,14 +637,14 @@ def test_ensemble_random_next_draws_from_every_member_and_done_takes_the_max():
 
 def test_ensemble_refuses_a_mismatched_member_and_unknown_rules():
     base = _model()
-    with pytest.raises(ValueError, match="ensemble member 0 has z_size 4, hidden_size 16"):
-        VisionMemoryModel(base.vision, base.memory, ensemble=[Memory(DISCRETE, z_size=4, hidden_size=16)])
+    with pytest.raises(ValueError, match="ensemble member 0 has latent_dim 4, hidden 16"):
+        VisionMemoryModel(base.vision, base.memory, ensemble=[Memory(DISCRETE, net={"latent_dim": 4, "hidden": 16})])
     with pytest.raises(ValueError, match="ensemble_next must be"):
         VisionMemoryModel(base.vision, base.memory, ensemble=[_member()], ensemble_next="vote")
     with pytest.raises(ValueError, match="ensemble_done must be"):
         VisionMemoryModel(base.vision, base.memory, ensemble=[_member()], ensemble_done="min")
-    with pytest.raises(ValueError, match="memory_ensemble needs memory_ckpt"):
-        Controller(DISCRETE, memory_ensemble=["m2.ckpt"])
+    with pytest.raises(ValueError, match="dream.ensemble needs memory_ckpt"):
+        Controller(DISCRETE, dream={"ensemble": ["m2.ckpt"]})
 
 
 def test_controller_dreams_with_an_ensemble_and_acts_with_m_alone(tmp_path):
@@ -669,14 +665,15 @@ def test_controller_dreams_with_an_ensemble_and_acts_with_m_alone(tmp_path):
         DISCRETE,
         vision_ckpt=v,
         memory_ckpt=m,
-        memory_ensemble=[m2],
-        popsize=4,
-        episodes_per_member=2,
+        es={"popsize": 4, "episodes_per_member": 2},
         train_in="dream",
-        dream_dir=str(tmp_path / "latents"),
-        dream_max_steps=7,
-        dream_done_threshold=2.0,
-        dream_reward="survival",
+        dream={
+            "dir": str(tmp_path / "latents"),
+            "max_steps": 7,
+            "done_threshold": 2.0,
+            "reward": "survival",
+            "ensemble": [m2],
+        },
     )
     assert len(controller.dream_model.ensemble) == 1 and not len(controller.world_model.ensemble)
     assert not any(k.startswith("world_model.ensemble") or "dream_model" in k for k in controller.state_dict())
@@ -690,7 +687,7 @@ def test_controller_dreams_with_an_ensemble_and_acts_with_m_alone(tmp_path):
         controller.params.normal_()
     state = controller.state_dict()
     assert not any(k.startswith("memory_ensemble") for k in state)
-    alone = Controller(DISCRETE, vision_ckpt=v, memory_ckpt=m, popsize=4)
+    alone = Controller(DISCRETE, vision_ckpt=v, memory_ckpt=m, es={"popsize": 4})
     alone.load_state_dict(state)
     torch.testing.assert_close(alone.params, controller.params)
     member = {k: t.clone() for k, t in controller.memory_ensemble.state_dict().items()}

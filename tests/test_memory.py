@@ -11,10 +11,12 @@ from lightning_wm.agents.memory import Memory
 from lightning_wm.agents.vision import Vision, convert_episodes
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.envs import EnvSpec
+from lightning_wm.optim import OptimSettings
 
 torch.set_num_threads(1)
 
 SPEC = EnvSpec(gym.spaces.Box(0, 255, (64, 64, 3), np.uint8), gym.spaces.Discrete(2), "Synthetic")
+NET = {"latent_dim": 4, "hidden": 8, "num_mixtures": 3}  # a tiny M
 
 
 def _batch(b=3, length=6, z=4, border=None, seed=0):
@@ -38,7 +40,7 @@ def _batch(b=3, length=6, z=4, border=None, seed=0):
 
 @pytest.mark.parametrize("mixture", ["per_dim", "joint"])
 def test_unroll_resets_the_state_where_is_first(mixture):
-    m = Memory(SPEC, z_size=4, hidden_size=8, num_mixtures=3, mixture=mixture)
+    m = Memory(SPEC, net={"latent_dim": 4, "hidden": 8, "num_mixtures": 3, "mixture": mixture})
     batch = _batch(border=3)
     z, a = batch["mu"], m.action_input(batch["action"])
     out, _ = m.unroll(z, a, batch["is_first"])
@@ -59,7 +61,7 @@ def test_unroll_resets_the_state_where_is_first(mixture):
 @pytest.mark.parametrize("mixture", ["per_dim", "joint"])
 def test_losses_score_only_targets_inside_an_episode(mixture):
     torch.manual_seed(0)
-    m = Memory(SPEC, z_size=4, hidden_size=8, num_mixtures=3, mixture=mixture, sample_z=False)
+    m = Memory(SPEC, net={"latent_dim": 4, "hidden": 8, "num_mixtures": 3, "mixture": mixture}, sample_z=False)
     batch = _batch(b=2, length=5, border=2)
     losses = m.losses(batch)
     # independent computation: pairs (t -> t+1) inside an episode, state from scratch per episode
@@ -89,9 +91,9 @@ def test_losses_score_only_targets_inside_an_episode(mixture):
 
 
 def test_mixture_layouts_have_the_paper_sizes():
-    per_dim = Memory(SPEC, z_size=32, hidden_size=256, num_mixtures=5)
-    assert per_dim.mdn_head.out_features == 3 * 5 * 32
-    assert Memory(SPEC, z_size=32, mixture="joint").mdn_head.out_features == 5 + 2 * 5 * 32
+    per_dim = Memory(SPEC)  # the paper's sizes are the defaults: z 32, LSTM 256, 5 Gaussians
+    assert per_dim.mdn_head.out_features == 3 * 5 * 32 and per_dim.lstm.hidden_size == 256
+    assert Memory(SPEC, net={"mixture": "joint"}).mdn_head.out_features == 5 + 2 * 5 * 32
     heads = per_dim.heads(torch.zeros(2, 7, 256))
     assert heads["logit_pi"].shape == (2, 7, 32, 5) and heads["mu"].shape == (2, 7, 32, 5, 1)
     assert per_dim.sample_next(heads).shape == (2, 7, 32)
@@ -131,7 +133,7 @@ def _train(m: Memory, g: torch.Generator, steps: int, length: int = 12) -> None:
 def test_learns_synthetic_dynamics():
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)
-    m = Memory(SPEC, z_size=2, hidden_size=32, num_mixtures=2, lr=1e-2)
+    m = Memory(SPEC, net={"latent_dim": 2, "hidden": 32, "num_mixtures": 2}, optim=OptimSettings(lr=1e-2))
     test = _dynamics_batch(torch.Generator().manual_seed(99))
     with torch.no_grad():
         before = m.losses(test)
@@ -147,20 +149,21 @@ def test_done_from_the_next_latent():
     """``done_input: latent``: the end is read from z_{t+1} only (the LSTM state cannot raise it),
     and on the synthetic dynamics, where the end is a function of z_{t+1}, it learns the end
     better than the head on M's output in the same steps."""
-    m = Memory(SPEC, z_size=2, hidden_size=8, num_mixtures=2, done_input="latent")
+    m = Memory(SPEC, net={"latent_dim": 2, "hidden": 8, "num_mixtures": 2, "done_input": "latent"})
     heads = m.heads(torch.randn(3, 8))
     assert "done_logit" not in heads
     z_next = torch.randn(3, 2)
     torch.testing.assert_close(m.next_done_logit(heads, z_next), m.next_done_logit(m.heads(torch.randn(3, 8)), z_next))
     torch.testing.assert_close(m.next_done_logit(heads, z_next), m.done_head(z_next).squeeze(-1))
-    with pytest.raises(ValueError, match="done_input"):
-        Memory(SPEC, z_size=2, done_input="frame")
+    with pytest.raises(ValueError, match="net.done_input"):
+        Memory(SPEC, net={"done_input": "frame"})
     results = {}
     test = _dynamics_batch(torch.Generator().manual_seed(99), b=64)
     for done_input in ("hidden", "latent"):
         torch.manual_seed(0)
         g = torch.Generator().manual_seed(1)
-        m = Memory(SPEC, z_size=2, hidden_size=32, num_mixtures=2, lr=1e-2, done_input=done_input)
+        net = {"latent_dim": 2, "hidden": 32, "num_mixtures": 2, "done_input": done_input}
+        m = Memory(SPEC, net=net, optim=OptimSettings(lr=1e-2))
         _train(m, g, 150)
         with torch.no_grad():
             results[done_input] = m.losses(test)
@@ -169,7 +172,7 @@ def test_done_from_the_next_latent():
 
 
 def test_open_loop_dream_stops_at_the_episode_border():
-    m = Memory(SPEC, z_size=4, hidden_size=8, num_mixtures=3)
+    m = Memory(SPEC, net=NET)
     batch = _batch(b=2, length=6, border=4)
     dream, valid = m.open_loop_dream(batch["mu"], batch["action"], batch["is_first"], length=5, temperature=0.0)
     assert dream.shape == (2, 5, 4)
@@ -183,7 +186,9 @@ def test_open_loop_dream_stops_at_the_episode_border():
 def test_open_loop_heads_feed_back_the_mean_after_the_warmup(mixture):
     torch.manual_seed(0)
     m = Memory(
-        SPEC, z_size=4, hidden_size=8, num_mixtures=3, mixture=mixture, open_loop_warmup=2, open_loop_input="mean"
+        SPEC,
+        net={**NET, "mixture": mixture},
+        loss={"open_loop_warmup": 2, "open_loop_input": "mean"},
     )
     batch = _batch(b=2, length=7, border=3)
     z, a = batch["mu"], m.action_input(batch["action"])
@@ -207,18 +212,18 @@ def test_open_loop_heads_feed_back_the_mean_after_the_warmup(mixture):
 def test_open_loop_loss_is_off_by_default_and_scored_only_on_fed_back_rows():
     torch.manual_seed(0)
     batch = _batch(b=2, length=6, border=3)
-    plain = Memory(SPEC, z_size=4, hidden_size=8, num_mixtures=3, sample_z=False)
+    plain = Memory(SPEC, net=NET, sample_z=False)
     assert "open_loop_nll" not in plain.losses(batch)
     torch.manual_seed(0)
     never = Memory(
-        SPEC, z_size=4, hidden_size=8, num_mixtures=3, sample_z=False, open_loop_weight=1.0, open_loop_warmup=6
+        SPEC, net=NET, sample_z=False, loss={"open_loop_weight": 1.0, "open_loop_warmup": 6}
     )  # the warm-up covers the window: nothing is fed back, no open-loop term
     with torch.no_grad():
         never.load_state_dict(plain.state_dict())
         a, b = plain.losses(batch), never.losses(batch)
     torch.testing.assert_close(a["loss"], b["loss"])
     assert b["open_loop_nll"].item() == 0.0
-    sampled = Memory(SPEC, z_size=4, hidden_size=8, num_mixtures=3, open_loop_weight=0.5, open_loop_warmup=1)
+    sampled = Memory(SPEC, net=NET, loss={"open_loop_weight": 0.5, "open_loop_warmup": 1})
     losses = sampled.losses(batch)
     expected = (
         losses["nll"]
@@ -229,8 +234,8 @@ def test_open_loop_loss_is_off_by_default_and_scored_only_on_fed_back_rows():
     torch.testing.assert_close(losses["loss"], expected)
     losses["open_loop_nll"].backward()  # reparameterised draws: the gradient reaches the LSTM's input weights
     assert sampled.lstm.weight_ih_l0.grad.abs().sum() > 0
-    with pytest.raises(ValueError, match="open_loop_warmup"):
-        Memory(SPEC, z_size=4, open_loop_warmup=0)
+    with pytest.raises(ValueError, match="loss.open_loop_warmup"):
+        Memory(SPEC, loss={"open_loop_warmup": 0})
 
 
 def test_open_loop_training_improves_multi_step_predictions():
@@ -243,23 +248,15 @@ def test_open_loop_training_improves_multi_step_predictions():
         g = torch.Generator().manual_seed(1)
         m = Memory(
             SPEC,
-            z_size=2,
-            hidden_size=32,
-            num_mixtures=2,
-            lr=1e-2,
-            open_loop_weight=weight,
-            open_loop_warmup=2,
-            open_loop_input="mean",
+            net={"latent_dim": 2, "hidden": 32, "num_mixtures": 2},
+            loss={"open_loop_weight": weight, "open_loop_warmup": 2, "open_loop_input": "mean"},
+            optim=OptimSettings(lr=1e-2),
         )
         _train(m, g, 100, length=16)
         probe = Memory(
             SPEC,
-            z_size=2,
-            hidden_size=32,
-            num_mixtures=2,
-            open_loop_weight=1.0,
-            open_loop_warmup=2,
-            open_loop_input="mean",
+            net={"latent_dim": 2, "hidden": 32, "num_mixtures": 2},
+            loss={"open_loop_weight": 1.0, "open_loop_warmup": 2, "open_loop_input": "mean"},
         )
         probe.load_state_dict(m.state_dict())
         with torch.no_grad():
@@ -289,7 +286,7 @@ def test_fit_on_a_converted_store_logs_losses_and_a_dream_image(tmp_path):
                 "is_terminal": last,
             }
         )
-    vision = Vision(SPEC, z_size=4, depth=4)
+    vision = Vision(SPEC, latent_dim=4, depth=4)
     vision_ckpt = str(tmp_path / "v.ckpt")
     torch.save(
         {
@@ -312,7 +309,10 @@ def test_fit_on_a_converted_store_logs_losses_and_a_dream_image(tmp_path):
         val_batches=1,
     )
     model = Memory(
-        SPEC, z_size=4, hidden_size=16, num_mixtures=2, vision_ckpt=vision_ckpt, dream_length=6, dream_sequences=2
+        SPEC,
+        net={"latent_dim": 4, "hidden": 16, "num_mixtures": 2},
+        dream={"length": 6, "sequences": 2},
+        vision_ckpt=vision_ckpt,
     )
     logger = TensorBoardLogger(str(tmp_path / "logs"), name="m")
     trainer = pl.Trainer(
@@ -329,13 +329,37 @@ def test_fit_on_a_converted_store_logs_losses_and_a_dream_image(tmp_path):
         assert torch.isfinite(trainer.callback_metrics[key])
     events = EventAccumulator(logger.log_dir, size_guidance={"images": 0})
     events.Reload()
-    image = events.Images("val/real_vs_dream")[-1]
-    assert (image.height, image.width) == (2 * 2 * 64, 6 * 64)
+    for tag in ("val/real_vs_dream", "val/dream_latent_error"):  # add_figure writes images
+        image = events.Images(tag)[-1]
+        assert image.width > 0 and image.height > 0
+
+
+def test_dream_figures_label_the_real_and_dreamed_rows_and_the_error_curves(monkeypatch):
+    """What log_dream draws: rows "real i" / "dream i" with columns t=0.., and the open-loop latent
+    error per step, a curve per sequence and their mean, with axis labels and a legend."""
+    import lightning_wm.agents.memory as memory_module
+
+    figures = {}
+    monkeypatch.setattr(memory_module, "log_figure", lambda module, tag, make: figures.update({tag: make()}))
+    m = Memory(SPEC, net=NET, dream={"length": 5, "sequences": 2}, vision_ckpt="v.ckpt")
+    m._vision.append(Vision(SPEC, latent_dim=4, depth=4))
+    m.log_dream(_batch(b=3, length=6, border=3))
+    frames = figures["val/real_vs_dream"]
+    axes = frames.get_axes()
+    assert len(axes) == 4 * 5
+    assert [ax.get_ylabel() for ax in axes[::5]] == ["real 0", "dream 0", "real 1", "dream 1"]
+    assert [ax.get_title() for ax in axes[:5]] == [f"t={t}" for t in range(5)]
+    (curves,) = figures["val/dream_latent_error"].get_axes()
+    assert curves.get_xlabel().startswith("open-loop step") and "z" in curves.get_ylabel()
+    assert [t.get_text() for t in curves.get_legend().get_texts()] == ["sequence 0", "sequence 1", "mean"]
+    first = curves.get_lines()[0].get_ydata()
+    assert first[0] == 0.0 and np.isnan(first[3:]).all()  # starts on the real latent; ends at the border
 
 
 def test_patience_stops_training_when_the_validation_loss_stops_falling(tmp_path):
-    """HumbleRL's patience: Lightning's EarlyStopping on val/loss. With lr 0 (and z = mu) the
-    validation loss never falls after the first epoch: patience 2 stops after epoch 3 of 20."""
+    """HumbleRL's patience: Lightning's EarlyStopping on val/loss. With a learning rate too small
+    to move a weight (and z = mu) the validation loss never falls after the first epoch: patience 2
+    stops after epoch 3 of 20."""
     from pytorch_lightning.callbacks import EarlyStopping
 
     from lightning_wm.data.modules import EpisodeDataModule
@@ -366,7 +390,10 @@ def test_patience_stops_training_when_the_validation_loss_stops_falling(tmp_path
         train_batches=2,
         val_batches=1,
     )
-    model = Memory(SPEC, z_size=4, hidden_size=8, num_mixtures=2, lr=0.0, sample_z=False, patience=2)
+    frozen = OptimSettings(name="sgd", lr=1e-30)
+    model = Memory(
+        SPEC, net={"latent_dim": 4, "hidden": 8, "num_mixtures": 2}, optim=frozen, sample_z=False, patience=2
+    )
     trainer = pl.Trainer(
         max_epochs=20,
         logger=False,
@@ -380,9 +407,53 @@ def test_patience_stops_training_when_the_validation_loss_stops_falling(tmp_path
     assert (stopper.monitor, stopper.mode, stopper.patience) == ("val/loss", "min", 2)
     assert trainer.current_epoch == 3 and stopper.stopped_epoch == 2
     # no patience: no early stopping; HumbleRL's defaults are 10 (M) and 5 (V)
-    assert Memory(SPEC, z_size=4, patience=None).configure_callbacks() == []
-    assert Memory(SPEC, z_size=4).patience == 10 and Vision(SPEC, z_size=4, depth=4).patience == 5
-    (vision_stop,) = Vision(SPEC, z_size=4, depth=4).configure_callbacks()
+    assert Memory(SPEC, net=NET, patience=None).configure_callbacks() == []
+    assert Memory(SPEC, net=NET).patience == 10 and Vision(SPEC, latent_dim=4, depth=4).patience == 5
+    (vision_stop,) = Vision(SPEC, latent_dim=4, depth=4).configure_callbacks()
     assert (vision_stop.monitor, vision_stop.mode, vision_stop.patience) == ("val/loss", "min", 5)
     with pytest.raises(ValueError, match="patience"):
-        Memory(SPEC, z_size=4, patience=0)
+        Memory(SPEC, net=NET, patience=0)
+
+
+def test_mdn_rnn_loss_hand_checked():
+    """Rows 0 and 1 scored, row 2 not; Z = 2, reward weight 0.5, done weight 2, positive class x3."""
+    import math
+
+    from lightning_wm.agents.worldmodels_losses import mdn_rnn_loss
+
+    out = mdn_rnn_loss(
+        log_prob=torch.tensor([[-2.0, -4.0, -100.0]]),
+        reward=torch.tensor([[1.0, 0.0, 5.0]]),
+        reward_target=torch.zeros(1, 3),
+        done_logit=torch.tensor([[0.0, -math.log(3.0), 7.0]]),
+        done_target=torch.tensor([[1.0, 0.0, 0.0]]),
+        valid=torch.tensor([[True, True, False]]),
+        latent_dim=2,
+        reward_weight=0.5,
+        done_weight=2.0,
+        done_pos_weight=3.0,
+    )
+    nll = (2.0 + 4.0) / 2 / 2  # per row, per latent dimension
+    reward = (1.0 + 0.0) / 2
+    # row 0: terminal, p = 1/2 -> 3 * log 2; row 1: not terminal, p = 1/4 -> -log(3/4)
+    done = (3 * math.log(2.0) + math.log(4.0 / 3.0)) / 2
+    assert out["nll"].item() == pytest.approx(nll)
+    assert out["reward_loss"].item() == pytest.approx(reward)
+    assert out["done_loss"].item() == pytest.approx(done, rel=1e-6)
+    assert out["done_acc"].item() == pytest.approx(0.5)  # row 0 says "not terminal" (logit 0), row 1 right
+    assert out["loss"].item() == pytest.approx(nll + 0.5 * reward + 2.0 * done, rel=1e-6)
+    nothing = mdn_rnn_loss(*(torch.ones(1, 2) for _ in range(5)), torch.zeros(1, 2, dtype=torch.bool), 2)
+    assert nothing["loss"].item() == 0.0  # no valid row: zero, not NaN
+
+
+def test_optim_clip_bounds_the_gradient_norm_and_excludes_the_trainers():
+    clip = {"lr": 1e-3, "clip": {"type": "clip_norm", "value": 1e-3}}
+    m = Memory(SPEC, net=NET, optim=clip)
+    assert m.hparams["optim"]["clip"]["type"] == "clip_norm"  # stored as plain dicts
+    opt = m.configure_optimizers()
+    m.losses(_batch())["loss"].backward()
+    m.configure_gradient_clipping(opt)
+    norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in m.parameters() if p.grad is not None]))
+    assert norm.item() == pytest.approx(1e-3, rel=1e-4)
+    with pytest.raises(ValueError, match="gradient_clip_val"):
+        m.configure_gradient_clipping(opt, gradient_clip_val=1.0)

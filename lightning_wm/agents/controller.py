@@ -11,8 +11,8 @@ Continuous actions are ``tanh(y)`` mapped linearly onto the action bounds (``[-1
 stays as is); discrete actions are ``argmax(y)``.
 
 One training step is one CMA-ES generation (manual optimization, the ``cma`` package): ask a
-population, evaluate every member's mean return over ``episodes_per_member`` episodes, tell
-CMA-ES the fitness ``return - l2_decay * mean(theta^2)`` (HumbleRL's L2 weight decay).
+population, evaluate every member's mean return over ``es.episodes_per_member`` episodes, tell
+CMA-ES the fitness ``return - es.l2_decay * mean(theta^2)`` (HumbleRL's L2 weight decay).
 All members are evaluated together: one pool of ``population * episodes`` envs (real, or the
 :class:`~lightning_wm.dream_env.DreamEnv`), one batched forward per step through V, M and
 the per-member policy weights (gathered per env, applied with ``einsum``). In the real env the
@@ -46,6 +46,7 @@ from lightning_wm.agents.dreamer import Dreamer
 from lightning_wm.agents.memory import Memory
 from lightning_wm.agents.vision import Vision
 from lightning_wm.agents.vm_model import VisionMemoryModel
+from lightning_wm.agents.worldmodels_settings import ControllerDreamSettings, ESSettings
 from lightning_wm.checkpoints import CheckpointError, load_checkpoint, load_module
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.dream_env import DreamEnv, start_states
@@ -53,8 +54,9 @@ from lightning_wm.env_pool import EnvPool
 from lightning_wm.envs import EnvConfig, EnvSpec
 from lightning_wm.protocols import GenerationTask
 from lightning_wm.seeding import derive_seed
+from lightning_wm.settings import as_settings
 from lightning_wm.tree import tree_map
-from lightning_wm.world_model import WorldModel, check_done_mode
+from lightning_wm.world_model import WorldModel
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # cma warns that matplotlib is missing
@@ -136,47 +138,24 @@ class Controller(RLModule):
         dreamer_ckpt: a Dreamer checkpoint whose RSSM is the world model instead of V+M
             (features ``[h, z]``; the dream is the RSSM's prior). Its env must be this env.
         hidden: units of an optional tanh hidden layer (0: linear, as in the paper).
-        popsize: CMA-ES population (64 in the paper).
-        episodes_per_member: episodes averaged into one member's fitness (16).
-        sigma0: initial CMA-ES step size (0.1).
-        l2_decay: weight decay of the fitness, ``fitness = mean return - l2_decay *
-            mean(theta^2)`` (HumbleRL's ``l2_decay``, default 0.01; 0 switches it off).
-        use: the weights that act (validation, ``evaluate``, ``record``): the CMA-ES ``mean``
-            (default: averaged over the population, steadier under noisy fitness) or the
-            ``best`` member ever evaluated (HumbleRL's ``_best`` weights). Not a model setting:
-            a checkpoint holds both, so ``evaluate`` may pick either whatever fit used.
+        es: the evolution strategy (:class:`~lightning_wm.agents.worldmodels_settings.ESSettings`).
         train_in: evaluate the population in the ``real`` env or inside the world model's ``dream``.
-        dream_dir: store of real episodes (pixel or latent for V+M; the env's observations for
-            Dreamer) whose filtered states start dreams.
-        dream_starts: dreams start at the episodes' ``first`` rows (the real start
-            distribution) or at ``all`` their rows (M's memory warmed up on the real prefix).
-        dream_max_starts: at most this many start states are kept (drawn at random).
-        dream_temperature: M's sampling temperature in the dream (V+M).
-        dream_max_steps: truncation of a dream episode (``max_episode_steps`` wins if set).
-        dream_done_mode, dream_done_threshold: a dream ends where the done probability exceeds
-            the threshold (``threshold``) or by a Bernoulli draw of it (``sample``).
-        dream_reward: ``head`` (the model's reward) or ``survival`` (+1 per step).
-        memory_ensemble: further M checkpoints trained on the same latents (other seeds) that
-            make up the dream with M (V+M only; the real env still runs M alone):
-            :class:`~lightning_wm.agents.vm_model.VisionMemoryModel`'s ``ensemble``.
-        dream_ensemble_next, dream_ensemble_done: how the ensemble dreams: ``z'`` from a member
-            drawn per step (``random``) or from M (``primary``); the episode ends with the
-            members' ``max`` or ``mean`` done probability.
+        dream: the dream (:class:`~lightning_wm.agents.worldmodels_settings.ControllerDreamSettings`).
         max_episode_steps: cap on the steps of one fitness episode (None: the env's own limit).
         sample_z: V+M: the real frames give a ``z`` sampled from V's posterior (reference)
             instead of its mean.
-        env_workers: subprocesses that step the population's real envs (0: in this process);
-            2 on a 2-core machine renders pixel frames on both cores.
         explore_noise: when acting with ``explore=True`` (``record``'s default), each action is
             replaced by a random one with this probability: varied episodes of a trained
             controller for M's next round (the paper's iterative training). Validation,
             ``evaluate`` and the fitness never explore.
-        seed: seed of CMA-ES's sampler, of the fitness episodes, of the dream starts and of
-            the exploration noise.
+        use: the weights that act (validation, ``evaluate``, ``record``): the CMA-ES ``mean``
+            (default: averaged over the population, steadier under noisy fitness) or the
+            ``best`` member ever evaluated (HumbleRL's ``_best`` weights). Not a model setting:
+            a checkpoint holds both, so ``evaluate`` may pick either whatever fit used.
         init_params_ckpt: a Controller checkpoint whose CMA-ES mean starts this search instead
-            of zeros (same features and action size; the step size starts at ``sigma0`` again).
-            The paper's iterative training goes on evolving C while M is retrained; this lets
-            a round start from the last round's controller. Not a model setting (not saved).
+            of zeros (same features and action size; the step size starts at ``es.sigma0``
+            again), e.g. the last round's controller in the paper's iterative training. Not a
+            model setting (not saved).
     """
 
     def __init__(
@@ -186,31 +165,18 @@ class Controller(RLModule):
         memory_ckpt: str | None = None,
         dreamer_ckpt: str | None = None,
         hidden: int = 0,
-        popsize: int = 64,
-        episodes_per_member: int = 16,
-        sigma0: float = 0.1,
-        l2_decay: float = 0.01,
-        use: Literal["mean", "best"] = "mean",
+        es: ESSettings = ESSettings(),
         train_in: Literal["real", "dream"] = "real",
-        dream_dir: str | None = None,
-        dream_starts: Literal["first", "all"] = "first",
-        dream_max_starts: int = 4096,
-        dream_temperature: float = 1.0,
-        dream_max_steps: int = 1000,
-        dream_done_mode: Literal["threshold", "sample"] = "threshold",
-        dream_done_threshold: float = 0.5,
-        dream_reward: Literal["head", "survival"] = "head",
-        memory_ensemble: list[str] | None = None,
-        dream_ensemble_next: Literal["random", "primary"] = "random",
-        dream_ensemble_done: Literal["max", "mean"] = "max",
+        dream: ControllerDreamSettings = ControllerDreamSettings(),
         max_episode_steps: int | None = None,
         sample_z: bool = False,
-        env_workers: int = 0,
         explore_noise: float = 0.0,
-        seed: int = 0,
+        use: Literal["mean", "best"] = "mean",
         init_params_ckpt: str | None = None,
     ) -> None:
         super().__init__(env_spec)
+        es = self.es = as_settings(ESSettings, es, "es")
+        dream = self.dream = as_settings(ControllerDreamSettings, dream, "dream")
         if env_spec is None:
             raise ValueError("Controller needs the env spec (the CLI links it from the datamodule's env)")
         if memory_ckpt and not vision_ckpt:
@@ -219,42 +185,25 @@ class Controller(RLModule):
             raise ValueError("give either dreamer_ckpt (Dreamer's RSSM) or vision_ckpt/memory_ckpt (V+M), not both")
         if train_in not in ("real", "dream"):
             raise ValueError(f"train_in must be 'real' or 'dream', got {train_in!r}")
-        if train_in == "dream" and not ((dreamer_ckpt or (vision_ckpt and memory_ckpt)) and dream_dir):
+        if train_in == "dream" and not ((dreamer_ckpt or (vision_ckpt and memory_ckpt)) and dream.dir):
             raise ValueError(
                 "train_in='dream' needs a world model (vision_ckpt and memory_ckpt, or dreamer_ckpt) and "
-                "dream_dir (recorded episodes whose states start dreams)"
+                "dream.dir (recorded episodes whose states start dreams)"
             )
         if use not in ("mean", "best"):
             raise ValueError(f"use must be 'mean' or 'best', got {use!r}")
-        if dream_starts not in ("first", "all"):
-            raise ValueError(f"dream_starts must be 'first' or 'all', got {dream_starts!r}")
-        check_done_mode(dream_done_mode, "dream_done_mode")
-        if memory_ensemble and not memory_ckpt:
-            raise ValueError("memory_ensemble needs memory_ckpt (and vision_ckpt): its members dream beside M")
+        if dream.ensemble and not memory_ckpt:
+            raise ValueError("dream.ensemble needs memory_ckpt (and vision_ckpt): its members dream beside M")
         if not 0.0 <= explore_noise <= 1.0:
             raise ValueError(f"explore_noise is a probability, got {explore_noise}")
-        if l2_decay < 0:
-            raise ValueError(f"l2_decay must be >= 0, got {l2_decay}")
-        if env_workers < 0:
-            raise ValueError(f"env_workers must be >= 0, got {env_workers}")
-        if popsize < 2 or episodes_per_member < 1:
-            raise ValueError(
-                f"popsize must be >= 2 and episodes_per_member >= 1 (got {popsize}, {episodes_per_member})"
-            )
         # `use` only picks which saved weights act and `init_params_ckpt` only where the search
         # starts: neither is a setting a checkpoint must agree with
-        self.save_hyperparameters(ignore=["env_spec", "use", "init_params_ckpt"])
+        self.save_settings(ignore=["use", "init_params_ckpt"])
         self.automatic_optimization = False
-        self.hidden, self.popsize, self.episodes_per_member, self.sigma0 = hidden, popsize, episodes_per_member, sigma0
-        self.l2_decay, self.use = l2_decay, use
-        self.train_in, self.dream_dir = train_in, dream_dir
-        self.dream_starts, self.dream_max_starts = dream_starts, dream_max_starts
-        self.dream_max_steps, self.dream_done_mode = dream_max_steps, dream_done_mode
-        self.dream_done_threshold, self.dream_reward = dream_done_threshold, dream_reward
-        self.max_episode_steps, self.seed = max_episode_steps, seed
-        self.env_workers, self.explore_noise = env_workers, explore_noise
+        self.hidden, self.use, self.train_in = hidden, use, train_in
+        self.max_episode_steps, self.explore_noise = max_episode_steps, explore_noise
         # numpy, not a torch.Generator: the module must pickle into spawned processes (DDP ranks)
-        self._noise = np.random.default_rng(derive_seed(seed, "policy"))
+        self._noise = np.random.default_rng(derive_seed(es.seed, "policy"))
 
         # the frozen world model (V+M or Dreamer's RSSM), or V alone; kept in train mode like the
         # rest (no dropout or batch norm in them)
@@ -266,23 +215,22 @@ class Controller(RLModule):
             self.world_model = VisionMemoryModel(
                 load_module(Vision, vision_ckpt),
                 load_module(Memory, memory_ckpt),
-                temperature=dream_temperature,
+                temperature=dream.temperature,
                 sample_z=sample_z,
             ).train()
         elif vision_ckpt:
             self.vision = load_module(Vision, vision_ckpt).train()
         # the ensemble's further Ms: frozen copies of their own checkpoints, loaded again from
-        # memory_ensemble at construction and left out of the state dict (state_dict below), so a
+        # dream.ensemble at construction and left out of the state dict (state_dict below), so a
         # controller trained in an ensemble's dream evaluates and records with V and M alone
-        if memory_ensemble:
-            self.memory_ensemble = nn.ModuleList(load_module(Memory, path) for path in memory_ensemble).train()
-        self.dream_ensemble_next, self.dream_ensemble_done = dream_ensemble_next, dream_ensemble_done
+        if dream.ensemble:
+            self.memory_ensemble = nn.ModuleList(load_module(Memory, path) for path in dream.ensemble).train()
         if vision_ckpt and not env_spec.is_pixels:
             raise ValueError(f"vision_ckpt given but {env_spec.env_id} observes vectors; set env.pixels: true")
         if self.world_model is not None:
             in_dim = int(self.world_model.features(self.world_model.zero_state(1)).shape[-1])
         elif self.vision is not None:
-            in_dim = self.vision.z_size
+            in_dim = self.vision.latent_dim
         else:
             if env_spec.is_pixels:
                 raise ValueError("pixel observations need a trained V: set model.init_args.vision_ckpt")
@@ -296,10 +244,10 @@ class Controller(RLModule):
         self.register_buffer("best_params", torch.zeros(self.num_params))
         self.register_buffer("best_fitness", torch.tensor(float("-inf")))
         self.actions = ActionCodec(env_spec)  # the controller's output -> env actions
-        self.es = cma.CMAEvolutionStrategy(
+        self.cmaes = cma.CMAEvolutionStrategy(
             start,
-            sigma0,
-            {"popsize": popsize, "seed": np.nan, "randn": _Randn(derive_seed(seed, "cmaes")), "verbose": -9},
+            es.sigma0,
+            {"popsize": es.popsize, "seed": np.nan, "randn": _Randn(derive_seed(es.seed, "cmaes")), "verbose": -9},
         )
         self._pool: EnvPool | None = None
         self._dream: DreamEnv | None = None
@@ -396,12 +344,12 @@ class Controller(RLModule):
         if self._pool is None or len(self._pool) != n or self._pool.config != cfg:
             if self._pool is not None:
                 self._pool.close()
-            self._pool = EnvPool(cfg, n, workers=self.env_workers)
+            self._pool = EnvPool(cfg, n, workers=self.es.env_workers)
         return self._pool
 
     @property
     def dream_model(self) -> WorldModel | None:
-        """The dream's dynamics: the world model, or V+M with ``memory_ensemble`` (a view that
+        """The dream's dynamics: the world model, or V+M with ``dream.ensemble`` (a view that
         shares their modules, built once and kept out of the state dict)."""
         if "memory_ensemble" not in self._modules:
             return self.world_model
@@ -414,29 +362,29 @@ class Controller(RLModule):
                 temperature=vm.temperature,
                 sample_z=vm.sample_z,
                 ensemble=list(self.memory_ensemble),
-                ensemble_next=self.dream_ensemble_next,
-                ensemble_done=self.dream_ensemble_done,
+                ensemble_next=self.dream.ensemble_next,
+                ensemble_done=self.dream.ensemble_done,
             )
         return self.__dict__["_dream_model"]
 
     def dream_starts_bank(self) -> Any:
         """The dream's start states ``[N, ...]``: the world model's filtered states of the
-        episodes in ``dream_dir`` (``dream_starts``: first rows or all rows), computed once."""
+        episodes in ``dream.dir`` (``dream.starts``: first rows or all rows), computed once."""
         if self._dream_bank is None:
-            if self.world_model is None or not self.dream_dir:
-                raise ValueError("dreams need a world model and dream_dir")
-            store = EpisodeStore(self.dream_dir)
+            if self.world_model is None or not self.dream.dir:
+                raise ValueError("dreams need a world model and dream.dir")
+            store = EpisodeStore(self.dream.dir)
             if not store.paths():
                 raise FileNotFoundError(
-                    f"dream start store {self.dream_dir!r} holds no episodes; record (and, for "
+                    f"dream start store {self.dream.dir!r} holds no episodes; record (and, for "
                     "V+M, convert) episodes first"
                 )
             self._dream_bank = start_states(
                 self.dream_model,
                 store.episodes(),
-                where=self.dream_starts,
-                max_starts=self.dream_max_starts,
-                seed=derive_seed(self.seed, "dream"),
+                where=self.dream.starts,
+                max_starts=self.dream.max_starts,
+                seed=derive_seed(self.es.seed, "dream"),
             )
         return self._dream_bank
 
@@ -447,10 +395,10 @@ class Controller(RLModule):
                 self.env_spec.action_space,
                 self.dream_starts_bank(),
                 num_envs=n,
-                max_episode_steps=self.max_episode_steps or self.dream_max_steps,
-                done_mode=self.dream_done_mode,
-                done_threshold=self.dream_done_threshold,
-                reward=self.dream_reward,
+                max_episode_steps=self.max_episode_steps or self.dream.max_steps,
+                done_mode=self.dream.done_mode,
+                done_threshold=self.dream.done_threshold,
+                reward=self.dream.reward,
             )
         return self._dream
 
@@ -513,20 +461,20 @@ class Controller(RLModule):
         world, rank = trainer.world_size, trainer.global_rank
         generation = int(self.global_step)
         # every rank asks (cma needs ask before tell); rank 0's solutions are used everywhere
-        solutions = np.asarray(self.es.ask())
+        solutions = np.asarray(self.cmaes.ask())
         if world > 1:
             solutions = trainer.strategy.broadcast(solutions, src=0)
-        per_rank = math.ceil(self.popsize / world)
-        order = np.arange(per_rank * world) % self.popsize  # padded with repeats, dropped below
+        per_rank = math.ceil(self.es.popsize / world)
+        order = np.arange(per_rank * world) % self.es.popsize  # padded with repeats, dropped below
         mine = torch.as_tensor(solutions[order[rank * per_rank : (rank + 1) * per_rank]], dtype=torch.float32)
-        seed = derive_seed(self.seed, "fitness", index=generation)  # the same on every rank (common random numbers)
-        returns = self.evaluate_population(mine, self.episodes_per_member, seed, config=batch.env)
-        gathered = self.all_gather(returns).reshape(-1)[: self.popsize].double().cpu().numpy()
-        penalty = l2_penalty(torch.as_tensor(solutions), self.l2_decay).numpy()
+        seed = derive_seed(self.es.seed, "fitness", index=generation)  # the same on every rank (common random numbers)
+        returns = self.evaluate_population(mine, self.es.episodes_per_member, seed, config=batch.env)
+        gathered = self.all_gather(returns).reshape(-1)[: self.es.popsize].double().cpu().numpy()
+        penalty = l2_penalty(torch.as_tensor(solutions), self.es.l2_decay).numpy()
         fitness = gathered - penalty
-        self.es.tell(list(solutions), list(-fitness))  # cma minimises
+        self.cmaes.tell(list(solutions), list(-fitness))  # cma minimises
         with torch.no_grad():
-            self.params.copy_(torch.as_tensor(np.asarray(self.es.result.xfavorite), dtype=torch.float32))
+            self.params.copy_(torch.as_tensor(np.asarray(self.cmaes.result.xfavorite), dtype=torch.float32))
             best = int(fitness.argmax())
             if fitness[best] >= float(self.best_fitness):  # ties: the newer member
                 self.best_params.copy_(torch.as_tensor(solutions[best], dtype=torch.float32))
@@ -538,7 +486,7 @@ class Controller(RLModule):
                 "fitness/worst": float(gathered.min()),
                 "fitness/l2_penalty": float(penalty.mean()),
                 "fitness/best_ever": float(self.best_fitness),
-                "cma/sigma": float(self.es.sigma),
+                "cma/sigma": float(self.cmaes.sigma),
             },
             on_step=True,
             prog_bar=False,
@@ -582,11 +530,11 @@ class Controller(RLModule):
         return super().load_state_dict(state, strict=strict, assign=assign)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["cma_es"] = torch.frombuffer(bytearray(pickle.dumps(self.es)), dtype=torch.uint8)
+        checkpoint["cma_es"] = torch.frombuffer(bytearray(pickle.dumps(self.cmaes)), dtype=torch.uint8)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if "cma_es" in checkpoint:
             es = pickle.loads(checkpoint["cma_es"].cpu().numpy().tobytes())
             if es.N != self.num_params:
                 raise ValueError(f"checkpoint's CMA-ES has {es.N} parameters, this controller {self.num_params}")
-            self.es = es
+            self.cmaes = es

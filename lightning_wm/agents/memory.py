@@ -8,137 +8,90 @@ Training sequences come from a latent store (``EpisodeDataModule(mode='sequences
 output of ``convert``): ``mu``, ``logvar`` ``[B, L, Z]``, ``action``, ``reward``, ``is_first``,
 ``is_terminal`` ``[B, L]``; ``z`` is drawn from ``N(mu, exp(logvar))`` every batch as in the
 reference. Sequences may cross episode borders: the LSTM state is reset where ``is_first`` and
-no prediction target crosses a border.
+no prediction target crosses a border. The loss is
+:func:`~lightning_wm.agents.worldmodels_losses.mdn_rnn_loss`.
 
-Mixture layout (``mixture``): ``per_dim`` (default, the reference implementation: every latent
-dimension has its own ``K``-component 1-D mixture) or ``joint`` (``K`` components over the
-whole ``z``). Both go through :func:`lightning_wm.nn.mdn.mdn_log_prob`.
+Mixture layout (``net.mixture``): ``per_dim`` (default, the reference implementation: every
+latent dimension has its own ``K``-component 1-D mixture) or ``joint`` (``K`` components over
+the whole ``z``). Both go through :func:`lightning_wm.nn.mdn.mdn_log_prob`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
-import pytorch_lightning as pl
 import torch
-import torch.nn.functional as F
-from pytorch_lightning.callbacks import EarlyStopping
 from torch import Tensor, nn
 
 from lightning_wm.actions import ActionCodec
+from lightning_wm.agents.offline import OfflineModel, check_patience
 from lightning_wm.agents.vision import Vision
+from lightning_wm.agents.worldmodels_figures import frames_figure, open_loop_error_figure
+from lightning_wm.agents.worldmodels_losses import mdn_rnn_loss
+from lightning_wm.agents.worldmodels_settings import MemoryDreamSettings, MemoryLossSettings, MemoryNetSettings
 from lightning_wm.checkpoints import load_module
 from lightning_wm.envs import EnvSpec
-from lightning_wm.logging import image_grid, log_image
+from lightning_wm.logging import log_figure
 from lightning_wm.nn.mdn import mdn_log_prob, mdn_mean, mdn_sample, per_dim_layout
+from lightning_wm.optim import OptimSettings
+from lightning_wm.settings import as_settings
 
 LSTMState = tuple[Tensor, Tensor]
 
 
-class Memory(pl.LightningModule):
+class Memory(OfflineModel):
     """MDN-RNN (World Models' M).
 
     Args:
         env_spec: spec of the env the latents were recorded in (linked by the CLI); gives
             the action space.
-        z_size: V's latent size.
-        hidden_size: LSTM units (256 in the paper).
-        num_mixtures: Gaussians per mixture (5).
-        mixture: ``per_dim`` (reference) or ``joint``.
-        temperature: sampling temperature of dreams (1.0; 1.15 for Doom).
-        lr: Adam learning rate (1e-3 in the reference, with gradient clipping 1.0 set in
-            the trainer: ``gradient_clip_val``).
-        reward_weight, done_weight: weights of the reward (MSE) and done (BCE) losses; 0
-            disables a head's loss.
-        done_pos_weight: weight of the positive (terminal) class in the done BCE.
-        done_input: what the done head reads: ``hidden`` (M's LSTM output at ``t``, the
-            reference) or ``latent`` (a small MLP on the next latent ``z_{t+1}``: the real one in
-            training, M's draw in a dream). For envs whose end is a function of what the frame
-            shows (CartPole's angle and position), ``latent`` cannot raise an end from the LSTM
-            state alone, which drifts when M runs longer than the windows it was trained on.
-        burn_in: first steps of every window that only warm the LSTM (no loss).
+        net: the network (:class:`~lightning_wm.agents.worldmodels_settings.MemoryNetSettings`).
+        loss: the loss weights and the open-loop loss
+            (:class:`~lightning_wm.agents.worldmodels_settings.MemoryLossSettings`).
+        dream: sampling temperature and the validation dream
+            (:class:`~lightning_wm.agents.worldmodels_settings.MemoryDreamSettings`).
+        optim: the optimizer (Adam, learning rate 1e-3 as in the reference, which clips the
+            gradient norm at 1.0: ``optim.clip: {type: clip_norm, value: 1.0}``).
         sample_z: draw ``z`` from ``mu``/``logvar`` per batch (reference); else use ``mu``.
-        vision_ckpt: V's checkpoint; when given, validation logs a decoded open-loop dream.
-        dream_length, dream_sequences: size of that dream image.
-        action_dim, discrete: the action space when no ``env_spec`` is given.
-        open_loop_weight: weight of the open-loop loss (0: off, the reference). M also reads
-            every window a second time feeding back its own predictions: after
-            ``open_loop_warmup`` real latents from each window or episode start, the input
-            ``z_t`` is M's draw from its prediction for ``t`` (reparameterised, so gradients flow
-            through the fed-back draws), and the real ``z_{t+1}``, reward and done are scored
-            against what M predicts there, as in a dream. Teaches M to stay on the real
-            trajectory when it reads its own samples (what the dream does), not only one step
-            ahead of real inputs (PlaNet's overshooting and scheduled sampling are relatives).
-        open_loop_warmup: real latents read before the first fed-back one (>= 1).
-        open_loop_input: what is fed back: ``sample`` (a draw at ``temperature``, as the dream
-            does) or ``mean`` (the mixture's mean).
+        vision_ckpt: V's checkpoint; when given, validation logs M's open-loop dream decoded by V.
         patience: stop training after this many validations (epochs) without a lower
-            ``val/loss`` (HumbleRL's ``rnn_training.patience``, 10; Lightning's
-            ``EarlyStopping``); None trains for ``max_epochs``. The best model by ``val/loss``
-            is kept as ``best.ckpt`` beside ``last.ckpt``.
+            ``val/loss`` (HumbleRL's ``rnn_training.patience``, 10); None trains for
+            ``max_epochs``. The best model by ``val/loss`` is kept as ``best.ckpt`` beside ``last.ckpt``.
+        action_dim: number of actions (discrete) or action size when no ``env_spec`` is given.
+        discrete: whether those actions are discrete (when no ``env_spec`` is given).
     """
 
     def __init__(
         self,
         env_spec: EnvSpec | None = None,
-        z_size: int = 32,
-        hidden_size: int = 256,
-        num_mixtures: int = 5,
-        mixture: Literal["per_dim", "joint"] = "per_dim",
-        temperature: float = 1.0,
-        lr: float = 1e-3,
-        reward_weight: float = 1.0,
-        done_weight: float = 1.0,
-        done_pos_weight: float = 1.0,
-        burn_in: int = 0,
+        net: MemoryNetSettings = MemoryNetSettings(),
+        loss: MemoryLossSettings = MemoryLossSettings(),
+        dream: MemoryDreamSettings = MemoryDreamSettings(),
+        optim: OptimSettings = OptimSettings(lr=1e-3),
         sample_z: bool = True,
         vision_ckpt: str | None = None,
-        dream_length: int = 16,
-        dream_sequences: int = 4,
+        patience: int | None = 10,
         action_dim: int | None = None,
         discrete: bool | None = None,
-        patience: int | None = 10,
-        open_loop_weight: float = 0.0,
-        open_loop_warmup: int = 8,
-        open_loop_input: Literal["sample", "mean"] = "sample",
-        done_input: Literal["hidden", "latent"] = "hidden",
     ) -> None:
-        super().__init__()
+        super().__init__(env_spec)
         if env_spec is not None:
             action_dim, discrete = env_spec.action_dim, env_spec.discrete
         if action_dim is None or discrete is None:
             raise ValueError(
                 "Memory needs the action space: pass env_spec (the CLI links it) or action_dim and discrete"
             )
-        if mixture not in ("per_dim", "joint"):
-            raise ValueError(f"mixture must be 'per_dim' or 'joint', got {mixture!r}")
-        if patience is not None and patience < 1:
-            raise ValueError(f"patience must be >= 1 validations (or null: no early stopping), got {patience}")
-        if open_loop_weight < 0 or open_loop_warmup < 1:
-            raise ValueError(
-                f"open_loop_weight must be >= 0 and open_loop_warmup >= 1, got {open_loop_weight} "
-                f"and {open_loop_warmup}"
-            )
-        if done_input not in ("hidden", "latent"):
-            raise ValueError(f"done_input must be 'hidden' or 'latent', got {done_input!r}")
-        if open_loop_input not in ("sample", "mean"):
-            raise ValueError(f"open_loop_input must be 'sample' or 'mean', got {open_loop_input!r}")
-        self.save_hyperparameters(ignore=["env_spec"])
+        check_patience(patience)
+        self.net = as_settings(MemoryNetSettings, net, "net")
+        self.loss = as_settings(MemoryLossSettings, loss, "loss")
+        self.dream = as_settings(MemoryDreamSettings, dream, "dream")
+        self.optim = as_settings(OptimSettings, optim, "optim")
+        self.save_settings()
         self.hparams["action_dim"], self.hparams["discrete"] = int(action_dim), bool(discrete)
-        self.env_spec = env_spec
-        self.z_size, self.hidden_size, self.num_mixtures, self.mixture = z_size, hidden_size, num_mixtures, mixture
         self.action_dim, self.discrete = int(action_dim), bool(discrete)
-        self.temperature, self.lr = temperature, lr
-        self.reward_weight, self.done_weight, self.done_pos_weight = reward_weight, done_weight, done_pos_weight
-        self.burn_in, self.sample_z, self.patience = burn_in, sample_z, patience
-        self.vision_ckpt, self.dream_length, self.dream_sequences = vision_ckpt, dream_length, dream_sequences
-        self.open_loop_weight, self.open_loop_warmup, self.open_loop_input = (
-            open_loop_weight,
-            open_loop_warmup,
-            open_loop_input,
-        )
+        self.sample_z, self.vision_ckpt, self.patience = sample_z, vision_ckpt, patience
         space = (
             env_spec.action_space
             if env_spec is not None
@@ -149,18 +102,30 @@ class Memory(pl.LightningModule):
             )
         )
         self.actions = ActionCodec(space)
-        self.lstm = nn.LSTM(z_size + self.action_dim, hidden_size, batch_first=True)
-        k, d = num_mixtures, z_size
-        self.mdn_out = 3 * k * d if mixture == "per_dim" else k + 2 * k * d
-        self.mdn_head = nn.Linear(hidden_size, self.mdn_out)
-        self.reward_head = nn.Linear(hidden_size, 1)
-        self.done_input = done_input
+        k, d, hidden = self.net.num_mixtures, self.net.latent_dim, self.net.hidden
+        self.lstm = nn.LSTM(d + self.action_dim, hidden, batch_first=True)
+        self.mdn_out = 3 * k * d if self.net.mixture == "per_dim" else k + 2 * k * d
+        self.mdn_head = nn.Linear(hidden, self.mdn_out)
+        self.reward_head = nn.Linear(hidden, 1)
         self.done_head = (
-            nn.Linear(hidden_size, 1)
-            if done_input == "hidden"
-            else nn.Sequential(nn.Linear(z_size, 64), nn.ELU(), nn.Linear(64, 1))
+            nn.Linear(hidden, 1)
+            if self.net.done_input == "hidden"
+            else nn.Sequential(nn.Linear(d, 64), nn.ELU(), nn.Linear(64, 1))
         )
         self._vision: list[Any] = []  # V, loaded lazily for dream images (not a submodule)
+
+    @property
+    def latent_dim(self) -> int:
+        return self.net.latent_dim
+
+    @property
+    def hidden(self) -> int:
+        return self.net.hidden
+
+    @property
+    def temperature(self) -> float:
+        """The sampling temperature (``dream.temperature``)."""
+        return self.dream.temperature
 
     # -- pieces -----------------------------------------------------------------------
     def action_input(self, action: Tensor) -> Tensor:
@@ -171,7 +136,7 @@ class Memory(pl.LightningModule):
     def initial_state(self, batch_size: int, device: torch.device | None = None) -> LSTMState:
         """Zero LSTM state ``(h, c)``, each ``[B, hidden]``."""
         device = device if device is not None else self.device
-        zeros = torch.zeros(batch_size, self.hidden_size, device=device)
+        zeros = torch.zeros(batch_size, self.hidden, device=device)
         return zeros, zeros.clone()
 
     def step(self, z: Tensor, action_in: Tensor, state: LSTMState) -> tuple[Tensor, LSTMState]:
@@ -214,8 +179,8 @@ class Memory(pl.LightningModule):
         ``per_dim``: ``logit_pi [..., Z, K]``, ``mu/log_sigma [..., Z, K, 1]``; ``joint``:
         ``logit_pi [..., K]``, ``mu/log_sigma [..., K, Z]``."""
         p = self.mdn_head(out)
-        k, d = self.num_mixtures, self.z_size
-        if self.mixture == "per_dim":
+        k, d = self.net.num_mixtures, self.net.latent_dim
+        if self.net.mixture == "per_dim":
             logit_pi, mu, log_sigma = p.unflatten(-1, (d, 3 * k)).split(k, -1)
             logit_pi, mu, log_sigma = per_dim_layout(logit_pi, mu, log_sigma)
         else:
@@ -223,18 +188,18 @@ class Memory(pl.LightningModule):
             mu, log_sigma = p[..., k:].unflatten(-1, (2, k, d)).unbind(-3)
         log_sigma = log_sigma.clamp(-7.0, 3.0)
         heads = {"logit_pi": logit_pi, "mu": mu, "log_sigma": log_sigma, "reward": self.reward_head(out).squeeze(-1)}
-        if self.done_input == "hidden":
+        if self.net.done_input == "hidden":
             heads["done_logit"] = self.done_head(out).squeeze(-1)
         return heads
 
     def next_done_logit(self, heads: dict[str, Tensor], z_next: Tensor) -> Tensor:
         """Logit ``[...]`` that the episode ends at ``t+1``: from M's heads at ``t``
         (``done_input: hidden``) or from the next latent ``z_next [..., Z]`` (``latent``)."""
-        return heads["done_logit"] if self.done_input == "hidden" else self.done_head(z_next).squeeze(-1)
+        return heads["done_logit"] if self.net.done_input == "hidden" else self.done_head(z_next).squeeze(-1)
 
     def log_prob(self, heads: dict[str, Tensor], z: Tensor) -> Tensor:
         """``log p(z [..., Z])`` under the predicted mixture -> ``[...]`` (summed over dimensions)."""
-        if self.mixture == "per_dim":
+        if self.net.mixture == "per_dim":
             return mdn_log_prob(heads["logit_pi"], heads["mu"], heads["log_sigma"], z.unsqueeze(-1)).sum(-1)
         return mdn_log_prob(heads["logit_pi"], heads["mu"], heads["log_sigma"], z)
 
@@ -244,22 +209,22 @@ class Memory(pl.LightningModule):
         """Draw ``z_{t+1} [..., Z]`` from the predicted mixture at ``temperature``."""
         tau = self.temperature if temperature is None else temperature
         z = mdn_sample(heads["logit_pi"], heads["mu"], heads["log_sigma"], tau, generator)
-        return z.squeeze(-1) if self.mixture == "per_dim" else z
+        return z.squeeze(-1) if self.net.mixture == "per_dim" else z
 
     def mean_next(self, heads: dict[str, Tensor]) -> Tensor:
         """The predicted mixture's mean ``[..., Z]`` for ``z_{t+1}``."""
         z = mdn_mean(heads["logit_pi"], heads["mu"])
-        return z.squeeze(-1) if self.mixture == "per_dim" else z
+        return z.squeeze(-1) if self.net.mixture == "per_dim" else z
 
     # -- training ---------------------------------------------------------------------
     def losses(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
-        """Losses on a ``[B, L, ...]`` batch of the latent store.
+        """:func:`mdn_rnn_loss` on a ``[B, L, ...]`` batch of the latent store.
 
         The output at ``t`` is scored on row ``t+1`` unless ``is_first[t+1]`` (new episode) or
-        ``t < burn_in``. Returns ``loss``, ``nll`` (per latent dimension), ``reward_loss`` (MSE),
-        ``done_loss`` (BCE on ``is_terminal``) and ``done_acc``; with ``open_loop_weight > 0``
-        also ``open_loop_nll``, ``open_loop_reward_loss``, ``open_loop_done_loss`` (see
-        :meth:`open_loop_heads`), added to ``loss`` with that weight.
+        ``t < loss.burn_in``. Returns ``loss``, ``nll`` (per latent dimension), ``reward_loss``
+        (squared error), ``done_loss`` (BCE on ``is_terminal``) and ``done_acc``; with
+        ``loss.open_loop_weight > 0`` also ``open_loop_nll``, ``open_loop_reward_loss``,
+        ``open_loop_done_loss`` (see :meth:`open_loop_heads`), added to ``loss`` with that weight.
         """
         mu, logvar = batch["mu"].float(), batch["logvar"].float()
         z = mu + (0.5 * logvar).exp() * torch.randn_like(mu) if self.sample_z else mu
@@ -267,44 +232,41 @@ class Memory(pl.LightningModule):
         out, _ = self.unroll(z, self.action_input(batch["action"]), is_first)
         heads = self.heads(out[:, :-1])
         valid = ~is_first[:, 1:]
-        if self.burn_in > 0:
-            valid[:, : self.burn_in] = False
+        if self.loss.burn_in > 0:
+            valid[:, : self.loss.burn_in] = False
         losses = self.target_losses(heads, z, batch, valid)
-        if self.open_loop_weight > 0:
+        if self.loss.open_loop_weight > 0:
             ol_heads, fed_back = self.open_loop_heads(z, batch["action"], is_first)
             ol = self.target_losses(ol_heads, z, batch, valid & fed_back)
-            losses["loss"] = losses["loss"] + self.open_loop_weight * ol["loss"]
+            losses["loss"] = losses["loss"] + self.loss.open_loop_weight * ol["loss"]
             losses.update({f"open_loop_{k}": v for k, v in ol.items() if k not in ("loss", "done_acc")})
         return losses
 
     def target_losses(
         self, heads: dict[str, Tensor], z: Tensor, batch: dict[str, Tensor], valid: Tensor
     ) -> dict[str, Tensor]:
-        """Predictions ``heads`` ``[B, L-1, ...]`` (made at ``t``) scored on rows ``t+1`` of
-        ``z [B, L, Z]`` and ``batch`` where ``valid [B, L-1]``: ``nll`` (per latent dimension),
-        ``reward_loss``, ``done_loss``, ``done_acc`` (means over the valid rows) and ``loss``
-        (``nll`` plus the reward and done losses at their weights)."""
-        weight = valid.float()
-        count = weight.sum().clamp(min=1.0)
-        nll = -(self.log_prob(heads, z[:, 1:]) * weight).sum() / count / self.z_size
-        reward_loss = ((heads["reward"] - batch["reward"][:, 1:].float()).square() * weight).sum() / count
-        done_target = batch["is_terminal"][:, 1:].float()
-        done_logit = self.next_done_logit(heads, z[:, 1:])
-        pos_weight = torch.tensor(self.done_pos_weight, device=z.device)
-        done_loss = (
-            F.binary_cross_entropy_with_logits(done_logit, done_target, reduction="none", pos_weight=pos_weight)
-            * weight
-        ).sum() / count
-        done_acc = (((done_logit > 0).float() == done_target).float() * weight).sum() / count
-        loss = nll + self.reward_weight * reward_loss + self.done_weight * done_loss
-        return {"loss": loss, "nll": nll, "reward_loss": reward_loss, "done_loss": done_loss, "done_acc": done_acc}
+        """:func:`mdn_rnn_loss` of the predictions ``heads`` ``[B, L-1, ...]`` (made at ``t``)
+        against rows ``t+1`` of ``z [B, L, Z]`` and ``batch``, where ``valid [B, L-1]``."""
+        log_prob = self.log_prob(heads, z[:, 1:])
+        return mdn_rnn_loss(
+            log_prob,
+            heads["reward"],
+            batch["reward"][:, 1:].float(),
+            self.next_done_logit(heads, z[:, 1:]),
+            batch["is_terminal"][:, 1:].float(),
+            valid,
+            self.net.latent_dim,
+            self.loss.reward_weight,
+            self.loss.done_weight,
+            self.loss.done_pos_weight,
+        )
 
     def open_loop_heads(self, z: Tensor, action: Tensor, is_first: Tensor) -> tuple[dict[str, Tensor], Tensor]:
         """M over a window reading its own predictions, as in a dream.
 
         From each window start and each ``is_first`` row (where the LSTM state resets) M reads
-        ``open_loop_warmup`` real latents; after that its input ``z_t`` is what it predicted for
-        ``t`` (``open_loop_input``), with the real actions.
+        ``loss.open_loop_warmup`` real latents; after that its input ``z_t`` is what it predicted
+        for ``t`` (``loss.open_loop_input``), with the real actions.
 
         Args:
             z: ``[B, L, Z]`` real latents; action: ``[B, L(, A)]``; is_first: bool ``[B, L]``.
@@ -321,38 +283,23 @@ class Memory(pl.LightningModule):
         for t in range(length - 1):
             first = is_first[:, t] if t else torch.ones(b, dtype=torch.bool, device=z.device)
             since_start = torch.where(first, torch.zeros_like(since_start), since_start + 1)
-            own = since_start >= self.open_loop_warmup
+            own = since_start >= self.loss.open_loop_warmup
             keep = (~first).float().unsqueeze(-1)
             state = (state[0] * keep, state[1] * keep)
             z_in = z[:, t] if prediction is None else torch.where(own.unsqueeze(-1), prediction, z[:, t])
             out, state = self.step(z_in, actions[:, t], state)
             heads = self.heads(out)
-            prediction = self.sample_next(heads) if self.open_loop_input == "sample" else self.mean_next(heads)
+            prediction = self.sample_next(heads) if self.loss.open_loop_input == "sample" else self.mean_next(heads)
             step_heads.append(heads)
             fed_back.append(own)
         return {k: torch.stack([h[k] for h in step_heads], 1) for k in step_heads[0]}, torch.stack(fed_back, 1)
 
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        losses = self.losses(batch)
-        self.log_dict({f"train/{k}": v for k, v in losses.items() if k != "loss"})
-        self.log("train/loss", losses["loss"], prog_bar=True)
-        return losses["loss"]
-
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        losses = self.losses(batch)
-        self.log_dict({f"val/{k}": v for k, v in losses.items()}, batch_size=batch["mu"].shape[0], sync_dist=True)
+        self.report("val", self.losses(batch), batch_size=batch["mu"].shape[0])
         if batch_idx == 0 and self.vision_ckpt:
-            log_image(self, "val/real_vs_dream", image_grid(self.dream_rows(batch)))
+            self.log_dream(batch)
 
     test_step = validation_step
-
-    def configure_callbacks(self) -> list[EarlyStopping]:
-        if self.patience is None:
-            return []
-        return [EarlyStopping(monitor="val/loss", mode="min", patience=self.patience)]
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.Adam(self.parameters(), lr=self.lr)
 
     # -- dreams -----------------------------------------------------------------------
     def vision(self) -> Vision:
@@ -390,18 +337,22 @@ class Memory(pl.LightningModule):
         return torch.stack(dream, 1), valid
 
     @torch.no_grad()
-    def dream_rows(self, batch: dict[str, Tensor]) -> list[Tensor]:
-        """Rows of ``uint8 [T, H, W, C]`` frames: for each of ``dream_sequences`` sequences, V's
-        decoding of the real latents above the decoded open-loop dream (black past a border)."""
-        n = min(self.dream_sequences, batch["mu"].shape[0])
+    def log_dream(self, batch: dict[str, Tensor]) -> None:
+        """M's open-loop dream of the first ``dream.sequences`` sequences of ``batch``
+        (:meth:`open_loop_dream`, ``dream.length`` steps) as two figures: V's decoding of the
+        real latents above the decoded dream (black past an episode border,
+        ``val/real_vs_dream``) and the dream's squared latent error per step
+        (``val/dream_latent_error``)."""
+        n = min(self.dream.sequences, batch["mu"].shape[0])
         mu = batch["mu"][:n].float()
-        dream, valid = self.open_loop_dream(mu, batch["action"][:n], batch["is_first"][:n], self.dream_length)
+        dream, valid = self.open_loop_dream(mu, batch["action"][:n], batch["is_first"][:n], self.dream.length)
         vision = self.vision()
         steps = dream.shape[1]
         mask = valid.view(n, steps, 1, 1, 1)
         real = vision.decode_frames(mu[:, :steps]) * mask
         fake = vision.decode_frames(dream) * mask
-        rows: list[Tensor] = []
-        for i in range(n):
-            rows.extend([real[i], fake[i]])
-        return rows
+        rows = [row for i in range(n) for row in ((f"real {i}", real[i]), (f"dream {i}", fake[i]))]
+        title = f"M's open-loop dream under the recorded actions, decoded by V (step {self.global_step})"
+        log_figure(self, "val/real_vs_dream", lambda: frames_figure(rows, title, column_label="t="))
+        error = (dream - mu[:, :steps]).square().mean(-1)
+        log_figure(self, "val/dream_latent_error", lambda: open_loop_error_figure(error, valid))

@@ -1,10 +1,8 @@
 """World Models vision (V): a convolutional VAE on 64x64 frames, and the ``convert`` step.
 
-* :func:`vae_losses` — reconstruction (sum of squared errors per frame) and KL with the
-  reference's free-bits floor ``max(KL, kl_tolerance * z_size)`` per frame;
 * :class:`Vision` — the LightningModule, fit on frames streamed by
-  ``EpisodeDataModule(mode='frames')``; validation logs losses and an original-vs-reconstruction
-  grid to TensorBoard;
+  ``EpisodeDataModule(mode='frames')`` with :func:`~lightning_wm.agents.worldmodels_losses.vae_loss`;
+  validation logs the losses and a figure of originals above their reconstructions;
 * :func:`convert_episodes` — encodes every episode of a pixel store into a latent store
   (``mu``, ``logvar`` per frame, plus actions, rewards and flags) for the memory model.
 """
@@ -15,85 +13,57 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 import numpy as np
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import EarlyStopping
 from torch import Tensor
 
+from lightning_wm.agents.offline import OfflineModel, check_patience
+from lightning_wm.agents.worldmodels_figures import frames_figure
+from lightning_wm.agents.worldmodels_losses import vae_loss
 from lightning_wm.envs import EnvSpec
-from lightning_wm.logging import image_grid, log_image
+from lightning_wm.logging import log_figure
 from lightning_wm.nn.blocks import ConvDecoder, ConvEncoder, postprocess_pixels, preprocess_pixels
-from lightning_wm.nn.mdn import gaussian_kl_standard
+from lightning_wm.optim import OptimSettings
+from lightning_wm.settings import as_settings
 
 LATENT_KEYS = ("mu", "logvar")
 
 
-def vae_losses(recon: Tensor, target: Tensor, mu: Tensor, logvar: Tensor, kl_tolerance: float) -> dict[str, Tensor]:
-    """The World Models VAE loss.
-
-    Args:
-        recon, target: ``[B, C, H, W]`` images (same scale; pixels in ``[-0.5, 0.5]``).
-        mu, logvar: ``[B, Z]`` posterior parameters.
-        kl_tolerance: free bits per latent dimension: each frame's KL is floored at
-            ``kl_tolerance * Z`` nats (0.5 * 32 = 16 in the reference), so no gradient pushes
-            it below that.
-    Returns:
-        ``loss`` = ``recon`` + ``kl_floored``; ``recon``: squared error summed over pixels,
-        mean over frames; ``kl``: raw KL mean over frames; ``kl_floored``; ``mse``: mean
-        squared error per pixel value (on the ``[0, 1]`` scale).
-    """
-    sq = (recon - target).square()
-    recon_loss = sq.flatten(1).sum(-1).mean()
-    kl = gaussian_kl_standard(mu, logvar)  # [B]
-    kl_floored = kl.clamp(min=kl_tolerance * mu.shape[-1])
-    return {
-        "loss": recon_loss + kl_floored.mean(),
-        "recon": recon_loss,
-        "kl": kl.mean(),
-        "kl_floored": kl_floored.mean(),
-        "mse": sq.mean(),
-    }
-
-
-class Vision(pl.LightningModule):
+class Vision(OfflineModel):
     """Convolutional VAE (World Models' V).
 
     Encoder: conv 32-64-128-256, kernel 4, stride 2 (ReLU) on 64x64 frames -> ``mu``, ``logvar``
-    of a ``z_size`` Gaussian. Decoder: linear -> 1x1x1024 -> deconvs (5, 5, 6, 6) -> output.
+    of a ``latent_dim`` Gaussian. Decoder: linear -> 1x1x1024 -> deconvs (5, 5, 6, 6) -> output.
 
     Args:
         env_spec: pixel env spec (linked by the CLI); fixes the frame channels.
-        z_size: latent size (32 in the paper).
+        latent_dim: size of the latent ``z`` (32 in the paper).
         depth: channels of the first conv (32).
-        kl_tolerance: free bits per dimension (0.5 -> KL floored at 16 nats for z=32).
-        lr: Adam learning rate (1e-4 in the reference).
+        kl_tolerance: free bits per latent dimension (0.5: each frame's KL floored at 16 nats for
+            ``latent_dim`` 32).
+        output: decoder output layer: ``sigmoid`` (the reference's) or ``linear``, which does not
+            saturate on frames that are mostly one extreme value (pixel CartPole's white
+            background). Decoded frames are clamped to the pixel range either way.
         image_channels: frame channels when no ``env_spec`` is given (3, or 1 for grayscale).
-        grid_frames: frames per row of the validation image grid.
-        output: decoder output layer. ``sigmoid`` is the reference's; ``linear`` (default)
-            avoids its saturation: on frames that are mostly one extreme value (pixel CartPole's
-            white background) a sigmoid decoder saturates on the background and gets almost
-            no gradient on the small objects, and stays at the mean image (measured here:
-            summed squared error stuck at 70 per frame vs 16 with ``linear`` after 300 steps).
-            Decoded frames are clamped to the pixel range either way.
+        optim: the optimizer (Adam, learning rate 1e-4 as in the reference).
         patience: stop training after this many validations (epochs) without a lower
-            ``val/loss`` (HumbleRL's ``vae_training.patience``, 5; Lightning's ``EarlyStopping``);
-            None trains for ``max_epochs``. The best model by ``val/loss`` is kept as
-            ``best.ckpt`` beside ``last.ckpt``.
+            ``val/loss`` (HumbleRL's ``vae_training.patience``, 5); None trains for ``max_epochs``.
+            The best model by ``val/loss`` is kept as ``best.ckpt`` beside ``last.ckpt``.
+        grid_frames: frames of the validation figure.
     """
 
     def __init__(
         self,
         env_spec: EnvSpec | None = None,
-        z_size: int = 32,
+        latent_dim: int = 32,
         depth: int = 32,
         kl_tolerance: float = 0.5,
-        lr: float = 1e-4,
-        image_channels: int = 3,
-        grid_frames: int = 8,
         output: Literal["linear", "sigmoid"] = "linear",
+        image_channels: int = 3,
+        optim: OptimSettings = OptimSettings(lr=1e-4),
         patience: int | None = 5,
+        grid_frames: int = 8,
     ) -> None:
-        super().__init__()
+        super().__init__(env_spec)
         if env_spec is not None:
             if not env_spec.is_pixels:
                 raise ValueError(
@@ -105,16 +75,15 @@ class Vision(pl.LightningModule):
             image_channels = int(env_spec.obs_shape[-1])
         if output not in ("linear", "sigmoid"):
             raise ValueError(f"output must be 'linear' or 'sigmoid', got {output!r}")
-        if patience is not None and patience < 1:
-            raise ValueError(f"patience must be >= 1 validations (or null: no early stopping), got {patience}")
-        self.save_hyperparameters(ignore=["env_spec"])
+        check_patience(patience)
+        self.optim = as_settings(OptimSettings, optim, "optim")
+        self.save_settings()
         self.hparams["image_channels"] = image_channels  # checkpoints rebuild without env_spec
-        self.env_spec = env_spec
-        self.z_size, self.kl_tolerance, self.lr, self.grid_frames = z_size, kl_tolerance, lr, grid_frames
+        self.latent_dim, self.kl_tolerance, self.grid_frames = latent_dim, kl_tolerance, grid_frames
         self.output, self.patience = output, patience
         self.encoder = ConvEncoder(image_channels, 64, depth=depth, stages=4, act="relu")
-        self.to_stats = torch.nn.Linear(self.encoder.out_dim, 2 * z_size)
-        self.decoder = ConvDecoder(z_size, image_channels, depth=depth, act="relu")
+        self.to_stats = torch.nn.Linear(self.encoder.out_dim, 2 * latent_dim)
+        self.decoder = ConvDecoder(latent_dim, image_channels, depth=depth, act="relu")
 
     # -- model ------------------------------------------------------------------------
     def encode(self, obs: Tensor) -> tuple[Tensor, Tensor]:
@@ -144,37 +113,26 @@ class Vision(pl.LightningModule):
         return self.decode(self.sample(mu, logvar)), mu, logvar
 
     # -- training ---------------------------------------------------------------------
-    def _losses(self, obs: Tensor) -> tuple[dict[str, Tensor], Tensor]:
+    def losses(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        """:func:`vae_loss` of the frames ``batch["obs"]`` (``uint8 [B, H, W, C]``), decoded
+        from one posterior draw each."""
+        obs = batch["obs"]
         recon, mu, logvar = self(obs)
-        return vae_losses(recon, preprocess_pixels(obs), mu, logvar, self.kl_tolerance), recon
-
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        losses, _ = self._losses(batch["obs"])
-        self.log_dict({f"train/{k}": v for k, v in losses.items() if k != "loss"})
-        self.log("train/loss", losses["loss"], prog_bar=True)
-        return losses["loss"]
+        return vae_loss(recon, preprocess_pixels(obs), mu, logvar, self.kl_tolerance)
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        obs = batch["obs"]
-        losses, _ = self._losses(obs)
-        n = obs.shape[0]
-        if self._trainer is not None:
-            self.log_dict({f"val/{k}": v for k, v in losses.items()}, batch_size=n, sync_dist=True)
+        self.report("val", self.losses(batch), batch_size=batch["obs"].shape[0])
         if batch_idx == 0:
-            frames = obs[: self.grid_frames]
-            mu, _ = self.encode(frames)
-            grid = image_grid([frames, self.decode_frames(mu)])
-            log_image(self, "val/original_vs_reconstruction", grid)
+            log_figure(self, "val/original_vs_reconstruction", lambda: self.reconstruction_figure(batch["obs"]))
 
     test_step = validation_step
 
-    def configure_callbacks(self) -> list[EarlyStopping]:
-        if self.patience is None:
-            return []
-        return [EarlyStopping(monitor="val/loss", mode="min", patience=self.patience)]
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.Adam(self.parameters(), lr=self.lr)
+    @torch.no_grad()
+    def reconstruction_figure(self, obs: Tensor) -> Any:
+        """The first ``grid_frames`` frames of ``obs`` above their reconstructions from ``mu``."""
+        frames = obs[: self.grid_frames]
+        rows = [("original", frames), ("reconstruction", self.decode_frames(self.encode(frames)[0]))]
+        return frames_figure(rows, f"V: originals and reconstructions (from the mean), step {self.global_step}")
 
 
 @torch.no_grad()
@@ -197,7 +155,7 @@ def convert_episodes(
     Each target episode holds ``mu``, ``logvar`` (``float32 [T, Z]``) for every frame and every
     other key of the source episode except ``obs`` (``action``, ``reward``, ``is_first``,
     ``is_last``, ``is_terminal``, agent extras) unchanged. The target's metadata gains
-    ``latent: {z_size, keys}``; the rest of its metadata (``env``) is left as the caller wrote it.
+    ``latent: {latent_dim, keys}``; the rest of its metadata (``env``) is left as the caller wrote it.
 
     Args:
         vision: a trained :class:`Vision` (put in eval mode; its device is used).
@@ -237,6 +195,6 @@ def convert_episodes(
     finally:
         vision.train(was_training)
     meta = dict(target.read_metadata() or {})
-    meta["latent"] = {"z_size": vision.z_size, "keys": list(LATENT_KEYS)}
+    meta["latent"] = {"latent_dim": vision.latent_dim, "keys": list(LATENT_KEYS)}
     target.write_metadata(meta)
     return written

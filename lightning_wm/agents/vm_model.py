@@ -49,11 +49,11 @@ class VisionMemoryModel(nn.Module, WorldModel):
 
     Args:
         vision: trained :class:`Vision` (encodes real frames, decodes dreamed ones).
-        memory: trained :class:`Memory` (z size must match V's).
+        memory: trained :class:`Memory` (its ``net.latent_dim`` must be V's ``latent_dim``).
         temperature: sampling temperature of ``step`` (``None``: the memory's own).
         sample_z: real frames give a ``z`` drawn from V's posterior (as M's training targets
             were, and as the reference's controller sees them) instead of its mean.
-        ensemble: further Ms on the same latents (same ``z_size``, ``hidden_size`` and actions),
+        ensemble: further Ms on the same latents (same ``latent_dim``, ``hidden`` and actions),
             used in ``step`` only as the module docstring says; empty: M alone.
         ensemble_next: whose mixture gives ``z'``: a member drawn per dream step and env
             (``random``) or ``memory`` (``primary``).
@@ -71,17 +71,17 @@ class VisionMemoryModel(nn.Module, WorldModel):
         ensemble_done: Literal["max", "mean"] = "max",
     ) -> None:
         super().__init__()
-        if vision.z_size != memory.z_size:
-            raise ValueError(f"V's z_size {vision.z_size} differs from M's z_size {memory.z_size}")
+        if vision.latent_dim != memory.latent_dim:
+            raise ValueError(f"V's latent_dim {vision.latent_dim} differs from M's net.latent_dim {memory.latent_dim}")
         for i, other in enumerate(ensemble):
-            if (other.z_size, other.hidden_size, other.actions.dim) != (
-                memory.z_size,
-                memory.hidden_size,
+            if (other.latent_dim, other.hidden, other.actions.dim) != (
+                memory.latent_dim,
+                memory.hidden,
                 memory.actions.dim,
             ):
                 raise ValueError(
-                    f"ensemble member {i} has z_size {other.z_size}, hidden_size {other.hidden_size} and action input "
-                    f"{other.actions.dim}; M has {memory.z_size}, {memory.hidden_size} and "
+                    f"ensemble member {i} has latent_dim {other.latent_dim}, hidden {other.hidden} and action "
+                    f"input {other.actions.dim}; M has {memory.latent_dim}, {memory.hidden} and "
                     f"{memory.actions.dim}: train every member with M's config on the same latents"
                 )
         if ensemble_next not in ("random", "primary"):
@@ -115,12 +115,12 @@ class VisionMemoryModel(nn.Module, WorldModel):
         )
 
     @property
-    def z_size(self) -> int:
-        return self.memory.z_size
+    def latent_dim(self) -> int:
+        return self.memory.latent_dim
 
     @property
     def feature_dim(self) -> int:
-        return self.memory.z_size + self.memory.hidden_size
+        return self.memory.latent_dim + self.memory.hidden
 
     def _device(self) -> torch.device:
         return next(self.memory.parameters()).device
@@ -139,7 +139,7 @@ class VisionMemoryModel(nn.Module, WorldModel):
     def zero_state(self, batch_size: int, device: torch.device | None = None) -> VMState:
         """Zeros ``{"z": [B, Z], "h": [B, H], "c": [B, H]}`` (and the ensemble's ``eh``/``ec`` ``[B, K-1, H]``)."""
         h, c = self.memory.initial_state(batch_size, device if device is not None else self._device())
-        return self._with_ensemble({"z": torch.zeros_like(h[:, : self.z_size]), "h": h, "c": c})
+        return self._with_ensemble({"z": h.new_zeros(h.shape[0], self.latent_dim), "h": h, "c": c})
 
     def _with_ensemble(self, state: VMState) -> VMState:
         """Add the ensemble's zero LSTM states ``eh``/``ec`` ``[B, K-1, H]`` (nothing without one)."""
