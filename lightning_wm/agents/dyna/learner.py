@@ -57,7 +57,12 @@ class DynaOptimSettings:
     model: OptimSettings = field(default_factory=_world_model_optim)
 
 
-def _build(factory: Callable[[EnvSpec], nn.Module], env_spec: EnvSpec) -> nn.Module:
+DYNA_ROLLOUT = RolloutSchedule()  # DI-engine's rollout_length_scheduler defaults
+DYNA_IMAGINATION = ImaginationSettings()
+DYNA_OPTIM = DynaOptimSettings()
+
+
+def _build(factory: Callable[[EnvSpec], RLModule], env_spec: EnvSpec) -> RLModule:
     """``factory(env_spec)``, recording the built module's own settings as its hyperparameters.
 
     While LightningCLI builds the outer module it hands the outer module's settings to every
@@ -104,11 +109,11 @@ class DynaLearner(RLModule):
         self,
         env_spec: EnvSpec | None = None,
         *,
-        policy: Callable[[EnvSpec], nn.Module],
-        world_model: Callable[[EnvSpec], nn.Module],
-        rollout: RolloutSchedule | None = None,
-        imagination: ImaginationSettings | None = None,
-        optim: DynaOptimSettings | None = None,
+        policy: Callable[[EnvSpec], RLModule],
+        world_model: Callable[[EnvSpec], RLModule],
+        rollout: RolloutSchedule = DYNA_ROLLOUT,
+        imagination: ImaginationSettings = DYNA_IMAGINATION,
+        optim: DynaOptimSettings = DYNA_OPTIM,
         train_freq: int = 250,
         eval_freq: int = 250,
         model_train_start: int = 0,

@@ -31,7 +31,10 @@ from lightning_wm.settings import as_settings
 
 __all__ = ["IMPALA", "IMPALA_OPTIM"]
 
-IMPALA_OPTIM = OptimSettings(lr=0.0005)  # DI-engine's IMPALA: Adam at 0.0005, no clipping
+# the defaults of the groups (DI-engine's IMPALA: Adam at 0.0005, no clipping)
+IMPALA_NET = ActorCriticSettings()
+IMPALA_LOSS = VTraceLossSettings()
+IMPALA_OPTIM = OptimSettings(lr=0.0005)
 
 
 class IMPALA(RLModule):
@@ -64,9 +67,9 @@ class IMPALA(RLModule):
         self,
         env_spec: EnvSpec | None = None,
         *,
-        net: ActorCriticSettings | None = None,
+        net: ActorCriticSettings = IMPALA_NET,
         encoder: Callable[[EnvSpec], nn.Module] | None = None,
-        loss: VTraceLossSettings | None = None,
+        loss: VTraceLossSettings = IMPALA_LOSS,
         optim: OptimSettings = IMPALA_OPTIM,
         priority: bool = False,
         priority_is_weight: bool = False,
