@@ -127,6 +127,7 @@ class DynaLearner(RLModule):
             )
         if model_train_start < 0:
             raise ValueError(f"model_train_start must be >= 0 env steps, got {model_train_start}")
+        # the groups as dataclasses (also what save_settings records, as plain dicts)
         rollout = self.rollout = as_settings(RolloutSchedule, rollout, "rollout")
         imagination = self.imagination = as_settings(ImaginationSettings, imagination, "imagination")
         optim = self.optim = as_settings(DynaOptimSettings, optim, "optim")

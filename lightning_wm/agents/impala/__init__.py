@@ -7,13 +7,12 @@
   :mod:`lightning_wm.nn.actor_critic`.
 """
 
-from lightning_wm.agents.impala.agent import IMPALA, IMPALA_OPTIM
+from lightning_wm.agents.impala.agent import IMPALA
 from lightning_wm.agents.impala.losses import ImpalaLoss, VTraceLossSettings, impala_loss, unroll_loss
 from lightning_wm.nn.actor_critic import ActorCriticSettings
 
 __all__ = [
     "IMPALA",
-    "IMPALA_OPTIM",
     "ActorCriticSettings",
     "ImpalaLoss",
     "VTraceLossSettings",

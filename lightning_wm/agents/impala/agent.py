@@ -29,7 +29,7 @@ from lightning_wm.nn.actor_critic import ActorCritic, ActorCriticSettings, CoreS
 from lightning_wm.optim import GradClipper, OptimSettings, build_optimizer, optimizer_beta, with_lr_schedule
 from lightning_wm.settings import as_settings
 
-__all__ = ["IMPALA", "IMPALA_OPTIM"]
+__all__ = ["IMPALA", "IMPALA_LOSS", "IMPALA_NET", "IMPALA_OPTIM"]
 
 # the defaults of the groups (DI-engine's IMPALA: Adam at 0.0005, no clipping)
 IMPALA_NET = ActorCriticSettings()
@@ -82,6 +82,7 @@ class IMPALA(RLModule):
             )
         if priority_is_weight and not priority:
             raise ValueError("priority_is_weight corrects prioritized sampling: it needs priority: true (as DI-engine)")
+        # the groups as dataclasses (also what save_settings records, as plain dicts)
         net = self.net_settings = as_settings(ActorCriticSettings, net, "net")
         loss = self.loss = as_settings(VTraceLossSettings, loss, "loss")
         optim = self.optim = as_settings(OptimSettings, optim, "optim", IMPALA_OPTIM)
