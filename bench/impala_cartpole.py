@@ -8,7 +8,7 @@ RLlib's IMPALA; and env frames/s with 1, 2, 4 actor processes while the learner 
     python bench/impala_cartpole.py --speed --speed-envs cartpole pong --actors 1 2 4
 
 ``--system ours`` trains ``--config`` (default ``configs/impala/cartpole.yaml``; ``--set KEY VALUE``
-overrides any option of it, e.g. ``--set model.init_args.entropy_weight 0.005``) through the
+overrides any option of it, e.g. ``--set model.init_args.loss.entropy_weight 0.005``) through the
 CLI's classes, one process per seed (seed ``s``: ``seed_everything s`` and env seed ``s``).
 After every ``--eval-every`` gradient steps the learner's current weights play the evaluation
 episodes; the clock stops meanwhile (the actors go on acting until the chunk queue is full,
@@ -495,7 +495,7 @@ def main() -> None:
         nargs=2,
         action="append",
         metavar=("KEY", "VALUE"),
-        help="override an option of --config, e.g. --set model.init_args.learning_rate 0.001",
+        help="override an option of --config, e.g. --set model.init_args.optim.lr 0.001",
     )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--target", type=float, default=475.0)

@@ -22,9 +22,8 @@ CLI's Trainer adds :func:`default_callbacks` to every run.
   the weights training continues from. Not a default: a config lists it under ``trainer.callbacks``.
 * :class:`OnlineWeightsOnResume` — a run resumed without a weight-averaging callback from a
   checkpoint written with one continues from the online weights, not from the saved average.
-* :class:`Imagination` — for a module with a ``dyna`` world model
-  (:class:`~lightning_wm.data.imagination.DynaWorldModel`), refills the imagination buffer of an
-  :class:`~lightning_wm.protocols.ImaginationHost` every ``train_freq`` env steps.
+
+Dyna's ``Imagination`` callback lives with Dyna (:mod:`lightning_wm.agents.dyna`); the CLI adds it.
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ from pytorch_lightning.utilities import rank_zero_info
 from torch.optim.swa_utils import get_ema_multi_avg_fn
 
 from lightning_wm.io import clean_stale_temps
-from lightning_wm.protocols import EnvStats, EnvStatsSource, FeedbackSink, ImaginationHost, ReplayHolder, WeightSink
+from lightning_wm.protocols import EnvStats, EnvStatsSource, FeedbackSink, ReplayHolder, WeightSink
 
 __all__ = [
     "EnvStatsLogger",
@@ -52,7 +51,6 @@ __all__ = [
     "WeightPublisher",
     "EMAWeights",
     "OnlineWeightsOnResume",
-    "Imagination",
     "default_callbacks",
 ]
 
@@ -388,46 +386,13 @@ class OnlineWeightsOnResume(Callback):
         )
 
 
-class Imagination(Callback):
-    """Dyna's loop (DI-engine's ``fill_img_buffer`` after each model training): after a training
-    batch, when the module's ``dyna`` world model is due (``dyna.should_train(env_steps)``, every
-    ``train_freq`` env steps of this rank), roll the module (the current policy) through the
-    model from real rows of the datamodule's real buffer, hand the imagination buffer and
-    ``dyna.real_ratio`` to the datamodule (:class:`~lightning_wm.protocols.ImaginationHost`),
-    and record the model version (``dyna.trained``). Logs ``imagination/rows`` and
-    ``imagination/fills``. Nothing happens for a module without ``dyna`` or a datamodule that is
-    no ImaginationHost.
-    """
-
-    def __init__(self) -> None:
-        self._buffer: Any = None
-
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        dyna, host = getattr(pl_module, "dyna", None), _datamodule(trainer)
-        if dyna is None or not isinstance(host, ImaginationHost):
-            return
-        envstep = int(getattr(pl_module, "env_steps", 0))
-        if not dyna.should_train(envstep):
-            return
-        self._buffer = dyna.fill_img_buffer(
-            pl_module, host.real_buffer(), self._buffer, envstep, policy_version=int(trainer.global_step)
-        )
-        host.set_imagination(self._buffer, dyna.real_ratio)
-        dyna.trained(envstep)
-        log = dict(on_step=True, rank_zero_only=True, batch_size=1)
-        pl_module.log("imagination/rows", float(len(self._buffer) if self._buffer is not None else 0), **log)
-        pl_module.log("imagination/fills", float(dyna.fills), **log)
-
-
 def default_callbacks() -> list[Callback]:
-    """The callbacks every CLI run gets (the Trainer skips a type the config already lists)."""
+    """This module's callbacks that every CLI run gets (the CLI's Trainer adds them and Dyna's
+    ``Imagination``, skipping a type the config already lists)."""
     return [
         EnvStatsLogger(),
         ReplayFeedback(),
         BufferCheckpoint(),
         WeightPublisher(),
         OnlineWeightsOnResume(),
-        Imagination(),
     ]

@@ -29,6 +29,7 @@ from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 from pytorch_lightning.loggers import TensorBoardLogger
 
 from lightning_wm import console, runtime
+from lightning_wm.agents.dyna import Imagination
 from lightning_wm.callbacks import default_callbacks
 from lightning_wm.checkpoints import (
     LAST,
@@ -74,6 +75,12 @@ def _env_of(datamodule: Any) -> EnvConfig:
     if env is None:
         raise ValueError(f"{type(datamodule).__name__} names no env; set data.init_args.env")
     return env
+
+
+def cli_callbacks() -> list[Callback]:
+    """The callbacks every CLI run gets: :func:`~lightning_wm.callbacks.default_callbacks` and Dyna's
+    :class:`~lightning_wm.agents.dyna.Imagination` (added here, above the layers it joins)."""
+    return [*default_callbacks(), Imagination()]
 
 
 class Trainer(pl.Trainer):
@@ -126,7 +133,7 @@ class Trainer(pl.Trainer):
             else:  # (Lightning adds no ModelCheckpoint of its own beside it)
                 callbacks.append(RunCheckpoints(self.checkpoint_dir, checkpoint_every_n_steps))
         callbacks.append(NonFiniteLossGuard())
-        callbacks += [c for c in default_callbacks() if not any(type(x) is type(c) for x in callbacks)]
+        callbacks += [c for c in cli_callbacks() if not any(type(x) is type(c) for x in callbacks)]
         if kwargs.get("enable_progress_bar", True) is not False and not any(
             isinstance(c, ProgressBar) for c in callbacks
         ):

@@ -169,7 +169,7 @@ def unroll_steps(reward: Tensor, is_first: Tensor, is_last: Tensor, is_terminal:
     """Turn ``T+1`` rows of the row convention into ``T`` steps for the return estimators.
 
     Row ``t`` holds ``o_t``, the reward received on arriving at ``o_t`` and the action taken
-    at ``o_t`` (see DESIGN.md). Step ``t`` is the transition ``o_t -> o_{t+1}``:
+    at ``o_t`` (see ``docs/architecture.md``). Step ``t`` is the transition ``o_t -> o_{t+1}``:
 
     * ``reward[t] = row_reward[t+1]``;
     * ``discount[t] = gamma * (1 - is_terminal[t+1])``: a truncated episode (``is_last``

@@ -25,16 +25,22 @@ __all__ = ["as_settings", "plain", "flatten", "find_settings"]
 T = TypeVar("T")
 
 
-def as_settings(cls: type[T], value: T | Mapping[str, Any] | None, name: str | None = None) -> T:
+def as_settings(
+    cls: type[T], value: T | Mapping[str, Any] | None, name: str | None = None, default: T | None = None
+) -> T:
     """``value`` as a ``cls`` (a dataclass): an instance as it is, ``None`` as the defaults, a
     mapping field by field (nested dataclass fields from nested mappings, lists as tuples where
     the default is a tuple).
+
+    ``default`` (an instance of ``cls``; ``cls()`` when None) gives the defaults: what ``None``
+    stands for and the value of every field a mapping leaves out, nested groups included (an
+    agent whose ``optim`` group defaults to another learning rate than ``OptimSettings()``).
 
     Raises:
         ValueError: a key that is not a field of ``cls`` (named, with the fields it has).
     """
     if value is None:
-        return cls()
+        return cls() if default is None else default
     if isinstance(value, cls):
         return value
     if not isinstance(value, Mapping):
@@ -43,16 +49,16 @@ def as_settings(cls: type[T], value: T | Mapping[str, Any] | None, name: str | N
     unknown = sorted(set(value) - set(fields))
     if unknown:
         raise ValueError(f"{name or cls.__name__}: unknown setting(s) {unknown}; {cls.__name__} has {sorted(fields)}")
-    defaults = cls()
+    defaults = cls() if default is None else default
     kwargs: dict[str, Any] = {}
     for key, item in value.items():
-        default = getattr(defaults, key)
-        if dataclasses.is_dataclass(default) and (item is None or isinstance(item, Mapping)):
-            item = as_settings(type(default), item, f"{name or cls.__name__}.{key}")
-        elif isinstance(item, list) and isinstance(default, tuple):
+        field_default = getattr(defaults, key)
+        if dataclasses.is_dataclass(field_default) and (item is None or isinstance(item, Mapping)):
+            item = as_settings(type(field_default), item, f"{name or cls.__name__}.{key}", field_default)
+        elif isinstance(item, list) and isinstance(field_default, tuple):
             item = tuple(item)
         kwargs[key] = item
-    return cls(**kwargs)
+    return dataclasses.replace(defaults, **kwargs)
 
 
 def plain(value: Any) -> Any:

@@ -14,7 +14,7 @@ state): any pytree (tensor, tuple, dict) of tensors whose first dimension is the
   (``train_freq``, ``eval_freq``, ``should_train``, ``should_eval``).
 * :class:`LearnedModel` — a model with its cadence and rollout-length scheduler;
   :class:`DreamWorldModel` adds ``rollout(start, actor_fn, envstep, horizon=None)``. The
-  imagination buffer (Dyna) and both together (Hybrid) are in :mod:`lightning_wm.data.imagination`.
+  imagination buffer (Dyna) and both together (Hybrid) are in :mod:`lightning_wm.agents.dyna`.
 * ``DreamEnv`` (in :mod:`lightning_wm.dream_env`) — a gymnasium vector env driven by a model.
 """
 
@@ -268,7 +268,7 @@ class Cadence:
 class LearnedModel(Cadence):
     """A steppable model with DI-engine's cadence and rollout-length scheduler (what the seed's
     ``WorldModel`` base holds); :class:`DreamWorldModel` and the imagination classes of
-    :mod:`lightning_wm.data.imagination` build on it.
+    :mod:`lightning_wm.agents.dyna` build on it.
 
     Holds a reference to ``model`` (it is not a module itself: the learner that trains the
     model owns its parameters).

@@ -9,10 +9,11 @@ from pytorch_lightning.callbacks import Callback
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root, installed or not
 
-from lightning_wm.agents.impala import IMPALA  # noqa: E402
+from lightning_wm.agents.impala import IMPALA, ActorCriticSettings  # noqa: E402
 from lightning_wm.cli import Trainer  # noqa: E402
 from lightning_wm.data.modules import UnrollDataModule  # noqa: E402
 from lightning_wm.envs import EnvConfig  # noqa: E402
+from lightning_wm.optim import OptimSettings  # noqa: E402
 
 
 class DumpRankState(Callback):
@@ -41,7 +42,7 @@ def main(out_dir: str) -> None:
     data = UnrollDataModule(
         EnvConfig("CartPole-v1", num_envs=2, seed=3), unroll_length=4, batch_size=2, num_actors=1, actor_timeout_s=300
     )
-    model = IMPALA(data.spec, hidden_size=16, learning_rate=0.01)
+    model = IMPALA(data.spec, net=ActorCriticSettings(hidden=16), optim=OptimSettings(lr=0.01))
     trainer = Trainer(
         accelerator="cpu",
         devices=2,

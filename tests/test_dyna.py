@@ -9,12 +9,12 @@ import torch
 from torch import nn
 
 from lightning_wm.agents.dreamer import Dreamer
-from lightning_wm.agents.dyna import DynaLearner
-from lightning_wm.agents.impala import IMPALA
+from lightning_wm.agents.dyna import DynaLearner, DynaOptimSettings, DynaWorldModel, ImaginationSettings
+from lightning_wm.agents.impala import IMPALA, ActorCriticSettings
 from lightning_wm.cli import main
-from lightning_wm.data.imagination import DynaWorldModel
 from lightning_wm.data.modules import UnrollDataModule
 from lightning_wm.envs import EnvConfig
+from lightning_wm.optim import GradClipSettings, OptimSettings
 from lightning_wm.world_model import RolloutSchedule, WorldModel
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,13 +52,13 @@ SHRINK = [
     "16",
     "--model.init_args.train_freq",
     "16",
-    "--model.init_args.rollout_length_min",
+    "--model.init_args.rollout.min_length",
     "3",
-    "--model.init_args.rollout_length_max",
+    "--model.init_args.rollout.max_length",
     "3",
-    "--model.init_args.rollout_batch_size",
+    "--model.init_args.imagination.rollout_batch_size",
     "8",
-    "--model.init_args.real_ratio",
+    "--model.init_args.imagination.real_ratio",
     "0.5",
     "--model.init_args.world_model.init_args.deter",
     "16",
@@ -98,7 +98,7 @@ def test_imagined_unrolls_fill_batches_at_real_ratio():
     """With an imagination set, a batch of 8 unrolls holds round(0.25 * 8) = 2 real ones (so only
     their env steps are taken) and 6 windows of T+1 imagined rows, all with the real unrolls' keys."""
     dm = UnrollDataModule(EnvConfig("CartPole-v1", num_envs=2), unroll_length=4, batch_size=8, model_replay_size=200)
-    policy = IMPALA(dm.spec, hidden_size=8, hidden_layers=1)
+    policy = IMPALA(dm.spec, net=ActorCriticSettings(hidden=8, layers=1))
     dm.trainer = SimpleNamespace(lightning_module=policy, global_step=0, global_rank=0, world_size=1)
     dm.setup("fit")
     try:
@@ -110,9 +110,8 @@ def test_imagined_unrolls_fill_batches_at_real_ratio():
         dyna = DynaWorldModel(
             StepModel(),
             dm.spec,
-            rollout_length_scheduler=RolloutSchedule(0, 0, 6, 6),
-            real_ratio=0.25,
-            rollout_batch_size=10,
+            ImaginationSettings(real_ratio=0.25, rollout_batch_size=10),
+            RolloutSchedule(0, 0, 6, 6),
             seed=0,
         )
         img = dyna.fill_img_buffer(policy, dm.real_buffer(), None, envstep=0, policy_version=9)
@@ -147,7 +146,9 @@ def test_dyna_learner_checks_its_parts_and_checkpoints_its_cadence():
     def build():
         return DynaLearner(
             dm.spec,
-            policy=lambda s: IMPALA(s, hidden_size=8, grad_clip_type="clip_norm"),
+            policy=lambda s: IMPALA(
+                s, net=ActorCriticSettings(hidden=8), optim=OptimSettings(clip=GradClipSettings(type="clip_norm"))
+            ),
             world_model=lambda s: Dreamer(s, deter=8, hidden=8, stoch=2, classes=2, bins=15),
             model_train_start=100,
         )
@@ -163,6 +164,33 @@ def test_dyna_learner_checks_its_parts_and_checkpoints_its_cadence():
     assert restored.dyna.state_dict() == learner.dyna.state_dict()
 
 
+def test_dyna_learner_settings_groups_and_the_world_model_optimizer():
+    """Groups from mappings keep their other defaults; the world model's optimizer is Dyna's own
+    (``optim.model``: Adam over the model's parameters, clipped at the norm given), next to the
+    policy's; the checkpoint keeps the groups as plain dicts."""
+    dm = UnrollDataModule(EnvConfig("CartPole-v1"))
+    learner = DynaLearner(
+        dm.spec,
+        policy=lambda s: IMPALA(s, net=ActorCriticSettings(hidden=8)),
+        world_model=lambda s: Dreamer(s, deter=8, hidden=8, stoch=2, classes=2, bins=15),
+        rollout={"start_step": 0, "end_step": 0, "min_length": 3, "max_length": 3},
+        imagination={"real_ratio": 0.5},
+        optim={"model": {"lr": 3e-4}},
+    )
+    assert learner.optim == DynaOptimSettings(OptimSettings(lr=3e-4, clip=GradClipSettings("clip_norm", 1000.0)))
+    assert learner.dyna.real_ratio == 0.5 and learner.dyna.rollout_batch_size == 100_000
+    assert learner.dyna.rollout_length_scheduler(10**6) == 3
+    assert learner.hparams["imagination"]["real_ratio"] == 0.5 and learner.hparams["optim"]["model"]["lr"] == 3e-4
+    (policy_opt, model_opt), schedulers = learner.configure_optimizers()
+    model_params = {id(p) for p in learner.world_model.wm.parameters()}
+    assert {id(p) for g in model_opt.param_groups for p in g["params"]} == model_params
+    assert model_opt.param_groups[0]["lr"] == 3e-4 and model_opt.param_groups[0]["eps"] == 1e-8
+    assert policy_opt.param_groups[0]["lr"] == 0.0005 and schedulers == []
+    assert learner.model_clipper.grad_clip_type == "clip_norm" and learner.model_clipper.clip_value == 1000.0
+    with pytest.raises(ValueError, match="imagination.real_ratio"):
+        DynaLearner(dm.spec, policy=IMPALA, world_model=Dreamer, imagination={"real_ratio": 2.0})
+
+
 def test_cartpole_dyna_config_fits_with_imagination_and_evaluates(capsys):
     cli = main(args=["fit", "--config", CONFIG, *SHRINK])
     assert cli.trainer.global_step == 10
@@ -171,7 +199,12 @@ def test_cartpole_dyna_config_fits_with_imagination_and_evaluates(capsys):
     assert float(logged["train/real_fraction"]) == 0.5, "real_ratio holds in the learner's batches"
     for key in ("train/loss_model", "train/policy_loss", "env/steps", "val/return"):
         assert key in logged, f"{key} not logged"
-    assert isinstance(cli.model.policy, IMPALA) and cli.model.policy.hparams.hidden_size == 64
+    policy, world_model = cli.model.policy, cli.model.world_model
+    assert isinstance(policy, IMPALA) and policy.net_settings.hidden == 64 and policy.optim.lr == 0.002
+    # modules built inside the learner record their own settings, not the learner's
+    assert policy.hparams["optim"]["lr"] == 0.002 and "imagination" not in policy.hparams
+    assert world_model.hparams["deter"] == 16 and "policy" not in world_model.hparams
+    assert cli.model.optim.model.lr == 1e-3 and cli.model.imagination.burn_in == 8
     assert not cli.datamodule.imagination.checkpoint
     main(args=["evaluate", "--config", CONFIG, *SHRINK, "--ckpt_path", "last", "--episodes", "1"])
     assert "return" in capsys.readouterr().out
@@ -183,8 +216,8 @@ def _weights(module: nn.Module) -> dict[str, torch.Tensor]:
 
 def test_seeded_dyna_fits_repeat_exactly(tmp_path, monkeypatch):
     """The imagination (model transitions, sampled terminations, the imagination buffer's draws)
-    follows the run's seed, so two fits of the config end with the same weights; another seed
-    does not."""
+    follows the run's seed, so two fits of the config end with the same weights, also when one of
+    them evaluates the model every 16 env steps; another seed does not."""
     monkeypatch.chdir(tmp_path)
     args = [
         "fit",
@@ -200,6 +233,12 @@ def test_seeded_dyna_fits_repeat_exactly(tmp_path, monkeypatch):
         "--trainer.logger",
         "false",
     ]
-    runs = [_weights(main(args=[*args, "--seed_everything", str(seed)]).model) for seed in (3, 3, 4)]
+    runs, evaluated = [], []
+    for seed, eval_freq in ((3, 10**9), (3, 16), (4, 10**9)):
+        cli = main(args=[*args, "--seed_everything", str(seed), "--model.init_args.eval_freq", str(eval_freq)])
+        runs.append(_weights(cli.model))
+        evaluated.append("world_model/eval_reward_mse" in cli.trainer.callback_metrics)
+    assert evaluated == [False, True, False], "the second run evaluates the model on real rows"
+    # the same weights: evaluating the model changes nothing about training
     assert all(torch.equal(runs[0][k], runs[1][k]) for k in runs[0])
     assert not all(torch.equal(runs[0][k], runs[2][k]) for k in runs[0])

@@ -1,5 +1,6 @@
 """Dyna and Hybrid world models: imagined rows in the row convention, the buffer-size schedule,
-real_ratio in sampled batches, the Imagination callback's cadence."""
+real_ratio in sampled batches, the model's evaluation on real rows, the Imagination callback's
+cadence."""
 
 from types import SimpleNamespace
 
@@ -9,8 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_wm.callbacks import Imagination
-from lightning_wm.data.imagination import DynaWorldModel, HybridWorldModel
+from lightning_wm.agents.dyna import DynaWorldModel, HybridWorldModel, Imagination, ImaginationSettings
 from lightning_wm.data.modules import ReplayDataModule
 from lightning_wm.data.replay import ReplayBuffer
 from lightning_wm.data.samplers import SequenceSampler
@@ -110,7 +110,7 @@ def test_imagined_rows_follow_the_row_convention():
     each imagined episode branches from a real first row, rows after a termination are never
     written, rewards/obs are the model's, actions and extras are zero on last rows."""
     dyna = DynaWorldModel(
-        PushModel(), SPACE, rollout_length_scheduler=fixed(3), rollout_batch_size=12, rollout_retain=2, seed=0
+        PushModel(), SPACE, ImaginationSettings(rollout_batch_size=12, rollout_retain=2), fixed(3), seed=0
     )
     real = real_buffer([-2.0, 0.0, 0.75])
     img = dyna.fill_img_buffer(PushAgent(), real, None, envstep=0, policy_version=7)
@@ -141,7 +141,7 @@ def test_imagined_rows_follow_the_row_convention():
 def test_buffer_keeps_rollout_retain_fills_and_follows_the_length_schedule():
     schedule = RolloutSchedule(start_step=0, end_step=100, min_length=0, max_length=4)
     dyna = DynaWorldModel(
-        PushModel(), SPACE, rollout_length_scheduler=schedule, rollout_batch_size=5, rollout_retain=2, seed=0
+        PushModel(), SPACE, ImaginationSettings(rollout_batch_size=5, rollout_retain=2), schedule, seed=0
     )
     real = real_buffer([-5.0])  # never terminates: every episode has length + 1 rows
     assert dyna.fill_img_buffer(PushAgent(), real, None, envstep=0) is None, "length 0: nothing imagined"
@@ -162,7 +162,7 @@ def test_real_ratio_holds_in_datamodule_batches():
     dm.buffer = real_buffer([-2.0, 0.0, 0.75, 1.0])
     assert "is_real" not in dm.sample_batch()
     dyna = DynaWorldModel(
-        PushModel(), SPACE, rollout_length_scheduler=fixed(2), real_ratio=0.25, rollout_batch_size=8, seed=0
+        PushModel(), SPACE, ImaginationSettings(real_ratio=0.25, rollout_batch_size=8), fixed(2), seed=0
     )
     dm.set_imagination(None, dyna.real_ratio)
     assert dm.sample_batch()["is_real"].all(), "all real while there is no imagination"
@@ -178,7 +178,7 @@ def test_real_ratio_holds_in_datamodule_batches():
 
 def test_dyna_sample_mixes_sequences_at_real_ratio():
     dyna = DynaWorldModel(
-        PushModel(), SPACE, rollout_length_scheduler=fixed(3), real_ratio=0.5, rollout_batch_size=4, seed=0
+        PushModel(), SPACE, ImaginationSettings(real_ratio=0.5, rollout_batch_size=4), fixed(3), seed=0
     )
     real = real_buffer([-2.0, -1.0, 0.0])
     img = dyna.fill_img_buffer(PushAgent(), real, None, envstep=0)
@@ -188,30 +188,37 @@ def test_dyna_sample_mixes_sequences_at_real_ratio():
 
 def test_imagination_callback_fills_every_train_freq_env_steps():
     dyna = DynaWorldModel(
-        PushModel(), SPACE, train_freq=100, rollout_length_scheduler=fixed(1), rollout_batch_size=3, seed=0
+        PushModel(), SPACE, ImaginationSettings(rollout_batch_size=3), fixed(1), train_freq=100, seed=0
     )
     dm = ReplayDataModule(
         EnvConfig("CartPole-v1", num_envs=1), capacity=64, batch_size=4, prefill=0, sample="transitions"
     )
     dm.buffer = real_buffer([0.0])
     agent = PushAgent()
+    logged = {}
     module = SimpleNamespace(
-        dyna=dyna, env_steps=0, act=agent.act, initial_state=agent.initial_state, log=lambda *a, **k: None
+        dyna=dyna,
+        env_steps=0,
+        act=agent.act,
+        initial_state=agent.initial_state,
+        log=lambda name, value, **k: logged.setdefault(name, []).append((module.env_steps, value)),
     )
     trainer = SimpleNamespace(datamodule=dm, global_step=0)
     callback = Imagination()
     fills = []
-    for steps in (50, 99, 100, 150, 199, 200, 260):
+    for steps in (50, 99, 100, 150, 199, 200, 260, 300):
         module.env_steps = steps
         callback.on_train_batch_end(trainer, module, None, None, 0)
         fills.append(dyna.fills)
-    assert fills == [0, 0, 1, 1, 1, 2, 2]
-    assert dm.imagination is not None and len(dm.imagination) == 2 * 3 * 2
-    assert dyna.should_eval(300) and dyna.last_train_step == 200
+    assert fills == [0, 0, 1, 1, 1, 2, 2, 3]
+    assert dm.imagination is not None and len(dm.imagination) == 3 * 3 * 2, "3 fills of 3 rollouts of 2 rows"
+    assert dyna.last_train_step == 300
+    # evaluated every eval_freq (250) env steps, once the model was trained
+    assert [step for step, _ in logged["world_model/eval_reward_mse"]] == [260] and dyna.last_eval_step == 260
 
 
 def test_hybrid_world_model_does_both():
-    hybrid = HybridWorldModel(PushModel(), SPACE, rollout_length_scheduler=fixed(2), rollout_batch_size=4, seed=0)
+    hybrid = HybridWorldModel(PushModel(), SPACE, ImaginationSettings(rollout_batch_size=4), fixed(2), seed=0)
     actor = nn.Linear(2, 2)
     out = hybrid.rollout(torch.zeros(3, 2), lambda f: torch.softmax(actor(f), -1), envstep=0)
     assert out["rewards"].shape == (2, 3) and out["actions"].shape == (3, 3, 2)
@@ -248,9 +255,7 @@ def test_burn_in_starts_from_the_filtered_state():
     }
     real = ReplayBuffer(6, 1, seed=0)
     real.add_many(chunk)
-    dyna = DynaWorldModel(
-        CountModel(), SPACE, rollout_length_scheduler=fixed(1), rollout_batch_size=16, burn_in=2, seed=0
-    )
+    dyna = DynaWorldModel(CountModel(), SPACE, ImaginationSettings(rollout_batch_size=16, burn_in=2), fixed(1), seed=0)
     episodes = split_episodes(stored_rows(dyna.fill_img_buffer(PushAgent(), real, None, envstep=0)))
     starts = {round(float(ep["obs"][0, 0]), 3) for ep in episodes}
     assert starts <= {round(float(v), 3) for v in x[2:5]}, "starts have 2 rows before them and are not last rows"
@@ -258,10 +263,14 @@ def test_burn_in_starts_from_the_filtered_state():
 
 
 def test_bad_options_say_what_is_wrong():
-    with pytest.raises(ValueError, match="real_ratio"):
-        DynaWorldModel(PushModel(), SPACE, real_ratio=1.5)
-    with pytest.raises(ValueError, match="rollout_batch_size"):
-        DynaWorldModel(PushModel(), SPACE, rollout_batch_size=0)
+    for kwargs, match in (
+        ({"real_ratio": 1.5}, "imagination.real_ratio must be in"),
+        ({"rollout_batch_size": 0}, "rollout_batch_size"),
+        ({"burn_in": -1}, "imagination.burn_in"),
+        ({"terminal_threshold": 2.0}, "imagination.terminal_threshold"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            ImaginationSettings(**kwargs)
 
 
 class DoneModel(PushModel):
@@ -281,11 +290,9 @@ def test_sampled_terminations_follow_the_done_probability():
         dyna = DynaWorldModel(
             DoneModel(),
             SPACE,
-            rollout_length_scheduler=fixed(4),
-            rollout_batch_size=4000,
-            rollout_retain=1,
+            ImaginationSettings(rollout_batch_size=4000, rollout_retain=1, terminal_mode=mode),
+            fixed(4),
             seed=seed,
-            terminal_mode=mode,
         )
         episodes = split_episodes(stored_rows(dyna.fill_img_buffer(PushAgent(), real_buffer([-9.0]), None, 0)))
         return np.array([len(e["is_first"]) - 1 for e in episodes]), np.array([e["is_terminal"][-1] for e in episodes])
@@ -299,4 +306,33 @@ def test_sampled_terminations_follow_the_done_probability():
     assert np.mean(~terminal) == pytest.approx(0.7**4, abs=0.025)
     assert np.array_equal(lengths("sample", 0)[0], steps) and not np.array_equal(lengths("sample", 1)[0], steps)
     with pytest.raises(ValueError, match="terminal_mode must be 'threshold' or 'sample'"):
-        DynaWorldModel(PushModel(), SPACE, terminal_mode="bernoulli")
+        ImaginationSettings(terminal_mode="bernoulli")
+
+
+class OffModel(PushModel):
+    """PushModel whose reward is 1 too high and whose done head says 0.5 everywhere."""
+
+    def step(self, state, action, generator=None):
+        reward, nxt, _ = super().step(state, action, generator)
+        return reward + 1.0, nxt, torch.full_like(reward, 0.5)
+
+
+def test_evaluate_measures_one_step_errors_on_the_newest_real_rows():
+    """Episodes [x, x + 0.5] from x = -2, 0, 0.75: the model's one step from each first row is
+    compared with the real second row (the last rows start no transition). Evaluating draws
+    nothing from the buffer and leaves the global RNG as it was."""
+    real = real_buffer([-2.0, 0.0, 0.75])
+    exact = DynaWorldModel(PushModel(), SPACE, ImaginationSettings(rollout_batch_size=16), fixed(1), seed=0)
+    out = exact.evaluate(real)
+    assert out["world_model/eval_rows"] == 3
+    assert out["world_model/eval_reward_mse"] == 0 and out["world_model/eval_obs_mse"] == 0
+    # done is 1 only from x = 0.75 (every real second row is terminal): two of three miss it
+    assert out["world_model/eval_termination_bce"] == pytest.approx(2 / 3 * -np.log(1e-6), rel=1e-4)
+    rng, twin = torch.get_rng_state(), real_buffer([-2.0, 0.0, 0.75])
+    off = DynaWorldModel(OffModel(), SPACE, ImaginationSettings(rollout_batch_size=2), fixed(1), seed=0).evaluate(real)
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert off["world_model/eval_rows"] == 2, "at most rollout_batch_size rows"
+    assert off["world_model/eval_reward_mse"] == pytest.approx(1.0)
+    assert off["world_model/eval_termination_bce"] == pytest.approx(np.log(2.0), rel=1e-5)
+    assert np.array_equal(real.draw(5)[1], twin.draw(5)[1]), "the buffer's draws are untouched"
+    assert exact.evaluate(ReplayBuffer(4, 1, seed=0)) == {}, "nothing to evaluate on yet"

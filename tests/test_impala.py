@@ -1,4 +1,4 @@
-"""IMPALA networks, action heads and loss (lightning_wm.agents.impala)."""
+"""IMPALA networks, action heads, settings groups and loss (lightning_wm.agents.impala)."""
 
 import math
 
@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_wm.agents.impala import VTraceLossConfig, impala_loss, unroll_loss
+from lightning_wm.agents.impala import IMPALA, VTraceLossSettings, impala_loss, unroll_loss
 from lightning_wm.data.collector import Collector
 from lightning_wm.envs import EnvConfig, EnvSpec, env_spec, make_vector_env
-from lightning_wm.nn.actor_critic import ActorCritic, CategoricalHead, GaussianHead
+from lightning_wm.nn.actor_critic import ActorCritic, ActorCriticSettings, CategoricalHead, GaussianHead
+from lightning_wm.optim import OptimSettings
 from lightning_wm.protocols import Agent
 from lightning_wm.returns import UnrollSteps, lambda_return
 
@@ -48,7 +49,7 @@ def _collect(spec_cfg, net, steps, num_envs=3, seed=0):
 @pytest.mark.parametrize("lstm_size", [0, 16])
 def test_discrete_act_shapes_and_modes(lstm_size):
     torch.manual_seed(0)
-    net = ActorCritic(CARTPOLE, hidden_size=32, lstm_size=lstm_size)
+    net = ActorCritic(CARTPOLE, ActorCriticSettings(hidden=32, lstm_size=lstm_size))
     assert isinstance(net, Agent)
     state = net.initial_state(5)
     assert (state is None) == (lstm_size == 0)
@@ -67,23 +68,23 @@ def test_frame_and_dict_observations():
     torch.manual_seed(0)
     frames = gym.spaces.Box(0, 255, (36, 36, 3), np.uint8)
     for conv in ("deep", "shallow"):
-        net = ActorCritic(EnvSpec(frames, gym.spaces.Discrete(4)), conv=conv, fc_size=32)
+        net = ActorCritic(EnvSpec(frames, gym.spaces.Discrete(4)), ActorCriticSettings(conv=conv, fc_size=32))
         action, _, extras = net.act(torch.randint(0, 255, (2, 36, 36, 3), dtype=torch.uint8), None, True)
         assert action.shape == (2,) and extras["logits"].shape == (2, 4)
     space = gym.spaces.Dict({"image": frames, "state": gym.spaces.Box(-1, 1, (5,), np.float32)})
-    net = ActorCritic(EnvSpec(space, gym.spaces.Discrete(3)), conv="shallow", fc_size=32, hidden_size=8)
+    net = ActorCritic(EnvSpec(space, gym.spaces.Discrete(3)), ActorCriticSettings(conv="shallow", fc_size=32, hidden=8))
     assert net.encoder.out_dim == 32 + 8
     obs = {"image": torch.zeros(2, 36, 36, 3, dtype=torch.uint8), "state": torch.zeros(2, 5)}
     assert net.act(obs, None, True)[0].shape == (2,)
     with pytest.raises(ValueError, match="conv must be"):
-        ActorCritic(EnvSpec(frames, gym.spaces.Discrete(4)), conv="resnet")
+        ActorCriticSettings(conv="resnet")
     with pytest.raises(ValueError, match="Discrete and Box"):
         ActorCritic(EnvSpec(frames, gym.spaces.MultiBinary(3)))
 
 
 def test_continuous_act_within_bounds():
     torch.manual_seed(0)
-    net = ActorCritic(PENDULUM, init_sigma=3.0)  # wide: many samples fall beyond the bounds
+    net = ActorCritic(PENDULUM, ActorCriticSettings(init_sigma=3.0))  # wide: many samples fall beyond the bounds
     action, _, extras = net.act(torch.randn(256, 3), None, explore=True)
     assert action.shape == (256, 1) and action.dtype == torch.float32
     assert action.abs().max() <= 2.0 and (action.abs() == 2.0).any()
@@ -148,7 +149,7 @@ def test_learner_recomputes_the_behaviour_policy(env_id, lstm_size):
     restarts), so on-policy ratios are exactly 1."""
     torch.manual_seed(0)
     cfg = {"id": env_id, "max_episode_steps": 12}
-    net = ActorCritic(env_spec(EnvConfig(**cfg)), hidden_size=16, lstm_size=lstm_size)
+    net = ActorCritic(env_spec(EnvConfig(**cfg)), ActorCriticSettings(hidden=16, lstm_size=lstm_size))
     batch = _collect(cfg, net, steps=30)
     assert batch["is_first"][:, 1:].any()  # episodes end inside the unroll
     obs = batch["obs"].transpose(0, 1)
@@ -185,7 +186,7 @@ def test_impala_loss_hand_values():
     value = ((1 - 2.5)^2 + (2 - 3)^2) / 2 = 1.625; entropy mean of [0.7, 0.3] = 0.5."""
     logp = torch.log(torch.tensor([[0.5], [0.25]]))
     value = torch.tensor([[1.0], [2.0], [4.0]])
-    cfg = VTraceLossConfig(value_weight=0.5, entropy_weight=0.1, discount_factor=0.5, lambda_=1.0)
+    cfg = VTraceLossSettings(value_weight=0.5, entropy_weight=0.1, discount=0.5, lambda_=1.0)
     out = impala_loss(logp, logp, torch.tensor([[0.7], [0.3]]), value, _steps([[1.0], [1.0]], [[0.5], [0.5]]), cfg)
     policy = -(math.log(0.5) * 1.5 + math.log(0.25) * 1.0) / 2
     assert math.isclose(out.policy_loss.item(), policy, rel_tol=1e-6)
@@ -206,7 +207,7 @@ def test_impala_loss_gradients_masks_and_weights():
     mask[2, 1] = False
     blogp[2, 1] = float("nan")  # a zeroed extra (sigma 0) on a masked step
     steps = _steps(torch.randn(T, B), torch.full((T, B), 0.9), mask)
-    cfg = VTraceLossConfig(lambda_=1.0)
+    cfg = VTraceLossSettings(lambda_=1.0)
     out = impala_loss(tlogp, blogp, torch.ones(T, B), value, steps, cfg)
     out.total_loss.backward()
     assert torch.isfinite(out.total_loss) and torch.isfinite(tlogp.grad).all() and torch.isfinite(value.grad).all()
@@ -243,7 +244,7 @@ def test_impala_loss_on_policy_value_target_is_lambda_return():
     logp = torch.randn(T, B)
     value = torch.randn(T + 1, B, requires_grad=True)
     reward, discount = torch.randn(T, B), torch.full((T, B), 0.95)
-    cfg = VTraceLossConfig(lambda_=0.8)
+    cfg = VTraceLossSettings(lambda_=0.8)
     out = impala_loss(logp, logp, torch.zeros(T, B), value, _steps(reward, discount), cfg)
     target = lambda_return(reward, value.detach(), discount, 0.8)
     assert torch.allclose(out.value_loss, (value[:-1] - target).square().mean())
@@ -253,7 +254,7 @@ def test_policy_learns_the_better_arm_from_off_policy_data():
     """Two-armed bandit, one-step unrolls acted by a uniform behaviour policy: the V-trace
     gradient moves the target policy to the arm paying 1 (a sign check of the whole loss)."""
     torch.manual_seed(3)
-    net = ActorCritic(CARTPOLE, hidden_size=16)
+    net = ActorCritic(CARTPOLE, ActorCriticSettings(hidden=16))
     opt = torch.optim.SGD(net.parameters(), lr=1.0)
     B = 64
     for _ in range(25):
@@ -267,7 +268,7 @@ def test_policy_learns_the_better_arm_from_off_policy_data():
             "action": torch.stack([action, torch.zeros(B, dtype=torch.long)], 1),
             "logits": torch.zeros(B, 2, 2),  # uniform behaviour
         }
-        loss = unroll_loss(net, batch, VTraceLossConfig(entropy_weight=0.0))
+        loss = unroll_loss(net, batch, VTraceLossSettings(entropy_weight=0.0))
         opt.zero_grad()
         loss.total_loss.backward()
         opt.step()
@@ -278,7 +279,7 @@ def test_policy_learns_the_better_arm_from_off_policy_data():
 def test_reward_scale_scales_the_value_targets_and_the_advantages():
     """``reward_scale`` c is the loss of the same unrolls with their rewards multiplied by c."""
     torch.manual_seed(0)
-    net = ActorCritic(CARTPOLE, hidden_size=8)
+    net = ActorCritic(CARTPOLE, ActorCriticSettings(hidden=8))
     B, T = 3, 5
     batch = {
         "obs": torch.randn(B, T + 1, 4),
@@ -290,9 +291,46 @@ def test_reward_scale_scales_the_value_targets_and_the_advantages():
         "logits": torch.randn(B, T + 1, 2),
     }
     scaled = dict(batch, reward=batch["reward"] * 0.1)
-    a = unroll_loss(net, batch, VTraceLossConfig(reward_scale=0.1))
-    b = unroll_loss(net, scaled, VTraceLossConfig())
+    a = unroll_loss(net, batch, VTraceLossSettings(reward_scale=0.1))
+    b = unroll_loss(net, scaled, VTraceLossSettings())
     for name in ("total_loss", "policy_loss", "value_loss", "entropy_loss"):
         assert torch.allclose(getattr(a, name), getattr(b, name)), name
-    c = unroll_loss(net, batch, VTraceLossConfig())
+    c = unroll_loss(net, batch, VTraceLossSettings())
     assert not torch.allclose(a.value_loss, c.value_loss)
+
+
+# -- settings groups -----------------------------------------------------------------------
+def test_settings_groups_check_their_ranges_and_keep_the_defaults():
+    """Each group refuses an out-of-range value in one line naming the option; IMPALA's defaults
+    are DI-engine's (Adam at 0.0005, no clipping, value 0.5, entropy 0.0001, gamma 0.99, lambda
+    0.95, clips 1), and a partial mapping (YAML, a checkpoint) keeps the other defaults."""
+    for kwargs, name in (
+        ({"discount": 1.5}, "loss.discount"),
+        ({"lambda_": -0.1}, "loss.lambda_"),
+        ({"entropy_weight": -1.0}, "loss.entropy_weight"),
+        ({"rho_clip": 0.0}, "loss.rho_clip"),
+        ({"reward_scale": 0.0}, "loss.reward_scale"),
+    ):
+        with pytest.raises(ValueError, match=name):
+            VTraceLossSettings(**kwargs)
+    for kwargs, match in (
+        ({"hidden": 0}, "hidden >= 1"),
+        ({"activation": "swish"}, "unknown activation"),
+        ({"sigma_type": "state"}, "sigma_type"),
+        ({"bound_type": "clip"}, "bound_type"),
+        ({"init_sigma": 0.0}, "init_sigma"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            ActorCriticSettings(**kwargs)
+    model = IMPALA(CARTPOLE)
+    assert model.optim == OptimSettings(lr=0.0005) and model.optim.clip.type is None
+    assert model.loss == VTraceLossSettings(0.5, 0.0001, 0.99, 0.95, 1.0, 1.0, 1.0, 1.0)
+    assert model.net_settings == ActorCriticSettings(hidden=64, layers=2)
+    partial = IMPALA(CARTPOLE, net={"hidden": 8}, loss={"discount": 0.9}, optim={"eps": 0.01, "clip": {"value": 4.0}})
+    assert partial.optim.lr == 0.0005 and partial.optim.eps == 0.01 and partial.optim.clip.value == 4.0
+    assert partial.loss.discount == 0.9 and partial.loss.value_weight == 0.5 and partial.net_settings.layers == 2
+    assert partial.hparams["optim"]["lr"] == 0.0005 and partial.hparams["loss"]["discount"] == 0.9
+    with pytest.raises(ValueError, match="unknown setting"):
+        IMPALA(CARTPOLE, loss={"discount_factor": 0.9})
+    with pytest.raises(ValueError, match="'adam' or 'rmsprop'"):
+        IMPALA(CARTPOLE, optim=OptimSettings(name="sgd"))

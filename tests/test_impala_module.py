@@ -11,11 +11,12 @@ import pytest
 import pytorch_lightning as pl
 import torch
 
-from lightning_wm.agents.impala import IMPALA, unroll_loss
+from lightning_wm.agents.impala import IMPALA, ActorCriticSettings, unroll_loss
 from lightning_wm.callbacks import default_callbacks
 from lightning_wm.cli import main
 from lightning_wm.data.modules import UnrollDataModule
 from lightning_wm.envs import EnvConfig
+from lightning_wm.optim import OptimSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 SHRINK = [
@@ -50,7 +51,7 @@ def test_config_fits_and_evaluates_from_the_cli(name, num_actors, capsys):
     if name == "pong":
         pytest.importorskip("cv2", reason="Pong goes through AtariPreprocessing, which needs opencv (.[atari])")
     config = str(ROOT / f"configs/impala/{name}.yaml")
-    extra = ["--trainer.accelerator", "cpu", "--model.init_args.fc_size", "32"] if name == "pong" else []
+    extra = ["--trainer.accelerator", "cpu", "--model.init_args.net.fc_size", "32"] if name == "pong" else []
     cli = main(args=["fit", "--config", config, *SHRINK, *extra, "--data.init_args.num_actors", str(num_actors)])
     assert cli.trainer.global_step == 3
     logged = cli.trainer.logged_metrics
@@ -79,7 +80,12 @@ def test_config_fits_and_evaluates_from_the_cli(name, num_actors, capsys):
 def _fit(seed: int, steps: int = 6, **data_kwargs) -> tuple[IMPALA, list[dict], UnrollDataModule]:
     pl.seed_everything(seed)
     dm = UnrollDataModule(EnvConfig("CartPole-v1", num_envs=3, seed=seed), unroll_length=5, batch_size=3, **data_kwargs)
-    model = IMPALA(dm.spec, hidden_size=16, learning_rate=0.01, priority=data_kwargs.get("prioritized", False))
+    model = IMPALA(
+        dm.spec,
+        net=ActorCriticSettings(hidden=16),
+        optim=OptimSettings(lr=0.01),
+        priority=data_kwargs.get("prioritized", False),
+    )
     outputs: list[dict] = []
 
     class Keep(pl.Callback):
@@ -149,22 +155,22 @@ def test_priorities_come_back_to_the_unroll_replay(monkeypatch):
 def test_priority_and_is_weights_in_the_training_step():
     spec = UnrollDataModule(EnvConfig("CartPole-v1")).spec
     with pytest.raises(ValueError, match="needs priority: true"):
-        IMPALA(spec, priority_IS_weight=True)
+        IMPALA(spec, priority_is_weight=True)
     _, outputs, _ = _fit(0, steps=2)
     batch = outputs[0]["batch"]
     torch.manual_seed(0)
-    model = IMPALA(spec, hidden_size=16, priority=True, priority_IS_weight=True)
+    model = IMPALA(spec, net=ActorCriticSettings(hidden=16), priority=True, priority_is_weight=True)
     with pytest.raises(ValueError, match="no importance weights"):
         model.training_step(batch, 0)
     weight = torch.tensor([1.0, 0.25, 0.0])
     out = model.training_step({**batch, "weight": weight}, 0)
-    want = unroll_loss(model.net, batch, model.loss_config, weight)
+    want = unroll_loss(model.net, batch, model.loss, weight)
     assert torch.equal(out["loss"], want.total_loss) and torch.equal(out["priority"], want.priority)
-    assert not torch.equal(out["loss"], unroll_loss(model.net, batch, model.loss_config).total_loss)
-    unweighted = IMPALA(spec, hidden_size=16, priority=True)
+    assert not torch.equal(out["loss"], unroll_loss(model.net, batch, model.loss).total_loss)
+    unweighted = IMPALA(spec, net=ActorCriticSettings(hidden=16), priority=True)
     unweighted.load_state_dict(model.state_dict())
     out = unweighted.training_step({**batch, "weight": weight}, 0)  # weights in the batch, not asked for
-    assert torch.equal(out["loss"], unroll_loss(model.net, batch, model.loss_config).total_loss)
+    assert torch.equal(out["loss"], unroll_loss(model.net, batch, model.loss).total_loss)
 
 
 def test_encoder_injection_from_the_command_line():

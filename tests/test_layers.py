@@ -8,12 +8,12 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "lightning_wm"
 
 # agents/ reading recorded episodes (where dreams start) is the one use of data/ by an agent
-# and the Dyna learner building its imagination (buffer fills from the real replay)
+# and Dyna's imagination (buffer fills from the real replay, batches mixed from both)
 AGENTS_MAY_IMPORT_DATA = {
     "agents/vm_model.py": {"lightning_wm.data.episodes"},
     "agents/controller.py": {"lightning_wm.data.episodes"},
     "agents/dreamer/dream.py": {"lightning_wm.data.episodes"},
-    "agents/dyna.py": {"lightning_wm.data.imagination"},
+    "agents/dyna/imagination.py": {"lightning_wm.data.replay", "lightning_wm.data.samplers"},
 }
 # the command line sits on top of everything; its subcommands load what they need
 LAZY_IMPORTS_ALLOWED = {"cli.py"}

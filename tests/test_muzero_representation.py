@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_wm.agents.impala import IMPALA, unroll_loss
+from lightning_wm.agents.impala import IMPALA, ActorCriticSettings, unroll_loss
 from lightning_wm.agents.muzero import MuZeroRepresentation
 from lightning_wm.agents.muzero.representation import unroll_windows
 from lightning_wm.envs import EnvConfig, env_spec
@@ -94,7 +94,7 @@ def test_representation_loss_trains_the_whole_model_and_the_schedule():
 def test_host_gradients_reach_the_representation_only_when_not_detached(detach):
     torch.manual_seed(1)
     spec = env_spec(EnvConfig("CartPole-v1"))
-    host = IMPALA(spec, hidden_size=16, encoder=lambda s: _repr(detach=detach))
+    host = IMPALA(spec, net=ActorCriticSettings(hidden=16), encoder=lambda s: _repr(detach=detach))
     batch = unroll_batch()
     unroll_loss(host.net, batch).total_loss.backward()
     grads = [p.grad for p in host.net.encoder.model.repr_net.parameters()]

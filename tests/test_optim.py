@@ -143,7 +143,7 @@ def test_impala_lr_anneal_steps_reaches_zero() -> None:
     from lightning_wm.agents.impala import IMPALA
     from lightning_wm.envs import EnvConfig, env_spec
 
-    model = IMPALA(env_spec(EnvConfig("CartPole-v1")), learning_rate=0.1, lr_anneal_steps=4)
+    model = IMPALA(env_spec(EnvConfig("CartPole-v1")), optim=OptimSettings(lr=0.1, lr_anneal_steps=4))
     config = model.configure_optimizers()
     opt, schedule = config["optimizer"], config["lr_scheduler"]["scheduler"]
     seen = []
@@ -174,7 +174,7 @@ def test_fit_warns_when_max_steps_outlasts_lr_anneal_steps() -> None:
     from lightning_wm.agents.impala import IMPALA
     from lightning_wm.envs import EnvConfig, env_spec
 
-    model = IMPALA(env_spec(EnvConfig("CartPole-v1")), lr_anneal_steps=3000)
+    model = IMPALA(env_spec(EnvConfig("CartPole-v1")), optim=OptimSettings(lr_anneal_steps=3000))
     model._trainer = types.SimpleNamespace(max_steps=6000)
     with pytest.warns(UserWarning, match="IMPALA: the learning rate anneals to 0 at lr_anneal_steps=3000"):
         model.on_fit_start()

@@ -60,6 +60,16 @@ class RLModule(pl.LightningModule):
                 return 0
         return int(source.env_steps) if isinstance(source, EnvStepCounter) else 0
 
+    def logs_step(self, step: int) -> bool:
+        """Whether the logger writes the ``on_step`` logs of optimizer step ``step`` (counted from
+        1): Lightning writes every ``trainer.log_every_n_steps``-th; every step without a trainer.
+        An agent that logs much may skip its ``self.log`` calls on the other steps."""
+        try:
+            every = self.trainer.log_every_n_steps
+        except RuntimeError:  # not attached to a Trainer
+            return True
+        return step % max(1, every) == 0
+
     def save_settings(self, ignore: Sequence[str] = ()) -> None:
         """``save_hyperparameters`` of the calling ``__init__``'s arguments (without ``env_spec``
         and ``ignore``), settings groups (dataclasses) stored as plain nested dicts."""

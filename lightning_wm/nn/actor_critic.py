@@ -1,6 +1,7 @@
 """IMPALA's actor-critic network (Espeholt et al. 2018) and its action heads, with DI-engine's
 sampling names.
 
+* :class:`ActorCriticSettings` — the network's settings group (IMPALA's ``net``).
 * :class:`ActorCritic` — observation encoder (MLP for vectors; the IMPALA conv stack,
   ``deep`` or ``shallow``, for ``uint8 [H, W, C]`` frames; one encoder per key of a dict
   observation; or an injected module), an optional LSTM core reset where ``is_first``, a
@@ -20,6 +21,9 @@ likelihood, so the importance ratios compare the policies on the actions really 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 import gymnasium as gym
 import numpy as np
 import torch
@@ -28,9 +32,62 @@ from torch import Tensor, nn
 from lightning_wm.envs import EnvSpec, is_image_space
 from lightning_wm.nn import dists
 from lightning_wm.nn.blocks import MLP, preprocess_pixels
+from lightning_wm.nn.blocks import activation as activation_class
 
 Obs = Tensor | dict[str, Tensor]
 CoreState = tuple[Tensor, Tensor] | None  # LSTM (h, c), each [B, H]; None without a core
+
+
+@dataclass(frozen=True)
+class ActorCriticSettings:
+    """The actor-critic network (IMPALA's ``net`` group).
+
+    Attributes:
+        hidden: units of each hidden layer of the MLP that encodes vector observations.
+        layers: hidden layers of that MLP.
+        activation: of that MLP (``relu``, ``silu``, ``elu``, ``tanh``, ``gelu``).
+        conv: ``deep`` (the IMPALA paper's residual stack) or ``shallow`` (its two-layer stack)
+            for frame observations (``uint8 [H, W, C]``).
+        conv_channels: channels of the deep stack's stages.
+        fc_size: features after the conv stack (one linear layer and a ReLU).
+        lstm_size: 0 for a feed-forward network, else the size of an LSTM core between the
+            encoder and the heads (reset where ``is_first``; acting stores its state in every row
+            as ``core_h`` / ``core_c``).
+        sigma_type: continuous actions: ``independent`` (a learned, state-independent log sigma,
+            DI-engine's default) or ``conditioned`` (a linear layer of the features).
+        bound_type: continuous actions: None (DI-engine's default) or ``tanh`` (the mean stays
+            inside the action bounds).
+        init_sigma: continuous actions: sigma at initialisation, in normalised action units.
+    """
+
+    hidden: int = 64
+    layers: int = 2
+    activation: str = "relu"
+    conv: Literal["deep", "shallow"] = "deep"
+    conv_channels: tuple[int, ...] = (16, 32, 32)
+    fc_size: int = 256
+    lstm_size: int = 0
+    sigma_type: Literal["independent", "conditioned"] = "independent"
+    bound_type: Literal["tanh"] | None = None
+    init_sigma: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.hidden < 1 or self.layers < 0 or self.fc_size < 1 or self.lstm_size < 0:
+            raise ValueError(
+                f"net needs hidden >= 1, layers >= 0, fc_size >= 1 and lstm_size >= 0, got {self.hidden}, "
+                f"{self.layers}, {self.fc_size} and {self.lstm_size}"
+            )
+        activation_class(self.activation)  # an unknown name is one clear error
+        if self.conv not in ("deep", "shallow"):
+            raise ValueError(f"conv must be 'deep' or 'shallow', got {self.conv!r}")
+        if not self.conv_channels or min(self.conv_channels) < 1:
+            raise ValueError(f"net.conv_channels must be channel counts >= 1, got {list(self.conv_channels)}")
+        if self.sigma_type not in ("independent", "conditioned"):
+            raise ValueError(f"sigma_type must be 'independent' or 'conditioned', got {self.sigma_type!r}")
+        if self.bound_type not in (None, "tanh"):
+            raise ValueError(f"bound_type must be None or 'tanh', got {self.bound_type!r}")
+        if not self.init_sigma > 0:
+            raise ValueError(f"init_sigma must be > 0, got {self.init_sigma}")
 
 
 # -- sampling (DI-engine's names) --------------------------------------------------------------
@@ -261,8 +318,8 @@ class ObservationEncoder(nn.Module):
     def __init__(
         self,
         spec: EnvSpec,
-        hidden_size: int,
-        hidden_layers: int,
+        hidden: int,
+        layers: int,
         act: str,
         conv: str,
         conv_channels: tuple[int, ...],
@@ -277,7 +334,7 @@ class ObservationEncoder(nn.Module):
                 encoder = FrameEncoder(tuple(space.shape), conv, conv_channels, fc_size)
                 self.parts[key], self.out_dim = encoder, self.out_dim + encoder.out_dim
             else:
-                mlp = MLP(int(np.prod(space.shape)), None, hidden_size, hidden_layers, act, norm=False)
+                mlp = MLP(int(np.prod(space.shape)), None, hidden, layers, act, norm=False)
                 self.parts[key], self.out_dim = nn.Sequential(nn.Flatten(), mlp), self.out_dim + mlp.out_dim
 
     def forward(self, obs: Obs) -> Tensor:
@@ -323,57 +380,37 @@ class ActorCritic(nn.Module):
 
     Args:
         spec: the env's spaces (Discrete or Box actions).
-        hidden_size, hidden_layers: MLP of vector observations (ReLU, no normalisation).
-        activation: of the MLP.
-        conv: ``deep`` (IMPALA's residual stack) or ``shallow`` for frame observations.
-        conv_channels: channels of the deep stack's stages.
-        fc_size: features after the conv stack.
-        lstm_size: 0 for a feed-forward net, else the LSTM core's size (reset where
-            ``is_first``; acting stores the core state in rows as ``core_h`` / ``core_c``).
-        sigma_type, bound_type, init_sigma: the Gaussian head (continuous actions).
+        net: the network's settings (:class:`ActorCriticSettings`; its defaults if None).
         encoder: a module to use as the observation encoder instead of the built-in one: it maps
             a batch of observations as rows hold them (``[N, ...]``, ``uint8`` frames or float
             vectors, or a dict of them) to features ``[N, ...]`` (flattened to ``[N, F]``). Its
             ``out_dim`` attribute gives ``F``; without one ``F`` is measured on a zero observation.
     """
 
-    def __init__(
-        self,
-        spec: EnvSpec,
-        hidden_size: int = 64,
-        hidden_layers: int = 2,
-        activation: str = "relu",
-        conv: str = "deep",
-        conv_channels: tuple[int, ...] = (16, 32, 32),
-        fc_size: int = 256,
-        lstm_size: int = 0,
-        sigma_type: str = "independent",
-        bound_type: str | None = None,
-        init_sigma: float = 1.0,
-        encoder: nn.Module | None = None,
-    ) -> None:
+    def __init__(self, spec: EnvSpec, net: ActorCriticSettings | None = None, encoder: nn.Module | None = None) -> None:
         super().__init__()
         if not isinstance(spec.action_space, (gym.spaces.Discrete, gym.spaces.Box)):
             raise ValueError(
                 f"IMPALA supports Discrete and Box action spaces; {spec.env_id or 'this env'} has {spec.action_space}"
             )
+        s = net if net is not None else ActorCriticSettings()
         self.spec = spec
         if encoder is None:
             self.encoder: nn.Module = ObservationEncoder(
-                spec, hidden_size, hidden_layers, activation, conv, tuple(conv_channels), fc_size
+                spec, s.hidden, s.layers, s.activation, s.conv, tuple(s.conv_channels), s.fc_size
             )
             feat = self.encoder.out_dim
         else:
             self.encoder = encoder
             feat = encoder_out_dim(encoder, spec)
-        self.lstm_size = int(lstm_size)
+        self.lstm_size = int(s.lstm_size)
         self.core = nn.LSTMCell(feat, self.lstm_size) if self.lstm_size > 0 else None
         if self.core is not None:
             feat = self.lstm_size
         if spec.discrete:
             self.head: CategoricalHead | GaussianHead = CategoricalHead(feat, spec.action_dim)
         else:
-            self.head = GaussianHead(feat, spec.action_space, sigma_type, bound_type, init_sigma)
+            self.head = GaussianHead(feat, spec.action_space, s.sigma_type, s.bound_type, s.init_sigma)
         self.value = nn.Linear(feat, 1)
 
     # -- core -------------------------------------------------------------------------------

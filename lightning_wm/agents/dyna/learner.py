@@ -4,52 +4,77 @@
 through small interfaces:
 
 * ``policy`` — any agent that acts (the :class:`~lightning_wm.protocols.Agent` protocol) and
-  has ``learner_loss(batch) -> (loss, logs)`` and ``configure_optimizers()`` (IMPALA);
+  has ``learner_loss(batch, step) -> (loss, logs)``, ``configure_optimizers()`` and
+  ``configure_gradient_clipping`` (IMPALA);
 * ``world_model`` — a learner whose ``wm`` is a :class:`~lightning_wm.world_model.WorldModel`
   that can ``decode`` and whose ``world_model_loss(batch) -> (loss, logs, _)`` trains it on real
-  sequences, with ``lr_model`` / ``eps_model`` / ``clip_model`` hyperparameters (Dreamer: only
-  its world model is trained here, its actor and critic stay unused).
+  sequences (Dreamer: only its world model is trained here, its actor and critic stay unused).
+  Its optimizer is Dyna's own (``optim.model``), not one the world-model learner configures.
 
 Each batch (from an :class:`~lightning_wm.data.modules.UnrollDataModule` with
 ``model_replay_size > 0``) holds the policy's unrolls — real ones and, once the imagination is
-filled, imagined ones at ``real_ratio`` — and ``"model"``, real sequences for one world-model
-step. The :class:`~lightning_wm.callbacks.Imagination` callback refills the imagination buffer
-from the model every ``train_freq`` env steps (:class:`~lightning_wm.data.imagination.DynaWorldModel`,
-DI-engine's options and defaults).
+filled, imagined ones at ``imagination.real_ratio`` — and ``"model"``, real sequences for one
+world-model step. The :class:`~lightning_wm.agents.dyna.Imagination` callback refills the
+imagination buffer from the model every ``train_freq`` env steps and evaluates the model every
+``eval_freq`` (:class:`~lightning_wm.agents.dyna.DynaWorldModel`, DI-engine's options).
 """
 
 from __future__ import annotations
 
-import copy
 import functools
 from collections.abc import Callable
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Any
 
+import pytorch_lightning as pl
 import torch
 from torch import Tensor, nn
 
 from lightning_wm.agents.base import RLModule
-from lightning_wm.data.imagination import DynaWorldModel
+from lightning_wm.agents.dyna.imagination import DynaWorldModel, ImaginationSettings
 from lightning_wm.envs import EnvSpec
+from lightning_wm.optim import GradClipper, GradClipSettings, OptimSettings, build_optimizer, optimizer_beta
 from lightning_wm.seeding import derive_seed
-from lightning_wm.world_model import RolloutSchedule
+from lightning_wm.settings import as_settings, plain
+from lightning_wm.world_model import RolloutSchedule, WorldModel
 
-__all__ = ["DynaLearner"]
+__all__ = ["DynaLearner", "DynaOptimSettings"]
 
 
-def _build(factory: Callable[[EnvSpec], nn.Module], env_spec: EnvSpec) -> nn.Module:
-    """``factory(env_spec)`` with the built module's own hyperparameters.
+def _world_model_optim() -> OptimSettings:
+    return OptimSettings(lr=1e-4, eps=1e-8, clip=GradClipSettings(type="clip_norm", value=1000.0))
 
-    LightningCLI's instantiator hands the *outer* model's config to every
-    ``save_hyperparameters`` called while it instantiates a LightningModule, nested ones
-    included, so a policy built here from its YAML ``class_path`` would read the outer hparams;
-    its own (the factory's ``init_args``) are put back.
+
+@dataclass(frozen=True)
+class DynaOptimSettings:
+    """The optimizers Dyna owns (its ``optim`` group); the policy's is in the policy's settings.
+
+    Attributes:
+        model: the world model's optimizer and gradient clipping (default: Adam at 1e-4, eps
+            1e-8, gradient norm clipped at 1000: DreamerV3's world-model constants).
+    """
+
+    model: OptimSettings = field(default_factory=_world_model_optim)
+
+
+DYNA_ROLLOUT = RolloutSchedule()  # DI-engine's rollout_length_scheduler defaults
+DYNA_IMAGINATION = ImaginationSettings()
+DYNA_OPTIM = DynaOptimSettings()
+
+
+def _build(factory: Callable[[EnvSpec], RLModule], env_spec: EnvSpec) -> RLModule:
+    """``factory(env_spec)``, recording the built module's own settings as its hyperparameters.
+
+    While LightningCLI builds the outer module it hands the outer module's settings to every
+    ``save_hyperparameters`` called, nested modules' included; a factory made by the CLI from a
+    YAML ``class_path`` is a ``functools.partial`` whose keywords are the module's own
+    ``init_args``, and those are recorded instead (with the public ``save_hyperparameters``), so
+    a module that reads ``self.hparams`` reads its own settings.
     """
     module = factory(env_spec)
-    hparams = getattr(module, "hparams", None)
-    if hparams is not None and "_class_path" in hparams and isinstance(factory, functools.partial):
-        module._set_hparams(dict(factory.keywords))
-        module._hparams_initial = copy.deepcopy(module._hparams)
+    if isinstance(factory, functools.partial) and isinstance(module, pl.LightningModule):
+        module.hparams.clear()
+        module.save_hyperparameters(plain(dict(factory.keywords)))
     return module
 
 
@@ -62,14 +87,14 @@ class DynaLearner(RLModule):
             e.g. ``lightning_wm.agents.impala.IMPALA``).
         world_model: builds the world-model learner from the env spec (e.g.
             ``lightning_wm.agents.dreamer.Dreamer``; only its ``wm`` is trained).
-        train_freq, eval_freq: model cadence in env steps (imagination refilled every
-            ``train_freq``).
-        rollout_start_step, rollout_end_step, rollout_length_min, rollout_length_max: the
-            rollout-length scheduler (DI-engine's ``rollout_length_scheduler``).
-        real_ratio, rollout_batch_size, rollout_retain, terminal_threshold, burn_in,
-            terminal_mode: the imagination (:class:`~lightning_wm.data.imagination.DynaWorldModel`;
-            ``terminal_mode: sample`` ends an imagined episode with the done head's probability
-            instead of above ``terminal_threshold``).
+        rollout: imagined rollout length per env step (DI-engine's ``rollout_length_scheduler``;
+            :class:`~lightning_wm.world_model.RolloutSchedule`).
+        imagination: the imagination buffer and the real/imagined mix
+            (:class:`~lightning_wm.agents.dyna.ImaginationSettings`).
+        optim: the world model's optimizer (:class:`DynaOptimSettings`).
+        train_freq: env steps between imagination refills (one model version each).
+        eval_freq: env steps between evaluations of the model's one-step prediction error on
+            real rows (logged as ``world_model/eval_*``).
         model_train_start: env steps before which neither the model trains nor imagination is
             used (the model needs some real data first).
         seed: the imagination's seed (model transitions, sampled terminations, the imagination
@@ -84,21 +109,14 @@ class DynaLearner(RLModule):
         self,
         env_spec: EnvSpec | None = None,
         *,
-        policy: Callable[[EnvSpec], nn.Module],
-        world_model: Callable[[EnvSpec], nn.Module],
+        policy: Callable[[EnvSpec], RLModule],
+        world_model: Callable[[EnvSpec], RLModule],
+        rollout: RolloutSchedule = DYNA_ROLLOUT,
+        imagination: ImaginationSettings = DYNA_IMAGINATION,
+        optim: DynaOptimSettings = DYNA_OPTIM,
         train_freq: int = 250,
         eval_freq: int = 250,
-        rollout_start_step: int = 20_000,
-        rollout_end_step: int = 150_000,
-        rollout_length_min: int = 1,
-        rollout_length_max: int = 25,
-        real_ratio: float = 0.05,
-        rollout_batch_size: int = 100_000,
-        rollout_retain: int = 4,
-        terminal_threshold: float = 0.5,
-        burn_in: int = 0,
         model_train_start: int = 0,
-        terminal_mode: Literal["threshold", "sample"] = "threshold",
         seed: int | None = None,
     ) -> None:
         super().__init__(env_spec)
@@ -107,34 +125,30 @@ class DynaLearner(RLModule):
                 "DynaLearner needs the env's spaces (env_spec); the CLI links them from the datamodule, "
                 "in Python pass env_spec=datamodule.spec"
             )
-        self.save_hyperparameters(ignore=["env_spec", "policy", "world_model"])
+        if model_train_start < 0:
+            raise ValueError(f"model_train_start must be >= 0 env steps, got {model_train_start}")
+        # the groups as dataclasses (also what save_settings records, as plain dicts)
+        rollout = self.rollout = as_settings(RolloutSchedule, rollout, "rollout")
+        imagination = self.imagination = as_settings(ImaginationSettings, imagination, "imagination")
+        optim = self.optim = as_settings(DynaOptimSettings, optim, "optim")
+        self.save_settings(ignore=["policy", "world_model"])
         self.automatic_optimization = False
         self.policy = _build(policy, env_spec)
         self.world_model = _build(world_model, env_spec)
         for name, module, needs in (
-            ("policy", self.policy, ("act", "initial_state", "learner_loss")),
+            ("policy", self.policy, ("act", "initial_state", "learner_loss", "configure_optimizers")),
             ("world_model", self.world_model, ("wm", "world_model_loss")),
         ):
             lacking = [n for n in needs if not hasattr(module, n)]
             if lacking:
                 raise ValueError(f"DynaLearner's {name} ({type(module).__name__}) lacks {lacking}")
-        schedule = RolloutSchedule(rollout_start_step, rollout_end_step, rollout_length_min, rollout_length_max)
-        self.dyna = DynaWorldModel(
-            self.world_model.wm,
-            env_spec,
-            train_freq,
-            eval_freq,
-            schedule,
-            real_ratio,
-            rollout_batch_size,
-            rollout_retain,
-            terminal_threshold,
-            burn_in,
-            terminal_mode=terminal_mode,
-        )
-        self.model_train_start = model_train_start
+        if not isinstance(self.world_model.wm, WorldModel):
+            raise ValueError(f"DynaLearner's world_model.wm ({type(self.world_model.wm).__name__}) is no WorldModel")
+        self.dyna = DynaWorldModel(self.world_model.wm, env_spec, imagination, rollout, train_freq, eval_freq)
+        self.model_train_start = int(model_train_start)
         self.seed = int(torch.initial_seed()) if seed is None else int(seed)
-        self.dyna.last_train_step = model_train_start  # the first imagination at model_train_start + train_freq
+        self.dyna.last_train_step = self.model_train_start  # the first imagination at model_train_start + train_freq
+        self.model_clipper = GradClipper.from_settings(optim.model.clip)
 
     def setup(self, stage: str) -> None:
         self.dyna.reseed(derive_seed(self.seed % 2**63, "imagination", self.global_rank))
@@ -155,8 +169,8 @@ class DynaLearner(RLModule):
         policy_opt, schedulers = (
             (config["optimizer"], [config["lr_scheduler"]]) if isinstance(config, dict) else (config, [])
         )
-        hp = self.world_model.hparams
-        model_opt = torch.optim.Adam(self.world_model.wm.parameters(), lr=hp.lr_model, eps=hp.eps_model)
+        model_opt = build_optimizer(self.world_model.wm.parameters(), self.optim.model)
+        self.model_clipper.beta = optimizer_beta(model_opt)
         return [policy_opt, model_opt], schedulers
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:
@@ -169,10 +183,8 @@ class DynaLearner(RLModule):
             loss, model_logs, _ = self.world_model.world_model_loss(model_batch)
             model_opt.zero_grad()
             self.manual_backward(loss)
-            logs["train/grad_norm/model"] = torch.nn.utils.clip_grad_norm_(
-                self.world_model.wm.parameters(), self.world_model.hparams.clip_model
-            )
-            getattr(model_opt, "optimizer", model_opt).step()  # the policy's step counts global_step
+            logs["train/grad_norm/model"] = self.model_clipper(self.world_model.wm.parameters())["grad_norm"]
+            model_opt.optimizer.step()  # the plain optimizer: only the policy's step counts global_step
             logs.update(model_logs)
         loss, policy_logs = self.policy.learner_loss(batch, self.global_step)
         policy_opt.zero_grad()
@@ -182,8 +194,8 @@ class DynaLearner(RLModule):
         scheduler = self.lr_schedulers()
         if scheduler is not None:
             scheduler.step()
-        if self._trainer is not None and (self.global_step % max(1, self._trainer.log_every_n_steps)):
-            return  # log only on the steps the logger writes
+        if not self.logs_step(self.global_step):  # the step just taken
+            return
         logs.update({f"train/{k}": v for k, v in policy_logs.items()})
         if "is_real" in batch:
             logs["train/real_fraction"] = batch["is_real"].float().mean()
@@ -193,14 +205,17 @@ class DynaLearner(RLModule):
 
     # -- checkpoints ------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """The imagination's cadence and what the parts keep outside their state dicts
-        (Lightning calls these hooks on the outer module only)."""
+        """The imagination's cadence, the model's gradient clipper and what the parts keep outside
+        their state dicts (Lightning calls these hooks on the outer module only)."""
         checkpoint["dyna_cadence"] = self.dyna.state_dict()
+        checkpoint["model_grad_clipper"] = self.model_clipper.state_dict()
         for part in (self.policy, self.world_model):
             part.on_save_checkpoint(checkpoint)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if "dyna_cadence" in checkpoint:
             self.dyna.load_state_dict(checkpoint["dyna_cadence"])
+        if "model_grad_clipper" in checkpoint:
+            self.model_clipper.load_state_dict(checkpoint["model_grad_clipper"])
         for part in (self.policy, self.world_model):
             part.on_load_checkpoint(checkpoint)

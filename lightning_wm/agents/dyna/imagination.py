@@ -1,13 +1,15 @@
 """Learning from imagination (DI-engine's ``DynaWorldModel`` and ``HybridWorldModel``).
 
+* :class:`ImaginationSettings` — the imagination's settings group (Dyna's ``imagination``).
 * :class:`DynaWorldModel` — fills an *imagination buffer* (a second
   :class:`~lightning_wm.data.replay.ReplayBuffer`, not checkpointed) by rolling the current
   policy through the model from real starting rows, and draws policy batches from the real and
-  the imagined buffer at ``real_ratio`` (:class:`~lightning_wm.data.samplers.MixedSampler`).
+  the imagined buffer at ``real_ratio`` (:class:`~lightning_wm.data.samplers.MixedSampler`);
+  :meth:`DynaWorldModel.evaluate` measures the model's one-step prediction error on real rows.
 * :class:`HybridWorldModel` — both that and :class:`~lightning_wm.world_model.DreamWorldModel`'s
   on-the-fly rollouts for backprop through the model.
 
-Imagined rows follow the row convention (DESIGN.md): each rollout is one episode whose first
+Imagined rows follow the row convention (``docs/architecture.md``): each rollout is one episode whose first
 row is the real observation it branched from (``is_first``, reward 0), then one row per
 imagined step with the decoded observation (:meth:`~lightning_wm.world_model.WorldModel.decode`)
 and the model's reward; a step whose termination probability exceeds ``terminal_threshold``
@@ -28,7 +30,8 @@ rollout_retain`` rows. When the scheduled length changes the buffer is rebuilt a
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import gymnasium as gym
 import numpy as np
@@ -51,7 +54,49 @@ from lightning_wm.world_model import (
     episode_ends,
 )
 
-__all__ = ["DynaWorldModel", "HybridWorldModel", "imagine_episodes"]
+__all__ = ["DynaWorldModel", "HybridWorldModel", "ImaginationSettings", "imagine_episodes"]
+
+
+@dataclass(frozen=True)
+class ImaginationSettings:
+    """The imagination buffer and how batches mix it with real data (Dyna's ``imagination``
+    group; DI-engine's ``other.*`` defaults).
+
+    Attributes:
+        real_ratio: share of real items in a policy batch, in [0, 1] (the rest imagined).
+        rollout_batch_size: real starting rows per fill of the imagination buffer.
+        rollout_retain: fills (model versions) whose rollouts the buffer keeps.
+        terminal_mode: ``threshold`` (an imagined step terminates where the model's termination
+            probability exceeds ``terminal_threshold``) or ``sample`` (it terminates with that
+            probability, a Bernoulli draw: imagined episodes end as often as the model predicts
+            even where the probability never exceeds a threshold).
+        terminal_threshold: the threshold of ``terminal_mode: threshold``, in [0, 1].
+        burn_in: 0 starts each rollout from ``model.initial_state(obs)`` of its real row (right
+            for a Markov observation); ``k > 0`` filters the ``k`` real rows before it first
+            (``zero_state`` + ``observe_step``, resetting at ``is_first``), so a recurrent model
+            starts from the posterior it would have there.
+    """
+
+    real_ratio: float = 0.05
+    rollout_batch_size: int = 100_000
+    rollout_retain: int = 4
+    terminal_mode: Literal["threshold", "sample"] = "threshold"
+    terminal_threshold: float = 0.5
+    burn_in: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.real_ratio <= 1.0:
+            raise ValueError(f"imagination.real_ratio must be in [0, 1], got {self.real_ratio}")
+        if self.rollout_batch_size < 1 or self.rollout_retain < 1:
+            raise ValueError(
+                f"imagination.rollout_batch_size and rollout_retain must be >= 1, got {self.rollout_batch_size} "
+                f"and {self.rollout_retain}"
+            )
+        check_done_mode(self.terminal_mode, "terminal_mode")
+        if not 0.0 <= self.terminal_threshold <= 1.0:
+            raise ValueError(f"imagination.terminal_threshold must be in [0, 1], got {self.terminal_threshold}")
+        if self.burn_in < 0:
+            raise ValueError(f"imagination.burn_in must be >= 0 rows, got {self.burn_in}")
 
 
 def _device(model: Any) -> torch.device:
@@ -143,52 +188,32 @@ class DynaWorldModel(LearnedModel):
             ``decode`` its states into observations).
         action_space: the env's action space (or its :class:`~lightning_wm.envs.EnvSpec`, or an
             :class:`~lightning_wm.actions.ActionCodec`): how the agent's actions reach the model.
+        imagination: the buffer and the mix (:class:`ImaginationSettings`; its defaults if None).
+        rollout: rollout length per env step (:class:`~lightning_wm.world_model.RolloutSchedule`).
         train_freq, eval_freq: model cadence in env steps (:class:`~lightning_wm.world_model.Cadence`).
-        rollout_length_scheduler: rollout length per env step.
-        real_ratio: share of real items in a policy batch (the rest imagined).
-        rollout_batch_size: real starting rows per fill of the imagination buffer.
-        rollout_retain: fills (model versions) whose rollouts the buffer keeps.
-        terminal_threshold: termination probability above which an imagined step terminates.
-        burn_in: 0 starts each rollout from ``model.initial_state(obs)`` of its real row (right
-            for a Markov observation); ``k > 0`` filters the ``k`` real rows before it first
-            (``zero_state`` + ``observe_step``, resetting at ``is_first``), so a recurrent model
-            starts from the posterior it would have there.
         seed: seed of the imagination's randomness (model transitions, the buffer's draws).
-        terminal_mode: ``"threshold"`` (``terminal_threshold``) or ``"sample"`` (a step
-            terminates with the done head's probability).
     """
 
     def __init__(
         self,
         model: WorldModel,
         action_space: gym.Space | EnvSpec | ActionCodec,
+        imagination: ImaginationSettings | None = None,
+        rollout: RolloutSchedule | None = None,
         train_freq: int = 250,
         eval_freq: int = 250,
-        rollout_length_scheduler: RolloutSchedule | None = None,
-        real_ratio: float = 0.05,
-        rollout_batch_size: int = 100_000,
-        rollout_retain: int = 4,
-        terminal_threshold: float = 0.5,
-        burn_in: int = 0,
         seed: int | None = None,
-        terminal_mode: str = "threshold",
     ) -> None:
-        super().__init__(model, train_freq, eval_freq, rollout_length_scheduler)
-        if rollout_batch_size < 1 or rollout_retain < 1:
-            raise ValueError(
-                f"rollout_batch_size and rollout_retain must be >= 1, got {rollout_batch_size} and {rollout_retain}"
-            )
+        super().__init__(model, train_freq, eval_freq, rollout)
+        self.settings = imagination if imagination is not None else ImaginationSettings()
+        s = self.settings
         self.codec = action_space if isinstance(action_space, ActionCodec) else ActionCodec(action_space)
         self.codec = self.codec.to(_device(model))
-        self.mixer = MixedSampler(RowSampler(), real_ratio)  # checks real_ratio
-        self.real_ratio = float(real_ratio)
-        self.rollout_batch_size, self.rollout_retain = int(rollout_batch_size), int(rollout_retain)
-        self.terminal_threshold = float(terminal_threshold)
-        check_done_mode(terminal_mode, "terminal_mode")
-        self.terminal_mode = terminal_mode
-        if burn_in < 0:
-            raise ValueError(f"burn_in must be >= 0 rows, got {burn_in}")
-        self.burn_in = int(burn_in)
+        self.mixer = MixedSampler(RowSampler(), s.real_ratio)
+        self.real_ratio = float(s.real_ratio)
+        self.rollout_batch_size, self.rollout_retain = int(s.rollout_batch_size), int(s.rollout_retain)
+        self.terminal_threshold, self.terminal_mode = float(s.terminal_threshold), s.terminal_mode
+        self.burn_in = int(s.burn_in)
         self.generator = torch.Generator(device=_device(model))
         self.reseed(seed)
         self.fills = 0
@@ -272,13 +297,19 @@ class DynaWorldModel(LearnedModel):
             what="imagination starts (rows that are not an episode's last row)",
         )
         slot = (first[:, None] + np.arange(span)) % cap
+        return self._filtered(env_buffer.gather(stream[:, None], slot, keys=("obs", "action", "is_first")))
+
+    def _filtered(self, rows: dict[str, Any]) -> tuple[Any, State]:
+        """Windows of ``burn_in + 1`` real rows ``[N, burn_in + 1, ...]`` (``obs``, ``action``,
+        ``is_first``) -> the observations of their last rows ``[N, ...]`` and the model's states
+        there (``initial_state`` of the observation, or the filtered state after ``burn_in`` rows)."""
         device = _device(self.model)
-        rows = tree_map(
-            lambda x: x.to(device), env_buffer.gather(stream[:, None], slot, keys=("obs", "action", "is_first"))
-        )
+        rows = tree_map(lambda x: x.to(device), rows)
+        span = rows["is_first"].shape[1]
         obs = tree_map(lambda x: x[:, -1], rows["obs"])
         if span == 1:
             return obs, self.model.initial_state(obs)
+        n = rows["is_first"].shape[0]
         state = self.model.zero_state(n, device)
         action = self.codec.zeros(n, device)
         for k in range(span):
@@ -286,6 +317,75 @@ class DynaWorldModel(LearnedModel):
             state = self.model.observe_step(state, action, tree_map(lambda x: x[:, k], rows["obs"]), is_first)
             action = self.codec.encode(rows["action"][:, k])
         return obs, state
+
+    def evaluate(self, env_buffer: ReplayBuffer) -> dict[str, float]:
+        """DI-engine's ``eval``: the model's one-step prediction error on real transitions.
+
+        Takes up to ``rollout_batch_size`` of the newest real rows that are not an episode's
+        last row (their next row is stored; ``burn_in`` rows before them), the model's state
+        there (as for imagination starts), one :meth:`~lightning_wm.world_model.WorldModel.step`
+        with the real action, and compares it with the next real row. No draws from the buffer
+        and the global RNG restored afterwards: evaluating changes nothing about training.
+
+        Returns ``{name: value}`` (empty while no stream holds ``burn_in + 2`` rows):
+        ``world_model/eval_reward_mse`` (predicted vs real reward), ``world_model/eval_termination_bce``
+        (binary cross-entropy of the termination probability against ``is_terminal``),
+        ``world_model/eval_obs_mse`` (decoded vs real observation, frames scaled to [0, 1]; for
+        array observations) and ``world_model/eval_rows``.
+        """
+        stream, slot = self._newest_transitions(env_buffer)
+        if len(stream) == 0:
+            return {}
+        keys = ("obs", "action", "is_first", "reward", "is_terminal")
+        rows = env_buffer.gather(stream[:, None], slot, keys=keys)
+        device = _device(self.model)
+        was_training = self.model.training
+        self.model.eval()
+        self.codec = self.codec.to(device)
+        try:
+            with torch.no_grad(), torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
+                history = {k: tree_map(lambda x: x[:, :-1], rows[k]) for k in ("obs", "action", "is_first")}
+                _, state = self._filtered(history)
+                action = self.codec.encode(rows["action"][:, -2].to(device))
+                reward, next_state, done = self.model.step(state, action)
+                real = tree_map(lambda x: x[:, -1].to(device), {k: rows[k] for k in ("obs", "reward", "is_terminal")})
+                terminal = real["is_terminal"].float()
+                out = {
+                    "world_model/eval_reward_mse": float((reward.float() - real["reward"].float()).square().mean()),
+                    "world_model/eval_termination_bce": float(
+                        torch.nn.functional.binary_cross_entropy(done.float().clamp(1e-6, 1 - 1e-6), terminal)
+                    ),
+                    "world_model/eval_rows": float(len(stream)),
+                }
+                decoded = self.model.decode(next_state)
+                if isinstance(decoded, Tensor) and isinstance(real["obs"], Tensor):
+                    scale = 255.0 if real["obs"].dtype == torch.uint8 else 1.0
+                    error = (decoded.float() - real["obs"].float()) / scale
+                    out["world_model/eval_obs_mse"] = float(error.square().mean())
+        finally:
+            self.model.train(was_training)
+        return out
+
+    def _newest_transitions(self, env_buffer: ReplayBuffer) -> tuple[np.ndarray, np.ndarray]:
+        """``(stream [N], slots [N, burn_in + 2])``: windows over the newest real rows, about as
+        many from every stream, at most ``rollout_batch_size`` in all, whose second-to-last row
+        (the transition's start) is not an episode's last row; newest first."""
+        span, cap = self.burn_in + 2, env_buffer.cap_per_stream
+        counts, newest = env_buffer.rows_per_stream, env_buffer.newest
+        full = np.flatnonzero(counts >= span)
+        streams, ends = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+        is_last = env_buffer.column("is_last") if len(full) else None
+        per = -(-self.rollout_batch_size // max(1, len(full)))
+        for s in full:
+            end = (newest[s] - np.arange(counts[s] - span + 1)) % cap
+            end = end[~is_last[s, (end - 1) % cap].astype(bool)][:per]
+            streams.append(np.full(len(end), s, np.int64))
+            ends.append(end)
+        stream, end = (
+            np.concatenate(streams)[: self.rollout_batch_size],
+            np.concatenate(ends)[: self.rollout_batch_size],
+        )
+        return stream, (end[:, None] - span + 1 + np.arange(span)) % cap
 
     def sample(
         self, env_buffer: ReplayBuffer, img_buffer: ReplayBuffer | None, batch_size: int, sampler: Sampler | None = None
@@ -300,5 +400,5 @@ class DynaWorldModel(LearnedModel):
 class HybridWorldModel(DynaWorldModel, DreamWorldModel):
     """Both uses of one model (DI-engine's ``HybridWorldModel``): reused rollouts through the
     imagination buffer (:meth:`fill_img_buffer`, :meth:`sample`) and on-the-fly rollouts with
-    gradients into the actor (:meth:`rollout`), under one cadence and one rollout-length
-    scheduler. Arguments as :class:`DynaWorldModel`'s."""
+    gradients into the actor (:meth:`rollout`), under one cadence and one rollout schedule.
+    Arguments as :class:`DynaWorldModel`'s."""

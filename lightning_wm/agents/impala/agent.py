@@ -1,0 +1,219 @@
+"""IMPALA's learner (Espeholt et al. 2018): the LightningModule that learns from actors' unrolls.
+
+Its settings come in groups: ``net`` (:class:`~lightning_wm.nn.actor_critic.ActorCriticSettings`)
+or an injected ``encoder``, ``loss`` (:class:`~lightning_wm.agents.impala.losses.VTraceLossSettings`),
+``optim`` (:class:`~lightning_wm.optim.OptimSettings`), and the two prioritized-replay switches.
+``training_step`` is: the loss (:func:`~lightning_wm.agents.impala.losses.unroll_loss`), then
+its report.
+
+LSTM core: actors store the core state they acted from in every row (``core_h`` / ``core_c``);
+the learner starts each unroll from the state of its first row and resets it where
+``is_first`` inside the unroll. This costs two ``[lstm_size]`` columns per row and needs no
+burn-in; the start state is the actor's (made by the weights of the row's ``policy_version``),
+as in the IMPALA paper and torchbeast.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lightning_wm.agents.base import RLModule
+from lightning_wm.agents.impala.losses import ImpalaLoss, VTraceLossSettings, unroll_loss
+from lightning_wm.envs import EnvSpec
+from lightning_wm.nn.actor_critic import ActorCritic, ActorCriticSettings, CoreState, Obs
+from lightning_wm.optim import GradClipper, OptimSettings, build_optimizer, optimizer_beta, with_lr_schedule
+from lightning_wm.settings import as_settings
+
+__all__ = ["IMPALA", "IMPALA_LOSS", "IMPALA_NET", "IMPALA_OPTIM"]
+
+# the defaults of the groups (DI-engine's IMPALA: Adam at 0.0005, no clipping)
+IMPALA_NET = ActorCriticSettings()
+IMPALA_LOSS = VTraceLossSettings()
+IMPALA_OPTIM = OptimSettings(lr=0.0005)
+
+
+class IMPALA(RLModule):
+    """IMPALA's learner: V-trace actor-critic on batches of unrolls ``[B, T+1, ...]``.
+
+    Feed it an :class:`~lightning_wm.data.modules.UnrollDataModule` (its ``unroll_length``,
+    ``batch_size``, ``replay_size`` and ``max_use``; see ``docs/impala.md`` for DI-engine's names).
+
+    Args:
+        env_spec: the env's spaces (linked from the datamodule by the CLI).
+        net: the actor-critic network (:class:`~lightning_wm.nn.actor_critic.ActorCriticSettings`).
+        encoder: build the observation encoder from the env spec instead of ``net``'s (YAML
+            ``class_path`` of a module whose first argument is the :class:`EnvSpec`, e.g. another
+            model's representation network; see ``ActorCritic``'s ``encoder``). An encoder with a
+            ``representation_loss(batch, step) -> (loss, logs) | None`` method trains itself:
+            its loss is added to IMPALA's and its logs logged (e.g.
+            :class:`~lightning_wm.agents.muzero.MuZeroRepresentation`).
+        loss: the V-trace loss (:class:`~lightning_wm.agents.impala.losses.VTraceLossSettings`).
+        optim: the optimizer (``adam`` or ``rmsprop``), its learning rate (logged as
+            ``train/cur_lr``; ``lr_anneal_steps`` anneals it linearly to 0, the IMPALA paper's
+            schedule) and its gradient clipping ``optim.clip`` (DI-engine's ``grad_clip_type``,
+            ``clip_value``; :class:`~lightning_wm.optim.GradClipper`). Default: Adam at 0.0005.
+        priority: return each unroll's priority (mean ``|vs - V|`` over its steps) as
+            ``"priority"`` so a prioritized unroll replay (``data.prioritized: true``) updates it.
+        priority_is_weight: weight each unroll's loss terms by the batch's importance weights
+            (``weight``; needs ``priority`` and a prioritized replay).
+    """
+
+    def __init__(
+        self,
+        env_spec: EnvSpec | None = None,
+        *,
+        net: ActorCriticSettings = IMPALA_NET,
+        encoder: Callable[[EnvSpec], nn.Module] | None = None,
+        loss: VTraceLossSettings = IMPALA_LOSS,
+        optim: OptimSettings = IMPALA_OPTIM,
+        priority: bool = False,
+        priority_is_weight: bool = False,
+    ) -> None:
+        super().__init__(env_spec)
+        if env_spec is None:
+            raise ValueError(
+                "IMPALA needs the env's spaces (env_spec); the CLI links them from the datamodule, "
+                "in Python pass env_spec=datamodule.spec"
+            )
+        if priority_is_weight and not priority:
+            raise ValueError("priority_is_weight corrects prioritized sampling: it needs priority: true (as DI-engine)")
+        # the groups as dataclasses (also what save_settings records, as plain dicts)
+        net = self.net_settings = as_settings(ActorCriticSettings, net, "net")
+        loss = self.loss = as_settings(VTraceLossSettings, loss, "loss")
+        optim = self.optim = as_settings(OptimSettings, optim, "optim", IMPALA_OPTIM)
+        if self.optim.name not in ("adam", "rmsprop"):
+            raise ValueError(f"IMPALA's optim.name must be 'adam' or 'rmsprop', got {self.optim.name!r}")
+        self.priority, self.priority_is_weight = bool(priority), bool(priority_is_weight)
+        self.save_settings(ignore=["encoder"])
+        self.net = ActorCritic(env_spec, self.net_settings, encoder=encoder(env_spec) if encoder is not None else None)
+        self.clipper = GradClipper.from_settings(self.optim.clip)
+        self._clip_stats: dict[str, Tensor] = {}
+
+    # -- Agent protocol ------------------------------------------------------------------
+    def initial_state(self, batch_size: int) -> CoreState:
+        return self.net.initial_state(batch_size)
+
+    def act(self, obs: Obs, state: CoreState, explore: bool) -> tuple[Tensor, CoreState, dict[str, Tensor]]:
+        return self.net.act(obs, state, explore)
+
+    def acting_copy(self) -> nn.Module:
+        """Only the network (an :class:`ActorCritic`, an Agent itself): CPU, eval mode, no gradients."""
+        return copy.deepcopy(self.net).cpu().eval().requires_grad_(False)
+
+    # -- optimization ----------------------------------------------------------------------
+    def configure_optimizers(self) -> Any:
+        optimizer = build_optimizer(self.parameters(), self.optim)
+        self.clipper.beta = optimizer_beta(optimizer)
+        return with_lr_schedule(optimizer, self.optim)
+
+    def configure_gradient_clipping(
+        self, optimizer: torch.optim.Optimizer, gradient_clip_val: Any = None, gradient_clip_algorithm: Any = None
+    ) -> None:
+        """``optim.clip`` (DI-engine's ``grad_clip_type``) between backward and the step (after
+        DDP's all-reduce, so every rank clips the same gradients); Lightning's own
+        ``gradient_clip_val`` still works."""
+        if gradient_clip_val:
+            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        self._clip_stats = self.clipper(self.parameters())
+
+    # -- training --------------------------------------------------------------------------
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, Tensor]:
+        """The V-trace loss of a batch of unrolls; returns ``{"loss"}`` (and ``"priority" [B]``
+        with ``priority``) and logs ``train/*`` on the steps the logger writes."""
+        out, loss, encoder_logs = self._losses(batch, self._is_weight(batch, strict=True), self.global_step)
+        result = {"loss": loss}
+        if self.priority:
+            result["priority"] = out.priority.detach()
+        # only on the steps Lightning writes: each self.log call costs time in Lightning's bookkeeping
+        if self.logs_step(self.global_step + 1):
+            self._report(batch, out, encoder_logs)
+        return result
+
+    def _is_weight(self, batch: dict[str, Any], strict: bool = False) -> Tensor | None:
+        """The batch's importance weights ``[B]`` where ``priority_is_weight`` asks for them."""
+        if not self.priority_is_weight:
+            return None
+        if strict and "weight" not in batch:
+            raise ValueError(
+                "priority_is_weight: the batch has no importance weights; use a prioritized unroll "
+                "replay (data.init_args.prioritized: true, replay_size > 0)"
+            )
+        return batch.get("weight")
+
+    def _losses(
+        self, batch: dict[str, Any], weight: Tensor | None, step: int
+    ) -> tuple[ImpalaLoss, Tensor, dict[str, Tensor]]:
+        """``(unroll_loss output, loss to minimise, encoder logs)``: the V-trace loss plus, where the
+        injected encoder trains itself (``representation_loss``, e.g. MuZeroRepresentation), its loss."""
+        out = unroll_loss(self.net, batch, self.loss, weight)
+        loss, encoder_logs = out.total_loss, {}
+        encoder_loss = getattr(self.net.encoder, "representation_loss", None)
+        if encoder_loss is not None:
+            extra = encoder_loss(batch, step)
+            if extra is not None:
+                loss, encoder_logs = loss + extra[0], extra[1]
+        return out, loss, encoder_logs
+
+    def _report(self, batch: dict[str, Any], out: ImpalaLoss, encoder_logs: dict[str, Tensor]) -> None:
+        """Log the loss's parts, the learning rate, the importance ratios, the policy lag and the
+        gradient clipping (``train/*``)."""
+        B = int(batch["is_first"].shape[0])
+        logs = {
+            "train/total_loss": out.total_loss.detach(),
+            "train/policy_loss": out.policy_loss.detach(),
+            "train/value_loss": out.value_loss.detach(),
+            "train/entropy_loss": out.entropy_loss.detach(),
+            "train/cur_lr": torch.tensor(self._current_lr()),
+            "train/rho_mean": out.stats["rho_mean"],
+            "train/rho_clipped_fraction": out.stats["rho_clipped_fraction"],
+        }
+        if "policy_version" in batch:  # rows of the random prefill policy carry -1
+            version = batch["policy_version"][:, :-1]
+            acted = version >= 0
+            if acted.any():
+                logs["train/policy_lag"] = (self.global_step - version[acted].double()).mean().float()
+        logs.update({f"train/{k}": v for k, v in self._clip_stats.items()})
+        logs.update(encoder_logs)
+        self.log_dict(logs, on_step=True, on_epoch=False, batch_size=B)
+        self.log("train/loss", out.total_loss.detach(), prog_bar=True, on_step=True, on_epoch=False, batch_size=B)
+
+    def learner_loss(self, batch: dict[str, Any], step: int | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+        """The loss of a batch of unrolls (scalar: V-trace, plus a self-training encoder's) and its
+        parts for logging (no ``train/`` prefix), for learners that compose this one
+        (``DynaLearner``; ``step``: the composing learner's step, default this module's)."""
+        out, loss, encoder_logs = self._losses(
+            batch, self._is_weight(batch), self.global_step if step is None else step
+        )
+        return loss, {
+            "total_loss": out.total_loss.detach(),
+            "policy_loss": out.policy_loss.detach(),
+            "value_loss": out.value_loss.detach(),
+            "entropy_loss": out.entropy_loss.detach(),
+            **out.stats,
+            **encoder_logs,
+        }
+
+    def _current_lr(self) -> float:
+        """The optimizer's learning rate now (``optim.lr`` when no trainer holds an optimizer)."""
+        try:
+            optimizer = self.optimizers(use_pl_optimizer=False)
+        except RuntimeError:  # not attached to a Trainer
+            return float(self.optim.lr)
+        if isinstance(optimizer, list):
+            if not optimizer:
+                return float(self.optim.lr)
+            optimizer = optimizer[0]
+        return float(optimizer.param_groups[0]["lr"])
+
+    # -- checkpoints -----------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["grad_clipper"] = self.clipper.state_dict()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if "grad_clipper" in checkpoint:
+            self.clipper.load_state_dict(checkpoint["grad_clipper"])
