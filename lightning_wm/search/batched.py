@@ -3,8 +3,9 @@ are in :mod:`lightning_wm.search`) and what it returns, :class:`SearchOutput`.""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -43,6 +44,20 @@ class SearchOutput:
     max_depth: Tensor
 
 
+def _plain_output(search: Callable[..., SearchOutput]) -> Callable[..., SearchOutput]:
+    """Run ``search`` under ``torch.inference_mode`` (no autograd bookkeeping: less overhead per
+    tiny op) and hand back plain tensors (inference tensors cannot be saved for backward)."""
+
+    @functools.wraps(search)
+    def run(*args: Any, **kwargs: Any) -> SearchOutput:
+        with torch.inference_mode():
+            out = search(*args, **kwargs)
+        return SearchOutput(*(getattr(out, f.name).clone() for f in fields(SearchOutput)))
+
+    return run
+
+
+@_plain_output
 def mcts(
     recurrent_fn: RecurrentFn,
     root_state: Any,
@@ -96,73 +111,8 @@ def mcts(
             through ``torch.compile`` as one graph (the networks are not compiled): the same
             search up to float rounding with a fraction of the per-simulation overhead, after a
             one-time compilation per batch size, number of simulations, action count, rule, dtype
-            and device (about 25 s on a 2-core CPU, about 3 s from the on-disk cache). Needs a C++
-            compiler on CPU.
+            and device (cached on disk). Needs a C++ compiler on CPU.
     """
-    with torch.inference_mode():  # no autograd bookkeeping: ~15% less overhead per tiny op
-        out = _search(
-            recurrent_fn,
-            root_state,
-            root_logits,
-            root_value,
-            num_simulations,
-            discount,
-            pb_c_init,
-            pb_c_base,
-            dirichlet_alpha,
-            exploration_fraction,
-            explore,
-            temperature,
-            generator,
-            legal_actions_mask,
-            gumbel,
-            max_num_considered_actions,
-            gumbel_scale,
-            c_visit,
-            c_scale,
-            unvisited_q,
-            compile,
-        )
-    # plain tensors for the caller (inference tensors cannot be saved for backward)
-    return SearchOutput(
-        *(
-            x.clone()
-            for x in (
-                out.action,
-                out.visit_probs,
-                out.root_value,
-                out.visit_counts,
-                out.q_values,
-                out.root_prior,
-                out.max_depth,
-            )
-        )
-    )
-
-
-def _search(
-    recurrent_fn: RecurrentFn,
-    root_state: Any,
-    root_logits: Tensor,
-    root_value: Tensor,
-    num_simulations: int,
-    discount: float,
-    pb_c_init: float,
-    pb_c_base: float,
-    dirichlet_alpha: float,
-    exploration_fraction: float,
-    explore: bool,
-    temperature: float,
-    generator: torch.Generator | None,
-    legal_actions_mask: Tensor | None,
-    gumbel: bool,
-    max_num_considered_actions: int,
-    gumbel_scale: float,
-    c_visit: float,
-    c_scale: float,
-    unvisited_q: str = "zero",
-    compile: bool = False,
-) -> SearchOutput:
     if unvisited_q not in ("zero", "mean"):
         raise ValueError(f"unvisited_q must be 'zero' or 'mean', got {unvisited_q!r}")
     if num_simulations < 1:

@@ -69,14 +69,14 @@ class MuZero(RLModule):
 
     Args:
         env_spec: linked from the datamodule (Discrete actions; float vectors or uint8 frames).
-        net: the networks (:class:`~.settings.MuZeroNet`).
-        search: the tree search of acting and reanalyse (:class:`~lightning_wm.search.SearchSettings`).
-        unroll: the unroll and its targets (:class:`~.settings.UnrollSettings`).
-        loss: loss weights and switches (:class:`~.settings.MuZeroLossSettings`).
-        reanalyse: MuZero Reanalyse (:class:`~.settings.ReanalyseSettings`).
-        target: the target network (:class:`~.settings.TargetSettings`).
-        optim: optimizer, learning-rate schedule and gradient clipping
-            (:class:`~lightning_wm.optim.OptimSettings`; default Adam, lr 3e-3, weight decay 1e-4).
+        net: the networks (``MuZeroNet``).
+        search: the tree search of acting and reanalyse (``lightning_wm.search.SearchSettings``).
+        unroll: the unroll and its targets (``UnrollSettings``).
+        loss: loss weights and switches (``MuZeroLossSettings``).
+        reanalyse: MuZero Reanalyse (``ReanalyseSettings``).
+        target: the target network (``TargetSettings``).
+        optim: optimizer, learning-rate schedule and gradient clipping (``lightning_wm.optim.OptimSettings``;
+            MuZero's defaults: Adam, lr 3e-3, weight decay 1e-4, SGD momentum 0.9).
         discount: γ of the search and of the value targets.
     """
 

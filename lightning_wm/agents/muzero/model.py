@@ -201,8 +201,7 @@ class MuZeroModel(nn.Module, WorldModel):
                 raise ValueError("frame_stack applies to image observations only")
             self.obs_shape = tuple(observation_space.shape)
             self.state_shape = (latent_dim,)
-            # biases: under LayerNorm a bias-free first layer cannot tell an observation from a multiple
-            # of it (CartPole: a cart drifting at 0.9 or at 1.8 looked the same, and runs drove it out)
+            # biases: under LayerNorm a bias-free first layer cannot tell an observation from a multiple of it
             self.repr_net = _mlp(observation_space.shape[0], latent_dim, hidden, layers, act, norm, bias=True)
             self.dyn_net = _mlp(latent_dim + num_actions, latent_dim, hidden, layers, act, norm)
             self.reward_head = _mlp(latent_dim, reward_out, head_hidden, 1, act, norm, True)

@@ -83,12 +83,12 @@ class MuZeroRepresentation(nn.Module):
 
     Args:
         env_spec: the env's spaces (the host passes it as the encoder's first argument).
-        net: the networks (:class:`~.settings.MuZeroNet`; ``latent_dim``: the feature size for
+        net: the networks (``MuZeroNet``; ``latent_dim``: the feature size for
             vectors).
-        unroll: the unroll and its n-step targets (:class:`~.settings.UnrollSettings`;
+        unroll: the unroll and its n-step targets (``UnrollSettings``;
             ``td_steps >= 1``; values bootstrap from the model's own, so ``bootstrap_value`` must
             stay ``target_network``).
-        loss: the losses (:class:`~.settings.MuZeroLossSettings`; ``train_policy`` needs ``logits``
+        loss: the losses (``MuZeroLossSettings``; ``train_policy`` needs ``logits``
             columns, the host's behaviour policy).
         discount: γ of the value targets.
         detach: the host's gradients do not reach the representation (ALF's learner).
