@@ -233,3 +233,19 @@ def test_losses_fall_on_a_fixed_batch():
         opt.step()
         losses.append(float(loss.detach()))
     assert losses[-1] < 0.8 * losses[0]
+
+
+def test_the_training_step_leaves_its_batch_as_it_was():
+    """Targets -> loss -> report reads the batch and writes nothing into it, also for a batch of
+    random-prefill rows only (no visit_probs / root_value columns yet)."""
+    torch.manual_seed(5)
+    model = quiet(small(unroll=UnrollSettings(3, 2)))
+    batch = filled_datamodule(model, rows=40).sample_batch()
+    batch["weight"] = torch.rand(8) + 0.5
+    for columns in (batch, {k: v for k, v in batch.items() if k not in ("visit_probs", "root_value")}):
+        before = {k: v.clone() if torch.is_tensor(v) else v for k, v in columns.items()}
+        out = model.training_step(columns, 0)
+        assert torch.isfinite(out["loss"]) and out["priority"].shape == (8,)
+        assert columns.keys() == before.keys()
+        for key, value in before.items():
+            assert not torch.is_tensor(value) or torch.equal(columns[key], value), key
