@@ -197,6 +197,9 @@ def test_settings_round_trip_through_the_checkpoints_plain_dicts():
 
 
 def test_the_replay_sampler_is_derived_from_the_settings():
+    from lightning_wm.protocols import SamplerSource
+
+    assert isinstance(small(), SamplerSource)
     assert vars(small(unroll=UnrollSettings(5, 25)).replay_sampler()) == dict(
         num_unroll_steps=5, td_steps=25, history=0
     )

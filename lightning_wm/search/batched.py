@@ -12,8 +12,8 @@ import torch
 from torch import Tensor
 
 from lightning_wm.search.draws import dirichlet_noise, sample_gumbel, select_action
-from lightning_wm.search.forest import Forest, compiled_record_descend, record_descend
-from lightning_wm.search.rules import GumbelRule, PuctRule, Rule
+from lightning_wm.search.forest import Forest, Rule, compiled_record_descend, record_descend
+from lightning_wm.search.rules import GumbelRule, PuctRule
 
 __all__ = ["RecurrentFn", "SearchOutput", "mcts"]
 

@@ -1,22 +1,30 @@
 """The forest of a batched search: ``B`` trees in flat tensors (:class:`Forest`), one simulation's
 descent by pointer doubling and its backup (:meth:`Forest.descend`, :meth:`Forest.record`), and
-the step between two network calls, eager or compiled (:func:`record_descend`)."""
+the step between two network calls, eager or compiled (:func:`record_descend`); :class:`Rule` is
+what a descent asks of a selection rule (:mod:`lightning_wm.search.rules` has them)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from lightning_wm.tree import tree_map
 
-if TYPE_CHECKING:
-    from lightning_wm.search.rules import Rule
+__all__ = ["Rule", "Forest", "record_descend", "compiled_record_descend"]
 
-__all__ = ["Forest", "record_descend", "compiled_record_descend"]
+
+class Rule:
+    """How a node picks the child to descend to."""
+
+    def select(self, tree: Forest, slot: Tensor, n: Tensor, w: Tensor, r: Tensor) -> Tensor:
+        """Action ``[B, M]`` of every node (slot 0 the root; what an unexpanded node picks does not
+        matter) before node ``slot [1]`` is expanded, given the children's visits, value sums and
+        rewards ``[B, M, A]``."""
+        raise NotImplementedError
 
 
 class Forest:

@@ -5,15 +5,13 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from lightning_wm.search.forest import Forest
+from lightning_wm.search.forest import Forest, Rule
 
-__all__ = ["Rule", "PuctRule", "GumbelRule", "considered_visit_sequence", "sum_actions", "argmax_actions"]
+__all__ = ["PuctRule", "GumbelRule", "considered_visit_sequence", "sum_actions", "argmax_actions"]
 
 
 # -- Gumbel MuZero's sequential halving ----------------------------------------------------------
@@ -51,16 +49,6 @@ def argmax_actions(score: Tensor) -> Tensor:
         first, second = score.unbind(-1)
         return (second > first).long()
     return score.argmax(-1)
-
-
-class Rule:
-    """How a node picks the child to descend to."""
-
-    def select(self, tree: Forest, slot: Tensor, n: Tensor, w: Tensor, r: Tensor) -> Tensor:
-        """Action ``[B, M]`` of every node (slot 0 the root; what an unexpanded node picks does not
-        matter) before node ``slot [1]`` is expanded, given the children's visits, value sums and
-        rewards ``[B, M, A]``."""
-        raise NotImplementedError
 
 
 class PuctRule(Rule):
