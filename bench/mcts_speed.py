@@ -40,7 +40,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import gymnasium as gym  # noqa: E402
 
-from lightning_wm.agents.muzero import MuZeroModel  # noqa: E402
+from lightning_wm.agents.muzero import MuZeroModel, MuZeroNet  # noqa: E402
 from lightning_wm.search import mcts  # noqa: E402
 
 DISCOUNT = 0.997
@@ -49,15 +49,8 @@ DISCOUNT = 0.997
 def cartpole_model(seed: int = 0) -> MuZeroModel:
     """LightZero's CartPole MuZero sizes, random weights (heads not zero, so the search branches)."""
     torch.manual_seed(seed)
-    model = MuZeroModel(
-        gym.spaces.Box(-np.inf, np.inf, (4,), np.float32),
-        2,
-        latent_dim=128,
-        hidden=128,
-        layers=2,
-        head_hidden=32,
-        support_size=300,
-    )
+    net = MuZeroNet(latent_dim=128, hidden=128, layers=2, head_hidden=32, support_size=300)
+    model = MuZeroModel(gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), 2, net)
     for head in (model.policy_head, model.value_head, model.reward_head):
         for p in head.parameters():
             torch.nn.init.normal_(p, std=0.05)
@@ -197,7 +190,7 @@ def main() -> None:
     model = cartpole_model()
     searches = {"lightning_wm": functools.partial(ours, unvisited_q=args.unvisited_q)}
     if not args.no_compile:
-        searches["lightning_wm compile_search"] = functools.partial(ours, unvisited_q=args.unvisited_q, compile=True)
+        searches["lightning_wm search.compile"] = functools.partial(ours, unvisited_q=args.unvisited_q, compile=True)
     lz = lightzero_search()
     if lz is None:
         print(

@@ -362,7 +362,7 @@ def main() -> None:
         action="append",
         default=[],
         metavar="ARG",
-        help="lightning_wm: an extra command-line override (repeatable), e.g. --override=--model.init_args.lr=0.001",
+        help="lightning_wm: an extra command-line override (repeatable), e.g. --override=--model.init_args.optim.lr=0.001",
     )
     args = parser.parse_args()
     args.out = os.path.abspath(args.out)  # LightZero runs chdir into it

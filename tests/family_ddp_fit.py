@@ -85,13 +85,14 @@ def build_muzero() -> tuple[torch.nn.Module, ReplayDataModule]:
     from lightning_wm.data.samplers import WindowSampler
 
     model_args, data_args = _config("configs/muzero/cartpole.yaml")
-    model_args.update(num_simulations=4, latent_dim=16, hidden=16, reanalyze_ratio=0.25, target_update_period=2)
+    model_args["search"] = {**model_args["search"], "num_simulations": 4}
+    model_args["net"] = {**model_args["net"], "latent_dim": 16, "hidden": 16}
+    model_args.update(reanalyse={"ratio": 0.25}, target={"update_period": 2})
     data_args.pop("sampler")
     env = EnvConfig(**{**data_args.pop("env"), "num_envs": 2, "seed": 5})
     data_args.update(batch_size=8, prefill=40, eval_episodes=1, eval_envs=1, capacity=2000)
-    data = ReplayDataModule(
-        env, sampler=WindowSampler(model_args["num_unroll_steps"], model_args["td_steps"]), **data_args
-    )
+    unroll = model_args["unroll"]
+    data = ReplayDataModule(env, sampler=WindowSampler(unroll["num_unroll_steps"], unroll["td_steps"]), **data_args)
     torch.manual_seed(0)
     return MuZero(data.spec, **model_args), data
 

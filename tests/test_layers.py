@@ -14,6 +14,8 @@ AGENTS_MAY_IMPORT_DATA = {
     "agents/controller.py": {"lightning_wm.data.episodes"},
     "agents/dreamer/dream.py": {"lightning_wm.data.episodes"},
     "agents/dyna/imagination.py": {"lightning_wm.data.replay", "lightning_wm.data.samplers"},
+    # MuZero names the sampler its training reads (SamplerSource.replay_sampler)
+    "agents/muzero/agent.py": {"lightning_wm.data.samplers"},
 }
 # the command line sits on top of everything; its subcommands load what they need
 LAZY_IMPORTS_ALLOWED = {"cli.py"}

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_wm.agents.muzero import MuZeroModel, scale_hidden
+from lightning_wm.agents.muzero import MuZeroModel, MuZeroNet, scale_hidden
 from lightning_wm.nn import dists
 from lightning_wm.search import mcts
 from lightning_wm.world_model import WorldModel, rollout
@@ -27,7 +27,7 @@ def test_scale_hidden_per_sample():
 
 
 def test_vector_model_shapes_and_ranges():
-    model = MuZeroModel(VECTOR, 2, latent_dim=16, hidden=32, head_hidden=8, support_size=10)
+    model = MuZeroModel(VECTOR, 2, MuZeroNet(latent_dim=16, hidden=32, head_hidden=8, support_size=10))
     assert isinstance(model, WorldModel)
     obs = torch.randn(5, 4)
     out = model.initial_inference(obs)
@@ -45,9 +45,11 @@ def test_vector_model_shapes_and_ranges():
 def test_state_norm_off_leaves_the_trunks_outputs_unscaled(frames):
     space = gym.spaces.Box(0, 255, (16, 16, 3), np.uint8) if frames else VECTOR
     torch.manual_seed(0)
-    scaled = MuZeroModel(space, 2, latent_dim=16, hidden=32, head_hidden=8, support_size=10, channels=8)
+    scaled = MuZeroModel(space, 2, MuZeroNet(latent_dim=16, hidden=32, head_hidden=8, support_size=10, channels=8))
     torch.manual_seed(0)
-    raw = MuZeroModel(space, 2, latent_dim=16, hidden=32, head_hidden=8, support_size=10, channels=8, state_norm=False)
+    raw = MuZeroModel(
+        space, 2, MuZeroNet(latent_dim=16, hidden=32, head_hidden=8, support_size=10, channels=8, state_norm=False)
+    )
     obs = torch.randint(0, 255, (5, 16, 16, 3), dtype=torch.uint8) if frames else torch.randn(5, 4) * 3
     s_raw, s_scaled = raw.representation(obs), scaled.representation(obs)
     torch.testing.assert_close(scale_hidden(s_raw), s_scaled)  # same networks, only the scaling differs
@@ -60,7 +62,9 @@ def test_state_norm_off_leaves_the_trunks_outputs_unscaled(frames):
 
 
 def test_value_decoding_matches_dists():
-    model = MuZeroModel(VECTOR, 3, latent_dim=8, hidden=8, head_hidden=8, support_size=20, reward_support_size=5)
+    model = MuZeroModel(
+        VECTOR, 3, MuZeroNet(latent_dim=8, hidden=8, head_hidden=8, support_size=20, reward_support_size=5)
+    )
     x = torch.tensor([0.0, 2.5, -40.0])
     logits = torch.log(dists.h_twohot_encode(x, dists.h_support(20)).clamp(min=1e-30))
     assert torch.allclose(model.value(logits), x, rtol=1e-4, atol=1e-4)
@@ -70,7 +74,7 @@ def test_value_decoding_matches_dists():
 
 
 def test_world_model_step_and_rollout():
-    model = MuZeroModel(VECTOR, 2, latent_dim=8, hidden=16, head_hidden=8, support_size=5)
+    model = MuZeroModel(VECTOR, 2, MuZeroNet(latent_dim=8, hidden=16, head_hidden=8, support_size=5))
     state = model.initial_state(torch.randn(3, 4))
     onehot = torch.eye(2)[[0, 1, 1]]
     reward, nxt, done = model.step(state, onehot)
@@ -87,13 +91,15 @@ def test_world_model_step_and_rollout():
 
 
 def test_game_over_head():
-    model = MuZeroModel(VECTOR, 2, latent_dim=8, hidden=8, head_hidden=8, support_size=5, game_over_head=True)
+    model = MuZeroModel(
+        VECTOR, 2, MuZeroNet(latent_dim=8, hidden=8, head_hidden=8, support_size=5), game_over_head=True
+    )
     state = model.initial_state(torch.randn(4, 4))
     _, nxt, done = model.step(state, torch.tensor([0, 1, 0, 1]))
     assert done.shape == (4,) and ((done > 0) & (done < 1)).all()
     assert torch.allclose(done, torch.sigmoid(model.game_over_logit(nxt)))
     with pytest.raises(ValueError, match="no game-over head"):
-        MuZeroModel(VECTOR, 2, latent_dim=8, hidden=8, head_hidden=8, support_size=5).game_over_logit(nxt)
+        MuZeroModel(VECTOR, 2, MuZeroNet(latent_dim=8, hidden=8, head_hidden=8, support_size=5)).game_over_logit(nxt)
 
 
 @pytest.mark.parametrize(
@@ -101,7 +107,7 @@ def test_game_over_head():
 )
 def test_conv_model_downsamples_by_16(shape, stack, plane):
     space = gym.spaces.Box(0, 255, shape, np.uint8)
-    model = MuZeroModel(space, 6, channels=8, blocks=1, head_hidden=8, frame_stack=stack, support_size=5)
+    model = MuZeroModel(space, 6, MuZeroNet(channels=8, blocks=1, head_hidden=8, frame_stack=stack, support_size=5))
     assert model.state_shape == (8, *plane)
     obs = torch.randint(0, 256, (2, *model.obs_shape), dtype=torch.uint8)
     out = model.initial_inference(obs)
@@ -114,7 +120,7 @@ def test_conv_model_downsamples_by_16(shape, stack, plane):
 
 def test_conv_model_uses_every_frame_of_the_stack():
     space = gym.spaces.Box(0, 255, (64, 64, 1), np.uint8)
-    model = MuZeroModel(space, 4, channels=8, blocks=1, head_hidden=8, frame_stack=4, support_size=5)
+    model = MuZeroModel(space, 4, MuZeroNet(channels=8, blocks=1, head_hidden=8, frame_stack=4, support_size=5))
     obs = torch.randint(0, 256, (1, 4, 64, 64, 1), dtype=torch.uint8)
     base = model.representation(obs)
     for k in range(4):
@@ -124,22 +130,22 @@ def test_conv_model_uses_every_frame_of_the_stack():
 
 
 def test_bad_observations_and_options():
-    model = MuZeroModel(VECTOR, 2, latent_dim=8, hidden=8, head_hidden=8, support_size=5)
+    model = MuZeroModel(VECTOR, 2, MuZeroNet(latent_dim=8, hidden=8, head_hidden=8, support_size=5))
     with pytest.raises(ValueError, match=r"expects observations \[B, 4\]"):
         model.representation(torch.zeros(2, 5))
     with pytest.raises(ValueError, match="at least 2"):
         MuZeroModel(VECTOR, 1)
     with pytest.raises(ValueError, match="frame_stack"):
-        MuZeroModel(VECTOR, 2, frame_stack=4)
+        MuZeroModel(VECTOR, 2, MuZeroNet(frame_stack=4))
     with pytest.raises(ValueError, match="float vectors"):
         MuZeroModel(gym.spaces.Box(0, 1, (2, 3), np.float32), 2)
     with pytest.raises(ValueError, match="unknown norm"):
-        MuZeroModel(gym.spaces.Box(0, 255, (64, 64, 3), np.uint8), 2, norm="group")
+        MuZeroModel(gym.spaces.Box(0, 255, (64, 64, 3), np.uint8), 2, MuZeroNet(norm="group"))
 
 
 def test_recurrent_fn_drives_the_search():
     torch.manual_seed(0)
-    model = MuZeroModel(VECTOR, 2, latent_dim=16, hidden=16, head_hidden=8, support_size=5).eval()
+    model = MuZeroModel(VECTOR, 2, MuZeroNet(latent_dim=16, hidden=16, head_hidden=8, support_size=5)).eval()
     for p in model.parameters():  # non-zero heads, so that the search has something to read
         torch.nn.init.normal_(p, std=0.3)
     with torch.no_grad():
@@ -160,7 +166,9 @@ def test_recurrent_fn_drives_the_search():
 def test_joint_and_separate_decoding_agree():
     for reward_support in (None, 7):
         model = MuZeroModel(
-            VECTOR, 2, latent_dim=8, hidden=8, head_hidden=8, support_size=10, reward_support_size=reward_support
+            VECTOR,
+            2,
+            MuZeroNet(latent_dim=8, hidden=8, head_hidden=8, support_size=10, reward_support_size=reward_support),
         )
         rl = torch.randn(5, model.reward_bins.numel())
         vl = torch.randn(5, 21)
@@ -175,7 +183,9 @@ def test_joint_and_separate_decoding_agree():
 @pytest.mark.parametrize("act", ["relu", "silu", "elu"])
 def test_recurrent_fn_direct_path_matches_the_modules_bit_for_bit(act):
     torch.manual_seed(1)
-    model = MuZeroModel(VECTOR, 3, latent_dim=16, hidden=16, head_hidden=8, support_size=5, act=act).eval()
+    model = MuZeroModel(
+        VECTOR, 3, MuZeroNet(latent_dim=16, hidden=16, head_hidden=8, support_size=5, activation=act)
+    ).eval()
     for p in model.parameters():
         torch.nn.init.normal_(p, std=0.3)
     state = model.initial_state(torch.randn(7, 4))
@@ -249,7 +259,7 @@ def test_vector_representation_tells_an_observation_from_a_multiple_of_it():
     as tilted) must not share a hidden state: MuZero's vector representation has biases under its
     LayerNorms (before, runs drove the cart out of bounds with a value that stayed flat)."""
     torch.manual_seed(0)
-    model = MuZeroModel(VECTOR, 2, latent_dim=16, hidden=32, head_hidden=8, support_size=10)
+    model = MuZeroModel(VECTOR, 2, MuZeroNet(latent_dim=16, hidden=32, head_hidden=8, support_size=10))
     x = torch.tensor([[0.9, 0.5, 0.025, 0.15]])
     with torch.no_grad():
         states = [model.representation(c * x) for c in (1.0, 2.0, 4.0)]
@@ -260,12 +270,7 @@ def test_vector_model_with_batch_norm_trains_and_infers_in_eval():
     model = MuZeroModel(
         gym.spaces.Box(-1, 1, (4,), np.float32),
         2,
-        latent_dim=8,
-        hidden=16,
-        layers=1,
-        head_hidden=8,
-        support_size=5,
-        norm="batch",
+        MuZeroNet(latent_dim=8, hidden=16, layers=1, head_hidden=8, support_size=5, norm="batch"),
     )
     out = model.initial_inference(torch.randn(6, 4))
     assert out["value"].shape == (6,) and out["policy_logits"].shape == (6, 2)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lightning_wm.agents.impala import IMPALA, ActorCriticSettings, unroll_loss
-from lightning_wm.agents.muzero import MuZeroRepresentation
+from lightning_wm.agents.muzero import MuZeroLossSettings, MuZeroNet, MuZeroRepresentation, UnrollSettings
 from lightning_wm.agents.muzero.representation import unroll_windows
 from lightning_wm.envs import EnvConfig, env_spec
 
@@ -54,16 +54,15 @@ def test_windows_hold_each_positions_episode():
     assert windows["action"][1].tolist() == batch["action"][0, 1:5].tolist()
 
 
-def _repr(**kwargs) -> MuZeroRepresentation:
+def _repr(loss: MuZeroLossSettings | None = None, **kwargs) -> MuZeroRepresentation:
     spec = env_spec(EnvConfig("CartPole-v1"))
-    return MuZeroRepresentation(
-        spec, latent_dim=8, hidden=16, layers=1, head_hidden=8, support_size=5, num_unroll_steps=2, td_steps=2, **kwargs
-    )
+    net = MuZeroNet(latent_dim=8, hidden=16, layers=1, head_hidden=8, support_size=5)
+    return MuZeroRepresentation(spec, net=net, unroll=UnrollSettings(2, 2), loss=loss or MuZeroLossSettings(), **kwargs)
 
 
 def test_representation_loss_trains_the_whole_model_and_the_schedule():
     torch.manual_seed(0)
-    rep = _repr(train_repr_prediction=True, interval=2)
+    rep = _repr(MuZeroLossSettings(train_repr_prediction=True), interval=2)
     with torch.no_grad():  # heads away from their zero init
         for p in rep.parameters():
             p.add_(0.1 * torch.randn_like(p))
@@ -88,6 +87,14 @@ def test_representation_loss_trains_the_whole_model_and_the_schedule():
         assert grads and any(g is not None and g.abs().sum() > 0 for g in grads), name
     with pytest.raises(ValueError, match="train_policy"):
         rep.representation_loss({k: v for k, v in unroll_batch().items() if k != "logits"}, step=0)
+    with pytest.raises(ValueError, match="bootstrap_value must be 'target_network'"):
+        MuZeroRepresentation(rep_spec(), unroll={"bootstrap_value": "stored"})
+    with pytest.raises(ValueError, match="frame_stack must be 1"):
+        MuZeroRepresentation(rep_spec(), net={"frame_stack": 2})
+
+
+def rep_spec():
+    return env_spec(EnvConfig("CartPole-v1"))
 
 
 @pytest.mark.parametrize("detach", [True, False])

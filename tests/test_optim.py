@@ -128,7 +128,8 @@ def test_muzero_lr_anneal_steps_reaches_zero_and_bad_values_are_refused() -> Non
     from lightning_wm.envs import EnvConfig, env_spec
 
     spec = env_spec(EnvConfig("CartPole-v1"))
-    model = MuZero(spec, latent_dim=8, hidden=8, layers=1, head_hidden=8, support_size=5, lr=0.1, lr_anneal_steps=10)
+    net = {"latent_dim": 8, "hidden": 8, "layers": 1, "head_hidden": 8, "support_size": 5}
+    model = MuZero(spec, net=net, optim={"lr": 0.1, "lr_anneal_steps": 10})
     config = model.configure_optimizers()
     opt, schedule = config["optimizer"], config["lr_scheduler"]["scheduler"]
     for _ in range(10):
@@ -136,7 +137,7 @@ def test_muzero_lr_anneal_steps_reaches_zero_and_bad_values_are_refused() -> Non
         schedule.step()
     assert opt.param_groups[0]["lr"] == 0.0
     with pytest.raises(ValueError, match="lr_anneal_steps"):
-        MuZero(spec, lr_anneal_steps=0)
+        MuZero(spec, optim={"lr_anneal_steps": 0})
 
 
 def test_impala_lr_anneal_steps_reaches_zero() -> None:

@@ -465,7 +465,7 @@ def test_compiled_tree_steps_match_reference(gumbel):
 
 
 def test_a_failing_compilation_says_what_to_do(monkeypatch):
-    import lightning_wm.search as search
+    import lightning_wm.search.batched as search
 
     class CppCompileError(Exception):  # what inductor raises without a working C++ compiler
         pass
@@ -475,7 +475,7 @@ def test_a_failing_compilation_says_what_to_do(monkeypatch):
     def broken(*args):
         raise CppCompileError("C++ compile error\n...")
 
-    monkeypatch.setattr(search, "_compiled_record_descend", lambda: broken)
+    monkeypatch.setattr(search, "compiled_record_descend", lambda: broken)
     model = random_model(seed=1)
-    with pytest.raises(RuntimeError, match="needs a working C\\+\\+ compiler.*compile_search: false"):
+    with pytest.raises(RuntimeError, match="needs a working C\\+\\+ compiler.*search.compile: false"):
         mcts(model.recurrent_fn, *model.roots([0, 1]), num_simulations=3, discount=0.9, compile=True)

@@ -6,6 +6,8 @@ Pixel tensors follow the row convention: observations are stored ``uint8 [..., H
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -213,13 +215,33 @@ def scale_gradient(x: Tensor, scale: float) -> Tensor:
 
 
 @torch.no_grad()
+def soft_update_tensors(targets: Sequence[Tensor], sources: Sequence[Tensor], tau: float) -> None:
+    """The one exponential-moving-average step, on lists: ``t <- (1 - tau) t + tau s`` for each pair.
+
+    Floating tensors go through one fused ``torch._foreach_lerp_`` (on CPU the same per-tensor
+    ``lerp_``, bit for bit); other dtypes (integer counters such as BatchNorm's
+    ``num_batches_tracked``) become ``(1 - tau) t + tau s`` rounded toward zero, the rule of
+    ``torch.optim.swa_utils.get_ema_multi_avg_fn`` (``tau = 1``: a copy). With ``tau = 1 -
+    decay`` this is that function's update (exactly so for ``decay >= 0.5``).
+    """
+    if len(targets) != len(sources):
+        raise ValueError(f"soft_update_tensors: {len(targets)} targets but {len(sources)} sources")
+    floats = [i for i, t in enumerate(targets) if t.is_floating_point() or t.is_complex()]
+    if floats:
+        torch._foreach_lerp_([targets[i] for i in floats], [sources[i] for i in floats], tau)
+    for t, s in zip(targets, sources):
+        if not (t.is_floating_point() or t.is_complex()):
+            t.copy_(t * (1.0 - tau) + s * tau)
+
+
+@torch.no_grad()
 def soft_update(target: nn.Module, source: nn.Module, tau: float) -> None:
-    """``target <- (1 - tau) target + tau source`` for every parameter and floating buffer
-    (``tau = 1``: a copy); integer buffers are copied."""
-    for t, s in zip(target.parameters(), source.parameters()):
-        t.lerp_(s, tau)
-    for t, s in zip(target.buffers(), source.buffers()):
-        if t.is_floating_point() and tau != 1.0:
-            t.lerp_(s, tau)
-        else:
+    """``target <- (1 - tau) target + tau source`` (:func:`soft_update_tensors`) for every parameter
+    and floating buffer (``tau = 1``: a copy); integer buffers are copied."""
+    soft_update_tensors(list(target.parameters()), list(source.parameters()), tau)
+    pairs = list(zip(target.buffers(), source.buffers()))
+    averaged = [(t, s) for t, s in pairs if t.is_floating_point() and tau != 1.0]
+    soft_update_tensors([t for t, _ in averaged], [s for _, s in averaged], tau)
+    for t, s in pairs:
+        if not (t.is_floating_point() and tau != 1.0):
             t.copy_(s)

@@ -12,22 +12,25 @@
   (:func:`lightning_wm.nn.dists.h_support`), decoded with :func:`h_twohot_mean`.
 * An optional game-over head predicts that the episode terminated on arriving at ``s'`` (ALF's
   ``train_game_over_function``); without it ``step`` reports ``done = 0``.
-* An optional projection and prediction head (``projection``: EfficientZero's SimSiam heads, as
+* An optional projection and prediction head (``net.projection``: EfficientZero's SimSiam heads, as
   LightZero's ``self_supervised_learning_loss``) for the latent consistency loss; they take no
   part in acting or search.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping
+from typing import Any
 
 import gymnasium as gym
 import torch
 from torch import Tensor, nn
 
+from lightning_wm.agents.muzero.settings import MuZeroNet
 from lightning_wm.envs import is_image_space
 from lightning_wm.nn import dists
 from lightning_wm.nn.blocks import MLP, BatchNormLast, ChannelNorm, activation
+from lightning_wm.settings import as_settings
 from lightning_wm.world_model import WorldModel
 
 
@@ -135,63 +138,43 @@ class MuZeroModel(nn.Module, WorldModel):
 
     Args:
         observation_space: ``Box`` of float vectors ``[D]`` or uint8 frames ``[H, W, C]`` (with
-            ``frame_stack > 1`` the model reads ``[K, H, W, C]`` stacks, oldest first).
+            ``net.frame_stack > 1`` the model reads ``[K, H, W, C]`` stacks, oldest first).
         num_actions: size of the discrete action space.
-        latent_dim: hidden state size (vectors).
-        hidden, layers: width and depth of the MLP trunks of representation, dynamics and
-            prediction (vectors).
-        head_hidden: width of the one hidden layer of every head (reward, value, policy, game over).
-        channels, blocks: conv channels of the hidden planes and residual blocks per stage
-            (frames); dynamics and prediction use ``blocks`` blocks each.
-        frame_stack: frames per observation (frames).
-        support_size: value bins ``-S..S`` in transformed space (MuZero Atari: 300).
-        reward_support_size: reward bins (default: ``support_size``).
-        value_eps: the ``eps`` of :func:`~lightning_wm.nn.dists.h_transform`.
-        norm: ``"layer"`` (LayerNorm / channel LayerNorm), ``"batch"`` (BatchNorm: LightZero's
-            ``norm_type='BN'``) or ``"none"``.
-        act: activation name.
-        game_over_head: also predict termination on arriving at ``s'``.
-        state_norm: min-max scale every hidden state to ``[0, 1]`` (the paper's rule; LightZero's
-            ``state_norm``, which its MLP model leaves off). Off: the trunks' raw outputs.
-        projection: ``(proj_hid, proj_out, pred_hid)``, LightZero's names: a projector (two hidden
-            layers of ``proj_hid`` and an output of ``proj_out``, each batch-normalised) and a
-            predictor (one hidden layer of ``pred_hid``) on the flattened hidden state, for the
-            latent consistency loss (:meth:`project`, :meth:`predict_projection`). ``None``: no
-            heads; the loss compares the hidden states themselves.
+        net: the networks' sizes and options (:class:`~lightning_wm.agents.muzero.settings.MuZeroNet`,
+            or a mapping of its fields; ``None``: the defaults).
+        game_over_head: also predict termination on arriving at ``s'`` (ALF's
+            ``train_game_over_function``).
+
+    The latent consistency heads (``net.projection``, LightZero's ``proj_hid``, ``proj_out``,
+    ``pred_hid``): a projector (two hidden layers and an output, each batch-normalised) and a
+    predictor (one hidden layer) on the flattened hidden state (:meth:`project`,
+    :meth:`predict_projection`); without them the loss compares the hidden states themselves.
     """
 
     def __init__(
         self,
         observation_space: gym.spaces.Box,
         num_actions: int,
+        net: MuZeroNet | Mapping[str, Any] | None = None,
         *,
-        latent_dim: int = 128,
-        hidden: int = 128,
-        layers: int = 2,
-        head_hidden: int = 32,
-        channels: int = 64,
-        blocks: int = 1,
-        frame_stack: int = 1,
-        support_size: int = 300,
-        reward_support_size: int | None = None,
-        value_eps: float = 0.001,
-        norm: str = "layer",
-        act: str = "relu",
         game_over_head: bool = False,
-        state_norm: bool = True,
-        projection: Sequence[int] | None = None,
     ) -> None:
         super().__init__()
+        net = as_settings(MuZeroNet, net, "net")
         if not isinstance(observation_space, gym.spaces.Box):
             raise ValueError(f"MuZeroModel needs a Box observation space, got {type(observation_space).__name__}")
         if num_actions < 2:
             raise ValueError(f"MuZeroModel needs at least 2 discrete actions, got {num_actions}")
+        self.net = net
         self.num_actions = num_actions
-        self.frame_stack = frame_stack
-        self.value_eps = value_eps
-        self.state_norm = state_norm
+        self.frame_stack = frame_stack = net.frame_stack
+        self.value_eps = net.value_eps
+        self.state_norm = net.state_norm
+        latent_dim, hidden, layers, head_hidden = net.latent_dim, net.hidden, net.layers, net.head_hidden
+        channels, blocks, norm, act = net.channels, net.blocks, net.norm, net.activation
+        support_size = net.support_size
         self.register_buffer("value_bins", dists.h_support(support_size), persistent=False)
-        self.register_buffer("reward_bins", dists.h_support(reward_support_size or support_size), persistent=False)
+        self.register_buffer("reward_bins", dists.h_support(net.reward_support_size or support_size), persistent=False)
         self.register_buffer("action_eye", torch.eye(num_actions), persistent=False)  # one-hot rows
         value_out, reward_out = self.value_bins.numel(), self.reward_bins.numel()
         self.is_image = is_image_space(observation_space)
@@ -218,8 +201,7 @@ class MuZeroModel(nn.Module, WorldModel):
                 raise ValueError("frame_stack applies to image observations only")
             self.obs_shape = tuple(observation_space.shape)
             self.state_shape = (latent_dim,)
-            # biases: under LayerNorm a bias-free first layer cannot tell an observation from a multiple
-            # of it (CartPole: a cart drifting at 0.9 or at 1.8 looked the same, and runs drove it out)
+            # biases: under LayerNorm a bias-free first layer cannot tell an observation from a multiple of it
             self.repr_net = _mlp(observation_space.shape[0], latent_dim, hidden, layers, act, norm, bias=True)
             self.dyn_net = _mlp(latent_dim + num_actions, latent_dim, hidden, layers, act, norm)
             self.reward_head = _mlp(latent_dim, reward_out, head_hidden, 1, act, norm, True)
@@ -233,10 +215,8 @@ class MuZeroModel(nn.Module, WorldModel):
             )
         self.projector: nn.Module | None = None
         self.predictor: nn.Module | None = None
-        if projection is not None:
-            if len(projection) != 3 or min(projection) < 1:
-                raise ValueError(f"projection is [proj_hid, proj_out, pred_hid], three widths >= 1; got {projection}")
-            proj_hid, proj_out, pred_hid = (int(d) for d in projection)
+        if net.projection is not None:
+            proj_hid, proj_out, pred_hid = net.projection
             self.projector = nn.Sequential(
                 MLP(self.feature_dim, None, proj_hid, 2, act, "batch"),
                 nn.Linear(proj_hid, proj_out, bias=False),

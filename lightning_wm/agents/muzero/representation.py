@@ -22,15 +22,17 @@ from the last row there, later rewards and policies are masked).
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from lightning_wm.agents.muzero.agent import LossSettings, unroll_losses
+from lightning_wm.agents.muzero.losses import Supports, loss_terms, unroll_model
 from lightning_wm.agents.muzero.model import MuZeroModel
+from lightning_wm.agents.muzero.settings import MuZeroLossSettings, MuZeroNet, UnrollSettings
 from lightning_wm.agents.muzero.targets import muzero_targets
 from lightning_wm.envs import EnvSpec
+from lightning_wm.settings import as_settings
 
 __all__ = ["MuZeroRepresentation", "unroll_windows", "windows_of"]
 
@@ -77,19 +79,18 @@ def unroll_windows(batch: dict[str, Tensor], width: int) -> tuple[dict[str, Tens
 class MuZeroRepresentation(nn.Module):
     """A MuZero model whose representation is another agent's encoder, trained with MuZero's
     losses on the host's batches (module docstring). Discrete actions; vector or frame
-    observations (the :class:`MuZeroModel` networks).
+    observations (the :class:`MuZeroModel` networks; one frame per observation).
 
     Args:
         env_spec: the env's spaces (the host passes it as the encoder's first argument).
-        latent_dim, hidden, layers, head_hidden, channels, blocks, support_size, norm, act:
-            :class:`MuZeroModel` options (``latent_dim``: the feature size for vectors).
-        num_unroll_steps, td_steps, discount, recurrent_gradient_scaling_factor: the unroll and
-            its n-step targets (ALF's names).
-        value_loss_weight, reward_loss_weight, policy_loss_weight, repr_loss_weight,
-            train_reward_function, train_policy, train_repr_prediction: the losses (ALF's
-            switches; ``train_policy`` needs ``logits`` columns, the host's behaviour policy).
-        projection: ``[proj_hid, proj_out, pred_hid]``: the latent consistency loss through
-            projector and predictor heads (:class:`MuZeroModel`; EfficientZero, LightZero).
+        net: the networks (``MuZeroNet``; ``latent_dim``: the feature size for
+            vectors).
+        unroll: the unroll and its n-step targets (``UnrollSettings``;
+            ``td_steps >= 1``; values bootstrap from the model's own, so ``bootstrap_value`` must
+            stay ``target_network``).
+        loss: the losses (``MuZeroLossSettings``; ``train_policy`` needs ``logits``
+            columns, the host's behaviour policy).
+        discount: γ of the value targets.
         detach: the host's gradients do not reach the representation (ALF's learner).
         interval: train every this many host steps (ALF's ``interval``).
         loss_weight: scale of the MuZero loss added to the host's.
@@ -99,66 +100,40 @@ class MuZeroRepresentation(nn.Module):
         self,
         env_spec: EnvSpec,
         *,
-        latent_dim: int = 64,
-        hidden: int = 64,
-        layers: int = 2,
-        head_hidden: int = 32,
-        channels: int = 64,
-        blocks: int = 1,
-        support_size: int = 25,
-        norm: Literal["layer", "batch", "none"] = "layer",
-        act: str = "relu",
-        num_unroll_steps: int = 3,
-        td_steps: int = 5,
-        discount: float = 0.99,
-        recurrent_gradient_scaling_factor: float = 0.5,
-        value_loss_weight: float = 0.25,
-        reward_loss_weight: float = 1.0,
-        policy_loss_weight: float = 1.0,
-        repr_loss_weight: float = 1.0,
-        train_reward_function: bool = True,
-        train_policy: bool = True,
-        train_repr_prediction: bool = False,
-        projection: tuple[int, int, int] | None = None,
+        net: MuZeroNet = MuZeroNet(),
+        unroll: UnrollSettings = UnrollSettings(),
+        loss: MuZeroLossSettings = MuZeroLossSettings(),
+        discount: float = 0.997,
         detach: bool = True,
         interval: int = 1,
         loss_weight: float = 1.0,
     ) -> None:
         super().__init__()
+        net = as_settings(MuZeroNet, net, "net")
+        unroll = as_settings(UnrollSettings, unroll, "unroll")
+        loss = as_settings(MuZeroLossSettings, loss, "loss")
         if not env_spec.discrete:
             raise ValueError("MuZeroRepresentation needs a discrete action space (its dynamics take action indices)")
-        if num_unroll_steps < 1 or td_steps < 1 or interval < 1:
+        if unroll.td_steps < 1 or interval < 1:
             raise ValueError(
-                f"num_unroll_steps, td_steps and interval must be >= 1, got {num_unroll_steps}, {td_steps}, {interval}"
+                f"MuZeroRepresentation's unroll.td_steps and interval must be >= 1, got {unroll.td_steps}, {interval}"
             )
+        if net.frame_stack != 1:
+            raise ValueError(
+                f"MuZeroRepresentation encodes one observation at a time; net.frame_stack must be 1, got {net.frame_stack}"
+            )
+        if unroll.bootstrap_value != "target_network":
+            raise ValueError(
+                "MuZeroRepresentation's value targets bootstrap from its model's own values (it has no stored "
+                f"search values); unroll.bootstrap_value must be 'target_network', got {unroll.bootstrap_value!r}"
+            )
+        if not 0.0 <= discount <= 1.0:
+            raise ValueError(f"discount must be in [0, 1], got {discount}")
         self.model = MuZeroModel(
-            env_spec.observation_space,
-            env_spec.action_dim,
-            latent_dim=latent_dim,
-            hidden=hidden,
-            layers=layers,
-            head_hidden=head_hidden,
-            channels=channels,
-            blocks=blocks,
-            support_size=support_size,
-            norm=norm,
-            act=act,
-            projection=projection,
+            env_spec.observation_space, env_spec.action_dim, net, game_over_head=loss.train_game_over_function
         )
         self.out_dim = math.prod(self.model.state_shape)
-        self.num_unroll_steps, self.td_steps, self.discount = num_unroll_steps, td_steps, discount
-        self.settings = LossSettings(
-            recurrent_gradient_scaling_factor,
-            value_loss_weight,
-            reward_loss_weight,
-            policy_loss_weight,
-            0.0,
-            repr_loss_weight,
-            train_reward_function,
-            train_policy,
-            False,
-            train_repr_prediction,
-        )
+        self.net, self.unroll, self.loss, self.discount = net, unroll, loss, float(discount)
         self.detach, self.interval, self.loss_weight = detach, interval, loss_weight
 
     def forward(self, obs: Tensor) -> Tensor:
@@ -174,35 +149,39 @@ class MuZeroRepresentation(nn.Module):
         skips."""
         if step % self.interval != 0:
             return None
-        K = self.num_unroll_steps
-        windows, ok = unroll_windows(batch, K + self.td_steps + 1)
+        K, td = self.unroll.num_unroll_steps, self.unroll.td_steps
+        width = K + td + 1
+        windows, ok = unroll_windows(batch, width)
         obs = windows["obs"][ok]
         valid = windows["mask"][ok]
         with torch.no_grad():  # bootstrap values: the model's own, as when acting (once per row)
             rows = batch["obs"]
             inference = self.model.initial_inference(rows.flatten(0, 1))
             value = inference["value"].float().view(rows.shape[:2])
-            value = windows_of(value, K + self.td_steps + 1)[ok]
+            value = windows_of(value, width)[ok]
             spread = inference["state"].flatten(1).float().std(0).mean()
-        if self.settings.train_policy:
+        if self.loss.train_policy:
             if "logits" not in batch:
                 raise ValueError(
                     "MuZeroRepresentation's train_policy needs the host's behaviour policy (logits) "
-                    "in the rows; set train_policy: false"
+                    "in the rows; set loss.train_policy: false"
                 )
-            probs = torch.softmax(windows_of(batch["logits"].float(), K + self.td_steps + 1)[ok], -1)
+            probs = torch.softmax(windows_of(batch["logits"].float(), width)[ok], -1)
         else:
             probs = torch.zeros(*valid.shape, self.model.num_actions, device=valid.device)
         fwd = {k: windows[k][ok] for k in ("reward", "is_last", "is_terminal", "action")}
         targets = muzero_targets(
             {**fwd, "mask": valid, "visit_probs": probs, "root_value": value},
             num_unroll_steps=K,
-            td_steps=self.td_steps,
+            td_steps=td,
             discount=self.discount,
+            policy_after_end=self.unroll.policy_after_end,
+            random_action_after_episode_end=self.unroll.random_action_after_episode_end,
         )
-        losses, _ = unroll_losses(self.model, obs, targets, valid, self.settings)
-        total = sum(part.mean() for part in losses.values())
-        logs = {f"repr/{name}_loss": part.detach().mean() for name, part in losses.items()}
+        out = unroll_model(self.model, obs, targets.actions, self.loss)
+        parts = loss_terms(out, targets, valid, self.loss, Supports.of(self.model))
+        total = sum(part.mean() for part in parts.values())  # the sum of the parts' batch means
+        logs = {f"repr/{name}_loss": part.detach().mean() for name, part in parts.items()}
         logs["repr/loss"] = total.detach()
         logs["repr/feature_std"] = spread  # across the batch, mean over features: near 0 = the features collapsed
         return self.loss_weight * total, logs
