@@ -6,6 +6,7 @@ is a no-op for a module without a trainer or logger, and logs from the global-ze
 
 * :func:`image_grid` — rows of frames -> one image;
 * :func:`log_image` — ``add_image`` at the module's global step;
+* :func:`log_figure` — ``add_figure`` (a matplotlib figure, closed after) at the module's global step;
 * :func:`log_gif` — ``<log_dir>/<name>/step_<global step>.gif``.
 """
 
@@ -22,7 +23,7 @@ from torch import Tensor
 
 from lightning_wm.video import write_gif
 
-__all__ = ["image_grid", "log_image", "log_gif"]
+__all__ = ["image_grid", "log_image", "log_figure", "log_gif"]
 
 
 def image_grid(rows: Sequence[Tensor]) -> Tensor:
@@ -47,6 +48,16 @@ def log_image(module: pl.LightningModule, tag: str, image: Tensor | np.ndarray, 
     if experiment is None or not hasattr(experiment, "add_image"):
         return False
     experiment.add_image(tag, image, module.global_step, dataformats=dataformats)
+    return True
+
+
+def log_figure(module: pl.LightningModule, tag: str, figure: Any) -> bool:
+    """``add_figure(tag, figure)`` (a matplotlib ``Figure``, rendered with the Agg canvas and
+    closed) on the module's TensorBoard logger at its global step. Returns whether it was logged."""
+    experiment = getattr(_logger(module), "experiment", None)
+    if experiment is None or not hasattr(experiment, "add_figure"):
+        return False
+    experiment.add_figure(tag, figure, module.global_step, close=True)
     return True
 
 
