@@ -25,16 +25,19 @@ __all__ = ["as_settings", "plain", "flatten", "find_settings"]
 T = TypeVar("T")
 
 
-def as_settings(cls: type[T], value: T | Mapping[str, Any] | None, name: str | None = None) -> T:
+def as_settings(cls: type[T], value: T | Mapping[str, Any] | None, name: str | None = None, base: T | None = None) -> T:
     """``value`` as a ``cls`` (a dataclass): an instance as it is, ``None`` as the defaults, a
-    mapping field by field (nested dataclass fields from nested mappings, lists as tuples where
-    the default is a tuple).
+    mapping field by field over the defaults (nested dataclass fields from nested mappings over
+    the default's value of that field, lists as tuples where the default is a tuple). The
+    defaults are ``base``, else ``cls()``: a partial mapping keeps every other field of the
+    default, e.g. a group's own default for a nested optimizer.
 
     Raises:
         ValueError: a key that is not a field of ``cls`` (named, with the fields it has).
     """
+    defaults = base if base is not None else cls()
     if value is None:
-        return cls()
+        return defaults
     if isinstance(value, cls):
         return value
     if not isinstance(value, Mapping):
@@ -43,16 +46,15 @@ def as_settings(cls: type[T], value: T | Mapping[str, Any] | None, name: str | N
     unknown = sorted(set(value) - set(fields))
     if unknown:
         raise ValueError(f"{name or cls.__name__}: unknown setting(s) {unknown}; {cls.__name__} has {sorted(fields)}")
-    defaults = cls()
     kwargs: dict[str, Any] = {}
     for key, item in value.items():
         default = getattr(defaults, key)
         if dataclasses.is_dataclass(default) and (item is None or isinstance(item, Mapping)):
-            item = as_settings(type(default), item, f"{name or cls.__name__}.{key}")
+            item = as_settings(type(default), item, f"{name or cls.__name__}.{key}", base=default)
         elif isinstance(item, list) and isinstance(default, tuple):
             item = tuple(item)
         kwargs[key] = item
-    return cls(**kwargs)
+    return dataclasses.replace(defaults, **kwargs)
 
 
 def plain(value: Any) -> Any:

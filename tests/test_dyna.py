@@ -60,15 +60,15 @@ SHRINK = [
     "8",
     "--model.init_args.real_ratio",
     "0.5",
-    "--model.init_args.world_model.init_args.deter",
+    "--model.init_args.world_model.init_args.net.deter",
     "16",
-    "--model.init_args.world_model.init_args.hidden",
+    "--model.init_args.world_model.init_args.net.hidden",
     "16",
-    "--model.init_args.world_model.init_args.stoch",
+    "--model.init_args.world_model.init_args.net.stoch",
     "4",
-    "--model.init_args.world_model.init_args.classes",
+    "--model.init_args.world_model.init_args.net.classes",
     "4",
-    "--model.init_args.world_model.init_args.bins",
+    "--model.init_args.world_model.init_args.net.bins",
     "31",
 ]
 
@@ -148,7 +148,7 @@ def test_dyna_learner_checks_its_parts_and_checkpoints_its_cadence():
         return DynaLearner(
             dm.spec,
             policy=lambda s: IMPALA(s, hidden_size=8, grad_clip_type="clip_norm"),
-            world_model=lambda s: Dreamer(s, deter=8, hidden=8, stoch=2, classes=2, bins=15),
+            world_model=lambda s: Dreamer(s, net=dict(deter=8, hidden=8, stoch=2, classes=2, bins=15)),
             model_train_start=100,
         )
 

@@ -7,8 +7,8 @@ through small interfaces:
   has ``learner_loss(batch) -> (loss, logs)`` and ``configure_optimizers()`` (IMPALA);
 * ``world_model`` — a learner whose ``wm`` is a :class:`~lightning_wm.world_model.WorldModel`
   that can ``decode`` and whose ``world_model_loss(batch) -> (loss, logs, _)`` trains it on real
-  sequences, with ``lr_model`` / ``eps_model`` / ``clip_model`` hyperparameters (Dreamer: only
-  its world model is trained here, its actor and critic stay unused).
+  sequences, with an ``optim.model`` optimizer group (Dreamer: only its world model is trained
+  here, its actor and critic stay unused).
 
 Each batch (from an :class:`~lightning_wm.data.modules.UnrollDataModule` with
 ``model_replay_size > 0``) holds the policy's unrolls — real ones and, once the imagination is
@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from lightning_wm.agents.base import RLModule
 from lightning_wm.data.imagination import DynaWorldModel
 from lightning_wm.envs import EnvSpec
+from lightning_wm.optim import build_optimizer
 from lightning_wm.seeding import derive_seed
 from lightning_wm.world_model import RolloutSchedule
 
@@ -155,8 +156,7 @@ class DynaLearner(RLModule):
         policy_opt, schedulers = (
             (config["optimizer"], [config["lr_scheduler"]]) if isinstance(config, dict) else (config, [])
         )
-        hp = self.world_model.hparams
-        model_opt = torch.optim.Adam(self.world_model.wm.parameters(), lr=hp.lr_model, eps=hp.eps_model)
+        model_opt = build_optimizer(self.world_model.wm.parameters(), self.world_model.optim.model)
         return [policy_opt, model_opt], schedulers
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:
@@ -170,7 +170,7 @@ class DynaLearner(RLModule):
             model_opt.zero_grad()
             self.manual_backward(loss)
             logs["train/grad_norm/model"] = torch.nn.utils.clip_grad_norm_(
-                self.world_model.wm.parameters(), self.world_model.hparams.clip_model
+                self.world_model.wm.parameters(), self.world_model.optim.model.clip.value
             )
             getattr(model_opt, "optimizer", model_opt).step()  # the policy's step counts global_step
             logs.update(model_logs)
