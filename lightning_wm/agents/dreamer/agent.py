@@ -58,10 +58,10 @@ class Dreamer(RLModule):
 
     Args:
         env_spec: linked from the datamodule (Discrete or Box actions; vector or 64x64 pixels).
-        net: sizes and style of the networks (:class:`~.settings.DreamerNet`).
-        loss: the world-model loss (:class:`~.settings.WorldModelLoss`).
-        behavior: imagination, returns, actor and critic (:class:`~.settings.BehaviorSettings`).
-        optim: one optimizer per network (:class:`~.settings.DreamerOptim`).
+        net: sizes and style of the networks (DreamerNet).
+        loss: the world-model loss (WorldModelLoss).
+        behavior: imagination, returns, actor and critic (BehaviorSettings).
+        optim: one optimizer per network: model, actor, critic (DreamerOptim).
         eval_policy: how evaluation episodes act: ``mode`` (the actor's argmax / mean, as
             DreamerV2) or ``sample`` (the actor's samples, DreamerV3's ``eval`` mode: the policy
             that was trained and that made the replayed data). Training always samples.
