@@ -29,8 +29,8 @@ def openloop_curves(real: Tensor, pred: Tensor, context: int, max_dims: int = 8)
         ax.set_ylabel(f"obs[{d}]")
         ax.grid(alpha=0.3)
     axes[-1].set_xlabel("step of the sequence")
-    axes[0].legend(loc="upper right", fontsize="small", ncols=3)
     figure.suptitle(f"open-loop prediction: {context} steps filtered, {T - context} imagined")
+    figure.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=3, fontsize="small")
     return figure
 
 
