@@ -76,12 +76,12 @@ class StopAtReturn(pl.Callback):
             trainer.save_checkpoint(os.path.join(self.checkpoints, f"step_{row[0]}.ckpt"))
         other = ""
         if self.also_eval:  # the same weights, acting the other way (not counted in the wall time)
-            kept = pl_module.hparams.get("eval_policy", "mode")
-            pl_module.hparams["eval_policy"] = self.also_eval
+            kept = pl_module.eval_policy
+            pl_module.eval_policy = self.also_eval
             clock = time.perf_counter()
             stats = trainer.datamodule.evaluate(pl_module)
             self.start += time.perf_counter() - clock
-            pl_module.hparams["eval_policy"] = kept
+            pl_module.eval_policy = kept
             self.also.append(statistics.fmean(s["return"] for s in stats))
             other = f"  ({self.also_eval}: {self.also[-1]:7.1f})"
         print(
@@ -139,9 +139,18 @@ def _parse_value(text: str) -> Any:
     return value
 
 
-def _overrides(items: list[str]) -> dict[str, Any]:
-    """``["key=value", ...]`` (``--set``, ``--data-set``) -> ``{key: value parsed as YAML}``."""
-    return {key: _parse_value(value) for key, value in (item.split("=", 1) for item in items)}
+def _overrides(base: dict[str, Any], items: list[str]) -> dict[str, Any]:
+    """``base`` (a config's ``init_args``) with ``["key=value", ...]`` (``--set``, ``--data-set``)
+    set, values parsed as YAML; a dotted key sets one field of a group (``optim.actor.lr=3e-4``)."""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
+    for key, value in (item.split("=", 1) for item in items):
+        *groups, name = key.split(".")
+        target = out
+        for group in groups:
+            target[group] = dict(target.get(group) or {})
+            target = target[group]
+        target[name] = _parse_value(value)
+    return out
 
 
 def main() -> None:
@@ -213,7 +222,7 @@ def main() -> None:
         nargs="*",
         default=[],
         metavar="KEY=VALUE",
-        help="override model init_args, e.g. --set lr_actor=3e-4 deter=256",
+        help="override model init_args, e.g. --set optim.actor.lr=3e-4 net.deter=256 behavior.discount=0.997",
     )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -222,8 +231,8 @@ def main() -> None:
 
     with open(args.config) as f:
         config = yaml.safe_load(f)
-    model_args = {**config["model"].get("init_args", {}), **_overrides(args.set)}
-    data_args = {**config["data"]["init_args"], **_overrides(args.data_set)}
+    model_args = _overrides(config["model"].get("init_args", {}), args.set)
+    data_args = _overrides(config["data"]["init_args"], args.data_set)
     env = EnvConfig(
         **{
             **data_args.pop("env"),
@@ -306,7 +315,7 @@ def main() -> None:
     for i, (g, e, r, s) in enumerate(stopper.history):
         other = f" {stopper.also[i]:8.1f} ({args.also_eval})" if i < len(stopper.also) else ""
         print(f"  {g:6d} {e:6d} {e * env.action_repeat:6d} {r:8.1f}{other} {s / 60:5.1f}")
-    curves = [(model.hparams.eval_policy, [h[2] for h in stopper.history])]
+    curves = [(model.eval_policy, [h[2] for h in stopper.history])]
     if stopper.also:
         curves.append((args.also_eval, stopper.also))
     for policy, returns in curves:

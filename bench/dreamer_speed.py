@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from lightning_wm.agents.dreamer import Dreamer  # noqa: E402
+from lightning_wm.agents.dreamer import BehaviorSettings, Dreamer, DreamerNet  # noqa: E402
 from lightning_wm.data.collector import Collector  # noqa: E402
 from lightning_wm.data.replay import ReplayBuffer  # noqa: E402
 from lightning_wm.data.samplers import SequenceSampler  # noqa: E402
@@ -73,7 +73,7 @@ def main() -> None:
         "--replay-critic",
         type=float,
         default=0.0,
-        help="loss_replay_critic (the critic's loss on the replayed sequences; 0: off)",
+        help="behavior.replay_critic_weight (the critic's loss on the replayed sequences; 0: off)",
     )
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast (what --trainer.precision bf16-mixed does)")
@@ -90,18 +90,11 @@ def main() -> None:
 
     cfg = EnvConfig(id="CartPole-v1", num_envs=args.num_envs, seed=0)
     spec = env_spec(cfg)
-    model = Dreamer(
-        spec,
-        deter=args.deter,
-        hidden=args.hidden,
-        layers=args.layers,
-        stoch=args.stoch,
-        classes=args.classes,
-        bins=args.bins,
-        horizon=args.horizon,
-        compile=args.compile,
-        loss_replay_critic=args.replay_critic,
+    net = DreamerNet(
+        deter=args.deter, hidden=args.hidden, layers=args.layers, stoch=args.stoch, classes=args.classes, bins=args.bins
     )
+    behavior = BehaviorSettings(horizon=args.horizon, replay_critic_weight=args.replay_critic)
+    model = Dreamer(spec, net=net, behavior=behavior, compile=args.compile)
     optimizers = model.configure_optimizers()
     batch = random_batch(cfg, args.batch, args.length)
 

@@ -29,6 +29,7 @@ from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 from pytorch_lightning.loggers import TensorBoardLogger
 
 from lightning_wm import console, runtime
+from lightning_wm.agents import dreamer as _dreamer  # noqa: F401  (registers the env id lightning_wm/Dream-v0)
 from lightning_wm.agents.dyna import Imagination
 from lightning_wm.callbacks import default_callbacks
 from lightning_wm.checkpoints import (

@@ -23,16 +23,10 @@ from gymnasium import (
 PIXEL_KEY = "pixels"
 _ATARI_REGISTERED = False
 
-# A trained Dreamer's dream as an env (lightning_wm.agents.dreamer.dream.dream_from_checkpoint; its options
-# are the env's kwargs): any agent can train inside it, e.g. IMPALA in configs/impala/cartpole_in_dream.yaml.
-# Named by string, so this module imports nothing above the foundation.
+# A trained Dreamer's dream as an env (its options are the env's kwargs): any agent can train inside
+# it, e.g. IMPALA in configs/impala/cartpole_in_dream.yaml. The Dreamer package registers the id
+# when it is imported (the CLI imports it); this module only knows its name.
 DREAM_ENV_ID = "lightning_wm/Dream-v0"
-if DREAM_ENV_ID not in gym.registry:
-    gym.register(
-        DREAM_ENV_ID,
-        entry_point="lightning_wm.agents.dreamer.dream:make_dream_env",
-        vector_entry_point="lightning_wm.agents.dreamer.dream:make_dream_vector_env",
-    )
 
 
 @dataclass
@@ -445,6 +439,8 @@ def _stack_frames(env: gym.Env, config: EnvConfig) -> gym.Env:
 def _check_dream_config(config: EnvConfig) -> None:
     """A dream decodes into the real env's observation format, so the real env's settings go in its
     ``kwargs.real_env``; wrappers on the dream itself would change what the model was trained on."""
+    if DREAM_ENV_ID not in gym.registry:
+        raise EnvError(f"{DREAM_ENV_ID} is not registered: the Dreamer package registers it when it is imported")
     wrapped = [
         name
         for name, on in (

@@ -71,7 +71,9 @@ def build_dreamer() -> tuple[torch.nn.Module, ReplayDataModule]:
     from lightning_wm.agents.dreamer import Dreamer
 
     model_args, data_args = _config("configs/dreamer/cartpole.yaml")
-    model_args.update(yaml.safe_load((ROOT / "configs/dreamer/presets/debug.yaml").read_text())["model"]["init_args"])
+    preset = yaml.safe_load((ROOT / "configs/dreamer/presets/debug.yaml").read_text())["model"]["init_args"]
+    for group, values in preset.items():  # the preset's fields over the config's, group by group
+        model_args[group] = {**model_args.get(group, {}), **values}
     env = EnvConfig(**{**data_args.pop("env"), "seed": 5})
     data_args.update(batch_size=4, sequence_length=16, prefill=64, eval_episodes=1, eval_envs=1, capacity=5000)
     data = ReplayDataModule(env, **data_args)

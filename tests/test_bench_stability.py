@@ -47,3 +47,10 @@ def test_negative_target_and_unsolved_runs(verdict):
     assert not never["stable"] and never["first"] is None and math.isnan(never["median_later"])
     only_last = verdict([10.0, 480.0], 475.0)
     assert not only_last["stable"] and only_last["later"] == 0 and "keep-going" in only_last["reason"]
+
+
+def test_set_overrides_reach_one_field_of_a_group_and_keep_the_others(bench):
+    base = {"net": {"deter": 128, "hidden": 128}, "eval_policy": "mode"}
+    out = bench._overrides(base, ["net.deter=16", "optim.actor.lr=3e-4", "eval_policy=sample"])
+    assert out == {"net": {"deter": 16, "hidden": 128}, "optim": {"actor": {"lr": 3e-4}}, "eval_policy": "sample"}
+    assert base["net"]["deter"] == 128, "the config's own dict is left alone"

@@ -475,6 +475,8 @@ def test_bad_data_settings_are_refused_at_construction(monkeypatch, override, me
 
 
 def test_a_dreamer_horizon_of_zero_is_refused_at_construction():
-    with pytest.raises(ValueError, match=r"horizon must be >= 1, got 0"):
-        run_cli(["fit", "--config", str(ROOT / "configs/dreamer/cartpole.yaml"), "--model.init_args.horizon", "0"])
+    with pytest.raises(ValueError, match=r"behavior.horizon must be >= 1, got 0"):
+        run_cli(
+            ["fit", "--config", str(ROOT / "configs/dreamer/cartpole.yaml"), "--model.init_args.behavior.horizon", "0"]
+        )
     assert not Path("lightning_logs").exists()

@@ -434,7 +434,9 @@ def test_controller_on_dreamers_world_model_in_the_dream_and_the_real_env(tmp_pa
 
     model_dm = GenerationDataModule(EnvConfig(id="CartPole-v1", seed=3), eval_episodes=1, eval_envs=1)
     torch.manual_seed(0)
-    dreamer = Dreamer(model_dm.spec, deter=16, stoch=4, classes=4, hidden=16, layers=1, bins=31, horizon=4)
+    dreamer = Dreamer(
+        model_dm.spec, net=dict(deter=16, stoch=4, classes=4, hidden=16, layers=1, bins=31), behavior=dict(horizon=4)
+    )
     ckpt = save_module(dreamer, tmp_path / "dreamer.ckpt")
     store = EpisodeStore(tmp_path / "episodes")
     rng = np.random.default_rng(0)

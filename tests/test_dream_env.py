@@ -32,7 +32,9 @@ CONTINUOUS = EnvSpec(
     gym.spaces.Box(np.array([-1.0, 0.0], np.float32), np.ones(2, np.float32)),
     "SyntheticContinuous",
 )
-TINY_DREAMER = dict(deter=16, stoch=4, classes=4, hidden=16, layers=1, bins=31, horizon=4, cnn_depth=4)
+TINY_DREAMER = dict(
+    net=dict(deter=16, stoch=4, classes=4, hidden=16, layers=1, bins=31, cnn_depth=4), behavior=dict(horizon=4)
+)
 
 
 def _model(spec=DISCRETE, z=4, hidden=8, temperature=None) -> VisionMemoryModel:

@@ -9,15 +9,29 @@ import torch
 import yaml
 from tb_scalars import logged_scalars
 
-from lightning_wm.agents.dreamer import Dreamer, onehot_linear
+from lightning_wm.agents.dreamer import BehaviorSettings, Dreamer, onehot_linear
 from lightning_wm.cli import main
 from lightning_wm.data.replay import ReplayBuffer
 from lightning_wm.envs import EnvConfig, env_spec
 from lightning_wm.nn import dists
+from lightning_wm.world_model import RolloutSchedule
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
-TINY = dict(deter=16, stoch=4, classes=4, hidden=16, layers=1, bins=31, horizon=4, cnn_depth=4)
+TINY_NET = dict(deter=16, stoch=4, classes=4, hidden=16, layers=1, bins=31, cnn_depth=4)
+HORIZON = 4
+
+
+def tiny(spec, net=None, loss=None, behavior=None, optim=None, **kwargs) -> Dreamer:
+    """A tiny Dreamer (imagination horizon 4); group fields given as dicts override the sizes."""
+    return Dreamer(
+        spec,
+        net={**TINY_NET, **(net or {})},
+        loss=loss,
+        behavior={"horizon": HORIZON, **(behavior or {})},
+        optim=optim,
+        **kwargs,
+    )
 
 
 def cartpole_batch(B: int = 4, L: int = 12, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -44,7 +58,7 @@ def cartpole_spec():
 
 def test_rssm_resets_where_is_first(cartpole_spec):
     torch.manual_seed(0)
-    model = Dreamer(cartpole_spec, **TINY)
+    model = tiny(cartpole_spec)
     batch = cartpole_batch()
     wm = model.wm
     with torch.no_grad():
@@ -80,7 +94,7 @@ def test_onehot_linear_and_sparse_heads_match_dense(cartpole_spec):
     (grad_sparse,) = torch.autograd.grad(sparse, weight, g)
     assert torch.allclose(grad_dense, grad_sparse, atol=1e-6)
 
-    model = Dreamer(cartpole_spec, **{**TINY, "stoch": 3})
+    model = tiny(cartpole_spec, net={"stoch": 3})
     state = {"h": torch.randn(6, 16), "z": z, "idx": flat}
     feat = model.wm.features(state)
     for mlp in (model.wm.reward_head, model.wm.cont_head, model.critic, model.actor):
@@ -90,12 +104,12 @@ def test_onehot_linear_and_sparse_heads_match_dense(cartpole_spec):
 
 def test_imagination_gradients_reach_only_their_networks(cartpole_spec):
     torch.manual_seed(0)
-    model = Dreamer(cartpole_spec, **TINY)
+    model = tiny(cartpole_spec)
     batch = cartpole_batch()
     _, _, post = model.world_model_loss(batch)
     start = {k: post[k].detach().flatten(0, 1) for k in ("h", "z", "idx")}
     traj = model.imagine(start, 1.0 - batch["is_terminal"].flatten().float())
-    H, N = TINY["horizon"], 4 * 12
+    H, N = HORIZON, 4 * 12
     assert traj["features"].shape == (H + 1, N, 16 + 16)
     assert traj["actions"].shape == (H, N, 2) and traj["returns"].shape == (H, N)
     assert traj["weight"].shape == (H + 1, N)
@@ -146,7 +160,7 @@ def test_one_backward_of_the_summed_losses_gives_each_network_its_own_gradient(e
     their sum (what DDP needs) equals three separate backwards, network by network (the critic's
     including its loss on the replayed sequences)."""
     torch.manual_seed(0)
-    model = Dreamer(env_spec(EnvConfig(id=env_id)), **TINY, loss_replay_critic=0.3)
+    model = tiny(env_spec(EnvConfig(id=env_id)), behavior={"replay_critic_weight": 0.3})
     batch = cartpole_batch() if env_id == "CartPole-v1" else pendulum_batch()
     losses, _ = model.losses(batch)
     groups = {
@@ -178,7 +192,7 @@ def test_replay_critic_loss_teaches_the_critic_real_terminations(cartpole_spec):
     row before the terminal row (0, 4), 1 + 0.8 on the one before, about 1 / (1 - 0.8) = 5
     along sequence 1, which never terminates."""
     torch.manual_seed(0)
-    model = Dreamer(cartpole_spec, **TINY, loss_replay_critic=1.0, gamma=0.8)
+    model = tiny(cartpole_spec, behavior={"replay_critic_weight": 1.0, "discount": 0.8})
     batch = cartpole_batch()
     with torch.no_grad():
         _, _, post = model.world_model_loss(batch)
@@ -199,7 +213,7 @@ def test_replay_critic_loss_teaches_the_critic_real_terminations(cartpole_spec):
 
 def test_losses_fall_on_a_fixed_batch(cartpole_spec):
     torch.manual_seed(0)
-    model = Dreamer(cartpole_spec, **TINY, lr_model=3e-3, lr_critic=3e-3, lr_actor=1e-3)
+    model = tiny(cartpole_spec, optim={"model": {"lr": 3e-3}, "critic": {"lr": 3e-3}, "actor": {"lr": 1e-3}})
     history = _train(model, cartpole_batch(), 40)
     first, last = history[0], history[-1]
     assert last["train/loss_model"] < 0.7 * first["train/loss_model"]
@@ -213,12 +227,15 @@ def test_losses_fall_on_a_fixed_batch(cartpole_spec):
 
 @pytest.mark.parametrize(
     "options",
-    [dict(latent="gaussian"), dict(twohot=False, symlog_obs=False, return_norm=False)],
+    [
+        dict(net={"latent": "gaussian"}),
+        dict(net={"twohot": False, "symlog_obs": False}, behavior={"return_norm": False}),
+    ],
     ids=["gaussian", "mse-heads"],
 )
 def test_variants_train(cartpole_spec, options):
     torch.manual_seed(0)
-    model = Dreamer(cartpole_spec, **{**TINY, **options}, lr_model=3e-3)
+    model = tiny(cartpole_spec, optim={"model": {"lr": 3e-3}}, **options)
     history = _train(model, cartpole_batch(), 15)
     assert history[-1]["train/loss_model"] < history[0]["train/loss_model"]
     assert all(torch.isfinite(torch.tensor(list(h.values()))).all() for h in history)
@@ -226,7 +243,7 @@ def test_variants_train(cartpole_spec, options):
 
 def test_act_discrete_explore_and_mode(cartpole_spec):
     torch.manual_seed(0)
-    model = Dreamer(cartpole_spec, **TINY)
+    model = tiny(cartpole_spec)
     state = model.initial_state(3)
     obs = torch.randn(3, 4)
     action, new_state, extras = model.act(obs, state, explore=True)
@@ -246,7 +263,7 @@ def test_acting_copy_ships_only_what_acting_needs_and_acts_the_same(env_id):
 
     torch.manual_seed(0)
     spec = env_spec(EnvConfig(id=env_id))
-    model = Dreamer(spec, **TINY, compile=False)
+    model = tiny(spec, compile=False)
     policy = model.acting_copy()
     keys = list(policy.state_dict())
     assert keys == list(model.acting_copy().state_dict())
@@ -269,7 +286,7 @@ def test_acting_copy_ships_only_what_acting_needs_and_acts_the_same(env_id):
     for key, value in policy.state_dict().items():
         assert torch.equal(value, model.state_dict()[key]), key
     # a compiled learner ships a plain (uncompiled, picklable) policy
-    compiled = Dreamer(spec, **TINY, compile=True).acting_copy()
+    compiled = tiny(spec, compile=True).acting_copy()
     assert "_recurrent" not in vars(compiled.wm) and compiled.actor._compiled_call_impl is None
     pickle.loads(pickle.dumps(compiled))
 
@@ -277,7 +294,7 @@ def test_acting_copy_ships_only_what_acting_needs_and_acts_the_same(env_id):
 def test_continuous_pendulum_dynamics_backprop():
     torch.manual_seed(0)
     spec = env_spec(EnvConfig(id="Pendulum-v1"))
-    model = Dreamer(spec, **TINY)
+    model = tiny(spec)
     assert model.actor_grad == "dynamics"
     state = model.initial_state(5)
     action, state, _ = model.act(torch.randn(5, 3), state, explore=True)
@@ -321,7 +338,7 @@ def _fit_args(config: str, steps: int, extra: list[str] = ()) -> list[str]:
         "false",
         "--trainer.run_name",
         "run",
-        "--model.init_args.lr_model",
+        "--model.init_args.optim.model.lr",
         "3e-3",
         "--data.init_args.batch_size",
         "4",
@@ -357,13 +374,13 @@ def test_cli_fit_cartpole_vector_losses_fall():
         "env/episode_length",
     ):
         assert logged_scalars(Path("lightning_logs/run"), tag), tag
-    # the open-loop plot of the vector observation (4 panels, one per CartPole dimension)
+    # the open-loop figure of the vector observation (add_figure: 4 panels, one per CartPole dimension)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(next(Path("lightning_logs/run").glob("version_*"))), size_guidance={"images": 0})
     acc.Reload()
     image = acc.Images("val/openloop")[-1]
-    assert (image.height, image.width) == (4 * 60, 16 * 6)
+    assert (image.height, image.width) == (round(100 * (1.2 + 1.4 * 4)), 640)  # openloop_curves' size at 100 dpi
 
 
 @pytest.mark.parametrize("preset", ["xs", "s", "m"])
@@ -375,7 +392,7 @@ def test_cli_size_presets_build_and_take_a_step(preset):
         [
             "--config",
             str(ROOT / f"configs/dreamer/presets/{preset}.yaml"),
-            "--model.init_args.horizon",
+            "--model.init_args.behavior.horizon",
             "3",
             "--data.init_args.sequence_length",
             "8",
@@ -386,9 +403,10 @@ def test_cli_size_presets_build_and_take_a_step(preset):
         ],
     )
     cli = main(args=args)
-    wanted = yaml.safe_load((ROOT / f"configs/dreamer/presets/{preset}.yaml").read_text())["model"]["init_args"]
+    wanted = yaml.safe_load((ROOT / f"configs/dreamer/presets/{preset}.yaml").read_text())["model"]["init_args"]["net"]
     assert cli.trainer.global_step == 1
-    assert cli.model.hparams.deter == wanted["deter"] and cli.model.hparams.hidden == wanted["hidden"]
+    assert all(getattr(cli.model.net, key) == value for key, value in wanted.items())
+    assert cli.model.net.symlog_obs and cli.model.loss.continue_terminal_weight == 4.0  # the rest: cartpole.yaml's
     assert torch.isfinite(torch.tensor(logged_scalars(Path("lightning_logs/run"), "train/loss_model"))).all()
 
 
@@ -399,10 +417,8 @@ def test_horizon_schedule_grows_the_imagination_with_env_steps():
             "cartpole.yaml",
             10,
             [
-                "--model.init_args.horizon",
-                "6",
-                "--model.init_args.horizon_schedule",
-                "[70, 2, 100]",
+                "--model.init_args.behavior.horizon_schedule",
+                "{start_step: 70, end_step: 100, min_length: 2, max_length: 6}",
                 "--data.init_args.replay_ratio",
                 "0.25",
             ],
@@ -411,8 +427,8 @@ def test_horizon_schedule_grows_the_imagination_with_env_steps():
     horizons = logged_scalars(Path("lightning_logs/run"), "train/horizon")
     assert horizons[0] == 2 and horizons[-1] == 6 and horizons == sorted(horizons) and len(set(horizons)) > 2
     assert cli.model.current_horizon() == 6
-    with pytest.raises(ValueError, match="horizon_schedule"):
-        Dreamer(env_spec(EnvConfig("CartPole-v1")), **{**TINY, "horizon": 4}, horizon_schedule=(0, 5, 10))
+    with pytest.raises(ValueError, match="horizon_schedule.min_length"):
+        BehaviorSettings(horizon_schedule=RolloutSchedule(start_step=0, end_step=10, min_length=0, max_length=5))
 
 
 def test_cli_fit_pendulum_continuous():
@@ -543,7 +559,7 @@ def test_eval_policy_sample_evaluates_with_the_actors_samples(cartpole_spec):
     """``eval_policy: sample`` (DreamerV3's eval mode): ``explore=False`` acts exactly as
     exploring does, in the learner and in its acting copy; ``mode`` keeps the argmax."""
     torch.manual_seed(0)
-    model = Dreamer(cartpole_spec, **TINY, eval_policy="sample")
+    model = tiny(cartpole_spec, eval_policy="sample")
     obs = torch.randn(64, 4)
     for agent in (model, model.acting_copy()):
         state = agent.initial_state(64)
@@ -552,14 +568,14 @@ def test_eval_policy_sample_evaluates_with_the_actors_samples(cartpole_spec):
         torch.manual_seed(5)
         evaluated, _, _ = agent.act(obs, state, explore=False)
         assert torch.equal(sampled, evaluated)
-    model.hparams["eval_policy"] = "mode"
+    model.eval_policy = "mode"
     action, new_state, _ = model.act(obs, model.initial_state(64), explore=False)
     assert torch.equal(action, model.actor(model.wm.features(new_state)).argmax(-1)), "mode: the argmax"
     with pytest.raises(ValueError, match="eval_policy"):
-        Dreamer(cartpole_spec, **TINY, eval_policy="greedy")
+        tiny(cartpole_spec, eval_policy="greedy")
 
 
-def test_cont_terminal_weight_scales_the_continue_loss_on_terminal_rows_only(cartpole_spec):
+def test_continue_terminal_weight_scales_the_continue_loss_on_terminal_rows_only(cartpole_spec):
     """With weight w the continue loss is the plain per-row loss with its terminal rows times w:
     the logged mean moves by (w - 1) * sum(terminal rows' loss) / rows."""
     batch = cartpole_batch()
@@ -567,7 +583,7 @@ def test_cont_terminal_weight_scales_the_continue_loss_on_terminal_rows_only(car
     losses = {}
     for weight in (1.0, 20.0):
         torch.manual_seed(0)
-        model = Dreamer(cartpole_spec, **TINY, cont_terminal_weight=weight)
+        model = tiny(cartpole_spec, loss={"continue_terminal_weight": weight})
         torch.manual_seed(1)
         _, logs, out = model.world_model_loss(batch)
         losses[weight] = logs["train/loss_cont"]
@@ -575,18 +591,23 @@ def test_cont_terminal_weight_scales_the_continue_loss_on_terminal_rows_only(car
         per_row = dists.bernoulli_nll(model.wm.cont_head(feat).squeeze(-1).float(), 1.0 - terminal.float())
     expected = losses[1.0] + 19.0 * per_row[terminal].sum() / per_row.numel()
     assert losses[20.0].item() == pytest.approx(expected.item(), rel=1e-5)
-    with pytest.raises(ValueError, match="cont_terminal_weight"):
-        Dreamer(cartpole_spec, **TINY, cont_terminal_weight=0.0)
+    with pytest.raises(ValueError, match="loss.continue_terminal_weight must be > 0, got 0.0"):
+        tiny(cartpole_spec, loss={"continue_terminal_weight": 0.0})
 
 
-def test_lr_anneal_steps_anneals_actor_and_critic_to_zero_and_keeps_the_world_models_rate(cartpole_spec, monkeypatch):
-    """At gradient step n the actor's and critic's rates are lr * (1 - n / lr_anneal_steps), floored
-    at 0, so from step lr_anneal_steps on the policy no longer moves; the world model keeps
-    lr_model and goes on learning."""
+def test_each_optimizers_lr_anneal_steps_anneals_its_own_rate(cartpole_spec, monkeypatch):
+    """With optim.actor/critic.lr_anneal_steps, at gradient step n their rates are
+    lr * (1 - n / lr_anneal_steps), floored at 0, so from step lr_anneal_steps on the policy no
+    longer moves; the world model (no anneal) keeps its lr and goes on learning."""
     steps = {"n": 0}
     monkeypatch.setattr(Dreamer, "global_step", property(lambda self: steps["n"]))
     torch.manual_seed(0)
-    model = Dreamer(cartpole_spec, **TINY, lr_model=1e-3, lr_actor=4e-4, lr_critic=2e-4, lr_anneal_steps=4)
+    optim = {
+        "model": {"lr": 1e-3},
+        "actor": {"lr": 4e-4, "lr_anneal_steps": 4},
+        "critic": {"lr": 2e-4, "lr_anneal_steps": 4},
+    }
+    model = tiny(cartpole_spec, optim=optim)
     optimizers = model.configure_optimizers()
     batch = cartpole_batch()
     for n in range(6):
@@ -607,4 +628,4 @@ def test_lr_anneal_steps_anneals_actor_and_critic_to_zero_and_keeps_the_world_mo
         assert actor_moved == (factor > 0)
         assert any(not torch.equal(a, b) for a, b in zip(wm_before, model.wm.parameters()))
     with pytest.raises(ValueError, match="lr_anneal_steps"):
-        Dreamer(cartpole_spec, **TINY, lr_anneal_steps=0)
+        tiny(cartpole_spec, optim={"actor": {"lr_anneal_steps": 0}})

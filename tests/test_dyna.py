@@ -60,15 +60,15 @@ SHRINK = [
     "8",
     "--model.init_args.imagination.real_ratio",
     "0.5",
-    "--model.init_args.world_model.init_args.deter",
+    "--model.init_args.world_model.init_args.net.deter",
     "16",
-    "--model.init_args.world_model.init_args.hidden",
+    "--model.init_args.world_model.init_args.net.hidden",
     "16",
-    "--model.init_args.world_model.init_args.stoch",
+    "--model.init_args.world_model.init_args.net.stoch",
     "4",
-    "--model.init_args.world_model.init_args.classes",
+    "--model.init_args.world_model.init_args.net.classes",
     "4",
-    "--model.init_args.world_model.init_args.bins",
+    "--model.init_args.world_model.init_args.net.bins",
     "31",
 ]
 
@@ -149,7 +149,7 @@ def test_dyna_learner_checks_its_parts_and_checkpoints_its_cadence():
             policy=lambda s: IMPALA(
                 s, net=ActorCriticSettings(hidden=8), optim=OptimSettings(clip=GradClipSettings(type="clip_norm"))
             ),
-            world_model=lambda s: Dreamer(s, deter=8, hidden=8, stoch=2, classes=2, bins=15),
+            world_model=lambda s: Dreamer(s, net=dict(deter=8, hidden=8, stoch=2, classes=2, bins=15)),
             model_train_start=100,
         )
 
@@ -172,7 +172,7 @@ def test_dyna_learner_settings_groups_and_the_world_model_optimizer():
     learner = DynaLearner(
         dm.spec,
         policy=lambda s: IMPALA(s, net=ActorCriticSettings(hidden=8)),
-        world_model=lambda s: Dreamer(s, deter=8, hidden=8, stoch=2, classes=2, bins=15),
+        world_model=lambda s: Dreamer(s, net=dict(deter=8, hidden=8, stoch=2, classes=2, bins=15)),
         rollout={"start_step": 0, "end_step": 0, "min_length": 3, "max_length": 3},
         imagination={"real_ratio": 0.5},
         optim={"model": {"lr": 3e-4}},
@@ -203,7 +203,7 @@ def test_cartpole_dyna_config_fits_with_imagination_and_evaluates(capsys):
     assert isinstance(policy, IMPALA) and policy.net_settings.hidden == 64 and policy.optim.lr == 0.002
     # modules built inside the learner record their own settings, not the learner's
     assert policy.hparams["optim"]["lr"] == 0.002 and "imagination" not in policy.hparams
-    assert world_model.hparams["deter"] == 16 and "policy" not in world_model.hparams
+    assert world_model.hparams["net"]["deter"] == 16 and "policy" not in world_model.hparams
     assert cli.model.optim.model.lr == 1e-3 and cli.model.imagination.burn_in == 8
     assert not cli.datamodule.imagination.checkpoint
     main(args=["evaluate", "--config", CONFIG, *SHRINK, "--ckpt_path", "last", "--episodes", "1"])

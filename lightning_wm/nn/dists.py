@@ -187,8 +187,8 @@ def sample_index(probs: Tensor, uniform: Tensor | None = None) -> Tensor:
     """Class indices ``[...]`` (int64) drawn from ``probs [..., C]`` by inverting the CDF.
 
     ``uniform [...]`` are ``U(0, 1)`` draws (drawn if omitted), so that callers can draw
-    them for many steps at once. One uniform per sample instead of one Gumbel per class:
-    about 10x cheaper than the Gumbel-max trick for 32x32 latents.
+    them for many steps at once. One uniform per sample instead of one Gumbel per class
+    (the Gumbel-max trick): ``C`` times fewer random draws.
     """
     cdf = probs.detach().cumsum(-1)
     if uniform is None:

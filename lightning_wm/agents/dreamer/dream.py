@@ -1,19 +1,24 @@
-"""A trained Dreamer's dream as a gymnasium env: what the id ``lightning_wm/Dream-v0``
-(registered by :mod:`lightning_wm.envs`) builds, so that any agent with its own encoder (IMPALA,
-MuZero, ...) trains inside it by config and is validated in the real env (``eval_env``)."""
+"""A trained Dreamer's dream as a gymnasium env: what the id ``lightning_wm/Dream-v0`` builds, so
+that any agent with its own encoder (IMPALA, MuZero, ...) trains inside it by config and is
+validated in the real env (``eval_env``).
+
+Importing this module (the Dreamer package imports it; so does the CLI) registers the id with
+gymnasium: :mod:`lightning_wm.envs` knows its name (``DREAM_ENV_ID``) and checks its options, but
+imports nothing of the agents."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, Literal
 
+import gymnasium as gym
 import torch
 
 from lightning_wm.agents.dreamer.agent import Dreamer
 from lightning_wm.checkpoints import load_module
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.dream_env import DreamEnv, DreamSingleEnv, start_states
-from lightning_wm.envs import EnvConfig, env_spec
+from lightning_wm.envs import DREAM_ENV_ID, EnvConfig, env_spec
 
 
 def dream_from_checkpoint(
@@ -33,9 +38,8 @@ def dream_from_checkpoint(
     """A :class:`DreamEnv` in a trained Dreamer's RSSM whose observations are decoded into the real
     env's format, so that any agent with its own encoder (IMPALA, MuZero, ...) trains inside it.
 
-    This is what the gymnasium id ``lightning_wm/Dream-v0`` builds (registered by
-    :mod:`lightning_wm.envs`; its keyword arguments are these, given as ``env.kwargs`` in a
-    config): ``gym.make`` gives one dream (:class:`DreamSingleEnv`), ``make_vector_env`` all of
+    This is what the gymnasium id ``lightning_wm/Dream-v0`` builds (registered by this module;
+    its keyword arguments are these, given as ``env.kwargs`` in a config): ``gym.make`` gives one dream (:class:`DreamSingleEnv`), ``make_vector_env`` all of
     ``num_envs`` stepped in one batch.
 
     Args:
@@ -85,3 +89,7 @@ def make_dream_vector_env(num_envs: int = 1, **kwargs: Any) -> DreamEnv:
     """``gym.make_vec("lightning_wm/Dream-v0", num_envs, vectorization_mode="vector_entry_point")``:
     ``num_envs`` dreams stepped as one batch."""
     return dream_from_checkpoint(num_envs=num_envs, **kwargs)
+
+
+if DREAM_ENV_ID not in gym.registry:
+    gym.register(DREAM_ENV_ID, entry_point=make_dream_env, vector_entry_point=make_dream_vector_env)

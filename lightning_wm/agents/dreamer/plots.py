@@ -1,42 +1,37 @@
 """Dreamer's open-loop pictures: real observations against the model's (filtered with the
-posterior for a few steps, then imagined under the same actions), as images and GIF frames."""
+posterior for a few steps, then imagined under the same actions): a matplotlib figure of the
+curves of vector observations, and frame grids and GIF frames of pixel observations."""
 
 from __future__ import annotations
 
-import numpy as np
 import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 from torch import Tensor
 
 
-def openloop_curves(
-    real: Tensor, pred: Tensor, context: int, max_dims: int = 8, height: int = 60, step_px: int = 6
-) -> np.ndarray:
-    """Vector observations ``[T, D]`` (real and model) -> a uint8 RGB plot ``[P*height, T*step_px, 3]``:
-    one panel per dimension (the first ``max_dims``), the real values in white and the model's
-    in red, each panel scaled to its own range; a grey line where the model stops filtering
-    (``context``) and starts imagining."""
-    from PIL import Image, ImageDraw
-
+def openloop_curves(real: Tensor, pred: Tensor, context: int, max_dims: int = 8) -> Figure:
+    """Vector observations ``[T, D]`` (real and model) -> a figure (Agg canvas) with one panel per
+    dimension (the first ``max_dims``): the real and the predicted values against the step, and a
+    dashed line where the model stops filtering with the posterior (``context``) and imagines the
+    rest open-loop."""
     real, pred = real.float().cpu().numpy(), pred.float().cpu().numpy()
     T, D = real.shape
     dims = min(D, max_dims)
-    width = max(2, T * step_px)
-    image = Image.new("RGB", (width, dims * height), (20, 20, 20))
-    draw = ImageDraw.Draw(image)
-    for d in range(dims):
-        top = d * height
-        both = np.concatenate([real[:, d], pred[:, d]])
-        low, high = float(both.min()), float(both.max())
-        span = max(high - low, 1e-6)
-
-        def y(v: float) -> float:
-            return top + 3 + (height - 6) * (1 - (v - low) / span)
-
-        draw.line([(0, top), (width, top)], fill=(60, 60, 60))
-        draw.line([(context * step_px, top), (context * step_px, top + height)], fill=(110, 110, 110))
-        for series, color in ((real[:, d], (235, 235, 235)), (pred[:, d], (230, 60, 60))):
-            draw.line([(t * step_px, y(float(v))) for t, v in enumerate(series)], fill=color, width=2)
-    return np.asarray(image)
+    figure = Figure(figsize=(6.4, 1.2 + 1.4 * dims), dpi=100, layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(dims, 1, sharex=True, squeeze=False)[:, 0]
+    steps = range(T)
+    for d, ax in enumerate(axes):
+        ax.plot(steps, real[:, d], color="black", linewidth=1.5, label="real")
+        ax.plot(steps, pred[:, d], color="tab:red", linewidth=1.5, linestyle="-", label="model")
+        ax.axvline(context - 0.5, color="tab:gray", linestyle="--", linewidth=1, label="open loop from here")
+        ax.set_ylabel(f"obs[{d}]")
+        ax.grid(alpha=0.3)
+    axes[-1].set_xlabel("step of the sequence")
+    figure.suptitle(f"open-loop prediction: {context} steps filtered, {T - context} imagined")
+    figure.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=3, fontsize="small")
+    return figure
 
 
 def openloop_grid(real: Tensor, pred: Tensor) -> Tensor:

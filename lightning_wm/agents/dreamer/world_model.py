@@ -25,10 +25,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lightning_wm.actions import ActionCodec
+from lightning_wm.agents.dreamer.losses import head_nll
+from lightning_wm.agents.dreamer.settings import DreamerNet
 from lightning_wm.envs import EnvSpec
 from lightning_wm.nn import dists
 from lightning_wm.nn.blocks import MLP, activation
 from lightning_wm.nn.codec import Obs, ObservationCodec
+from lightning_wm.settings import as_settings
 from lightning_wm.tree import first_leaf
 from lightning_wm.world_model import WorldModel
 
@@ -95,32 +98,21 @@ class DreamerWorldModel(nn.Module, WorldModel):
     ``decode`` predicts the observation of a state, ``posterior_states`` filters a recorded
     episode (dream starts). Actions in and out of these are the model's format
     (``actions``: one-hot, or continuous actions mapped onto ``[-1, 1]``).
+
+    Args:
+        spec: the env's spaces (observation parts, action size).
+        net: sizes and style (:class:`~lightning_wm.agents.dreamer.settings.DreamerNet`).
+        min_std: lower bound of the std of Gaussian latents.
     """
 
-    def __init__(
-        self,
-        spec: EnvSpec,
-        deter: int,
-        stoch: int,
-        classes: int,
-        hidden: int,
-        layers: int,
-        latent: str,
-        act: str,
-        norm: bool,
-        unimix: float,
-        symlog_obs: bool,
-        twohot: bool,
-        bins: int,
-        cnn_depth: int,
-        min_std: float = 0.1,
-    ) -> None:
+    def __init__(self, spec: EnvSpec, net: DreamerNet | None = None, min_std: float = 0.1) -> None:
         super().__init__()
-        if latent not in ("categorical", "gaussian"):
-            raise ValueError(f"latent must be 'categorical' or 'gaussian', got {latent!r}")
-        self.spec = spec
+        net = as_settings(DreamerNet, net, "net")
+        deter, stoch, classes, hidden, layers = net.deter, net.stoch, net.classes, net.hidden, net.layers
+        act, norm, latent = net.activation, net.norm, net.latent
+        self.spec, self.net = spec, net
         self.deter, self.stoch, self.classes, self.latent = deter, stoch, classes, latent
-        self.unimix, self.symlog_obs, self.twohot, self.min_std = unimix, symlog_obs, twohot, min_std
+        self.unimix, self.symlog_obs, self.twohot, self.min_std = net.unimix, net.symlog_obs, net.twohot, min_std
         self.action_dim = spec.action_dim
         self.actions = ActionCodec(spec, normalize=True)  # env actions <-> one-hot / [-1, 1]
         categorical = latent == "categorical"
@@ -131,7 +123,7 @@ class DreamerWorldModel(nn.Module, WorldModel):
 
         # encoder / decoder chosen from the observation space (one part per key of a dict)
         self.codec = ObservationCodec(
-            spec.observation_space, self.feat_dim, hidden, layers, act, norm, cnn_depth, symlog_obs
+            spec.observation_space, self.feat_dim, hidden, layers, act, norm, net.cnn_depth, net.symlog_obs
         )
         self.pixels = self.codec.has_image
         self.embed_dim = embed_dim = self.codec.embed_dim
@@ -148,10 +140,10 @@ class DreamerWorldModel(nn.Module, WorldModel):
         self.post_norm = nn.LayerNorm(hidden, eps=1e-3) if norm else nn.Identity()
         self.post_out = nn.Linear(hidden, stoch_params)
 
-        out = bins if twohot else 1
+        out = net.bins if net.twohot else 1
         self.reward_head = MLP(self.feat_dim, out, hidden, layers, act, norm, zero_init_output=True)
         self.cont_head = MLP(self.feat_dim, 1, hidden, layers, act, norm)
-        self.register_buffer("bins", dists.symexp_bins(bins), persistent=False)
+        self.register_buffer("bins", dists.symexp_bins(net.bins), persistent=False)
         self.register_buffer("group_offsets", torch.arange(stoch) * classes, persistent=False)
 
     # -- encoding / decoding ---------------------------------------------------------------
@@ -182,12 +174,9 @@ class DreamerWorldModel(nn.Module, WorldModel):
         return dists.symexp(out) if self.symlog_obs else out
 
     def head_loss(self, out: Tensor, target: Tensor) -> Tensor:
-        """Negative log-likelihood ``[...]`` of ``target [...]`` under a head output ``[..., K or 1]``."""
-        out = out.float()
-        if self.twohot:
-            return dists.twohot_loss(out, target, self.bins)
-        target = target.detach()
-        return (out.squeeze(-1) - (dists.symlog(target) if self.symlog_obs else target)).square()
+        """Negative log-likelihood ``[...]`` of ``target [...]`` under a head output ``[..., K or 1]``
+        (:func:`~lightning_wm.agents.dreamer.losses.head_nll`)."""
+        return head_nll(out, target, self.bins if self.twohot else None, self.symlog_obs)
 
     # -- latent distributions ----------------------------------------------------------------
     def _stats(self, raw: Tensor) -> Tensor | tuple[Tensor, Tensor]:
