@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from lightning_wm.cli import Trainer  # noqa: E402
 from lightning_wm.data.modules import ReplayDataModule  # noqa: E402
+from lightning_wm.data.samplers import SequenceSampler  # noqa: E402
 from lightning_wm.envs import EnvConfig  # noqa: E402
 
 
@@ -73,7 +74,13 @@ def build_dreamer() -> tuple[torch.nn.Module, ReplayDataModule]:
     model_args, data_args = _config("configs/dreamer/cartpole.yaml")
     model_args.update(yaml.safe_load((ROOT / "configs/dreamer/presets/debug.yaml").read_text())["model"]["init_args"])
     env = EnvConfig(**{**data_args.pop("env"), "seed": 5})
-    data_args.update(batch_size=4, sequence_length=16, prefill=64, eval_episodes=1, eval_envs=1, capacity=5000)
+    data_args.update(
+        batch_size=4,
+        sampler=SequenceSampler(16),
+        prefill=64,
+        eval={"episodes": 1, "envs": 1},
+        replay={**data_args["replay"], "capacity": 5000},
+    )
     data = ReplayDataModule(env, **data_args)
     torch.manual_seed(0)  # same initial weights on both ranks (DDP also broadcasts rank 0's at start)
     return Dreamer(data.spec, **model_args), data
@@ -88,7 +95,9 @@ def build_muzero() -> tuple[torch.nn.Module, ReplayDataModule]:
     model_args.update(num_simulations=4, latent_dim=16, hidden=16, reanalyze_ratio=0.25, target_update_period=2)
     data_args.pop("sampler")
     env = EnvConfig(**{**data_args.pop("env"), "num_envs": 2, "seed": 5})
-    data_args.update(batch_size=8, prefill=40, eval_episodes=1, eval_envs=1, capacity=2000)
+    data_args.update(
+        batch_size=8, prefill=40, eval={"episodes": 1, "envs": 1}, replay={**data_args["replay"], "capacity": 2000}
+    )
     data = ReplayDataModule(
         env, sampler=WindowSampler(model_args["num_unroll_steps"], model_args["td_steps"]), **data_args
     )

@@ -41,11 +41,10 @@ def filled_datamodule(
     """A datamodule whose buffer holds ``rows`` rows per env acted by ``model`` (no prefill)."""
     dm = ReplayDataModule(
         EnvConfig("CartPole-v1", num_envs=num_envs, seed=3),
-        capacity=capacity,
         batch_size=8,
         sampler=sampler or WindowSampler(model.hparams.num_unroll_steps, model.hparams.td_steps),
         prefill=0,
-        prioritized=prioritized,
+        replay={"capacity": capacity, "prioritized": prioritized},
     )
     dm.setup("fit")
     dm.collector.set_agent(model)
@@ -471,9 +470,9 @@ def _cartpole_args(steps: int, run: str = "run", extra: tuple[str, ...] = ()) ->
         "40",
         "--data.init_args.env.num_envs",
         "2",
-        "--data.init_args.eval_episodes",
+        "--data.init_args.eval.episodes",
         "1",
-        "--data.init_args.eval_envs",
+        "--data.init_args.eval.envs",
         "1",
         *extra,
     ]
@@ -656,7 +655,7 @@ def test_cli_fit_pong_config_shrunk():
             "2",
             "--data.init_args.env.size",
             "[32, 32]",
-            "--data.init_args.capacity",
+            "--data.init_args.replay.capacity",
             "400",
             "--data.init_args.batch_size",
             "4",
@@ -680,7 +679,9 @@ def test_cli_fit_with_actor_processes():
 
     cli = main(
         args=_cartpole_args(
-            6, run="actors", extra=("--data.init_args.num_actors", "1", "--data.init_args.chunk_length", "8")
+            6,
+            run="actors",
+            extra=("--data.init_args.acting.num_actors", "1", "--data.init_args.acting.chunk_length", "8"),
         )
     )
     assert cli.trainer.global_step == 6
