@@ -56,7 +56,13 @@ def test_replay_stream_follows_replay_ratio():
         next(stream)
     assert dm.collector.stats.env_steps == steps + 5 * 4
     dm.teardown("fit")
-    assert dm.collector is None and dm.env_steps == steps + 5 * 4, "teardown closes the envs, the count stays"
+    assert dm.env_steps == steps + 5 * 4, "teardown closes the envs, the count stays"
+    with pytest.raises(RuntimeError, match="setup"):
+        dm.collect_for_batch()
+    dm.setup("fit")  # a later fit acts in fresh envs and goes on counting
+    next(iter(dm.train_dataloader()))
+    assert dm.env_steps == steps + 6 * 4 and dm.collector.stats is dm.acting.stats
+    dm.teardown("fit")
 
 
 def test_replay_stream_of_single_transitions():

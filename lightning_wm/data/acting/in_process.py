@@ -36,8 +36,9 @@ class InProcessActing(Acting):
     def __init__(self, env: EnvConfig, spec: EnvSpec, chunk_length: int = 64, overlap: bool = False) -> None:
         super().__init__(chunk_length, overlap)
         self.env, self.spec = env, spec
-        self.collector: Collector | None = None
+        self.collector: Collector | None = None  # kept (its envs closed) after close(), for its stats
         self.stats = EpisodeStats()  # kept across fits and restored from checkpoints
+        self._open = False
         self.agent: Any = None
         self.version = 0
         self._prefill_seed = derive_seed(env.seed, "prefill", 0)
@@ -47,7 +48,7 @@ class InProcessActing(Acting):
         return self.env.num_envs
 
     def setup(self, rank: int, rows: Any = None) -> None:
-        if self.collector is not None:
+        if self._open:
             return
         self._prefill_seed = derive_seed(self.env.seed, "prefill", rank)
         self.collector = Collector(
@@ -58,6 +59,7 @@ class InProcessActing(Acting):
             spec=self.spec,
         )
         self.collector.stats = self.stats
+        self._open = True
 
     def attach_agent(self, agent: Any, version: int, random_rows: int = 0) -> None:
         """Keep the live ``agent`` (not a copy: it acts with the weights of the moment)."""
@@ -66,7 +68,7 @@ class InProcessActing(Acting):
     def _ready(self) -> Collector:
         """The collector, acting with the attached agent (its recurrent state starts afresh
         when it takes over, e.g. from the random prefill policy)."""
-        if self.collector is None:
+        if not self._open or self.collector is None:
             raise RuntimeError("setup() was not called")
         if self.agent is None:
             raise RuntimeError(
@@ -80,7 +82,7 @@ class InProcessActing(Acting):
 
     def collect_random(self, steps: int) -> None:
         """``steps`` vector steps with a random policy (seeded afresh from ``prefill``): the prefill."""
-        if self.collector is None:
+        if not self._open or self.collector is None:
             raise RuntimeError("setup() was not called")
         self.collector.set_agent(RandomAgent(self.spec, seed=self._prefill_seed))
         self.collector.collect(steps)
@@ -108,9 +110,9 @@ class InProcessActing(Acting):
         return self.stats.pop_finished()
 
     def close(self) -> None:
-        if self.collector is not None:
+        if self._open and self.collector is not None:
             self.collector.env.close()
-            self.collector = None
+        self._open = False
 
     def state_dict(self) -> dict[str, Any]:
         return {"stats": self.stats.state_dict()}
