@@ -26,6 +26,7 @@ frames).
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 import time
@@ -36,11 +37,12 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lightning_wm.data.actors import ActorPool  # noqa: E402
+from lightning_wm.data.acting import ActorActing, Chunk  # noqa: E402
+from lightning_wm.data.batches import ReplayFeed  # noqa: E402
 from lightning_wm.data.collector import Collector  # noqa: E402
-from lightning_wm.data.feeds import ReplayFeed, add_chunk  # noqa: E402
 from lightning_wm.data.replay import ReplayBuffer  # noqa: E402
 from lightning_wm.data.samplers import RowSampler  # noqa: E402
+from lightning_wm.data.settings import ActingSettings  # noqa: E402
 from lightning_wm.envs import AtariPreprocessingConfig, EnvConfig, env_spec, make_vector_env  # noqa: E402
 
 
@@ -159,33 +161,53 @@ def in_process(s: dict, seconds: float, prefill: int) -> dict:
     }
 
 
+class Shipped:
+    """A policy module as the acting part takes an agent: ``acting_copy()`` for the actors."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+
+    def acting_copy(self) -> nn.Module:
+        return copy.deepcopy(self.module).cpu().eval().requires_grad_(False)
+
+
 def with_actors(s: dict, actors: int, seconds: float, prefill: int, rows_per_step: float | None) -> dict:
-    """Actors act; the learner ingests what arrived and trains (``rows_per_step`` None: flat out,
-    else the replay ratio ``1 / rows_per_step`` is enforced by :class:`ReplayFeed`)."""
+    """Actors act (the datamodules' acting part, :class:`ActorActing`, new weights every 50 steps);
+    the learner ingests what arrived and trains (``rows_per_step`` None: flat out, else the replay
+    ratio ``1 / rows_per_step`` is enforced by :class:`ReplayFeed`)."""
     policy = s["policy"]()
     buffer = ReplayBuffer(s["capacity"], actors * s["envs_per_actor"], seed=0)
     learner = Learner(policy, buffer, s["batch"])
-    acting = s["policy"]()
-    with ActorPool(s["env"], acting, actors, s["envs_per_actor"], s["chunk_length"], seed=0, timeout_s=120) as pool:
-        feed = ReplayFeed(pool, buffer, replay_ratio=1.0 / (rows_per_step or 1.0), prefill=prefill)
+    settings = ActingSettings(num_actors=actors, envs_per_actor=s["envs_per_actor"], publish_every=50, timeout_s=120)
+    acting = ActorActing(s["env"], settings, s["chunk_length"])
+    acting.setup(rank=0)
+    acting.attach_agent(Shipped(s["policy"]()), 0)
+    shipped = Shipped(policy)
+
+    def ingest(chunk: Chunk) -> None:
+        buffer.add_many(chunk.rows, streams=acting.streams(chunk))
+        acting.received(chunk)
+
+    try:
+        feed = ReplayFeed(acting, buffer, replay_ratio=1.0 / (rows_per_step or 1.0), prefill=prefill)
         while len(buffer) < prefill:  # warm-up: every actor started and the buffer prefilled
-            chunk = pool.get(timeout=300)
+            chunk = acting.next_chunk(timeout=300)
             if chunk is not None:
-                add_chunk(buffer, chunk, pool.streams(chunk.actor))
-                feed.rows += chunk.env_steps
-        rows0, steps0, waited, start = feed.rows, learner.steps, 0.0, time.perf_counter()
+                ingest(chunk)
+        rows0, steps0, waited, start = acting.env_steps, learner.steps, 0.0, time.perf_counter()
         while time.perf_counter() - start < seconds:
             if rows_per_step is None:
-                while (chunk := pool.get(timeout=0.0)) is not None:
-                    add_chunk(buffer, chunk, pool.streams(chunk.actor))
-                    feed.rows += chunk.env_steps
+                while (chunk := acting.next_chunk(timeout=0.0)) is not None:
+                    ingest(chunk)
             else:
-                waited += feed.before_batch(learner.steps)
+                waited += feed.before_batch()
             learner.step()
-            if learner.steps % 50 == 0:
-                pool.publish(policy, learner.steps)
+            acting.attach_agent(shipped, learner.steps)  # sent every publish_every steps
         wall = time.perf_counter() - start
-    return {"fps": (feed.rows - rows0) / wall, "steps_per_s": (learner.steps - steps0) / wall, "wait": waited / wall}
+    finally:
+        acting.close()
+    rows = acting.env_steps - rows0
+    return {"fps": rows / wall, "steps_per_s": (learner.steps - steps0) / wall, "wait": waited / wall}
 
 
 def async_ceiling(s: dict, num_envs: int, seconds: float) -> float:

@@ -22,6 +22,7 @@ the final evaluation both hold the target.
 from __future__ import annotations
 
 import argparse
+import importlib
 import math
 import os
 import statistics
@@ -246,7 +247,11 @@ def main() -> None:
         args.target = TARGETS[env.id]
     if args.eval_every is None:
         args.eval_every = int(config["trainer"].get("val_check_interval", 250))
-    data_args.update(eval_episodes=args.eval_episodes, eval_envs=min(args.eval_episodes, 5))
+    data_args["eval"] = {"episodes": args.eval_episodes, "envs": min(args.eval_episodes, 5)}
+    sampler = data_args.get("sampler")
+    if isinstance(sampler, dict):  # the config's class_path / init_args, built as the CLI would
+        module, _, name = sampler["class_path"].rpartition(".")
+        data_args["sampler"] = getattr(importlib.import_module(module), name)(**sampler.get("init_args", {}))
     datamodule = ReplayDataModule(env=env, **data_args)
     if args.terminal_fraction is not None:  # the config's own windows, a share of them holding an episode end
         windows = datamodule.sampler

@@ -238,8 +238,8 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     cli = build_cli(args.config, _overrides(args, args.seed, "--trainer.max_steps", "-1"))
-    # evaluation in the datamodule's eval_env where it has one (a policy trained in a dream plays the real env)
-    env_id = (getattr(cli.datamodule, "eval_env", None) or cli.datamodule.env).id
+    # evaluation in the datamodule's eval.env where it has one (a policy trained in a dream plays the real env)
+    env_id = (cli.datamodule.eval.env or cli.datamodule.env).id
     module, trainer = cli.model, cli.trainer
 
     def policy(obs: Any) -> Any:
@@ -325,7 +325,7 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
             0,
             "--trainer.max_steps",
             "-1",
-            "--data.init_args.num_actors",
+            "--data.init_args.acting.num_actors",
             str(args.num_actors),
             "--trainer.val_check_interval",
             "100000000",

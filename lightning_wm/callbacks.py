@@ -15,8 +15,8 @@ CLI's Trainer adds :func:`default_callbacks` to every run.
   whose ``checkpoint`` flag is set is saved beside each checkpoint (one file per buffer, DDP rank
   and global step, written atomically, older ones pruned) and restored from the file of the
   checkpoint's step on resume; each stream's restart is then marked as an episode boundary.
-* :class:`WeightPublisher` — the module's acting weights to a
-  :class:`~lightning_wm.protocols.WeightSink` (whose actors act with them).
+* :class:`AgentPublisher` — attaches the module being trained to an
+  :class:`~lightning_wm.protocols.AgentSink` (the datamodule acts with it, or with copies in actors).
 * :class:`EMAWeights` — Lightning's ``EMAWeightAveraging`` (the evaluation episodes and the saved
   ``state_dict`` use an exponential moving average of the weights) whose checkpoints always keep
   the weights training continues from. Not a default: a config lists it under ``trainer.callbacks``.
@@ -43,13 +43,13 @@ from pytorch_lightning.utilities import rank_zero_info
 
 from lightning_wm.io import clean_stale_temps
 from lightning_wm.nn.blocks import soft_update_tensors
-from lightning_wm.protocols import EnvStats, EnvStatsSource, FeedbackSink, ReplayHolder, WeightSink
+from lightning_wm.protocols import AgentSink, EnvStats, EnvStatsSource, FeedbackSink, ReplayHolder
 
 __all__ = [
     "EnvStatsLogger",
     "ReplayFeedback",
     "BufferCheckpoint",
-    "WeightPublisher",
+    "AgentPublisher",
     "EMAWeights",
     "OnlineWeightsOnResume",
     "default_callbacks",
@@ -263,41 +263,35 @@ class BufferCheckpoint(Callback):
             self._saved[(name, rank)] = (step, id(buffer), buffer.revision)
 
 
-class WeightPublisher(Callback):
-    """Publish the module's weights to the datamodule's actors as version ``global_step``.
-
-    Calls ``trainer.datamodule.publish_weights(pl_module, version=trainer.global_step)`` when fit
-    starts (a :class:`~lightning_wm.protocols.WeightSink` starts its actors then, before the
-    first batch is fetched), when training starts (the restored step of a resumed run) and
-    after every ``publish_every``-th optimizer step. The sink decides what to send (e.g.
-    ``ReplayDataModule`` sends ``module.acting_copy()`` every ``data.publish_every`` steps and
-    nothing when it acts in process).
+class AgentPublisher(Callback):
+    """Attach the module being trained to the datamodule: ``trainer.datamodule.attach_agent(pl_module,
+    version=trainer.global_step)`` (an :class:`~lightning_wm.protocols.AgentSink`) when fit starts
+    (before the first batch is fetched: actors start then), when training starts (the restored step
+    of a resumed run) and after every optimizer step (once per step). The datamodule decides what
+    to do with it: acting in process keeps the live module and its version; actors get
+    ``module.acting_copy()`` every ``acting.publish_every`` steps.
     """
 
-    def __init__(self, publish_every: int = 1) -> None:
-        if publish_every < 1:
-            raise ValueError(f"publish_every must be >= 1, got {publish_every}")
-        self.publish_every = publish_every
+    def __init__(self) -> None:
         self._last: int | None = None
 
-    def _publish(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def _attach(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         sink = _datamodule(trainer)
-        if isinstance(sink, WeightSink):
-            sink.publish_weights(pl_module, version=int(trainer.global_step))
+        if isinstance(sink, AgentSink):
+            sink.attach_agent(pl_module, version=int(trainer.global_step))
             self._last = int(trainer.global_step)
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._publish(trainer, pl_module)
+        self._attach(trainer, pl_module)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._publish(trainer, pl_module)
+        self._attach(trainer, pl_module)
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        step = int(trainer.global_step)
-        if step != self._last and step % self.publish_every == 0:
-            self._publish(trainer, pl_module)
+        if int(trainer.global_step) != self._last:
+            self._attach(trainer, pl_module)
 
 
 def _ema_update(decay: float, average: list[torch.Tensor], current: list[torch.Tensor], _count: Any) -> None:
@@ -400,6 +394,6 @@ def default_callbacks() -> list[Callback]:
         EnvStatsLogger(),
         ReplayFeedback(),
         BufferCheckpoint(),
-        WeightPublisher(),
+        AgentPublisher(),
         OnlineWeightsOnResume(),
     ]

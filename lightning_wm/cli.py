@@ -42,7 +42,7 @@ from lightning_wm.checkpoints import (
 )
 from lightning_wm.data.collector import Collector, run_evaluation
 from lightning_wm.data.episodes import EpisodeStore
-from lightning_wm.data.modules import EpisodeDataModule
+from lightning_wm.data.offline import EpisodeDataModule
 from lightning_wm.envs import EnvConfig, make_env, make_vector_env
 from lightning_wm.io import check_writable
 from lightning_wm.protocols import EnvHolder
@@ -241,7 +241,7 @@ class Trainer(pl.Trainer):
         if not isinstance(datamodule, EpisodeDataModule):
             raise ValueError(
                 "record writes episodes into an episode store and needs an EpisodeDataModule "
-                "(--data lightning_wm.data.modules.EpisodeDataModule --data.init_args.directory DIR "
+                "(--data lightning_wm.data.offline.EpisodeDataModule --data.init_args.directory DIR "
                 f"--data.init_args.env {{...}}); this config's datamodule is a {type(datamodule).__name__}"
             )
         env = _env_of(datamodule)

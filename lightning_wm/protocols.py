@@ -8,8 +8,10 @@ Nothing here imports ``data/`` or ``agents/``: models, datamodules and callbacks
 * :class:`EnvStats` / :class:`EnvStatsSource` — env statistics a datamodule hands to the
   ``EnvStatsLogger`` callback (which logs ``env/*``); :class:`EnvStepCounter` — the env steps
   so far, which agents with env-step schedules read.
-* :class:`FeedbackSink`, :class:`ReplayHolder`, :class:`WeightSink` — what the feedback,
-  buffer-checkpoint and weight-publishing callbacks look for on a datamodule.
+* :class:`AgentSink` — a datamodule that acts with the module being trained: the
+  ``AgentPublisher`` callback attaches it (the one way the acting part gets its agent).
+* :class:`FeedbackSink`, :class:`ReplayHolder` — what the feedback and buffer-checkpoint
+  callbacks look for on a datamodule.
 * :class:`EnvHolder` — a datamodule that names its environment (``record`` / ``evaluate``).
 * :class:`EvaluationRequest` — the one validation "batch" of an online datamodule: the model's
   ``validation_step`` calls ``batch.run(self)`` to play evaluation episodes.
@@ -37,8 +39,9 @@ __all__ = [
     "EnvStatsSource",
     "FeedbackSink",
     "ReplayHolder",
+    "ImaginationHost",
     "SamplerSource",
-    "WeightSink",
+    "AgentSink",
     "EnvHolder",
     "EvaluationRequest",
     "GenerationTask",
@@ -112,7 +115,9 @@ class EnvStatsSource(Protocol):
 class FeedbackSink(Protocol):
     """A datamodule that takes a learner's per-sample feedback (priorities, new columns)."""
 
-    def apply_feedback(self, batch: dict, feedback: dict) -> None: ...
+    def apply_feedback(self, batch: dict, feedback: dict) -> dict[str, int]:
+        """Returns ``{"applied", "stale"}`` row counts (rows overwritten since sampling are stale)."""
+        ...
 
 
 @runtime_checkable
@@ -137,10 +142,15 @@ class ImaginationHost(Protocol):
 
 
 @runtime_checkable
-class WeightSink(Protocol):
-    """A datamodule whose actors act with weights the learner publishes."""
+class AgentSink(Protocol):
+    """A datamodule that acts with the module being trained. ``attach_agent(agent, version)`` is
+    called when fit starts (before the first batch is fetched), when training starts (the
+    restored step of a resumed run) and after optimizer steps, with ``version`` the learner's
+    optimizer steps: acting in process keeps the live module; actors act with
+    ``agent.acting_copy()`` (an :class:`ActingAgent`), sent as the datamodule's cadence says.
+    A datamodule never takes the module from the trainer itself."""
 
-    def publish_weights(self, module: nn.Module, version: int) -> None: ...
+    def attach_agent(self, agent: nn.Module, version: int) -> None: ...
 
 
 @runtime_checkable

@@ -19,6 +19,7 @@ from tiny_agent import TinyAgent  # noqa: E402
 from lightning_wm.cli import Trainer  # noqa: E402
 from lightning_wm.data.modules import ReplayDataModule  # noqa: E402
 from lightning_wm.data.samplers import SequenceSampler  # noqa: E402
+from lightning_wm.data.settings import ActingSettings, ReplaySettings  # noqa: E402
 from lightning_wm.envs import EnvConfig  # noqa: E402
 
 
@@ -54,9 +55,15 @@ class DumpResumedBuffer(Callback):
 def main(out_dir: str, strategy: str, resume: bool = False, actors: bool = False) -> None:
     torch.set_num_threads(1)
     env = EnvConfig("CartPole-v1", num_envs=2, seed=3)
-    acting = dict(num_actors=1, chunk_length=8, actor_timeout_s=240) if actors else {}
+    acting = ActingSettings(num_actors=1, chunk_length=8, timeout_s=240) if actors else ActingSettings()
     data = ReplayDataModule(
-        env, capacity=2000, batch_size=4, sequence_length=8, prefill=32, replay_ratio=0.5, save_buffer=True, **acting
+        env,
+        batch_size=4,
+        sampler=SequenceSampler(8),
+        prefill=32,
+        replay_ratio=0.5,
+        replay=ReplaySettings(capacity=2000, save=True),
+        acting=acting,
     )
     model = TinyAgent(data.spec)
     dump = DumpResumedBuffer(out_dir) if resume else DumpRankState(out_dir)

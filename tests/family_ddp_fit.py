@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from lightning_wm.cli import Trainer  # noqa: E402
 from lightning_wm.data.modules import ReplayDataModule  # noqa: E402
+from lightning_wm.data.samplers import SequenceSampler  # noqa: E402
 from lightning_wm.envs import EnvConfig  # noqa: E402
 
 
@@ -75,7 +76,13 @@ def build_dreamer() -> tuple[torch.nn.Module, ReplayDataModule]:
     for group, values in preset.items():  # the preset's fields over the config's, group by group
         model_args[group] = {**model_args.get(group, {}), **values}
     env = EnvConfig(**{**data_args.pop("env"), "seed": 5})
-    data_args.update(batch_size=4, sequence_length=16, prefill=64, eval_episodes=1, eval_envs=1, capacity=5000)
+    data_args.update(
+        batch_size=4,
+        sampler=SequenceSampler(16),
+        prefill=64,
+        eval={"episodes": 1, "envs": 1},
+        replay={**data_args["replay"], "capacity": 5000},
+    )
     data = ReplayDataModule(env, **data_args)
     torch.manual_seed(0)  # same initial weights on both ranks (DDP also broadcasts rank 0's at start)
     return Dreamer(data.spec, **model_args), data
@@ -92,7 +99,9 @@ def build_muzero() -> tuple[torch.nn.Module, ReplayDataModule]:
     model_args.update(reanalyse={"ratio": 0.25}, target={"update_period": 2})
     data_args.pop("sampler")
     env = EnvConfig(**{**data_args.pop("env"), "num_envs": 2, "seed": 5})
-    data_args.update(batch_size=8, prefill=40, eval_episodes=1, eval_envs=1, capacity=2000)
+    data_args.update(
+        batch_size=8, prefill=40, eval={"episodes": 1, "envs": 1}, replay={**data_args["replay"], "capacity": 2000}
+    )
     unroll = model_args["unroll"]
     data = ReplayDataModule(env, sampler=WindowSampler(unroll["num_unroll_steps"], unroll["td_steps"]), **data_args)
     torch.manual_seed(0)

@@ -12,6 +12,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from lightning_wm.agents.impala import IMPALA, ActorCriticSettings  # noqa: E402
 from lightning_wm.cli import Trainer  # noqa: E402
 from lightning_wm.data.modules import UnrollDataModule  # noqa: E402
+from lightning_wm.data.settings import ActingSettings  # noqa: E402
 from lightning_wm.envs import EnvConfig  # noqa: E402
 from lightning_wm.optim import OptimSettings  # noqa: E402
 
@@ -23,7 +24,7 @@ class DumpRankState(Callback):
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
         self.obs_sum += float(batch["obs"].double().abs().sum())
         if not self.pids:
-            self.pids = trainer.datamodule._actors.pool.pids()
+            self.pids = trainer.datamodule.acting.pool.pids()
 
     def on_train_end(self, trainer, module):
         torch.save(
@@ -40,7 +41,10 @@ class DumpRankState(Callback):
 def main(out_dir: str) -> None:
     torch.set_num_threads(1)
     data = UnrollDataModule(
-        EnvConfig("CartPole-v1", num_envs=2, seed=3), unroll_length=4, batch_size=2, num_actors=1, actor_timeout_s=300
+        EnvConfig("CartPole-v1", num_envs=2, seed=3),
+        unroll_length=4,
+        batch_size=2,
+        acting=ActingSettings(num_actors=1, timeout_s=300),
     )
     model = IMPALA(data.spec, net=ActorCriticSettings(hidden=16), optim=OptimSettings(lr=0.01))
     trainer = Trainer(

@@ -35,11 +35,10 @@ def filled_datamodule(
     """A datamodule whose buffer holds ``rows`` rows per env acted by ``model`` (no prefill)."""
     dm = ReplayDataModule(
         EnvConfig("CartPole-v1", num_envs=num_envs, seed=3),
-        capacity=capacity,
         batch_size=8,
         sampler=sampler or model.replay_sampler(),
         prefill=0,
-        prioritized=prioritized,
+        replay={"capacity": capacity, "prioritized": prioritized},
     )
     dm.setup("fit")
     dm.collector.set_agent(model)

@@ -18,6 +18,8 @@ from tiny_agent import TinyAgent
 from lightning_wm.callbacks import default_callbacks
 from lightning_wm.cli import main
 from lightning_wm.data.modules import ReplayDataModule, UnrollDataModule
+from lightning_wm.data.samplers import SequenceSampler
+from lightning_wm.data.settings import ActingSettings, ReplaySettings
 from lightning_wm.envs import EnvConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,15 +58,12 @@ def _fit(datamodule, steps: int) -> Recorder:
 def test_replay_with_actors_keeps_the_ratio_and_reports():
     dm = ReplayDataModule(
         EnvConfig("CartPole-v1"),
-        capacity=4000,
         batch_size=4,
-        sequence_length=8,
+        sampler=SequenceSampler(8),
         prefill=64,
         replay_ratio=0.2,
-        num_actors=2,
-        envs_per_actor=2,
-        chunk_length=8,
-        actor_timeout_s=120,
+        replay=ReplaySettings(capacity=4000),
+        acting=ActingSettings(num_actors=2, envs_per_actor=2, chunk_length=8, timeout_s=120),
     )
     recorder = _fit(dm, 40)
     buffer = dm.buffer
@@ -86,7 +85,7 @@ def test_replay_with_actors_keeps_the_ratio_and_reports():
     assert "env/episode_return" in last, "episodes from the actors reach env/*"
     assert 0 <= last["actors/policy_lag"] <= 40 and last["actors/frames_per_s"] > 0
     assert "actors/queue_depth" in last and "actors/wait_fraction" in last
-    assert dm._actors.pool is None, "teardown stopped the actors"
+    assert dm.acting.pool is None, "teardown stopped the actors"
 
 
 def test_unrolls_in_process_overlap_by_one():
@@ -103,7 +102,10 @@ def test_unrolls_in_process_overlap_by_one():
 
 def test_unrolls_from_actors():
     dm = UnrollDataModule(
-        EnvConfig("CartPole-v1"), unroll_length=4, batch_size=4, num_actors=2, envs_per_actor=2, actor_timeout_s=120
+        EnvConfig("CartPole-v1"),
+        unroll_length=4,
+        batch_size=4,
+        acting=ActingSettings(num_actors=2, envs_per_actor=2, timeout_s=120),
     )
     recorder = _fit(dm, 12)
     for batch in recorder.batches:
@@ -132,13 +134,13 @@ def test_dreamer_actors_config_from_the_cli():
             "run",
             "--data.init_args.batch_size",
             "4",
-            "--data.init_args.sequence_length",
+            "--data.init_args.sampler.init_args.length",
             "8",
             "--data.init_args.prefill",
             "64",
-            "--data.init_args.eval_episodes",
+            "--data.init_args.eval.episodes",
             "1",
-            "--data.init_args.eval_envs",
+            "--data.init_args.eval.envs",
             "1",
         ]
     )
@@ -177,13 +179,15 @@ def test_ctrl_c_on_a_fit_with_actors_leaves_no_orphans(tmp_path):
         "CartPole-v1",
         "--data.batch_size",
         "4",
-        "--data.sequence_length",
+        "--data.sampler",
+        "SequenceSampler",
+        "--data.sampler.length",
         "8",
         "--data.prefill",
         "64",
-        "--data.num_actors",
+        "--data.acting.num_actors",
         "2",
-        "--data.chunk_length",
+        "--data.acting.chunk_length",
         "8",
         "--trainer.max_steps",
         "100000",
@@ -226,33 +230,71 @@ def test_ctrl_c_on_a_fit_with_actors_leaves_no_orphans(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-def test_weight_publisher_cadence():
-    """Publishes when fit starts (starting the actors), when training starts (the restored step of
-    a resume) and after every publish_every-th optimizer step, with the step as the version."""
+def test_agent_publisher_cadence():
+    """Attaches when fit starts (starting the actors), when training starts (the restored step of
+    a resume) and after every optimizer step, once per step, with the step as the version."""
     from types import SimpleNamespace
 
-    from lightning_wm.callbacks import WeightPublisher
+    from lightning_wm.callbacks import AgentPublisher
+    from lightning_wm.protocols import AgentSink
 
     class Sink:
         def __init__(self):
             self.versions = []
 
-        def publish_weights(self, module, version):
+        def attach_agent(self, agent, version):
             self.versions.append(version)
 
     sink, module = Sink(), object()
+    assert isinstance(sink, AgentSink)
     trainer = SimpleNamespace(datamodule=sink, global_step=0)
-    callback = WeightPublisher(publish_every=3)
+    callback = AgentPublisher()
     callback.on_fit_start(trainer, module)
     trainer.global_step = 30  # a resumed run: the step is restored after on_fit_start
     callback.on_train_start(trainer, module)
-    for step in range(31, 38):
+    for step in range(31, 34):
         trainer.global_step = step
         callback.on_train_batch_end(trainer, module, None, None, step)
-        callback.on_train_batch_end(trainer, module, None, None, step)  # same step again: no second publish
-    assert sink.versions == [0, 30, 33, 36]
+        callback.on_train_batch_end(trainer, module, None, None, step)  # same step again: no second attach
+    assert sink.versions == [0, 30, 31, 32, 33]
     trainer.datamodule = object()  # a datamodule without the protocol: nothing happens
     callback.on_train_batch_end(trainer, module, None, None, 39)
+
+
+def test_actors_get_a_new_version_every_publish_every_steps(monkeypatch):
+    """The acting part decides what reaches the actors: the first attach starts the pool (with the
+    random prefill share of each actor), later versions go out every acting.publish_every steps."""
+    from lightning_wm.data.acting import actors as acting_actors
+
+    started, published = [], []
+
+    class Pool:
+        def __init__(self, env, module, *args, random_steps=0, initial_version=0, **kwargs):
+            started.append((initial_version, random_steps))
+
+        def publish(self, module, version):
+            published.append(version)
+
+        def close(self):
+            pass
+
+    class Agent:
+        def acting_copy(self):
+            return self
+
+    monkeypatch.setattr(acting_actors, "ActorPool", Pool)
+    dm = ReplayDataModule(
+        EnvConfig("CartPole-v1", num_envs=2),
+        prefill=64,
+        replay=ReplaySettings(capacity=1000),
+        acting=ActingSettings(num_actors=3, publish_every=3),
+    )
+    dm.setup("fit")
+    for version in range(0, 10):
+        dm.attach_agent(Agent(), version)
+    assert started == [(0, 11)]  # 64 random rows over 3 actors x 2 envs: 11 vector steps each
+    assert published == [3, 6, 9] and dm.acting.learner_version == 9
+    dm.teardown("fit")
 
 
 def test_ddp_ranks_with_actors(tmp_path):
@@ -293,17 +335,19 @@ def test_resume_with_actors_continues_the_counts():
         "CartPole-v1",
         "--data.batch_size",
         "4",
-        "--data.sequence_length",
+        "--data.sampler",
+        "SequenceSampler",
+        "--data.sampler.length",
         "8",
         "--data.prefill",
         "64",
         "--data.replay_ratio",
         "0.5",
-        "--data.num_actors",
+        "--data.acting.num_actors",
         "1",
-        "--data.chunk_length",
+        "--data.acting.chunk_length",
         "8",
-        "--data.actor_timeout_s",
+        "--data.acting.timeout_s",
         "240",
         "--trainer.enable_progress_bar",
         "false",
@@ -327,7 +371,7 @@ def test_terminate_skips_actors_that_never_started():
     pool down must stop the started ones and not fail on the rest."""
     import multiprocessing as mp
 
-    from lightning_wm.data.actors import _terminate
+    from lightning_wm.data.acting.local import _terminate
 
     ctx = mp.get_context("spawn")
     stop = ctx.Event()

@@ -16,7 +16,7 @@ import pytest
 import torch
 from actor_agents import FaultyPolicy, MarkedPolicy
 
-from lightning_wm.data.actors import ActorError, ActorPool, WeightStore
+from lightning_wm.data.acting import ActorError, ActorPool, WeightStore
 from lightning_wm.envs import EnvConfig
 from lightning_wm.seeding import env_seeds
 
@@ -145,7 +145,9 @@ def test_actor_exception_reaches_learner_with_traceback():
 def test_hung_and_killed_actors_are_reported():
     pool = ActorPool(EnvConfig("CartPole-v1"), FaultyPolicy("hang", at=4), num_actors=2, chunk_length=1, timeout_s=2.0)
     pids = pool.pids()
-    with pytest.raises(ActorError, match=r"actor \d \(pid \d+\) hung: no heartbeat for [\d.]+ s \(actor_timeout_s=2\)"):
+    with pytest.raises(
+        ActorError, match=r"actor \d \(pid \d+\) hung: no heartbeat for [\d.]+ s \(acting.timeout_s=2\)"
+    ):
         for _ in range(100):
             pool.get(timeout=60)
     assert not _wait_gone(pids), "a hung actor was left running"
@@ -168,7 +170,7 @@ LEARNER = textwrap.dedent("""
     signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.path.insert(0, {tests!r})
     from actor_agents import MarkedPolicy
-    from lightning_wm.data.actors import ActorPool
+    from lightning_wm.data.acting import ActorPool
     from lightning_wm.envs import EnvConfig
 
     if __name__ == "__main__":

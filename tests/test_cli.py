@@ -26,13 +26,15 @@ TINY_FIT = [
     "2",
     "--data.batch_size",
     "4",
-    "--data.sequence_length",
+    "--data.sampler",
+    "SequenceSampler",
+    "--data.sampler.length",
     "8",
     "--data.prefill",
     "64",
     "--data.replay_ratio",
     "0.5",
-    "--data.eval_episodes",
+    "--data.eval.episodes",
     "2",
     "--trainer.accelerator",
     "cpu",
@@ -78,7 +80,7 @@ def test_fit_then_resume_from_last(monkeypatch):
         [
             "fit",
             *TINY_FIT,
-            "--data.save_buffer",
+            "--data.replay.save",
             "true",
             "--trainer.max_steps",
             "30",
@@ -103,7 +105,7 @@ def test_fit_then_resume_from_last(monkeypatch):
     assert ckpt["global_step"] == 30
     assert "val/return" in cli.trainer.callback_metrics
     rows_before = len(dm.buffer)
-    cli = run_cli(["fit", *TINY_FIT, "--data.save_buffer", "true", "--trainer.max_steps", "40", "--ckpt_path", "last"])
+    cli = run_cli(["fit", *TINY_FIT, "--data.replay.save", "true", "--trainer.max_steps", "40", "--ckpt_path", "last"])
     assert cli.trainer.global_step == 40
     # the env-step counter continues (no second prefill, no catch-up burst); the batch fetched
     # ahead before the checkpoint already took its env steps, so the resumed run does not repeat them
@@ -152,7 +154,7 @@ def test_record_pixels_then_evaluate_random(tmp_path):
         "--model",
         "lightning_wm.agents.random.RandomPolicy",
         "--data",
-        "lightning_wm.data.modules.EpisodeDataModule",
+        "lightning_wm.data.offline.EpisodeDataModule",
         "--data.directory",
         str(store_dir),
         "--data.env",
@@ -189,7 +191,7 @@ RANDOM_CARTPOLE = [
     "--model",
     "lightning_wm.agents.random.RandomPolicy",
     "--data",
-    "lightning_wm.data.modules.EpisodeDataModule",
+    "lightning_wm.data.offline.EpisodeDataModule",
     "--data.directory",
     "eps",
 ]
@@ -253,7 +255,7 @@ def test_record_is_random_without_a_model():
         [
             "record",
             "--data",
-            "lightning_wm.data.modules.EpisodeDataModule",
+            "lightning_wm.data.offline.EpisodeDataModule",
             "--data.directory",
             "rnd",
             "--data.env",
@@ -281,7 +283,7 @@ def test_record_random_episodes_of_a_dict_observation_env():
         [
             "record",
             "--data",
-            "lightning_wm.data.modules.EpisodeDataModule",
+            "lightning_wm.data.offline.EpisodeDataModule",
             "--data.directory",
             "dict",
             "--data.env",
@@ -322,7 +324,7 @@ def test_a_nan_loss_stops_training_with_a_message_and_keeps_the_last_checkpoint(
 RECORD = [
     "record",
     "--data",
-    "lightning_wm.data.modules.EpisodeDataModule",
+    "lightning_wm.data.offline.EpisodeDataModule",
     "--data.directory",
     "store",
     "--data.env",
@@ -362,7 +364,7 @@ def test_two_records_at_once_into_one_store_both_finish_with_their_own_counts(tm
 
 
 def test_recording_into_a_store_of_other_env_settings_is_refused_naming_both():
-    pixels = ["record", "--data", "lightning_wm.data.modules.EpisodeDataModule", "--data.directory", "frames"]
+    pixels = ["record", "--data", "lightning_wm.data.offline.EpisodeDataModule", "--data.directory", "frames"]
     run_cli([*pixels, "--data.env", '{"id": "CartPole-v1", "pixels": true, "size": [32, 32]}', "--episodes", "1"])
     with pytest.raises(ValueError, match=r"size: the store has \[32, 32\], this run \[64, 64\]"):
         run_cli([*pixels, "--data.env", '{"id": "CartPole-v1", "pixels": true}', "--episodes", "1"])
@@ -391,7 +393,7 @@ def test_an_unwritable_store_is_refused_before_recording():
             [
                 "record",
                 "--data",
-                "lightning_wm.data.modules.EpisodeDataModule",
+                "lightning_wm.data.offline.EpisodeDataModule",
                 "--data.directory",
                 _not_a_folder("eps"),
                 "--episodes",
@@ -422,7 +424,7 @@ def test_an_unwritable_convert_target_is_refused_before_encoding(tmp_path):
         [
             "record",
             "--data",
-            "lightning_wm.data.modules.EpisodeDataModule",
+            "lightning_wm.data.offline.EpisodeDataModule",
             "--data.directory",
             "store",
             "--data.env",
@@ -439,7 +441,7 @@ def test_an_unwritable_convert_target_is_refused_before_encoding(tmp_path):
                 "--model",
                 "lightning_wm.agents.vision.Vision",
                 "--data",
-                "lightning_wm.data.modules.EpisodeDataModule",
+                "lightning_wm.data.offline.EpisodeDataModule",
                 "--data.directory",
                 "store",
                 "--target",
@@ -451,7 +453,7 @@ def test_an_unwritable_convert_target_is_refused_before_encoding(tmp_path):
 def test_an_unwritable_replay_storage_dir_and_log_root_are_refused_before_training(monkeypatch):
     monkeypatch.syspath_prepend(str(TESTS))
     with pytest.raises(PermissionError, match=r"storage_dir .*blocker/replay.* not writable"):
-        run_cli(["fit", *TINY_FIT, "--trainer.max_steps", "1", "--data.storage_dir", _not_a_folder("replay")])
+        run_cli(["fit", *TINY_FIT, "--trainer.max_steps", "1", "--data.replay.storage_dir", _not_a_folder("replay")])
     with pytest.raises(PermissionError, match=r"log folder .*blocker/lightning_logs.* not writable"):
         run_cli(["fit", *TINY_FIT, "--trainer.max_steps", "1", "--trainer.default_root_dir", "blocker"])
 
@@ -464,7 +466,8 @@ def test_an_unwritable_replay_storage_dir_and_log_root_are_refused_before_traini
     [
         (["--data.prefill", "-1"], r"prefill must be >= 0, got -1"),
         (["--data.batch_size", "0"], r"batch_size must be >= 1, got 0"),
-        (["--data.sequence_length", "0"], r"sequence_length must be >= 1, got 0"),
+        (["--data.sampler.length", "0"], r"sequence length must be >= 1, got 0"),
+        (["--data.replay.capacity", "0"], r"replay.capacity must be >= 1, got 0"),
     ],
 )
 def test_bad_data_settings_are_refused_at_construction(monkeypatch, override, message):

@@ -82,7 +82,7 @@ def expected_rows(length, total, truncate=False):
 
 def test_rows_match_hand_stepped_env():
     lengths, steps = [2, 3], 11
-    buffer = ReplayBuffer(100, num_envs=2)
+    buffer = ReplayBuffer(100, num_streams=2)
     collector = Collector(make_env(lengths), CountingAgent(), buffer=buffer)
     finished = collector.collect(steps)
     # each stream holds exactly `steps` rows, so a full-length window is the whole stream;
@@ -108,7 +108,7 @@ def test_rows_match_hand_stepped_env():
 
 
 def test_truncation_is_not_termination():
-    buffer = ReplayBuffer(50, num_envs=1)
+    buffer = ReplayBuffer(50, num_streams=1)
     Collector(make_env([3], truncate=True), CountingAgent(), buffer=buffer).collect(8)
     data = SequenceSampler(8).sample(buffer, 1)
     assert data["is_last"][0].any()
@@ -149,7 +149,7 @@ def test_collector_on_real_pixel_env():
     cfg = EnvConfig("CartPole-v1", num_envs=2, pixels=True)
     env = make_vector_env(cfg)
     spec: EnvSpec = env_spec(cfg)
-    buffer = ReplayBuffer(200, num_envs=2)
+    buffer = ReplayBuffer(200, num_streams=2)
     Collector(env, RandomAgent(spec, seed=0), buffer=buffer, seeds=0).collect(30)
     batch = SequenceSampler(10).sample(buffer, 3)
     assert batch["obs"].shape == (3, 10, 64, 64, 3) and batch["obs"].dtype == torch.uint8

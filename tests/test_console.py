@@ -38,11 +38,11 @@ SHRUNK = [
     "64",
     "--data.init_args.batch_size",
     "4",
-    "--data.init_args.sequence_length",
+    "--data.init_args.sampler.init_args.length",
     "8",
-    "--data.init_args.eval_episodes",
+    "--data.init_args.eval.episodes",
     "1",
-    "--data.init_args.eval_envs",
+    "--data.init_args.eval.envs",
     "1",
 ]
 # what a new user saw, none of which is theirs to act on
@@ -140,8 +140,8 @@ def test_progress_off_a_terminal_prints_lines_at_most_every_interval():
             "--model.help lightning_wm.agents.dreamer.Dreamer",
         ),
         (
-            ["--data.init_args.sample", "bogus"],
-            "error: --data.init_args.sample expects one of 'sequences', 'transitions', got 'bogus'",
+            ["--data.init_args.acting.backend", "bogus"],
+            "error: --data.init_args.acting.backend expects one of 'local', 'ray', got 'bogus'",
             "--data.help lightning_wm.data.modules.ReplayDataModule",
         ),
     ],
@@ -171,7 +171,7 @@ def test_pixel_rendering_prints_no_sdl_error_line(tmp_path):
     out = _run(
         "record",
         "--data",
-        "lightning_wm.data.modules.EpisodeDataModule",
+        "lightning_wm.data.offline.EpisodeDataModule",
         "--data.directory",
         "eps",
         "--data.env",

@@ -104,7 +104,7 @@ def _fit(model, datamodule, steps, ckpt_path=None):
 def _cartpole_controller(es=None, **kwargs):
     """A controller of vector CartPole (no V or M); ``es`` updates its small CMA-ES settings."""
     cfg = EnvConfig(id="CartPole-v1", seed=3)
-    dm = GenerationDataModule(cfg, eval_episodes=2, eval_envs=2)
+    dm = GenerationDataModule(cfg, eval={"episodes": 2, "envs": 2})
     settings = {"popsize": 8, "episodes_per_member": 2, "sigma0": 0.5, "seed": 1, **(es or {})}
     return Controller(dm.spec, es=settings, **kwargs), dm
 
@@ -269,9 +269,9 @@ def _run_pipeline(name: str, capsys, env: list[str] = (), member_steps: int = 30
         "1",
         "--model.init_args.max_episode_steps",
         str(member_steps),
-        "--data.init_args.eval_episodes",
+        "--data.init_args.eval.episodes",
         "1",
-        "--data.init_args.eval_envs",
+        "--data.init_args.eval.envs",
         "1",
         "--trainer.val_check_interval",
         "2",
@@ -432,7 +432,7 @@ def test_both_solutions_are_in_the_checkpoint_and_evaluate_picks_one(tmp_path):
 def test_controller_on_dreamers_world_model_in_the_dream_and_the_real_env(tmp_path):
     from lightning_wm.agents.dreamer import Dreamer
 
-    model_dm = GenerationDataModule(EnvConfig(id="CartPole-v1", seed=3), eval_episodes=1, eval_envs=1)
+    model_dm = GenerationDataModule(EnvConfig(id="CartPole-v1", seed=3), eval={"episodes": 1, "envs": 1})
     torch.manual_seed(0)
     dreamer = Dreamer(
         model_dm.spec, net=dict(deter=16, stoch=4, classes=4, hidden=16, layers=1, bins=31), behavior=dict(horizon=4)
@@ -501,13 +501,13 @@ def test_cli_controller_in_dreamers_dream_end_to_end(capsys):
             "2",
             "--data.init_args.batch_size",
             "2",
-            "--data.init_args.sequence_length",
+            "--data.init_args.sampler.init_args.length",
             "8",
             "--data.init_args.prefill",
             "16",
-            "--data.init_args.eval_episodes",
+            "--data.init_args.eval.episodes",
             "1",
-            "--data.init_args.eval_envs",
+            "--data.init_args.eval.envs",
             "1",
         ]
     )
@@ -522,9 +522,9 @@ def test_cli_controller_in_dreamers_dream_end_to_end(capsys):
         "1",
         "--model.init_args.max_episode_steps",
         "15",
-        "--data.init_args.eval_episodes",
+        "--data.init_args.eval.episodes",
         "1",
-        "--data.init_args.eval_envs",
+        "--data.init_args.eval.envs",
         "1",
         "--trainer.val_check_interval",
         "2",

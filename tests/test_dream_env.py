@@ -503,7 +503,7 @@ def test_impala_in_a_dream_evaluates_in_the_real_env(dream_files, monkeypatch):
 
     dream = EnvConfig(id=DREAM_ENV_ID, num_envs=2, kwargs=dream_files)
     data = UnrollDataModule(
-        dream, unroll_length=4, batch_size=2, eval_env=EnvConfig(id="CartPole-v1"), eval_episodes=2, eval_envs=2
+        dream, unroll_length=4, batch_size=2, eval={"episodes": 2, "envs": 2, "env": EnvConfig(id="CartPole-v1")}
     )
     built = []
     monkeypatch.setattr(
@@ -514,7 +514,7 @@ def test_impala_in_a_dream_evaluates_in_the_real_env(dream_files, monkeypatch):
     assert built == ["CartPole-v1"] and len(episodes) == 2
     assert all(e["length"] == e["return"] for e in episodes)  # CartPole pays 1 per real step
     with pytest.raises(ValueError, match="does not fit"):
-        UnrollDataModule(dream, eval_env=EnvConfig(id="Acrobot-v1"))
+        UnrollDataModule(dream, eval={"env": EnvConfig(id="Acrobot-v1")})
 
 
 def make_vector_env_real(config):
@@ -550,9 +550,9 @@ def test_impala_in_dream_config_fits_in_the_dream_and_evaluates_in_the_real_env(
         "4",
         "--data.init_args.batch_size",
         "2",
-        "--data.init_args.eval_episodes",
+        "--data.init_args.eval.episodes",
         "2",
-        "--data.init_args.eval_envs",
+        "--data.init_args.eval.envs",
         "2",
         "--data.init_args.env.kwargs",
         json.dumps(kwargs),

@@ -342,13 +342,13 @@ def _fit_args(config: str, steps: int, extra: list[str] = ()) -> list[str]:
         "3e-3",
         "--data.init_args.batch_size",
         "4",
-        "--data.init_args.sequence_length",
+        "--data.init_args.sampler.init_args.length",
         "16",
         "--data.init_args.prefill",
         "64",
-        "--data.init_args.eval_episodes",
+        "--data.init_args.eval.episodes",
         "1",
-        "--data.init_args.eval_envs",
+        "--data.init_args.eval.envs",
         "1",
         *extra,
     ]
@@ -394,7 +394,7 @@ def test_cli_size_presets_build_and_take_a_step(preset):
             str(ROOT / f"configs/dreamer/presets/{preset}.yaml"),
             "--model.init_args.behavior.horizon",
             "3",
-            "--data.init_args.sequence_length",
+            "--data.init_args.sampler.init_args.length",
             "8",
             "--data.init_args.batch_size",
             "2",
@@ -443,7 +443,7 @@ def test_cli_fit_pendulum_continuous():
 def test_cli_fit_on_dict_observations_frame_and_state():
     """{"image", "state"} observations: both parts are encoded and reconstructed, replay keeps
     the frame uint8, acting and the open-loop video work on the dict."""
-    cli = main(args=_fit_args("cartpole_pixels_state.yaml", 12, ["--data.init_args.sequence_length", "8"]))
+    cli = main(args=_fit_args("cartpole_pixels_state.yaml", 12, ["--data.init_args.sampler.init_args.length", "8"]))
     codec = cli.model.wm.codec
     assert codec.is_dict and set(codec.encoders) == {"image", "state"} and codec.images == ["image"]
     assert cli.datamodule.sample_batch()["obs"]["image"].dtype == torch.uint8
@@ -459,7 +459,7 @@ def test_cli_fit_on_dict_observations_frame_and_state():
 
 
 def test_cli_fit_cartpole_pixels_losses_fall_and_logs_openloop_image_and_gif():
-    cli = main(args=_fit_args("cartpole_pixels.yaml", 12, ["--data.init_args.sequence_length", "8"]))
+    cli = main(args=_fit_args("cartpole_pixels.yaml", 12, ["--data.init_args.sampler.init_args.length", "8"]))
     assert cli.model.wm.pixels
     losses = logged_scalars(Path("lightning_logs/run"), "train/loss_recon")
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3
@@ -489,7 +489,7 @@ def test_resume_after_a_crash_continues_from_the_checkpoint_exactly(monkeypatch)
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     import resume_probe
 
-    base = ["--data.init_args.save_buffer", "true", "--trainer.checkpoint_every_n_steps", "3"]
+    base = ["--data.init_args.replay.save", "true", "--trainer.checkpoint_every_n_steps", "3"]
     with pytest.raises(RuntimeError, match="simulated crash at step 7"):
         main(
             args=_fit_args(

@@ -2,7 +2,6 @@
 DynaLearner (IMPALA + a Dreamer world model trained beside it) from configs/impala/cartpole_dyna.yaml."""
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -36,17 +35,17 @@ SHRINK = [
     "4",
     "--data.init_args.batch_size",
     "4",
-    "--data.init_args.eval_episodes",
+    "--data.init_args.eval.episodes",
     "1",
-    "--data.init_args.eval_envs",
+    "--data.init_args.eval.envs",
     "1",
     "--data.init_args.env.max_episode_steps",
     "30",
-    "--data.init_args.model_replay_size",
+    "--data.init_args.model_replay.capacity",
     "1000",
-    "--data.init_args.model_batch_size",
+    "--data.init_args.model_replay.batch_size",
     "2",
-    "--data.init_args.model_sequence_length",
+    "--data.init_args.model_replay.sequence_length",
     "8",
     "--model.init_args.model_train_start",
     "16",
@@ -97,10 +96,12 @@ class StepModel(nn.Module, WorldModel):
 def test_imagined_unrolls_fill_batches_at_real_ratio():
     """With an imagination set, a batch of 8 unrolls holds round(0.25 * 8) = 2 real ones (so only
     their env steps are taken) and 6 windows of T+1 imagined rows, all with the real unrolls' keys."""
-    dm = UnrollDataModule(EnvConfig("CartPole-v1", num_envs=2), unroll_length=4, batch_size=8, model_replay_size=200)
+    dm = UnrollDataModule(
+        EnvConfig("CartPole-v1", num_envs=2), unroll_length=4, batch_size=8, model_replay={"capacity": 200}
+    )
     policy = IMPALA(dm.spec, net=ActorCriticSettings(hidden=8, layers=1))
-    dm.trainer = SimpleNamespace(lightning_module=policy, global_step=0, global_rank=0, world_size=1)
     dm.setup("fit")
+    dm.attach_agent(policy, 0)
     try:
         first = dm.next_batch()
         assert "is_real" not in first and first["obs"].shape == (8, 5, 4), "all real without imagination"
@@ -132,9 +133,9 @@ def test_imagined_unrolls_fill_batches_at_real_ratio():
 
 def test_unroll_imagination_needs_in_process_acting():
     with pytest.raises(ValueError, match="num_actors: 0"):
-        UnrollDataModule(EnvConfig("CartPole-v1"), num_actors=2, model_replay_size=1000)
+        UnrollDataModule(EnvConfig("CartPole-v1"), acting={"num_actors": 2}, model_replay={"capacity": 1000})
     dm = UnrollDataModule(EnvConfig("CartPole-v1"))
-    with pytest.raises(ValueError, match="model_replay_size"):
+    with pytest.raises(ValueError, match=r"model_replay.capacity > 0"):
         dm.real_buffer()
 
 

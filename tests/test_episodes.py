@@ -215,7 +215,7 @@ def test_start_recording_continues_from_the_episodes_an_old_store_holds(tmp_path
 
 
 def test_an_episode_of_another_shape_is_reported_with_its_file_and_key(tmp_path):
-    from lightning_wm.data.modules import EpisodeDataModule
+    from lightning_wm.data.offline import EpisodeDataModule
 
     store = EpisodeStore(tmp_path)
     for i in range(3):

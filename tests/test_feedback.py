@@ -13,7 +13,9 @@ from lightning_wm.callbacks import BufferCheckpoint
 from lightning_wm.cli import Trainer
 from lightning_wm.data.modules import ReplayDataModule
 from lightning_wm.data.samplers import RowSampler, SequenceSampler, WindowSampler
+from lightning_wm.data.settings import EvalSettings, ReplaySettings
 from lightning_wm.envs import EnvConfig
+from lightning_wm.policies import RandomAgent
 
 
 def test_priorities_returned_by_training_step_change_what_is_sampled(tmp_path):
@@ -21,15 +23,12 @@ def test_priorities_returned_by_training_step_change_what_is_sampled(tmp_path):
     again, the one row given a high priority fills most of every later batch."""
     dm = ReplayDataModule(
         EnvConfig("CartPole-v1", num_envs=1),
-        capacity=5000,
         batch_size=8,
         sampler=RowSampler(),
         prefill=64,
         replay_ratio=4.0,
-        prioritized=True,
-        alpha=1.0,
-        eval_episodes=1,
-        eval_envs=1,
+        replay=ReplaySettings(capacity=5000, prioritized=True, alpha=1.0),
+        eval=EvalSettings(episodes=1, envs=1),
     )
     model = PriorityProbe(dm.spec)
     trainer = Trainer(
@@ -59,15 +58,14 @@ def test_feedback_on_a_batch_whose_rows_were_overwritten_since_is_skipped():
     of batch N arrives; rows overwritten by those env steps keep their new occupant's priority."""
     dm = ReplayDataModule(
         EnvConfig("CartPole-v1", num_envs=1),
-        capacity=12,
         batch_size=12,
         sampler=RowSampler(),
         prefill=12,
         replay_ratio=0.25,
-        prioritized=True,
-        alpha=1.0,
+        replay=ReplaySettings(capacity=12, prioritized=True, alpha=1.0),
     )
     dm.setup("fit")
+    dm.attach_agent(RandomAgent(dm.spec, seed=0), 0)
     stream = iter(dm.train_dataloader())
     batch_n = next(stream)
     next(stream)  # 4 env steps: the 4 oldest rows are replaced
@@ -85,13 +83,13 @@ def test_feedback_on_a_batch_whose_rows_were_overwritten_since_is_skipped():
 def test_written_columns_and_mixed_batches_through_apply_feedback():
     dm = ReplayDataModule(
         EnvConfig("CartPole-v1", num_envs=2),
-        capacity=200,
         batch_size=6,
         sampler=WindowSampler(num_unroll_steps=2, td_steps=1),
         prefill=40,
-        prioritized=True,
+        replay=ReplaySettings(capacity=200, prioritized=True),
     )
     dm.setup("fit")
+    dm.attach_agent(RandomAgent(dm.spec, seed=0), 0)
     dm.collect_for_batch()
     batch = dm.sample_batch()
     mask = batch["mask"]
@@ -109,35 +107,18 @@ def test_written_columns_and_mixed_batches_through_apply_feedback():
     assert dm.apply_feedback(mixed, {"priority": torch.full((6,), 9.0)})["applied"] == 3
     changed = np.flatnonzero(dm.buffer._tree.leaves != before)
     assert set(changed.tolist()) == set(batch["index"][mixed["is_real"]].tolist())
-    uniform = ReplayDataModule(EnvConfig("CartPole-v1"), capacity=100, batch_size=2, prefill=10, sequence_length=2)
-    uniform.setup("fit")
-    uniform.collect_for_batch()
-    with pytest.warns(UserWarning, match="replay buffer is uniform"):
-        assert uniform.apply_feedback(uniform.sample_batch(), {"priority": torch.ones(2)}) == {"applied": 0, "stale": 0}
     dm.teardown("fit")
-    uniform.teardown("fit")
-
-
-def test_sampler_option_and_the_old_shorthand():
-    env = EnvConfig("CartPole-v1")
-    assert isinstance(ReplayDataModule(env, sample="transitions").sampler, RowSampler)
-    old = ReplayDataModule(env, sequence_length=8, cross_episodes=False).sampler
-    assert isinstance(old, SequenceSampler) and (old.length, old.cross_episodes) == (8, False)
-    assert ReplayDataModule(env).sampler.length == 64
-    with pytest.raises(ValueError, match=r"sampler is given, so \['sequence_length'\] must not be"):
-        ReplayDataModule(env, sampler=RowSampler(), sequence_length=8)
 
 
 def _datamodule(tmp_path, rank: int, storage: bool = False) -> ReplayDataModule:
     dm = ReplayDataModule(
         EnvConfig("CartPole-v1", num_envs=2),
-        capacity=60,
         batch_size=4,
-        sequence_length=4,
+        sampler=SequenceSampler(4),
         prefill=10,
-        prioritized=True,
-        save_buffer=True,
-        storage_dir=str(tmp_path / f"mm{rank}") if storage else None,
+        replay=ReplaySettings(
+            capacity=60, prioritized=True, save=True, storage_dir=str(tmp_path / f"mm{rank}") if storage else None
+        ),
     )
     dm.trainer = SimpleNamespace(
         global_rank=rank,
@@ -255,5 +236,5 @@ def test_the_sampler_is_chosen_on_the_command_line_by_short_name(monkeypatch, tm
     sampler = cli.datamodule.sampler
     assert isinstance(sampler, WindowSampler) and sampler.window == 6
     assert cli.datamodule.sample_batch()["mask"].shape == (4, 6)
-    with pytest.raises(ValueError, match=r"sampler is given, so \['sequence_length'\] must not be"):
+    with pytest.raises(SystemExit):  # the shorthand of the sampler is gone: an unknown option
         main(args=[*args, "--data.sequence_length", "8"])

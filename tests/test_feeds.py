@@ -6,28 +6,57 @@ import pytest
 import torch
 from test_collector import CountingAgent, make_env
 
-from lightning_wm.data.actors import Chunk
+from lightning_wm.data.acting import ActorMetrics, Chunk
+from lightning_wm.data.acting.base import Acting
+from lightning_wm.data.batches import ReplayFeed, UnrollBatcher
 from lightning_wm.data.collector import Collector
-from lightning_wm.data.feeds import ActorMetrics, ReplayFeed, UnrollBatcher
 
 
-class FakePool:
-    """Chunks of ``T x N`` rows from ``num_actors`` actors, ``available()`` of them at a time."""
+class FakeActors(Acting):
+    """Chunks of ``T x N`` rows from ``num_actors`` actors, ``available()`` of them at a time; counts
+    and gauges as :class:`~lightning_wm.data.acting.ActorActing` keeps them."""
 
     def __init__(self, num_actors=2, chunk_length=4, envs_per_actor=2, available=lambda: True):
-        self.num_actors, self.chunk_length, self.envs_per_actor = num_actors, chunk_length, envs_per_actor
+        super().__init__(chunk_length, overlap=False)
+        self.num_actors, self.envs_per_actor = num_actors, envs_per_actor
         self.available, self.sent, self.version = available, 0, 0
+        self.metrics_ = ActorMetrics()
+        self.rows = 0
 
-    def streams(self, actor):
-        return np.arange(actor * self.envs_per_actor, (actor + 1) * self.envs_per_actor)
+    num_streams = property(lambda self: self.num_actors * self.envs_per_actor)
+    concurrent_sources = property(lambda self: self.num_actors)
+    env_steps = property(lambda self: self.rows)
 
-    def qsize(self):
-        return 1
-
-    def check(self):
+    def setup(self, rank, rows=None):
         pass
 
-    def get(self, timeout=0.0):
+    def attach_agent(self, agent, version, random_rows=0):
+        pass
+
+    def streams(self, chunk):
+        return np.arange(chunk.actor * self.envs_per_actor, (chunk.actor + 1) * self.envs_per_actor)
+
+    def received(self, chunk):
+        self.rows += chunk.env_steps
+        self.metrics_.chunk(chunk, 0)
+
+    def batch_done(self, waited_s, held=0):
+        self.metrics_.queue_depth = 1 + held
+        self.metrics_.waited(waited_s)
+
+    def pop_episodes(self):
+        return self.metrics_.pop_episodes()
+
+    def close(self):
+        pass
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+    def next_chunk(self, timeout=0.0):
         if not self.available():
             return None
         self.sent += 1
@@ -55,14 +84,14 @@ class FakeBuffer:
 
 
 def test_replay_feed_keeps_the_ratio_when_actors_are_fast():
-    pool, buffer = FakePool(), FakeBuffer()
-    feed = ReplayFeed(pool, buffer, replay_ratio=0.25, prefill=40)
+    actors, buffer = FakeActors(), FakeBuffer()
+    feed = ReplayFeed(actors, buffer, replay_ratio=0.25, prefill=40)
     assert feed.slack == 16
     for b in range(1, 200):
         assert feed.before_batch() == 0.0
         assert abs(feed.rows - (40 + b * 4)) <= feed.slack + 8, "rows drifted from the replay ratio"
-    assert buffer.rows == feed.rows and set(buffer.streams) == {(0, 1), (2, 3)}
-    assert len(feed.metrics.pop_episodes()) == feed.rows // 8 and feed.metrics.pop_episodes() == []
+    assert buffer.rows == feed.rows == actors.env_steps and set(buffer.streams) == {(0, 1), (2, 3)}
+    assert len(actors.pop_episodes()) == feed.rows // 8 and actors.pop_episodes() == []
 
 
 def test_replay_feed_learner_waits_for_slow_actors():
@@ -74,15 +103,15 @@ def test_replay_feed_learner_waits_for_slow_actors():
         calls["n"] += 1
         return calls["n"] % 2 == 0
 
-    pool, buffer = FakePool(available=every_other), FakeBuffer()
-    feed = ReplayFeed(pool, buffer, replay_ratio=1.0, prefill=8, slack=8)
+    actors, buffer = FakeActors(available=every_other), FakeBuffer()
+    feed = ReplayFeed(actors, buffer, replay_ratio=1.0, prefill=8, slack=8)
     for b in range(1, 50):
         feed.before_batch()
         assert feed.rows >= 8 + b - 8, "the learner ran ahead of the replay ratio"
-    gauges = feed.metrics.gauges()
+    gauges = actors.metrics_.gauges()
     assert gauges["actors/wait_fraction"] > 0 and gauges["actors/batch_wait_ms"] > 0
-    with pytest.raises(ValueError, match="at least one chunk"):
-        ReplayFeed(pool, buffer, replay_ratio=1.0, prefill=8, slack=7)
+    with pytest.raises(ValueError, match=r"at least one chunk \(4 steps x 2 envs = 8 rows\)"):
+        ReplayFeed(actors, buffer, replay_ratio=1.0, prefill=8, slack=7)
 
 
 def test_actor_metrics_window():
@@ -120,7 +149,7 @@ def test_unrolls_overlap_by_one_and_keep_order():
 
 
 def test_unroll_replay_max_use():
-    batcher = UnrollBatcher(batch_size=4, replay_size=8, max_use=2, seed=0)
+    batcher = UnrollBatcher(batch_size=4, capacity=8, max_use=2, seed=0)
     uses: dict[int, int] = {}
     next_id = 0
     for _ in range(30):
@@ -135,11 +164,11 @@ def test_unroll_replay_max_use():
     assert max(uses.values()) == 2 and len(batcher) <= 8
     assert sum(uses.values()) == 30 * 4 and next_id < 30 * 4, "replay reused unrolls"
     with pytest.raises(ValueError, match="at least batch_size"):
-        UnrollBatcher(batch_size=4, replay_size=2)
+        UnrollBatcher(batch_size=4, capacity=2)
 
 
 def test_prioritized_unroll_replay_draws_by_priority_and_weights():
-    batcher = UnrollBatcher(batch_size=2, replay_size=4, max_use=1000, seed=0, prioritized=True, alpha=1.0, beta=1.0)
+    batcher = UnrollBatcher(batch_size=2, capacity=4, max_use=1000, seed=0, prioritized=True, alpha=1.0, beta=1.0)
     batcher.add({"id": np.broadcast_to(np.arange(4), (3, 4)).copy()})  # unrolls 0..3, all at priority 1
     first = batcher.batch()
     assert first["index"].tolist() == first["id"][:, 0].tolist() and torch.equal(first["index"], first["generation"])
@@ -157,13 +186,13 @@ def test_prioritized_unroll_replay_draws_by_priority_and_weights():
 
 
 def test_prioritized_unroll_feedback_skips_unrolls_that_left():
-    batcher = UnrollBatcher(batch_size=2, replay_size=2, max_use=1, seed=0, prioritized=True)
+    batcher = UnrollBatcher(batch_size=2, capacity=2, max_use=1, seed=0, prioritized=True)
     batcher.add({"id": np.zeros((3, 2))})
     batch = batcher.batch()  # both used up (max_use 1): they leave the replay
     batcher.add({"id": np.zeros((3, 2))})
     assert batcher.update_priorities(batch["index"], [5.0, 5.0]) == {"applied": 0, "stale": 2}
     assert batcher.update_priorities([2, 7], [5.0, 5.0]) == {"applied": 1, "stale": 1}
-    with pytest.raises(ValueError, match="replay_size > 0"):
+    with pytest.raises(ValueError, match=r"replay.capacity > 0"):
         UnrollBatcher(batch_size=2, prioritized=True)
     with pytest.raises(ValueError, match="finite"):
         batcher.update_priorities([2], [float("nan")])
@@ -177,7 +206,7 @@ def test_replay_feed_ingests_until_the_buffer_holds_the_prefill():
         def __len__(self):
             return min(self.rows, 40)  # what the rings keep
 
-    pool, buffer = FakePool(), SmallRings()
-    feed = ReplayFeed(pool, buffer, replay_ratio=0.25, prefill=40, slack=16)
-    feed.rows = 200  # e.g. restored counts, or streams that wrapped
+    actors, buffer = FakeActors(), SmallRings()
+    feed = ReplayFeed(actors, buffer, replay_ratio=0.25, prefill=40, slack=16)
+    actors.rows = 200  # e.g. restored counts, or streams that wrapped
     assert feed.before_batch() == 0.0 and len(buffer) >= 40

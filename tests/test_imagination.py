@@ -13,7 +13,7 @@ from torch import nn
 from lightning_wm.agents.dyna import DynaWorldModel, HybridWorldModel, Imagination, ImaginationSettings
 from lightning_wm.data.modules import ReplayDataModule
 from lightning_wm.data.replay import ReplayBuffer
-from lightning_wm.data.samplers import SequenceSampler
+from lightning_wm.data.samplers import RowSampler, SequenceSampler
 from lightning_wm.envs import EnvConfig
 from lightning_wm.protocols import ImaginationHost
 from lightning_wm.world_model import RolloutSchedule, WorldModel
@@ -156,7 +156,7 @@ def test_buffer_keeps_rollout_retain_fills_and_follows_the_length_schedule():
 
 def test_real_ratio_holds_in_datamodule_batches():
     dm = ReplayDataModule(
-        EnvConfig("CartPole-v1", num_envs=1), capacity=64, batch_size=20, prefill=0, sample="transitions"
+        EnvConfig("CartPole-v1", num_envs=1), batch_size=20, prefill=0, sampler=RowSampler(), replay={"capacity": 64}
     )
     assert isinstance(dm, ImaginationHost)
     dm.buffer = real_buffer([-2.0, 0.0, 0.75, 1.0])
@@ -191,7 +191,7 @@ def test_imagination_callback_fills_every_train_freq_env_steps():
         PushModel(), SPACE, ImaginationSettings(rollout_batch_size=3), fixed(1), train_freq=100, seed=0
     )
     dm = ReplayDataModule(
-        EnvConfig("CartPole-v1", num_envs=1), capacity=64, batch_size=4, prefill=0, sample="transitions"
+        EnvConfig("CartPole-v1", num_envs=1), batch_size=4, prefill=0, sampler=RowSampler(), replay={"capacity": 64}
     )
     dm.buffer = real_buffer([0.0])
     agent = PushAgent()

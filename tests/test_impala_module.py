@@ -36,9 +36,9 @@ SHRINK = [
     "4",
     "--data.init_args.batch_size",
     "2",
-    "--data.init_args.eval_episodes",
+    "--data.init_args.eval.episodes",
     "1",
-    "--data.init_args.eval_envs",
+    "--data.init_args.eval.envs",
     "1",
     "--data.init_args.env.max_episode_steps",
     "30",
@@ -52,7 +52,7 @@ def test_config_fits_and_evaluates_from_the_cli(name, num_actors, capsys):
         pytest.importorskip("cv2", reason="Pong goes through AtariPreprocessing, which needs opencv (.[atari])")
     config = str(ROOT / f"configs/impala/{name}.yaml")
     extra = ["--trainer.accelerator", "cpu", "--model.init_args.net.fc_size", "32"] if name == "pong" else []
-    cli = main(args=["fit", "--config", config, *SHRINK, *extra, "--data.init_args.num_actors", str(num_actors)])
+    cli = main(args=["fit", "--config", config, *SHRINK, *extra, "--data.init_args.acting.num_actors", str(num_actors)])
     assert cli.trainer.global_step == 3
     logged = cli.trainer.logged_metrics
     for key in (
@@ -68,11 +68,12 @@ def test_config_fits_and_evaluates_from_the_cli(name, num_actors, capsys):
         "val/return",
     ):
         assert key in logged, f"{key} not logged"
-    uses = cli.datamodule.max_use if cli.datamodule.replay_size else 1  # a replayed unroll serves max_use batches
+    replay = cli.datamodule.replay
+    uses = replay.max_use if replay.capacity else 1  # a replayed unroll serves max_use batches
     assert float(logged["env/steps"]) * uses >= 3 * 2 * 4
     if num_actors:
         assert "actors/frames_per_s" in logged and "actors/policy_lag" in logged
-        assert cli.datamodule._actors.pool is None, "the actors were stopped"
+        assert cli.datamodule.acting.pool is None, "the actors were stopped"
     main(args=["evaluate", "--config", config, *SHRINK, *extra, "--ckpt_path", "last", "--episodes", "1"])
     assert "return" in capsys.readouterr().out
 
@@ -84,7 +85,7 @@ def _fit(seed: int, steps: int = 6, **data_kwargs) -> tuple[IMPALA, list[dict], 
         dm.spec,
         net=ActorCriticSettings(hidden=16),
         optim=OptimSettings(lr=0.01),
-        priority=data_kwargs.get("prioritized", False),
+        priority=data_kwargs.get("replay", {}).get("prioritized", False),
     )
     outputs: list[dict] = []
 
@@ -127,7 +128,7 @@ def test_priorities_come_back_to_the_unroll_replay(monkeypatch):
         return result
 
     monkeypatch.setattr(UnrollDataModule, "apply_feedback", spy)
-    _, outputs, _ = _fit(0, steps=8, replay_size=12, max_use=3, prioritized=True)
+    _, outputs, _ = _fit(0, steps=8, replay={"capacity": 12, "max_use": 3, "prioritized": True})
     for item in outputs:
         batch, out = item["batch"], item["out"]
         assert out["priority"].shape == (3,) and (out["priority"] >= 0).all()
@@ -140,7 +141,10 @@ def test_priorities_come_back_to_the_unroll_replay(monkeypatch):
     assert sum(r["applied"] for *_, r in applied) > 0
     # the datamodule hands priorities of a batch's unrolls to its replay
     dm = UnrollDataModule(
-        EnvConfig("CartPole-v1", num_envs=3), unroll_length=5, batch_size=3, replay_size=12, max_use=2, prioritized=True
+        EnvConfig("CartPole-v1", num_envs=3),
+        unroll_length=5,
+        batch_size=3,
+        replay={"capacity": 12, "max_use": 2, "prioritized": True},
     )
     batcher = dm.batcher
     batcher.add({"x": np.zeros((6, 3))})
@@ -180,7 +184,7 @@ def test_encoder_injection_from_the_command_line():
             "--config",
             str(ROOT / "configs/impala/cartpole.yaml"),
             *SHRINK,
-            "--data.init_args.num_actors",
+            "--data.init_args.acting.num_actors",
             "0",
             "--model.init_args.encoder",
             "impala_encoders.SumEncoder",

@@ -267,7 +267,7 @@ def test_open_loop_training_improves_multi_step_predictions():
 def test_fit_on_a_converted_store_logs_losses_and_a_dream_image(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from lightning_wm.data.modules import EpisodeDataModule
+    from lightning_wm.data.offline import EpisodeDataModule
 
     rng = np.random.default_rng(0)
     pixels = EpisodeStore(tmp_path / "pixels")
@@ -362,7 +362,7 @@ def test_patience_stops_training_when_the_validation_loss_stops_falling(tmp_path
     stops after epoch 3 of 20."""
     from pytorch_lightning.callbacks import EarlyStopping
 
-    from lightning_wm.data.modules import EpisodeDataModule
+    from lightning_wm.data.offline import EpisodeDataModule
 
     rng = np.random.default_rng(0)
     latents = EpisodeStore(tmp_path / "latents")

@@ -25,7 +25,7 @@ def _cartpole_args(steps: int, run: str = "run", extra: tuple[str, ...] = ()) ->
         *f"--trainer.val_check_interval {steps} --trainer.enable_progress_bar false --trainer.run_name {run}".split(),
         *TINY_MODEL,
         *"--data.init_args.batch_size 8 --data.init_args.prefill 40 --data.init_args.env.num_envs 2".split(),
-        *"--data.init_args.eval_episodes 1 --data.init_args.eval_envs 1".split(),
+        *"--data.init_args.eval.episodes 1 --data.init_args.eval.envs 1".split(),
         *extra,
     ]
 
@@ -180,7 +180,7 @@ def test_cli_fit_pong_config_shrunk():
         "--trainer.limit_val_batches 0 --trainer.enable_progress_bar false --trainer.run_name pong "
         "--model.init_args.net.channels 8 --model.init_args.search.num_simulations 2 "
         "--model.init_args.net.support_size 10 --model.init_args.reanalyse.batch_size 16 "
-        "--data.init_args.env.num_envs 2 --data.init_args.capacity 400 --data.init_args.batch_size 4 "
+        "--data.init_args.env.num_envs 2 --data.init_args.replay.capacity 400 --data.init_args.batch_size 4 "
         "--data.init_args.prefill 40 --data.init_args.replay_ratio 1.0"
     ).split()
     config = str(ROOT / "configs/muzero/pong.yaml")
@@ -199,7 +199,9 @@ def test_cli_fit_with_actor_processes():
 
     cli = main(
         args=_cartpole_args(
-            6, run="actors", extra=("--data.init_args.num_actors", "1", "--data.init_args.chunk_length", "8")
+            6,
+            run="actors",
+            extra=("--data.init_args.acting.num_actors", "1", "--data.init_args.acting.chunk_length", "8"),
         )
     )
     assert cli.trainer.global_step == 6

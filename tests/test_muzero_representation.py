@@ -136,7 +136,7 @@ def test_impala_with_the_muzero_representation_from_yaml():
             "false",
             "--trainer.run_name",
             "run",
-            "--data.init_args.num_actors",
+            "--data.init_args.acting.num_actors",
             "0",
             "--data.init_args.env.num_envs",
             "2",
@@ -144,9 +144,9 @@ def test_impala_with_the_muzero_representation_from_yaml():
             "4",
             "--data.init_args.batch_size",
             "2",
-            "--data.init_args.eval_episodes",
+            "--data.init_args.eval.episodes",
             "1",
-            "--data.init_args.eval_envs",
+            "--data.init_args.eval.envs",
             "1",
         ]
     )

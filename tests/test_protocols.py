@@ -10,11 +10,13 @@ from torch.utils.data import DataLoader
 
 from lightning_wm.callbacks import EnvStatsLogger, default_callbacks
 from lightning_wm.data.generations import GenerationDataModule
-from lightning_wm.data.modules import EpisodeDataModule, ReplayDataModule
+from lightning_wm.data.modules import ReplayDataModule, UnrollDataModule
+from lightning_wm.data.offline import EpisodeDataModule
 from lightning_wm.envs import EnvConfig, env_spec
 from lightning_wm.protocols import (
     ActingAgent,
     Agent,
+    AgentSink,
     EnvHolder,
     EnvStats,
     EnvStatsSource,
@@ -129,10 +131,13 @@ def test_acting_copy_is_a_frozen_cpu_agent_without_the_trainer():
 
 
 def test_online_datamodules_validate_with_one_evaluation_request():
-    replay = ReplayDataModule(EnvConfig("CartPole-v1"), capacity=100, prefill=10, eval_episodes=2, eval_envs=2)
-    generations = GenerationDataModule(EnvConfig("CartPole-v1"), eval_episodes=3, eval_envs=3)
+    replay = ReplayDataModule(
+        EnvConfig("CartPole-v1"), prefill=10, replay={"capacity": 100}, eval={"episodes": 2, "envs": 2}
+    )
+    generations = GenerationDataModule(EnvConfig("CartPole-v1"), eval={"episodes": 3, "envs": 3})
     assert isinstance(replay, EnvStatsSource) and isinstance(replay, EnvHolder) and isinstance(generations, EnvHolder)
     assert not isinstance(generations, EnvStatsSource)
+    assert generations.eval.envs == 3 and GenerationDataModule(eval={"episodes": 4}).eval.envs == 10, "its own defaults"
     agent = TinyAgent(SPEC)
     for dm, episodes in ((replay, 2), (generations, 3)):
         batches = list(dm.val_dataloader())
@@ -147,6 +152,17 @@ def test_online_datamodules_validate_with_one_evaluation_request():
 def test_validation_step_needs_an_evaluation_request():
     with pytest.raises(TypeError, match="EvaluationRequest"):
         TinyAgent(SPEC).validation_step({"obs": torch.zeros(1)}, 0)
+
+
+def test_online_datamodules_take_their_agent_through_attach_agent():
+    """AgentSink is the declared way an acting part gets its agent (the AgentPublisher callback
+    calls it); no other datamodule claims it."""
+    for dm in (ReplayDataModule(EnvConfig("CartPole-v1"), prefill=10), UnrollDataModule(EnvConfig("CartPole-v1"))):
+        assert isinstance(dm, AgentSink)
+        agent = TinyAgent(SPEC)
+        dm.attach_agent(agent, 3)
+        assert dm.acting.agent is agent and dm.acting.version == 3, "in process: the live module itself"
+    assert not isinstance(GenerationDataModule(EnvConfig("CartPole-v1")), AgentSink)
 
 
 def test_episode_datamodule_holds_an_env_but_reports_no_env_stats(tmp_path):

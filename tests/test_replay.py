@@ -39,7 +39,7 @@ def seqs(buf: ReplayBuffer, batch_size: int, length: int, cross_episodes: bool =
 
 def fill(buf: ReplayBuffer, steps: int, **kw) -> None:
     for t in range(steps):
-        buf.add(make_row(t, buf.num_envs, **kw))
+        buf.add(make_row(t, buf.num_streams, **kw))
 
 
 # ---------------------------------------------------------------------------- sum tree

@@ -116,7 +116,7 @@ def _store(directory, episodes=4, length=12, seed=0) -> EpisodeStore:
 def test_tiny_fit_lowers_reconstruction_and_logs_image_grid(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from lightning_wm.data.modules import EpisodeDataModule
+    from lightning_wm.data.offline import EpisodeDataModule
 
     _store(tmp_path / "frames", episodes=6, length=16)
     dm = EpisodeDataModule(

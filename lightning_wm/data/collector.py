@@ -1,4 +1,4 @@
-"""Collector: steps a vector env with any agent and writes rows (see DESIGN.md's row convention).
+"""Collector: steps a vector env with any agent and writes rows (the row convention of docs/architecture.md).
 
 The vector env must use gymnasium's next-step autoreset (``lightning_wm.envs.make_vector_env``
 does): after a row with ``is_last``, the next ``step`` call resets that env and returns its

@@ -17,11 +17,13 @@ from typing import Any
 import pytorch_lightning as pl
 from torch.utils.data import DataLoader, IterableDataset
 
-from lightning_wm.data.collector import run_evaluation
-from lightning_wm.data.modules import evaluation_loader
+from lightning_wm.data.evaluation import check_eval_env, eval_settings, evaluation_loader, play_evaluation
+from lightning_wm.data.ranks import rank_and_world
+from lightning_wm.data.settings import EvalSettings
 from lightning_wm.envs import EnvConfig, EnvSpec, env_spec
 from lightning_wm.protocols import GenerationTask
-from lightning_wm.seeding import derive_seed
+
+DEFAULT_EVAL = EvalSettings(episodes=10, envs=10)
 
 
 class _Generations(IterableDataset):
@@ -38,15 +40,16 @@ class GenerationDataModule(pl.LightningDataModule):
 
     Args:
         env: the real environment (population fitness in the real env, validation, evaluate).
-        eval_episodes: episodes per validation.
-        eval_envs: envs those episodes run in together.
+        eval: the validation episodes (:class:`~lightning_wm.data.settings.EvalSettings`; here 10
+            episodes in 10 envs unless set).
     """
 
-    def __init__(self, env: EnvConfig = EnvConfig(), eval_episodes: int = 10, eval_envs: int = 10) -> None:
+    def __init__(self, env: EnvConfig = EnvConfig(), eval: EvalSettings = DEFAULT_EVAL) -> None:
         super().__init__()
         self.env = env
         self.spec: EnvSpec = env_spec(env)
-        self.eval_episodes, self.eval_envs = eval_episodes, eval_envs
+        self.eval = eval_settings(eval, DEFAULT_EVAL)
+        check_eval_env(env, self.spec, self.eval)
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(_Generations(self.env), batch_size=None, num_workers=0)
@@ -58,13 +61,4 @@ class GenerationDataModule(pl.LightningDataModule):
 
     def evaluate(self, agent: Any, episodes: int | None = None) -> list[dict[str, float]]:
         """Run ``episodes`` real episodes of ``agent`` with ``explore=False`` (seeds distinct per DDP rank)."""
-        trainer = getattr(self, "trainer", None)
-        rank = trainer.global_rank if trainer is not None else 0
-        return run_evaluation(
-            self.env,
-            agent,
-            episodes or self.eval_episodes,
-            self.eval_envs,
-            derive_seed(self.env.seed, "eval", rank),
-            spec=self.spec,
-        )
+        return play_evaluation(self.env, self.spec, self.eval, agent, episodes, rank_and_world(self)[0])

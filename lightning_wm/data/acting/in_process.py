@@ -1,0 +1,122 @@
+"""Acting in the learner's process: a :class:`~lightning_wm.data.collector.Collector` steps the
+training envs with the live module inside the data fetch (``acting.num_actors: 0``).
+
+Deterministic: a seeded run makes the same rows, and so the same weights, every time. Every
+row also goes to the batch side's buffer as it is made (the replay, or the real rows kept for
+a world model); the batch side asks for an exact number of steps (:meth:`InProcessActing.collect`,
+the replay ratio) or for chunks (:meth:`InProcessActing.next_chunk`, unrolls).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning_wm.data.acting.base import Acting, Chunk
+from lightning_wm.data.collector import Collector, EpisodeStats
+from lightning_wm.envs import EnvConfig, EnvSpec, make_vector_env
+from lightning_wm.policies import RandomAgent
+from lightning_wm.seeding import derive_seed, env_seeds
+
+__all__ = ["InProcessActing"]
+
+
+class InProcessActing(Acting):
+    """A Collector over ``env.num_envs`` envs that acts with the attached module.
+
+    Seeds (:mod:`lightning_wm.seeding`, per DDP rank): the envs' first resets from role
+    ``train``, the random prefill policy from ``prefill``.
+
+    Args:
+        env: the training env config.
+        spec: its spaces.
+        chunk_length: env steps per :meth:`next_chunk`.
+        overlap: chunks of ``chunk_length + 1`` rows sharing a row with the one before.
+    """
+
+    def __init__(self, env: EnvConfig, spec: EnvSpec, chunk_length: int = 64, overlap: bool = False) -> None:
+        super().__init__(chunk_length, overlap)
+        self.env, self.spec = env, spec
+        self.collector: Collector | None = None  # kept (its envs closed) after close(), for its stats
+        self.stats = EpisodeStats()  # kept across fits and restored from checkpoints
+        self._open = False
+        self.agent: Any = None
+        self.version = 0
+        self._prefill_seed = derive_seed(env.seed, "prefill", 0)
+
+    @property
+    def num_streams(self) -> int:
+        return self.env.num_envs
+
+    def setup(self, rank: int, rows: Any = None) -> None:
+        if self._open:
+            return
+        self._prefill_seed = derive_seed(self.env.seed, "prefill", rank)
+        self.collector = Collector(
+            make_vector_env(self.env),
+            RandomAgent(self.spec, seed=self._prefill_seed),
+            rows,
+            seeds=env_seeds(self.env.seed, self.env.num_envs, "train", rank),
+            spec=self.spec,
+        )
+        self.collector.stats = self.stats
+        self._open = True
+
+    def attach_agent(self, agent: Any, version: int, random_rows: int = 0) -> None:
+        """Keep the live ``agent`` (not a copy: it acts with the weights of the moment)."""
+        self.agent, self.version = agent, int(version)
+
+    def _ready(self) -> Collector:
+        """The collector, acting with the attached agent (its recurrent state starts afresh
+        when it takes over, e.g. from the random prefill policy)."""
+        if not self._open or self.collector is None:
+            raise RuntimeError("setup() was not called")
+        if self.agent is None:
+            raise RuntimeError(
+                "no agent to act with: the AgentPublisher callback (lightning_wm.callbacks.AgentPublisher, "
+                "in default_callbacks() and the CLI's Trainer) attaches the module being trained when fit "
+                "starts; add it to your Trainer's callbacks, or call datamodule.attach_agent(module, version)"
+            )
+        if self.collector.agent is not self.agent:
+            self.collector.set_agent(self.agent)
+        return self.collector
+
+    def collect_random(self, steps: int) -> None:
+        """``steps`` vector steps with a random policy (seeded afresh from ``prefill``): the prefill."""
+        if not self._open or self.collector is None:
+            raise RuntimeError("setup() was not called")
+        self.collector.set_agent(RandomAgent(self.spec, seed=self._prefill_seed))
+        self.collector.collect(steps)
+
+    def collect(self, steps: int) -> None:
+        """``steps`` vector steps (``steps * num_envs`` rows) with the attached agent, exploring;
+        the agent takes over even for 0 steps."""
+        collector = self._ready()
+        if steps > 0:
+            collector.collect(steps, explore=True)
+
+    def next_chunk(self, timeout: float = 0.0) -> Chunk:
+        """Act ``chunk_length`` steps now; the rows carry ``policy_version`` (the attached version)."""
+        collector = self._ready()
+        collector.policy_version = self.version
+        before = self.stats.env_steps
+        rows = collector.collect_chunk(self.chunk_length, explore=True, overlap=self.overlap)
+        return Chunk(0, self.version, rows, env_steps=self.stats.env_steps - before)
+
+    @property
+    def env_steps(self) -> int:
+        return self.stats.env_steps
+
+    def pop_episodes(self) -> list[dict[str, float]]:
+        return self.stats.pop_finished()
+
+    def close(self) -> None:
+        if self._open and self.collector is not None:
+            self.collector.env.close()
+        self._open = False
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"stats": self.stats.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "stats" in state:
+            self.stats.load_state_dict(state["stats"])

@@ -1,0 +1,91 @@
+"""One actor's work, shared by both backends: its config (picklable, it travels to the actors)
+and its Collector (:class:`ActorWorker`): its own vector env, a copy of the agent, random steps first.
+
+An actor owns a vector env of ``envs_per_actor`` envs (first-reset seeds
+``seeding.env_seeds(seed, n, "train", rank, actor)``, distinct across actors and DDP ranks) and
+a CPU copy of the agent (``ActingAgent.acting_copy()``, one torch thread). It sends chunks of
+rows ``[T, N_envs, ...]`` (the row convention, agent extras and a ``policy_version`` column)
+with the episodes it finished, and pulls the newest weights between chunks.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from lightning_wm.data.acting.base import RANDOM_POLICY_VERSION, Chunk
+from lightning_wm.data.collector import Collector
+from lightning_wm.envs import EnvConfig, EnvSpec, env_spec, make_vector_env
+from lightning_wm.policies import RandomAgent
+from lightning_wm.seeding import derive_seed, env_seeds
+
+__all__ = ["ActorConfig", "ActorError", "ActorWorker", "STARTUP_GRACE_S"]
+
+STARTUP_GRACE_S = 60.0  # seconds an actor may take to start (spawn, imports, envs) on top of timeout_s
+
+
+class ActorError(RuntimeError):
+    """An actor raised, died or hung. The message names the actor and carries its traceback."""
+
+
+@dataclass
+class ActorConfig:
+    """What every actor of a pool is built from (picklable: it travels to the actors)."""
+
+    env: EnvConfig
+    envs_per_actor: int
+    chunk_length: int
+    seed: int
+    rank: int = 0
+    overlap: bool = False  # unrolls of chunk_length + 1 rows sharing one row (UnrollDataModule)
+    random_steps: int = 0  # vector steps per actor taken with the random policy first (prefill)
+    explore: bool = True
+    initial_version: int = 0  # version of the weights the actors are built with
+
+
+class ActorWorker:
+    """An actor's Collector: its own vector env, a copy of the agent, random steps first."""
+
+    def __init__(self, actor: int, config: ActorConfig, module: nn.Module) -> None:
+        torch.set_num_threads(1)
+        self.actor, self.config, self.module = actor, config, module.requires_grad_(False).eval()
+        env_cfg = EnvConfig(**{**vars(config.env), "num_envs": config.envs_per_actor})
+        self.spec: EnvSpec = env_spec(env_cfg)
+        self.collector = Collector(
+            make_vector_env(env_cfg),
+            module,
+            seeds=env_seeds(config.seed, config.envs_per_actor, "train", config.rank, actor),
+            spec=self.spec,
+        )
+        self.random_left = config.random_steps
+        if self.random_left > 0:
+            seed = derive_seed(config.seed, "prefill", config.rank, actor)
+            self.collector.set_agent(RandomAgent(self.spec, seed=seed))
+
+    def chunk(self, version: int) -> Chunk:
+        """Act for one chunk with the weights of ``version`` (already in ``module``)."""
+        collector, config = self.collector, self.config
+        if self.random_left <= 0 and collector.agent is not self.module:
+            collector.set_agent(self.module)
+        random = self.random_left > 0
+        collector.policy_version = RANDOM_POLICY_VERSION if random else version
+        steps = min(config.chunk_length, self.random_left) if random and not config.overlap else config.chunk_length
+        before = collector.stats.env_steps
+        start = time.perf_counter()
+        rows = collector.collect_chunk(steps, explore=config.explore, overlap=config.overlap)
+        made = collector.stats.env_steps - before
+        self.random_left -= made // config.envs_per_actor
+        return Chunk(
+            self.actor,
+            collector.policy_version,
+            rows,
+            collector.stats.pop_finished(),
+            made,
+            time.perf_counter() - start,
+        )
+
+    def close(self) -> None:
+        self.collector.env.close()

@@ -1,0 +1,191 @@
+"""The setting groups of the datamodules (frozen dataclasses; in YAML nested mappings under
+``data.init_args``, e.g. ``acting: {num_actors: 2}``; listed by ``--data.help CLASS``).
+
+* :class:`ActingSettings` — how rows are made: in the learner's process or by actors.
+* :class:`EvalSettings` — the validation (and ``evaluate``) episodes.
+* :class:`ReplaySettings` — the replay buffer of :class:`~lightning_wm.data.modules.ReplayDataModule`.
+* :class:`UnrollReplaySettings` — the optional small replay of unrolls of
+  :class:`~lightning_wm.data.modules.UnrollDataModule`.
+* :class:`ModelReplaySettings` — real rows kept for a world model trained beside the policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from lightning_wm.envs import EnvConfig
+
+__all__ = ["ActingSettings", "EvalSettings", "ReplaySettings", "UnrollReplaySettings", "ModelReplaySettings"]
+
+
+def _at_least(group: str, **values: tuple[float | None, float]) -> None:
+    """Raise ``ValueError`` naming ``group.name`` for the first ``value < least`` (``None`` passes)."""
+    for name, (value, least) in values.items():
+        if value is not None and value < least:
+            raise ValueError(f"{group}.{name} must be >= {least}, got {value}")
+
+
+@dataclass(frozen=True)
+class ActingSettings:
+    """How an online datamodule's rows are made (:mod:`lightning_wm.data.acting`).
+
+    Attributes:
+        num_actors: 0 acts in the learner's process inside the data fetch (deterministic: a
+            seeded run gives the same rows and weights every time); ``N`` runs N actor
+            processes (``backend: local``) or Ray actors (``ray``), each with a CPU copy of the
+            policy, that make rows while the learner trains.
+        backend: ``local`` (spawned processes) or ``ray`` (``pip install -e ".[ray]"``).
+        ray_address: ``None`` starts a local Ray instance; ``auto`` or ``host:port`` joins a cluster.
+        envs_per_actor: envs in each actor's vector env (default ``env.num_envs``); the replay
+            then has ``num_actors * envs_per_actor`` streams.
+        chunk_length: env steps per chunk an actor sends (``chunk_length * envs_per_actor``
+            rows); default 64 for replay; an unroll datamodule's chunks are its unrolls
+            (``unroll_length``), so there it must stay unset.
+        publish_every: optimizer steps between the weight versions sent to the actors.
+        timeout_s: an actor silent this long is reported as hung.
+        queue_size: chunks that may wait for the learner before the actors block (local
+            backend); default 2 per actor. Fewer keep the policy lag lower when the learner
+            is the slower side: each waiting chunk was made by older weights.
+        ratio_slack: rows of tolerance of the replay ratio with actors (replay only; default
+            one chunk per actor): see :class:`~lightning_wm.data.batches.replay_feed.ReplayFeed`.
+    """
+
+    num_actors: int = 0
+    backend: Literal["local", "ray"] = "local"
+    ray_address: str | None = None
+    envs_per_actor: int | None = None
+    chunk_length: int | None = None
+    publish_every: int = 1
+    timeout_s: float = 60.0
+    queue_size: int | None = None
+    ratio_slack: int | None = None
+
+    def __post_init__(self) -> None:
+        _at_least(
+            "acting",
+            num_actors=(self.num_actors, 0),
+            envs_per_actor=(self.envs_per_actor, 1),
+            chunk_length=(self.chunk_length, 1),
+            publish_every=(self.publish_every, 1),
+            queue_size=(self.queue_size, 1),
+            ratio_slack=(self.ratio_slack, 0),
+        )
+        if self.backend not in ("local", "ray"):
+            raise ValueError(f"acting.backend must be 'local' or 'ray', got {self.backend!r}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"acting.timeout_s must be > 0, got {self.timeout_s}")
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """The validation episodes (``val/return``), played with ``explore=False`` in fresh envs.
+
+    Attributes:
+        episodes: episodes per validation (and the default of ``evaluate``).
+        envs: envs those episodes run in together (at most ``episodes`` are built); each env
+            plays a fixed share of the episodes.
+        env: play them in this env instead of the training ``env``, e.g. the real
+            ``CartPole-v1`` while ``env`` is a dream (``lightning_wm/Dream-v0``); its action
+            space and observation shape must be ``env``'s.
+    """
+
+    episodes: int = 5
+    envs: int = 5
+    env: EnvConfig | None = None
+
+    def __post_init__(self) -> None:
+        _at_least("eval", episodes=(self.episodes, 1), envs=(self.envs, 1))
+
+
+def _check_priorities(group: str, alpha: float, beta: float) -> None:
+    if alpha < 0 or beta < 0:
+        raise ValueError(f"{group}.alpha and {group}.beta must be >= 0, got {alpha}, {beta}")
+
+
+@dataclass(frozen=True)
+class ReplaySettings:
+    """The replay buffer (:class:`~lightning_wm.data.replay.ReplayBuffer`).
+
+    Attributes:
+        capacity: rows kept, all env streams together (each of the ``S`` streams keeps
+            ``capacity // S``; a stream per env, or per actor env).
+        prioritized: proportional prioritized replay (Schaul et al.): positions are drawn in
+            proportion to ``priority ** alpha`` and batches carry importance weights
+            ``weight [B]``; the learner's ``training_step`` returns new priorities as
+            ``{"loss": ..., "priority": [B]}`` (written back by the ``ReplayFeedback``
+            callback). A learner that returns priorities to a uniform buffer is an error.
+        alpha: priority exponent (0: uniform).
+        beta: importance-weight exponent.
+        storage_dir: memory-map the buffer here (one folder per DDP rank), for buffers larger than RAM.
+        save: save the buffer beside every checkpoint (``BufferCheckpoint``), so that
+            ``fit --ckpt_path last`` resumes with the same rows.
+    """
+
+    capacity: int = 100_000
+    prioritized: bool = False
+    alpha: float = 0.6
+    beta: float = 0.4
+    storage_dir: str | None = None
+    save: bool = False
+
+    def __post_init__(self) -> None:
+        _at_least("replay", capacity=(self.capacity, 1))
+        _check_priorities("replay", self.alpha, self.beta)
+
+
+@dataclass(frozen=True)
+class UnrollReplaySettings:
+    """The optional small replay of unrolls (:class:`~lightning_wm.data.batches.unroll_batcher.UnrollBatcher`).
+
+    Attributes:
+        capacity: unrolls kept; 0 uses each unroll once, oldest first; ``> 0`` keeps the newest
+            ``capacity`` unrolls (at least ``batch_size``) and draws each batch among those used
+            fewer than ``max_use`` times.
+        max_use: uses of an unroll at most (with replay).
+        prioritized: draw replayed unrolls in proportion to ``priority ** alpha`` (needs
+            ``capacity > 0``); batches then carry ``weight [B]`` (exponent ``beta``) and the
+            learner's ``"priority"`` outputs come back through the ``ReplayFeedback`` callback.
+        alpha: priority exponent.
+        beta: importance-weight exponent.
+    """
+
+    capacity: int = 0
+    max_use: int = 1
+    prioritized: bool = False
+    alpha: float = 0.6
+    beta: float = 0.4
+
+    def __post_init__(self) -> None:
+        _at_least("replay", capacity=(self.capacity, 0), max_use=(self.max_use, 1))
+        _check_priorities("replay", self.alpha, self.beta)
+        if self.prioritized and self.capacity == 0:
+            raise ValueError(
+                "replay.prioritized draws from a replay: set replay.capacity > 0 (unrolls kept), or prioritized: false"
+            )
+
+
+@dataclass(frozen=True)
+class ModelReplaySettings:
+    """Real rows kept for a world model trained beside the policy (Dyna).
+
+    Attributes:
+        capacity: rows kept, all envs together; 0: none. With ``> 0`` every batch carries
+            ``"model"``: sequences ``[batch_size, sequence_length, ...]`` of these rows (once
+            each env holds ``sequence_length`` of them); imagined rollouts start from them.
+            Acting in process only (``acting.num_actors: 0``).
+        batch_size: sequences per ``"model"`` batch.
+        sequence_length: rows per sequence.
+    """
+
+    capacity: int = 0
+    batch_size: int = 16
+    sequence_length: int = 32
+
+    def __post_init__(self) -> None:
+        _at_least(
+            "model_replay",
+            capacity=(self.capacity, 0),
+            batch_size=(self.batch_size, 1),
+            sequence_length=(self.sequence_length, 1),
+        )
