@@ -469,7 +469,7 @@ def main() -> None:
                     "--data.init_args.env.seed",
                     str(1000 + r),
                     "--model",
-                    "lightning_wm.agents.controller.Controller",
+                    "lightning_wm.agents.worldmodels.controller.Controller",
                     "--model.init_args.vision_ckpt",
                     VISION_CKPT,
                     "--model.init_args.memory_ckpt",

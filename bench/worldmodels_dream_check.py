@@ -105,8 +105,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=100)
     args = p.parse_args()
     torch.set_num_threads(1)
-    from lightning_wm.agents.memory import Memory
-    from lightning_wm.agents.vision import Vision
+    from lightning_wm.agents.worldmodels.memory import Memory
+    from lightning_wm.agents.worldmodels.vision import Vision
 
     logs = Path(args.workdir) / "lightning_logs"
     vision = Vision.load_from_checkpoint(logs / args.vision_run / "checkpoints/last.ckpt", map_location="cpu").eval()

@@ -171,8 +171,8 @@ def main() -> None:
     args = parse_args()
     import torch
 
-    from lightning_wm.agents.vision import encode_frames
-    from lightning_wm.agents.vm_model import VisionMemoryModel
+    from lightning_wm.agents.worldmodels.vision import encode_frames
+    from lightning_wm.agents.worldmodels.vm_model import VisionMemoryModel
 
     torch.set_num_threads(1)
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
@@ -378,7 +378,7 @@ def main() -> None:
             report["done_false_alarm_by_age"].append({"rows": [lo, hi], "n": int(m.sum()), "false_alarm": rate})
             print(f"| {lo}-{hi} | {m.sum()} | {rate:.3f} |")
 
-    from lightning_wm.agents.memory import Memory
+    from lightning_wm.agents.worldmodels.memory import Memory
     from lightning_wm.checkpoints import load_module
 
     ensemble = VisionMemoryModel(
@@ -456,7 +456,7 @@ def main() -> None:
         }
 
     # 5. controllers: real return, dream return (first / all starts), what the dream lets pass
-    from lightning_wm.agents.controller import Controller
+    from lightning_wm.agents.worldmodels.controller import Controller
     from lightning_wm.data.generations import GenerationDataModule
     from lightning_wm.envs import EnvConfig
 

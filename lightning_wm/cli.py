@@ -340,7 +340,7 @@ class Trainer(pl.Trainer):
     ) -> int:
         """Encode every episode of the datamodule's store with a trained Vision model
         (``ckpt_path``) into the latent store ``target``. Returns episodes written."""
-        from lightning_wm.agents.vision import convert_episodes
+        from lightning_wm.agents.worldmodels.vision import convert_episodes
 
         self._load_weights(model, ckpt_path, "convert")
         source = EpisodeStore(datamodule.directory)

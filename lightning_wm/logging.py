@@ -35,7 +35,10 @@ def image_grid(rows: Sequence[Tensor]) -> Tensor:
 
 def _logger(module: pl.LightningModule) -> Any:
     """The module's logger if it is attached to a trainer and this is the global-zero rank."""
-    trainer = module._trainer
+    try:
+        trainer = module.trainer
+    except RuntimeError:  # not attached to a Trainer
+        return None
     if trainer is None or not trainer.is_global_zero:
         return None
     return trainer.logger

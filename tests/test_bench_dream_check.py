@@ -4,7 +4,7 @@ import pytest
 import torch
 from bench_scripts import load_bench_script  # pytest puts tests/ (no __init__.py) on sys.path
 
-from lightning_wm.agents.memory import Memory
+from lightning_wm.agents.worldmodels.memory import Memory
 
 check = load_bench_script("worldmodels_dream_check.py")
 

@@ -439,7 +439,7 @@ def test_an_unwritable_convert_target_is_refused_before_encoding(tmp_path):
             [
                 "convert",
                 "--model",
-                "lightning_wm.agents.vision.Vision",
+                "lightning_wm.agents.worldmodels.vision.Vision",
                 "--data",
                 "lightning_wm.data.offline.EpisodeDataModule",
                 "--data.directory",

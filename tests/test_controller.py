@@ -6,9 +6,9 @@ import pytest
 import pytorch_lightning as pl
 import torch
 
-from lightning_wm.agents.controller import Controller, controller_forward, controller_num_params
-from lightning_wm.agents.memory import Memory
-from lightning_wm.agents.vision import Vision
+from lightning_wm.agents.worldmodels.controller import Controller, controller_forward, controller_num_params
+from lightning_wm.agents.worldmodels.memory import Memory
+from lightning_wm.agents.worldmodels.vision import Vision
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.data.generations import GenerationDataModule
 from lightning_wm.envs import EnvConfig, EnvSpec, env_spec
@@ -378,7 +378,7 @@ def test_env_pool_workers_end_on_terminate_despite_an_inherited_sigterm_handler(
 
 
 def test_l2_penalty_is_humblerls_weight_decay():
-    from lightning_wm.agents.controller import l2_penalty
+    from lightning_wm.agents.worldmodels.controller import l2_penalty
 
     solutions = torch.tensor([[1.0, 2.0], [0.0, 0.0], [-3.0, 1.0]])
     # l2_decay * mean(theta^2) per member (HumbleRL / estool: compute_weight_decay)

@@ -12,11 +12,11 @@ import pytorch_lightning as pl
 import torch
 from gymnasium.utils.env_checker import check_env
 
-from lightning_wm.agents.controller import Controller
 from lightning_wm.agents.dreamer import Dreamer
-from lightning_wm.agents.memory import Memory
-from lightning_wm.agents.vision import Vision
-from lightning_wm.agents.vm_model import VisionMemoryModel
+from lightning_wm.agents.worldmodels.controller import Controller
+from lightning_wm.agents.worldmodels.memory import Memory
+from lightning_wm.agents.worldmodels.vision import Vision
+from lightning_wm.agents.worldmodels.vm_model import VisionMemoryModel
 from lightning_wm.data.collector import Collector
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.dream_env import DreamEnv, DreamSingleEnv, start_states
@@ -330,7 +330,7 @@ def test_controller_trains_inside_the_dream(tmp_path):
 
 
 def test_load_dream_env_from_checkpoints_matches_the_models(tmp_path):
-    from lightning_wm.agents.vm_model import load_dream_env
+    from lightning_wm.agents.worldmodels.vm_model import load_dream_env
 
     model = _model()
     v, m = _save(model.vision, tmp_path / "v.ckpt"), _save(model.memory, tmp_path / "m.ckpt")

@@ -10,8 +10,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "lightning_wm"
 # agents/ reading recorded episodes (where dreams start) is the one use of data/ by an agent
 # and Dyna's imagination (buffer fills from the real replay, batches mixed from both)
 AGENTS_MAY_IMPORT_DATA = {
-    "agents/vm_model.py": {"lightning_wm.data.episodes"},
-    "agents/controller.py": {"lightning_wm.data.episodes"},
+    "agents/worldmodels/vm_model.py": {"lightning_wm.data.episodes"},
+    "agents/worldmodels/controller.py": {"lightning_wm.data.episodes"},
     "agents/dreamer/dream.py": {"lightning_wm.data.episodes"},
     "agents/dyna/imagination.py": {"lightning_wm.data.replay", "lightning_wm.data.samplers"},
     # MuZero names the sampler its training reads (SamplerSource.replay_sampler)

@@ -7,8 +7,8 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.loggers import TensorBoardLogger
 
-from lightning_wm.agents.memory import Memory
-from lightning_wm.agents.vision import Vision, convert_episodes
+from lightning_wm.agents.worldmodels.memory import Memory
+from lightning_wm.agents.worldmodels.vision import Vision, convert_episodes
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.envs import EnvSpec
 from lightning_wm.optim import OptimSettings
@@ -337,7 +337,7 @@ def test_fit_on_a_converted_store_logs_losses_and_a_dream_image(tmp_path):
 def test_dream_figures_label_the_real_and_dreamed_rows_and_the_error_curves(monkeypatch):
     """What log_dream draws: rows "real i" / "dream i" with columns t=0.., and the open-loop latent
     error per step, a curve per sequence and their mean, with axis labels and a legend."""
-    import lightning_wm.agents.memory as memory_module
+    import lightning_wm.agents.worldmodels.memory as memory_module
 
     figures = {}
     monkeypatch.setattr(memory_module, "log_figure", lambda module, tag, make: figures.update({tag: make()}))
@@ -419,7 +419,7 @@ def test_mdn_rnn_loss_hand_checked():
     """Rows 0 and 1 scored, row 2 not; Z = 2, reward weight 0.5, done weight 2, positive class x3."""
     import math
 
-    from lightning_wm.agents.worldmodels_losses import mdn_rnn_loss
+    from lightning_wm.agents.worldmodels.losses import mdn_rnn_loss
 
     out = mdn_rnn_loss(
         log_prob=torch.tensor([[-2.0, -4.0, -100.0]]),

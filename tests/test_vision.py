@@ -10,8 +10,8 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.loggers import TensorBoardLogger
 
-from lightning_wm.agents.vision import Vision, convert_episodes, encode_frames
-from lightning_wm.agents.worldmodels_losses import vae_loss
+from lightning_wm.agents.worldmodels.losses import vae_loss
+from lightning_wm.agents.worldmodels.vision import Vision, convert_episodes, encode_frames
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.envs import EnvSpec
 from lightning_wm.logging import image_grid

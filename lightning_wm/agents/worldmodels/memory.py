@@ -9,7 +9,7 @@ output of ``convert``): ``mu``, ``logvar`` ``[B, L, Z]``, ``action``, ``reward``
 ``is_terminal`` ``[B, L]``; ``z`` is drawn from ``N(mu, exp(logvar))`` every batch as in the
 reference. Sequences may cross episode borders: the LSTM state is reset where ``is_first`` and
 no prediction target crosses a border. The loss is
-:func:`~lightning_wm.agents.worldmodels_losses.mdn_rnn_loss`.
+:func:`~lightning_wm.agents.worldmodels.losses.mdn_rnn_loss`.
 
 Mixture layout (``net.mixture``): ``per_dim`` (default, the reference implementation: every
 latent dimension has its own ``K``-component 1-D mixture) or ``joint`` (``K`` components over
@@ -26,11 +26,11 @@ import torch
 from torch import Tensor, nn
 
 from lightning_wm.actions import ActionCodec
-from lightning_wm.agents.offline import OfflineModel, check_patience
-from lightning_wm.agents.vision import Vision
-from lightning_wm.agents.worldmodels_figures import frames_figure, open_loop_error_figure
-from lightning_wm.agents.worldmodels_losses import mdn_rnn_loss
-from lightning_wm.agents.worldmodels_settings import MemoryDreamSettings, MemoryLossSettings, MemoryNetSettings
+from lightning_wm.agents.worldmodels.figures import frames_figure, open_loop_error_figure
+from lightning_wm.agents.worldmodels.losses import mdn_rnn_loss
+from lightning_wm.agents.worldmodels.offline import OfflineModel, check_patience
+from lightning_wm.agents.worldmodels.settings import MemoryDreamSettings, MemoryLossSettings, MemoryNetSettings
+from lightning_wm.agents.worldmodels.vision import Vision
 from lightning_wm.checkpoints import load_module
 from lightning_wm.envs import EnvSpec
 from lightning_wm.logging import log_figure
@@ -47,11 +47,11 @@ class Memory(OfflineModel):
     Args:
         env_spec: spec of the env the latents were recorded in (linked by the CLI); gives
             the action space.
-        net: the network (:class:`~lightning_wm.agents.worldmodels_settings.MemoryNetSettings`).
+        net: the network (:class:`~lightning_wm.agents.worldmodels.settings.MemoryNetSettings`).
         loss: the loss weights and the open-loop loss
-            (:class:`~lightning_wm.agents.worldmodels_settings.MemoryLossSettings`).
+            (:class:`~lightning_wm.agents.worldmodels.settings.MemoryLossSettings`).
         dream: sampling temperature and the validation dream
-            (:class:`~lightning_wm.agents.worldmodels_settings.MemoryDreamSettings`).
+            (:class:`~lightning_wm.agents.worldmodels.settings.MemoryDreamSettings`).
         optim: the optimizer (Adam, learning rate 1e-3 as in the reference, which clips the
             gradient norm at 1.0: ``optim.clip: {type: clip_norm, value: 1.0}``).
         sample_z: draw ``z`` from ``mu``/``logvar`` per batch (reference); else use ``mu``.

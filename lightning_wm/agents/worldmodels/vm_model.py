@@ -34,8 +34,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from lightning_wm.agents.memory import Memory
-from lightning_wm.agents.vision import Vision, encode_frames
+from lightning_wm.agents.worldmodels.memory import Memory
+from lightning_wm.agents.worldmodels.vision import Vision, encode_frames
 from lightning_wm.checkpoints import load_module
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.dream_env import DreamEnv, start_states

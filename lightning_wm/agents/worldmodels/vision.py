@@ -1,7 +1,7 @@
 """World Models vision (V): a convolutional VAE on 64x64 frames, and the ``convert`` step.
 
 * :class:`Vision` — the LightningModule, fit on frames streamed by
-  ``EpisodeDataModule(mode='frames')`` with :func:`~lightning_wm.agents.worldmodels_losses.vae_loss`;
+  ``EpisodeDataModule(mode='frames')`` with :func:`~lightning_wm.agents.worldmodels.losses.vae_loss`;
   validation logs the losses and a figure of originals above their reconstructions;
 * :func:`convert_episodes` — encodes every episode of a pixel store into a latent store
   (``mu``, ``logvar`` per frame, plus actions, rewards and flags) for the memory model.
@@ -16,9 +16,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_wm.agents.offline import OfflineModel, check_patience
-from lightning_wm.agents.worldmodels_figures import frames_figure
-from lightning_wm.agents.worldmodels_losses import vae_loss
+from lightning_wm.agents.worldmodels.figures import frames_figure
+from lightning_wm.agents.worldmodels.losses import vae_loss
+from lightning_wm.agents.worldmodels.offline import OfflineModel, check_patience
 from lightning_wm.envs import EnvSpec
 from lightning_wm.logging import log_figure
 from lightning_wm.nn.blocks import ConvDecoder, ConvEncoder, postprocess_pixels, preprocess_pixels

@@ -5,9 +5,9 @@ an ``optim`` group (:class:`~lightning_wm.optim.OptimSettings`). M and C take th
 ``docs/worldmodels.md`` lists every option with its meaning, default and HumbleRL's name.
 
 * :class:`MemoryNetSettings` (``net``), :class:`MemoryLossSettings` (``loss``),
-  :class:`MemoryDreamSettings` (``dream``) of :class:`~lightning_wm.agents.memory.Memory`;
+  :class:`MemoryDreamSettings` (``dream``) of :class:`~lightning_wm.agents.worldmodels.memory.Memory`;
 * :class:`ESSettings` (``es``), :class:`ControllerDreamSettings` (``dream``) of
-  :class:`~lightning_wm.agents.controller.Controller`.
+  :class:`~lightning_wm.agents.worldmodels.controller.Controller`.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class MemoryNetSettings:
 @dataclass(frozen=True)
 class MemoryLossSettings:
     """M's loss: the mixture's negative log-likelihood of ``z_{t+1}`` plus weighted reward and
-    done terms (:func:`~lightning_wm.agents.worldmodels_losses.mdn_rnn_loss`), optionally the same
+    done terms (:func:`~lightning_wm.agents.worldmodels.losses.mdn_rnn_loss`), optionally the same
     loss once more with M reading its own predictions (open loop).
 
     Attributes:

@@ -43,10 +43,10 @@ from torch import Tensor, nn
 from lightning_wm.actions import ActionCodec
 from lightning_wm.agents.base import RLModule
 from lightning_wm.agents.dreamer import Dreamer
-from lightning_wm.agents.memory import Memory
-from lightning_wm.agents.vision import Vision
-from lightning_wm.agents.vm_model import VisionMemoryModel
-from lightning_wm.agents.worldmodels_settings import ControllerDreamSettings, ESSettings
+from lightning_wm.agents.worldmodels.memory import Memory
+from lightning_wm.agents.worldmodels.settings import ControllerDreamSettings, ESSettings
+from lightning_wm.agents.worldmodels.vision import Vision
+from lightning_wm.agents.worldmodels.vm_model import VisionMemoryModel
 from lightning_wm.checkpoints import CheckpointError, load_checkpoint, load_module
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.dream_env import DreamEnv, start_states
@@ -138,9 +138,9 @@ class Controller(RLModule):
         dreamer_ckpt: a Dreamer checkpoint whose RSSM is the world model instead of V+M
             (features ``[h, z]``; the dream is the RSSM's prior). Its env must be this env.
         hidden: units of an optional tanh hidden layer (0: linear, as in the paper).
-        es: the evolution strategy (:class:`~lightning_wm.agents.worldmodels_settings.ESSettings`).
+        es: the evolution strategy (:class:`~lightning_wm.agents.worldmodels.settings.ESSettings`).
         train_in: evaluate the population in the ``real`` env or inside the world model's ``dream``.
-        dream: the dream (:class:`~lightning_wm.agents.worldmodels_settings.ControllerDreamSettings`).
+        dream: the dream (:class:`~lightning_wm.agents.worldmodels.settings.ControllerDreamSettings`).
         max_episode_steps: cap on the steps of one fitness episode (None: the env's own limit).
         sample_z: V+M: the real frames give a ``z`` sampled from V's posterior (reference)
             instead of its mean.
