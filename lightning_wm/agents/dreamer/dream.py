@@ -1,6 +1,6 @@
 """A trained Dreamer's dream as a gymnasium env: what the id ``lightning_wm/Dream-v0`` builds, so
 that any agent with its own encoder (IMPALA, MuZero, ...) trains inside it by config and is
-validated in the real env (``eval_env``).
+validated in the real env (``eval.env``).
 
 Importing this module (the Dreamer package imports it; so does the CLI) registers the id with
 gymnasium: :mod:`lightning_wm.envs` knows its name (``DREAM_ENV_ID``) and checks its options, but
