@@ -2,18 +2,19 @@
 episode statistics flow, unrolls overlap by one, the Dreamer actors config runs from the CLI,
 and Ctrl-C on a CLI fit leaves no actor behind."""
 
+import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytorch_lightning as pl
 import torch
-from test_actors import _descendants, _wait_gone
-from tiny_agent import TinyAgent
+from support.presets import TINY_AGENT
+from support.processes import cmdline, descendants, wait_gone, wait_until
+from support.tiny_agent import TinyAgent
 
 from lightning_wm.callbacks import default_callbacks
 from lightning_wm.cli import main
@@ -167,24 +168,15 @@ if __name__ == "__main__":
 def test_ctrl_c_on_a_fit_with_actors_leaves_no_orphans(tmp_path):
     script = tmp_path / "fit.py"
     script.write_text(CTRL_C_FIT.format(tests=str(ROOT / "tests")))
+    training = tmp_path / "training"  # written by the fit once it has trained a step
+    probe = {"class_path": "support.fit_probes.MarkAt", "init_args": {"path": str(training), "step": 1}}
     args = [
         sys.executable,
         str(script),
         "fit",
-        "--model",
-        "tiny_agent.TinyAgent",
-        "--data",
-        "lightning_wm.data.modules.ReplayDataModule",
-        "--data.env.id",
-        "CartPole-v1",
-        "--data.batch_size",
-        "4",
-        "--data.sampler",
-        "SequenceSampler",
-        "--data.sampler.length",
-        "8",
-        "--data.prefill",
-        "64",
+        *TINY_AGENT,
+        "--trainer.callbacks",
+        json.dumps([probe]),
         "--data.acting.num_actors",
         "2",
         "--data.acting.chunk_length",
@@ -209,14 +201,14 @@ def test_ctrl_c_on_a_fit_with_actors_leaves_no_orphans(tmp_path):
         cwd=tmp_path,
     )
     try:
-        deadline, family = time.monotonic() + 240, set()
-        while time.monotonic() < deadline and len(family) < 2:  # both actors spawned and training going
-            time.sleep(1.0)
+
+        def training_with_actors() -> bool:
             assert proc.poll() is None, log.read_text()
-            family = {p for p in _descendants(proc.pid) if "spawn" in Path(f"/proc/{p}/cmdline").read_text()}
-        assert len(family) >= 2, "the actors did not start"
-        time.sleep(3.0)
-        family = _descendants(proc.pid)
+            actors = [p for p in descendants(proc.pid) if "spawn" in cmdline(p)]
+            return len(actors) >= 2 and training.exists()
+
+        wait_until(training_with_actors, 240, interval=0.1, what="training with both actors")
+        family = descendants(proc.pid)
         os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C goes to the whole process group
         try:
             proc.wait(timeout=60)
@@ -224,7 +216,7 @@ def test_ctrl_c_on_a_fit_with_actors_leaves_no_orphans(tmp_path):
             raise AssertionError(
                 f"the fit did not stop within 60 s of Ctrl-C; its stderr ends:\n{log.read_text()[-3000:]}"
             ) from err
-        assert not _wait_gone(family, seconds=10), "actors outlived the interrupted learner"
+        assert not wait_gone(family, seconds=10), "actors outlived the interrupted learner"
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -305,7 +297,7 @@ def test_ddp_ranks_with_actors(tmp_path):
     from lightning_wm.seeding import env_seeds
 
     out = subprocess.run(
-        [sys.executable, str(ROOT / "tests/ddp_fit.py"), str(tmp_path), "ddp", "actors"],
+        [sys.executable, str(ROOT / "tests/support/ddp_fit.py"), str(tmp_path), "ddp", "actors"],
         capture_output=True,
         text=True,
         timeout=600,
@@ -327,20 +319,7 @@ def test_resume_with_actors_continues_the_counts():
     (not saved here) is prefilled again by the new actors instead of waiting forever."""
     args = [
         "fit",
-        "--model",
-        "tiny_agent.TinyAgent",
-        "--data",
-        "lightning_wm.data.modules.ReplayDataModule",
-        "--data.env.id",
-        "CartPole-v1",
-        "--data.batch_size",
-        "4",
-        "--data.sampler",
-        "SequenceSampler",
-        "--data.sampler.length",
-        "8",
-        "--data.prefill",
-        "64",
+        *TINY_AGENT,
         "--data.replay_ratio",
         "0.5",
         "--data.acting.num_actors",

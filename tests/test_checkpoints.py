@@ -9,15 +9,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_cli import TINY_FIT
+from support import tiny_agent
+from support.presets import TINY_FIT
 
 from lightning_wm.checkpoints import CheckpointError, load_checkpoint, load_weights
 from lightning_wm.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
-sys.path.insert(0, str(TESTS))  # tiny_agent
 
+# half the preset's prefill: these tests fit and resume many times, and a checkpoint needs few rows
 TINY = [*TINY_FIT, "--data.prefill", "32", "--trainer.enable_model_summary", "false"]
 
 
@@ -132,11 +133,9 @@ def test_evaluating_with_other_settings_that_fit_the_weights_warns_naming_them(r
 
 
 def test_weights_that_do_not_fit_are_one_line_naming_the_tensors(run):
-    from tiny_agent import TinyAgent
-
     from lightning_wm.envs import EnvConfig, env_spec
 
-    model = TinyAgent(env_spec(EnvConfig("CartPole-v1")), hidden=32)
+    model = tiny_agent.TinyAgent(env_spec(EnvConfig("CartPole-v1")), hidden=32)
     model._hparams = type(model.hparams)()  # a module that records no settings: only its weights are compared
     with pytest.raises(CheckpointError, match=r"shapes differ .*net\.0\.weight \(16, 4\) vs \(32, 4\)") as err:
         load_weights(model, run / "last.ckpt")
@@ -191,7 +190,7 @@ def test_kill_9_during_a_checkpoint_write_keeps_last_ckpt_and_the_next_run_clean
     args = [*TINY, "--trainer.max_steps", "8", "--trainer.checkpoint_every_n_steps", "2"]
     # saves: step=2.ckpt (1), its copy to last.ckpt (no torch.save), step=4.ckpt (2: killed half-way)
     out = subprocess.run(
-        [sys.executable, str(TESTS / "kill_during_save.py"), "2", "fit", *args],
+        [sys.executable, str(TESTS / "support" / "kill_during_save.py"), "2", "fit", *args],
         capture_output=True,
         text=True,
         cwd=tmp_path,
@@ -254,8 +253,6 @@ def test_resume_from_last_without_a_last_ckpt_is_refused_naming_the_folder():
 
 
 def test_best_ckpt_holds_the_highest_validation_return_and_evaluate_takes_it(monkeypatch, capsys):
-    import tiny_agent
-
     returns = iter([3.0, 7.0, 5.0, 7.0, 2.0, 4.0])  # validations at steps 2, 4, ..., 12: best 7 (twice)
 
     def validation_step(self, batch, batch_idx):

@@ -8,43 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from support import tiny_agent
+from support.presets import TINY_FIT
 
 from lightning_wm.cli import main
 from lightning_wm.data.episodes import EpisodeStore
 
 ROOT = Path(__file__).resolve().parents[1]
-TESTS = Path(__file__).resolve().parent
-
-TINY_FIT = [
-    "--model",
-    "tiny_agent.TinyAgent",
-    "--data",
-    "lightning_wm.data.modules.ReplayDataModule",
-    "--data.env.id",
-    "CartPole-v1",
-    "--data.env.num_envs",
-    "2",
-    "--data.batch_size",
-    "4",
-    "--data.sampler",
-    "SequenceSampler",
-    "--data.sampler.length",
-    "8",
-    "--data.prefill",
-    "64",
-    "--data.replay_ratio",
-    "0.5",
-    "--data.eval.episodes",
-    "2",
-    "--trainer.accelerator",
-    "cpu",
-    "--trainer.enable_progress_bar",
-    "false",
-    "--trainer.log_every_n_steps",
-    "5",
-    "--trainer.run_name",
-    "tiny",
-]
 
 
 def run_cli(args):
@@ -74,8 +44,7 @@ def test_abbreviated_option_is_rejected(capsys):
     assert "max_step" in capsys.readouterr().err
 
 
-def test_fit_then_resume_from_last(monkeypatch):
-    monkeypatch.syspath_prepend(str(TESTS))
+def test_fit_then_resume_from_last():
     cli = run_cli(
         [
             "fit",
@@ -117,8 +86,7 @@ def test_fit_then_resume_from_last(monkeypatch):
     assert torch.load(last, weights_only=False)["global_step"] == 40
 
 
-def test_torch_threads_option(monkeypatch):
-    monkeypatch.syspath_prepend(str(TESTS))
+def test_torch_threads_option():
     before = torch.get_num_threads()
     try:
         run_cli(["fit", *TINY_FIT, "--trainer.max_steps", "1", "--trainer.torch_threads", "2"])
@@ -130,7 +98,6 @@ def test_torch_threads_option(monkeypatch):
 def test_keep_freed_memory_is_on_by_default_and_can_be_switched_off(monkeypatch):
     from lightning_wm import runtime
 
-    monkeypatch.syspath_prepend(str(TESTS))
     calls = []
     monkeypatch.setattr(runtime, "keep_freed_memory", lambda: calls.append(1) or True)
     run_cli(["fit", *TINY_FIT, "--trainer.max_steps", "1"])
@@ -244,8 +211,7 @@ def test_command_line_errors_are_one_message_without_traceback(tmp_path):
     assert "Traceback" not in out.stderr and "Union subtypes" not in out.stderr
 
 
-def test_missing_checkpoint_is_reported(monkeypatch):
-    monkeypatch.syspath_prepend(str(TESTS))
+def test_missing_checkpoint_is_reported():
     with pytest.raises(FileNotFoundError, match="no_such.ckpt"):
         run_cli(["fit", *TINY_FIT, "--trainer.max_steps", "2", "--ckpt_path", "no_such.ckpt"])
 
@@ -301,9 +267,6 @@ def test_record_random_episodes_of_a_dict_observation_env():
 
 
 def test_a_nan_loss_stops_training_with_a_message_and_keeps_the_last_checkpoint(monkeypatch):
-    monkeypatch.syspath_prepend(str(TESTS))
-    import tiny_agent
-
     run_cli(["fit", *TINY_FIT, "--trainer.max_steps", "4"])
     last = Path("lightning_logs/tiny/checkpoints/last.ckpt")
     good = torch.load(last, weights_only=False)["global_step"]
@@ -372,8 +335,7 @@ def test_recording_into_a_store_of_other_env_settings_is_refused_naming_both():
     assert len(EpisodeStore("frames")) == 1
 
 
-def test_record_with_a_replay_datamodule_is_one_clear_error(monkeypatch):
-    monkeypatch.syspath_prepend(str(TESTS))
+def test_record_with_a_replay_datamodule_is_one_clear_error():
     with pytest.raises(ValueError, match=r"record .* EpisodeDataModule.* ReplayDataModule"):
         run_cli(["record", *TINY_FIT, "--episodes", "1"])
 
@@ -450,8 +412,7 @@ def test_an_unwritable_convert_target_is_refused_before_encoding(tmp_path):
         )
 
 
-def test_an_unwritable_replay_storage_dir_and_log_root_are_refused_before_training(monkeypatch):
-    monkeypatch.syspath_prepend(str(TESTS))
+def test_an_unwritable_replay_storage_dir_and_log_root_are_refused_before_training():
     with pytest.raises(PermissionError, match=r"storage_dir .*blocker/replay.* not writable"):
         run_cli(["fit", *TINY_FIT, "--trainer.max_steps", "1", "--data.replay.storage_dir", _not_a_folder("replay")])
     with pytest.raises(PermissionError, match=r"log folder .*blocker/lightning_logs.* not writable"):
@@ -470,8 +431,7 @@ def test_an_unwritable_replay_storage_dir_and_log_root_are_refused_before_traini
         (["--data.replay.capacity", "0"], r"replay.capacity must be >= 1, got 0"),
     ],
 )
-def test_bad_data_settings_are_refused_at_construction(monkeypatch, override, message):
-    monkeypatch.syspath_prepend(str(TESTS))
+def test_bad_data_settings_are_refused_at_construction(override, message):
     with pytest.raises(ValueError, match=message):
         run_cli(["fit", *TINY_FIT, "--trainer.max_steps", "1", *override])
     assert not Path("lightning_logs").exists(), "an empty run folder was made for a run that cannot start"

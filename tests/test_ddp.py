@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-SCRIPT = Path(__file__).resolve().parent / "ddp_fit.py"
+SCRIPT = Path(__file__).resolve().parent / "support" / "ddp_fit.py"
 
 
 def test_ddp_two_ranks_share_weights_but_not_envs(tmp_path):

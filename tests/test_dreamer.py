@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from tb_scalars import logged_scalars
+from support.tb_scalars import logged_scalars
 
 from lightning_wm.agents.dreamer import BehaviorSettings, Dreamer, onehot_linear
 from lightning_wm.cli import main
@@ -487,7 +487,7 @@ def test_resume_after_a_crash_continues_from_the_checkpoint_exactly(monkeypatch)
     the checkpoint's weights, slow critic, return norm, three optimizer states, env-step counter
     and replay buffer, and then takes only the steps still due."""
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
-    import resume_probe
+    from support import fit_probes
 
     base = ["--data.init_args.replay.save", "true", "--trainer.checkpoint_every_n_steps", "3"]
     with pytest.raises(RuntimeError, match="simulated crash at step 7"):
@@ -495,7 +495,11 @@ def test_resume_after_a_crash_continues_from_the_checkpoint_exactly(monkeypatch)
             args=_fit_args(
                 "cartpole.yaml",
                 12,
-                [*base, "--trainer.callbacks", '[{"class_path": "resume_probe.CrashAt", "init_args": {"step": 7}}]'],
+                [
+                    *base,
+                    "--trainer.callbacks",
+                    '[{"class_path": "support.fit_probes.CrashAt", "init_args": {"step": 7}}]',
+                ],
             )
         )
     ckpt = torch.load("lightning_logs/run/checkpoints/last.ckpt", weights_only=False)
@@ -510,10 +514,10 @@ def test_resume_after_a_crash_continues_from_the_checkpoint_exactly(monkeypatch)
         args=_fit_args(
             "cartpole.yaml",
             12,
-            [*base, "--ckpt_path", "last", "--trainer.callbacks", '[{"class_path": "resume_probe.RecordStart"}]'],
+            [*base, "--ckpt_path", "last", "--trainer.callbacks", '[{"class_path": "support.fit_probes.RecordStart"}]'],
         )
     )
-    seen = resume_probe.SEEN
+    seen = fit_probes.SEEN
     assert seen["global_step"] == 6
     assert seen["env_steps"] == data_state["stats"]["env_steps"]
     # the buffer comes back from the file beside the checkpoint, its last episode ended at the restart

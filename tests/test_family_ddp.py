@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parent / "family_ddp_fit.py"
+SCRIPT = Path(__file__).resolve().parent / "support" / "family_ddp_fit.py"
 STEPS = 6
 FAMILIES = {
     # family: (weight prefixes that must train and agree, optimizers, buffers that must agree and be set)

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from tiny_agent import PriorityProbe
+from support.tiny_agent import PriorityProbe
 
 from lightning_wm.callbacks import BufferCheckpoint
 from lightning_wm.cli import Trainer
@@ -208,7 +208,7 @@ def test_the_sampler_is_chosen_on_the_command_line_by_short_name(monkeypatch, tm
     args = [
         "fit",
         "--model",
-        "tiny_agent.TinyAgent",
+        "support.tiny_agent.TinyAgent",
         "--data",
         "ReplayDataModule",
         "--data.env.id",

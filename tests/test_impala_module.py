@@ -187,7 +187,7 @@ def test_encoder_injection_from_the_command_line():
             "--data.init_args.acting.num_actors",
             "0",
             "--model.init_args.encoder",
-            "impala_encoders.SumEncoder",
+            "support.impala_encoders.SumEncoder",
             "--model.init_args.encoder.init_args.width",
             "5",
             "--trainer.limit_val_batches",
@@ -199,7 +199,7 @@ def test_encoder_injection_from_the_command_line():
     assert cli.trainer.global_step == 3
 
 
-DDP_SCRIPT = ROOT / "tests" / "impala_ddp_fit.py"
+DDP_SCRIPT = ROOT / "tests" / "support" / "impala_ddp_fit.py"
 
 
 def test_ddp_ranks_with_their_own_actors_end_identical(tmp_path):

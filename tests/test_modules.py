@@ -315,7 +315,7 @@ def test_seeded_fits_are_identical_run_to_run(monkeypatch):
     from lightning_wm.cli import Trainer
 
     monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
-    from tiny_agent import TinyAgent
+    from support.tiny_agent import TinyAgent
 
     def fit():
         pl.seed_everything(7)

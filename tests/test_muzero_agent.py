@@ -9,7 +9,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from muzero_helpers import NET, cartpole_spec, filled_datamodule, quiet, small  # tests/ is on sys.path
+from support.muzero_helpers import NET, cartpole_spec, filled_datamodule, quiet, small
 
 from lightning_wm.agents.muzero import (
     MuZero,

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from muzero_helpers import small  # tests/ is on sys.path
-from tb_scalars import logged_scalars
+from support.muzero_helpers import small
+from support.tb_scalars import logged_scalars
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,7 +96,7 @@ def test_averaged_weights_are_evaluated_and_saved_and_a_resumed_run_continues_fr
     kept beside it, and a longer run resumed from the finished run's last.ckpt starts from those
     (Lightning's own callback saved the average twice there), with the callback listed or not."""
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
-    import resume_probe
+    from support import fit_probes
 
     from lightning_wm.callbacks import EMAWeights
     from lightning_wm.cli import main
@@ -138,22 +138,22 @@ def test_averaged_weights_are_evaluated_and_saved_and_a_resumed_run_continues_fr
                 "--ckpt_path",
                 "lightning_logs/ema/checkpoints/last.ckpt",
                 "--trainer.callbacks",
-                '[{"class_path": "resume_probe.RecordStart"}]',
+                '[{"class_path": "support.fit_probes.RecordStart"}]',
             ),
         )
     )
-    assert resume_probe.SEEN["global_step"] == 6
+    assert fit_probes.SEEN["global_step"] == 6
     for name, value in online.items():
-        assert torch.equal(resume_probe.SEEN["model"][name], value), name
+        assert torch.equal(fit_probes.SEEN["model"][name], value), name
 
     callbacks = (
         '[{"class_path": "lightning_wm.callbacks.EMAWeights", "init_args": {"decay": 0.99}}, '
-        '{"class_path": "resume_probe.RecordStart"}]'
+        '{"class_path": "support.fit_probes.RecordStart"}]'
     )
     cli = main(args=_cartpole_args(8, run="ema", extra=("--ckpt_path", "last", "--trainer.callbacks", callbacks)))
-    assert resume_probe.SEEN["global_step"] == 6 and cli.trainer.global_step == 8
+    assert fit_probes.SEEN["global_step"] == 6 and cli.trainer.global_step == 8
     for name, value in online.items():
-        assert torch.equal(resume_probe.SEEN["model"][name], value), name
+        assert torch.equal(fit_probes.SEEN["model"][name], value), name
 
 
 def test_ema_weights_options_are_checked_and_follow_lightnings_schedule():

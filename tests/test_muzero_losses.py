@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from muzero_helpers import cartpole_spec, filled_datamodule, quiet, small  # tests/ is on sys.path
+from support.muzero_helpers import cartpole_spec, filled_datamodule, quiet, small
 
 from lightning_wm.agents.muzero import MuZero, MuZeroLossSettings, MuZeroNet, UnrollSettings
 from lightning_wm.agents.muzero.losses import Supports, UnrollOutput, loss_terms, muzero_loss, unroll_model

@@ -5,7 +5,7 @@ import pickle
 import pytest
 import pytorch_lightning as pl
 import torch
-from tiny_agent import TinyAgent
+from support.tiny_agent import TinyAgent
 from torch.utils.data import DataLoader
 
 from lightning_wm.callbacks import EnvStatsLogger, default_callbacks

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 import torch
-from mcts_reference import reference_search  # pytest puts tests/ (no __init__.py) on sys.path
+from support.mcts_reference import reference_search
 
 from lightning_wm.search import (
     TemperatureSchedule,
