@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytorch_lightning as pl
 import torch
-from support.presets import TINY_AGENT
+from support.presets import REPLAY_DATA_TINY, TINY_AGENT, data_overrides
 from support.processes import cmdline, descendants, wait_gone, wait_until
 from support.tiny_agent import TinyAgent
 
@@ -122,7 +122,7 @@ def test_dreamer_actors_config_from_the_cli():
             "--config",
             str(ROOT / "configs/dreamer/cartpole_actors.yaml"),
             "--config",
-            str(ROOT / "configs/dreamer/presets/debug.yaml"),
+            str(ROOT / "configs/dreamer/presets/debug.yaml"),  # the shipped smoke-test sizes, tested here too
             "--trainer.max_steps",
             "8",
             "--trainer.log_every_n_steps",
@@ -133,16 +133,7 @@ def test_dreamer_actors_config_from_the_cli():
             "false",
             "--trainer.run_name",
             "run",
-            "--data.init_args.batch_size",
-            "4",
-            "--data.init_args.sampler.init_args.length",
-            "8",
-            "--data.init_args.prefill",
-            "64",
-            "--data.init_args.eval.episodes",
-            "1",
-            "--data.init_args.eval.envs",
-            "1",
+            *data_overrides(REPLAY_DATA_TINY),
         ]
     )
     assert cli.trainer.global_step == 8

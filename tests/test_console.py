@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.presets import DREAMER_TINY, REPLAY_DATA_TINY, data_overrides, model_overrides
 
 from lightning_wm import console
 from lightning_wm.cli import main
@@ -24,26 +25,8 @@ SHRUNK = [
     "2",
     "--trainer.checkpoint_every_n_steps",
     "4",
-    "--model.init_args.net.deter",
-    "16",
-    "--model.init_args.net.hidden",
-    "16",
-    "--model.init_args.net.stoch",
-    "4",
-    "--model.init_args.net.classes",
-    "4",
-    "--model.init_args.net.bins",
-    "15",
-    "--data.init_args.prefill",
-    "64",
-    "--data.init_args.batch_size",
-    "4",
-    "--data.init_args.sampler.init_args.length",
-    "8",
-    "--data.init_args.eval.episodes",
-    "1",
-    "--data.init_args.eval.envs",
-    "1",
+    *model_overrides(DREAMER_TINY),
+    *data_overrides(REPLAY_DATA_TINY),
 ]
 # what a new user saw, none of which is theirs to act on
 SILENCED = [

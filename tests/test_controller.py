@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import pytorch_lightning as pl
 import torch
+from support.presets import DREAMER_TINY, MEMORY_TINY, VISION_TINY, model_overrides
 
 from lightning_wm.agents.worldmodels.controller import Controller, controller_forward, controller_num_params
 from lightning_wm.agents.worldmodels.memory import Memory
@@ -217,7 +218,7 @@ def _run_pipeline(name: str, capsys, env: list[str] = (), member_steps: int = 30
         ["record", "--config", str(cfg / "record.yaml"), "--episodes", "6", "--data.init_args.env.num_envs", "2", *env]
     )
     assert len(EpisodeStore(frames).paths()) == 6
-    v_args = ["--model.init_args.latent_dim", "4", "--model.init_args.depth", "4"]
+    v_args = model_overrides(VISION_TINY)
     main(
         [
             "fit",
@@ -245,12 +246,7 @@ def _run_pipeline(name: str, capsys, env: list[str] = (), member_steps: int = 30
             *quiet,
             "--trainer.max_epochs",
             "1",
-            "--model.init_args.net.latent_dim",
-            "4",
-            "--model.init_args.net.hidden",
-            "8",
-            "--model.init_args.net.num_mixtures",
-            "2",
+            *model_overrides(MEMORY_TINY),
             "--data.init_args.batch_size",
             "2",
             "--data.init_args.sequence_length",
@@ -278,8 +274,9 @@ def _run_pipeline(name: str, capsys, env: list[str] = (), member_steps: int = 30
         *env,
     ]
     first = main(["fit", "--config", str(cfg / "controller.yaml"), *c_args, "--trainer.max_steps", "2"])
-    n_actions = first.model.num_params // (4 + 8 + 1)
-    assert first.model.cmaes.countiter == 2 and first.model.num_params == (4 + 8 + 1) * n_actions
+    features = VISION_TINY["latent_dim"] + MEMORY_TINY["net"]["hidden"]  # z and h
+    n_actions = first.model.num_params // (features + 1)
+    assert first.model.cmaes.countiter == 2 and first.model.num_params == (features + 1) * n_actions
     ckpt_dir = Path(f"lightning_logs/worldmodels-{name}-controller/checkpoints")
     resumed = main(
         ["fit", "--config", str(cfg / "controller.yaml"), *c_args, "--trainer.max_steps", "3", "--ckpt_path", "last"]
@@ -434,9 +431,7 @@ def test_controller_on_dreamers_world_model_in_the_dream_and_the_real_env(tmp_pa
 
     model_dm = GenerationDataModule(EnvConfig(id="CartPole-v1", seed=3), eval={"episodes": 1, "envs": 1})
     torch.manual_seed(0)
-    dreamer = Dreamer(
-        model_dm.spec, net=dict(deter=16, stoch=4, classes=4, hidden=16, layers=1, bins=31), behavior=dict(horizon=4)
-    )
+    dreamer = Dreamer(model_dm.spec, **DREAMER_TINY)
     ckpt = save_module(dreamer, tmp_path / "dreamer.ckpt")
     store = EpisodeStore(tmp_path / "episodes")
     rng = np.random.default_rng(0)

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from support.presets import DREAMER_TINY, REPLAY_DATA_TINY, data_overrides
 from support.tb_scalars import logged_scalars
 
 from lightning_wm.agents.dreamer import BehaviorSettings, Dreamer, onehot_linear
@@ -18,17 +19,16 @@ from lightning_wm.world_model import RolloutSchedule
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
-TINY_NET = dict(deter=16, stoch=4, classes=4, hidden=16, layers=1, bins=31, cnn_depth=4)
-HORIZON = 4
+HORIZON = DREAMER_TINY["behavior"]["horizon"]
 
 
 def tiny(spec, net=None, loss=None, behavior=None, optim=None, **kwargs) -> Dreamer:
-    """A tiny Dreamer (imagination horizon 4); group fields given as dicts override the sizes."""
+    """A tiny Dreamer (``DREAMER_TINY``); group fields given as dicts override its sizes."""
     return Dreamer(
         spec,
-        net={**TINY_NET, **(net or {})},
+        net={**DREAMER_TINY["net"], **(net or {})},
         loss=loss,
-        behavior={"horizon": HORIZON, **(behavior or {})},
+        behavior={**DREAMER_TINY["behavior"], **(behavior or {})},
         optim=optim,
         **kwargs,
     )
@@ -327,7 +327,7 @@ def _fit_args(config: str, steps: int, extra: list[str] = ()) -> list[str]:
         "--config",
         str(ROOT / "configs/dreamer" / config),
         "--config",
-        str(ROOT / "configs/dreamer/presets/debug.yaml"),
+        str(ROOT / "configs/dreamer/presets/debug.yaml"),  # the shipped smoke-test sizes, tested here too
         "--trainer.max_steps",
         str(steps),
         "--trainer.log_every_n_steps",
@@ -340,16 +340,9 @@ def _fit_args(config: str, steps: int, extra: list[str] = ()) -> list[str]:
         "run",
         "--model.init_args.optim.model.lr",
         "3e-3",
-        "--data.init_args.batch_size",
-        "4",
+        *data_overrides(REPLAY_DATA_TINY),
         "--data.init_args.sampler.init_args.length",
-        "16",
-        "--data.init_args.prefill",
-        "64",
-        "--data.init_args.eval.episodes",
-        "1",
-        "--data.init_args.eval.envs",
-        "1",
+        "16",  # twice the preset's: the sequences these loss checks were set with (pixel fits pass 8 again)
         *extra,
     ]
 
@@ -482,11 +475,10 @@ def test_cli_fit_cartpole_pixels_losses_fall_and_logs_openloop_image_and_gif():
     assert frame[3:67, :64].std() > 0 and frame[3:67, 66:].std() > 0
 
 
-def test_resume_after_a_crash_continues_from_the_checkpoint_exactly(monkeypatch):
+def test_resume_after_a_crash_continues_from_the_checkpoint_exactly():
     """A fit dies at step 7 (last checkpoint at 6); `fit --ckpt_path last` starts from step 6 with
     the checkpoint's weights, slow critic, return norm, three optimizer states, env-step counter
     and replay buffer, and then takes only the steps still due."""
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
     from support import fit_probes
 
     base = ["--data.init_args.replay.save", "true", "--trainer.checkpoint_every_n_steps", "3"]

@@ -5,11 +5,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.presets import DREAMER_TINY, IMPALA_TINY, UNROLL_DATA_TINY, data_overrides, overrides
 from torch import nn
 
 from lightning_wm.agents.dreamer import Dreamer
 from lightning_wm.agents.dyna import DynaLearner, DynaOptimSettings, DynaWorldModel, ImaginationSettings
-from lightning_wm.agents.impala import IMPALA, ActorCriticSettings
+from lightning_wm.agents.impala import IMPALA
 from lightning_wm.cli import main
 from lightning_wm.data.modules import UnrollDataModule
 from lightning_wm.envs import EnvConfig
@@ -29,18 +30,9 @@ SHRINK = [
     "false",
     "--trainer.run_name",
     "run",
-    "--data.init_args.env.num_envs",
-    "2",
-    "--data.init_args.unroll_length",
-    "4",
+    *data_overrides(UNROLL_DATA_TINY),
     "--data.init_args.batch_size",
-    "4",
-    "--data.init_args.eval.episodes",
-    "1",
-    "--data.init_args.eval.envs",
-    "1",
-    "--data.init_args.env.max_episode_steps",
-    "30",
+    "4",  # twice the preset's: at real_ratio 0.5, 2 real and 2 imagined unrolls per batch
     "--data.init_args.model_replay.capacity",
     "1000",
     "--data.init_args.model_replay.batch_size",
@@ -59,16 +51,7 @@ SHRINK = [
     "8",
     "--model.init_args.imagination.real_ratio",
     "0.5",
-    "--model.init_args.world_model.init_args.net.deter",
-    "16",
-    "--model.init_args.world_model.init_args.net.hidden",
-    "16",
-    "--model.init_args.world_model.init_args.net.stoch",
-    "4",
-    "--model.init_args.world_model.init_args.net.classes",
-    "4",
-    "--model.init_args.world_model.init_args.net.bins",
-    "31",
+    *overrides({"net": DREAMER_TINY["net"]}, "--model.init_args.world_model.init_args"),  # the policy: the config's
 ]
 
 
@@ -99,7 +82,7 @@ def test_imagined_unrolls_fill_batches_at_real_ratio():
     dm = UnrollDataModule(
         EnvConfig("CartPole-v1", num_envs=2), unroll_length=4, batch_size=8, model_replay={"capacity": 200}
     )
-    policy = IMPALA(dm.spec, net=ActorCriticSettings(hidden=8, layers=1))
+    policy = IMPALA(dm.spec, net=IMPALA_TINY["net"])
     dm.setup("fit")
     dm.attach_agent(policy, 0)
     try:
@@ -148,9 +131,9 @@ def test_dyna_learner_checks_its_parts_and_checkpoints_its_cadence():
         return DynaLearner(
             dm.spec,
             policy=lambda s: IMPALA(
-                s, net=ActorCriticSettings(hidden=8), optim=OptimSettings(clip=GradClipSettings(type="clip_norm"))
+                s, net=IMPALA_TINY["net"], optim=OptimSettings(clip=GradClipSettings(type="clip_norm"))
             ),
-            world_model=lambda s: Dreamer(s, net=dict(deter=8, hidden=8, stoch=2, classes=2, bins=15)),
+            world_model=lambda s: Dreamer(s, **DREAMER_TINY),
             model_train_start=100,
         )
 
@@ -172,8 +155,8 @@ def test_dyna_learner_settings_groups_and_the_world_model_optimizer():
     dm = UnrollDataModule(EnvConfig("CartPole-v1"))
     learner = DynaLearner(
         dm.spec,
-        policy=lambda s: IMPALA(s, net=ActorCriticSettings(hidden=8)),
-        world_model=lambda s: Dreamer(s, net=dict(deter=8, hidden=8, stoch=2, classes=2, bins=15)),
+        policy=lambda s: IMPALA(s, net=IMPALA_TINY["net"]),
+        world_model=lambda s: Dreamer(s, **DREAMER_TINY),
         rollout={"start_step": 0, "end_step": 0, "min_length": 3, "max_length": 3},
         imagination={"real_ratio": 0.5},
         optim={"model": {"lr": 3e-4}},

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import pytorch_lightning as pl
 import torch
+from support.presets import IMPALA_TINY, UNROLL_DATA_TINY, data_overrides, model_overrides
 
 from lightning_wm.agents.impala import IMPALA, ActorCriticSettings, unroll_loss
 from lightning_wm.callbacks import default_callbacks
@@ -30,18 +31,8 @@ SHRINK = [
     "false",
     "--trainer.run_name",
     "run",
-    "--data.init_args.env.num_envs",
-    "2",
-    "--data.init_args.unroll_length",
-    "4",
-    "--data.init_args.batch_size",
-    "2",
-    "--data.init_args.eval.episodes",
-    "1",
-    "--data.init_args.eval.envs",
-    "1",
-    "--data.init_args.env.max_episode_steps",
-    "30",
+    *data_overrides(UNROLL_DATA_TINY),
+    *model_overrides(IMPALA_TINY),
 ]
 
 
@@ -83,7 +74,7 @@ def _fit(seed: int, steps: int = 6, **data_kwargs) -> tuple[IMPALA, list[dict], 
     dm = UnrollDataModule(EnvConfig("CartPole-v1", num_envs=3, seed=seed), unroll_length=5, batch_size=3, **data_kwargs)
     model = IMPALA(
         dm.spec,
-        net=ActorCriticSettings(hidden=16),
+        net=ActorCriticSettings(**IMPALA_TINY["net"]),
         optim=OptimSettings(lr=0.01),
         priority=data_kwargs.get("replay", {}).get("prioritized", False),
     )
@@ -163,7 +154,7 @@ def test_priority_and_is_weights_in_the_training_step():
     _, outputs, _ = _fit(0, steps=2)
     batch = outputs[0]["batch"]
     torch.manual_seed(0)
-    model = IMPALA(spec, net=ActorCriticSettings(hidden=16), priority=True, priority_is_weight=True)
+    model = IMPALA(spec, net=ActorCriticSettings(**IMPALA_TINY["net"]), priority=True, priority_is_weight=True)
     with pytest.raises(ValueError, match="no importance weights"):
         model.training_step(batch, 0)
     weight = torch.tensor([1.0, 0.25, 0.0])
@@ -171,7 +162,7 @@ def test_priority_and_is_weights_in_the_training_step():
     want = unroll_loss(model.net, batch, model.loss, weight)
     assert torch.equal(out["loss"], want.total_loss) and torch.equal(out["priority"], want.priority)
     assert not torch.equal(out["loss"], unroll_loss(model.net, batch, model.loss).total_loss)
-    unweighted = IMPALA(spec, net=ActorCriticSettings(hidden=16), priority=True)
+    unweighted = IMPALA(spec, net=ActorCriticSettings(**IMPALA_TINY["net"]), priority=True)
     unweighted.load_state_dict(model.state_dict())
     out = unweighted.training_step({**batch, "weight": weight}, 0)  # weights in the batch, not asked for
     assert torch.equal(out["loss"], unroll_loss(model.net, batch, model.loss).total_loss)

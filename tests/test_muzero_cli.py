@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from support.muzero_helpers import small
+from support.presets import MUZERO_DATA_TINY, MUZERO_TINY, data_overrides, model_overrides
 from support.tb_scalars import logged_scalars
 
 torch.set_num_threads(1)
@@ -24,13 +25,12 @@ def _cartpole_args(steps: int, run: str = "run", extra: tuple[str, ...] = ()) ->
         *f"--seed_everything 7 --trainer.max_steps {steps} --trainer.log_every_n_steps 1".split(),
         *f"--trainer.val_check_interval {steps} --trainer.enable_progress_bar false --trainer.run_name {run}".split(),
         *TINY_MODEL,
-        *"--data.init_args.batch_size 8 --data.init_args.prefill 40 --data.init_args.env.num_envs 2".split(),
-        *"--data.init_args.eval.episodes 1 --data.init_args.eval.envs 1".split(),
+        *data_overrides(MUZERO_DATA_TINY),
         *extra,
     ]
 
 
-TINY_MODEL = "--model.init_args.search.num_simulations 4 --model.init_args.net.latent_dim 16 --model.init_args.net.hidden 16".split()
+TINY_MODEL = model_overrides(MUZERO_TINY)
 
 
 def test_cli_fit_cartpole_logs_every_part():
@@ -88,14 +88,11 @@ def test_same_seed_same_weights():
     assert any(not torch.equal(weights[0][k], start[k]) for k in start if k.startswith("model."))
 
 
-def test_averaged_weights_are_evaluated_and_saved_and_a_resumed_run_continues_from_the_online_ones(
-    monkeypatch, recwarn
-):
+def test_averaged_weights_are_evaluated_and_saved_and_a_resumed_run_continues_from_the_online_ones(recwarn):
     """configs/muzero/cartpole.yaml lists EMAWeights: the module after fit and last.ckpt's
     state_dict are the average (what `evaluate` loads, without a warning), the online weights are
     kept beside it, and a longer run resumed from the finished run's last.ckpt starts from those
     (Lightning's own callback saved the average twice there), with the callback listed or not."""
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
     from support import fit_probes
 
     from lightning_wm.callbacks import EMAWeights
@@ -175,6 +172,7 @@ def test_cli_fit_pong_config_shrunk():
     latent consistency, reanalyse, SGD with warm-up) shrunk to a CPU smoke test."""
     from lightning_wm.cli import main
 
+    # its own sizes, not MUZERO_TINY's: pong.yaml's conv net (channels) and 2 simulations per search
     args = (
         "--seed_everything 1 --trainer.accelerator cpu --trainer.max_steps 2 --trainer.log_every_n_steps 1 "
         "--trainer.limit_val_batches 0 --trainer.enable_progress_bar false --trainer.run_name pong "

@@ -9,6 +9,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.loggers import TensorBoardLogger
+from support.presets import VISION_TINY
 
 from lightning_wm.agents.worldmodels.losses import vae_loss
 from lightning_wm.agents.worldmodels.vision import Vision, convert_episodes, encode_frames
@@ -150,7 +151,7 @@ def test_tiny_fit_lowers_reconstruction_and_logs_image_grid(tmp_path):
 
 
 def test_validation_without_logger_does_not_fail(tmp_path):
-    model = Vision(PIXELS, latent_dim=4, depth=4)
+    model = Vision(PIXELS, **VISION_TINY)
     batch = {"obs": torch.randint(0, 256, (3, 64, 64, 3), dtype=torch.uint8)}
     with pytest.warns(UserWarning, match="self.log"):  # no trainer: Lightning only warns
         model.validation_step(batch, 0)
@@ -159,7 +160,7 @@ def test_validation_without_logger_does_not_fail(tmp_path):
 
 
 def test_reconstruction_figure_has_labelled_rows_and_columns():
-    model = Vision(PIXELS, latent_dim=4, depth=4, grid_frames=3)
+    model = Vision(PIXELS, **VISION_TINY, grid_frames=3)
     fig = model.reconstruction_figure(torch.randint(0, 256, (5, 64, 64, 3), dtype=torch.uint8))
     axes = fig.get_axes()
     assert len(axes) == 2 * 3
@@ -169,10 +170,12 @@ def test_reconstruction_figure_has_labelled_rows_and_columns():
 
 
 def test_optimizer_and_settings_in_the_checkpoint():
-    model = Vision(PIXELS, latent_dim=4, depth=4)
+    model = Vision(PIXELS, **VISION_TINY)
     opt = model.configure_optimizers()
     assert isinstance(opt, torch.optim.Adam) and opt.param_groups[0]["lr"] == 1e-4  # the reference's
-    assert model.hparams["optim"]["lr"] == 1e-4 and model.hparams["latent_dim"] == 4  # plain dicts
+    assert (
+        model.hparams["optim"]["lr"] == 1e-4 and model.hparams["latent_dim"] == VISION_TINY["latent_dim"]
+    )  # plain dicts
     rebuilt = Vision(**{k: v for k, v in model.hparams.items()})
     assert rebuilt.optim == model.optim
 
@@ -204,7 +207,7 @@ def test_convert_episodes_writes_latents_and_keeps_the_rest(tmp_path):
 
 
 def test_encode_frames_chunks_match_one_batch():
-    model = Vision(PIXELS, latent_dim=4, depth=4).eval()
+    model = Vision(PIXELS, **VISION_TINY).eval()
     obs = np.random.default_rng(0).integers(0, 256, (9, 64, 64, 3), dtype=np.uint8)
     mu_a, _ = encode_frames(model, obs, batch_size=4)
     mu_b, _ = encode_frames(model, obs, batch_size=100)
