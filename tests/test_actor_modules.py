@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import pytorch_lightning as pl
 import torch
 from support.presets import REPLAY_DATA_TINY, TINY_AGENT, data_overrides
@@ -56,6 +57,7 @@ def _fit(datamodule, steps: int) -> Recorder:
     return recorder
 
 
+@pytest.mark.slow
 def test_replay_with_actors_keeps_the_ratio_and_reports():
     dm = ReplayDataModule(
         EnvConfig("CartPole-v1"),
@@ -89,6 +91,7 @@ def test_replay_with_actors_keeps_the_ratio_and_reports():
     assert dm.acting.pool is None, "teardown stopped the actors"
 
 
+@pytest.mark.slow
 def test_unrolls_in_process_overlap_by_one():
     dm = UnrollDataModule(EnvConfig("CartPole-v1", num_envs=2), unroll_length=5, batch_size=2)
     batches = _fit(dm, 6).batches
@@ -101,6 +104,7 @@ def test_unrolls_in_process_overlap_by_one():
     assert [int(b["policy_version"][0, -1]) for b in batches] == [0] + list(range(len(batches) - 1))
 
 
+@pytest.mark.slow
 def test_unrolls_from_actors():
     dm = UnrollDataModule(
         EnvConfig("CartPole-v1"),
@@ -115,6 +119,7 @@ def test_unrolls_from_actors():
     assert recorder.logged[-1]["env/steps"] > 0 and "actors/policy_lag" in recorder.logged[-1]
 
 
+@pytest.mark.slow
 def test_dreamer_actors_config_from_the_cli():
     cli = main(
         args=[
@@ -156,6 +161,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_ctrl_c_on_a_fit_with_actors_leaves_no_orphans(tmp_path):
     script = tmp_path / "fit.py"
     script.write_text(CTRL_C_FIT.format(tests=str(ROOT / "tests")))
@@ -280,6 +286,7 @@ def test_actors_get_a_new_version_every_publish_every_steps(monkeypatch):
     dm.teardown("fit")
 
 
+@pytest.mark.slow
 def test_ddp_ranks_with_actors(tmp_path):
     """Two DDP ranks, one actor each: identical weights at the end; every env of every rank's
     actor seeded apart (seeding.env_seeds by rank and actor)."""
@@ -305,6 +312,7 @@ def test_ddp_ranks_with_actors(tmp_path):
             torch.testing.assert_close(ranks[rank]["first_obs"][env], torch.as_tensor(expected))
 
 
+@pytest.mark.slow
 def test_resume_with_actors_continues_the_counts():
     """fit, then fit --ckpt_path last: the step and the rows received continue; the resumed buffer
     (not saved here) is prefilled again by the new actors instead of waiting forever."""
@@ -336,6 +344,7 @@ def test_resume_with_actors_continues_the_counts():
     assert second.datamodule.pop_env_stats().env_steps >= rows + 64, "no new prefill and rows after the resume"
 
 
+@pytest.mark.slow  # starts a process
 def test_terminate_skips_actors_that_never_started():
     """A start that fails part-way (e.g. spawn refused) leaves later actors unstarted; shutting the
     pool down must stop the started ones and not fail on the rest."""

@@ -46,6 +46,7 @@ def test_weight_store_publish_pull_and_layout_check():
         store.pull_into(reader, timeout_s=0.05)
 
 
+@pytest.mark.slow
 def test_pool_weights_versions_and_seeds():
     """Rows carry the version of the weights that made them, the learner's newest version reaches
     the actors within a bounded lag, and every env of every actor and rank has its own seed."""
@@ -93,6 +94,7 @@ def test_pool_weights_versions_and_seeds():
             np.testing.assert_array_equal(obs[j], gym.make("CartPole-v1").reset(seed=s)[0])
 
 
+@pytest.mark.slow
 def test_actor_exception_reaches_learner_with_traceback():
     pool = ActorPool(EnvConfig("CartPole-v1"), FaultyPolicy("raise", at=6), num_actors=1, chunk_length=2)
     pid = pool.pids()[0]
@@ -106,6 +108,7 @@ def test_actor_exception_reaches_learner_with_traceback():
     assert not wait_gone([pid])
 
 
+@pytest.mark.slow
 def test_hung_and_killed_actors_are_reported():
     pool = ActorPool(EnvConfig("CartPole-v1"), FaultyPolicy("hang", at=4), num_actors=2, chunk_length=1, timeout_s=2.0)
     pids = pool.pids()
@@ -149,6 +152,7 @@ LEARNER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["kill -9", "Ctrl-C"])
 def test_no_orphans_when_the_learner_dies(how, tmp_path):
     script = tmp_path / "learner.py"
@@ -173,6 +177,7 @@ def test_no_orphans_when_the_learner_dies(how, tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+@pytest.mark.slow
 def test_ray_backend_on_a_local_instance(monkeypatch):
     """The same pool as Ray actors: chunks, versions through the object store, errors with tracebacks."""
     ray = pytest.importorskip("ray")

@@ -48,6 +48,7 @@ def _one_line(err: pytest.ExceptionInfo) -> str:
     return text
 
 
+@pytest.mark.slow  # the run fixture fits
 @pytest.mark.parametrize(
     "content, why",
     [
@@ -76,6 +77,7 @@ def test_a_checkpoint_holding_python_objects_is_refused_not_executed(tmp_path):
         load_checkpoint(tmp_path / "tensor.ckpt")
 
 
+@pytest.mark.slow
 def test_fit_from_a_garbage_checkpoint_prints_one_error_line_without_traceback(tmp_path):
     Path(tmp_path / "bad.ckpt").write_bytes(b"\x00garbage" * 100)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(TESTS)])}
@@ -93,6 +95,7 @@ def test_fit_from_a_garbage_checkpoint_prints_one_error_line_without_traceback(t
     assert len(errors) == 1 and "bad.ckpt" in errors[0] and "not a checkpoint file" in errors[0], out.stderr[-3000:]
 
 
+@pytest.mark.slow  # the run fixture fits
 @pytest.mark.parametrize("ckpt_path", ["last", "FILE"])
 def test_resume_refuses_a_config_that_contradicts_the_checkpoint_naming_the_keys(run, ckpt_path):
     """One rule for ``last`` and an explicit file: the checkpoint's architecture is kept, and a
@@ -105,6 +108,7 @@ def test_resume_refuses_a_config_that_contradicts_the_checkpoint_naming_the_keys
     assert cli.trainer.global_step == 8 and cli.model.net[0].out_features == 16
 
 
+@pytest.mark.slow  # the run fixture fits
 def test_evaluating_another_familys_checkpoint_is_refused_by_name(run):
     with pytest.raises(CheckpointError, match=r"holds a TinyAgent .* builds a RandomPolicy") as err:
         main(
@@ -122,6 +126,7 @@ def test_evaluating_another_familys_checkpoint_is_refused_by_name(run):
     _one_line(err)
 
 
+@pytest.mark.slow  # the run fixture fits
 def test_evaluating_with_other_settings_that_fit_the_weights_warns_naming_them(run, capsys):
     from lightning_wm.checkpoints import CheckpointWarning
 
@@ -132,6 +137,7 @@ def test_evaluating_with_other_settings_that_fit_the_weights_warns_naming_them(r
         main(args=["evaluate", *TINY, "--model.hidden", "32", "--ckpt_path", "last", "--episodes", "1"])
 
 
+@pytest.mark.slow  # the run fixture fits
 def test_weights_that_do_not_fit_are_one_line_naming_the_tensors(run):
     from lightning_wm.envs import EnvConfig, env_spec
 
@@ -165,6 +171,7 @@ def test_a_read_only_checkpoint_folder_stops_fit_at_start():
         os.chmod("lightning_logs/tiny/checkpoints", 0o755)
 
 
+@pytest.mark.slow
 def test_a_save_that_fails_mid_run_stops_the_run(monkeypatch):
     import lightning_wm.checkpoints as checkpoints
 
@@ -182,6 +189,7 @@ def test_a_save_that_fails_mid_run_stops_the_run(monkeypatch):
     assert len(calls) == 2
 
 
+@pytest.mark.slow
 def test_kill_9_during_a_checkpoint_write_keeps_last_ckpt_and_the_next_run_cleans_up(tmp_path):
     """The temp dir is another folder than the logs: the half-written file must be a temp file
     beside the target, never last.ckpt; the resumed run removes it once it is stale."""
@@ -211,6 +219,7 @@ def test_kill_9_during_a_checkpoint_write_keeps_last_ckpt_and_the_next_run_clean
     assert not list(folder.glob(".*.tmp"))
 
 
+@pytest.mark.slow
 def test_a_corrupt_last_ckpt_falls_back_to_the_newest_intact_checkpoint_with_a_warning():
     from lightning_wm.checkpoints import CheckpointWarning
 
@@ -239,6 +248,7 @@ def test_a_corrupt_last_ckpt_falls_back_to_the_newest_intact_checkpoint_with_a_w
     assert load_checkpoint(folder / "last.ckpt")["global_step"] == 7
 
 
+@pytest.mark.slow
 def test_resume_from_last_without_a_last_ckpt_is_refused_naming_the_folder():
     """A typo in run_name used to train from scratch and exit 0."""
     with pytest.raises(FileNotFoundError, match=r"no last\.ckpt in .*lightning_logs/tiny/checkpoints"):
@@ -252,6 +262,7 @@ def test_resume_from_last_without_a_last_ckpt_is_refused_naming_the_folder():
     )
 
 
+@pytest.mark.slow
 def test_best_ckpt_holds_the_highest_validation_return_and_evaluate_takes_it(monkeypatch, capsys):
     returns = iter([3.0, 7.0, 5.0, 7.0, 2.0, 4.0])  # validations at steps 2, 4, ..., 12: best 7 (twice)
 

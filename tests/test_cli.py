@@ -21,6 +21,7 @@ def run_cli(args):
     return main(args=args)
 
 
+@pytest.mark.slow
 def test_help_lists_extra_subcommands():
     out = subprocess.run(
         [sys.executable, str(ROOT / "main.py"), "--help"], capture_output=True, text=True, cwd=ROOT, timeout=120
@@ -44,6 +45,7 @@ def test_abbreviated_option_is_rejected(capsys):
     assert "max_step" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_fit_then_resume_from_last():
     cli = run_cli(
         [
@@ -86,6 +88,7 @@ def test_fit_then_resume_from_last():
     assert torch.load(last, weights_only=False)["global_step"] == 40
 
 
+@pytest.mark.slow
 def test_torch_threads_option():
     before = torch.get_num_threads()
     try:
@@ -95,6 +98,7 @@ def test_torch_threads_option():
         torch.set_num_threads(before)
 
 
+@pytest.mark.slow
 def test_keep_freed_memory_is_on_by_default_and_can_be_switched_off(monkeypatch):
     from lightning_wm import runtime
 
@@ -115,6 +119,7 @@ def test_keep_freed_memory_applies_on_glibc():
     assert runtime.keep_freed_memory() == (platform.libc_ver()[0] == "glibc")
 
 
+@pytest.mark.slow
 def test_record_pixels_then_evaluate_random(tmp_path):
     store_dir = tmp_path / "eps"
     args = [
@@ -189,6 +194,7 @@ def test_evaluate_refuses_an_unknown_video_format_before_running_episodes(capsys
     assert "return" not in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_command_line_errors_are_one_message_without_traceback(tmp_path):
     out = subprocess.run(
         [
@@ -266,6 +272,7 @@ def test_record_random_episodes_of_a_dict_observation_env():
         assert episode["obs"]["state"].shape == (rows, 4) and episode["obs"]["state"].dtype == np.float32
 
 
+@pytest.mark.slow
 def test_a_nan_loss_stops_training_with_a_message_and_keeps_the_last_checkpoint(monkeypatch):
     run_cli(["fit", *TINY_FIT, "--trainer.max_steps", "4"])
     last = Path("lightning_logs/tiny/checkpoints/last.ckpt")
@@ -310,6 +317,7 @@ def test_recording_twice_into_one_store_continues_the_seeds_instead_of_repeating
     assert sum(rows) == store.total_steps() and all(r < store.total_steps() for r in rows)
 
 
+@pytest.mark.slow
 def test_two_records_at_once_into_one_store_both_finish_with_their_own_counts(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, str(ROOT / "main.py"), *RECORD, "--episodes", "4"]
@@ -326,6 +334,7 @@ def test_two_records_at_once_into_one_store_both_finish_with_their_own_counts(tm
     assert not [p for p in os.listdir(tmp_path / "store") if p.endswith(".tmp")]
 
 
+@pytest.mark.slow  # records pixel episodes: over a second
 def test_recording_into_a_store_of_other_env_settings_is_refused_naming_both():
     pixels = ["record", "--data", "lightning_wm.data.offline.EpisodeDataModule", "--data.directory", "frames"]
     run_cli([*pixels, "--data.env", '{"id": "CartPole-v1", "pixels": true, "size": [32, 32]}', "--episodes", "1"])

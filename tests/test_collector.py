@@ -2,6 +2,7 @@
 
 import gymnasium as gym
 import numpy as np
+import pytest
 import torch
 from support.countdown import CountingAgent, countdown_envs
 
@@ -168,6 +169,7 @@ def test_random_agent_default_is_unchanged():
         torch.testing.assert_close(a, low + (u + 1) / 2 * (high - low))
 
 
+@pytest.mark.slow  # CarRacing episodes: over a second
 def test_carracing_record_config_drives(capsys):
     """``record`` with configs/worldmodels/carracing/record.yaml: gas mostly on, braking rare."""
     from pathlib import Path

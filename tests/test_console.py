@@ -56,6 +56,7 @@ def _run(*args: str, env: dict | None = None, cwd: Path) -> subprocess.Completed
     )
 
 
+@pytest.mark.slow
 def test_the_default_config_prints_the_rl_progress_and_none_of_the_silenced_lines(tmp_path):
     out = _run("fit", *SHRUNK, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -71,12 +72,14 @@ def test_the_default_config_prints_the_rl_progress_and_none_of_the_silenced_line
         assert field in final, (field, final)
 
 
+@pytest.mark.slow
 def test_verbose_shows_what_is_otherwise_hidden(tmp_path):
     out = _run("fit", *SHRUNK, "--trainer.max_steps", "2", "--verbose", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "Seed set to 0" in out.stderr and "Tip:" in out.stderr
 
 
+@pytest.mark.slow
 def test_the_bar_on_a_terminal_is_tqdm_with_the_same_fields(tmp_path, monkeypatch):
     """Through a pseudo-terminal: one bar, steps of max_steps, no epochs."""
     if not Path("/usr/bin/script").exists():
@@ -150,6 +153,7 @@ def test_a_yaml_error_names_its_file(tmp_path, capsys):
     assert "<unicode string>" not in err
 
 
+@pytest.mark.slow
 def test_pixel_rendering_prints_no_sdl_error_line(tmp_path):
     out = _run(
         "record",

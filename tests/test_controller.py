@@ -110,6 +110,19 @@ def _cartpole_controller(es=None, **kwargs):
     return Controller(dm.spec, es=settings, **kwargs), dm
 
 
+def test_one_generation_by_hand_evaluates_the_population_and_moves_the_search():
+    """Without a Trainer (the fast lane's check): the controller builds, every member of a
+    population plays the real env, and telling CMA-ES their fitness moves its mean."""
+    model, dm = _cartpole_controller(es={"popsize": 4, "episodes_per_member": 1})
+    solutions = np.asarray(model.cmaes.ask())
+    returns = model.evaluate_population(torch.as_tensor(solutions, dtype=torch.float32), 1, seed=0, config=dm.env)
+    assert returns.shape == (4,) and (returns >= 1).all() and (returns <= 500).all()
+    mean = np.array(model.cmaes.mean, copy=True)
+    model.cmaes.tell(list(solutions), list(-returns.double().numpy()))  # cma minimises
+    assert model.cmaes.countiter == 1 and not np.array_equal(model.cmaes.mean, mean)
+
+
+@pytest.mark.slow
 def test_cma_es_learns_vector_cartpole_without_v_and_m():
     model, dm = _cartpole_controller()
     cfg = dm.env
@@ -124,6 +137,7 @@ def test_cma_es_learns_vector_cartpole_without_v_and_m():
     assert len(episodes) == 2 and min(e["return"] for e in episodes) > 100
 
 
+@pytest.mark.slow
 def test_resume_continues_the_same_cma_es_state(tmp_path):
     straight, dm = _cartpole_controller(es={"popsize": 4, "episodes_per_member": 1})
     _fit(straight, dm, 4)
@@ -176,6 +190,7 @@ class _SaveAtEnd(pl.Callback):
         trainer.save_checkpoint(self.path)  # collective; rank 0 writes
 
 
+@pytest.mark.slow
 def test_ddp_splits_the_population_and_matches_one_process(tmp_path):
     """2 ranks (gloo, spawn): each evaluates half the population; the gathered fitness makes the
     same CMA-ES update as one process evaluating everyone (common episode seeds per member)."""
@@ -308,15 +323,18 @@ def _run_pipeline(name: str, capsys, env: list[str] = (), member_steps: int = 30
     assert dream.model.cmaes.countiter == 1
 
 
+@pytest.mark.slow
 def test_cli_pipeline_end_to_end_and_controller_resume(capsys):
     _run_pipeline("cartpole_pixels", capsys)
 
 
+@pytest.mark.slow
 def test_cli_pipeline_carracing_configs(capsys):
     """The paper-sized CarRacing configs run end to end with shrunk sizes and short episodes."""
     _run_pipeline("carracing", capsys, env=["--data.init_args.env.max_episode_steps", "12"], member_steps=12)
 
 
+@pytest.mark.slow  # worker processes
 def test_env_pool_in_worker_processes_matches_in_process_envs():
     """Stepping a subset of envs in 2 subprocesses gives what in-process envs give."""
     from lightning_wm.env_pool import EnvPool
@@ -337,6 +355,7 @@ def test_env_pool_in_worker_processes_matches_in_process_envs():
     assert remote._procs == []
 
 
+@pytest.mark.slow  # worker processes
 def test_env_pool_worker_errors_are_reported():
     from lightning_wm.env_pool import EnvPool
 
@@ -349,6 +368,7 @@ def test_env_pool_worker_errors_are_reported():
         pool.close()
 
 
+@pytest.mark.slow  # worker processes
 def test_env_pool_workers_end_on_terminate_despite_an_inherited_sigterm_handler():
     """Lightning installs a SIGTERM handler that only sets a flag; forked workers must not keep it
     (else multiprocessing's terminate() at interpreter exit waits for them forever)."""
@@ -382,6 +402,7 @@ def test_l2_penalty_is_humblerls_weight_decay():
     torch.testing.assert_close(l2_penalty(solutions, 0.01), torch.tensor([0.025, 0.0, 0.05], dtype=torch.float64))
 
 
+@pytest.mark.slow
 def test_fitness_is_penalised_and_the_best_member_is_kept(monkeypatch):
     """With equal returns the L2 penalty alone ranks the members: the smallest-norm member of
     all generations is the best one; the mean is CMA-ES's favourite."""
@@ -404,6 +425,7 @@ def test_fitness_is_penalised_and_the_best_member_is_kept(monkeypatch):
     assert torch.equal(model.acting_params, model.best_params)
 
 
+@pytest.mark.slow
 def test_both_solutions_are_in_the_checkpoint_and_evaluate_picks_one(tmp_path):
     model, dm = _cartpole_controller(es={"popsize": 4, "episodes_per_member": 1})
     trainer = _fit(model, dm, 3)
@@ -426,6 +448,7 @@ def test_both_solutions_are_in_the_checkpoint_and_evaluate_picks_one(tmp_path):
 # -- the controller over Dreamer's RSSM ---------------------------------------------------
 
 
+@pytest.mark.slow
 def test_controller_on_dreamers_world_model_in_the_dream_and_the_real_env(tmp_path):
     from lightning_wm.agents.dreamer import Dreamer
 
@@ -470,6 +493,7 @@ def test_controller_on_dreamers_world_model_in_the_dream_and_the_real_env(tmp_pa
     assert len(episodes) == 1
 
 
+@pytest.mark.slow
 def test_cli_controller_in_dreamers_dream_end_to_end(capsys):
     """configs/worldmodels/cartpole_dreamer: Dreamer (debug size) -> record -> controller in its
     dream -> evaluate in the real env, from the CLI with sizes shrunk."""
@@ -556,6 +580,7 @@ def test_explore_noise_replaces_actions_only_when_exploring():
         _cartpole_controller(explore_noise=1.5)
 
 
+@pytest.mark.slow
 def test_init_params_ckpt_starts_the_search_from_another_controllers_mean(tmp_path):
     trained, dm = _cartpole_controller(es={"popsize": 4, "episodes_per_member": 1})
     trainer = _fit(trained, dm, 3)

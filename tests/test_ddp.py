@@ -4,7 +4,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
+
+pytestmark = pytest.mark.slow  # every test: a two-rank DDP fit in subprocesses
 
 SCRIPT = Path(__file__).resolve().parent / "support" / "ddp_fit.py"
 

@@ -14,6 +14,8 @@ import pytest
 import torch
 from support.presets import DREAMER_TINY, REPLAY_DATA_TINY, data_overrides, model_overrides
 
+pytestmark = pytest.mark.slow  # every test: CLI fits in subprocesses, compared bit for bit
+
 ROOT = Path(__file__).resolve().parents[1]
 
 FAMILIES = {

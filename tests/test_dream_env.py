@@ -279,6 +279,7 @@ def _save(module, path):
     return str(path)
 
 
+@pytest.mark.slow
 def test_controller_trains_inside_the_dream(tmp_path):
     model = _model()
     v, m = _save(model.vision, tmp_path / "v.ckpt"), _save(model.memory, tmp_path / "m.ckpt")
@@ -518,6 +519,7 @@ def make_vector_env_real(config):
     return make_vector_env(config)
 
 
+@pytest.mark.slow
 def test_impala_in_dream_config_fits_in_the_dream_and_evaluates_in_the_real_env(dream_files, capsys):
     import json
     from pathlib import Path

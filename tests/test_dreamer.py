@@ -257,6 +257,7 @@ def test_act_discrete_explore_and_mode(cartpole_spec):
     assert torch.equal(a1, logits.argmax(-1))
 
 
+@pytest.mark.slow  # torch.compile
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
 def test_acting_copy_ships_only_what_acting_needs_and_acts_the_same(env_id):
     import pickle
@@ -347,6 +348,7 @@ def _fit_args(config: str, steps: int, extra: list[str] = ()) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 def test_cli_fit_cartpole_vector_losses_fall():
     cli = main(args=_fit_args("cartpole.yaml", 24))
     assert cli.trainer.global_step == 24  # one counted optimizer step per gradient step
@@ -376,6 +378,7 @@ def test_cli_fit_cartpole_vector_losses_fall():
     assert (image.height, image.width) == (round(100 * (1.2 + 1.4 * 4)), 640)  # openloop_curves' size at 100 dpi
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["xs", "s", "m"])
 def test_cli_size_presets_build_and_take_a_step(preset):
     """Each size preset instantiates from the CLI over a family config and trains one step."""
@@ -403,6 +406,7 @@ def test_cli_size_presets_build_and_take_a_step(preset):
     assert torch.isfinite(torch.tensor(logged_scalars(Path("lightning_logs/run"), "train/loss_model"))).all()
 
 
+@pytest.mark.slow
 def test_horizon_schedule_grows_the_imagination_with_env_steps():
     # debug fit: 64 prefill rows, then 4 env steps per gradient step (one env, replay ratio 0.25)
     cli = main(
@@ -424,6 +428,7 @@ def test_horizon_schedule_grows_the_imagination_with_env_steps():
         BehaviorSettings(horizon_schedule=RolloutSchedule(start_step=0, end_step=10, min_length=0, max_length=5))
 
 
+@pytest.mark.slow
 def test_cli_fit_pendulum_continuous():
     cli = main(args=_fit_args("pendulum.yaml", 8))
     assert cli.trainer.global_step == 8 and cli.model.actor_grad == "dynamics"
@@ -433,6 +438,7 @@ def test_cli_fit_pendulum_continuous():
     assert logged_scalars(Path("lightning_logs/run"), "val/return")
 
 
+@pytest.mark.slow
 def test_cli_fit_on_dict_observations_frame_and_state():
     """{"image", "state"} observations: both parts are encoded and reconstructed, replay keeps
     the frame uint8, acting and the open-loop video work on the dict."""
@@ -451,6 +457,7 @@ def test_cli_fit_on_dict_observations_frame_and_state():
     assert decoded["state"].shape == (3, 4)
 
 
+@pytest.mark.slow
 def test_cli_fit_cartpole_pixels_losses_fall_and_logs_openloop_image_and_gif():
     cli = main(args=_fit_args("cartpole_pixels.yaml", 12, ["--data.init_args.sampler.init_args.length", "8"]))
     assert cli.model.wm.pixels
@@ -475,6 +482,7 @@ def test_cli_fit_cartpole_pixels_losses_fall_and_logs_openloop_image_and_gif():
     assert frame[3:67, :64].std() > 0 and frame[3:67, 66:].std() > 0
 
 
+@pytest.mark.slow
 def test_resume_after_a_crash_continues_from_the_checkpoint_exactly():
     """A fit dies at step 7 (last checkpoint at 6); `fit --ckpt_path last` starts from step 6 with
     the checkpoint's weights, slow critic, return norm, three optimizer states, env-step counter
@@ -533,6 +541,7 @@ def test_resume_after_a_crash_continues_from_the_checkpoint_exactly():
     assert cli.datamodule.collector.stats.env_steps == cli.datamodule.prefill + (12 + 1) * per_step
 
 
+@pytest.mark.slow
 def test_cli_resume_restores_optimizers_slow_critic_and_return_norm():
     main(args=_fit_args("cartpole.yaml", 6))
     ckpt_path = Path("lightning_logs/run/checkpoints/last.ckpt")

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # every test: a two-rank DDP fit in subprocesses
+
 SCRIPT = Path(__file__).resolve().parent / "support" / "family_ddp_fit.py"
 STEPS = 6
 FAMILIES = {

@@ -13,7 +13,7 @@ from support.presets import DREAMER_TINY, REPLAY_DATA_TINY, data_overrides, mode
 
 from lightning_wm.cli import main
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"), pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[1]
 SHRUNK = [

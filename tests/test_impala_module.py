@@ -36,6 +36,7 @@ SHRINK = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_actors", [0, 2])
 @pytest.mark.parametrize("name", ["cartpole", "pendulum", "pong"])
 def test_config_fits_and_evaluates_from_the_cli(name, num_actors, capsys):
@@ -67,6 +68,30 @@ def test_config_fits_and_evaluates_from_the_cli(name, num_actors, capsys):
         assert cli.datamodule.acting.pool is None, "the actors were stopped"
     main(args=["evaluate", "--config", config, *SHRINK, *extra, "--ckpt_path", "last", "--episodes", "1"])
     assert "return" in capsys.readouterr().out
+
+
+def test_one_training_step_on_unrolls_acted_in_process_without_a_trainer():
+    """The fast lane's check: IMPALA builds, acts a batch of unrolls in process, and one
+    optimizer step on the V-trace loss of its training_step changes its weights."""
+    dm = UnrollDataModule(EnvConfig("CartPole-v1", num_envs=2, seed=0), unroll_length=4, batch_size=2)
+    model = IMPALA(dm.spec, net=ActorCriticSettings(**IMPALA_TINY["net"]))
+    model.log = model.log_dict = lambda *args, **kwargs: None  # training_step outside a Trainer
+    dm.setup("fit")
+    dm.attach_agent(model, 0)
+    try:
+        batch = dm.next_batch()
+    finally:
+        dm.teardown("fit")
+    assert batch["obs"].shape == (2, 5, 4) and batch["logits"].shape == (2, 5, 2)
+    config = model.configure_optimizers()
+    optimizer = config["optimizer"] if isinstance(config, dict) else config
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    loss = model.training_step(batch, 0)["loss"]
+    assert torch.isfinite(loss)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
 def _fit(seed: int, steps: int = 6, **data_kwargs) -> tuple[IMPALA, list[dict], UnrollDataModule]:
@@ -102,6 +127,7 @@ def _fit(seed: int, steps: int = 6, **data_kwargs) -> tuple[IMPALA, list[dict], 
     return model, outputs, dm
 
 
+@pytest.mark.slow
 def test_same_seed_gives_bit_identical_weights_in_process():
     (a, *_), (b, *_), (c, *_) = _fit(0), _fit(0), _fit(1)
     for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
@@ -109,6 +135,7 @@ def test_same_seed_gives_bit_identical_weights_in_process():
     assert not all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), c.state_dict().values()))
 
 
+@pytest.mark.slow
 def test_priorities_come_back_to_the_unroll_replay(monkeypatch):
     applied = []
     original = UnrollDataModule.apply_feedback
@@ -147,6 +174,7 @@ def test_priorities_come_back_to_the_unroll_replay(monkeypatch):
         plain.apply_feedback(batch, {"priority": torch.ones(3)})
 
 
+@pytest.mark.slow
 def test_priority_and_is_weights_in_the_training_step():
     spec = UnrollDataModule(EnvConfig("CartPole-v1")).spec
     with pytest.raises(ValueError, match="needs priority: true"):
@@ -168,6 +196,7 @@ def test_priority_and_is_weights_in_the_training_step():
     assert torch.equal(out["loss"], unroll_loss(model.net, batch, model.loss).total_loss)
 
 
+@pytest.mark.slow
 def test_encoder_injection_from_the_command_line():
     cli = main(
         args=[
@@ -193,6 +222,7 @@ def test_encoder_injection_from_the_command_line():
 DDP_SCRIPT = ROOT / "tests" / "support" / "impala_ddp_fit.py"
 
 
+@pytest.mark.slow
 def test_ddp_ranks_with_their_own_actors_end_identical(tmp_path):
     out = subprocess.run(
         [sys.executable, str(DDP_SCRIPT), str(tmp_path)], capture_output=True, text=True, timeout=600, cwd=tmp_path

@@ -147,6 +147,7 @@ def test_learns_synthetic_dynamics():
     assert after["done_loss"] < before["done_loss"]
 
 
+@pytest.mark.slow  # about a second of training
 def test_done_from_the_next_latent():
     """``done_input: latent``: the end is read from z_{t+1} only (the LSTM state cannot raise it),
     and on the synthetic dynamics, where the end is a function of z_{t+1}, it learns the end
@@ -240,6 +241,7 @@ def test_open_loop_loss_is_off_by_default_and_scored_only_on_fed_back_rows():
         Memory(SPEC, loss={"open_loop_warmup": 0})
 
 
+@pytest.mark.slow  # seconds of training
 def test_open_loop_training_improves_multi_step_predictions():
     """On the synthetic dynamics, training with the open-loop loss gives a lower open-loop NLL
     than training the one-step loss alone for the same steps."""
@@ -266,6 +268,7 @@ def test_open_loop_training_improves_multi_step_predictions():
     assert results[1.0] < results[0.0], results
 
 
+@pytest.mark.slow
 def test_fit_on_a_converted_store_logs_losses_and_a_dream_image(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -358,6 +361,7 @@ def test_dream_figures_label_the_real_and_dreamed_rows_and_the_error_curves(monk
     assert first[0] == 0.0 and np.isnan(first[3:]).all()  # starts on the real latent; ends at the border
 
 
+@pytest.mark.slow
 def test_patience_stops_training_when_the_validation_loss_stops_falling(tmp_path):
     """HumbleRL's patience: Lightning's EarlyStopping on val/loss. With a learning rate too small
     to move a weight (and z = mu) the validation loss never falls after the first epoch: patience 2

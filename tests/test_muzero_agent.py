@@ -129,6 +129,7 @@ def test_acting_copy_acts_like_the_module_and_carries_the_temperature():
     torch.testing.assert_close(extras["root_value"], extras_b["root_value"])
 
 
+@pytest.mark.slow  # torch.compile
 @pytest.mark.skipif(
     not any(shutil.which(c) for c in ("c++", "g++", "clang++")), reason="torch.compile on CPU needs a C++ compiler"
 )

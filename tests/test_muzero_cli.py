@@ -33,6 +33,7 @@ def _cartpole_args(steps: int, run: str = "run", extra: tuple[str, ...] = ()) ->
 TINY_MODEL = model_overrides(MUZERO_TINY)
 
 
+@pytest.mark.slow
 def test_cli_fit_cartpole_logs_every_part():
     from lightning_wm.cli import main
 
@@ -68,6 +69,7 @@ def test_cli_fit_cartpole_logs_every_part():
     assert len(np.unique(leaves[leaves > 0])) > 1
 
 
+@pytest.mark.slow
 def test_same_seed_same_weights():
     """num_actors 0: acting, sampling, search noise and training all follow the seed, so two fits
     of one config end bit-identical."""
@@ -88,6 +90,7 @@ def test_same_seed_same_weights():
     assert any(not torch.equal(weights[0][k], start[k]) for k in start if k.startswith("model."))
 
 
+@pytest.mark.slow
 def test_averaged_weights_are_evaluated_and_saved_and_a_resumed_run_continues_from_the_online_ones(recwarn):
     """configs/muzero/cartpole.yaml lists EMAWeights: the module after fit and last.ckpt's
     state_dict are the average (what `evaluate` loads, without a warning), the online weights are
@@ -167,6 +170,7 @@ def test_ema_weights_options_are_checked_and_follow_lightnings_schedule():
         EMAWeights(update_every_n_steps=0)
 
 
+@pytest.mark.slow
 def test_cli_fit_pong_config_shrunk():
     """configs/muzero/pong.yaml (frame stacks from the sampler's history, conv net, BatchNorm,
     latent consistency, reanalyse, SGD with warm-up) shrunk to a CPU smoke test."""
@@ -190,6 +194,7 @@ def test_cli_fit_pong_config_shrunk():
         assert logged_scalars(run, tag), tag
 
 
+@pytest.mark.slow
 def test_cli_fit_with_actor_processes():
     """num_actors 1: the actor searches with the acting copy (CPU, published weights) and its
     rows carry the search's root_value and visit_probs; training goes on from them."""

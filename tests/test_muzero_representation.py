@@ -119,6 +119,7 @@ def test_host_gradients_reach_the_representation_only_when_not_detached(detach):
     assert "repr/loss" in logs
 
 
+@pytest.mark.slow
 def test_impala_with_the_muzero_representation_from_yaml():
     from lightning_wm.cli import main
 

@@ -440,6 +440,7 @@ def test_search_statistics_are_consistent():
 NO_CXX = not any(shutil.which(c) for c in ("c++", "g++", "clang++"))
 
 
+@pytest.mark.slow  # torch.compile: seconds for the first compile of a process
 @pytest.mark.skipif(NO_CXX, reason="torch.compile on CPU needs a C++ compiler")
 @pytest.mark.parametrize("gumbel", [False, True])
 def test_compiled_tree_steps_match_reference(gumbel):

@@ -114,6 +114,7 @@ def _store(directory, episodes=4, length=12, seed=0) -> EpisodeStore:
     return store
 
 
+@pytest.mark.slow
 def test_tiny_fit_lowers_reconstruction_and_logs_image_grid(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
