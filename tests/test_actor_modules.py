@@ -197,13 +197,13 @@ def test_ctrl_c_on_a_fit_with_actors_leaves_no_orphans(tmp_path):
         start_new_session=True,
         cwd=tmp_path,
     )
+
+    def training_with_actors() -> bool:  # both actors spawned and a step trained
+        assert proc.poll() is None, log.read_text()
+        actors = [p for p in descendants(proc.pid) if "spawn" in cmdline(p)]
+        return len(actors) >= 2 and training.exists()
+
     try:
-
-        def training_with_actors() -> bool:
-            assert proc.poll() is None, log.read_text()
-            actors = [p for p in descendants(proc.pid) if "spawn" in cmdline(p)]
-            return len(actors) >= 2 and training.exists()
-
         wait_until(training_with_actors, 240, interval=0.1, what="training with both actors")
         family = descendants(proc.pid)
         os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C goes to the whole process group
