@@ -306,6 +306,7 @@ def _fingerprints(store: EpisodeStore) -> list[bytes]:
     return [e["obs"].tobytes() for e in store.episodes()]
 
 
+@pytest.mark.slow  # records six episodes: about a second
 def test_recording_twice_into_one_store_continues_the_seeds_instead_of_repeating_episodes(capsys):
     run_cli([*RECORD, "--episodes", "3"])
     run_cli([*RECORD, "--episodes", "3"])
@@ -390,6 +391,7 @@ def test_an_unwritable_video_path_is_refused_before_the_episodes(capsys):
     assert "return" not in capsys.readouterr().out
 
 
+@pytest.mark.slow  # records a pixel episode first: about a second
 def test_an_unwritable_convert_target_is_refused_before_encoding(tmp_path):
     run_cli(
         [
