@@ -5,8 +5,3 @@ pytest puts ``tests/`` on ``sys.path`` (it has no ``__init__.py``), so tests imp
 ``support.<module>``; the subprocess scripts put ``tests/`` there themselves, and tests that start
 Ray workers or CLI subprocesses pass it in ``PYTHONPATH``.
 """
-
-from pathlib import Path
-
-TESTS = Path(__file__).resolve().parents[1]
-ROOT = TESTS.parent
