@@ -2,18 +2,20 @@
 episode statistics flow, unrolls overlap by one, the Dreamer actors config runs from the CLI,
 and Ctrl-C on a CLI fit leaves no actor behind."""
 
+import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 import pytorch_lightning as pl
 import torch
-from test_actors import _descendants, _wait_gone
-from tiny_agent import TinyAgent
+from support.presets import REPLAY_DATA_TINY, TINY_AGENT, data_overrides
+from support.processes import cmdline, descendants, wait_gone, wait_until
+from support.tiny_agent import TinyAgent
 
 from lightning_wm.callbacks import default_callbacks
 from lightning_wm.cli import main
@@ -55,6 +57,7 @@ def _fit(datamodule, steps: int) -> Recorder:
     return recorder
 
 
+@pytest.mark.slow
 def test_replay_with_actors_keeps_the_ratio_and_reports():
     dm = ReplayDataModule(
         EnvConfig("CartPole-v1"),
@@ -88,6 +91,7 @@ def test_replay_with_actors_keeps_the_ratio_and_reports():
     assert dm.acting.pool is None, "teardown stopped the actors"
 
 
+@pytest.mark.slow
 def test_unrolls_in_process_overlap_by_one():
     dm = UnrollDataModule(EnvConfig("CartPole-v1", num_envs=2), unroll_length=5, batch_size=2)
     batches = _fit(dm, 6).batches
@@ -100,6 +104,7 @@ def test_unrolls_in_process_overlap_by_one():
     assert [int(b["policy_version"][0, -1]) for b in batches] == [0] + list(range(len(batches) - 1))
 
 
+@pytest.mark.slow
 def test_unrolls_from_actors():
     dm = UnrollDataModule(
         EnvConfig("CartPole-v1"),
@@ -114,6 +119,7 @@ def test_unrolls_from_actors():
     assert recorder.logged[-1]["env/steps"] > 0 and "actors/policy_lag" in recorder.logged[-1]
 
 
+@pytest.mark.slow
 def test_dreamer_actors_config_from_the_cli():
     cli = main(
         args=[
@@ -121,7 +127,7 @@ def test_dreamer_actors_config_from_the_cli():
             "--config",
             str(ROOT / "configs/dreamer/cartpole_actors.yaml"),
             "--config",
-            str(ROOT / "configs/dreamer/presets/debug.yaml"),
+            str(ROOT / "configs/dreamer/presets/debug.yaml"),  # the shipped smoke-test sizes, tested here too
             "--trainer.max_steps",
             "8",
             "--trainer.log_every_n_steps",
@@ -132,16 +138,7 @@ def test_dreamer_actors_config_from_the_cli():
             "false",
             "--trainer.run_name",
             "run",
-            "--data.init_args.batch_size",
-            "4",
-            "--data.init_args.sampler.init_args.length",
-            "8",
-            "--data.init_args.prefill",
-            "64",
-            "--data.init_args.eval.episodes",
-            "1",
-            "--data.init_args.eval.envs",
-            "1",
+            *data_overrides(REPLAY_DATA_TINY),
         ]
     )
     assert cli.trainer.global_step == 8
@@ -164,27 +161,19 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_ctrl_c_on_a_fit_with_actors_leaves_no_orphans(tmp_path):
     script = tmp_path / "fit.py"
     script.write_text(CTRL_C_FIT.format(tests=str(ROOT / "tests")))
+    training = tmp_path / "training"  # written by the fit once it has trained a step
+    probe = {"class_path": "support.fit_probes.MarkAt", "init_args": {"path": str(training), "step": 1}}
     args = [
         sys.executable,
         str(script),
         "fit",
-        "--model",
-        "tiny_agent.TinyAgent",
-        "--data",
-        "lightning_wm.data.modules.ReplayDataModule",
-        "--data.env.id",
-        "CartPole-v1",
-        "--data.batch_size",
-        "4",
-        "--data.sampler",
-        "SequenceSampler",
-        "--data.sampler.length",
-        "8",
-        "--data.prefill",
-        "64",
+        *TINY_AGENT,
+        "--trainer.callbacks",
+        json.dumps([probe]),
         "--data.acting.num_actors",
         "2",
         "--data.acting.chunk_length",
@@ -208,15 +197,15 @@ def test_ctrl_c_on_a_fit_with_actors_leaves_no_orphans(tmp_path):
         start_new_session=True,
         cwd=tmp_path,
     )
+
+    def training_with_actors() -> bool:  # both actors spawned and a step trained
+        assert proc.poll() is None, log.read_text()
+        actors = [p for p in descendants(proc.pid) if "spawn" in cmdline(p)]
+        return len(actors) >= 2 and training.exists()
+
     try:
-        deadline, family = time.monotonic() + 240, set()
-        while time.monotonic() < deadline and len(family) < 2:  # both actors spawned and training going
-            time.sleep(1.0)
-            assert proc.poll() is None, log.read_text()
-            family = {p for p in _descendants(proc.pid) if "spawn" in Path(f"/proc/{p}/cmdline").read_text()}
-        assert len(family) >= 2, "the actors did not start"
-        time.sleep(3.0)
-        family = _descendants(proc.pid)
+        wait_until(training_with_actors, 240, interval=0.1, what="training with both actors")
+        family = descendants(proc.pid)
         os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C goes to the whole process group
         try:
             proc.wait(timeout=60)
@@ -224,7 +213,7 @@ def test_ctrl_c_on_a_fit_with_actors_leaves_no_orphans(tmp_path):
             raise AssertionError(
                 f"the fit did not stop within 60 s of Ctrl-C; its stderr ends:\n{log.read_text()[-3000:]}"
             ) from err
-        assert not _wait_gone(family, seconds=10), "actors outlived the interrupted learner"
+        assert not wait_gone(family, seconds=10), "actors outlived the interrupted learner"
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -297,6 +286,7 @@ def test_actors_get_a_new_version_every_publish_every_steps(monkeypatch):
     dm.teardown("fit")
 
 
+@pytest.mark.slow
 def test_ddp_ranks_with_actors(tmp_path):
     """Two DDP ranks, one actor each: identical weights at the end; every env of every rank's
     actor seeded apart (seeding.env_seeds by rank and actor)."""
@@ -305,7 +295,7 @@ def test_ddp_ranks_with_actors(tmp_path):
     from lightning_wm.seeding import env_seeds
 
     out = subprocess.run(
-        [sys.executable, str(ROOT / "tests/ddp_fit.py"), str(tmp_path), "ddp", "actors"],
+        [sys.executable, str(ROOT / "tests/support/ddp_fit.py"), str(tmp_path), "ddp", "actors"],
         capture_output=True,
         text=True,
         timeout=600,
@@ -322,25 +312,13 @@ def test_ddp_ranks_with_actors(tmp_path):
             torch.testing.assert_close(ranks[rank]["first_obs"][env], torch.as_tensor(expected))
 
 
+@pytest.mark.slow
 def test_resume_with_actors_continues_the_counts():
     """fit, then fit --ckpt_path last: the step and the rows received continue; the resumed buffer
     (not saved here) is prefilled again by the new actors instead of waiting forever."""
     args = [
         "fit",
-        "--model",
-        "tiny_agent.TinyAgent",
-        "--data",
-        "lightning_wm.data.modules.ReplayDataModule",
-        "--data.env.id",
-        "CartPole-v1",
-        "--data.batch_size",
-        "4",
-        "--data.sampler",
-        "SequenceSampler",
-        "--data.sampler.length",
-        "8",
-        "--data.prefill",
-        "64",
+        *TINY_AGENT,
         "--data.replay_ratio",
         "0.5",
         "--data.acting.num_actors",
@@ -366,6 +344,7 @@ def test_resume_with_actors_continues_the_counts():
     assert second.datamodule.pop_env_stats().env_steps >= rows + 64, "no new prefill and rows after the resume"
 
 
+@pytest.mark.slow  # starts a process
 def test_terminate_skips_actors_that_never_started():
     """A start that fails part-way (e.g. spawn refused) leaves later actors unstarted; shutting the
     pool down must stop the started ones and not fail on the rest."""

@@ -14,7 +14,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from actor_agents import FaultyPolicy, MarkedPolicy
+from support.actor_agents import FaultyPolicy, MarkedPolicy
+from support.processes import descendants, wait_gone
 
 from lightning_wm.data.acting import ActorError, ActorPool, WeightStore
 from lightning_wm.envs import EnvConfig
@@ -22,43 +23,6 @@ from lightning_wm.seeding import env_seeds
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
-
-
-def _alive(pid: int) -> bool:
-    """A process that exists and is not a zombie (a reaped-later corpse holds no resources)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def _descendants(pid: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (FileNotFoundError, ProcessLookupError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.add(child)
-            todo.append(child)
-    return out
-
-
-def _wait_gone(pids, seconds: float = 10.0) -> list[int]:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        left = [p for p in pids if _alive(p)]
-        if not left:
-            return []
-        time.sleep(0.1)
-    return [p for p in pids if _alive(p)]
 
 
 def _set(module: MarkedPolicy, value: float) -> MarkedPolicy:
@@ -82,6 +46,7 @@ def test_weight_store_publish_pull_and_layout_check():
         store.pull_into(reader, timeout_s=0.05)
 
 
+@pytest.mark.slow
 def test_pool_weights_versions_and_seeds():
     """Rows carry the version of the weights that made them, the learner's newest version reaches
     the actors within a bounded lag, and every env of every actor and rank has its own seed."""
@@ -129,6 +94,7 @@ def test_pool_weights_versions_and_seeds():
             np.testing.assert_array_equal(obs[j], gym.make("CartPole-v1").reset(seed=s)[0])
 
 
+@pytest.mark.slow
 def test_actor_exception_reaches_learner_with_traceback():
     pool = ActorPool(EnvConfig("CartPole-v1"), FaultyPolicy("raise", at=6), num_actors=1, chunk_length=2)
     pid = pool.pids()[0]
@@ -139,9 +105,10 @@ def test_actor_exception_reaches_learner_with_traceback():
     assert message.startswith(f"actor 0 (pid {pid}) raised:")
     assert "Traceback" in message and "ValueError: policy exploded on call 6" in message
     assert "actor_agents.py" in message, "the actor's own traceback is carried"
-    assert not _wait_gone([pid])
+    assert not wait_gone([pid])
 
 
+@pytest.mark.slow
 def test_hung_and_killed_actors_are_reported():
     pool = ActorPool(EnvConfig("CartPole-v1"), FaultyPolicy("hang", at=4), num_actors=2, chunk_length=1, timeout_s=2.0)
     pids = pool.pids()
@@ -150,7 +117,7 @@ def test_hung_and_killed_actors_are_reported():
     ):
         for _ in range(100):
             pool.get(timeout=60)
-    assert not _wait_gone(pids), "a hung actor was left running"
+    assert not wait_gone(pids), "a hung actor was left running"
 
     pool = ActorPool(EnvConfig("CartPole-v1"), MarkedPolicy(), num_actors=2, chunk_length=1, timeout_s=60)
     assert pool.get(timeout=120) is not None
@@ -160,16 +127,16 @@ def test_hung_and_killed_actors_are_reported():
         deadline = time.monotonic() + 60  # by time, not by count: actor 0 alone can deliver 1,000 chunks
         while time.monotonic() < deadline:  # before the pool's next health check (every 0.5 s)
             pool.get(timeout=1)
-    assert not _wait_gone(pids)
+    assert not wait_gone(pids)
 
 
 LEARNER = textwrap.dedent("""
-    import json, signal, sys, time
+    import json, signal, sys
     # Ctrl-C as in a terminal: a background job of a non-interactive shell (nohup pytest &)
     # starts with SIGINT ignored, and the learner would inherit that and never see it
     signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.path.insert(0, {tests!r})
-    from actor_agents import MarkedPolicy
+    from support.actor_agents import MarkedPolicy
     from lightning_wm.data.acting import ActorPool
     from lightning_wm.envs import EnvConfig
 
@@ -178,13 +145,14 @@ LEARNER = textwrap.dedent("""
         try:
             pool.get(timeout=120)
             print(json.dumps(pool.pids()), flush=True)
-            while True:
-                time.sleep(0.05)  # the learner stops reading: actors block on the full queue
+            while True:  # the learner stops reading (actors block on the full queue) until a signal ends it
+                signal.pause()
         finally:
             pool.close()
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["kill -9", "Ctrl-C"])
 def test_no_orphans_when_the_learner_dies(how, tmp_path):
     script = tmp_path / "learner.py"
@@ -196,19 +164,20 @@ def test_no_orphans_when_the_learner_dies(how, tmp_path):
     try:
         line = proc.stdout.readline()
         assert line, f"the learner script printed nothing (exit code {proc.poll()})"
-        family = _descendants(proc.pid)  # actors, and whatever they or multiprocessing started
+        family = descendants(proc.pid)  # actors, and whatever they or multiprocessing started
         assert set(eval(line)) <= family
         if how == "kill -9":
             proc.kill()
         else:  # a terminal's Ctrl-C: SIGINT to the whole foreground process group
             os.killpg(proc.pid, signal.SIGINT)
         proc.wait(timeout=30)
-        assert not _wait_gone(family, seconds=10), f"orphans after {how}"
+        assert not wait_gone(family, seconds=10), f"orphans after {how}"
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+@pytest.mark.slow
 def test_ray_backend_on_a_local_instance(monkeypatch):
     """The same pool as Ray actors: chunks, versions through the object store, errors with tracebacks."""
     ray = pytest.importorskip("ray")
@@ -244,7 +213,7 @@ def test_ray_backend_on_a_local_instance(monkeypatch):
             for actor, obs in firsts.items():
                 for j, s in enumerate(env_seeds(3, 2, "train", 0, actor)):
                     np.testing.assert_array_equal(obs[j], gym.make("CartPole-v1").reset(seed=s)[0])
-        assert not _wait_gone(pids) and ray.is_initialized(), "a pool leaves a Ray instance it did not start running"
+        assert not wait_gone(pids) and ray.is_initialized(), "a pool leaves a Ray instance it did not start running"
         crashing = ActorPool(
             EnvConfig("CartPole-v1"), FaultyPolicy("raise", at=3), num_actors=1, chunk_length=1, backend="ray"
         )

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from bench_scripts import load_bench_script  # pytest puts tests/ (no __init__.py) on sys.path
+from support.bench_scripts import load_bench_script
 
 from lightning_wm.agents.worldmodels.memory import Memory
 

@@ -3,7 +3,7 @@
 import math
 
 import pytest
-from bench_scripts import load_bench_script  # pytest puts tests/ (no __init__.py) on sys.path
+from support.bench_scripts import load_bench_script
 
 
 @pytest.fixture(scope="module")

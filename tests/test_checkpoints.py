@@ -9,15 +9,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_cli import TINY_FIT
+from support import tiny_agent
+from support.presets import TINY_FIT
 
 from lightning_wm.checkpoints import CheckpointError, load_checkpoint, load_weights
 from lightning_wm.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
-sys.path.insert(0, str(TESTS))  # tiny_agent
 
+# half the preset's prefill: these tests fit and resume many times, and a checkpoint needs few rows
 TINY = [*TINY_FIT, "--data.prefill", "32", "--trainer.enable_model_summary", "false"]
 
 
@@ -47,6 +48,7 @@ def _one_line(err: pytest.ExceptionInfo) -> str:
     return text
 
 
+@pytest.mark.slow  # the run fixture fits
 @pytest.mark.parametrize(
     "content, why",
     [
@@ -75,6 +77,7 @@ def test_a_checkpoint_holding_python_objects_is_refused_not_executed(tmp_path):
         load_checkpoint(tmp_path / "tensor.ckpt")
 
 
+@pytest.mark.slow
 def test_fit_from_a_garbage_checkpoint_prints_one_error_line_without_traceback(tmp_path):
     Path(tmp_path / "bad.ckpt").write_bytes(b"\x00garbage" * 100)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(TESTS)])}
@@ -92,6 +95,7 @@ def test_fit_from_a_garbage_checkpoint_prints_one_error_line_without_traceback(t
     assert len(errors) == 1 and "bad.ckpt" in errors[0] and "not a checkpoint file" in errors[0], out.stderr[-3000:]
 
 
+@pytest.mark.slow  # the run fixture fits
 @pytest.mark.parametrize("ckpt_path", ["last", "FILE"])
 def test_resume_refuses_a_config_that_contradicts_the_checkpoint_naming_the_keys(run, ckpt_path):
     """One rule for ``last`` and an explicit file: the checkpoint's architecture is kept, and a
@@ -104,6 +108,7 @@ def test_resume_refuses_a_config_that_contradicts_the_checkpoint_naming_the_keys
     assert cli.trainer.global_step == 8 and cli.model.net[0].out_features == 16
 
 
+@pytest.mark.slow  # the run fixture fits
 def test_evaluating_another_familys_checkpoint_is_refused_by_name(run):
     with pytest.raises(CheckpointError, match=r"holds a TinyAgent .* builds a RandomPolicy") as err:
         main(
@@ -121,6 +126,7 @@ def test_evaluating_another_familys_checkpoint_is_refused_by_name(run):
     _one_line(err)
 
 
+@pytest.mark.slow  # the run fixture fits
 def test_evaluating_with_other_settings_that_fit_the_weights_warns_naming_them(run, capsys):
     from lightning_wm.checkpoints import CheckpointWarning
 
@@ -131,12 +137,11 @@ def test_evaluating_with_other_settings_that_fit_the_weights_warns_naming_them(r
         main(args=["evaluate", *TINY, "--model.hidden", "32", "--ckpt_path", "last", "--episodes", "1"])
 
 
+@pytest.mark.slow  # the run fixture fits
 def test_weights_that_do_not_fit_are_one_line_naming_the_tensors(run):
-    from tiny_agent import TinyAgent
-
     from lightning_wm.envs import EnvConfig, env_spec
 
-    model = TinyAgent(env_spec(EnvConfig("CartPole-v1")), hidden=32)
+    model = tiny_agent.TinyAgent(env_spec(EnvConfig("CartPole-v1")), hidden=32)
     model._hparams = type(model.hparams)()  # a module that records no settings: only its weights are compared
     with pytest.raises(CheckpointError, match=r"shapes differ .*net\.0\.weight \(16, 4\) vs \(32, 4\)") as err:
         load_weights(model, run / "last.ckpt")
@@ -166,6 +171,7 @@ def test_a_read_only_checkpoint_folder_stops_fit_at_start():
         os.chmod("lightning_logs/tiny/checkpoints", 0o755)
 
 
+@pytest.mark.slow
 def test_a_save_that_fails_mid_run_stops_the_run(monkeypatch):
     import lightning_wm.checkpoints as checkpoints
 
@@ -183,6 +189,7 @@ def test_a_save_that_fails_mid_run_stops_the_run(monkeypatch):
     assert len(calls) == 2
 
 
+@pytest.mark.slow
 def test_kill_9_during_a_checkpoint_write_keeps_last_ckpt_and_the_next_run_cleans_up(tmp_path):
     """The temp dir is another folder than the logs: the half-written file must be a temp file
     beside the target, never last.ckpt; the resumed run removes it once it is stale."""
@@ -191,7 +198,7 @@ def test_kill_9_during_a_checkpoint_write_keeps_last_ckpt_and_the_next_run_clean
     args = [*TINY, "--trainer.max_steps", "8", "--trainer.checkpoint_every_n_steps", "2"]
     # saves: step=2.ckpt (1), its copy to last.ckpt (no torch.save), step=4.ckpt (2: killed half-way)
     out = subprocess.run(
-        [sys.executable, str(TESTS / "kill_during_save.py"), "2", "fit", *args],
+        [sys.executable, str(TESTS / "support" / "kill_during_save.py"), "2", "fit", *args],
         capture_output=True,
         text=True,
         cwd=tmp_path,
@@ -212,6 +219,7 @@ def test_kill_9_during_a_checkpoint_write_keeps_last_ckpt_and_the_next_run_clean
     assert not list(folder.glob(".*.tmp"))
 
 
+@pytest.mark.slow
 def test_a_corrupt_last_ckpt_falls_back_to_the_newest_intact_checkpoint_with_a_warning():
     from lightning_wm.checkpoints import CheckpointWarning
 
@@ -240,6 +248,7 @@ def test_a_corrupt_last_ckpt_falls_back_to_the_newest_intact_checkpoint_with_a_w
     assert load_checkpoint(folder / "last.ckpt")["global_step"] == 7
 
 
+@pytest.mark.slow
 def test_resume_from_last_without_a_last_ckpt_is_refused_naming_the_folder():
     """A typo in run_name used to train from scratch and exit 0."""
     with pytest.raises(FileNotFoundError, match=r"no last\.ckpt in .*lightning_logs/tiny/checkpoints"):
@@ -253,9 +262,8 @@ def test_resume_from_last_without_a_last_ckpt_is_refused_naming_the_folder():
     )
 
 
+@pytest.mark.slow
 def test_best_ckpt_holds_the_highest_validation_return_and_evaluate_takes_it(monkeypatch, capsys):
-    import tiny_agent
-
     returns = iter([3.0, 7.0, 5.0, 7.0, 2.0, 4.0])  # validations at steps 2, 4, ..., 12: best 7 (twice)
 
     def validation_step(self, batch, batch_idx):

@@ -8,49 +8,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from support import tiny_agent
+from support.presets import TINY_FIT
 
 from lightning_wm.cli import main
 from lightning_wm.data.episodes import EpisodeStore
 
 ROOT = Path(__file__).resolve().parents[1]
-TESTS = Path(__file__).resolve().parent
-
-TINY_FIT = [
-    "--model",
-    "tiny_agent.TinyAgent",
-    "--data",
-    "lightning_wm.data.modules.ReplayDataModule",
-    "--data.env.id",
-    "CartPole-v1",
-    "--data.env.num_envs",
-    "2",
-    "--data.batch_size",
-    "4",
-    "--data.sampler",
-    "SequenceSampler",
-    "--data.sampler.length",
-    "8",
-    "--data.prefill",
-    "64",
-    "--data.replay_ratio",
-    "0.5",
-    "--data.eval.episodes",
-    "2",
-    "--trainer.accelerator",
-    "cpu",
-    "--trainer.enable_progress_bar",
-    "false",
-    "--trainer.log_every_n_steps",
-    "5",
-    "--trainer.run_name",
-    "tiny",
-]
 
 
 def run_cli(args):
     return main(args=args)
 
 
+@pytest.mark.slow
 def test_help_lists_extra_subcommands():
     out = subprocess.run(
         [sys.executable, str(ROOT / "main.py"), "--help"], capture_output=True, text=True, cwd=ROOT, timeout=120
@@ -74,8 +45,8 @@ def test_abbreviated_option_is_rejected(capsys):
     assert "max_step" in capsys.readouterr().err
 
 
-def test_fit_then_resume_from_last(monkeypatch):
-    monkeypatch.syspath_prepend(str(TESTS))
+@pytest.mark.slow
+def test_fit_then_resume_from_last():
     cli = run_cli(
         [
             "fit",
@@ -117,8 +88,8 @@ def test_fit_then_resume_from_last(monkeypatch):
     assert torch.load(last, weights_only=False)["global_step"] == 40
 
 
-def test_torch_threads_option(monkeypatch):
-    monkeypatch.syspath_prepend(str(TESTS))
+@pytest.mark.slow
+def test_torch_threads_option():
     before = torch.get_num_threads()
     try:
         run_cli(["fit", *TINY_FIT, "--trainer.max_steps", "1", "--trainer.torch_threads", "2"])
@@ -127,10 +98,10 @@ def test_torch_threads_option(monkeypatch):
         torch.set_num_threads(before)
 
 
+@pytest.mark.slow
 def test_keep_freed_memory_is_on_by_default_and_can_be_switched_off(monkeypatch):
     from lightning_wm import runtime
 
-    monkeypatch.syspath_prepend(str(TESTS))
     calls = []
     monkeypatch.setattr(runtime, "keep_freed_memory", lambda: calls.append(1) or True)
     run_cli(["fit", *TINY_FIT, "--trainer.max_steps", "1"])
@@ -148,6 +119,7 @@ def test_keep_freed_memory_applies_on_glibc():
     assert runtime.keep_freed_memory() == (platform.libc_ver()[0] == "glibc")
 
 
+@pytest.mark.slow
 def test_record_pixels_then_evaluate_random(tmp_path):
     store_dir = tmp_path / "eps"
     args = [
@@ -222,6 +194,7 @@ def test_evaluate_refuses_an_unknown_video_format_before_running_episodes(capsys
     assert "return" not in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_command_line_errors_are_one_message_without_traceback(tmp_path):
     out = subprocess.run(
         [
@@ -244,8 +217,7 @@ def test_command_line_errors_are_one_message_without_traceback(tmp_path):
     assert "Traceback" not in out.stderr and "Union subtypes" not in out.stderr
 
 
-def test_missing_checkpoint_is_reported(monkeypatch):
-    monkeypatch.syspath_prepend(str(TESTS))
+def test_missing_checkpoint_is_reported():
     with pytest.raises(FileNotFoundError, match="no_such.ckpt"):
         run_cli(["fit", *TINY_FIT, "--trainer.max_steps", "2", "--ckpt_path", "no_such.ckpt"])
 
@@ -300,10 +272,8 @@ def test_record_random_episodes_of_a_dict_observation_env():
         assert episode["obs"]["state"].shape == (rows, 4) and episode["obs"]["state"].dtype == np.float32
 
 
+@pytest.mark.slow
 def test_a_nan_loss_stops_training_with_a_message_and_keeps_the_last_checkpoint(monkeypatch):
-    monkeypatch.syspath_prepend(str(TESTS))
-    import tiny_agent
-
     run_cli(["fit", *TINY_FIT, "--trainer.max_steps", "4"])
     last = Path("lightning_logs/tiny/checkpoints/last.ckpt")
     good = torch.load(last, weights_only=False)["global_step"]
@@ -336,6 +306,7 @@ def _fingerprints(store: EpisodeStore) -> list[bytes]:
     return [e["obs"].tobytes() for e in store.episodes()]
 
 
+@pytest.mark.slow  # records six episodes: about a second
 def test_recording_twice_into_one_store_continues_the_seeds_instead_of_repeating_episodes(capsys):
     run_cli([*RECORD, "--episodes", "3"])
     run_cli([*RECORD, "--episodes", "3"])
@@ -347,6 +318,7 @@ def test_recording_twice_into_one_store_continues_the_seeds_instead_of_repeating
     assert sum(rows) == store.total_steps() and all(r < store.total_steps() for r in rows)
 
 
+@pytest.mark.slow
 def test_two_records_at_once_into_one_store_both_finish_with_their_own_counts(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, str(ROOT / "main.py"), *RECORD, "--episodes", "4"]
@@ -363,6 +335,7 @@ def test_two_records_at_once_into_one_store_both_finish_with_their_own_counts(tm
     assert not [p for p in os.listdir(tmp_path / "store") if p.endswith(".tmp")]
 
 
+@pytest.mark.slow  # records pixel episodes: over a second
 def test_recording_into_a_store_of_other_env_settings_is_refused_naming_both():
     pixels = ["record", "--data", "lightning_wm.data.offline.EpisodeDataModule", "--data.directory", "frames"]
     run_cli([*pixels, "--data.env", '{"id": "CartPole-v1", "pixels": true, "size": [32, 32]}', "--episodes", "1"])
@@ -372,8 +345,7 @@ def test_recording_into_a_store_of_other_env_settings_is_refused_naming_both():
     assert len(EpisodeStore("frames")) == 1
 
 
-def test_record_with_a_replay_datamodule_is_one_clear_error(monkeypatch):
-    monkeypatch.syspath_prepend(str(TESTS))
+def test_record_with_a_replay_datamodule_is_one_clear_error():
     with pytest.raises(ValueError, match=r"record .* EpisodeDataModule.* ReplayDataModule"):
         run_cli(["record", *TINY_FIT, "--episodes", "1"])
 
@@ -419,6 +391,7 @@ def test_an_unwritable_video_path_is_refused_before_the_episodes(capsys):
     assert "return" not in capsys.readouterr().out
 
 
+@pytest.mark.slow  # records a pixel episode first: about a second
 def test_an_unwritable_convert_target_is_refused_before_encoding(tmp_path):
     run_cli(
         [
@@ -450,8 +423,7 @@ def test_an_unwritable_convert_target_is_refused_before_encoding(tmp_path):
         )
 
 
-def test_an_unwritable_replay_storage_dir_and_log_root_are_refused_before_training(monkeypatch):
-    monkeypatch.syspath_prepend(str(TESTS))
+def test_an_unwritable_replay_storage_dir_and_log_root_are_refused_before_training():
     with pytest.raises(PermissionError, match=r"storage_dir .*blocker/replay.* not writable"):
         run_cli(["fit", *TINY_FIT, "--trainer.max_steps", "1", "--data.replay.storage_dir", _not_a_folder("replay")])
     with pytest.raises(PermissionError, match=r"log folder .*blocker/lightning_logs.* not writable"):
@@ -470,8 +442,7 @@ def test_an_unwritable_replay_storage_dir_and_log_root_are_refused_before_traini
         (["--data.replay.capacity", "0"], r"replay.capacity must be >= 1, got 0"),
     ],
 )
-def test_bad_data_settings_are_refused_at_construction(monkeypatch, override, message):
-    monkeypatch.syspath_prepend(str(TESTS))
+def test_bad_data_settings_are_refused_at_construction(override, message):
     with pytest.raises(ValueError, match=message):
         run_cli(["fit", *TINY_FIT, "--trainer.max_steps", "1", *override])
     assert not Path("lightning_logs").exists(), "an empty run folder was made for a run that cannot start"

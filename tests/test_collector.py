@@ -2,7 +2,9 @@
 
 import gymnasium as gym
 import numpy as np
+import pytest
 import torch
+from support.countdown import CountingAgent, countdown_envs
 
 from lightning_wm.data.collector import Collector
 from lightning_wm.data.episodes import EpisodeStore
@@ -10,47 +12,6 @@ from lightning_wm.data.replay import ReplayBuffer
 from lightning_wm.data.samplers import SequenceSampler
 from lightning_wm.envs import EnvConfig, EnvSpec, env_spec, make_vector_env
 from lightning_wm.policies import RandomAgent
-
-
-class CountdownEnv(gym.Env):
-    """obs = [episode id, step]; reward = 10 * step + action; terminates after ``length``
-    steps, or truncates there when ``truncate``."""
-
-    observation_space = gym.spaces.Box(-1e6, 1e6, (2,), np.float32)
-    action_space = gym.spaces.Discrete(3)
-
-    def __init__(self, length: int, truncate: bool = False):
-        self.length, self.truncate, self.episode, self.t = length, truncate, -1, 0
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.episode += 1
-        self.t = 0
-        return np.array([self.episode, 0], np.float32), {}
-
-    def step(self, action):
-        self.t += 1
-        done = self.t >= self.length
-        obs = np.array([self.episode, self.t], np.float32)
-        return obs, float(10 * self.t + action), done and not self.truncate, done and self.truncate, {}
-
-
-class CountingAgent:
-    """Acts ``step % 3``; its state counts calls since the last reset (to check resets)."""
-
-    def initial_state(self, batch_size):
-        return torch.zeros(batch_size, dtype=torch.long)
-
-    def act(self, obs, state, explore):
-        action = obs[:, 1].long() % 3
-        return action, state + 1, {"calls": state.float()}
-
-
-def make_env(lengths, truncate=False):
-    return gym.vector.SyncVectorEnv(
-        [lambda n=n: CountdownEnv(n, truncate) for n in lengths],
-        autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP,
-    )
 
 
 def expected_rows(length, total, truncate=False):
@@ -83,7 +44,7 @@ def expected_rows(length, total, truncate=False):
 def test_rows_match_hand_stepped_env():
     lengths, steps = [2, 3], 11
     buffer = ReplayBuffer(100, num_streams=2)
-    collector = Collector(make_env(lengths), CountingAgent(), buffer=buffer)
+    collector = Collector(countdown_envs(lengths), CountingAgent(), buffer=buffer)
     finished = collector.collect(steps)
     # each stream holds exactly `steps` rows, so a full-length window is the whole stream;
     # the streams differ by episode length (the largest step index in obs)
@@ -109,7 +70,7 @@ def test_rows_match_hand_stepped_env():
 
 def test_truncation_is_not_termination():
     buffer = ReplayBuffer(50, num_streams=1)
-    Collector(make_env([3], truncate=True), CountingAgent(), buffer=buffer).collect(8)
+    Collector(countdown_envs([3], truncate=True), CountingAgent(), buffer=buffer).collect(8)
     data = SequenceSampler(8).sample(buffer, 1)
     assert data["is_last"][0].any()
     assert not data["is_terminal"][0].any()
@@ -117,7 +78,7 @@ def test_truncation_is_not_termination():
 
 def test_episodes_written_to_store(tmp_path):
     store = EpisodeStore(tmp_path / "eps")
-    collector = Collector(make_env([4, 2]), CountingAgent(), store=store)
+    collector = Collector(countdown_envs([4, 2]), CountingAgent(), store=store)
     collector.collect(9)
     episodes = list(store.episodes())
     assert len(episodes) == len(collector.stats.recent)
@@ -208,6 +169,7 @@ def test_random_agent_default_is_unchanged():
         torch.testing.assert_close(a, low + (u + 1) / 2 * (high - low))
 
 
+@pytest.mark.slow  # CarRacing episodes: over a second
 def test_carracing_record_config_drives(capsys):
     """``record`` with configs/worldmodels/carracing/record.yaml: gas mostly on, braking rare."""
     from pathlib import Path
@@ -241,7 +203,7 @@ def test_carracing_record_config_drives(capsys):
 def test_run_episodes_takes_a_fixed_share_from_each_env(tmp_path):
     """Env 0's episodes last 2 steps, env 1's 9: 'the first 6 to finish' would be five short
     ones; fixed shares give 3 + 3, and the store holds exactly those 6."""
-    env = make_env([2, 9])
+    env = countdown_envs([2, 9])
     spec = EnvSpec(env.single_observation_space, env.single_action_space, "countdown")
     store = EpisodeStore(tmp_path / "eps")
     collector = Collector(env, CountingAgent(), store=store, spec=spec)
@@ -250,7 +212,9 @@ def test_run_episodes_takes_a_fixed_share_from_each_env(tmp_path):
     assert sorted(e["env"] for e in episodes) == [0, 0, 0, 1, 1, 1]
     assert len(store) == 6 and collector.stats.episodes == 6
     # 5 episodes over 2 envs: shares 3 and 2
-    assert sorted(e["length"] for e in Collector(make_env([2, 9]), CountingAgent(), spec=spec).run_episodes(5)) == [
+    assert sorted(
+        e["length"] for e in Collector(countdown_envs([2, 9]), CountingAgent(), spec=spec).run_episodes(5)
+    ) == [
         2,
         2,
         2,
@@ -262,7 +226,7 @@ def test_run_episodes_takes_a_fixed_share_from_each_env(tmp_path):
 def test_collect_chunk_is_time_major_and_matches_collect():
     """``collect_chunk(T)`` gives the rows ``collect`` would add, stacked ``[T, N, ...]``."""
     lengths = [2, 3]
-    chunks = Collector(make_env(lengths), CountingAgent())
+    chunks = Collector(countdown_envs(lengths), CountingAgent())
     rows = [chunks.collect_chunk(4), chunks.collect_chunk(7)]
     for chunk, steps in zip(rows, (4, 7)):
         assert chunk["obs"].shape == (steps, 2, 2) and chunk["is_first"].shape == (steps, 2)
@@ -280,7 +244,7 @@ def test_collect_chunk_is_time_major_and_matches_collect():
 
 def test_collect_chunk_overlap_and_policy_version():
     """With ``overlap`` chunk k holds rows kT..kT+T: its first row is the previous chunk's last."""
-    collector = Collector(make_env([3, 5]), CountingAgent())
+    collector = Collector(countdown_envs([3, 5]), CountingAgent())
     collector.policy_version = 7
     first = collector.collect_chunk(4, overlap=True)
     collector.policy_version = 8

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.presets import DREAMER_TINY, REPLAY_DATA_TINY, data_overrides, model_overrides
 
 from lightning_wm import console
 from lightning_wm.cli import main
@@ -24,26 +25,8 @@ SHRUNK = [
     "2",
     "--trainer.checkpoint_every_n_steps",
     "4",
-    "--model.init_args.net.deter",
-    "16",
-    "--model.init_args.net.hidden",
-    "16",
-    "--model.init_args.net.stoch",
-    "4",
-    "--model.init_args.net.classes",
-    "4",
-    "--model.init_args.net.bins",
-    "15",
-    "--data.init_args.prefill",
-    "64",
-    "--data.init_args.batch_size",
-    "4",
-    "--data.init_args.sampler.init_args.length",
-    "8",
-    "--data.init_args.eval.episodes",
-    "1",
-    "--data.init_args.eval.envs",
-    "1",
+    *model_overrides(DREAMER_TINY),
+    *data_overrides(REPLAY_DATA_TINY),
 ]
 # what a new user saw, none of which is theirs to act on
 SILENCED = [
@@ -73,6 +56,7 @@ def _run(*args: str, env: dict | None = None, cwd: Path) -> subprocess.Completed
     )
 
 
+@pytest.mark.slow
 def test_the_default_config_prints_the_rl_progress_and_none_of_the_silenced_lines(tmp_path):
     out = _run("fit", *SHRUNK, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -88,12 +72,14 @@ def test_the_default_config_prints_the_rl_progress_and_none_of_the_silenced_line
         assert field in final, (field, final)
 
 
+@pytest.mark.slow
 def test_verbose_shows_what_is_otherwise_hidden(tmp_path):
     out = _run("fit", *SHRUNK, "--trainer.max_steps", "2", "--verbose", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "Seed set to 0" in out.stderr and "Tip:" in out.stderr
 
 
+@pytest.mark.slow
 def test_the_bar_on_a_terminal_is_tqdm_with_the_same_fields(tmp_path, monkeypatch):
     """Through a pseudo-terminal: one bar, steps of max_steps, no epochs."""
     if not Path("/usr/bin/script").exists():
@@ -167,6 +153,7 @@ def test_a_yaml_error_names_its_file(tmp_path, capsys):
     assert "<unicode string>" not in err
 
 
+@pytest.mark.slow
 def test_pixel_rendering_prints_no_sdl_error_line(tmp_path):
     out = _run(
         "record",

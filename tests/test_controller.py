@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import pytorch_lightning as pl
 import torch
+from support.presets import DREAMER_TINY, MEMORY_TINY, VISION_TINY, model_overrides
 
 from lightning_wm.agents.worldmodels.controller import Controller, controller_forward, controller_num_params
 from lightning_wm.agents.worldmodels.memory import Memory
@@ -109,6 +110,19 @@ def _cartpole_controller(es=None, **kwargs):
     return Controller(dm.spec, es=settings, **kwargs), dm
 
 
+def test_one_generation_by_hand_evaluates_the_population_and_moves_the_search():
+    """Without a Trainer (the fast lane's check): the controller builds, every member of a
+    population plays the real env, and telling CMA-ES their fitness moves its mean."""
+    model, dm = _cartpole_controller(es={"popsize": 4, "episodes_per_member": 1})
+    solutions = np.asarray(model.cmaes.ask())
+    returns = model.evaluate_population(torch.as_tensor(solutions, dtype=torch.float32), 1, seed=0, config=dm.env)
+    assert returns.shape == (4,) and (returns >= 1).all() and (returns <= 500).all()
+    mean = np.array(model.cmaes.mean, copy=True)
+    model.cmaes.tell(list(solutions), list(-returns.double().numpy()))  # cma minimises
+    assert model.cmaes.countiter == 1 and not np.array_equal(model.cmaes.mean, mean)
+
+
+@pytest.mark.slow
 def test_cma_es_learns_vector_cartpole_without_v_and_m():
     model, dm = _cartpole_controller()
     cfg = dm.env
@@ -123,6 +137,7 @@ def test_cma_es_learns_vector_cartpole_without_v_and_m():
     assert len(episodes) == 2 and min(e["return"] for e in episodes) > 100
 
 
+@pytest.mark.slow
 def test_resume_continues_the_same_cma_es_state(tmp_path):
     straight, dm = _cartpole_controller(es={"popsize": 4, "episodes_per_member": 1})
     _fit(straight, dm, 4)
@@ -175,6 +190,7 @@ class _SaveAtEnd(pl.Callback):
         trainer.save_checkpoint(self.path)  # collective; rank 0 writes
 
 
+@pytest.mark.slow
 def test_ddp_splits_the_population_and_matches_one_process(tmp_path):
     """2 ranks (gloo, spawn): each evaluates half the population; the gathered fitness makes the
     same CMA-ES update as one process evaluating everyone (common episode seeds per member)."""
@@ -217,7 +233,7 @@ def _run_pipeline(name: str, capsys, env: list[str] = (), member_steps: int = 30
         ["record", "--config", str(cfg / "record.yaml"), "--episodes", "6", "--data.init_args.env.num_envs", "2", *env]
     )
     assert len(EpisodeStore(frames).paths()) == 6
-    v_args = ["--model.init_args.latent_dim", "4", "--model.init_args.depth", "4"]
+    v_args = model_overrides(VISION_TINY)
     main(
         [
             "fit",
@@ -245,12 +261,7 @@ def _run_pipeline(name: str, capsys, env: list[str] = (), member_steps: int = 30
             *quiet,
             "--trainer.max_epochs",
             "1",
-            "--model.init_args.net.latent_dim",
-            "4",
-            "--model.init_args.net.hidden",
-            "8",
-            "--model.init_args.net.num_mixtures",
-            "2",
+            *model_overrides(MEMORY_TINY),
             "--data.init_args.batch_size",
             "2",
             "--data.init_args.sequence_length",
@@ -278,8 +289,9 @@ def _run_pipeline(name: str, capsys, env: list[str] = (), member_steps: int = 30
         *env,
     ]
     first = main(["fit", "--config", str(cfg / "controller.yaml"), *c_args, "--trainer.max_steps", "2"])
-    n_actions = first.model.num_params // (4 + 8 + 1)
-    assert first.model.cmaes.countiter == 2 and first.model.num_params == (4 + 8 + 1) * n_actions
+    features = VISION_TINY["latent_dim"] + MEMORY_TINY["net"]["hidden"]  # z and h
+    n_actions = first.model.num_params // (features + 1)
+    assert first.model.cmaes.countiter == 2 and first.model.num_params == (features + 1) * n_actions
     ckpt_dir = Path(f"lightning_logs/worldmodels-{name}-controller/checkpoints")
     resumed = main(
         ["fit", "--config", str(cfg / "controller.yaml"), *c_args, "--trainer.max_steps", "3", "--ckpt_path", "last"]
@@ -311,15 +323,18 @@ def _run_pipeline(name: str, capsys, env: list[str] = (), member_steps: int = 30
     assert dream.model.cmaes.countiter == 1
 
 
+@pytest.mark.slow
 def test_cli_pipeline_end_to_end_and_controller_resume(capsys):
     _run_pipeline("cartpole_pixels", capsys)
 
 
+@pytest.mark.slow
 def test_cli_pipeline_carracing_configs(capsys):
     """The paper-sized CarRacing configs run end to end with shrunk sizes and short episodes."""
     _run_pipeline("carracing", capsys, env=["--data.init_args.env.max_episode_steps", "12"], member_steps=12)
 
 
+@pytest.mark.slow  # worker processes
 def test_env_pool_in_worker_processes_matches_in_process_envs():
     """Stepping a subset of envs in 2 subprocesses gives what in-process envs give."""
     from lightning_wm.env_pool import EnvPool
@@ -340,6 +355,7 @@ def test_env_pool_in_worker_processes_matches_in_process_envs():
     assert remote._procs == []
 
 
+@pytest.mark.slow  # worker processes
 def test_env_pool_worker_errors_are_reported():
     from lightning_wm.env_pool import EnvPool
 
@@ -352,6 +368,7 @@ def test_env_pool_worker_errors_are_reported():
         pool.close()
 
 
+@pytest.mark.slow  # worker processes
 def test_env_pool_workers_end_on_terminate_despite_an_inherited_sigterm_handler():
     """Lightning installs a SIGTERM handler that only sets a flag; forked workers must not keep it
     (else multiprocessing's terminate() at interpreter exit waits for them forever)."""
@@ -385,6 +402,7 @@ def test_l2_penalty_is_humblerls_weight_decay():
     torch.testing.assert_close(l2_penalty(solutions, 0.01), torch.tensor([0.025, 0.0, 0.05], dtype=torch.float64))
 
 
+@pytest.mark.slow
 def test_fitness_is_penalised_and_the_best_member_is_kept(monkeypatch):
     """With equal returns the L2 penalty alone ranks the members: the smallest-norm member of
     all generations is the best one; the mean is CMA-ES's favourite."""
@@ -407,6 +425,7 @@ def test_fitness_is_penalised_and_the_best_member_is_kept(monkeypatch):
     assert torch.equal(model.acting_params, model.best_params)
 
 
+@pytest.mark.slow
 def test_both_solutions_are_in_the_checkpoint_and_evaluate_picks_one(tmp_path):
     model, dm = _cartpole_controller(es={"popsize": 4, "episodes_per_member": 1})
     trainer = _fit(model, dm, 3)
@@ -429,14 +448,13 @@ def test_both_solutions_are_in_the_checkpoint_and_evaluate_picks_one(tmp_path):
 # -- the controller over Dreamer's RSSM ---------------------------------------------------
 
 
+@pytest.mark.slow
 def test_controller_on_dreamers_world_model_in_the_dream_and_the_real_env(tmp_path):
     from lightning_wm.agents.dreamer import Dreamer
 
     model_dm = GenerationDataModule(EnvConfig(id="CartPole-v1", seed=3), eval={"episodes": 1, "envs": 1})
     torch.manual_seed(0)
-    dreamer = Dreamer(
-        model_dm.spec, net=dict(deter=16, stoch=4, classes=4, hidden=16, layers=1, bins=31), behavior=dict(horizon=4)
-    )
+    dreamer = Dreamer(model_dm.spec, **DREAMER_TINY)
     ckpt = save_module(dreamer, tmp_path / "dreamer.ckpt")
     store = EpisodeStore(tmp_path / "episodes")
     rng = np.random.default_rng(0)
@@ -475,6 +493,7 @@ def test_controller_on_dreamers_world_model_in_the_dream_and_the_real_env(tmp_pa
     assert len(episodes) == 1
 
 
+@pytest.mark.slow
 def test_cli_controller_in_dreamers_dream_end_to_end(capsys):
     """configs/worldmodels/cartpole_dreamer: Dreamer (debug size) -> record -> controller in its
     dream -> evaluate in the real env, from the CLI with sizes shrunk."""
@@ -561,6 +580,7 @@ def test_explore_noise_replaces_actions_only_when_exploring():
         _cartpole_controller(explore_noise=1.5)
 
 
+@pytest.mark.slow
 def test_init_params_ckpt_starts_the_search_from_another_controllers_mean(tmp_path):
     trained, dm = _cartpole_controller(es={"popsize": 4, "episodes_per_member": 1})
     trainer = _fit(trained, dm, 3)

@@ -4,9 +4,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parent / "ddp_fit.py"
+pytestmark = pytest.mark.slow  # every test: a two-rank DDP fit in subprocesses
+
+SCRIPT = Path(__file__).resolve().parent / "support" / "ddp_fit.py"
 
 
 def test_ddp_two_ranks_share_weights_but_not_envs(tmp_path):

@@ -12,6 +12,9 @@ from typing import Any
 
 import pytest
 import torch
+from support.presets import DREAMER_TINY, REPLAY_DATA_TINY, data_overrides, model_overrides
+
+pytestmark = pytest.mark.slow  # every test: CLI fits in subprocesses, compared bit for bit
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,24 +28,10 @@ FAMILIES = {
         "3",
         "--trainer.checkpoint_every_n_steps",
         "3",
-        "--model.init_args.net.deter",
-        "16",
-        "--model.init_args.net.hidden",
-        "16",
-        "--model.init_args.net.stoch",
-        "4",
-        "--model.init_args.net.classes",
-        "4",
-        "--model.init_args.net.bins",
-        "15",
-        "--data.init_args.prefill",
-        "64",
-        "--data.init_args.batch_size",
-        "4",
-        "--data.init_args.sampler.init_args.length",
-        "8",
-        "--data.init_args.eval.episodes",
-        "2",
+        *model_overrides(DREAMER_TINY),
+        *data_overrides(REPLAY_DATA_TINY),
+        "--data.init_args.eval.episodes",  # two episodes in two envs, not the preset's one: the
+        "2",  # evaluation's env seeds are part of what must repeat
         "--data.init_args.eval.envs",
         "2",
         "--data.init_args.replay.save",

@@ -11,6 +11,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 from gymnasium.utils.env_checker import check_env
+from support.presets import DREAMER_TINY, MEMORY_TINY, VISION_TINY
 
 from lightning_wm.agents.dreamer import Dreamer
 from lightning_wm.agents.worldmodels.controller import Controller
@@ -32,18 +33,12 @@ CONTINUOUS = EnvSpec(
     gym.spaces.Box(np.array([-1.0, 0.0], np.float32), np.ones(2, np.float32)),
     "SyntheticContinuous",
 )
-TINY_DREAMER = dict(
-    net=dict(deter=16, stoch=4, classes=4, hidden=16, layers=1, bins=31, cnn_depth=4), behavior=dict(horizon=4)
-)
 
 
-def _model(spec=DISCRETE, z=4, hidden=8, temperature=None) -> VisionMemoryModel:
+def _model(spec=DISCRETE, temperature=None) -> VisionMemoryModel:
+    """A tiny V+M (``VISION_TINY``, ``MEMORY_TINY``: z 4, LSTM 8, 2 Gaussians), seeded."""
     torch.manual_seed(0)
-    return VisionMemoryModel(
-        Vision(spec, latent_dim=z, depth=4),
-        Memory(spec, net={"latent_dim": z, "hidden": hidden, "num_mixtures": 2}),
-        temperature=temperature,
-    )
+    return VisionMemoryModel(Vision(spec, **VISION_TINY), Memory(spec, **MEMORY_TINY), temperature=temperature)
 
 
 def _vm_starts(model: VisionMemoryModel, n: int = 5) -> dict[str, torch.Tensor]:
@@ -229,8 +224,8 @@ def test_vision_memory_model_is_a_world_model():
 def test_dream_ends_from_the_drawn_latent_with_done_input_latent():
     torch.manual_seed(0)
     model = VisionMemoryModel(
-        Vision(DISCRETE, latent_dim=4, depth=4),
-        Memory(DISCRETE, net={"latent_dim": 4, "hidden": 8, "num_mixtures": 2, "done_input": "latent"}),
+        Vision(DISCRETE, **VISION_TINY),
+        Memory(DISCRETE, net={**MEMORY_TINY["net"], "done_input": "latent"}),
     )
     start = _vm_starts(model, 3)
     g = torch.Generator().manual_seed(5)
@@ -284,6 +279,7 @@ def _save(module, path):
     return str(path)
 
 
+@pytest.mark.slow
 def test_controller_trains_inside_the_dream(tmp_path):
     model = _model()
     v, m = _save(model.vision, tmp_path / "v.ckpt"), _save(model.memory, tmp_path / "m.ckpt")
@@ -378,7 +374,7 @@ def _vector_episode(length: int, seed: int) -> dict[str, np.ndarray]:
 @pytest.fixture(scope="module")
 def rssm():
     torch.manual_seed(0)
-    return Dreamer(env_spec(EnvConfig(id="CartPole-v1")), **TINY_DREAMER).wm.eval().requires_grad_(False)
+    return Dreamer(env_spec(EnvConfig(id="CartPole-v1")), **DREAMER_TINY).wm.eval().requires_grad_(False)
 
 
 def test_rssm_posterior_states_follow_the_recurrence(rssm):
@@ -427,7 +423,7 @@ def test_dream_over_the_rssm_passes_gymnasium_env_checker(rssm, observation):
 def test_dream_over_a_pixel_rssm_renders_decoded_frames():
     torch.manual_seed(0)
     spec = env_spec(EnvConfig(id="CartPole-v1", pixels=True, size=(64, 64)))
-    wm = Dreamer(spec, **TINY_DREAMER).wm.eval().requires_grad_(False)
+    wm = Dreamer(spec, **DREAMER_TINY).wm.eval().requires_grad_(False)
     episode = {
         "obs": np.random.default_rng(0).integers(0, 256, (3, 64, 64, 3), dtype=np.uint8),
         "action": np.array([0, 1, 0]),
@@ -450,7 +446,7 @@ def dream_files(tmp_path_factory):
     """A tiny Dreamer checkpoint of CartPole-v1 and a store of two recorded episodes."""
     root = tmp_path_factory.mktemp("dream")
     torch.manual_seed(0)
-    dreamer = Dreamer(env_spec(EnvConfig(id="CartPole-v1")), **TINY_DREAMER)
+    dreamer = Dreamer(env_spec(EnvConfig(id="CartPole-v1")), **DREAMER_TINY)
     ckpt = root / "dreamer.ckpt"
     torch.save(
         {
@@ -523,6 +519,7 @@ def make_vector_env_real(config):
     return make_vector_env(config)
 
 
+@pytest.mark.slow
 def test_impala_in_dream_config_fits_in_the_dream_and_evaluates_in_the_real_env(dream_files, capsys):
     import json
     from pathlib import Path
@@ -565,11 +562,12 @@ def test_impala_in_dream_config_fits_in_the_dream_and_evaluates_in_the_real_env(
     assert "return" in capsys.readouterr().out
 
 
-def _member(spec=DISCRETE, z=4, hidden=8, seed=1, z_offset=0.0) -> Memory:
+def _member(spec=DISCRETE, seed=1, z_offset=0.0) -> Memory:
     """An M like ``_model``'s with other weights; with ``z_offset`` every mixture mean sits there
     (and sigma is tiny), so its draws are recognisable."""
     torch.manual_seed(seed)
-    member = Memory(spec, net={"latent_dim": z, "hidden": hidden, "num_mixtures": 2})
+    member = Memory(spec, **MEMORY_TINY)
+    z = member.latent_dim
     with torch.no_grad():
         if z_offset:
             member.mdn_head.weight.zero_()
@@ -581,7 +579,7 @@ def _member(spec=DISCRETE, z=4, hidden=8, seed=1, z_offset=0.0) -> Memory:
 
 def test_ensemble_members_read_the_same_steps_and_the_primary_gives_the_features():
     base = _model()
-    twin = Memory(DISCRETE, net={"latent_dim": 4, "hidden": 8, "num_mixtures": 2})
+    twin = Memory(DISCRETE, **MEMORY_TINY)
     twin.load_state_dict(base.memory.state_dict())
     model = VisionMemoryModel(
         base.vision, base.memory, ensemble=[twin, _member()], ensemble_next="primary", ensemble_done="mean"

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from tb_scalars import logged_scalars
+from support.presets import DREAMER_TINY, REPLAY_DATA_TINY, data_overrides
+from support.tb_scalars import logged_scalars
 
 from lightning_wm.agents.dreamer import BehaviorSettings, Dreamer, onehot_linear
 from lightning_wm.cli import main
@@ -18,17 +19,16 @@ from lightning_wm.world_model import RolloutSchedule
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
-TINY_NET = dict(deter=16, stoch=4, classes=4, hidden=16, layers=1, bins=31, cnn_depth=4)
-HORIZON = 4
+HORIZON = DREAMER_TINY["behavior"]["horizon"]
 
 
 def tiny(spec, net=None, loss=None, behavior=None, optim=None, **kwargs) -> Dreamer:
-    """A tiny Dreamer (imagination horizon 4); group fields given as dicts override the sizes."""
+    """A tiny Dreamer (``DREAMER_TINY``); group fields given as dicts override its sizes."""
     return Dreamer(
         spec,
-        net={**TINY_NET, **(net or {})},
+        net={**DREAMER_TINY["net"], **(net or {})},
         loss=loss,
-        behavior={"horizon": HORIZON, **(behavior or {})},
+        behavior={**DREAMER_TINY["behavior"], **(behavior or {})},
         optim=optim,
         **kwargs,
     )
@@ -257,6 +257,7 @@ def test_act_discrete_explore_and_mode(cartpole_spec):
     assert torch.equal(a1, logits.argmax(-1))
 
 
+@pytest.mark.slow  # torch.compile
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
 def test_acting_copy_ships_only_what_acting_needs_and_acts_the_same(env_id):
     import pickle
@@ -327,7 +328,7 @@ def _fit_args(config: str, steps: int, extra: list[str] = ()) -> list[str]:
         "--config",
         str(ROOT / "configs/dreamer" / config),
         "--config",
-        str(ROOT / "configs/dreamer/presets/debug.yaml"),
+        str(ROOT / "configs/dreamer/presets/debug.yaml"),  # the shipped smoke-test sizes, tested here too
         "--trainer.max_steps",
         str(steps),
         "--trainer.log_every_n_steps",
@@ -340,20 +341,14 @@ def _fit_args(config: str, steps: int, extra: list[str] = ()) -> list[str]:
         "run",
         "--model.init_args.optim.model.lr",
         "3e-3",
-        "--data.init_args.batch_size",
-        "4",
+        *data_overrides(REPLAY_DATA_TINY),
         "--data.init_args.sampler.init_args.length",
-        "16",
-        "--data.init_args.prefill",
-        "64",
-        "--data.init_args.eval.episodes",
-        "1",
-        "--data.init_args.eval.envs",
-        "1",
+        "16",  # twice the preset's: the sequences these loss checks were set with (pixel fits pass 8 again)
         *extra,
     ]
 
 
+@pytest.mark.slow
 def test_cli_fit_cartpole_vector_losses_fall():
     cli = main(args=_fit_args("cartpole.yaml", 24))
     assert cli.trainer.global_step == 24  # one counted optimizer step per gradient step
@@ -383,6 +378,7 @@ def test_cli_fit_cartpole_vector_losses_fall():
     assert (image.height, image.width) == (round(100 * (1.2 + 1.4 * 4)), 640)  # openloop_curves' size at 100 dpi
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["xs", "s", "m"])
 def test_cli_size_presets_build_and_take_a_step(preset):
     """Each size preset instantiates from the CLI over a family config and trains one step."""
@@ -410,6 +406,7 @@ def test_cli_size_presets_build_and_take_a_step(preset):
     assert torch.isfinite(torch.tensor(logged_scalars(Path("lightning_logs/run"), "train/loss_model"))).all()
 
 
+@pytest.mark.slow
 def test_horizon_schedule_grows_the_imagination_with_env_steps():
     # debug fit: 64 prefill rows, then 4 env steps per gradient step (one env, replay ratio 0.25)
     cli = main(
@@ -431,6 +428,7 @@ def test_horizon_schedule_grows_the_imagination_with_env_steps():
         BehaviorSettings(horizon_schedule=RolloutSchedule(start_step=0, end_step=10, min_length=0, max_length=5))
 
 
+@pytest.mark.slow
 def test_cli_fit_pendulum_continuous():
     cli = main(args=_fit_args("pendulum.yaml", 8))
     assert cli.trainer.global_step == 8 and cli.model.actor_grad == "dynamics"
@@ -440,6 +438,7 @@ def test_cli_fit_pendulum_continuous():
     assert logged_scalars(Path("lightning_logs/run"), "val/return")
 
 
+@pytest.mark.slow
 def test_cli_fit_on_dict_observations_frame_and_state():
     """{"image", "state"} observations: both parts are encoded and reconstructed, replay keeps
     the frame uint8, acting and the open-loop video work on the dict."""
@@ -458,6 +457,7 @@ def test_cli_fit_on_dict_observations_frame_and_state():
     assert decoded["state"].shape == (3, 4)
 
 
+@pytest.mark.slow
 def test_cli_fit_cartpole_pixels_losses_fall_and_logs_openloop_image_and_gif():
     cli = main(args=_fit_args("cartpole_pixels.yaml", 12, ["--data.init_args.sampler.init_args.length", "8"]))
     assert cli.model.wm.pixels
@@ -482,12 +482,12 @@ def test_cli_fit_cartpole_pixels_losses_fall_and_logs_openloop_image_and_gif():
     assert frame[3:67, :64].std() > 0 and frame[3:67, 66:].std() > 0
 
 
-def test_resume_after_a_crash_continues_from_the_checkpoint_exactly(monkeypatch):
+@pytest.mark.slow
+def test_resume_after_a_crash_continues_from_the_checkpoint_exactly():
     """A fit dies at step 7 (last checkpoint at 6); `fit --ckpt_path last` starts from step 6 with
     the checkpoint's weights, slow critic, return norm, three optimizer states, env-step counter
     and replay buffer, and then takes only the steps still due."""
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
-    import resume_probe
+    from support import fit_probes
 
     base = ["--data.init_args.replay.save", "true", "--trainer.checkpoint_every_n_steps", "3"]
     with pytest.raises(RuntimeError, match="simulated crash at step 7"):
@@ -495,7 +495,11 @@ def test_resume_after_a_crash_continues_from_the_checkpoint_exactly(monkeypatch)
             args=_fit_args(
                 "cartpole.yaml",
                 12,
-                [*base, "--trainer.callbacks", '[{"class_path": "resume_probe.CrashAt", "init_args": {"step": 7}}]'],
+                [
+                    *base,
+                    "--trainer.callbacks",
+                    '[{"class_path": "support.fit_probes.CrashAt", "init_args": {"step": 7}}]',
+                ],
             )
         )
     ckpt = torch.load("lightning_logs/run/checkpoints/last.ckpt", weights_only=False)
@@ -510,10 +514,10 @@ def test_resume_after_a_crash_continues_from_the_checkpoint_exactly(monkeypatch)
         args=_fit_args(
             "cartpole.yaml",
             12,
-            [*base, "--ckpt_path", "last", "--trainer.callbacks", '[{"class_path": "resume_probe.RecordStart"}]'],
+            [*base, "--ckpt_path", "last", "--trainer.callbacks", '[{"class_path": "support.fit_probes.RecordStart"}]'],
         )
     )
-    seen = resume_probe.SEEN
+    seen = fit_probes.SEEN
     assert seen["global_step"] == 6
     assert seen["env_steps"] == data_state["stats"]["env_steps"]
     # the buffer comes back from the file beside the checkpoint, its last episode ended at the restart
@@ -537,6 +541,7 @@ def test_resume_after_a_crash_continues_from_the_checkpoint_exactly(monkeypatch)
     assert cli.datamodule.collector.stats.env_steps == cli.datamodule.prefill + (12 + 1) * per_step
 
 
+@pytest.mark.slow
 def test_cli_resume_restores_optimizers_slow_critic_and_return_norm():
     main(args=_fit_args("cartpole.yaml", 6))
     ckpt_path = Path("lightning_logs/run/checkpoints/last.ckpt")

@@ -207,6 +207,7 @@ def test_settings_round_trip_through_a_checkpoint(tmp_path):
         assert torch.equal(loaded.state_dict()[key], value), key
 
 
+@pytest.mark.slow
 def test_dream_env_id_is_registered_by_the_dreamer_package_not_by_envs():
     code = (
         "import gymnasium as gym, lightning_wm.envs as envs\n"

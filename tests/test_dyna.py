@@ -5,11 +5,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.presets import DREAMER_TINY, IMPALA_TINY, UNROLL_DATA_TINY, data_overrides, overrides
 from torch import nn
 
 from lightning_wm.agents.dreamer import Dreamer
 from lightning_wm.agents.dyna import DynaLearner, DynaOptimSettings, DynaWorldModel, ImaginationSettings
-from lightning_wm.agents.impala import IMPALA, ActorCriticSettings
+from lightning_wm.agents.impala import IMPALA
 from lightning_wm.cli import main
 from lightning_wm.data.modules import UnrollDataModule
 from lightning_wm.envs import EnvConfig
@@ -29,18 +30,9 @@ SHRINK = [
     "false",
     "--trainer.run_name",
     "run",
-    "--data.init_args.env.num_envs",
-    "2",
-    "--data.init_args.unroll_length",
-    "4",
+    *data_overrides(UNROLL_DATA_TINY),
     "--data.init_args.batch_size",
-    "4",
-    "--data.init_args.eval.episodes",
-    "1",
-    "--data.init_args.eval.envs",
-    "1",
-    "--data.init_args.env.max_episode_steps",
-    "30",
+    "4",  # twice the preset's: at real_ratio 0.5, 2 real and 2 imagined unrolls per batch
     "--data.init_args.model_replay.capacity",
     "1000",
     "--data.init_args.model_replay.batch_size",
@@ -59,16 +51,7 @@ SHRINK = [
     "8",
     "--model.init_args.imagination.real_ratio",
     "0.5",
-    "--model.init_args.world_model.init_args.net.deter",
-    "16",
-    "--model.init_args.world_model.init_args.net.hidden",
-    "16",
-    "--model.init_args.world_model.init_args.net.stoch",
-    "4",
-    "--model.init_args.world_model.init_args.net.classes",
-    "4",
-    "--model.init_args.world_model.init_args.net.bins",
-    "31",
+    *overrides({"net": DREAMER_TINY["net"]}, "--model.init_args.world_model.init_args"),  # the policy: the config's
 ]
 
 
@@ -99,7 +82,7 @@ def test_imagined_unrolls_fill_batches_at_real_ratio():
     dm = UnrollDataModule(
         EnvConfig("CartPole-v1", num_envs=2), unroll_length=4, batch_size=8, model_replay={"capacity": 200}
     )
-    policy = IMPALA(dm.spec, net=ActorCriticSettings(hidden=8, layers=1))
+    policy = IMPALA(dm.spec, net=IMPALA_TINY["net"])
     dm.setup("fit")
     dm.attach_agent(policy, 0)
     try:
@@ -131,6 +114,53 @@ def test_imagined_unrolls_fill_batches_at_real_ratio():
         dm.teardown("fit")
 
 
+def test_dyna_learner_takes_a_step_by_hand_without_a_trainer():
+    """The fast lane's check: a DynaLearner of tiny parts builds; through the optimizers it
+    configures, its world model takes a step on real sequences of the model replay and its policy
+    one on a batch of real and imagined unrolls (what its training_step does under a Trainer)."""
+    dm = UnrollDataModule(
+        EnvConfig("CartPole-v1", num_envs=2, seed=0),
+        unroll_length=4,
+        batch_size=4,
+        model_replay={"capacity": 200, "batch_size": 2, "sequence_length": 8},
+    )
+    learner = DynaLearner(
+        dm.spec,
+        policy=lambda s: IMPALA(s, net=IMPALA_TINY["net"]),
+        world_model=lambda s: Dreamer(s, **DREAMER_TINY),
+        rollout={"start_step": 0, "end_step": 0, "min_length": 3, "max_length": 3},
+        imagination={"real_ratio": 0.5, "rollout_batch_size": 8},
+    )
+    (policy_opt, model_opt), _ = learner.configure_optimizers()
+    before = {k: v.clone() for k, v in learner.state_dict().items()}
+    dm.setup("fit")
+    dm.attach_agent(learner, 0)
+    try:
+        batch = dm.next_batch()
+        for _ in range(10):  # until the model replay holds a sequence per env
+            if "model" in batch:
+                break
+            batch = dm.next_batch()
+        loss, _, _ = learner.world_model.world_model_loss(batch["model"])
+        model_opt.zero_grad()
+        loss.backward()
+        model_opt.step()
+        img = learner.dyna.fill_img_buffer(learner.policy, dm.real_buffer(), None, envstep=0, policy_version=1)
+        dm.set_imagination(img, learner.dyna.real_ratio)
+        batch = dm.next_batch()
+        batch.pop("model", None)
+        assert batch["is_real"].tolist() == [True, True, False, False]
+        loss, logs = learner.policy.learner_loss(batch, 0)
+        assert torch.isfinite(loss) and "policy_loss" in logs
+        policy_opt.zero_grad()
+        loss.backward()
+        policy_opt.step()
+    finally:
+        dm.teardown("fit")
+    for part in ("policy.", "world_model.wm."):
+        assert any(not torch.equal(before[k], v) for k, v in learner.state_dict().items() if k.startswith(part)), part
+
+
 def test_unroll_imagination_needs_in_process_acting():
     with pytest.raises(ValueError, match="num_actors: 0"):
         UnrollDataModule(EnvConfig("CartPole-v1"), acting={"num_actors": 2}, model_replay={"capacity": 1000})
@@ -148,9 +178,9 @@ def test_dyna_learner_checks_its_parts_and_checkpoints_its_cadence():
         return DynaLearner(
             dm.spec,
             policy=lambda s: IMPALA(
-                s, net=ActorCriticSettings(hidden=8), optim=OptimSettings(clip=GradClipSettings(type="clip_norm"))
+                s, net=IMPALA_TINY["net"], optim=OptimSettings(clip=GradClipSettings(type="clip_norm"))
             ),
-            world_model=lambda s: Dreamer(s, net=dict(deter=8, hidden=8, stoch=2, classes=2, bins=15)),
+            world_model=lambda s: Dreamer(s, **DREAMER_TINY),
             model_train_start=100,
         )
 
@@ -172,8 +202,8 @@ def test_dyna_learner_settings_groups_and_the_world_model_optimizer():
     dm = UnrollDataModule(EnvConfig("CartPole-v1"))
     learner = DynaLearner(
         dm.spec,
-        policy=lambda s: IMPALA(s, net=ActorCriticSettings(hidden=8)),
-        world_model=lambda s: Dreamer(s, net=dict(deter=8, hidden=8, stoch=2, classes=2, bins=15)),
+        policy=lambda s: IMPALA(s, net=IMPALA_TINY["net"]),
+        world_model=lambda s: Dreamer(s, **DREAMER_TINY),
         rollout={"start_step": 0, "end_step": 0, "min_length": 3, "max_length": 3},
         imagination={"real_ratio": 0.5},
         optim={"model": {"lr": 3e-4}},
@@ -192,6 +222,7 @@ def test_dyna_learner_settings_groups_and_the_world_model_optimizer():
         DynaLearner(dm.spec, policy=IMPALA, world_model=Dreamer, imagination={"real_ratio": 2.0})
 
 
+@pytest.mark.slow
 def test_cartpole_dyna_config_fits_with_imagination_and_evaluates(capsys):
     cli = main(args=["fit", "--config", CONFIG, *SHRINK])
     assert cli.trainer.global_step == 10
@@ -215,6 +246,7 @@ def _weights(module: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 
+@pytest.mark.slow
 def test_seeded_dyna_fits_repeat_exactly(tmp_path, monkeypatch):
     """The imagination (model transitions, sampled terminations, the imagination buffer's draws)
     follows the run's seed, so two fits of the config end with the same weights, also when one of

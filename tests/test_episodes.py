@@ -160,6 +160,7 @@ def _rewrite_metadata(directory: str, n: int) -> None:
         store.write_metadata({"env": {"id": "CartPole-v1"}, "writer": os.getpid(), "i": i})
 
 
+@pytest.mark.slow  # worker processes
 def test_two_processes_writing_metadata_do_not_collide(tmp_path):
     """Both used the fixed temp name ``.meta.json.tmp``: one renamed the other's file away."""
     import multiprocessing as mp

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parent / "family_ddp_fit.py"
+pytestmark = pytest.mark.slow  # every test: a two-rank DDP fit in subprocesses
+
+SCRIPT = Path(__file__).resolve().parent / "support" / "family_ddp_fit.py"
 STEPS = 6
 FAMILIES = {
     # family: (weight prefixes that must train and agree, optimizers, buffers that must agree and be set)

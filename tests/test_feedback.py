@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from tiny_agent import PriorityProbe
+from support.tiny_agent import PriorityProbe
 
 from lightning_wm.callbacks import BufferCheckpoint
 from lightning_wm.cli import Trainer
@@ -18,6 +18,7 @@ from lightning_wm.envs import EnvConfig
 from lightning_wm.policies import RandomAgent
 
 
+@pytest.mark.slow
 def test_priorities_returned_by_training_step_change_what_is_sampled(tmp_path):
     """End to end through Lightning and the DataModule: rows given priority 0 are never sampled
     again, the one row given a high priority fills most of every later batch."""
@@ -198,17 +199,15 @@ def test_a_checkpoint_with_the_buffer_inline_still_restores_it(tmp_path):
         d.teardown("fit")
 
 
+@pytest.mark.slow
 def test_the_sampler_is_chosen_on_the_command_line_by_short_name(monkeypatch, tmp_path):
-    from pathlib import Path
-
     from lightning_wm.cli import main
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
     args = [
         "fit",
         "--model",
-        "tiny_agent.TinyAgent",
+        "support.tiny_agent.TinyAgent",
         "--data",
         "ReplayDataModule",
         "--data.env.id",

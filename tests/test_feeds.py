@@ -4,7 +4,7 @@
 import numpy as np
 import pytest
 import torch
-from test_collector import CountingAgent, make_env
+from support.countdown import CountingAgent, countdown_envs
 
 from lightning_wm.data.acting import ActorMetrics, Chunk
 from lightning_wm.data.acting.base import Acting
@@ -130,7 +130,7 @@ def test_actor_metrics_window():
 
 def test_unrolls_overlap_by_one_and_keep_order():
     """Chunk k of an env holds rows kT..kT+T: the last row of one unroll is the first of the next."""
-    collector = Collector(make_env([3, 5]), CountingAgent())
+    collector = Collector(countdown_envs([3, 5]), CountingAgent())
     batcher = UnrollBatcher(batch_size=2)
     batches = []
     for _ in range(4):

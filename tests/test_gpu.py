@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 import torch
+from support.presets import DREAMER_TINY, REPLAY_DATA_TINY, data_overrides, model_overrides
 
 from lightning_wm.cli import main
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"), pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[1]
 SHRUNK = [
@@ -26,20 +27,8 @@ SHRUNK = [
     "gpu",
     "--trainer.devices",
     "1",
-    "--model.init_args.net.deter",
-    "32",
-    "--model.init_args.net.hidden",
-    "32",
-    "--data.init_args.prefill",
-    "64",
-    "--data.init_args.batch_size",
-    "4",
-    "--data.init_args.sampler.init_args.length",
-    "8",
-    "--data.init_args.eval.episodes",
-    "1",
-    "--data.init_args.eval.envs",
-    "1",
+    *model_overrides(DREAMER_TINY),
+    *data_overrides(REPLAY_DATA_TINY),
     "--trainer.enable_progress_bar",
     "false",
     "--trainer.enable_model_summary",

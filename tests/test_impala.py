@@ -6,6 +6,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from support.presets import IMPALA_TINY
 
 from lightning_wm.agents.impala import IMPALA, VTraceLossSettings, impala_loss, unroll_loss
 from lightning_wm.data.collector import Collector
@@ -149,7 +150,7 @@ def test_learner_recomputes_the_behaviour_policy(env_id, lstm_size):
     restarts), so on-policy ratios are exactly 1."""
     torch.manual_seed(0)
     cfg = {"id": env_id, "max_episode_steps": 12}
-    net = ActorCritic(env_spec(EnvConfig(**cfg)), ActorCriticSettings(hidden=16, lstm_size=lstm_size))
+    net = ActorCritic(env_spec(EnvConfig(**cfg)), ActorCriticSettings(**IMPALA_TINY["net"], lstm_size=lstm_size))
     batch = _collect(cfg, net, steps=30)
     assert batch["is_first"][:, 1:].any()  # episodes end inside the unroll
     obs = batch["obs"].transpose(0, 1)
@@ -254,7 +255,7 @@ def test_policy_learns_the_better_arm_from_off_policy_data():
     """Two-armed bandit, one-step unrolls acted by a uniform behaviour policy: the V-trace
     gradient moves the target policy to the arm paying 1 (a sign check of the whole loss)."""
     torch.manual_seed(3)
-    net = ActorCritic(CARTPOLE, ActorCriticSettings(hidden=16))
+    net = ActorCritic(CARTPOLE, ActorCriticSettings(**IMPALA_TINY["net"]))
     opt = torch.optim.SGD(net.parameters(), lr=1.0)
     B = 64
     for _ in range(25):

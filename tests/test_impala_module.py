@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import pytorch_lightning as pl
 import torch
+from support.presets import IMPALA_TINY, UNROLL_DATA_TINY, data_overrides, model_overrides
 
 from lightning_wm.agents.impala import IMPALA, ActorCriticSettings, unroll_loss
 from lightning_wm.callbacks import default_callbacks
@@ -30,21 +31,12 @@ SHRINK = [
     "false",
     "--trainer.run_name",
     "run",
-    "--data.init_args.env.num_envs",
-    "2",
-    "--data.init_args.unroll_length",
-    "4",
-    "--data.init_args.batch_size",
-    "2",
-    "--data.init_args.eval.episodes",
-    "1",
-    "--data.init_args.eval.envs",
-    "1",
-    "--data.init_args.env.max_episode_steps",
-    "30",
+    *data_overrides(UNROLL_DATA_TINY),
+    *model_overrides(IMPALA_TINY),
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_actors", [0, 2])
 @pytest.mark.parametrize("name", ["cartpole", "pendulum", "pong"])
 def test_config_fits_and_evaluates_from_the_cli(name, num_actors, capsys):
@@ -78,12 +70,36 @@ def test_config_fits_and_evaluates_from_the_cli(name, num_actors, capsys):
     assert "return" in capsys.readouterr().out
 
 
+def test_one_training_step_on_unrolls_acted_in_process_without_a_trainer():
+    """The fast lane's check: IMPALA builds, acts a batch of unrolls in process, and one
+    optimizer step on the V-trace loss of its training_step changes its weights."""
+    dm = UnrollDataModule(EnvConfig("CartPole-v1", num_envs=2, seed=0), unroll_length=4, batch_size=2)
+    model = IMPALA(dm.spec, net=ActorCriticSettings(**IMPALA_TINY["net"]))
+    model.log = model.log_dict = lambda *args, **kwargs: None  # training_step outside a Trainer
+    dm.setup("fit")
+    dm.attach_agent(model, 0)
+    try:
+        batch = dm.next_batch()
+    finally:
+        dm.teardown("fit")
+    assert batch["obs"].shape == (2, 5, 4) and batch["logits"].shape == (2, 5, 2)
+    config = model.configure_optimizers()
+    optimizer = config["optimizer"] if isinstance(config, dict) else config
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    loss = model.training_step(batch, 0)["loss"]
+    assert torch.isfinite(loss)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
 def _fit(seed: int, steps: int = 6, **data_kwargs) -> tuple[IMPALA, list[dict], UnrollDataModule]:
     pl.seed_everything(seed)
     dm = UnrollDataModule(EnvConfig("CartPole-v1", num_envs=3, seed=seed), unroll_length=5, batch_size=3, **data_kwargs)
     model = IMPALA(
         dm.spec,
-        net=ActorCriticSettings(hidden=16),
+        net=ActorCriticSettings(**IMPALA_TINY["net"]),
         optim=OptimSettings(lr=0.01),
         priority=data_kwargs.get("replay", {}).get("prioritized", False),
     )
@@ -111,6 +127,7 @@ def _fit(seed: int, steps: int = 6, **data_kwargs) -> tuple[IMPALA, list[dict], 
     return model, outputs, dm
 
 
+@pytest.mark.slow
 def test_same_seed_gives_bit_identical_weights_in_process():
     (a, *_), (b, *_), (c, *_) = _fit(0), _fit(0), _fit(1)
     for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
@@ -118,6 +135,7 @@ def test_same_seed_gives_bit_identical_weights_in_process():
     assert not all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), c.state_dict().values()))
 
 
+@pytest.mark.slow
 def test_priorities_come_back_to_the_unroll_replay(monkeypatch):
     applied = []
     original = UnrollDataModule.apply_feedback
@@ -156,6 +174,7 @@ def test_priorities_come_back_to_the_unroll_replay(monkeypatch):
         plain.apply_feedback(batch, {"priority": torch.ones(3)})
 
 
+@pytest.mark.slow
 def test_priority_and_is_weights_in_the_training_step():
     spec = UnrollDataModule(EnvConfig("CartPole-v1")).spec
     with pytest.raises(ValueError, match="needs priority: true"):
@@ -163,7 +182,7 @@ def test_priority_and_is_weights_in_the_training_step():
     _, outputs, _ = _fit(0, steps=2)
     batch = outputs[0]["batch"]
     torch.manual_seed(0)
-    model = IMPALA(spec, net=ActorCriticSettings(hidden=16), priority=True, priority_is_weight=True)
+    model = IMPALA(spec, net=ActorCriticSettings(**IMPALA_TINY["net"]), priority=True, priority_is_weight=True)
     with pytest.raises(ValueError, match="no importance weights"):
         model.training_step(batch, 0)
     weight = torch.tensor([1.0, 0.25, 0.0])
@@ -171,12 +190,13 @@ def test_priority_and_is_weights_in_the_training_step():
     want = unroll_loss(model.net, batch, model.loss, weight)
     assert torch.equal(out["loss"], want.total_loss) and torch.equal(out["priority"], want.priority)
     assert not torch.equal(out["loss"], unroll_loss(model.net, batch, model.loss).total_loss)
-    unweighted = IMPALA(spec, net=ActorCriticSettings(hidden=16), priority=True)
+    unweighted = IMPALA(spec, net=ActorCriticSettings(**IMPALA_TINY["net"]), priority=True)
     unweighted.load_state_dict(model.state_dict())
     out = unweighted.training_step({**batch, "weight": weight}, 0)  # weights in the batch, not asked for
     assert torch.equal(out["loss"], unroll_loss(model.net, batch, model.loss).total_loss)
 
 
+@pytest.mark.slow
 def test_encoder_injection_from_the_command_line():
     cli = main(
         args=[
@@ -187,7 +207,7 @@ def test_encoder_injection_from_the_command_line():
             "--data.init_args.acting.num_actors",
             "0",
             "--model.init_args.encoder",
-            "impala_encoders.SumEncoder",
+            "support.impala_encoders.SumEncoder",
             "--model.init_args.encoder.init_args.width",
             "5",
             "--trainer.limit_val_batches",
@@ -199,9 +219,10 @@ def test_encoder_injection_from_the_command_line():
     assert cli.trainer.global_step == 3
 
 
-DDP_SCRIPT = ROOT / "tests" / "impala_ddp_fit.py"
+DDP_SCRIPT = ROOT / "tests" / "support" / "impala_ddp_fit.py"
 
 
+@pytest.mark.slow
 def test_ddp_ranks_with_their_own_actors_end_identical(tmp_path):
     out = subprocess.run(
         [sys.executable, str(DDP_SCRIPT), str(tmp_path)], capture_output=True, text=True, timeout=600, cwd=tmp_path

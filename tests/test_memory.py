@@ -6,6 +6,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.loggers import TensorBoardLogger
+from support.presets import MEMORY_TINY, VISION_TINY
 
 from lightning_wm.agents.worldmodels.memory import Memory
 from lightning_wm.agents.worldmodels.vision import Vision, convert_episodes
@@ -16,7 +17,8 @@ from lightning_wm.optim import OptimSettings
 torch.set_num_threads(1)
 
 SPEC = EnvSpec(gym.spaces.Box(0, 255, (64, 64, 3), np.uint8), gym.spaces.Discrete(2), "Synthetic")
-NET = {"latent_dim": 4, "hidden": 8, "num_mixtures": 3}  # a tiny M
+# a tiny M with three Gaussians, not the preset's two: a count apart from the 2 actions in shapes
+NET = {**MEMORY_TINY["net"], "num_mixtures": 3}
 
 
 def _batch(b=3, length=6, z=4, border=None, seed=0):
@@ -40,7 +42,7 @@ def _batch(b=3, length=6, z=4, border=None, seed=0):
 
 @pytest.mark.parametrize("mixture", ["per_dim", "joint"])
 def test_unroll_resets_the_state_where_is_first(mixture):
-    m = Memory(SPEC, net={"latent_dim": 4, "hidden": 8, "num_mixtures": 3, "mixture": mixture})
+    m = Memory(SPEC, net={**NET, "mixture": mixture})
     batch = _batch(border=3)
     z, a = batch["mu"], m.action_input(batch["action"])
     out, _ = m.unroll(z, a, batch["is_first"])
@@ -61,7 +63,7 @@ def test_unroll_resets_the_state_where_is_first(mixture):
 @pytest.mark.parametrize("mixture", ["per_dim", "joint"])
 def test_losses_score_only_targets_inside_an_episode(mixture):
     torch.manual_seed(0)
-    m = Memory(SPEC, net={"latent_dim": 4, "hidden": 8, "num_mixtures": 3, "mixture": mixture}, sample_z=False)
+    m = Memory(SPEC, net={**NET, "mixture": mixture}, sample_z=False)
     batch = _batch(b=2, length=5, border=2)
     losses = m.losses(batch)
     # independent computation: pairs (t -> t+1) inside an episode, state from scratch per episode
@@ -145,6 +147,7 @@ def test_learns_synthetic_dynamics():
     assert after["done_loss"] < before["done_loss"]
 
 
+@pytest.mark.slow  # about a second of training
 def test_done_from_the_next_latent():
     """``done_input: latent``: the end is read from z_{t+1} only (the LSTM state cannot raise it),
     and on the synthetic dynamics, where the end is a function of z_{t+1}, it learns the end
@@ -238,6 +241,7 @@ def test_open_loop_loss_is_off_by_default_and_scored_only_on_fed_back_rows():
         Memory(SPEC, loss={"open_loop_warmup": 0})
 
 
+@pytest.mark.slow  # seconds of training
 def test_open_loop_training_improves_multi_step_predictions():
     """On the synthetic dynamics, training with the open-loop loss gives a lower open-loop NLL
     than training the one-step loss alone for the same steps."""
@@ -264,6 +268,7 @@ def test_open_loop_training_improves_multi_step_predictions():
     assert results[1.0] < results[0.0], results
 
 
+@pytest.mark.slow
 def test_fit_on_a_converted_store_logs_losses_and_a_dream_image(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -286,7 +291,7 @@ def test_fit_on_a_converted_store_logs_losses_and_a_dream_image(tmp_path):
                 "is_terminal": last,
             }
         )
-    vision = Vision(SPEC, latent_dim=4, depth=4)
+    vision = Vision(SPEC, **VISION_TINY)
     vision_ckpt = str(tmp_path / "v.ckpt")
     torch.save(
         {
@@ -342,7 +347,7 @@ def test_dream_figures_label_the_real_and_dreamed_rows_and_the_error_curves(monk
     figures = {}
     monkeypatch.setattr(memory_module, "log_figure", lambda module, tag, make: figures.update({tag: make()}))
     m = Memory(SPEC, net=NET, dream={"length": 5, "sequences": 2}, vision_ckpt="v.ckpt")
-    m._vision.append(Vision(SPEC, latent_dim=4, depth=4))
+    m._vision.append(Vision(SPEC, **VISION_TINY))
     m.log_dream(_batch(b=3, length=6, border=3))
     frames = figures["val/real_vs_dream"]
     axes = frames.get_axes()
@@ -356,6 +361,7 @@ def test_dream_figures_label_the_real_and_dreamed_rows_and_the_error_curves(monk
     assert first[0] == 0.0 and np.isnan(first[3:]).all()  # starts on the real latent; ends at the border
 
 
+@pytest.mark.slow
 def test_patience_stops_training_when_the_validation_loss_stops_falling(tmp_path):
     """HumbleRL's patience: Lightning's EarlyStopping on val/loss. With a learning rate too small
     to move a weight (and z = mu) the validation loss never falls after the first epoch: patience 2
@@ -408,8 +414,8 @@ def test_patience_stops_training_when_the_validation_loss_stops_falling(tmp_path
     assert trainer.current_epoch == 3 and stopper.stopped_epoch == 2
     # no patience: no early stopping; HumbleRL's defaults are 10 (M) and 5 (V)
     assert Memory(SPEC, net=NET, patience=None).configure_callbacks() == []
-    assert Memory(SPEC, net=NET).patience == 10 and Vision(SPEC, latent_dim=4, depth=4).patience == 5
-    (vision_stop,) = Vision(SPEC, latent_dim=4, depth=4).configure_callbacks()
+    assert Memory(SPEC, net=NET).patience == 10 and Vision(SPEC, **VISION_TINY).patience == 5
+    (vision_stop,) = Vision(SPEC, **VISION_TINY).configure_callbacks()
     assert (vision_stop.monitor, vision_stop.mode, vision_stop.patience) == ("val/loss", "min", 5)
     with pytest.raises(ValueError, match="patience"):
         Memory(SPEC, net=NET, patience=0)

@@ -307,15 +307,14 @@ def test_ddp_side_files_follow_the_checkpoint_step(tmp_path):
     assert len(older.buffer) == 0
 
 
-def test_seeded_fits_are_identical_run_to_run(monkeypatch):
+@pytest.mark.slow
+def test_seeded_fits_are_identical_run_to_run():
     """Two fits with the same seed: the same env rows, the same weights (seeds come from
     lightning_wm.seeding roles: train envs, prefill policy, replay sampler)."""
     import pytorch_lightning as pl
+    from support.tiny_agent import TinyAgent
 
     from lightning_wm.cli import Trainer
-
-    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
-    from tiny_agent import TinyAgent
 
     def fit():
         pl.seed_everything(7)

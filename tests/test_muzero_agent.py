@@ -9,7 +9,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from muzero_helpers import NET, cartpole_spec, filled_datamodule, quiet, small  # tests/ is on sys.path
+from support.muzero_helpers import NET, cartpole_spec, filled_datamodule, quiet, small
+from support.presets import MUZERO_TINY
 
 from lightning_wm.agents.muzero import (
     MuZero,
@@ -116,7 +117,7 @@ def test_act_returns_search_extras_and_is_greedy_without_exploration():
 
 def test_acting_copy_acts_like_the_module_and_carries_the_temperature():
     torch.manual_seed(0)
-    model = small(search=SearchSettings(num_simulations=4, temperature=TemperatureSchedule((10,), (1.0, 0.25))))
+    model = small(search=SearchSettings(**MUZERO_TINY["search"], temperature=TemperatureSchedule((10,), (1.0, 0.25))))
     policy = model.acting_copy()
     assert isinstance(policy, MuZeroPolicy) and not any(p.requires_grad for p in policy.parameters())
     assert float(policy.temperature) == 1.0 and "temperature" in policy.state_dict()
@@ -128,6 +129,7 @@ def test_acting_copy_acts_like_the_module_and_carries_the_temperature():
     torch.testing.assert_close(extras["root_value"], extras_b["root_value"])
 
 
+@pytest.mark.slow  # torch.compile
 @pytest.mark.skipif(
     not any(shutil.which(c) for c in ("c++", "g++", "clang++")), reason="torch.compile on CPU needs a C++ compiler"
 )
@@ -136,7 +138,7 @@ def test_compile_search_acts_like_the_eager_search():
     actor processes run) and changes nothing but the speed."""
     torch.manual_seed(0)
     eager = small()
-    compiled = small(search=SearchSettings(num_simulations=4, compile=True))
+    compiled = small(search=SearchSettings(**MUZERO_TINY["search"], compile=True))
     compiled.load_state_dict(eager.state_dict())
     assert compiled.search.compile and not eager.search.compile
     obs = torch.randn(5, 4)
@@ -185,7 +187,7 @@ def test_settings_round_trip_through_the_checkpoints_plain_dicts():
     """A checkpoint keeps the groups as plain dicts; the module rebuilt from them has the same
     settings, and a partial optim mapping fills in MuZero's defaults (as the command line does)."""
     model = small(
-        search=SearchSettings(num_simulations=4, temperature=TemperatureSchedule((10,), (1.0, 0.5))),
+        search=SearchSettings(**MUZERO_TINY["search"], temperature=TemperatureSchedule((10,), (1.0, 0.5))),
         reanalyse=ReanalyseSettings(ratio=0.5, td_steps=3, td_steps_schedule=(100, 1)),
     )
     again = MuZero(cartpole_spec(), **model.hparams)

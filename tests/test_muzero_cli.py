@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from muzero_helpers import small  # tests/ is on sys.path
-from tb_scalars import logged_scalars
+from support.muzero_helpers import small
+from support.presets import MUZERO_DATA_TINY, MUZERO_TINY, data_overrides, model_overrides
+from support.tb_scalars import logged_scalars
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,15 +25,15 @@ def _cartpole_args(steps: int, run: str = "run", extra: tuple[str, ...] = ()) ->
         *f"--seed_everything 7 --trainer.max_steps {steps} --trainer.log_every_n_steps 1".split(),
         *f"--trainer.val_check_interval {steps} --trainer.enable_progress_bar false --trainer.run_name {run}".split(),
         *TINY_MODEL,
-        *"--data.init_args.batch_size 8 --data.init_args.prefill 40 --data.init_args.env.num_envs 2".split(),
-        *"--data.init_args.eval.episodes 1 --data.init_args.eval.envs 1".split(),
+        *data_overrides(MUZERO_DATA_TINY),
         *extra,
     ]
 
 
-TINY_MODEL = "--model.init_args.search.num_simulations 4 --model.init_args.net.latent_dim 16 --model.init_args.net.hidden 16".split()
+TINY_MODEL = model_overrides(MUZERO_TINY)
 
 
+@pytest.mark.slow
 def test_cli_fit_cartpole_logs_every_part():
     from lightning_wm.cli import main
 
@@ -68,6 +69,7 @@ def test_cli_fit_cartpole_logs_every_part():
     assert len(np.unique(leaves[leaves > 0])) > 1
 
 
+@pytest.mark.slow
 def test_same_seed_same_weights():
     """num_actors 0: acting, sampling, search noise and training all follow the seed, so two fits
     of one config end bit-identical."""
@@ -88,15 +90,13 @@ def test_same_seed_same_weights():
     assert any(not torch.equal(weights[0][k], start[k]) for k in start if k.startswith("model."))
 
 
-def test_averaged_weights_are_evaluated_and_saved_and_a_resumed_run_continues_from_the_online_ones(
-    monkeypatch, recwarn
-):
+@pytest.mark.slow
+def test_averaged_weights_are_evaluated_and_saved_and_a_resumed_run_continues_from_the_online_ones(recwarn):
     """configs/muzero/cartpole.yaml lists EMAWeights: the module after fit and last.ckpt's
     state_dict are the average (what `evaluate` loads, without a warning), the online weights are
     kept beside it, and a longer run resumed from the finished run's last.ckpt starts from those
     (Lightning's own callback saved the average twice there), with the callback listed or not."""
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
-    import resume_probe
+    from support import fit_probes
 
     from lightning_wm.callbacks import EMAWeights
     from lightning_wm.cli import main
@@ -138,22 +138,22 @@ def test_averaged_weights_are_evaluated_and_saved_and_a_resumed_run_continues_fr
                 "--ckpt_path",
                 "lightning_logs/ema/checkpoints/last.ckpt",
                 "--trainer.callbacks",
-                '[{"class_path": "resume_probe.RecordStart"}]',
+                '[{"class_path": "support.fit_probes.RecordStart"}]',
             ),
         )
     )
-    assert resume_probe.SEEN["global_step"] == 6
+    assert fit_probes.SEEN["global_step"] == 6
     for name, value in online.items():
-        assert torch.equal(resume_probe.SEEN["model"][name], value), name
+        assert torch.equal(fit_probes.SEEN["model"][name], value), name
 
     callbacks = (
         '[{"class_path": "lightning_wm.callbacks.EMAWeights", "init_args": {"decay": 0.99}}, '
-        '{"class_path": "resume_probe.RecordStart"}]'
+        '{"class_path": "support.fit_probes.RecordStart"}]'
     )
     cli = main(args=_cartpole_args(8, run="ema", extra=("--ckpt_path", "last", "--trainer.callbacks", callbacks)))
-    assert resume_probe.SEEN["global_step"] == 6 and cli.trainer.global_step == 8
+    assert fit_probes.SEEN["global_step"] == 6 and cli.trainer.global_step == 8
     for name, value in online.items():
-        assert torch.equal(resume_probe.SEEN["model"][name], value), name
+        assert torch.equal(fit_probes.SEEN["model"][name], value), name
 
 
 def test_ema_weights_options_are_checked_and_follow_lightnings_schedule():
@@ -170,11 +170,13 @@ def test_ema_weights_options_are_checked_and_follow_lightnings_schedule():
         EMAWeights(update_every_n_steps=0)
 
 
+@pytest.mark.slow
 def test_cli_fit_pong_config_shrunk():
     """configs/muzero/pong.yaml (frame stacks from the sampler's history, conv net, BatchNorm,
     latent consistency, reanalyse, SGD with warm-up) shrunk to a CPU smoke test."""
     from lightning_wm.cli import main
 
+    # its own sizes, not MUZERO_TINY's: pong.yaml's conv net (channels) and 2 simulations per search
     args = (
         "--seed_everything 1 --trainer.accelerator cpu --trainer.max_steps 2 --trainer.log_every_n_steps 1 "
         "--trainer.limit_val_batches 0 --trainer.enable_progress_bar false --trainer.run_name pong "
@@ -192,6 +194,7 @@ def test_cli_fit_pong_config_shrunk():
         assert logged_scalars(run, tag), tag
 
 
+@pytest.mark.slow
 def test_cli_fit_with_actor_processes():
     """num_actors 1: the actor searches with the acting copy (CPU, published weights) and its
     rows carry the search's root_value and visit_probs; training goes on from them."""

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from muzero_helpers import cartpole_spec, filled_datamodule, quiet, small  # tests/ is on sys.path
+from support.muzero_helpers import cartpole_spec, filled_datamodule, quiet, small
+from support.presets import MUZERO_TINY
 
 from lightning_wm.agents.muzero import MuZero, MuZeroLossSettings, MuZeroNet, UnrollSettings
 from lightning_wm.agents.muzero.losses import Supports, UnrollOutput, loss_terms, muzero_loss, unroll_model
@@ -176,7 +177,7 @@ def test_consistency_through_projection_heads():
 
     torch.manual_seed(2)
     K = 3
-    net = MuZeroNet(latent_dim=16, hidden=16, layers=1, head_hidden=8, support_size=10, projection=[12, 10, 6])
+    net = MuZeroNet(**MUZERO_TINY["net"], projection=[12, 10, 6])
     model = quiet(small(net=net, unroll=UnrollSettings(K, 2), loss=MuZeroLossSettings(train_repr_prediction=True)))
     m = model.model
     assert m.project(torch.rand(5, 16)).shape == (5, 10) and m.predict_projection(torch.rand(5, 16)).shape == (5, 10)

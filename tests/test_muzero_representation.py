@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.presets import IMPALA_TINY, UNROLL_DATA_TINY, data_overrides
 
 from lightning_wm.agents.impala import IMPALA, ActorCriticSettings, unroll_loss
 from lightning_wm.agents.muzero import MuZeroLossSettings, MuZeroNet, MuZeroRepresentation, UnrollSettings
@@ -101,7 +102,7 @@ def rep_spec():
 def test_host_gradients_reach_the_representation_only_when_not_detached(detach):
     torch.manual_seed(1)
     spec = env_spec(EnvConfig("CartPole-v1"))
-    host = IMPALA(spec, net=ActorCriticSettings(hidden=16), encoder=lambda s: _repr(detach=detach))
+    host = IMPALA(spec, net=ActorCriticSettings(**IMPALA_TINY["net"]), encoder=lambda s: _repr(detach=detach))
     batch = unroll_batch()
     unroll_loss(host.net, batch).total_loss.backward()
     grads = [p.grad for p in host.net.encoder.model.repr_net.parameters()]
@@ -118,6 +119,7 @@ def test_host_gradients_reach_the_representation_only_when_not_detached(detach):
     assert "repr/loss" in logs
 
 
+@pytest.mark.slow
 def test_impala_with_the_muzero_representation_from_yaml():
     from lightning_wm.cli import main
 
@@ -138,16 +140,7 @@ def test_impala_with_the_muzero_representation_from_yaml():
             "run",
             "--data.init_args.acting.num_actors",
             "0",
-            "--data.init_args.env.num_envs",
-            "2",
-            "--data.init_args.unroll_length",
-            "4",
-            "--data.init_args.batch_size",
-            "2",
-            "--data.init_args.eval.episodes",
-            "1",
-            "--data.init_args.eval.envs",
-            "1",
+            *data_overrides(UNROLL_DATA_TINY),
         ]
     )
     assert cli.trainer.global_step == 3

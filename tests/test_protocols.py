@@ -5,7 +5,7 @@ import pickle
 import pytest
 import pytorch_lightning as pl
 import torch
-from tiny_agent import TinyAgent
+from support.tiny_agent import TinyAgent
 from torch.utils.data import DataLoader
 
 from lightning_wm.callbacks import EnvStatsLogger, default_callbacks
@@ -78,6 +78,7 @@ def _fit(model, datamodule, steps, callbacks):
     return trainer
 
 
+@pytest.mark.slow
 def test_env_stats_logger_logs_env_and_actor_metrics_and_keeps_env_steps_current():
     model, dm = _Logged(), _Stats()
     assert isinstance(dm, EnvStatsSource)
@@ -94,6 +95,7 @@ def test_env_stats_logger_logs_env_and_actor_metrics_and_keeps_env_steps_current
     assert later["env/steps"] == 40 and later["env/episodes"] == 1 and later["env/episode_return"] == 5.0
 
 
+@pytest.mark.slow
 def test_env_stats_logger_ignores_a_datamodule_without_the_protocol():
     model = _Logged()
 
@@ -115,6 +117,7 @@ def test_cli_trainer_adds_the_default_callbacks_once():
     assert {type(c) for c in default_callbacks()} <= {type(c) for c in Trainer(logger=False).callbacks}
 
 
+@pytest.mark.slow
 def test_acting_copy_is_a_frozen_cpu_agent_without_the_trainer():
     model = _Logged()
     trainer = _fit(model, _Stats(), 1, [])

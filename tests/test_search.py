@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 import torch
-from mcts_reference import reference_search  # pytest puts tests/ (no __init__.py) on sys.path
+from support.mcts_reference import reference_search
 
 from lightning_wm.search import (
     TemperatureSchedule,
@@ -440,6 +440,7 @@ def test_search_statistics_are_consistent():
 NO_CXX = not any(shutil.which(c) for c in ("c++", "g++", "clang++"))
 
 
+@pytest.mark.slow  # torch.compile: seconds for the first compile of a process
 @pytest.mark.skipif(NO_CXX, reason="torch.compile on CPU needs a C++ compiler")
 @pytest.mark.parametrize("gumbel", [False, True])
 def test_compiled_tree_steps_match_reference(gumbel):

@@ -9,6 +9,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.loggers import TensorBoardLogger
+from support.presets import VISION_TINY
 
 from lightning_wm.agents.worldmodels.losses import vae_loss
 from lightning_wm.agents.worldmodels.vision import Vision, convert_episodes, encode_frames
@@ -113,6 +114,24 @@ def _store(directory, episodes=4, length=12, seed=0) -> EpisodeStore:
     return store
 
 
+def test_one_training_step_on_frames_without_a_trainer():
+    """The fast lane's check: V builds, and one optimizer step on the loss of its training_step
+    changes its weights."""
+    torch.manual_seed(0)
+    model = Vision(PIXELS, **VISION_TINY)
+    model.log = model.log_dict = lambda *args, **kwargs: None  # training_step outside a Trainer
+    optimizer = model.configure_optimizers()
+    optimizer = optimizer["optimizer"] if isinstance(optimizer, dict) else optimizer
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    loss = model.training_step({"obs": torch.from_numpy(_synthetic_frames(4, np.random.default_rng(0)))}, 0)
+    assert torch.isfinite(loss)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+@pytest.mark.slow
 def test_tiny_fit_lowers_reconstruction_and_logs_image_grid(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -150,7 +169,7 @@ def test_tiny_fit_lowers_reconstruction_and_logs_image_grid(tmp_path):
 
 
 def test_validation_without_logger_does_not_fail(tmp_path):
-    model = Vision(PIXELS, latent_dim=4, depth=4)
+    model = Vision(PIXELS, **VISION_TINY)
     batch = {"obs": torch.randint(0, 256, (3, 64, 64, 3), dtype=torch.uint8)}
     with pytest.warns(UserWarning, match="self.log"):  # no trainer: Lightning only warns
         model.validation_step(batch, 0)
@@ -159,7 +178,7 @@ def test_validation_without_logger_does_not_fail(tmp_path):
 
 
 def test_reconstruction_figure_has_labelled_rows_and_columns():
-    model = Vision(PIXELS, latent_dim=4, depth=4, grid_frames=3)
+    model = Vision(PIXELS, **VISION_TINY, grid_frames=3)
     fig = model.reconstruction_figure(torch.randint(0, 256, (5, 64, 64, 3), dtype=torch.uint8))
     axes = fig.get_axes()
     assert len(axes) == 2 * 3
@@ -169,10 +188,11 @@ def test_reconstruction_figure_has_labelled_rows_and_columns():
 
 
 def test_optimizer_and_settings_in_the_checkpoint():
-    model = Vision(PIXELS, latent_dim=4, depth=4)
+    model = Vision(PIXELS, **VISION_TINY)
     opt = model.configure_optimizers()
     assert isinstance(opt, torch.optim.Adam) and opt.param_groups[0]["lr"] == 1e-4  # the reference's
-    assert model.hparams["optim"]["lr"] == 1e-4 and model.hparams["latent_dim"] == 4  # plain dicts
+    latent_dim = VISION_TINY["latent_dim"]
+    assert model.hparams["optim"]["lr"] == 1e-4 and model.hparams["latent_dim"] == latent_dim  # plain dicts
     rebuilt = Vision(**{k: v for k, v in model.hparams.items()})
     assert rebuilt.optim == model.optim
 
@@ -204,7 +224,7 @@ def test_convert_episodes_writes_latents_and_keeps_the_rest(tmp_path):
 
 
 def test_encode_frames_chunks_match_one_batch():
-    model = Vision(PIXELS, latent_dim=4, depth=4).eval()
+    model = Vision(PIXELS, **VISION_TINY).eval()
     obs = np.random.default_rng(0).integers(0, 256, (9, 64, 64, 3), dtype=np.uint8)
     mu_a, _ = encode_frames(model, obs, batch_size=4)
     mu_b, _ = encode_frames(model, obs, batch_size=100)

@@ -1,4 +1,5 @@
-"""Small acting modules for actor tests; importable by spawned actor processes (tests/ is on sys.path)."""
+"""Small acting modules for actor tests; importable by spawned actor processes and Ray workers as
+``support.actor_agents`` (tests/ is on their sys.path or PYTHONPATH)."""
 
 import time
 from typing import Any
@@ -36,5 +37,5 @@ class FaultyPolicy(MarkedPolicy):
         if self.calls >= self.at:
             if self.fault == "raise":
                 raise ValueError(f"policy exploded on call {self.calls}")
-            time.sleep(3600)
+            time.sleep(3600)  # the behaviour under test, a hung actor (not a wait for anything)
         return super().act(obs, state, explore)

@@ -9,10 +9,14 @@ import io
 import os
 import signal
 import sys
+from pathlib import Path
 
 import torch
 
-from lightning_wm.cli import main
+TESTS = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(TESTS), str(TESTS.parent)]  # support.* and this repository's lightning_wm, installed or not
+
+from lightning_wm.cli import main  # noqa: E402
 
 target = int(sys.argv[1])
 calls = 0

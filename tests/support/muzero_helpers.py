@@ -9,13 +9,14 @@ from lightning_wm.data.samplers import WindowSampler
 from lightning_wm.envs import EnvConfig, EnvSpec, env_spec
 from lightning_wm.optim import OptimSettings
 from lightning_wm.search import SearchSettings
+from support.presets import MUZERO_TINY
 
-NET = MuZeroNet(latent_dim=16, hidden=16, layers=1, head_hidden=8, support_size=10)
+NET = MuZeroNet(**MUZERO_TINY["net"])
 
 
 def small(net: MuZeroNet = NET, search: SearchSettings | None = None, **groups) -> MuZero:
-    """A tiny MuZero on CartPole: ``NET``, 4 simulations, Adam at 1e-3, and the groups given."""
-    search = search or SearchSettings(num_simulations=4)
+    """A tiny MuZero on CartPole: ``NET``, ``MUZERO_TINY``'s search, Adam at 1e-3, and the groups given."""
+    search = search or SearchSettings(**MUZERO_TINY["search"])
     groups.setdefault("optim", OptimSettings(lr=1e-3))
     return MuZero(cartpole_spec(), net=net, search=search, **groups)
 

@@ -1,5 +1,7 @@
-"""Callbacks for resume tests: crash a fit at a given step; record what a resumed fit starts from."""
+"""Callbacks that probe a fit, given by ``class_path`` (``support.fit_probes.<name>``): crash it at a
+given step, record what a resumed fit starts from, mark in a file that training has reached a step."""
 
+from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
@@ -38,3 +40,15 @@ class RecordStart(pl.Callback):
                 for opt in trainer.optimizers
             ],
         )
+
+
+class MarkAt(pl.Callback):
+    """Write ``path`` (with the step) once ``step`` training steps are done: another process can wait
+    for the file instead of sleeping until training is surely going."""
+
+    def __init__(self, path: str, step: int = 1) -> None:
+        self.path, self.step = Path(path), step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step >= self.step and not self.path.exists():
+            self.path.write_text(str(trainer.global_step))

@@ -1,5 +1,5 @@
 """Run by tests/test_family_ddp.py in a subprocess: a 2-process CPU DDP fit (gloo) of one family,
-built from its CartPole config shrunk, each rank acting into its own buffer.
+built from its CartPole config shrunk to the tiny presets, each rank acting into its own buffer.
 
     python tests/family_ddp_fit.py FAMILY OUT_DIR [STEPS] [STRATEGY]   # FAMILY: dreamer | muzero
                                                                         # STRATEGY: ddp_fork (default), ddp, ddp_spawn
@@ -23,13 +23,15 @@ import torch
 import yaml
 from pytorch_lightning.callbacks import Callback
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+TESTS = Path(__file__).resolve().parents[1]
+ROOT = TESTS.parent
+sys.path[:0] = [str(TESTS), str(ROOT)]  # support.* and this repository's lightning_wm, installed or not
 
 from lightning_wm.cli import Trainer  # noqa: E402
 from lightning_wm.data.modules import ReplayDataModule  # noqa: E402
 from lightning_wm.data.samplers import SequenceSampler  # noqa: E402
 from lightning_wm.envs import EnvConfig  # noqa: E402
+from support.presets import DREAMER_TINY, MUZERO_TINY, merged  # noqa: E402
 
 
 def _weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -72,9 +74,7 @@ def build_dreamer() -> tuple[torch.nn.Module, ReplayDataModule]:
     from lightning_wm.agents.dreamer import Dreamer
 
     model_args, data_args = _config("configs/dreamer/cartpole.yaml")
-    preset = yaml.safe_load((ROOT / "configs/dreamer/presets/debug.yaml").read_text())["model"]["init_args"]
-    for group, values in preset.items():  # the preset's fields over the config's, group by group
-        model_args[group] = {**model_args.get(group, {}), **values}
+    model_args = merged(model_args, DREAMER_TINY)
     env = EnvConfig(**{**data_args.pop("env"), "seed": 5})
     data_args.update(
         batch_size=4,
@@ -94,8 +94,7 @@ def build_muzero() -> tuple[torch.nn.Module, ReplayDataModule]:
     from lightning_wm.data.samplers import WindowSampler
 
     model_args, data_args = _config("configs/muzero/cartpole.yaml")
-    model_args["search"] = {**model_args["search"], "num_simulations": 4}
-    model_args["net"] = {**model_args["net"], "latent_dim": 16, "hidden": 16}
+    model_args = merged(model_args, MUZERO_TINY)
     model_args.update(reanalyse={"ratio": 0.25}, target={"update_period": 2})
     data_args.pop("sampler")
     env = EnvConfig(**{**data_args.pop("env"), "num_envs": 2, "seed": 5})

@@ -3,11 +3,13 @@ with its own actor process. Each rank writes its final weights to OUT_DIR/rank<r
 
 import os
 import sys
+from pathlib import Path
 
 import torch
 from pytorch_lightning.callbacks import Callback
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root, installed or not
+TESTS = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(TESTS), str(TESTS.parent)]  # support.* and this repository's lightning_wm, installed or not
 
 from lightning_wm.agents.impala import IMPALA, ActorCriticSettings  # noqa: E402
 from lightning_wm.cli import Trainer  # noqa: E402
@@ -15,6 +17,7 @@ from lightning_wm.data.modules import UnrollDataModule  # noqa: E402
 from lightning_wm.data.settings import ActingSettings  # noqa: E402
 from lightning_wm.envs import EnvConfig  # noqa: E402
 from lightning_wm.optim import OptimSettings  # noqa: E402
+from support.presets import IMPALA_TINY  # noqa: E402
 
 
 class DumpRankState(Callback):
@@ -46,7 +49,7 @@ def main(out_dir: str) -> None:
         batch_size=2,
         acting=ActingSettings(num_actors=1, timeout_s=300),
     )
-    model = IMPALA(data.spec, net=ActorCriticSettings(hidden=16), optim=OptimSettings(lr=0.01))
+    model = IMPALA(data.spec, net=ActorCriticSettings(**IMPALA_TINY["net"]), optim=OptimSettings(lr=0.01))
     trainer = Trainer(
         accelerator="cpu",
         devices=2,

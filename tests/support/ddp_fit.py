@@ -1,4 +1,4 @@
-"""Run by tests/test_ddp.py in a subprocess: a 2-process CPU DDP fit of the tiny agent.
+"""Run by tests/test_ddp.py and tests/test_actor_modules.py in a subprocess: a 2-process CPU DDP fit of the tiny agent.
 
 Each rank writes its final weights, its env seed and its replay buffer to OUT_DIR/rank<r>.pt
 (the fit saves ``last.ckpt`` with each rank's buffer beside it). With ``resume`` the fit goes on
@@ -7,20 +7,20 @@ from that ``last.ckpt`` and each rank writes the buffer it starts from to OUT_DI
 
 import os
 import sys
+from pathlib import Path
 
 import torch
 from pytorch_lightning.callbacks import Callback
 
-sys.path.insert(0, os.path.dirname(__file__))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo root, installed or not
-
-from tiny_agent import TinyAgent  # noqa: E402
+TESTS = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(TESTS), str(TESTS.parent)]  # support.* and this repository's lightning_wm, installed or not
 
 from lightning_wm.cli import Trainer  # noqa: E402
 from lightning_wm.data.modules import ReplayDataModule  # noqa: E402
 from lightning_wm.data.samplers import SequenceSampler  # noqa: E402
 from lightning_wm.data.settings import ActingSettings, ReplaySettings  # noqa: E402
 from lightning_wm.envs import EnvConfig  # noqa: E402
+from support.tiny_agent import TinyAgent  # noqa: E402
 
 
 class DumpRankState(Callback):
