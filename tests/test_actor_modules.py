@@ -13,9 +13,6 @@ import numpy as np
 import pytest
 import pytorch_lightning as pl
 import torch
-from support.presets import REPLAY_DATA_TINY, TINY_AGENT, data_overrides
-from support.processes import cmdline, descendants, wait_gone, wait_until
-from support.tiny_agent import TinyAgent
 
 from lightning_wm.callbacks import default_callbacks
 from lightning_wm.cli import main
@@ -23,6 +20,10 @@ from lightning_wm.data.modules import ReplayDataModule, UnrollDataModule
 from lightning_wm.data.samplers import SequenceSampler
 from lightning_wm.data.settings import ActingSettings, ReplaySettings
 from lightning_wm.envs import EnvConfig
+
+from support.presets import REPLAY_DATA_TINY, TINY_AGENT, data_overrides
+from support.processes import cmdline, descendants, wait_gone, wait_until
+from support.tiny_agent import TinyAgent
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,12 +14,13 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from support.actor_agents import FaultyPolicy, MarkedPolicy
-from support.processes import descendants, wait_gone
 
 from lightning_wm.data.acting import ActorError, ActorPool, WeightStore
 from lightning_wm.envs import EnvConfig
 from lightning_wm.seeding import env_seeds
+
+from support.actor_agents import FaultyPolicy, MarkedPolicy
+from support.processes import descendants, wait_gone
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent

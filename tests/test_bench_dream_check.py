@@ -2,9 +2,10 @@
 
 import pytest
 import torch
-from support.bench_scripts import load_bench_script
 
 from lightning_wm.agents.worldmodels.memory import Memory
+
+from support.bench_scripts import load_bench_script
 
 check = load_bench_script("worldmodels_dream_check.py")
 

@@ -3,6 +3,7 @@
 import math
 
 import pytest
+
 from support.bench_scripts import load_bench_script
 
 

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from support import tiny_agent
-from support.presets import TINY_FIT
 
 from lightning_wm.checkpoints import CheckpointError, load_checkpoint, load_weights
 from lightning_wm.cli import main
+
+from support import tiny_agent
+from support.presets import TINY_FIT
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent

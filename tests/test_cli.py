@@ -8,11 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from support import tiny_agent
-from support.presets import TINY_FIT
 
 from lightning_wm.cli import main
 from lightning_wm.data.episodes import EpisodeStore
+
+from support import tiny_agent
+from support.presets import TINY_FIT
 
 ROOT = Path(__file__).resolve().parents[1]
 

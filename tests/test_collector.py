@@ -4,7 +4,6 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from support.countdown import CountingAgent, countdown_envs
 
 from lightning_wm.data.collector import Collector
 from lightning_wm.data.episodes import EpisodeStore
@@ -12,6 +11,8 @@ from lightning_wm.data.replay import ReplayBuffer
 from lightning_wm.data.samplers import SequenceSampler
 from lightning_wm.envs import EnvConfig, EnvSpec, env_spec, make_vector_env
 from lightning_wm.policies import RandomAgent
+
+from support.countdown import CountingAgent, countdown_envs
 
 
 def expected_rows(length, total, truncate=False):

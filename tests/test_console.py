@@ -7,10 +7,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.presets import DREAMER_TINY, REPLAY_DATA_TINY, data_overrides, model_overrides
 
 from lightning_wm import console
 from lightning_wm.cli import main
+
+from support.presets import DREAMER_TINY, REPLAY_DATA_TINY, data_overrides, model_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 CARTPOLE = str(ROOT / "configs/dreamer/cartpole.yaml")

@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 import pytorch_lightning as pl
 import torch
-from support.presets import DREAMER_TINY, MEMORY_TINY, VISION_TINY, model_overrides
 
 from lightning_wm.agents.worldmodels.controller import Controller, controller_forward, controller_num_params
 from lightning_wm.agents.worldmodels.memory import Memory
@@ -13,6 +12,8 @@ from lightning_wm.agents.worldmodels.vision import Vision
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.data.generations import GenerationDataModule
 from lightning_wm.envs import EnvConfig, EnvSpec, env_spec
+
+from support.presets import DREAMER_TINY, MEMORY_TINY, VISION_TINY, model_overrides
 
 torch.set_num_threads(1)
 

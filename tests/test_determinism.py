@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+
 from support.presets import DREAMER_TINY, REPLAY_DATA_TINY, data_overrides, model_overrides
 
 pytestmark = pytest.mark.slow  # every test: CLI fits in subprocesses, compared bit for bit

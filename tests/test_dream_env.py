@@ -11,7 +11,6 @@ import pytest
 import pytorch_lightning as pl
 import torch
 from gymnasium.utils.env_checker import check_env
-from support.presets import DREAMER_TINY, MEMORY_TINY, VISION_TINY
 
 from lightning_wm.agents.dreamer import Dreamer
 from lightning_wm.agents.worldmodels.controller import Controller
@@ -24,6 +23,8 @@ from lightning_wm.dream_env import DreamEnv, DreamSingleEnv, start_states
 from lightning_wm.envs import EnvConfig, EnvSpec, env_spec
 from lightning_wm.policies import RandomAgent
 from lightning_wm.world_model import rollout
+
+from support.presets import DREAMER_TINY, MEMORY_TINY, VISION_TINY
 
 torch.set_num_threads(1)
 

@@ -7,8 +7,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from support.presets import DREAMER_TINY, REPLAY_DATA_TINY, data_overrides
-from support.tb_scalars import logged_scalars
 
 from lightning_wm.agents.dreamer import BehaviorSettings, Dreamer, onehot_linear
 from lightning_wm.cli import main
@@ -16,6 +14,9 @@ from lightning_wm.data.replay import ReplayBuffer
 from lightning_wm.envs import EnvConfig, env_spec
 from lightning_wm.nn import dists
 from lightning_wm.world_model import RolloutSchedule
+
+from support.presets import DREAMER_TINY, REPLAY_DATA_TINY, data_overrides
+from support.tb_scalars import logged_scalars
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]

@@ -5,7 +5,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.presets import DREAMER_TINY, IMPALA_TINY, UNROLL_DATA_TINY, data_overrides, overrides
 from torch import nn
 
 from lightning_wm.agents.dreamer import Dreamer
@@ -16,6 +15,8 @@ from lightning_wm.data.modules import UnrollDataModule
 from lightning_wm.envs import EnvConfig
 from lightning_wm.optim import GradClipSettings, OptimSettings
 from lightning_wm.world_model import RolloutSchedule, WorldModel
+
+from support.presets import DREAMER_TINY, IMPALA_TINY, UNROLL_DATA_TINY, data_overrides, overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "configs/impala/cartpole_dyna.yaml")

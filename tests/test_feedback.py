@@ -7,7 +7,6 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from support.tiny_agent import PriorityProbe
 
 from lightning_wm.callbacks import BufferCheckpoint
 from lightning_wm.cli import Trainer
@@ -16,6 +15,8 @@ from lightning_wm.data.samplers import RowSampler, SequenceSampler, WindowSample
 from lightning_wm.data.settings import EvalSettings, ReplaySettings
 from lightning_wm.envs import EnvConfig
 from lightning_wm.policies import RandomAgent
+
+from support.tiny_agent import PriorityProbe
 
 
 @pytest.mark.slow

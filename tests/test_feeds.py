@@ -4,12 +4,13 @@
 import numpy as np
 import pytest
 import torch
-from support.countdown import CountingAgent, countdown_envs
 
 from lightning_wm.data.acting import ActorMetrics, Chunk
 from lightning_wm.data.acting.base import Acting
 from lightning_wm.data.batches import ReplayFeed, UnrollBatcher
 from lightning_wm.data.collector import Collector
+
+from support.countdown import CountingAgent, countdown_envs
 
 
 class FakeActors(Acting):

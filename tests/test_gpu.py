@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 import torch
-from support.presets import DREAMER_TINY, REPLAY_DATA_TINY, data_overrides, model_overrides
 
 from lightning_wm.cli import main
+
+from support.presets import DREAMER_TINY, REPLAY_DATA_TINY, data_overrides, model_overrides
 
 pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"), pytest.mark.slow]
 

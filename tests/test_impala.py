@@ -6,7 +6,6 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from support.presets import IMPALA_TINY
 
 from lightning_wm.agents.impala import IMPALA, VTraceLossSettings, impala_loss, unroll_loss
 from lightning_wm.data.collector import Collector
@@ -15,6 +14,8 @@ from lightning_wm.nn.actor_critic import ActorCritic, ActorCriticSettings, Categ
 from lightning_wm.optim import OptimSettings
 from lightning_wm.protocols import Agent
 from lightning_wm.returns import UnrollSteps, lambda_return
+
+from support.presets import IMPALA_TINY
 
 CARTPOLE = EnvSpec(gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2), "CartPole-v1")
 PENDULUM = EnvSpec(

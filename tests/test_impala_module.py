@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import pytorch_lightning as pl
 import torch
-from support.presets import IMPALA_TINY, UNROLL_DATA_TINY, data_overrides, model_overrides
 
 from lightning_wm.agents.impala import IMPALA, ActorCriticSettings, unroll_loss
 from lightning_wm.callbacks import default_callbacks
@@ -18,6 +17,8 @@ from lightning_wm.cli import main
 from lightning_wm.data.modules import UnrollDataModule
 from lightning_wm.envs import EnvConfig
 from lightning_wm.optim import OptimSettings
+
+from support.presets import IMPALA_TINY, UNROLL_DATA_TINY, data_overrides, model_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 SHRINK = [

@@ -6,13 +6,14 @@ import pytest
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.loggers import TensorBoardLogger
-from support.presets import MEMORY_TINY, VISION_TINY
 
 from lightning_wm.agents.worldmodels.memory import Memory
 from lightning_wm.agents.worldmodels.vision import Vision, convert_episodes
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.envs import EnvSpec
 from lightning_wm.optim import OptimSettings
+
+from support.presets import MEMORY_TINY, VISION_TINY
 
 torch.set_num_threads(1)
 

@@ -312,9 +312,10 @@ def test_seeded_fits_are_identical_run_to_run():
     """Two fits with the same seed: the same env rows, the same weights (seeds come from
     lightning_wm.seeding roles: train envs, prefill policy, replay sampler)."""
     import pytorch_lightning as pl
-    from support.tiny_agent import TinyAgent
 
     from lightning_wm.cli import Trainer
+
+    from support.tiny_agent import TinyAgent
 
     def fit():
         pl.seed_everything(7)

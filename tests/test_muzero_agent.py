@@ -9,8 +9,6 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from support.muzero_helpers import NET, cartpole_spec, filled_datamodule, quiet, small
-from support.presets import MUZERO_TINY
 
 from lightning_wm.agents.muzero import (
     MuZero,
@@ -27,6 +25,9 @@ from lightning_wm.envs import EnvSpec
 from lightning_wm.nn.blocks import scale_gradient, soft_update, soft_update_tensors
 from lightning_wm.optim import GradClipSettings, OptimSettings
 from lightning_wm.search import SearchSettings, TemperatureSchedule
+
+from support.muzero_helpers import NET, cartpole_spec, filled_datamodule, quiet, small
+from support.presets import MUZERO_TINY
 
 torch.set_num_threads(1)
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
 from support.muzero_helpers import small
 from support.presets import MUZERO_DATA_TINY, MUZERO_TINY, data_overrides, model_overrides
 from support.tb_scalars import logged_scalars
@@ -96,10 +97,10 @@ def test_averaged_weights_are_evaluated_and_saved_and_a_resumed_run_continues_fr
     state_dict are the average (what `evaluate` loads, without a warning), the online weights are
     kept beside it, and a longer run resumed from the finished run's last.ckpt starts from those
     (Lightning's own callback saved the average twice there), with the callback listed or not."""
-    from support import fit_probes
-
     from lightning_wm.callbacks import EMAWeights
     from lightning_wm.cli import main
+
+    from support import fit_probes
 
     cli = main(args=_cartpole_args(6, run="ema"))
     assert [c.update_every_n_steps for c in cli.trainer.callbacks if isinstance(c, EMAWeights)] == [1]

@@ -7,13 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from support.muzero_helpers import cartpole_spec, filled_datamodule, quiet, small
-from support.presets import MUZERO_TINY
 
 from lightning_wm.agents.muzero import MuZero, MuZeroLossSettings, MuZeroNet, UnrollSettings
 from lightning_wm.agents.muzero.losses import Supports, UnrollOutput, loss_terms, muzero_loss, unroll_model
 from lightning_wm.agents.muzero.targets import UnrollTargets
 from lightning_wm.nn import dists
+
+from support.muzero_helpers import cartpole_spec, filled_datamodule, quiet, small
+from support.presets import MUZERO_TINY
 
 torch.set_num_threads(1)
 

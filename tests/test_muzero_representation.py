@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.presets import IMPALA_TINY, UNROLL_DATA_TINY, data_overrides
 
 from lightning_wm.agents.impala import IMPALA, ActorCriticSettings, unroll_loss
 from lightning_wm.agents.muzero import MuZeroLossSettings, MuZeroNet, MuZeroRepresentation, UnrollSettings
 from lightning_wm.agents.muzero.representation import unroll_windows
 from lightning_wm.envs import EnvConfig, env_spec
+
+from support.presets import IMPALA_TINY, UNROLL_DATA_TINY, data_overrides
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]

@@ -5,7 +5,6 @@ import pickle
 import pytest
 import pytorch_lightning as pl
 import torch
-from support.tiny_agent import TinyAgent
 from torch.utils.data import DataLoader
 
 from lightning_wm.callbacks import EnvStatsLogger, default_callbacks
@@ -23,6 +22,8 @@ from lightning_wm.protocols import (
     EvaluationRequest,
     GenerationTask,
 )
+
+from support.tiny_agent import TinyAgent
 
 SPEC = env_spec(EnvConfig("CartPole-v1"))
 

@@ -7,7 +7,6 @@ import shutil
 
 import pytest
 import torch
-from support.mcts_reference import reference_search
 
 from lightning_wm.search import (
     TemperatureSchedule,
@@ -18,6 +17,8 @@ from lightning_wm.search import (
     sample_gumbel,
     select_action,
 )
+
+from support.mcts_reference import reference_search
 
 torch.set_num_threads(1)
 

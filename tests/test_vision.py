@@ -9,7 +9,6 @@ import pytest
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.loggers import TensorBoardLogger
-from support.presets import VISION_TINY
 
 from lightning_wm.agents.worldmodels.losses import vae_loss
 from lightning_wm.agents.worldmodels.vision import Vision, convert_episodes, encode_frames
@@ -17,6 +16,8 @@ from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.envs import EnvSpec
 from lightning_wm.logging import image_grid
 from lightning_wm.optim import OptimSettings
+
+from support.presets import VISION_TINY
 
 torch.set_num_threads(1)
 

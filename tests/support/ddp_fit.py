@@ -20,6 +20,7 @@ from lightning_wm.data.modules import ReplayDataModule  # noqa: E402
 from lightning_wm.data.samplers import SequenceSampler  # noqa: E402
 from lightning_wm.data.settings import ActingSettings, ReplaySettings  # noqa: E402
 from lightning_wm.envs import EnvConfig  # noqa: E402
+
 from support.tiny_agent import TinyAgent  # noqa: E402
 
 

@@ -31,6 +31,7 @@ from lightning_wm.cli import Trainer  # noqa: E402
 from lightning_wm.data.modules import ReplayDataModule  # noqa: E402
 from lightning_wm.data.samplers import SequenceSampler  # noqa: E402
 from lightning_wm.envs import EnvConfig  # noqa: E402
+
 from support.presets import DREAMER_TINY, MUZERO_TINY, merged  # noqa: E402
 
 

@@ -17,6 +17,7 @@ from lightning_wm.data.modules import UnrollDataModule  # noqa: E402
 from lightning_wm.data.settings import ActingSettings  # noqa: E402
 from lightning_wm.envs import EnvConfig  # noqa: E402
 from lightning_wm.optim import OptimSettings  # noqa: E402
+
 from support.presets import IMPALA_TINY  # noqa: E402
 
 

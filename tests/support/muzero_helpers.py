@@ -9,6 +9,7 @@ from lightning_wm.data.samplers import WindowSampler
 from lightning_wm.envs import EnvConfig, EnvSpec, env_spec
 from lightning_wm.optim import OptimSettings
 from lightning_wm.search import SearchSettings
+
 from support.presets import MUZERO_TINY
 
 NET = MuZeroNet(**MUZERO_TINY["net"])
