@@ -39,6 +39,7 @@ from pytorch_lightning.callbacks import Checkpoint
 
 from lightning_wm.io import atomic_torch_save, atomic_write, clean_stale_temps
 from lightning_wm.settings import flatten
+from lightning_wm.signals import RunStopped
 
 __all__ = [
     "AtomicCheckpointIO",
@@ -528,3 +529,11 @@ class RunCheckpoints(Checkpoint):
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._save(trainer, LAST)
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        """A stop request (a scheduler's SIGTERM, Slurm's SIGUSR1, Ctrl-C) ends a fit by raising
+        :class:`~lightning_wm.signals.RunStopped` between steps: save ``last.ckpt`` (and, through
+        the buffer callback, the replay buffers) at the step reached. Other errors save nothing
+        (the state may be what went wrong; the previous checkpoints stay)."""
+        if isinstance(exception, RunStopped) and trainer.state.fn == "fit":
+            self._save(trainer, LAST)

@@ -46,7 +46,9 @@ from lightning_wm.data.offline import EpisodeDataModule
 from lightning_wm.envs import EnvConfig, make_env, make_vector_env
 from lightning_wm.io import check_writable
 from lightning_wm.protocols import EnvHolder
+from lightning_wm.run_folder import RunFolderLock, check_new_run, is_rank_zero
 from lightning_wm.seeding import derive_seed
+from lightning_wm.signals import RunStopped, StopOnSignal, stop_on_signals, stop_requested
 from lightning_wm.video import check_video_path, write_video
 
 
@@ -103,6 +105,9 @@ class Trainer(pl.Trainer):
         keep_freed_memory: let glibc's malloc reuse freed memory instead of unmapping it
             (:func:`lightning_wm.runtime.keep_freed_memory`): faster CPU steps, resident memory
             stays at its peak. ``false`` keeps the defaults.
+        overwrite: a new fit (no ``--ckpt_path``) may replace the checkpoints another run left in
+            this run folder (they are deleted first); without it such a fit is refused
+            (:mod:`lightning_wm.run_folder`).
     """
 
     def __init__(
@@ -112,8 +117,10 @@ class Trainer(pl.Trainer):
         checkpoint_every_n_steps: int = 1000,
         torch_threads: int | None = None,
         keep_freed_memory: bool = True,
+        overwrite: bool = False,
         **kwargs: Any,
     ) -> None:
+        self.overwrite = overwrite
         if keep_freed_memory:
             runtime.keep_freed_memory()
         if torch_threads is not None:
@@ -134,6 +141,7 @@ class Trainer(pl.Trainer):
             else:  # (Lightning adds no ModelCheckpoint of its own beside it)
                 callbacks.append(RunCheckpoints(self.checkpoint_dir, checkpoint_every_n_steps))
         callbacks.append(NonFiniteLossGuard())
+        callbacks.append(StopOnSignal())
         callbacks += [c for c in cli_callbacks() if not any(type(x) is type(c) for x in callbacks)]
         if kwargs.get("enable_progress_bar", True) is not False and not any(
             isinstance(c, ProgressBar) for c in callbacks
@@ -167,6 +175,7 @@ class Trainer(pl.Trainer):
         if found is None:
             return None
         path, checkpoint = found
+        self._checkpoint_step = int(checkpoint.get("global_step", -1))
         if model is not None:
             check_compatible(checkpoint, model, path, action, settings)
         reader = self.strategy.checkpoint_io
@@ -191,10 +200,37 @@ class Trainer(pl.Trainer):
         """
         # before any work: a run whose results cannot be saved does not start
         check_writable(self.run_dir, "log folder")
-        if any(isinstance(c, RunCheckpoints) for c in self.callbacks):
+        checkpoints = any(isinstance(c, RunCheckpoints) for c in self.callbacks)
+        if checkpoints:
             check_writable(self.checkpoint_dir, "checkpoint folder")
         path = self._checkpoint_for(model, ckpt_path, "resume", resume_if_exists, settings="refuse")
-        super().fit(model, train_dataloaders, val_dataloaders, datamodule, ckpt_path=path, weights_only=True)
+        if path is not None and self._nothing_left(path):
+            return
+        lock = RunFolderLock(self.run_dir)
+        if checkpoints and is_rank_zero():  # the other DDP ranks are its children
+            if path is None:
+                check_new_run(self.checkpoint_dir, self.overwrite)
+            lock.acquire()
+        try:
+            with stop_on_signals():
+                super().fit(model, train_dataloaders, val_dataloaders, datamodule, ckpt_path=path, weights_only=True)
+                signum = stop_requested()  # a stop that came after the last step
+        finally:
+            lock.release()
+        if signum is not None:
+            raise RunStopped(signum)
+
+    def _nothing_left(self, path: str) -> bool:
+        """Resuming a checkpoint at or past ``max_steps``: say so (Lightning would end at once, silently)."""
+        step = self._checkpoint_step
+        if 0 <= self.max_steps <= step:
+            print(
+                f"nothing to do: {path} is at step {step} and --trainer.max_steps is {self.max_steps}; raise "
+                "max_steps to train on",
+                file=sys.stderr,
+            )
+            return True
+        return False
 
     def validate(
         self,

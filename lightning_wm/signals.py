@@ -25,7 +25,18 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
-__all__ = ["RunStopped", "stop_on_signals", "stop_requested", "check_stop", "request_stop", "clear_stop"]
+import pytorch_lightning as pl
+import torch
+
+__all__ = [
+    "RunStopped",
+    "StopOnSignal",
+    "stop_on_signals",
+    "stop_requested",
+    "check_stop",
+    "request_stop",
+    "clear_stop",
+]
 
 HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
@@ -101,3 +112,19 @@ def stop_on_signals(signals: tuple[signal.Signals, ...] = HANDLED) -> Iterator[N
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+
+
+class StopOnSignal(pl.Callback):
+    """After every training step: if a stop was requested on any DDP rank, end the fit by raising
+    :class:`RunStopped` on all of them (the same step everywhere), so the checkpoint callback
+    saves ``last.ckpt`` at this step in its ``on_exception`` hook."""
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        signum = stop_requested() or 0
+        if trainer.world_size > 1:
+            signum = int(trainer.strategy.reduce(torch.tensor(float(signum), device=pl_module.device), reduce_op="max"))
+        if signum:
+            request_stop(signum)
+            raise RunStopped(signum)

@@ -52,3 +52,27 @@ def test_rank_zero_from_the_launchers_environment(monkeypatch):
     assert is_rank_zero()
     monkeypatch.setenv("RANK", "1")
     assert not is_rank_zero()
+
+
+def test_a_full_disk_is_one_line_naming_the_file_and_the_free_bytes(tmp_path):
+    """torch's writer reports ENOSPC as a RuntimeError raised while handling the OSError."""
+    import errno
+
+    from lightning_wm.io import DiskFullError, atomic_write
+
+    target = tmp_path / "last.ckpt"
+    target.write_bytes(b"the previous checkpoint")
+
+    def write(f):
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0") from None
+
+    with pytest.raises(DiskFullError) as info:
+        atomic_write(target, write)
+    message = str(info.value)
+    assert "no space left" in message and str(target) in message and "bytes free in" in message
+    assert "\n" not in message and "enforce fail" not in message
+    assert target.read_bytes() == b"the previous checkpoint"
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"], "the temp file was removed"
