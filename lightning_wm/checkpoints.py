@@ -36,6 +36,7 @@ import pytorch_lightning as pl
 import torch
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 from pytorch_lightning.callbacks import Checkpoint
+from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from lightning_wm.io import atomic_torch_save, atomic_write, clean_stale_temps
 from lightning_wm.settings import flatten
@@ -535,5 +536,5 @@ class RunCheckpoints(Checkpoint):
         :class:`~lightning_wm.signals.RunStopped` between steps: save ``last.ckpt`` (and, through
         the buffer callback, the replay buffers) at the step reached. Other errors save nothing
         (the state may be what went wrong; the previous checkpoints stay)."""
-        if isinstance(exception, RunStopped) and trainer.state.fn == "fit":
+        if isinstance(exception, (RunStopped, SIGTERMException)) and trainer.state.fn == "fit":
             self._save(trainer, LAST)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from pytorch_lightning.callbacks import Callback, ModelCheckpoint
 from pytorch_lightning.callbacks.progress.progress_bar import ProgressBar
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 from pytorch_lightning.loggers import TensorBoardLogger
+from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from lightning_wm import console, runtime
 from lightning_wm.agents import dreamer as _dreamer  # noqa: F401  (registers the env id lightning_wm/Dream-v0)
@@ -44,11 +46,11 @@ from lightning_wm.data.collector import Collector, run_evaluation
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.data.offline import EpisodeDataModule
 from lightning_wm.envs import EnvConfig, make_env, make_vector_env
-from lightning_wm.io import check_writable
+from lightning_wm.io import DiskFullError, check_writable
 from lightning_wm.protocols import EnvHolder
 from lightning_wm.run_folder import RunFolderLock, check_new_run, is_rank_zero
 from lightning_wm.seeding import derive_seed
-from lightning_wm.signals import RunStopped, StopOnSignal, stop_on_signals, stop_requested
+from lightning_wm.signals import RunStopped, stop_on_signals, stop_requested
 from lightning_wm.video import check_video_path, write_video
 
 
@@ -141,7 +143,6 @@ class Trainer(pl.Trainer):
             else:  # (Lightning adds no ModelCheckpoint of its own beside it)
                 callbacks.append(RunCheckpoints(self.checkpoint_dir, checkpoint_every_n_steps))
         callbacks.append(NonFiniteLossGuard())
-        callbacks.append(StopOnSignal())
         callbacks += [c for c in cli_callbacks() if not any(type(x) is type(c) for x in callbacks)]
         if kwargs.get("enable_progress_bar", True) is not False and not any(
             isinstance(c, ProgressBar) for c in callbacks
@@ -208,17 +209,36 @@ class Trainer(pl.Trainer):
             return
         lock = RunFolderLock(self.run_dir)
         if checkpoints and is_rank_zero():  # the other DDP ranks are its children
-            if path is None:
-                check_new_run(self.checkpoint_dir, self.overwrite)
             lock.acquire()
+            try:
+                if path is None:
+                    check_new_run(self.checkpoint_dir, self.overwrite)
+            except BaseException:
+                lock.release()
+                raise
+        signum = None
         try:
             with stop_on_signals():
                 super().fit(model, train_dataloaders, val_dataloaders, datamodule, ckpt_path=path, weights_only=True)
                 signum = stop_requested()  # a stop that came after the last step
+        except SIGTERMException:  # Lightning's own check (DDP ranks told by rank 0)
+            signum = signal.SIGTERM
+        except RunStopped as stop:
+            signum = stop.signum
         finally:
             lock.release()
         if signum is not None:
-            raise RunStopped(signum)
+            raise RunStopped(signum, self._stop_report(checkpoints))
+
+    def _stop_report(self, checkpoints: bool) -> str:
+        """Where a stopped fit's state is, for the one line the command prints."""
+        last = os.path.join(self.checkpoint_dir, LAST)
+        if checkpoints and os.path.isfile(last):
+            return (
+                f"at step {self.global_step}; {last} holds it: resume with --ckpt_path last (or "
+                "--resume_if_exists true)"
+            )
+        return f"at step {self.global_step}; nothing was saved (checkpointing is off)"
 
     def _nothing_left(self, path: str) -> bool:
         """Resuming a checkpoint at or past ``max_steps``: say so (Lightning would end at once, silently)."""
@@ -453,7 +473,7 @@ def derive_run_name(config: Any) -> str:
 
 # errors that describe bad input (config values, env ids, files, a diverged loss): on the command
 # line they are printed as one message, without a traceback
-USER_ERRORS = (ValueError, FileNotFoundError, PermissionError, FloatingPointError)
+USER_ERRORS = (ValueError, FileNotFoundError, PermissionError, FloatingPointError, DiskFullError)
 
 
 def main(args: list[str] | None = None) -> CLI:
@@ -472,6 +492,9 @@ def main(args: list[str] | None = None) -> CLI:
             return _cli(args)
         try:
             return _cli(args)
+        except RunStopped as stop:
+            print(f"{stop}", file=sys.stderr)
+            raise SystemExit(stop.code) from None
         except USER_ERRORS as err:
             print(f"error: {user_message(err)}\n(set LIGHTNING_WM_TRACEBACK=1 for the traceback)", file=sys.stderr)
             raise SystemExit(1) from None

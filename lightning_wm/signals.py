@@ -4,12 +4,12 @@ Schedulers end jobs with SIGTERM (``timeout``, Kubernetes, Slurm) and warn with 
 ``--signal``); a terminal sends SIGINT. :func:`stop_on_signals` turns each into a *stop request*
 instead of killing the process mid-step:
 
-* the training loop stops after the step in progress (``StopOnSignal`` callback sets
-  ``trainer.should_stop``); the end-of-fit checkpoint (``last.ckpt`` and the replay buffers) is
-  then written at the step reached;
-* code that blocks (waiting for actors' rows, evaluation episodes) calls :func:`check_stop`,
-  which raises :class:`RunStopped` so the fit unwinds at once; the checkpoint callback saves in
-  its ``on_exception`` hook, and the datamodule stops its actors;
+* the training streams check for a request before they make the next batch
+  (:func:`check_stop_between_batches`): the step before has run with all its hooks, and
+  :class:`RunStopped` unwinds the fit; the checkpoint callback saves ``last.ckpt`` (and the
+  replay buffers) at that step in its ``on_exception`` hook, and the datamodule stops its actors;
+* code that blocks (waiting for actors' rows, evaluation episodes) calls :func:`check_stop`, so
+  a request is seen within a fraction of a second there too;
 * the command exits with ``128 + signal number`` (143 for SIGTERM) and one line saying where the
   checkpoint is, so a scheduler sees that the run did not finish.
 
@@ -25,12 +25,11 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
-import pytorch_lightning as pl
 import torch
 
 __all__ = [
     "RunStopped",
-    "StopOnSignal",
+    "check_stop_between_batches",
     "stop_on_signals",
     "stop_requested",
     "check_stop",
@@ -48,12 +47,12 @@ class RunStopped(SystemExit):
     so that Lightning treats it as an interruption (``on_exception`` hooks run) and a caller that
     does not catch it exits with ``128 + signum``."""
 
-    def __init__(self, signum: int) -> None:
+    def __init__(self, signum: int, where: str = "") -> None:
         super().__init__(128 + int(signum))
-        self.signum = int(signum)
+        self.signum, self.where = int(signum), where
 
     def __str__(self) -> str:
-        return f"stopped by {signal_name(self.signum)}"
+        return f"stopped by {signal_name(self.signum)}" + (f" {self.where}" if self.where else "")
 
 
 def signal_name(signum: int) -> str:
@@ -86,6 +85,18 @@ def check_stop() -> None:
         raise RunStopped(_requested)
 
 
+def check_stop_between_batches() -> None:
+    """:func:`check_stop` where a training stream is about to make the next batch: the step before
+    has ended with all its hooks, so a checkpoint taken now equals a periodic one at that step
+    (the state Lightning's one-batch prefetch leaves is the same), and resuming from it is exact.
+    Under DDP this is left to Lightning, which broadcasts rank 0's SIGTERM so that every rank
+    stops at the same step."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        if torch.distributed.get_world_size() > 1:
+            return
+    check_stop()
+
+
 def _handler(previous: Any) -> Any:
     def handle(signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGINT and _requested is not None:
@@ -112,19 +123,3 @@ def stop_on_signals(signals: tuple[signal.Signals, ...] = HANDLED) -> Iterator[N
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler if handler is not None else signal.SIG_DFL)
-
-
-class StopOnSignal(pl.Callback):
-    """After every training step: if a stop was requested on any DDP rank, end the fit by raising
-    :class:`RunStopped` on all of them (the same step everywhere), so the checkpoint callback
-    saves ``last.ckpt`` at this step in its ``on_exception`` hook."""
-
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        signum = stop_requested() or 0
-        if trainer.world_size > 1:
-            signum = int(trainer.strategy.reduce(torch.tensor(float(signum), device=pl_module.device), reduce_op="max"))
-        if signum:
-            request_stop(signum)
-            raise RunStopped(signum)
