@@ -42,6 +42,7 @@ from lightning_wm.checkpoints import (
     load_weights,
     open_checkpoint,
 )
+from lightning_wm.data.acting.worker import ActorError
 from lightning_wm.data.collector import Collector, run_evaluation
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.data.offline import EpisodeDataModule
@@ -396,8 +397,14 @@ class Trainer(pl.Trainer):
     ) -> int:
         """Encode every episode of the datamodule's store with a trained Vision model
         (``ckpt_path``) into the latent store ``target``. Returns episodes written."""
-        from lightning_wm.agents.worldmodels.vision import convert_episodes
+        from lightning_wm.agents.worldmodels.vision import Vision, convert_episodes
 
+        if not isinstance(model, Vision) or not isinstance(datamodule, EpisodeDataModule):
+            raise ValueError(
+                "convert encodes an episode store with a World Models vision model; this config builds a "
+                f"{type(model).__name__} with a {type(datamodule).__name__}: use a vision config (e.g. "
+                "configs/worldmodels/cartpole_pixels/vision.yaml) and its checkpoint"
+            )
         self._load_weights(model, ckpt_path, "convert")
         source = EpisodeStore(datamodule.directory)
         out = EpisodeStore(check_writable(target, "convert target"))
@@ -495,6 +502,13 @@ def main(args: list[str] | None = None) -> CLI:
         except RunStopped as stop:
             print(f"{stop}", file=sys.stderr)
             raise SystemExit(stop.code) from None
+        except ActorError as err:  # the learner's stack says nothing; the actor's own is in the message
+            first = str(err).splitlines()[0].rstrip(":")
+            print(
+                f"error: {first} (the fit stopped; set LIGHTNING_WM_TRACEBACK=1 for the actor's traceback)",
+                file=sys.stderr,
+            )
+            raise SystemExit(1) from None
         except USER_ERRORS as err:
             print(f"error: {user_message(err)}\n(set LIGHTNING_WM_TRACEBACK=1 for the traceback)", file=sys.stderr)
             raise SystemExit(1) from None
