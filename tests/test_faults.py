@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +14,8 @@ import pytest
 import torch
 
 from lightning_wm.cli import main
+
+from support.processes import descendants, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -105,24 +106,6 @@ def test_vision_keeps_best_by_lowest_val_loss_and_a_fit_shorter_than_an_epoch_en
     assert any(Path("latents").glob("*.npz"))
 
 
-def _descendants(pid: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (FileNotFoundError, ProcessLookupError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.add(child)
-            todo.append(child)
-    return out
-
-
 @pytest.mark.slow
 def test_a_killed_actor_ends_the_fit_with_one_line_and_its_traceback_on_request(tmp_path):
     args = [
@@ -135,10 +118,9 @@ def test_a_killed_actor_ends_the_fit_with_one_line_and_its_traceback_on_request(
         stderr=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 120
-        while len(_descendants(proc.pid)) < 2 and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.05)  # poll for the event: the actors exist
-        actors = sorted(_descendants(proc.pid))
+        actors = sorted(
+            wait_until(lambda: len(descendants(proc.pid)) >= 2 and descendants(proc.pid), 120, what="actors")
+        )
         assert actors, "no actor started"
         os.kill(actors[-1], signal.SIGKILL)
         _, err = proc.communicate(timeout=120)

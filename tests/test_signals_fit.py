@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from support.processes import descendants, wait_gone, wait_until
+
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
 
@@ -40,10 +42,10 @@ def _run(args: list[str], cwd: Path, signal_at: int | None = None, timeout: floa
     extra = []
     if signal_at is not None:
         extra = [
-            "--trainer.callbacks+=signal_callbacks.SignalAtStep",
+            "--trainer.callbacks+=support.fit_probes.SignalAtStep",
             f"--trainer.callbacks.init_args.step={signal_at}",
         ]
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}"}
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}"}  # tests/: support.fit_probes
     return subprocess.run(
         [sys.executable, str(ROOT / "main.py"), "fit", *args, *extra],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
@@ -82,32 +84,6 @@ def test_sigterm_mid_training_saves_the_step_it_reached_and_resumes(tmp_path):
     assert _ckpt(tmp_path, "r")["global_step"] == 6
 
 
-def _descendants(pid: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (FileNotFoundError, ProcessLookupError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.add(child)
-            todo.append(child)
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def test_sigterm_from_outside_while_actors_start_stops_within_30_s_without_orphans(tmp_path):
     """``timeout``/Kubernetes signal only the learner; it is waiting for its actors' first rows."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -117,10 +93,7 @@ def test_sigterm_from_outside_while_actors_start_stops_within_30_s_without_orpha
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 120
-        while len(_descendants(proc.pid)) < 2 and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.05)  # poll for the event: two actor processes exist
-        family = _descendants(proc.pid)
+        family = wait_until(lambda: len(descendants(proc.pid)) >= 2 and descendants(proc.pid), 120, what="actors")
         assert len(family) >= 2, "the actors never started"
         sent = time.monotonic()
         proc.send_signal(signal.SIGTERM)
@@ -128,10 +101,7 @@ def test_sigterm_from_outside_while_actors_start_stops_within_30_s_without_orpha
         assert time.monotonic() - sent <= 30, "the fit took more than 30 s to stop"
         assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
         assert "stopped by SIGTERM" in err
-        deadline = time.monotonic() + 10
-        while any(_alive(p) for p in family) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not [p for p in family if _alive(p)], "actors outlived the stopped learner"
+        assert not wait_gone(family, seconds=10), "actors outlived the stopped learner"
         assert (tmp_path / "lightning_logs/a/checkpoints/last.ckpt").is_file()
     finally:
         if proc.poll() is None:
