@@ -229,7 +229,10 @@ class Trainer(pl.Trainer):
         finally:
             lock.release()
         if signum is not None:
-            raise RunStopped(signum, self._stop_report(checkpoints))
+            where = self._stop_report(checkpoints)
+            if signum == signal.SIGUSR1 and checkpoints and is_rank_zero():
+                where += requeue_slurm_job()
+            raise RunStopped(signum, where)
 
     def _stop_report(self, checkpoints: bool) -> str:
         """Where a stopped fit's state is, for the one line the command prints."""
@@ -465,6 +468,25 @@ class CLI(LightningCLI):
         config = self.config[self.subcommand] if self.subcommand else self.config
         if config.trainer.get("run_name") is None:
             config.trainer.run_name = derive_run_name(config)
+
+
+def requeue_slurm_job() -> str:
+    """Under Slurm, put the job back in the queue after a SIGUSR1 stop (Slurm's warning before the
+    time limit, ``#SBATCH --signal=USR1@120``), as Lightning's own Slurm support does: the requeued
+    job resumes from ``last.ckpt`` with ``--resume_if_exists true``. Returns a note for the report."""
+    job = os.environ.get("SLURM_ARRAY_JOB_ID")
+    job = f"{job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if job else os.environ.get("SLURM_JOB_ID")
+    if not job:
+        return ""
+    import subprocess
+
+    try:
+        done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"; requeueing Slurm job {job} failed ({err})"
+    if done.returncode != 0:
+        return f"; requeueing Slurm job {job} failed ({done.stderr.strip() or done.returncode})"
+    return f"; Slurm job {job} requeued"
 
 
 def derive_run_name(config: Any) -> str:

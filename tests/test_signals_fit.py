@@ -129,3 +129,26 @@ def test_resuming_with_nothing_left_to_do_says_so(tmp_path):
     assert _run([*DREAMER, "--trainer.max_steps", "2", "--trainer.run_name", "n"], tmp_path).returncode == 0
     again = _run([*DREAMER, "--trainer.max_steps", "2", "--trainer.run_name", "n", "--ckpt_path", "last"], tmp_path)
     assert again.returncode == 0 and "nothing to do" in again.stderr and "at step 2" in again.stderr
+
+
+def test_slurm_sigusr1_saves_stops_and_requeues_the_job(tmp_path):
+    """Slurm's warning before the time limit (``--signal=USR1@120``): save, stop, and put the job
+    back in the queue (``scontrol requeue``, as Lightning's Slurm support does); a fake scontrol
+    on PATH records the call."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text(f'#!/bin/sh\necho "$@" > {tmp_path / "scontrol.args"}\n')
+    scontrol.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_ID": "4242"}
+    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{TESTS}"
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "main.py"), "fit", *DREAMER, "--trainer.max_steps", "6", "--trainer.run_name", "s",
+         "--trainer.callbacks+=support.fit_probes.SignalAtStep", "--trainer.callbacks.init_args.step=2",
+         f"--trainer.callbacks.init_args.signum={int(signal.SIGUSR1)}"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 128 + signal.SIGUSR1, out.stderr[-2000:]
+    assert "stopped by SIGUSR1 at step 2" in out.stderr and "Slurm job 4242 requeued" in out.stderr
+    assert (tmp_path / "scontrol.args").read_text().split() == ["requeue", "4242"]
+    assert _ckpt(tmp_path, "s")["global_step"] == 2
