@@ -36,9 +36,11 @@ import pytorch_lightning as pl
 import torch
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 from pytorch_lightning.callbacks import Checkpoint
+from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from lightning_wm.io import atomic_torch_save, atomic_write, clean_stale_temps
 from lightning_wm.settings import flatten
+from lightning_wm.signals import RunStopped
 
 __all__ = [
     "AtomicCheckpointIO",
@@ -53,6 +55,7 @@ __all__ = [
 ]
 
 LAST, BEST = "last.ckpt", "best.ckpt"
+DEFAULT_BEST_METRIC = ("val/return", "max")  # a module's ``best_metric`` attribute overrides it
 CLASS_KEY = "model_class"  # "package.module.Class" of the module a checkpoint was saved from
 # the layout of the saved model settings: 2 = typed groups (``search.num_simulations``); checkpoints
 # of lightning_wm before the groups (flat settings under other names) carry no format key
@@ -147,7 +150,8 @@ def open_checkpoint(
         if not path.is_file():
             raise FileNotFoundError(
                 f"--ckpt_path best: there is no {BEST} in {str(folder)!r}; it is written when "
-                "validation logs val/return (online agents), beside last.ckpt"
+                "validation logs its best val/return (agents that play episodes) or lowest val/loss (World Models V "
+                "and M), beside last.ckpt"
             )
         return path, load_checkpoint(path)
     if str(ckpt_path) != "last":
@@ -441,9 +445,11 @@ class RunCheckpoints(Checkpoint):
     * every ``every_n_train_steps`` optimizer steps: ``step=N.ckpt`` (the ``keep`` newest are
       kept) and a copy of it as ``last.ckpt``;
     * at the end of fit: ``last.ckpt`` (the steps after the last multiple are not lost);
-    * ``best.ckpt`` whenever validation logs a ``monitor`` value (``val/return``) at least as
-      high as the best so far (ties go to the newer checkpoint); the best value is part of the
-      callback's state, so a resumed run keeps comparing against it.
+    * ``best.ckpt`` whenever validation logs the module's ``best_metric`` at least as good as the
+      best so far (ties go to the newer checkpoint): ``("val/return", "max")`` for agents that play
+      evaluation episodes, ``("val/loss", "min")`` for models trained offline (World Models V and
+      M); the best value is part of the callback's state, so a resumed run keeps comparing
+      against it.
 
     One writer instead of Lightning's ``ModelCheckpoint``: no version counter (``last-v1.ckpt``
     that ``--ckpt_path last`` would miss), no ``epoch=`` names, nothing tied to automatic
@@ -452,22 +458,20 @@ class RunCheckpoints(Checkpoint):
     other callbacks. Stale temp files of killed writes are removed when training starts.
     """
 
-    def __init__(
-        self, dirpath: str | os.PathLike, every_n_train_steps: int = 1000, keep: int = 2, monitor: str = "val/return"
-    ) -> None:
+    def __init__(self, dirpath: str | os.PathLike, every_n_train_steps: int = 1000, keep: int = 2) -> None:
         if every_n_train_steps < 0:
             raise ValueError(f"checkpoint_every_n_steps must be >= 0 (0: only at the end), got {every_n_train_steps}")
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.dirpath = Path(dirpath)
-        self.every_n_train_steps, self.keep, self.monitor = every_n_train_steps, keep, monitor
+        self.every_n_train_steps, self.keep = every_n_train_steps, keep
         self.best: float | None = None
         self.best_step: int | None = None
         self._last_saved_step = -1
 
     @property
     def state_key(self) -> str:
-        return f"RunCheckpoints{{'monitor': {self.monitor!r}}}"
+        return "RunCheckpoints"
 
     def state_dict(self) -> dict[str, Any]:
         return {"best": self.best, "best_step": self.best_step}
@@ -517,10 +521,11 @@ class RunCheckpoints(Checkpoint):
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking or trainer.state.fn != "fit":
             return
-        value = trainer.callback_metrics.get(self.monitor)
+        monitor, mode = getattr(pl_module, "best_metric", DEFAULT_BEST_METRIC)
+        value = trainer.callback_metrics.get(monitor)
         if value is None:
             return
-        value = float(value)
+        value = float(value) if mode == "max" else -float(value)  # compared as "higher is better"
         if not math.isfinite(value) or (self.best is not None and value < self.best):
             return
         self.best, self.best_step = value, trainer.global_step
@@ -528,3 +533,11 @@ class RunCheckpoints(Checkpoint):
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._save(trainer, LAST)
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        """A stop request (a scheduler's SIGTERM, Slurm's SIGUSR1, Ctrl-C) ends a fit by raising
+        :class:`~lightning_wm.signals.RunStopped` between steps: save ``last.ckpt`` (and, through
+        the buffer callback, the replay buffers) at the step reached. Other errors save nothing
+        (the state may be what went wrong; the previous checkpoints stay)."""
+        if isinstance(exception, (RunStopped, SIGTERMException)) and trainer.state.fn == "fit":
+            self._save(trainer, LAST)

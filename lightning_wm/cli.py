@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from pytorch_lightning.callbacks import Callback, ModelCheckpoint
 from pytorch_lightning.callbacks.progress.progress_bar import ProgressBar
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 from pytorch_lightning.loggers import TensorBoardLogger
+from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from lightning_wm import console, runtime
 from lightning_wm.agents import dreamer as _dreamer  # noqa: F401  (registers the env id lightning_wm/Dream-v0)
@@ -40,13 +42,16 @@ from lightning_wm.checkpoints import (
     load_weights,
     open_checkpoint,
 )
+from lightning_wm.data.acting.worker import ActorError
 from lightning_wm.data.collector import Collector, run_evaluation
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.data.offline import EpisodeDataModule
 from lightning_wm.envs import EnvConfig, make_env, make_vector_env
-from lightning_wm.io import check_writable
+from lightning_wm.io import DiskFullError, check_writable
 from lightning_wm.protocols import EnvHolder
+from lightning_wm.run_folder import RunFolderLock, check_new_run, is_rank_zero
 from lightning_wm.seeding import derive_seed
+from lightning_wm.signals import RunStopped, stop_on_signals, stop_requested
 from lightning_wm.video import check_video_path, write_video
 
 
@@ -103,6 +108,9 @@ class Trainer(pl.Trainer):
         keep_freed_memory: let glibc's malloc reuse freed memory instead of unmapping it
             (:func:`lightning_wm.runtime.keep_freed_memory`): faster CPU steps, resident memory
             stays at its peak. ``false`` keeps the defaults.
+        overwrite: a new fit (no ``--ckpt_path``) may replace the checkpoints another run left in
+            this run folder (they are deleted first); without it such a fit is refused
+            (:mod:`lightning_wm.run_folder`).
     """
 
     def __init__(
@@ -112,8 +120,10 @@ class Trainer(pl.Trainer):
         checkpoint_every_n_steps: int = 1000,
         torch_threads: int | None = None,
         keep_freed_memory: bool = True,
+        overwrite: bool = False,
         **kwargs: Any,
     ) -> None:
+        self.overwrite = overwrite
         if keep_freed_memory:
             runtime.keep_freed_memory()
         if torch_threads is not None:
@@ -167,6 +177,7 @@ class Trainer(pl.Trainer):
         if found is None:
             return None
         path, checkpoint = found
+        self._checkpoint_step = int(checkpoint.get("global_step", -1))
         if model is not None:
             check_compatible(checkpoint, model, path, action, settings)
         reader = self.strategy.checkpoint_io
@@ -191,10 +202,59 @@ class Trainer(pl.Trainer):
         """
         # before any work: a run whose results cannot be saved does not start
         check_writable(self.run_dir, "log folder")
-        if any(isinstance(c, RunCheckpoints) for c in self.callbacks):
+        checkpoints = any(isinstance(c, RunCheckpoints) for c in self.callbacks)
+        if checkpoints:
             check_writable(self.checkpoint_dir, "checkpoint folder")
         path = self._checkpoint_for(model, ckpt_path, "resume", resume_if_exists, settings="refuse")
-        super().fit(model, train_dataloaders, val_dataloaders, datamodule, ckpt_path=path, weights_only=True)
+        if path is not None and self._nothing_left(path):
+            return
+        lock = RunFolderLock(self.run_dir)
+        if checkpoints and is_rank_zero():  # the other DDP ranks are its children
+            lock.acquire()
+            try:
+                if path is None:
+                    check_new_run(self.checkpoint_dir, self.overwrite)
+            except BaseException:
+                lock.release()
+                raise
+        signum = None
+        try:
+            with stop_on_signals():
+                super().fit(model, train_dataloaders, val_dataloaders, datamodule, ckpt_path=path, weights_only=True)
+                signum = stop_requested()  # a stop that came after the last step
+        except SIGTERMException:  # Lightning's own check (DDP ranks told by rank 0)
+            signum = signal.SIGTERM
+        except RunStopped as stop:
+            signum = stop.signum
+        finally:
+            lock.release()
+        if signum is not None:
+            where = self._stop_report(checkpoints)
+            if signum == signal.SIGUSR1 and checkpoints and is_rank_zero():
+                where += requeue_slurm_job()
+            raise RunStopped(signum, where)
+
+    def _stop_report(self, checkpoints: bool) -> str:
+        """Where a stopped fit's state is, for the one line the command prints."""
+        last = os.path.join(self.checkpoint_dir, LAST)
+        if checkpoints and os.path.isfile(last):
+            return (
+                f"at step {self.global_step}; {last} holds it: resume with --ckpt_path last (or "
+                "--resume_if_exists true)"
+            )
+        return f"at step {self.global_step}; nothing was saved (checkpointing is off)"
+
+    def _nothing_left(self, path: str) -> bool:
+        """Resuming a checkpoint at or past ``max_steps``: say so (Lightning would end at once, silently)."""
+        step = self._checkpoint_step
+        if 0 <= self.max_steps <= step:
+            print(
+                f"nothing to do: {path} is at step {step} and --trainer.max_steps is {self.max_steps}; raise "
+                "max_steps to train on",
+                file=sys.stderr,
+            )
+            return True
+        return False
 
     def validate(
         self,
@@ -340,8 +400,14 @@ class Trainer(pl.Trainer):
     ) -> int:
         """Encode every episode of the datamodule's store with a trained Vision model
         (``ckpt_path``) into the latent store ``target``. Returns episodes written."""
-        from lightning_wm.agents.worldmodels.vision import convert_episodes
+        from lightning_wm.agents.worldmodels.vision import Vision, convert_episodes
 
+        if not isinstance(model, Vision) or not isinstance(datamodule, EpisodeDataModule):
+            raise ValueError(
+                "convert encodes an episode store with a World Models vision model; this config builds a "
+                f"{type(model).__name__} with a {type(datamodule).__name__}: use a vision config (e.g. "
+                "configs/worldmodels/cartpole_pixels/vision.yaml) and its checkpoint"
+            )
         self._load_weights(model, ckpt_path, "convert")
         source = EpisodeStore(datamodule.directory)
         out = EpisodeStore(check_writable(target, "convert target"))
@@ -404,6 +470,25 @@ class CLI(LightningCLI):
             config.trainer.run_name = derive_run_name(config)
 
 
+def requeue_slurm_job() -> str:
+    """Under Slurm, put the job back in the queue after a SIGUSR1 stop (Slurm's warning before the
+    time limit, ``#SBATCH --signal=USR1@120``), as Lightning's own Slurm support does: the requeued
+    job resumes from ``last.ckpt`` with ``--resume_if_exists true``. Returns a note for the report."""
+    job = os.environ.get("SLURM_ARRAY_JOB_ID")
+    job = f"{job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if job else os.environ.get("SLURM_JOB_ID")
+    if not job:
+        return ""
+    import subprocess
+
+    try:
+        done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"; requeueing Slurm job {job} failed ({err})"
+    if done.returncode != 0:
+        return f"; requeueing Slurm job {job} failed ({done.stderr.strip() or done.returncode})"
+    return f"; Slurm job {job} requeued"
+
+
 def derive_run_name(config: Any) -> str:
     """``configs/dreamer/cartpole.yaml`` -> ``dreamer-cartpole``; else the model class name."""
     paths = [str(p) for p in (config.get("config") or []) if p is not None]
@@ -417,7 +502,7 @@ def derive_run_name(config: Any) -> str:
 
 # errors that describe bad input (config values, env ids, files, a diverged loss): on the command
 # line they are printed as one message, without a traceback
-USER_ERRORS = (ValueError, FileNotFoundError, PermissionError, FloatingPointError)
+USER_ERRORS = (ValueError, FileNotFoundError, PermissionError, FloatingPointError, DiskFullError)
 
 
 def main(args: list[str] | None = None) -> CLI:
@@ -436,6 +521,16 @@ def main(args: list[str] | None = None) -> CLI:
             return _cli(args)
         try:
             return _cli(args)
+        except RunStopped as stop:
+            print(f"{stop}", file=sys.stderr)
+            raise SystemExit(stop.code) from None
+        except ActorError as err:  # the learner's stack says nothing; the actor's own is in the message
+            first = str(err).splitlines()[0].rstrip(":")
+            print(
+                f"error: {first} (the fit stopped; set LIGHTNING_WM_TRACEBACK=1 for the actor's traceback)",
+                file=sys.stderr,
+            )
+            raise SystemExit(1) from None
         except USER_ERRORS as err:
             print(f"error: {user_message(err)}\n(set LIGHTNING_WM_TRACEBACK=1 for the traceback)", file=sys.stderr)
             raise SystemExit(1) from None

@@ -8,16 +8,50 @@ temp names are unique per process and call (two writers never share one) and sta
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["atomic_write", "atomic_torch_save", "check_writable", "fsync_dir", "clean_stale_temps", "TEMP_SUFFIX"]
+__all__ = [
+    "atomic_write",
+    "atomic_torch_save",
+    "check_writable",
+    "fsync_dir",
+    "clean_stale_temps",
+    "DiskFullError",
+    "TEMP_SUFFIX",
+]
 
 TEMP_SUFFIX = ".tmp"
+
+
+class DiskFullError(OSError):
+    """A write failed because the filesystem is full; the one-line message names the file, the
+    folder and the bytes free there (the previous version of the file is untouched)."""
+
+
+def _disk_full(err: BaseException) -> bool:
+    """Whether ``err`` or an exception it was raised from is ENOSPC / EDQUOT (torch's writer
+    reports a full disk as a RuntimeError raised while handling the OSError)."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def _free_bytes(directory: Path) -> int:
+    try:
+        return shutil.disk_usage(directory).free
+    except OSError:
+        return -1
 
 
 def fsync_dir(directory: str | os.PathLike) -> None:
@@ -51,8 +85,15 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[Any]], None], bina
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         tmp.unlink(missing_ok=True)
+        if _disk_full(err):
+            free = _free_bytes(path.parent)
+            raise DiskFullError(
+                errno.ENOSPC,
+                f"no space left on the device writing {str(path)!r}: {free:,} bytes free in {str(path.parent)!r} "
+                "(the previous file is untouched); free some space or write to another folder",
+            ) from None
         raise
     fsync_dir(path.parent)
     return path

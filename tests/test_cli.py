@@ -107,7 +107,18 @@ def test_keep_freed_memory_is_on_by_default_and_can_be_switched_off(monkeypatch)
     monkeypatch.setattr(runtime, "keep_freed_memory", lambda: calls.append(1) or True)
     run_cli(["fit", *TINY_FIT, "--trainer.max_steps", "1"])
     assert calls == [1]
-    run_cli(["fit", *TINY_FIT, "--trainer.max_steps", "1", "--trainer.keep_freed_memory", "false"])
+    run_cli(
+        [
+            "fit",
+            *TINY_FIT,
+            "--trainer.max_steps",
+            "1",
+            "--trainer.keep_freed_memory",
+            "false",
+            "--trainer.overwrite",
+            "true",
+        ]
+    )
     assert calls == [1]
 
 

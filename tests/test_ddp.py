@@ -62,3 +62,56 @@ def test_ddp_resume_gives_each_rank_its_own_buffer_back(tmp_path):
             assert torch.equal(after[key], before[key]), key
         for key, value in before["data"].items():
             assert torch.equal(after["data"][key], value), key
+
+
+def test_two_nodes_from_torchrun_share_weights_but_not_envs(tmp_path):
+    """A 2-node x 1-process run launched the way a cluster launches it: one ``torchrun
+    --nnodes 2 --node_rank R`` per node against one rendezvous (here both on this machine); the
+    ranks end with identical weights, each with its own envs and buffer."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    nodes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--nproc_per_node",
+                "1",
+                "--node_rank",
+                str(rank),
+                "--master_addr",
+                "127.0.0.1",
+                "--master_port",
+                str(port),
+                str(SCRIPT),
+                str(tmp_path),
+                "ddp",
+                "nodes",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for rank in (0, 1)
+    ]
+    try:
+        outputs = [node.communicate(timeout=300) for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                node.kill()
+    for node, (_, err) in zip(nodes, outputs):
+        assert node.returncode == 0, err[-4000:]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+    for key, value in ranks[0]["weights"].items():
+        torch.testing.assert_close(value, ranks[1]["weights"][key], msg=f"weights differ across nodes: {key}")
+    assert ranks[0]["env_seed"] != ranks[1]["env_seed"]
+    assert ranks[0]["obs_sum"] != ranks[1]["obs_sum"], "both nodes collected the same data"
+    files = sorted(p.name for p in (tmp_path / "lightning_logs" / "ddp" / "checkpoints").glob("replay_*"))
+    assert files == ["replay_rank0_step20.pt", "replay_rank1_step20.pt"], "each node saved its own buffer"

@@ -19,6 +19,7 @@ from lightning_wm.actions import ActionCodec
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.data.replay import ReplayBuffer
 from lightning_wm.envs import EnvConfig, EnvSpec, make_vector_env
+from lightning_wm.signals import check_stop
 from lightning_wm.tree import stack, tree_map, where
 
 
@@ -234,6 +235,7 @@ class Collector:
         self._keep = share > 0
         try:
             while len(done) < episodes:
+                check_stop()  # a scheduler's stop request ends evaluation episodes at once
                 new = self.collect(1, explore=explore)
                 for episode in new:
                     share[int(episode["env"])] -= 1

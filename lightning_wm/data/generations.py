@@ -22,6 +22,7 @@ from lightning_wm.data.ranks import rank_and_world
 from lightning_wm.data.settings import EvalSettings
 from lightning_wm.envs import EnvConfig, EnvSpec, env_spec
 from lightning_wm.protocols import GenerationTask
+from lightning_wm.signals import check_stop_between_batches
 
 DEFAULT_EVAL = EvalSettings(episodes=10, envs=10)
 
@@ -32,6 +33,7 @@ class _Generations(IterableDataset):
 
     def __iter__(self) -> Iterator[GenerationTask]:
         for generation in itertools.count():
+            check_stop_between_batches()  # a scheduler's stop: end after the generation before
             yield GenerationTask(generation, self.env)
 
 

@@ -18,6 +18,7 @@ from lightning_wm.data.episodes import CorruptEpisodeError, EpisodeStore, check_
 from lightning_wm.data.ranks import rank_and_world
 from lightning_wm.envs import EnvConfig, EnvSpec, env_spec
 from lightning_wm.seeding import derive_seed
+from lightning_wm.signals import check_stop_between_batches
 
 __all__ = ["EpisodeDataModule", "split_episodes"]
 
@@ -108,6 +109,7 @@ class _EpisodeStream(IterableDataset):
                     pool.append(episode)
             if not pool:
                 raise RuntimeError("no readable episodes in this shard")
+            check_stop_between_batches()  # a scheduler's stop: end after the step before
             yield self._batch(pool, rng)
             if self.shuffle and len(paths) > len(pool):
                 pool.pop(int(rng.integers(len(pool))))  # rotate one episode out of the pool

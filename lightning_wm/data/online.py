@@ -26,6 +26,7 @@ from lightning_wm.envs import EnvConfig, EnvSpec, env_spec
 from lightning_wm.protocols import EnvStats
 from lightning_wm.seeding import derive_seed, env_seeds
 from lightning_wm.settings import as_settings
+from lightning_wm.signals import check_stop_between_batches
 
 __all__ = ["OnlineDataModule"]
 
@@ -38,6 +39,7 @@ class _Stream(IterableDataset):
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         while True:
+            check_stop_between_batches()  # a scheduler's stop: end after the step before, exactly
             yield self.datamodule.next_batch()
 
 

@@ -1,4 +1,5 @@
-"""Run by tests/test_ddp.py and tests/test_actor_modules.py in a subprocess: a 2-process CPU DDP fit of the tiny agent.
+"""Run by tests/test_ddp.py and tests/test_actor_modules.py in a subprocess: a 2-process CPU DDP fit of the tiny agent
+(or, with ``nodes``, one node of a 2-node run under ``torchrun``).
 
 Each rank writes its final weights, its env seed and its replay buffer to OUT_DIR/rank<r>.pt
 (the fit saves ``last.ckpt`` with each rank's buffer beside it). With ``resume`` the fit goes on
@@ -53,7 +54,9 @@ class DumpResumedBuffer(Callback):
         )
 
 
-def main(out_dir: str, strategy: str, resume: bool = False, actors: bool = False) -> None:
+def main(out_dir: str, strategy: str, resume: bool = False, actors: bool = False, nodes: bool = False) -> None:
+    """``nodes``: one process of a 2-node run, started by ``torchrun --nnodes 2 --node_rank R`` (the
+    rank and the rendezvous come from torchrun's environment, as on a cluster)."""
     torch.set_num_threads(1)
     env = EnvConfig("CartPole-v1", num_envs=2, seed=3)
     acting = ActingSettings(num_actors=1, chunk_length=8, timeout_s=240) if actors else ActingSettings()
@@ -70,7 +73,8 @@ def main(out_dir: str, strategy: str, resume: bool = False, actors: bool = False
     dump = DumpResumedBuffer(out_dir) if resume else DumpRankState(out_dir)
     trainer = Trainer(
         accelerator="cpu",
-        devices=2,
+        devices=1 if nodes else 2,
+        num_nodes=2 if nodes else 1,
         strategy=strategy,
         max_steps=22 if resume else 20,
         logger=False,
@@ -90,4 +94,5 @@ if __name__ == "__main__":
         sys.argv[2] if len(sys.argv) > 2 else "ddp",
         resume=sys.argv[3:] == ["resume"],
         actors=sys.argv[3:] == ["actors"],
+        nodes=sys.argv[3:] == ["nodes"],
     )

@@ -38,7 +38,8 @@ def scale_hidden(state: Tensor, eps: float = 1e-5) -> Tensor:
     """Min-max scale each sample of ``state [B, ...]`` to ``[0, 1]`` over all its features (a
     constant sample becomes 0)."""
     flat = state.flatten(1)
-    lo, hi = torch.aminmax(flat, dim=1, keepdim=True)
+    # amin/amax, not aminmax: torch before 2.13 has no derivative for aminmax
+    lo, hi = flat.amin(dim=1, keepdim=True), flat.amax(dim=1, keepdim=True)
     return ((flat - lo) / (hi - lo).clamp(min=eps)).view_as(state)
 
 

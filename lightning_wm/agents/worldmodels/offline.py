@@ -40,6 +40,7 @@ class OfflineModel(RLModule):
 
     optim: OptimSettings
     patience: int | None
+    best_metric = ("val/loss", "min")  # best.ckpt: the lowest validation loss
 
     def losses(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         """The loss terms of a batch: ``loss`` (what is minimised) and the terms it is made of."""
@@ -86,4 +87,5 @@ class OfflineModel(RLModule):
     def configure_callbacks(self) -> list[EarlyStopping]:
         if self.patience is None:
             return []
-        return [EarlyStopping(monitor="val/loss", mode="min", patience=self.patience)]
+        # strict=False: a fit too short to validate (under one epoch) has no val/loss to compare
+        return [EarlyStopping(monitor="val/loss", mode="min", patience=self.patience, strict=False)]

@@ -20,6 +20,7 @@ from lightning_wm.data.acting.local import LocalBackend
 from lightning_wm.data.acting.ray_backend import RayBackend
 from lightning_wm.data.acting.worker import ActorConfig, ActorError
 from lightning_wm.envs import EnvConfig
+from lightning_wm.signals import check_stop
 
 __all__ = ["ActorPool"]
 
@@ -118,9 +119,11 @@ class ActorPool:
         Raises:
             ActorError: an actor raised (its traceback in the message), died or hung; the
                 pool is closed first.
+            RunStopped: a stop was requested (a scheduler's signal) while waiting.
         """
         deadline = time.monotonic() + timeout
         while True:
+            check_stop()
             self.check()
             try:
                 chunk = self._impl.get(min(0.1, max(0.0, deadline - time.monotonic())))
