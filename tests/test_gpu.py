@@ -1,40 +1,149 @@
-"""GPU smoke tests (skipped without CUDA): Dreamer learns and acts on the GPU, under
-``bf16-mixed``, with ``compile: true``, and takes a DDP step on one GPU.
+"""Every family on a GPU (skipped without CUDA): each shipped config family, shrunk, fits a few
+steps on the device, then ``validate`` and ``evaluate`` from its checkpoint there; under
+``bf16-mixed``; with the compile options; DDP on one GPU.
 
-Run on a CUDA machine: ``python -m pytest -q tests/test_gpu.py``.
+Run on a CUDA machine: ``python -m pytest -q tests/test_gpu.py`` (``bench/gpu_check.py`` runs it
+and adds a speed table). ``LIGHTNING_WM_TEST_DEVICE=cpu`` runs the same checks on the CPU (what
+``bench/gpu_check.py --device cpu --quick`` does), so the file itself is exercised without a GPU.
 """
 
+from __future__ import annotations
+
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from support.presets import (
+    DREAMER_TINY,
+    IMPALA_TINY,
+    MEMORY_TINY,
+    MUZERO_DATA_TINY,
+    MUZERO_TINY,
+    REPLAY_DATA_TINY,
+    UNROLL_DATA_TINY,
+    VISION_TINY,
+    data_overrides,
+    model_overrides,
+)
 
 from lightning_wm.cli import main
 
-from support.presets import DREAMER_TINY, REPLAY_DATA_TINY, data_overrides, model_overrides
-
-pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"), pytest.mark.slow]
+DEVICE = os.environ.get("LIGHTNING_WM_TEST_DEVICE", "cuda")
+ACCELERATOR = "gpu" if DEVICE == "cuda" else "cpu"
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
 
 ROOT = Path(__file__).resolve().parents[1]
-SHRUNK = [
-    "--config",
-    str(ROOT / "configs/dreamer/cartpole.yaml"),
-    "--trainer.max_steps",
-    "4",
-    "--trainer.val_check_interval",
-    "2",
-    "--trainer.accelerator",
-    "gpu",
-    "--trainer.devices",
-    "1",
-    *model_overrides(DREAMER_TINY),
-    *data_overrides(REPLAY_DATA_TINY),
-    "--trainer.enable_progress_bar",
-    "false",
-    "--trainer.enable_model_summary",
-    "false",
-]
+QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+ON_DEVICE = ["--trainer.accelerator", ACCELERATOR, "--trainer.devices", "1", *QUIET]
+
+
+def _config(path: str) -> list[str]:
+    return ["--config", str(ROOT / "configs" / path)]
+
+
+STEPS = ["--trainer.max_steps", "2", "--trainer.val_check_interval", "2"]
+DREAMER = [*_config("dreamer/cartpole.yaml"), *model_overrides(DREAMER_TINY), *data_overrides(REPLAY_DATA_TINY)]
+MUZERO = [*_config("muzero/cartpole.yaml"), *model_overrides(MUZERO_TINY), *data_overrides(MUZERO_DATA_TINY)]
+IMPALA = [*_config("impala/cartpole.yaml"), *model_overrides(IMPALA_TINY), *data_overrides(UNROLL_DATA_TINY)]
+
+# the online families, shrunk: (name, fit arguments)
+FAMILIES: dict[str, list[str]] = {
+    "dreamer-vector": DREAMER,
+    "dreamer-pixels": [
+        *_config("dreamer/cartpole_pixels.yaml"),
+        *model_overrides(DREAMER_TINY),
+        *data_overrides(REPLAY_DATA_TINY),
+    ],
+    "muzero-vector": MUZERO,
+    # Pong-shaped: stacked 32x32 gray frames through the conv representation, BatchNorm, reanalyse
+    "muzero-conv": [
+        *_config("muzero/pong.yaml"),
+        *model_overrides({"net": {"channels": 8, "support_size": 10}, "search": {"num_simulations": 2}}),
+        *model_overrides({"reanalyse": {"batch_size": 16}}),
+        *data_overrides({"env": {"num_envs": 2, "size": [32, 32]}, "replay": {"capacity": 400}}),
+        *data_overrides({"batch_size": 4, "prefill": 40, "replay_ratio": 1.0, "eval": {"episodes": 1, "envs": 1}}),
+    ],
+    "impala-vector-actors": [*IMPALA, "--data.init_args.acting.num_actors", "2"],
+    "impala-conv-actors": [
+        *_config("impala/pong.yaml"),
+        *model_overrides({"net": {"fc_size": 32}}),
+        *data_overrides(UNROLL_DATA_TINY),
+        "--data.init_args.acting.num_actors",
+        "2",
+    ],
+    "dyna": [
+        *_config("impala/cartpole_dyna.yaml"),
+        *model_overrides({"train_freq": 16, "model_train_start": 16}),
+        *model_overrides({"rollout": {"min_length": 3, "max_length": 3}}),
+        *model_overrides({"imagination": {"rollout_batch_size": 8, "real_ratio": 0.5}}),
+        *model_overrides({"world_model": {"init_args": {"net": DREAMER_TINY["net"]}}}),
+        *data_overrides(UNROLL_DATA_TINY),
+        *data_overrides({"batch_size": 4, "model_replay": {"capacity": 1000, "batch_size": 2, "sequence_length": 8}}),
+    ],
+}
+NEEDS_CV2 = {"muzero-conv", "impala-conv-actors"}
+
+
+def _first_parameter_device(cli: Any) -> str:
+    return next(cli.model.parameters()).device.type
+
+
+def _fit_validate_evaluate(args: list[str], capsys: pytest.CaptureFixture) -> Any:
+    cli = main(args=["fit", *args, *STEPS, *ON_DEVICE, "--trainer.run_name", "run"])
+    assert cli.trainer.global_step == 2
+    assert _first_parameter_device(cli) == DEVICE
+    validated = main(args=["validate", *args, *ON_DEVICE, "--trainer.run_name", "run", "--ckpt_path", "last"])
+    metrics = validated.trainer.callback_metrics
+    assert any(torch.isfinite(torch.as_tensor(v)).all() for k, v in metrics.items() if k.startswith("val/"))
+    capsys.readouterr()
+    main(args=["evaluate", *args, *ON_DEVICE, "--trainer.run_name", "run", "--ckpt_path", "last", "--episodes", "1"])
+    assert "return" in capsys.readouterr().out
+    return cli
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_family_fits_validates_and_evaluates_on_the_device(family, capsys):
+    if family in NEEDS_CV2:
+        pytest.importorskip("cv2", reason="Atari preprocessing needs opencv (.[atari])")
+    _fit_validate_evaluate(FAMILIES[family], capsys)
+
+
+def test_world_models_pipeline_on_the_device(capsys):
+    """record -> V -> convert -> M -> C (real env), each model on the device."""
+    folder = "worldmodels/cartpole_pixels/"
+    main(["record", *_config(folder + "record.yaml"), "--episodes", "4", "--data.init_args.env.num_envs", "2"])
+    vision = [*_config(folder + "vision.yaml"), *model_overrides(VISION_TINY)]
+    data = ["--data.init_args.batch_size", "8", "--data.init_args.val_fraction", "0.3", "--data.init_args.val_batches", "1"]
+    fitted = main(["fit", *vision, *data, *ON_DEVICE, "--trainer.max_epochs", "1"])
+    assert _first_parameter_device(fitted) == DEVICE
+    main(["validate", *vision, *data, *ON_DEVICE, "--ckpt_path", "last"])
+    main(["convert", *vision, *ON_DEVICE, "--ckpt_path", "last", "--target", "data/worldmodels/cartpole_pixels/latents"])
+    memory = [*_config(folder + "memory.yaml"), *model_overrides(MEMORY_TINY)]
+    seqs = ["--data.init_args.batch_size", "2", "--data.init_args.sequence_length", "6"]
+    seqs += ["--data.init_args.val_fraction", "0.3", "--data.init_args.val_batches", "1"]
+    fitted = main(["fit", *memory, *seqs, *ON_DEVICE, "--trainer.max_epochs", "1"])
+    assert _first_parameter_device(fitted) == DEVICE
+    main(["validate", *memory, *seqs, *ON_DEVICE, "--ckpt_path", "last"])
+    controller = [*_config(folder + "controller.yaml")]
+    controller += model_overrides({"es": {"popsize": 3, "episodes_per_member": 1}, "max_episode_steps": 20})
+    controller += ["--data.init_args.eval.episodes", "1", "--data.init_args.eval.envs", "1"]
+    fitted = main(["fit", *controller, *ON_DEVICE, "--trainer.max_steps", "1", "--trainer.val_check_interval", "1"])
+    assert fitted.trainer.global_step == 1
+    capsys.readouterr()
+    main(["evaluate", *controller, *ON_DEVICE, "--ckpt_path", "last", "--episodes", "1"])
+    assert "return" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("family", ["dreamer-vector", "muzero-vector", "impala-vector-actors", "dyna"])
+def test_bf16_mixed(family):
+    cli = main(["fit", *FAMILIES[family], *STEPS, *ON_DEVICE, "--trainer.precision", "bf16-mixed"])
+    assert cli.trainer.global_step == 2
+    assert all(torch.isfinite(p).all() for p in cli.model.parameters())
 
 
 @pytest.fixture
@@ -52,7 +161,7 @@ def seen(monkeypatch) -> dict[str, Any]:
 
     def recording_step(self, batch, batch_idx):
         record["learn"].add((next(self.parameters()).device.type, batch["obs"].device.type))
-        record["autocast"].add(torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda"))
+        record["autocast"].add(torch.is_autocast_enabled(DEVICE) and torch.get_autocast_dtype(DEVICE))
         return training_step(self, batch, batch_idx)
 
     monkeypatch.setattr(Dreamer, "act", recording_act)
@@ -60,27 +169,23 @@ def seen(monkeypatch) -> dict[str, Any]:
     return record
 
 
-def test_dreamer_acts_and_learns_on_the_gpu(seen):
-    cli = main(args=["fit", *SHRUNK])
-    assert cli.trainer.global_step == 4
-    assert seen["act"] == {("cuda", "cuda")}
-    assert seen["learn"] == {("cuda", "cuda")}
-    assert torch.isfinite(torch.tensor(float(cli.trainer.callback_metrics["val/return"])))
-
-
-def test_dreamer_bf16_mixed(seen):
-    cli = main(args=["fit", *SHRUNK, "--trainer.precision", "bf16-mixed"])
+def test_dreamer_acts_and_learns_on_the_device_with_autocast(seen):
+    main(["fit", *DREAMER, *STEPS, *ON_DEVICE, "--trainer.precision", "bf16-mixed"])
+    assert seen["act"] == {(DEVICE, DEVICE)} and seen["learn"] == {(DEVICE, DEVICE)}
     assert seen["autocast"] == {torch.bfloat16}
-    assert all(torch.isfinite(p).all() for p in cli.model.parameters())
 
 
-def test_dreamer_compiled(seen):
-    cli = main(args=["fit", *SHRUNK, "--model.init_args.compile", "true"])
-    assert cli.trainer.global_step == 4 and seen["learn"] == {("cuda", "cuda")}
+@pytest.mark.skipif(os.environ.get("LIGHTNING_WM_TEST_QUICK") == "1", reason="compilation takes minutes")
+@pytest.mark.parametrize(
+    ("family", "option"), [("dreamer-vector", "--model.init_args.compile"), ("muzero-vector", "--model.init_args.search.compile")]
+)
+def test_compile_options(family, option):
+    cli = main(["fit", *FAMILIES[family], *STEPS, *ON_DEVICE, option, "true"])
+    assert cli.trainer.global_step == 2
 
 
-def test_dreamer_ddp_step_on_one_gpu(seen):
-    cli = main(args=["fit", *SHRUNK, "--trainer.strategy", "ddp", "--trainer.max_steps", "1"])
+def test_ddp_on_one_device(seen):
+    cli = main(["fit", *DREAMER, *STEPS, *ON_DEVICE, "--trainer.strategy", "ddp", "--trainer.max_steps", "1"])
     assert cli.trainer.world_size == 1 and cli.trainer.global_step == 1
     assert type(cli.trainer.strategy).__name__ == "DDPStrategy"
-    assert seen["learn"] == {("cuda", "cuda")}
+    assert seen["learn"] == {(DEVICE, DEVICE)}

@@ -1,0 +1,298 @@
+"""One command for a GPU machine: the GPU tests and a short speed table, as one markdown report.
+
+    python bench/gpu_check.py                        # CUDA: tests/test_gpu.py + speed table (<= 6 min, one GPU)
+    python bench/gpu_check.py --device cpu --quick   # the same checks shrunk, on the CPU (<= 5 min here)
+    python bench/gpu_check.py --out report.md        # also write the report to a file
+
+Parts, each under its own time limit (``timeout -k 5``, so a part that ignores SIGTERM is killed):
+
+1. **tests**: ``tests/test_gpu.py`` — every config family fits a few steps on the device, then
+   validates and evaluates from its checkpoint there; ``bf16-mixed``; the compile options; DDP on
+   one device (``LIGHTNING_WM_TEST_DEVICE`` selects the device; ``--quick`` leaves out compiling);
+2. **gradient steps**: seconds per optimizer step of each family at its shipped size (the
+   shipped config, acting in process, the data fetch not counted), fp32 and ``bf16-mixed``;
+3. **search**: simulations per second of one 50-simulation MCTS at batch 16, 64 and 256 on the
+   device, MuZero's CartPole-sized network;
+4. **actors**: IMPALA Pong frames per second with actor processes on the machine's cores
+   (``bench/actors.py``).
+
+The report names the machine (torch, device, cores) so that figures from different machines are
+never mixed up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytorch_lightning as pl
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# (family, config, overrides that keep its shipped size but make it start fast)
+STEP_RUNS = [
+    ("Dreamer", "dreamer/cartpole.yaml", ["--data.init_args.prefill", "1100"]),
+    ("MuZero", "muzero/cartpole.yaml", []),
+    (
+        "MuZero (Pong conv)",
+        "muzero/pong.yaml",
+        ["--data.init_args.prefill", "2000", "--data.init_args.env.num_envs", "4"],
+    ),
+    ("IMPALA", "impala/cartpole.yaml", ["--data.init_args.acting.num_actors", "0"]),
+    (
+        "IMPALA (Pong conv)",
+        "impala/pong.yaml",
+        ["--data.init_args.acting.num_actors", "0", "--data.init_args.env.num_envs", "8"],
+    ),
+]
+QUICK_STEP_RUNS = [
+    ("Dreamer (debug size)", "dreamer/cartpole.yaml", ["--config", str(ROOT / "configs/dreamer/presets/debug.yaml"), "--data.init_args.prefill", "64"]),
+    ("MuZero", "muzero/cartpole.yaml", ["--model.init_args.search.num_simulations", "4"]),
+    ("IMPALA", "impala/cartpole.yaml", ["--data.init_args.acting.num_actors", "0"]),
+]  # fmt: skip
+
+
+def run(
+    cmd: list[str], limit: float, env: dict[str, str] | None = None, cwd: str | None = None
+) -> tuple[int, str, float]:
+    """``timeout -k 5 limit cmd``: exit status, the combined output, wall seconds."""
+    start = time.monotonic()
+    done = subprocess.run(
+        ["timeout", "-k", "5", str(int(limit)), *cmd], capture_output=True, text=True, env=env, cwd=cwd
+    )
+    return done.returncode, done.stdout + done.stderr, time.monotonic() - start
+
+
+def machine(device: str) -> str:
+    cores = os.cpu_count()
+    if device == "cuda" and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        what = f"{props.name}, {props.total_memory / 2**30:.0f} GiB"
+    else:
+        what = "CPU only"
+    return f"torch {torch.__version__}, {what}, {cores} CPU cores, Python {sys.version.split()[0]}"
+
+
+# -- part 1: the tests ---------------------------------------------------------------------------------
+def tests_part(device: str, quick: bool, limit: float) -> list[str]:
+    env = {**os.environ, "LIGHTNING_WM_TEST_DEVICE": device, "LIGHTNING_WM_TEST_QUICK": "1" if quick else "0"}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "tests/test_gpu.py")]
+    workers = min(4, max(1, (os.cpu_count() or 2) // 4))
+    if workers > 1 and _has("xdist"):
+        cmd += ["-n", str(workers)]
+    status, out, wall = run(cmd, limit, env=env, cwd=str(ROOT))
+    summary = next((line for line in reversed(out.splitlines()) if " passed" in line or " failed" in line), "")
+    lines = ["## Tests (`tests/test_gpu.py`)", ""]
+    verdict = "passed" if status == 0 else ("TIMED OUT" if status in (124, 137) else f"FAILED (exit {status})")
+    lines.append(f"{verdict}: {summary.strip('= ') or 'no summary'} ({wall:.0f} s)")
+    failed = [line for line in out.splitlines() if line.startswith(("FAILED", "ERROR"))]
+    if failed:
+        lines += ["", "```", *failed[:20], "```"]
+    if status != 0 and not failed:
+        lines += ["", "```", *out.splitlines()[-30:], "```"]
+    return lines
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+# -- part 2: gradient steps -----------------------------------------------------------------------------
+class StepTimer(pl.Callback):
+    """A Lightning callback (``--trainer.callbacks+=gpu_check.StepTimer``): the wall seconds of each
+    optimizer step, from batch start to batch end (the data fetch, where in-process acting happens,
+    is outside), with the device synchronised at both ends."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self._start = 0.0
+
+    @staticmethod
+    def _sync(pl_module: pl.LightningModule) -> None:
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self._sync(pl_module)
+        self._start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self._sync(pl_module)
+        self.times.append(time.perf_counter() - self._start)
+
+
+def step_times(config: str, extra: list[str], device: str, steps: int) -> dict[str, dict[str, float]]:
+    """Run in a child process: for fp32 and ``bf16-mixed``, fit ``steps`` optimizer steps of
+    ``config`` and time each (median and min after two warm-up steps)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_check.StepTimer by class path
+    from lightning_wm.cli import main
+
+    accelerator = "gpu" if device == "cuda" else "cpu"
+    out = {}
+    for precision in ("32-true", "bf16-mixed"):
+        with tempfile.TemporaryDirectory() as folder:
+            os.chdir(folder)
+            args = ["fit", "--config", str(ROOT / "configs" / config), *extra, "--trainer.accelerator", accelerator]
+            args += ["--trainer.devices", "1", "--trainer.precision", precision, "--trainer.max_steps", str(steps)]
+            args += ["--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "false"]
+            args += ["--trainer.enable_model_summary", "false", "--trainer.enable_checkpointing", "false"]
+            args += ["--trainer.logger", "false", "--trainer.torch_threads", str(min(8, os.cpu_count() or 1))]
+            args += ["--trainer.callbacks+=gpu_check.StepTimer"]
+            cli = main(args=args)
+        timer = next(c for c in cli.trainer.callbacks if hasattr(c, "times"))
+        measured = timer.times[min(2, len(timer.times) - 1) :]  # the first steps warm up (allocation, autotuning)
+        out[precision] = {"median": statistics.median(measured), "min": min(measured), "steps": len(measured)}
+    return out
+
+
+def steps_part(device: str, quick: bool, limit: float) -> list[str]:
+    runs = QUICK_STEP_RUNS if quick else STEP_RUNS
+    steps = 6 if quick else 12
+    lines = [
+        "## Gradient steps (seconds per optimizer step, shipped size, data fetch excluded)",
+        "",
+        "| family | config | fp32 median (min) | bf16-mixed median (min) | bf16 speed-up |",
+        "| --- | --- | ---: | ---: | ---: |",
+    ]
+    deadline = time.monotonic() + limit
+    for family, config, extra in runs:
+        left = deadline - time.monotonic()
+        if left < 10:
+            lines.append(f"| {family} | `{config}` | not run: out of time | | |")
+            continue
+        payload = json.dumps({"config": config, "extra": extra, "device": device, "steps": steps})
+        status, out, _ = run([sys.executable, __file__, "--step-run", payload], left)
+        result = next((json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")), None)
+        if status != 0 or not result:
+            last = out.strip().splitlines()[-1:] or [""]
+            lines.append(f"| {family} | `{config}` | failed (exit {status}): {last[0][:120]} | | |")
+            continue
+        fp32, bf16 = result["32-true"], result["bf16-mixed"]
+        lines.append(
+            f"| {family} | `{config}` | {fp32['median']:.4f} ({fp32['min']:.4f}) | {bf16['median']:.4f} "
+            f"({bf16['min']:.4f}) | {fp32['median'] / bf16['median']:.2f}× |"
+        )
+    return lines
+
+
+# -- part 3: search -------------------------------------------------------------------------------------
+def search_times(device: str, batches: list[int], simulations: int, repeats: int) -> list[dict[str, float]]:
+    """Run in a child process: one batched MCTS of ``simulations`` simulations per batch size on the
+    device with MuZero's CartPole-sized network (the configs' sizes)."""
+    from lightning_wm.agents.muzero import MuZeroModel, MuZeroNet
+    from lightning_wm.envs import EnvConfig, env_spec
+    from lightning_wm.search import mcts
+
+    spec = env_spec(EnvConfig("CartPole-v1"))
+    net = MuZeroNet(latent_dim=64, hidden=64, layers=2, head_hidden=32, support_size=25)
+    model = MuZeroModel(spec.observation_space, spec.action_dim, net).to(device).eval()
+    out = []
+    with torch.no_grad():
+        for batch in batches:
+            root = model.initial_inference(torch.randn(batch, 4, device=device) * 0.5)
+            generator = torch.Generator(device=device).manual_seed(batch)
+
+            def once() -> float:
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                start = time.perf_counter()
+                mcts(model.recurrent_fn, root["state"], root["policy_logits"], root["value"],
+                     num_simulations=simulations, discount=0.997, generator=generator)  # fmt: skip
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                return time.perf_counter() - start
+
+            once()  # warm-up
+            seconds = statistics.median(once() for _ in range(repeats))
+            out.append({"batch": batch, "seconds": seconds, "sims_per_s": batch * simulations / seconds})
+    return out
+
+
+def search_part(device: str, quick: bool, limit: float) -> list[str]:
+    batches, simulations, repeats = ([16, 64], 10, 2) if quick else ([16, 64, 256], 50, 5)
+    payload = json.dumps({"device": device, "batches": batches, "simulations": simulations, "repeats": repeats})
+    status, out, _ = run([sys.executable, __file__, "--search-run", payload], limit)
+    result = next((json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")), None)
+    lines = [f"## Search ({simulations} simulations, CartPole-sized MuZero network)", ""]
+    if status != 0 or not result:
+        return [*lines, f"failed (exit {status}): {out.strip().splitlines()[-3:]}"]
+    lines += ["| batch | ms per search | simulations/s |", "| ---: | ---: | ---: |"]
+    lines += [f"| {r['batch']} | {1e3 * r['seconds']:.1f} | {r['sims_per_s']:,.0f} |" for r in result]
+    return lines
+
+
+# -- part 4: actors -------------------------------------------------------------------------------------
+def actors_part(quick: bool, limit: float) -> list[str]:
+    actors = 2 if quick else max(1, min(8, (os.cpu_count() or 2) // 2))
+    seconds = 4 if quick else 8
+    cmd = [sys.executable, str(ROOT / "bench/actors.py"), "--envs", "pong", "--actors", f"0,{actors}"]
+    cmd += ["--seconds", str(seconds), "--prefill", "200" if quick else "2000"]
+    status, out, _ = run(cmd, limit)
+    lines = [f"## Actors (IMPALA-style acting on ALE/Pong-v5, {actors} actor processes, `bench/actors.py`)", ""]
+    table = [line for line in out.splitlines() if line.startswith("|")]
+    if status != 0 or not table:
+        return [*lines, f"failed (exit {status}): {out.strip().splitlines()[-3:]}"]
+    return [*lines, *table]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--quick", action="store_true", help="the same checks, shrunk (minutes on a CPU)")
+    parser.add_argument("--out", help="also write the report here")
+    parser.add_argument("--parts", default="tests,steps,search,actors", help="comma-separated parts to run")
+    parser.add_argument("--step-run", help=argparse.SUPPRESS)
+    parser.add_argument("--search-run", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.step_run:  # a child process of part 2
+        p = json.loads(args.step_run)
+        print("RESULT " + json.dumps(step_times(p["config"], p["extra"], p["device"], p["steps"])))
+        return
+    if args.search_run:  # a child process of part 3
+        p = json.loads(args.search_run)
+        print("RESULT " + json.dumps(search_times(p["device"], p["batches"], p["simulations"], p["repeats"])))
+        return
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit("error: --device cuda but torch sees no CUDA device; use --device cpu")
+    # time limits (seconds) per part: GPU machine <= 6 min in all, --device cpu --quick <= 5 min here
+    limits = {"tests": 200, "steps": 110, "search": 30, "actors": 70} if not args.quick else {
+        "tests": 170, "steps": 75, "search": 25, "actors": 30}  # fmt: skip
+    parts = args.parts.split(",")
+    start = time.monotonic()
+    report = [
+        f"# lightning_wm GPU check ({args.device}{', quick' if args.quick else ''})",
+        "",
+        f"Machine: {machine(args.device)}",
+        "",
+    ]
+    if "tests" in parts:
+        report += [*tests_part(args.device, args.quick, limits["tests"]), ""]
+    if "steps" in parts:
+        report += [*steps_part(args.device, args.quick, limits["steps"]), ""]
+    if "search" in parts:
+        report += [*search_part(args.device, args.quick, limits["search"]), ""]
+    if "actors" in parts:
+        report += [*actors_part(args.quick, limits["actors"]), ""]
+    report.append(f"({time.monotonic() - start:.0f} s in all; `python bench/gpu_check.py {' '.join(sys.argv[1:])}`)")
+    text = "\n".join(report)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    failed = any(line.startswith(("FAILED", "TIMED OUT")) or "failed (exit" in line for line in report)
+    raise SystemExit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
