@@ -15,6 +15,9 @@ from typing import Any
 
 import pytest
 import torch
+
+from lightning_wm.cli import main
+
 from support.presets import (
     DREAMER_TINY,
     IMPALA_TINY,
@@ -27,8 +30,6 @@ from support.presets import (
     data_overrides,
     model_overrides,
 )
-
-from lightning_wm.cli import main
 
 DEVICE = os.environ.get("LIGHTNING_WM_TEST_DEVICE", "cuda")
 ACCELERATOR = "gpu" if DEVICE == "cuda" else "cpu"
@@ -118,11 +119,20 @@ def test_world_models_pipeline_on_the_device(capsys):
     folder = "worldmodels/cartpole_pixels/"
     main(["record", *_config(folder + "record.yaml"), "--episodes", "4", "--data.init_args.env.num_envs", "2"])
     vision = [*_config(folder + "vision.yaml"), *model_overrides(VISION_TINY)]
-    data = ["--data.init_args.batch_size", "8", "--data.init_args.val_fraction", "0.3", "--data.init_args.val_batches", "1"]
+    data = [
+        "--data.init_args.batch_size",
+        "8",
+        "--data.init_args.val_fraction",
+        "0.3",
+        "--data.init_args.val_batches",
+        "1",
+    ]
     fitted = main(["fit", *vision, *data, *ON_DEVICE, "--trainer.max_epochs", "1"])
     assert _first_parameter_device(fitted) == DEVICE
     main(["validate", *vision, *data, *ON_DEVICE, "--ckpt_path", "last"])
-    main(["convert", *vision, *ON_DEVICE, "--ckpt_path", "last", "--target", "data/worldmodels/cartpole_pixels/latents"])
+    main(
+        ["convert", *vision, *ON_DEVICE, "--ckpt_path", "last", "--target", "data/worldmodels/cartpole_pixels/latents"]
+    )
     memory = [*_config(folder + "memory.yaml"), *model_overrides(MEMORY_TINY)]
     seqs = ["--data.init_args.batch_size", "2", "--data.init_args.sequence_length", "6"]
     seqs += ["--data.init_args.val_fraction", "0.3", "--data.init_args.val_batches", "1"]
@@ -177,7 +187,8 @@ def test_dreamer_acts_and_learns_on_the_device_with_autocast(seen):
 
 @pytest.mark.skipif(os.environ.get("LIGHTNING_WM_TEST_QUICK") == "1", reason="compilation takes minutes")
 @pytest.mark.parametrize(
-    ("family", "option"), [("dreamer-vector", "--model.init_args.compile"), ("muzero-vector", "--model.init_args.search.compile")]
+    ("family", "option"),
+    [("dreamer-vector", "--model.init_args.compile"), ("muzero-vector", "--model.init_args.search.compile")],
 )
 def test_compile_options(family, option):
     cli = main(["fit", *FAMILIES[family], *STEPS, *ON_DEVICE, option, "true"])
