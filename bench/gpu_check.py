@@ -237,7 +237,7 @@ def actors_part(quick: bool, limit: float) -> list[str]:
     actors = 2 if quick else max(1, min(8, (os.cpu_count() or 2) // 2))
     seconds = 4 if quick else 8
     cmd = [sys.executable, str(ROOT / "bench/actors.py"), "--envs", "pong", "--actors", f"0,{actors}"]
-    cmd += ["--seconds", str(seconds), "--prefill", "200" if quick else "2000"]
+    cmd += ["--seconds", str(seconds), "--prefill", "200" if quick else "1000"]
     status, out, _ = run(cmd, limit)
     lines = [f"## Actors (IMPALA-style acting on ALE/Pong-v5, {actors} actor processes, `bench/actors.py`)", ""]
     table = [line for line in out.splitlines() if line.startswith("|")]
@@ -267,7 +267,7 @@ def main() -> None:
         if not torch.cuda.is_available():
             raise SystemExit("error: --device cuda but torch sees no CUDA device; use --device cpu")
     # time limits (seconds) per part: GPU machine <= 6 min in all, --device cpu --quick <= 5 min here
-    limits = {"tests": 200, "steps": 110, "search": 30, "actors": 70} if not args.quick else {
+    limits = {"tests": 150, "steps": 110, "search": 30, "actors": 120} if not args.quick else {
         "tests": 170, "steps": 75, "search": 25, "actors": 30}  # fmt: skip
     parts = args.parts.split(",")
     start = time.monotonic()

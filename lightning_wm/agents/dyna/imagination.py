@@ -225,6 +225,16 @@ class DynaWorldModel(LearnedModel):
         if self.seed is not None:
             self.generator.manual_seed(self.seed)
 
+    def _generator_on(self, device: torch.device) -> None:
+        """Keep the generator on the model's device: the learner moves the model (e.g. to a GPU)
+        after this was built, and a generator cannot follow it, so a new one is seeded there."""
+        if self.generator.device.type != device.type:
+            self.generator = torch.Generator(device=device)
+            if self.seed is not None:
+                self.generator.manual_seed(self.seed + self.fills)
+            else:
+                self.generator.seed()
+
     def buffer_size(self, envstep: int) -> int:
         """Rows the imagination buffer holds at ``envstep`` (see the module docstring)."""
         return (self.rollout_length_scheduler(envstep) + 1) * self.rollout_batch_size * self.rollout_retain
@@ -251,6 +261,7 @@ class DynaWorldModel(LearnedModel):
         if horizon == 0:
             return img_buffer
         self.codec = self.codec.to(_device(self.model))  # the learner may have moved the model
+        self._generator_on(_device(self.model))
         was_training = self.model.training
         self.model.eval()
         try:
