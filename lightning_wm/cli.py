@@ -49,9 +49,9 @@ from lightning_wm.data.offline import EpisodeDataModule
 from lightning_wm.envs import EnvConfig, make_env, make_vector_env
 from lightning_wm.io import DiskFullError, check_writable
 from lightning_wm.protocols import EnvHolder
-from lightning_wm.run_folder import RunFolderLock, check_new_run, is_rank_zero
+from lightning_wm.run_folder import RunFolderLock, check_new_run, derive_run_name, is_rank_zero
 from lightning_wm.seeding import derive_seed
-from lightning_wm.signals import RunStopped, stop_on_signals, stop_requested
+from lightning_wm.signals import RunStopped, requeue_slurm_job, stop_on_signals, stop_requested
 from lightning_wm.video import check_video_path, write_video
 
 
@@ -468,36 +468,6 @@ class CLI(LightningCLI):
         config = self.config[self.subcommand] if self.subcommand else self.config
         if config.trainer.get("run_name") is None:
             config.trainer.run_name = derive_run_name(config)
-
-
-def requeue_slurm_job() -> str:
-    """Under Slurm, put the job back in the queue after a SIGUSR1 stop (Slurm's warning before the
-    time limit, ``#SBATCH --signal=USR1@120``), as Lightning's own Slurm support does: the requeued
-    job resumes from ``last.ckpt`` with ``--resume_if_exists true``. Returns a note for the report."""
-    job = os.environ.get("SLURM_ARRAY_JOB_ID")
-    job = f"{job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if job else os.environ.get("SLURM_JOB_ID")
-    if not job:
-        return ""
-    import subprocess
-
-    try:
-        done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as err:
-        return f"; requeueing Slurm job {job} failed ({err})"
-    if done.returncode != 0:
-        return f"; requeueing Slurm job {job} failed ({done.stderr.strip() or done.returncode})"
-    return f"; Slurm job {job} requeued"
-
-
-def derive_run_name(config: Any) -> str:
-    """``configs/dreamer/cartpole.yaml`` -> ``dreamer-cartpole``; else the model class name."""
-    paths = [str(p) for p in (config.get("config") or []) if p is not None]
-    if paths:
-        path = Path(os.path.relpath(os.path.abspath(str(paths[0]))))
-        parts = [p for p in path.with_suffix("").parts if p not in ("configs", "..", ".")]
-        return "-".join(parts[-3:]) or "default"
-    class_path = str(config.model.get("class_path", "model")) if config.get("model") else "model"
-    return class_path.rsplit(".", 1)[-1].lower()
 
 
 # errors that describe bad input (config values, env ids, files, a diverged loss): on the command

@@ -20,8 +20,9 @@ import os
 import socket
 import warnings
 from pathlib import Path
+from typing import Any
 
-__all__ = ["RunFolderError", "RunFolderLock", "check_new_run", "is_rank_zero", "clear_run"]
+__all__ = ["RunFolderError", "RunFolderLock", "check_new_run", "is_rank_zero", "clear_run", "derive_run_name"]
 
 LOCK_NAME = "fit.lock"
 RUN_FILES = ("*.ckpt", "replay_rank*_step*.pt")
@@ -137,3 +138,14 @@ def clear_run(checkpoint_dir: str | os.PathLike) -> list[Path]:
     for path in removed:
         path.unlink(missing_ok=True)
     return removed
+
+
+def derive_run_name(config: Any) -> str:
+    """``configs/dreamer/cartpole.yaml`` -> ``dreamer-cartpole``; else the model class name."""
+    paths = [str(p) for p in (config.get("config") or []) if p is not None]
+    if paths:
+        path = Path(os.path.relpath(os.path.abspath(str(paths[0]))))
+        parts = [p for p in path.with_suffix("").parts if p not in ("configs", "..", ".")]
+        return "-".join(parts[-3:]) or "default"
+    class_path = str(config.model.get("class_path", "model")) if config.get("model") else "model"
+    return class_path.rsplit(".", 1)[-1].lower()

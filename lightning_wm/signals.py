@@ -18,6 +18,7 @@ A second SIGINT raises ``KeyboardInterrupt`` at once (the old Ctrl-C: stop now, 
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -35,6 +36,7 @@ __all__ = [
     "check_stop",
     "request_stop",
     "clear_stop",
+    "requeue_slurm_job",
 ]
 
 HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
@@ -123,3 +125,22 @@ def stop_on_signals(signals: tuple[signal.Signals, ...] = HANDLED) -> Iterator[N
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+
+
+def requeue_slurm_job() -> str:
+    """Under Slurm, put the job back in the queue after a SIGUSR1 stop (Slurm's warning before the
+    time limit, ``#SBATCH --signal=USR1@120``), as Lightning's own Slurm support does: the requeued
+    job resumes from ``last.ckpt`` with ``--resume_if_exists true``. Returns a note for the report."""
+    job = os.environ.get("SLURM_ARRAY_JOB_ID")
+    job = f"{job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if job else os.environ.get("SLURM_JOB_ID")
+    if not job:
+        return ""
+    import subprocess
+
+    try:
+        done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"; requeueing Slurm job {job} failed ({err})"
+    if done.returncode != 0:
+        return f"; requeueing Slurm job {job} failed ({done.stderr.strip() or done.returncode})"
+    return f"; Slurm job {job} requeued"
