@@ -15,6 +15,7 @@ ceiling of an env is the best engine's rate; ``bench/actors.py`` prints each act
 share of it.
 
     python bench/ceiling.py                     # both envs, 10 s per engine
+    python bench/ceiling.py --repeats 3         # the median of 3 rounds (a loaded machine)
     python bench/ceiling.py --envs pong --seconds 20
     python bench/ceiling.py --quick             # CartPole, 2 s per engine (a smoke run)
 """
@@ -25,6 +26,7 @@ import argparse
 import dataclasses
 import importlib.util
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -70,26 +72,29 @@ def steps_per_second(config: EnvConfig, seconds: float, warmup: int = 20) -> flo
         env.close()
 
 
-def measure(name: str, seconds: float, cores: int | None = None) -> list[dict]:
+def measure(name: str, seconds: float, cores: int | None = None, repeats: int = 1) -> list[dict]:
     """One row per engine for env ``name``: ``engine``, ``envs``, ``workers`` (processes or
-    threads), ``steps_per_s`` (agent steps), ``frames_per_s``. EnvPool is left out when it is not
-    installed."""
+    threads), ``steps_per_s`` (agent steps; the median of ``repeats`` rounds, the engines taking
+    turns in each round), ``frames_per_s``. EnvPool is left out when it is not installed."""
     env, skip, num_envs = ENVS[name]
     cores = cores or usable_cores()
+    engines = [e for e in ENGINES if e != "EnvPool" or importlib.util.find_spec("envpool") is not None]
+    configs = {engine: engine_config(env, engine, num_envs, cores) for engine in engines}
+    rates: dict[str, list[float]] = {engine: [] for engine in engines}
+    for _ in range(repeats):
+        for engine in engines:
+            rates[engine].append(steps_per_second(configs[engine], seconds))
     rows = []
-    for engine in ENGINES:
-        if engine == "EnvPool" and importlib.util.find_spec("envpool") is None:
-            continue
-        config = engine_config(env, engine, num_envs, cores)
-        rate = steps_per_second(config, seconds)
+    for engine in engines:
+        rate = float(statistics.median(rates[engine]))
         workers = {"gymnasium sync": "1 process", "gymnasium async": f"{cores} processes"}.get(
-            engine, f"{min(config.num_envs, cores)} threads"
+            engine, f"{min(configs[engine].num_envs, cores)} threads"
         )
         rows.append(
             {
                 "env": name,
                 "engine": engine,
-                "envs": config.num_envs,
+                "envs": configs[engine].num_envs,
                 "workers": workers,
                 "steps_per_s": rate,
                 "frames_per_s": rate * skip,
@@ -124,6 +129,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--envs", default="cartpole,pong", help="comma-separated: " + ", ".join(ENVS))
     p.add_argument("--seconds", type=float, default=10.0, help="measured seconds per engine")
+    p.add_argument("--repeats", type=int, default=1, help="rounds over the engines; each rate is their median")
     p.add_argument("--cores", type=int, default=None, help="cores to use (default: all this process may use)")
     p.add_argument("--quick", action="store_true", help="CartPole, 2 s per engine")
     args = p.parse_args()
@@ -131,7 +137,7 @@ def main() -> None:
         args.envs, args.seconds = "cartpole", 2.0
     cores = args.cores or usable_cores()
     print(f"machine: {os.cpu_count()} CPUs, {cores} usable, load average {os.getloadavg()[0]:.2f} at start\n")
-    rows = [row for name in args.envs.split(",") for row in measure(name, args.seconds, cores)]
+    rows = [row for name in args.envs.split(",") for row in measure(name, args.seconds, cores, args.repeats)]
     print(table(rows))
     print(f"\nload average {os.getloadavg()[0]:.2f} at the end")
 
