@@ -22,6 +22,7 @@ frames).
     python bench/actors.py                      # both envs, 0/1/2/4 actors, 20 s each
     python bench/actors.py --quick              # CartPole, 0/2 actors, 4 s each (a smoke run)
     python bench/actors.py --envs pong --actors 2 --seconds 30
+    python bench/actors.py --backend envpool    # the acting modes step EnvPool's envs
 """
 
 from __future__ import annotations
@@ -90,9 +91,9 @@ class ConvPolicy(MLPPolicy):
         return self.net(obs.permute(0, 3, 1, 2).float() / 255.0)
 
 
-def settings(name: str) -> dict:
+def settings(name: str, backend: str = "gymnasium") -> dict:
     if name == "cartpole":
-        env = EnvConfig("CartPole-v1")
+        env = EnvConfig("CartPole-v1", backend=backend)
         spec = env_spec(env)
         return dict(
             env=env,
@@ -105,7 +106,11 @@ def settings(name: str) -> dict:
         )
     if name == "pong":
         env = EnvConfig(
-            "ALE/Pong-v5", atari_preprocessing=AtariPreprocessingConfig(), frame_stack=4, max_episode_steps=27_000
+            "ALE/Pong-v5",
+            atari_preprocessing=AtariPreprocessingConfig(),
+            frame_stack=4,
+            max_episode_steps=27_000,
+            backend=backend,
         )
         spec = env_spec(env)
         return dict(
@@ -219,6 +224,7 @@ def main() -> None:
     p.add_argument("--actors", default="0,1,2,4", help="comma-separated actor counts")
     p.add_argument("--seconds", type=float, default=20.0, help="measured seconds per setting")
     p.add_argument("--prefill", type=int, default=2000, help="rows before measuring")
+    p.add_argument("--backend", default="gymnasium", help="the acting modes' env backend: gymnasium or envpool")
     p.add_argument("--quick", action="store_true", help="CartPole, 0 and 2 actors, 4 s each")
     args = p.parse_args()
     if args.quick:
@@ -238,7 +244,7 @@ def main() -> None:
     )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name in args.envs.split(","):
-        s = settings(name)
+        s = settings(name, args.backend)
 
         best = ceiling.ceiling(ceilings[name])
 

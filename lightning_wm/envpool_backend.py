@@ -7,24 +7,19 @@ returns the next episode's first observation with reward 0 and ignores the actio
 exactly this itself).
 
 Supported ids: ALE games ``ALE/<Game>-v5`` with ``atari_preprocessing`` (EnvPool's ``<Game>-v5``)
-and the classic-control ids of :data:`CLASSIC_CONTROL`. The options map one to one:
+and the classic-control ids of :data:`CLASSIC_CONTROL`. Our options -> EnvPool's:
 
-=====================================================  ==========================================
-ours                                                   EnvPool
-=====================================================  ==========================================
-``atari_preprocessing.frame_skip``                     ``frame_skip`` (max-pool of the last two)
-``atari_preprocessing.noop_max``                       ``noop_max`` (1..noop_max no-ops at reset)
-``atari_preprocessing.screen_size``                    ``img_height``, ``img_width``
-``atari_preprocessing.grayscale_obs``                  ``gray_scale``
-``atari_preprocessing.terminal_on_life_loss``          ``episodic_life``
-``frame_stack``                                        ``stack_num`` (first frame repeated)
-``kwargs.repeat_action_probability`` (0.25, ALE v5)    ``repeat_action_probability``
-``kwargs.full_action_space``, ``mode``, ``difficulty``  the same names
-``max_episode_steps`` (agent steps)                    ``max_episode_steps`` (Atari: at most the
-                                                       ALE v5 cap of 108,000 frames)
-(gymnasium's AtariPreprocessing neither fires at        ``use_fire_reset: false``,
-reset nor clips rewards)                               ``reward_clip: false``
-=====================================================  ==========================================
+* ``atari_preprocessing``: ``frame_skip`` -> ``frame_skip`` (max-pool of the last two frames),
+  ``noop_max`` -> ``noop_max`` (1..noop_max no-ops at reset, as gymnasium), ``screen_size`` ->
+  ``img_height`` and ``img_width``, ``grayscale_obs`` -> ``gray_scale``,
+  ``terminal_on_life_loss`` -> ``episodic_life``;
+* ``frame_stack`` -> ``stack_num`` (the first frame repeated at reset, as gymnasium);
+* ``kwargs``: ``repeat_action_probability`` (0.25 by default, as ALE v5), ``full_action_space``,
+  ``mode``, ``difficulty`` -> the same names;
+* ``max_episode_steps`` (agent steps) -> ``max_episode_steps``, for Atari at most ALE v5's cap of
+  108,000 frames (27,000 agent steps at frame skip 4, also the default);
+* always ``use_fire_reset: false`` and ``reward_clip: false`` (gymnasium's wrappers neither fire
+  at reset nor clip rewards).
 
 Known differences: EnvPool's ``episodic_life`` goes on with the same game after a lost life where
 gymnasium's ``terminal_on_life_loss`` restarts it; a truncated episode counts the no-ops of its
