@@ -196,7 +196,6 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
         self._images = "stack_num" in self.options  # Atari frames, channels first in EnvPool
         self._pool: Any = None
-        self._seeds: list[int] | None = None
 
     def _build(self, seeds: list[int]) -> None:
         self.close_extras()
@@ -212,7 +211,6 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
                 **self.options,
             )
             self._pool.observation_space  # noqa: B018 - built (and its warnings silenced) here, not at the first reset
-        self._seeds = seeds
 
     def _obs(self, obs: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(obs.transpose(0, 2, 3, 1)) if self._images else obs
