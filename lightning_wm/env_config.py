@@ -71,10 +71,8 @@ class EnvConfig:
             episode is repeated to fill the stack.
         kwargs: extra keyword arguments for ``gym.make`` (with ``backend: envpool``, the ALE's
             ``repeat_action_probability``, ``full_action_space``, ``mode`` and ``difficulty``).
-        backend: what steps the vector envs: ``gymnasium`` (its vector envs over the wrappers
-            above) or ``envpool`` (EnvPool's C++ thread pool, ``pip install -e ".[envpool]"``;
-            ALE games with ``atari_preprocessing`` and classic control, same observations, rewards
-            and episode ends: :mod:`lightning_wm.envpool_backend`).
+        backend: what steps the vector envs: ``gymnasium`` or ``envpool`` (EnvPool's C++ threads,
+            ``pip install -e ".[envpool]"``; what it maps and refuses: :mod:`lightning_wm.envpool_backend`).
     """
 
     id: str = "CartPole-v1"

@@ -77,7 +77,8 @@ def envpool_options(config: EnvConfig) -> tuple[str, dict[str, Any]]:
     ]
     if wrapped:
         raise EnvError(
-            f"{config.id}: backend: envpool cannot express {', '.join(wrapped)}; drop them or use backend: gymnasium"
+            f"{config.id}: backend: envpool cannot express {', '.join(wrapped)}; drop "
+            f"{'it' if len(wrapped) == 1 else 'them'} or use backend: gymnasium"
         )
     if config.id.startswith("ALE/") and config.id.endswith("-v5"):
         return _atari_options(config)
