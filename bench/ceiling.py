@@ -7,7 +7,9 @@ engine, as ``lightning_wm.envs.make_vector_env`` builds it:
 
 * **gymnasium sync**: ``SyncVectorEnv``, every env in this one process (one core);
 * **gymnasium async**: ``AsyncVectorEnv``, one process per env, as many envs as cores;
-* **EnvPool**: ``env.backend: envpool``, ``num_threads`` = cores (``pip install -e ".[envpool]"``).
+* **EnvPool**: ``env.backend: envpool``, ``num_threads`` = cores (``pip install -e ".[envpool]"``);
+* **EnvPool async**: the same envs in EnvPool's asynchronous mode (``send``/``recv`` of half the
+  envs while the other half steps), which our vector env does not use: what the library can give.
 
 it steps the vector env with random actions (drawn beforehand) for ``--seconds`` after a warm-up
 and reports agent steps/s and frames/s (agent steps x frame skip: emulator frames for Pong). The
@@ -29,10 +31,13 @@ import os
 import statistics
 import sys
 import time
+import warnings
 from pathlib import Path
 
+import gymnasium as gym
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lightning_wm.envpool_backend import usable_cores  # noqa: E402
+from lightning_wm.envpool_backend import envpool_options, usable_cores  # noqa: E402
 from lightning_wm.envs import AtariPreprocessingConfig, EnvConfig, make_vector_env  # noqa: E402
 
 #: env name -> (env settings, frames per agent step, envs of the one-process and EnvPool engines)
@@ -40,7 +45,7 @@ ENVS: dict[str, tuple[EnvConfig, int, int]] = {
     "cartpole": (EnvConfig("CartPole-v1"), 1, 64),
     "pong": (EnvConfig("ALE/Pong-v5", atari_preprocessing=AtariPreprocessingConfig(), frame_stack=4), 4, 16),
 }
-ENGINES = ("gymnasium sync", "gymnasium async", "EnvPool")
+ENGINES = ("gymnasium sync", "gymnasium async", "EnvPool", "EnvPool async")
 
 
 def engine_config(env: EnvConfig, engine: str, num_envs: int, cores: int) -> EnvConfig:
@@ -49,8 +54,8 @@ def engine_config(env: EnvConfig, engine: str, num_envs: int, cores: int) -> Env
         return dataclasses.replace(env, num_envs=num_envs, vectorization="sync")
     if engine == "gymnasium async":
         return dataclasses.replace(env, num_envs=cores, vectorization="async")
-    if engine == "EnvPool":
-        return dataclasses.replace(env, num_envs=max(num_envs, cores), backend="envpool")
+    if engine in ("EnvPool", "EnvPool async"):
+        return dataclasses.replace(env, num_envs=max(num_envs, 2 * cores), backend="envpool")
     raise ValueError(f"unknown engine {engine!r}; choose one of {ENGINES}")
 
 
@@ -72,18 +77,59 @@ def steps_per_second(config: EnvConfig, seconds: float, warmup: int = 20) -> flo
         env.close()
 
 
+def envpool_async_steps_per_second(config: EnvConfig, cores: int, seconds: float, warmup: int = 20) -> float:
+    """Agent steps per second of EnvPool in its asynchronous mode: each ``recv`` returns the first
+    half of the envs to finish their step and ``send`` gives them their next actions while the
+    other half still steps (``batch_size = num_envs / 2``, ``num_threads`` = cores)."""
+    import envpool
+
+    task, options = envpool_options(config)
+    batch = config.num_envs // 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        pool = envpool.make(
+            task,
+            env_type="gymnasium",
+            num_envs=config.num_envs,
+            batch_size=batch,
+            num_threads=min(cores, config.num_envs),
+            seed=config.seed,
+            **options,
+        )
+        pool.observation_space  # noqa: B018 - built here, its warnings silenced
+        space = gym.vector.utils.batch_space(pool.action_space, batch)
+    try:
+        space.seed(config.seed)
+        actions = [space.sample() for _ in range(64)]
+        pool.async_reset()
+        for t in range(warmup):
+            *_, info = pool.recv()
+            pool.send(actions[t % 64], info["env_id"])
+        steps, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            *_, info = pool.recv()
+            pool.send(actions[steps % 64], info["env_id"])
+            steps += 1
+        return steps * batch / (time.perf_counter() - start)
+    finally:
+        pool.close()
+
+
 def measure(name: str, seconds: float, cores: int | None = None, repeats: int = 1) -> list[dict]:
     """One row per engine for env ``name``: ``engine``, ``envs``, ``workers`` (processes or
     threads), ``steps_per_s`` (agent steps; the median of ``repeats`` rounds, the engines taking
     turns in each round), ``frames_per_s``. EnvPool is left out when it is not installed."""
     env, skip, num_envs = ENVS[name]
     cores = cores or usable_cores()
-    engines = [e for e in ENGINES if e != "EnvPool" or importlib.util.find_spec("envpool") is not None]
+    engines = [e for e in ENGINES if "EnvPool" not in e or importlib.util.find_spec("envpool") is not None]
     configs = {engine: engine_config(env, engine, num_envs, cores) for engine in engines}
     rates: dict[str, list[float]] = {engine: [] for engine in engines}
     for _ in range(repeats):
         for engine in engines:
-            rates[engine].append(steps_per_second(configs[engine], seconds))
+            if engine == "EnvPool async":
+                rates[engine].append(envpool_async_steps_per_second(configs[engine], cores, seconds))
+            else:
+                rates[engine].append(steps_per_second(configs[engine], seconds))
     rows = []
     for engine in engines:
         rate = float(statistics.median(rates[engine]))

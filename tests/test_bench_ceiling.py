@@ -15,7 +15,8 @@ def test_each_engine_steps_the_env_its_way():
     assert (sync.num_envs, sync.vectorization, sync.backend) == (64, "sync", "gymnasium")
     assert (spread.num_envs, spread.vectorization, spread.backend) == (3, "async", "gymnasium")
     assert (pool.num_envs, pool.backend) == (64, "envpool")
-    assert ceiling.engine_config(env, "EnvPool", 2, cores=3).num_envs == 3  # at least one env per thread
+    assert ceiling.engine_config(env, "EnvPool", 2, cores=3).num_envs == 6  # at least two envs per thread
+    assert ceiling.engine_config(env, "EnvPool async", 64, cores=3) == pool  # the same envs, half a batch each recv
 
 
 def test_table_gives_each_row_its_share_of_its_envs_best_engine():
