@@ -11,9 +11,10 @@ For each env and actor count it measures, after a warm-up, for ``--seconds`` sec
   gradient step that "flat out" delivered: the actors keep up, and the learner's wait for rows as
   a share of its wall time is the number to watch (goal: <= 5%).
 
-The ceiling is gymnasium's ``AsyncVectorEnv`` alone (random actions, no learner, one process per
-env). Envs: CartPole-v1 (MLP policy) and ALE/Pong-v5 through gymnasium's ``AtariPreprocessing``
-(84x84 gray, frame skip 4) and ``FrameStackObservation`` (4) -- the env options
+First it measures the ceiling (``bench/ceiling.py``: the env alone, random actions, no learner, on
+every core, gymnasium and EnvPool) and prints its table; each frames/s figure is then also given as
+a share of the best engine's rate. Envs: CartPole-v1 (MLP policy) and ALE/Pong-v5 through
+gymnasium's ``AtariPreprocessing`` (84x84 gray, frame skip 4) and ``FrameStackObservation`` (4) -- the env options
 ``atari_preprocessing: {}`` and ``frame_stack: 4`` -- with a small conv policy; Pong needs
 opencv (``pip install -e ".[atari]"``). One Pong frame here is one agent step (4 emulator
 frames).
@@ -21,6 +22,7 @@ frames).
     python bench/actors.py                      # both envs, 0/1/2/4 actors, 20 s each
     python bench/actors.py --quick              # CartPole, 0/2 actors, 4 s each (a smoke run)
     python bench/actors.py --envs pong --actors 2 --seconds 30
+    python bench/actors.py --backend envpool    # the acting modes step EnvPool's envs
 """
 
 from __future__ import annotations
@@ -32,11 +34,13 @@ import sys
 import time
 from pathlib import Path
 
-import gymnasium as gym
 import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import ceiling  # noqa: E402
+
 from lightning_wm.data.acting import ActorActing, Chunk  # noqa: E402
 from lightning_wm.data.batches import ReplayFeed  # noqa: E402
 from lightning_wm.data.collector import Collector  # noqa: E402
@@ -87,9 +91,9 @@ class ConvPolicy(MLPPolicy):
         return self.net(obs.permute(0, 3, 1, 2).float() / 255.0)
 
 
-def settings(name: str) -> dict:
+def settings(name: str, backend: str = "gymnasium") -> dict:
     if name == "cartpole":
-        env = EnvConfig("CartPole-v1")
+        env = EnvConfig("CartPole-v1", backend=backend)
         spec = env_spec(env)
         return dict(
             env=env,
@@ -102,7 +106,11 @@ def settings(name: str) -> dict:
         )
     if name == "pong":
         env = EnvConfig(
-            "ALE/Pong-v5", atari_preprocessing=AtariPreprocessingConfig(), frame_stack=4, max_episode_steps=27_000
+            "ALE/Pong-v5",
+            atari_preprocessing=AtariPreprocessingConfig(),
+            frame_stack=4,
+            max_episode_steps=27_000,
+            backend=backend,
         )
         spec = env_spec(env)
         return dict(
@@ -210,54 +218,39 @@ def with_actors(s: dict, actors: int, seconds: float, prefill: int, rows_per_ste
     return {"fps": rows / wall, "steps_per_s": (learner.steps - steps0) / wall, "wait": waited / wall}
 
 
-def async_ceiling(s: dict, num_envs: int, seconds: float) -> float:
-    """Random actions in gymnasium's AsyncVectorEnv (one process per env), no learner."""
-    from lightning_wm.envs import make_env
-
-    env = gym.vector.AsyncVectorEnv(
-        [lambda: make_env(s["env"]) for _ in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP
-    )
-    try:
-        env.reset(seed=0)
-        env.action_space.seed(0)
-        for _ in range(20):
-            env.step(env.action_space.sample())
-        steps, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            env.step(env.action_space.sample())
-            steps += num_envs
-        return steps / (time.perf_counter() - start)
-    finally:
-        env.close()
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--envs", default="cartpole,pong", help="comma-separated: cartpole, pong")
     p.add_argument("--actors", default="0,1,2,4", help="comma-separated actor counts")
     p.add_argument("--seconds", type=float, default=20.0, help="measured seconds per setting")
     p.add_argument("--prefill", type=int, default=2000, help="rows before measuring")
-    p.add_argument("--async-envs", type=int, default=4, help="envs of the AsyncVectorEnv ceiling")
+    p.add_argument("--backend", default="gymnasium", help="the acting modes' env backend: gymnasium or envpool")
     p.add_argument("--quick", action="store_true", help="CartPole, 0 and 2 actors, 4 s each")
     args = p.parse_args()
     if args.quick:
-        args.envs, args.actors, args.seconds, args.prefill, args.async_envs = "cartpole", "0,2", 4.0, 1000, 2
+        args.envs, args.actors, args.seconds, args.prefill = "cartpole", "0,2", 4.0, 1000
     torch.set_num_threads(1)
     load = os.getloadavg()[0]
     print(
         f"machine: {os.cpu_count()} CPUs, load average {load:.2f} at start; torch threads 1 in the learner and in "
         f"each actor\n"
     )
+    ceilings = {name: ceiling.measure(name, args.seconds) for name in args.envs.split(",")}
+    print(ceiling.table([row for rows in ceilings.values() for row in rows]) + "\n")
     print(
-        "| env | actors | envs/actor | chunk | frames/s (flat out) | learner steps/s | frames/s (keep up) "
+        "| env | actors | envs/actor | chunk | frames/s, of ceiling (flat out) | learner steps/s "
+        "| frames/s, of ceiling (keep up) "
         "| learner wait (keep up) |"
     )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name in args.envs.split(","):
-        s = settings(name)
+        s = settings(name, args.backend)
 
-        def fps(value: float) -> str:  # agent steps per second (and emulator frames with frame skip)
-            return f"{value:,.0f}" + (f" ({s['skip'] * value:,.0f} emulator)" if s["skip"] > 1 else "")
+        best = ceiling.ceiling(ceilings[name])
+
+        def fps(value: float) -> str:  # agent steps per second (and emulator frames with frame skip), % of ceiling
+            frames = f" ({s['skip'] * value:,.0f} emulator)" if s["skip"] > 1 else ""
+            return f"{value:,.0f}{frames}, {100 * value / best:.0f}%"
 
         for actors in [int(a) for a in args.actors.split(",")]:
             if actors == 0:
@@ -276,12 +269,6 @@ def main() -> None:
                 f"| {flat['steps_per_s']:.1f} | {fps(keep['fps'])} | {100 * keep['wait']:.1f}% |",
                 flush=True,
             )
-        ceiling = async_ceiling(s, args.async_envs, args.seconds)
-        print(
-            f"| {name} | AsyncVectorEnv alone ({args.async_envs} envs, random actions, no learner) | | | "
-            f"{fps(ceiling)} | | | |",
-            flush=True,
-        )
     print(f"\nload average {os.getloadavg()[0]:.2f} at the end")
 
 

@@ -336,12 +336,12 @@ def test_cli_pipeline_carracing_configs(capsys):
 
 
 @pytest.mark.slow  # worker processes
-def test_env_pool_in_worker_processes_matches_in_process_envs():
+def test_population_envs_in_worker_processes_matches_in_process_envs():
     """Stepping a subset of envs in 2 subprocesses gives what in-process envs give."""
-    from lightning_wm.env_pool import EnvPool
+    from lightning_wm.population_envs import PopulationEnvs
 
     config = EnvConfig(id="CartPole-v1", pixels=True, size=(16, 16), crop=(160, 0, 160, 600))
-    local, remote = EnvPool(config, 5), EnvPool(config, 5, workers=2)
+    local, remote = PopulationEnvs(config, 5), PopulationEnvs(config, 5, workers=2)
     try:
         seeds = [11, 12, 13, 14, 15]
         np.testing.assert_array_equal(local.reset(seeds), remote.reset(seeds))
@@ -357,10 +357,10 @@ def test_env_pool_in_worker_processes_matches_in_process_envs():
 
 
 @pytest.mark.slow  # worker processes
-def test_env_pool_worker_errors_are_reported():
-    from lightning_wm.env_pool import EnvPool
+def test_population_envs_worker_errors_are_reported():
+    from lightning_wm.population_envs import PopulationEnvs
 
-    pool = EnvPool(EnvConfig(id="CartPole-v1"), 2, workers=2)
+    pool = PopulationEnvs(EnvConfig(id="CartPole-v1"), 2, workers=2)
     try:
         pool.reset([0, 1])
         with pytest.raises(RuntimeError, match="env worker"):
@@ -370,16 +370,16 @@ def test_env_pool_worker_errors_are_reported():
 
 
 @pytest.mark.slow  # worker processes
-def test_env_pool_workers_end_on_terminate_despite_an_inherited_sigterm_handler():
+def test_population_envs_workers_end_on_terminate_despite_an_inherited_sigterm_handler():
     """Lightning installs a SIGTERM handler that only sets a flag; forked workers must not keep it
     (else multiprocessing's terminate() at interpreter exit waits for them forever)."""
     import signal
 
-    from lightning_wm.env_pool import EnvPool
+    from lightning_wm.population_envs import PopulationEnvs
 
     previous = signal.signal(signal.SIGTERM, lambda *_: None)
     try:
-        pool = EnvPool(EnvConfig(id="CartPole-v1"), 2, workers=2)
+        pool = PopulationEnvs(EnvConfig(id="CartPole-v1"), 2, workers=2)
     finally:
         signal.signal(signal.SIGTERM, previous)
     try:

@@ -50,8 +50,8 @@ from lightning_wm.agents.worldmodels.vm_model import VisionMemoryModel
 from lightning_wm.checkpoints import CheckpointError, load_checkpoint, load_module
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.dream_env import DreamEnv, start_states
-from lightning_wm.env_pool import EnvPool
 from lightning_wm.envs import EnvConfig, EnvSpec
+from lightning_wm.population_envs import PopulationEnvs
 from lightning_wm.protocols import GenerationTask
 from lightning_wm.seeding import derive_seed
 from lightning_wm.settings import as_settings
@@ -249,7 +249,7 @@ class Controller(RLModule):
             es.sigma0,
             {"popsize": es.popsize, "seed": np.nan, "randn": _Randn(derive_seed(es.seed, "cmaes")), "verbose": -9},
         )
-        self._pool: EnvPool | None = None
+        self._pool: PopulationEnvs | None = None
         self._dream: DreamEnv | None = None
         self._dream_bank: Any = None
 
@@ -332,7 +332,7 @@ class Controller(RLModule):
         return action, state, {}
 
     # -- fitness ----------------------------------------------------------------------
-    def _real_pool(self, n: int, config: EnvConfig | None) -> EnvPool:
+    def _real_pool(self, n: int, config: EnvConfig | None) -> PopulationEnvs:
         if config is None:
             raise ValueError(
                 "the controller evaluates its population in a real env: fit it with GenerationDataModule "
@@ -344,7 +344,7 @@ class Controller(RLModule):
         if self._pool is None or len(self._pool) != n or self._pool.config != cfg:
             if self._pool is not None:
                 self._pool.close()
-            self._pool = EnvPool(cfg, n, workers=self.es.env_workers)
+            self._pool = PopulationEnvs(cfg, n, workers=self.es.env_workers)
         return self._pool
 
     @property

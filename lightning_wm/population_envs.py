@@ -1,4 +1,4 @@
-"""``EnvPool``: ``n`` single envs stepped together only where still running, optionally in worker
+"""``PopulationEnvs``: ``n`` single envs stepped together only where still running, optionally in worker
 processes — the population's envs of evolution strategies (one episode per env, finished envs
 cost nothing)."""
 
@@ -11,10 +11,10 @@ import numpy as np
 
 from lightning_wm.envs import EnvConfig, make_env
 
-__all__ = ["EnvPool"]
+__all__ = ["PopulationEnvs"]
 
 
-class EnvPool:
+class PopulationEnvs:
     """``n`` envs of ``config`` stepped together, only where still running (finished envs
     cost nothing: the population's vector env for one-episode-per-env evaluation).
 
@@ -111,7 +111,7 @@ def _step(env: gym.Env, action: Any) -> tuple[np.ndarray, float, bool]:
 
 
 def _env_worker(conn: Any, config: EnvConfig, count: int) -> None:
-    """Subprocess of :class:`EnvPool`: owns ``count`` envs; answers ``reset``/``step`` batches
+    """Subprocess of :class:`PopulationEnvs`: owns ``count`` envs; answers ``reset``/``step`` batches
     with ``(True, results)`` or ``(False, message)``; exits on ``close``."""
     import signal
 
