@@ -1,5 +1,5 @@
-"""Central acting (``acting.policy: central``): the batched inference server (one call for every
-group, the deadline, pytree splitting), env groups acting through it (recurrent state resets,
+"""Central acting (``acting.policy: central``): batched inference (one call for every group, the
+deadline, pytree splitting), env groups acting through it (recurrent state resets,
 the same rows as a Collector, errors, stop requests), clean-up (threads, worker processes, after
 ``kill -9`` of the learner too), and tiny CLI fits of IMPALA, MuZero and Dreamer."""
 
@@ -19,7 +19,7 @@ from torch import nn
 
 from lightning_wm.cli import main
 from lightning_wm.data.acting import ActorError, CentralActing
-from lightning_wm.data.acting.inference import BatchedInference, acting_view
+from lightning_wm.data.acting.inference import BatchedInference, InferenceStopped, acting_view
 from lightning_wm.data.collector import Collector
 from lightning_wm.data.settings import ActingSettings
 from lightning_wm.envs import EnvConfig, make_vector_env
@@ -105,7 +105,7 @@ def test_a_withheld_group_delays_the_others_by_the_deadline_only():
     assert results[1][1][0].tolist() == [1, 1]
 
 
-def test_an_agent_error_reaches_every_group_of_the_call_and_close_releases_waiters():
+def test_an_agent_error_reaches_the_caller_and_close_releases_a_waiting_group():
     class Broken:
         def act(self, obs, state, explore):
             raise ValueError("bad act")
@@ -113,8 +113,21 @@ def test_an_agent_error_reaches_every_group_of_the_call_and_close_releases_waite
     server = BatchedInference(Broken(), deadline_s=0.0)
     with pytest.raises(ValueError, match="bad act"):
         server.act(0, torch.zeros(1, 3), None, True)
+    server = BatchedInference(Recording(), deadline_s=60.0, groups=range(2))  # group 1 never asks
+    outcome = []
+
+    def ask():
+        try:
+            server.act(0, torch.zeros(1, 3), {"h": torch.zeros(1, 2), "pair": None}, True)
+        except InferenceStopped as error:
+            outcome.append(error)
+
+    thread = threading.Thread(target=ask)
+    thread.start()
+    wait_until(lambda: server.waiting == 1, 30, what="group 0's request")
     server.close()
-    assert not server.alive
+    thread.join(timeout=30)
+    assert len(outcome) == 1 and not thread.is_alive()
 
 
 def test_acting_view_shares_the_tensors_not_the_mode():

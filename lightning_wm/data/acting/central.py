@@ -7,7 +7,7 @@ learner's device acts for all of them; no policy copy leaves the learner.
 shared memory) with ``env.vectorization: async``, a ``SyncVectorEnv`` with ``sync`` — run by one
 thread each in the learner's process. Their agent is an
 :class:`~lightning_wm.data.acting.inference.InferenceClient` of one
-:class:`~lightning_wm.data.acting.inference.BatchedInference` server that calls the live module
+:class:`~lightning_wm.data.acting.inference.BatchedInference` that calls the live module
 (:func:`~lightning_wm.data.acting.inference.acting_view`) once for all groups that asked. Chunks go
 through a bounded queue to the batch side, exactly as an actor pool's; rows carry the learner's
 version at act time (``policy_version``), so policy lag comes only from chunks waiting in the queue.
@@ -48,7 +48,7 @@ class CentralPool:
         config: what every group is built from (:class:`ActorConfig`; a group is an actor here).
         agent: the agent every group acts with (called from the inference thread only).
         num_groups: env groups (``acting.num_actors``).
-        deadline_s: the server's wait for the other groups after a first request.
+        deadline_s: how long a round waits for the other groups after its first request.
         version: the learner's weights version now.
         queue_size: chunks that may wait for the learner before the groups block.
         timeout_s: a group silent this long is reported as hung (starting gets ``STARTUP_GRACE_S`` more).
@@ -171,7 +171,7 @@ class CentralPool:
         return [p.pid for w in self.workers for p in getattr(w.collector.env, "processes", [])]
 
     def close(self) -> None:
-        """Stop the groups and the server, then close the envs (their worker processes end); idempotent."""
+        """Stop the groups and the inference, then close the envs (their worker processes end); idempotent."""
         if self._closed:
             return
         self._closed = True

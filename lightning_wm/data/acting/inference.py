@@ -1,12 +1,12 @@
 """Batched inference for central acting: one thread acts for every env group with one agent call.
 
 Each env group's thread runs an ordinary :class:`~lightning_wm.data.collector.Collector` whose agent
-is an :class:`InferenceClient`: its ``act`` hands ``(obs [B_g, ...], state, explore)`` to the
-:class:`BatchedInference` server and blocks for the answer. The server waits until every group
-that is acting has asked, or until ``deadline_s`` after the first request, concatenates the
-requests' observations and recurrent states along the batch (pytrees, on the agent's device),
-calls the agent's ``act`` once under ``torch.no_grad()`` and splits actions, states and extras
-back, so a slow group never stalls the others.
+is an :class:`InferenceClient`: its ``act`` hands ``(obs [B_g, ...], state, explore)`` to
+:class:`BatchedInference` and blocks for the answer. A round of requests closes when every group
+that is acting has asked, or ``deadline_s`` after its first request; then the requests'
+observations and recurrent states are concatenated along the batch (pytrees, on the agent's
+device), the agent's ``act`` is called once under ``torch.no_grad()`` and actions, states and
+extras are split back, so a slow group never stalls the others.
 
 The agent is the module being trained, seen through :func:`acting_view`: its parameters and
 buffers are the live tensors (no copy, no publishing), its train/eval flags its own, so the
@@ -20,7 +20,7 @@ import copy
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -32,7 +32,7 @@ __all__ = ["BatchedInference", "InferenceClient", "InferenceStopped", "acting_vi
 
 
 class InferenceStopped(RuntimeError):
-    """The inference server was closed while a group waited for its actions."""
+    """Central acting was closed while a group waited for its actions."""
 
 
 def acting_view(module: nn.Module) -> nn.Module:
@@ -49,9 +49,11 @@ class _Request:
     obs: Any
     state: Any
     explore: bool
-    answer: tuple[Tensor, Any, dict[str, Tensor], int] | None = None
+    answer: tuple[Tensor, Any, dict[str, Tensor]] | None = None
+    version: int = 0
     error: BaseException | None = None
-    done: bool = False
+    taken: bool = False  # in a round that a group's thread is answering
+    done: threading.Event = field(default_factory=threading.Event)
 
 
 def _cat(trees: list[Any]) -> Any:
@@ -64,7 +66,14 @@ def _rows(tree: Any, start: int, stop: int) -> Any:
 
 
 class BatchedInference:
-    """The server: answers the act requests of ``num_groups`` groups, batched.
+    """Answers the act requests of env groups in rounds, one agent call per round.
+
+    A round starts with its first request and closes when every acting group has asked, or
+    ``deadline_s`` after the first request. The group whose request closes it (the last to ask,
+    or the first to see the deadline pass) makes the agent call in its own thread and hands the
+    others their answers: no thread of its own, no hand-off when every group is there (on a
+    loaded machine each wake-up of another thread costs a scheduler slot). One call runs at a
+    time.
 
     Args:
         agent: anything with ``act(obs, state, explore)`` (batched over the first dimension).
@@ -84,73 +93,88 @@ class BatchedInference:
     ) -> None:
         self.agent, self.deadline_s, self.version = agent, float(deadline_s), version
         self.calls = self.requests = 0
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()  # the round: pending requests, acting groups
+        self._calling = threading.Lock()  # one agent call at a time
         self._pending: dict[int, _Request] = {}
-        self._acting: set[int] = set(groups)  # groups whose next request the server waits for
+        self._acting: set[int] = set(groups)  # groups whose next request a round waits for
+        self._round_end = 0.0
         self._closed = False
-        self._thread = threading.Thread(target=self._serve, name="lightning_wm-inference", daemon=True)
-        self._thread.start()
 
-    # -- the groups' side ----------------------------------------------------------------------
     def act(self, group: int, obs: Any, state: Any, explore: bool) -> tuple[Tensor, Any, dict[str, Tensor], int]:
-        """``group``'s ``(action, state, extras, version)`` for ``obs [B_g, ...]`` (blocks).
+        """``group``'s ``(action, state, extras, version)`` for ``obs [B_g, ...]`` (blocks until
+        its round is answered, maybe answering it).
 
         Raises:
-            InferenceStopped: the server was closed meanwhile.
-            Exception: what the agent's ``act`` raised for this batch.
+            InferenceStopped: :meth:`close` was called meanwhile.
+            Exception: what the agent's ``act`` raised for this round.
         """
         request = _Request(obs, state, bool(explore))
-        with self._cond:
-            if self._closed:
-                raise InferenceStopped("the inference server is closed")
+        with self._lock:
+            self._check_open()
             self._acting.add(group)
+            if not self._pending:
+                self._round_end = time.monotonic() + self.deadline_s
             self._pending[group] = request
-            self._cond.notify_all()
-            while not request.done:
-                if self._closed:
-                    raise InferenceStopped("the inference server is closed")
-                self._cond.wait(0.25)
+            round_ = self._close_round(self._acting <= self._pending.keys())
+        if round_:
+            self._answer(round_)
+        while not request.done.is_set():
+            left = self._round_end - time.monotonic() if not request.taken else 0.25
+            if request.done.wait(min(max(left, 0.0), 0.25)):
+                break
+            with self._lock:
+                self._check_open()
+                round_ = self._close_round(not request.taken and time.monotonic() >= self._round_end)
+            if round_:
+                self._answer(round_)
         if request.error is not None:
             raise request.error
         assert request.answer is not None
-        return request.answer
+        return (*request.answer, request.version)
 
     def pause(self, group: int) -> None:
-        """``group`` will not ask for a while (it waits for room in the chunk queue): do not wait for it."""
-        with self._cond:
+        """``group`` will not ask for a while (it waits for room in the chunk queue): rounds stop
+        waiting for it (one waiting only for it is answered now, in this thread)."""
+        with self._lock:
             self._acting.discard(group)
-            self._cond.notify_all()
+            round_ = self._close_round(bool(self._pending) and self._acting <= self._pending.keys())
+        if round_:
+            self._answer(round_)
 
-    # -- the server's side ---------------------------------------------------------------------
-    def _serve(self) -> None:
-        while True:
-            with self._cond:
-                while not self._pending and not self._closed:
-                    self._cond.wait(0.25)
-                if self._closed:
-                    return
-                deadline = time.monotonic() + self.deadline_s
-                while not self._closed and not self._acting <= self._pending.keys():
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    self._cond.wait(left)
-                batch, self._pending = self._pending, {}
+    @property
+    def waiting(self) -> int:
+        """Requests in the round not answered yet."""
+        with self._lock:
+            return len(self._pending)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise InferenceStopped("the inference server is closed")
+
+    def _close_round(self, ready: bool) -> dict[int, _Request]:
+        """The pending requests, taken out as a round, if ``ready`` (call with the lock held)."""
+        if not ready or not self._pending:
+            return {}
+        round_, self._pending = self._pending, {}
+        for request in round_.values():
+            request.taken = True
+        return round_
+
+    def _answer(self, round_: dict[int, _Request]) -> None:
+        with self._calling:
             for explore in (True, False):
-                part = {g: r for g, r in sorted(batch.items()) if r.explore == explore}
+                part = [r for _, r in sorted(round_.items()) if r.explore == explore]
                 if part:
-                    self._answer(part, explore)
-            with self._cond:
-                for request in batch.values():
-                    request.done = True
-                self._cond.notify_all()
+                    self._call(part, explore)
+        for request in round_.values():
+            request.done.set()
 
-    def _answer(self, requests: dict[int, _Request], explore: bool) -> None:
-        """One agent call for ``requests`` (sorted by group); answers or errors set in place."""
+    def _call(self, requests: list[_Request], explore: bool) -> None:
+        """One agent call for ``requests``; answers (or the error) set in place."""
         try:
-            sizes = [first_leaf(r.obs).shape[0] for r in requests.values()]
-            obs = _cat([r.obs for r in requests.values()])
-            states = [r.state for r in requests.values()]
+            sizes = [first_leaf(r.obs).shape[0] for r in requests]
+            obs = _cat([r.obs for r in requests])
+            states = [r.state for r in requests]
             state = None if all(s is None for s in states) else _cat(states)
             version = int(self.version())
             with torch.no_grad():
@@ -158,30 +182,28 @@ class BatchedInference:
             self.calls += 1
             self.requests += len(requests)
             start = 0
-            for request, size in zip(requests.values(), sizes):
+            for request, size in zip(requests, sizes):
                 stop = start + size
                 request.answer = (
                     action[start:stop],
                     _rows(new_state, start, stop),
                     {k: v[start:stop] for k, v in extras.items()},
-                    version,
                 )
+                request.version = version
                 start = stop
-        except BaseException as error:  # noqa: BLE001 - handed to every group of the batch
-            for request in requests.values():
+        except BaseException as error:  # noqa: BLE001 - handed to every group of the call
+            for request in requests:
                 request.error = error
 
     def close(self) -> None:
-        """Stop the server; waiting groups get :class:`InferenceStopped` (idempotent)."""
-        with self._cond:
+        """Refuse new requests; groups waiting in an unanswered round get :class:`InferenceStopped`
+        (idempotent)."""
+        with self._lock:
             self._closed = True
-            self._cond.notify_all()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=10.0)
-
-    @property
-    def alive(self) -> bool:
-        return self._thread.is_alive()
+            for request in self._pending.values():
+                request.error = InferenceStopped("the inference server is closed")
+                request.done.set()
+            self._pending = {}
 
 
 class InferenceClient:
