@@ -11,9 +11,11 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import pytorch_lightning as pl
 import torch
 from torch import nn
 
@@ -138,6 +140,9 @@ def test_acting_view_shares_the_tensors_not_the_mode():
         module[1][0].weight.add_(1.0)  # an optimizer step, in place
     assert view[1][0].weight is module[1][0].weight
     torch.testing.assert_close(view(torch.ones(1, 2)), module(torch.ones(1, 2)))
+    learner = pl.LightningModule()
+    learner._trainer = SimpleNamespace(global_step=5)  # what a fit attaches
+    assert acting_view(learner).global_step == 5, "schedules read the live step"
 
 
 def test_settings_refuse_ray_and_unknown_policies():

@@ -16,7 +16,6 @@ model in eval mode) never reach each other across threads.
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -37,10 +36,13 @@ class InferenceStopped(RuntimeError):
 
 def acting_view(module: nn.Module) -> nn.Module:
     """A module tree with ``module``'s parameters and buffers (the very tensors: optimizer steps
-    show at once) but its own ``training`` flags: each submodule shallow-copied, children replaced
-    by their views."""
-    view = copy.copy(module)
+    show at once) and attributes (a LightningModule's trainer: ``global_step``, schedules) but its
+    own ``training`` flags: each submodule's ``__dict__`` copied, children replaced by their views,
+    ``torch.compile`` wrappers (bound to the originals) left out."""
+    view = module.__class__.__new__(module.__class__)
+    view.__dict__.update(module.__dict__)  # not copy.copy: a LightningModule pickles without its trainer
     view._modules = {name: None if child is None else acting_view(child) for name, child in module._modules.items()}
+    view.__dict__.pop("_compiled_call_impl", None)
     return view
 
 
