@@ -38,7 +38,9 @@ process exits, also when the bench is terminated (SIGTERM) or interrupted.
 ``--speed``: for each env (CartPole-v1 from the cartpole config, ALE/Pong-v5 from
 ``configs/impala/pong.yaml``, which needs opencv: ``pip install -e ".[atari]"``) and actor count,
 fit with that many actors for ``--speed-seconds`` after a warm-up and report env frames/s that
-reached the learner, gradient steps/s and the learner's share of time waiting for unrolls.
+reached the learner, gradient steps/s, the learner's share of time waiting for unrolls and the
+seconds from the start of fit (where acting starts) to the first training step. ``--set
+data.init_args.acting.policy central`` measures central acting.
 """
 
 from __future__ import annotations
@@ -340,11 +342,18 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
     class Clock(pl.Callback):
         def __init__(self) -> None:
             self.start = time.perf_counter()
+            self.fit_start = self.start
+            self.first_step_s = float("nan")
             self.mark: tuple[float, int, int] | None = None
             self.result: dict[str, float] = {}
 
+        def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+            self.fit_start = time.perf_counter()  # before acting starts (the AgentPublisher attaches at fit start)
+
         def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
             now = time.perf_counter()
+            if math.isnan(self.first_step_s):
+                self.first_step_s = now - self.fit_start
             if self.mark is None:
                 if now - self.start >= args.warmup_seconds:
                     self.mark = (now, pl_module.env_steps, trainer.global_step)
@@ -353,6 +362,7 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
             if span >= args.speed_seconds:
                 wait = trainer.logged_metrics.get("actors/wait_fraction")  # the last 10 s, as the learner saw them
                 self.result = {
+                    "first_step_s": self.first_step_s,
                     "frames_per_s": (pl_module.env_steps - self.mark[1]) / span,
                     "steps_per_s": (trainer.global_step - self.mark[2]) / span,
                     "seconds": span,
@@ -488,8 +498,11 @@ def report(args: argparse.Namespace, records: list[dict[str, Any]]) -> None:
 def speed_table(args: argparse.Namespace) -> None:
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start")
     print()
-    print("| env | actors | envs/actor | unroll x batch | frames/s | learner steps/s | learner wait |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print(
+        "| env | actors | envs/actor | unroll x batch | frames/s | learner steps/s | learner wait "
+        "| fit start to first step |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name in args.speed_envs:
         for actors in args.actors:
             cmd = [
@@ -506,7 +519,8 @@ def speed_table(args: argparse.Namespace) -> None:
             r = _worker(args, cmd + _common(args), env)
             print(
                 f"| {name} | {actors} | {r['envs_per_actor']} | {r['unroll_length']} x {r['batch_size']} | "
-                f"{r['frames_per_s']:,.0f} | {r['steps_per_s']:.1f} | {100 * r['wait_fraction']:.0f}% |",
+                f"{r['frames_per_s']:,.0f} | {r['steps_per_s']:.1f} | {100 * r['wait_fraction']:.0f}% "
+                f"| {r['first_step_s']:.1f} s |",
                 flush=True,
             )
     print()

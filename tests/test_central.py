@@ -21,6 +21,7 @@ from torch import nn
 
 from lightning_wm.cli import main
 from lightning_wm.data.acting import ActorError, CentralActing
+from lightning_wm.data.acting.central import SWITCH_INTERVAL_S
 from lightning_wm.data.acting.inference import BatchedInference, InferenceStopped, acting_view
 from lightning_wm.data.collector import Collector
 from lightning_wm.data.settings import ActingSettings
@@ -174,12 +175,15 @@ def _chunks(acting: CentralActing, count: int) -> list:
 
 def test_recurrent_state_restarts_with_each_episode_in_every_group():
     acting = _central(EnvConfig("CartPole-v1", max_episode_steps=5), groups=2, envs=3, chunk=8)
+    switch_interval = sys.getswitchinterval()
     try:
         acting.attach_agent(StepCounter(), version=4)
         chunks = _chunks(acting, 6)
         assert 1.0 <= acting.metrics()["actors/groups_per_act"] <= 2.0
+        assert sys.getswitchinterval() <= SWITCH_INTERVAL_S
     finally:
         acting.close()
+    assert sys.getswitchinterval() == switch_interval, "restored when acting stops"
     assert {c.actor for c in chunks} == {0, 1}
     for chunk in chunks:
         rows = chunk.rows

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import queue as queue_lib
+import sys
 import threading
 import time
 import traceback
@@ -39,6 +40,11 @@ from lightning_wm.envs import EnvConfig
 from lightning_wm.signals import check_stop, stop_requested
 
 __all__ = ["CentralActing", "CentralPool"]
+
+# The interpreter's thread switch interval while groups act: a group thread woken by its env or by
+# a round's answer waits for the GIL until the learner's thread drops it, at most this long
+# (Python's default, 5 ms, would be paid at nearly every env step while the learner computes).
+SWITCH_INTERVAL_S = 0.0002
 
 
 class CentralPool:
@@ -65,6 +71,8 @@ class CentralPool:
         timeout_s: float,
     ) -> None:
         self.num_groups, self.timeout_s = num_groups, float(timeout_s)
+        self._switch_interval = sys.getswitchinterval()  # restored by close()
+        sys.setswitchinterval(min(self._switch_interval, SWITCH_INTERVAL_S))
         self.server = BatchedInference(agent, deadline_s, version, groups=range(num_groups))
         self.chunks: queue_lib.Queue[Chunk] = queue_lib.Queue(maxsize=queue_size)
         self.stop = threading.Event()
@@ -177,6 +185,7 @@ class CentralPool:
         self._closed = True
         self.stop.set()
         self.server.close()
+        sys.setswitchinterval(self._switch_interval)
         for thread in self.threads:
             thread.join(timeout=10.0)
         force = {group for group, thread in enumerate(self.threads) if thread.is_alive()}  # inside env.step
