@@ -126,9 +126,8 @@ class CentralPool:
         except InferenceStopped:
             return
         except BaseException as error:  # noqa: BLE001 - reported to the learner by check()
-            if (
-                not self.stop.is_set()
-            ):  # formatted there: Python 3.11's traceback parses source (ast is not thread-safe)
+            # kept, not formatted here: Python 3.11's traceback parses source, and ast is not thread-safe
+            if not self.stop.is_set():
                 self.errors.append((group, error))
             self.server.pause(group)
 
