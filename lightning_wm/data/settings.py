@@ -56,7 +56,8 @@ class ActingSettings:
             copies``; central acting always uses the live weights).
         timeout_s: an actor silent this long is reported as hung.
         queue_size: chunks that may wait for the learner before the actors block (local
-            backend); default 2 per actor. Fewer keep the policy lag lower when the learner
+            backend, ``policy: copies``; a central group runs one chunk ahead of the learner at
+            most); default 2 per actor. Fewer keep the policy lag lower when the learner
             is the slower side: each waiting chunk was made by older weights.
         ratio_slack: rows of tolerance of the replay ratio with actors (replay only; default
             one chunk per actor): see :class:`~lightning_wm.data.batches.replay_feed.ReplayFeed`.

@@ -9,8 +9,11 @@ thread each in the learner's process. Their agent is an
 :class:`~lightning_wm.data.acting.inference.InferenceClient` of one
 :class:`~lightning_wm.data.acting.inference.BatchedInference` that calls the live module
 (:func:`~lightning_wm.data.acting.inference.acting_view`) once for all groups that asked. Chunks go
-through a bounded queue to the batch side, exactly as an actor pool's; rows carry the learner's
-version at act time (``policy_version``), so policy lag comes only from chunks waiting in the queue.
+to the batch side as an actor pool's, but each group runs at most one chunk ahead of the learner:
+a group starts a chunk when the learner has taken one (``num_actors`` chunks queued or being made
+at most; ``acting.queue_size`` is for policy copies). Rows carry the learner's version at act
+time (``policy_version``), so the policy lag is only the learner steps taken while a chunk was
+made and waited.
 
 Robustness: a group's exception (an env that raised, a worker process that died, the agent's
 ``act``) or a group silent for ``acting.timeout_s`` becomes one
@@ -56,7 +59,6 @@ class CentralPool:
         num_groups: env groups (``acting.num_actors``).
         deadline_s: how long a round waits for the other groups after its first request.
         version: the learner's weights version now.
-        queue_size: chunks that may wait for the learner before the groups block.
         timeout_s: a group silent this long is reported as hung (starting gets ``STARTUP_GRACE_S`` more).
     """
 
@@ -67,14 +69,14 @@ class CentralPool:
         num_groups: int,
         deadline_s: float,
         version: Any,
-        queue_size: int,
         timeout_s: float,
     ) -> None:
         self.num_groups, self.timeout_s = num_groups, float(timeout_s)
         self._switch_interval = sys.getswitchinterval()  # restored by close()
         sys.setswitchinterval(min(self._switch_interval, SWITCH_INTERVAL_S))
         self.server = BatchedInference(agent, deadline_s, version, groups=range(num_groups))
-        self.chunks: queue_lib.Queue[Chunk] = queue_lib.Queue(maxsize=queue_size)
+        self.ahead = threading.BoundedSemaphore(num_groups)  # chunks made ahead of the learner
+        self.chunks: queue_lib.Queue[Chunk] = queue_lib.Queue()  # at most num_groups: one per slot
         self.stop = threading.Event()
         self.errors: list[tuple[int, BaseException]] = []
         self.heartbeat = [time.monotonic() + STARTUP_GRACE_S] * num_groups
@@ -107,22 +109,16 @@ class CentralPool:
         try:
             while not self.stop.is_set():
                 self.heartbeat[group] = time.monotonic()
+                if not self.ahead.acquire(blocking=False):  # a chunk starts when the learner took one
+                    self.server.pause(group)  # the others are served without waiting for this group
+                    while not self.ahead.acquire(timeout=0.25):
+                        self.heartbeat[group] = time.monotonic()
+                        if self.stop.is_set() or stop_requested() is not None:
+                            return
                 chunk = worker.chunk(self.server.version())
                 if chunk.version != RANDOM_POLICY_VERSION:  # the oldest weights that acted in it
                     chunk.version = int(chunk.rows["policy_version"].min())
-                try:
-                    self.chunks.put_nowait(chunk)
-                    continue
-                except queue_lib.Full:
-                    self.server.pause(group)  # the others are served without waiting for this group
-                while not self.stop.is_set():
-                    self.heartbeat[group] = time.monotonic()
-                    try:
-                        self.chunks.put(chunk, timeout=0.25)
-                        break
-                    except queue_lib.Full:
-                        if stop_requested() is not None:
-                            return
+                self.chunks.put(chunk)
         except InferenceStopped:
             return
         except BaseException as error:  # noqa: BLE001 - reported to the learner by check()
@@ -143,7 +139,9 @@ class CentralPool:
             check_stop()
             self.check()
             try:
-                return self.chunks.get(timeout=min(0.1, max(0.0, deadline - time.monotonic())))
+                chunk = self.chunks.get(timeout=min(0.1, max(0.0, deadline - time.monotonic())))
+                self.ahead.release()  # its group (or another) may start the next chunk
+                return chunk
             except queue_lib.Empty:
                 if time.monotonic() >= deadline:
                     return None
@@ -248,7 +246,6 @@ class CentralActing(ActorActing):
                 self.num_actors,
                 self.settings.deadline_ms / 1000.0,
                 lambda: self.learner_version,
-                self.settings.queue_size or 2 * self.num_actors,
                 self.settings.timeout_s,
             )
         self.published = self.learner_version
