@@ -32,6 +32,7 @@ import time
 import traceback
 from typing import Any
 
+import torch
 from torch import nn
 
 from lightning_wm.data.acting.actors import ActorActing
@@ -107,6 +108,9 @@ class CentralPool:
     def _run(self, group: int, worker: ActorWorker) -> None:
         """Body of group ``group``'s thread: chunks into the queue until stopped."""
         try:
+            device = worker.module.device
+            if device.type == "cuda":  # a thread starts on the first GPU: the one of this rank instead
+                torch.cuda.set_device(device)
             while not self.stop.is_set():
                 self.heartbeat[group] = time.monotonic()
                 if not self.ahead.acquire(blocking=False):  # a chunk starts when the learner took one
