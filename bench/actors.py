@@ -3,7 +3,7 @@
 Actors run in either acting mode (``acting.policy``): ``copies`` (each actor process acts with its
 own CPU copy of the policy, new weights every 50 steps) and ``central`` (the actors are env groups
 in the learner's process, stepped in their thread with ``sync`` or in worker processes with
-``async``; one inference thread acts for all of them with the learner's live policy).
+``async``; one batched call of the learner's live policy acts for all of them).
 
 For each env and actor count it measures, after a warm-up, for ``--seconds`` seconds:
 

@@ -39,11 +39,11 @@ class ActingSettings:
             with its own CPU copy of the module, refreshed every ``publish_every`` steps.
             ``central``: no copy leaves the learner: the N actors are env groups of
             ``envs_per_actor`` envs (stepped in worker processes with ``env.vectorization:
-            async``, in the group's thread with ``sync``) and one inference thread acts for all
-            groups with the live module on the learner's device, batched across the groups
-            (rows carry the learner's version at act time); local backend only.
-        deadline_ms: with ``policy: central``, how long the inference thread waits, after the
-            first group asks for actions, for the other groups before it acts for those that
+            async``, in the group's thread with ``sync``) and the live module on the learner's
+            device acts for all groups in one batched call per round (rows carry the learner's
+            version at act time); local backend only.
+        deadline_ms: with ``policy: central``, how long a round of action requests waits, after
+            the first group asks, for the other groups before the module acts for those that
             asked (a slow group never stalls the rest).
         backend: ``local`` (spawned processes) or ``ray`` (``pip install -e ".[ray]"``).
         ray_address: ``None`` starts a local Ray instance; ``auto`` or ``host:port`` joins a cluster.

@@ -56,7 +56,7 @@ class CentralPool:
 
     Args:
         config: what every group is built from (:class:`ActorConfig`; a group is an actor here).
-        agent: the agent every group acts with (called from the inference thread only).
+        agent: the agent every group acts with (one call per round, one call at a time).
         num_groups: env groups (``acting.num_actors``).
         deadline_s: how long a round waits for the other groups after its first request.
         version: the learner's weights version now.

@@ -210,7 +210,7 @@ class BatchedInference:
 
 class InferenceClient:
     """The agent of group ``group``'s Collector: ``initial_state`` from the agent itself, ``act``
-    through the server. ``on_act(version)`` is called with the weights' version of every answer
+    through :class:`BatchedInference`. ``on_act(version)`` is called with the weights' version of every answer
     (the group sets its rows' ``policy_version`` from it)."""
 
     def __init__(
