@@ -1,5 +1,10 @@
 """Env frames per second with the learner consuming, for 0/1/2/4 actors; prints a markdown table.
 
+Actors run in either acting mode (``acting.policy``): ``copies`` (each actor process acts with its
+own CPU copy of the policy, new weights every 50 steps) and ``central`` (the actors are env groups
+in the learner's process, stepped in their thread with ``sync`` or in worker processes with
+``async``; one batched call of the learner's live policy acts for all of them).
+
 For each env and actor count it measures, after a warm-up, for ``--seconds`` seconds:
 
 * **flat out**: the actors act as fast as they can while the learner trains without pause
@@ -23,6 +28,7 @@ frames).
     python bench/actors.py --quick              # CartPole, 0/2 actors, 4 s each (a smoke run)
     python bench/actors.py --envs pong --actors 2 --seconds 30
     python bench/actors.py --backend envpool    # the acting modes step EnvPool's envs
+    python bench/actors.py --envs cartpole --actors 0,2 --policies central --vectorizations sync,async
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -41,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ceiling  # noqa: E402
 
-from lightning_wm.data.acting import ActorActing, Chunk  # noqa: E402
+from lightning_wm.data.acting import Chunk, make_acting  # noqa: E402
 from lightning_wm.data.batches import ReplayFeed  # noqa: E402
 from lightning_wm.data.collector import Collector  # noqa: E402
 from lightning_wm.data.replay import ReplayBuffer  # noqa: E402
@@ -179,18 +186,29 @@ class Shipped:
         return copy.deepcopy(self.module).cpu().eval().requires_grad_(False)
 
 
-def with_actors(s: dict, actors: int, seconds: float, prefill: int, rows_per_step: float | None) -> dict:
-    """Actors act (the datamodules' acting part, :class:`ActorActing`, new weights every 50 steps);
-    the learner ingests what arrived and trains (``rows_per_step`` None: flat out, else the replay
-    ratio ``1 / rows_per_step`` is enforced by :class:`ReplayFeed`)."""
+def with_actors(
+    s: dict, actors: int, seconds: float, prefill: int, rows_per_step: float | None, mode: str = "copies"
+) -> dict:
+    """Actors act (the datamodules' acting part: ``copies``, new weights every 50 steps, or
+    ``central-sync`` / ``central-async``, the live policy); the learner ingests what arrived and
+    trains (``rows_per_step`` None: flat out, else the replay ratio ``1 / rows_per_step`` is
+    enforced by :class:`ReplayFeed`)."""
     policy = s["policy"]()
     buffer = ReplayBuffer(s["capacity"], actors * s["envs_per_actor"], seed=0)
     learner = Learner(policy, buffer, s["batch"])
-    settings = ActingSettings(num_actors=actors, envs_per_actor=s["envs_per_actor"], publish_every=50, timeout_s=120)
-    acting = ActorActing(s["env"], settings, s["chunk_length"])
+    central = mode.startswith("central")
+    settings = ActingSettings(
+        num_actors=actors,
+        envs_per_actor=s["envs_per_actor"],
+        publish_every=50,
+        timeout_s=120,
+        policy="central" if central else "copies",
+    )
+    env = EnvConfig(**{**vars(s["env"]), "vectorization": mode.split("-")[1]}) if central else s["env"]
+    acting = make_acting(env, env_spec(env), settings, s["chunk_length"], overlap=False)
     acting.setup(rank=0)
-    acting.attach_agent(Shipped(s["policy"]()), 0)
-    shipped = Shipped(policy)
+    shipped = policy if central else Shipped(policy)  # central acting takes the live module
+    acting.attach_agent(shipped if central else Shipped(s["policy"]()), 0)
 
     def ingest(chunk: Chunk) -> None:
         buffer.add_many(chunk.rows, streams=acting.streams(chunk))
@@ -225,6 +243,11 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=20.0, help="measured seconds per setting")
     p.add_argument("--prefill", type=int, default=2000, help="rows before measuring")
     p.add_argument("--backend", default="gymnasium", help="the acting modes' env backend: gymnasium or envpool")
+    p.add_argument("--policies", default="copies,central", help="acting.policy of the actors: copies, central")
+    p.add_argument(
+        "--vectorizations", default="sync,async", help="env.vectorization of the central env groups: sync, async"
+    )
+    p.add_argument("--repeats", type=int, default=1, help="measure every setting this many times (medians)")
     p.add_argument("--quick", action="store_true", help="CartPole, 0 and 2 actors, 4 s each")
     args = p.parse_args()
     if args.quick:
@@ -238,11 +261,14 @@ def main() -> None:
     ceilings = {name: ceiling.measure(name, args.seconds) for name in args.envs.split(",")}
     print(ceiling.table([row for rows in ceilings.values() for row in rows]) + "\n")
     print(
-        "| env | actors | envs/actor | chunk | frames/s, of ceiling (flat out) | learner steps/s "
+        "| env | actors | acting | envs/actor | chunk | frames/s, of ceiling (flat out) | learner steps/s "
         "| frames/s, of ceiling (keep up) "
         "| learner wait (keep up) |"
     )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    modes = [p for p in args.policies.split(",") if p == "copies"]
+    if "central" in args.policies.split(","):
+        modes += [f"central-{v}" for v in args.vectorizations.split(",")]
     for name in args.envs.split(","):
         s = settings(name, args.backend)
 
@@ -252,21 +278,25 @@ def main() -> None:
             frames = f" ({s['skip'] * value:,.0f} emulator)" if s["skip"] > 1 else ""
             return f"{value:,.0f}{frames}, {100 * value / best:.0f}%"
 
-        for actors in [int(a) for a in args.actors.split(",")]:
-            if actors == 0:
-                r = in_process(s, args.seconds, args.prefill)
-                print(
-                    f"| {name} | 0 (in process) | {s['envs_per_actor']} | {s['chunk_length']} | {fps(r['fps'])} "
-                    f"| {r['steps_per_s']:.1f} | - | {100 * r['wait']:.0f}% acting |",
-                    flush=True,
-                )
-                continue
-            flat = with_actors(s, actors, args.seconds, args.prefill, None)
-            rows_per_step = 0.5 * flat["fps"] / max(flat["steps_per_s"], 1e-9)
-            keep = with_actors(s, actors, args.seconds, args.prefill, rows_per_step)
+        rows: dict[tuple[int, str], list[dict]] = {}
+        for _ in range(args.repeats):  # the settings back to back, each repeat in turn
+            for actors in [int(a) for a in args.actors.split(",")]:
+                for mode in ["in process"] if actors == 0 else modes:
+                    if actors == 0:
+                        r = in_process(s, args.seconds, args.prefill)
+                    else:
+                        flat = with_actors(s, actors, args.seconds, args.prefill, None, mode)
+                        rows_per_step = 0.5 * flat["fps"] / max(flat["steps_per_s"], 1e-9)
+                        keep = with_actors(s, actors, args.seconds, args.prefill, rows_per_step, mode)
+                        r = {**flat, "keep_fps": keep["fps"], "wait": keep["wait"]}
+                    rows.setdefault((actors, mode), []).append(r)
+        for (actors, mode), runs in rows.items():
+            med = {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
+            keep_fps = fps(med["keep_fps"]) if "keep_fps" in med else "-"
+            wait = f"{100 * med['wait']:.0f}% acting" if actors == 0 else f"{100 * med['wait']:.1f}%"
             print(
-                f"| {name} | {actors} | {s['envs_per_actor']} | {s['chunk_length']} | {fps(flat['fps'])} "
-                f"| {flat['steps_per_s']:.1f} | {fps(keep['fps'])} | {100 * keep['wait']:.1f}% |",
+                f"| {name} | {actors} | {mode} | {s['envs_per_actor']} | {s['chunk_length']} | {fps(med['fps'])} "
+                f"| {med['steps_per_s']:.1f} | {keep_fps} | {wait} |",
                 flush=True,
             )
     print(f"\nload average {os.getloadavg()[0]:.2f} at the end")

@@ -5,6 +5,8 @@ RLlib's IMPALA; and env frames/s with 1, 2, 4 actor processes while the learner 
     python bench/impala_cartpole.py --system ours --seeds 0 1 2 --keep-going
     python bench/impala_cartpole.py --system rllib --seeds 0 1 2 --keep-going
     python bench/impala_cartpole.py --system ours --config configs/impala/pendulum.yaml --target -200
+    python bench/impala_cartpole.py --seeds 0 1 2 --keep-going --max-env-steps 384000 \
+        --set data.init_args.acting.policy central           # central acting (acting.policy)
     python bench/impala_cartpole.py --speed --speed-envs cartpole pong --actors 1 2 4
 
 ``--system ours`` trains ``--config`` (default ``configs/impala/cartpole.yaml``; ``--set KEY VALUE``
@@ -36,7 +38,9 @@ process exits, also when the bench is terminated (SIGTERM) or interrupted.
 ``--speed``: for each env (CartPole-v1 from the cartpole config, ALE/Pong-v5 from
 ``configs/impala/pong.yaml``, which needs opencv: ``pip install -e ".[atari]"``) and actor count,
 fit with that many actors for ``--speed-seconds`` after a warm-up and report env frames/s that
-reached the learner, gradient steps/s and the learner's share of time waiting for unrolls.
+reached the learner, gradient steps/s, the learner's share of time waiting for unrolls and the
+seconds from the start of fit (where acting starts) to the first training step. ``--set
+data.init_args.acting.policy central`` measures central acting.
 """
 
 from __future__ import annotations
@@ -266,11 +270,14 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
             start = time.perf_counter()
             returns = greedy_episodes(policy, args.eval_episodes, args.seed, env_id)
             self.eval_time += time.perf_counter() - start
+            logged = trainer.callback_metrics  # the learner's latest train/* values
             row = {
                 "env_steps": int(pl_module.env_steps),
                 "seconds": seconds,
                 "step": step,
                 "eval_return": float(np.mean(returns)),
+                "policy_lag": float(logged.get("train/policy_lag", float("nan"))),
+                "rho_clipped": float(logged.get("train/rho_clipped_fraction", float("nan"))),
             }
             self.history.append(row)
             print(
@@ -335,11 +342,18 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
     class Clock(pl.Callback):
         def __init__(self) -> None:
             self.start = time.perf_counter()
+            self.fit_start = self.start
+            self.first_step_s = float("nan")
             self.mark: tuple[float, int, int] | None = None
             self.result: dict[str, float] = {}
 
+        def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+            self.fit_start = time.perf_counter()  # before acting starts (the AgentPublisher attaches at fit start)
+
         def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
             now = time.perf_counter()
+            if math.isnan(self.first_step_s):
+                self.first_step_s = now - self.fit_start
             if self.mark is None:
                 if now - self.start >= args.warmup_seconds:
                     self.mark = (now, pl_module.env_steps, trainer.global_step)
@@ -348,6 +362,7 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
             if span >= args.speed_seconds:
                 wait = trainer.logged_metrics.get("actors/wait_fraction")  # the last 10 s, as the learner saw them
                 self.result = {
+                    "first_step_s": self.first_step_s,
                     "frames_per_s": (pl_module.env_steps - self.mark[1]) / span,
                     "steps_per_s": (trainer.global_step - self.mark[2]) / span,
                     "seconds": span,
@@ -423,6 +438,22 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     return _worker(args, cmd + _common(args), env)
 
 
+def lowest_after_holding(history: list[dict[str, float]], target: float, times: int = 3) -> float | None:
+    """The lowest evaluation after the first ``times`` evaluations in a row at or above ``target``
+    (``None`` if it never held that long; ``inf`` if nothing came after)."""
+    run = 0
+    for i, row in enumerate(history):
+        run = run + 1 if row["eval_return"] >= target else 0
+        if run == times:
+            return min((r["eval_return"] for r in history[i + 1 :]), default=math.inf)
+    return None
+
+
+def _mean(history: list[dict[str, float]], key: str) -> float:
+    values = [r[key] for r in history if key in r and not math.isnan(r[key])]
+    return statistics.mean(values) if values else float("nan")
+
+
 def report(args: argparse.Namespace, records: list[dict[str, Any]]) -> None:
     env_id = records[0].get("env_id", "CartPole-v1") if records else "CartPole-v1"
     print()
@@ -431,15 +462,21 @@ def report(args: argparse.Namespace, records: list[dict[str, Any]]) -> None:
         f"({args.eval_episodes} greedy episodes), budget {args.max_env_steps} env steps / {args.minutes:g} min"
     )
     print()
-    print("| seed | env steps to target | wall time to target | frames/s | final eval return (env steps) |")
-    print("| --- | --- | --- | --- | --- |")
+    print(
+        "| seed | env steps to target | wall time to target | frames/s | final eval return (env steps) "
+        "| lowest eval after 3 in a row at target | mean policy lag | mean ρ clipped share |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in records:
         s = r["solved"]
         steps = f"{s['env_steps']:,}" if s else f"not within {r['env_steps']:,}"
         wall = f"{s['seconds']:.0f} s" if s else f"> {r['train_seconds']:.0f} s"
+        lowest = lowest_after_holding(r["history"], args.target)
+        held = "never held" if lowest is None else "-" if math.isinf(lowest) else f"{lowest:.1f}"
         print(
             f"| {r['seed']} | {steps} | {wall} | {r['frames_per_s']:,.0f} | {r['final_eval_return']:.1f} "
-            f"({r['env_steps']:,}) |"
+            f"({r['env_steps']:,}) | {held} | {_mean(r['history'], 'policy_lag'):.2f} "
+            f"| {_mean(r['history'], 'rho_clipped'):.3f} |"
         )
     if records:  # an unsolved seed counts as "more than its budget" (the median may be one)
         steps = sorted(
@@ -452,7 +489,7 @@ def report(args: argparse.Namespace, records: list[dict[str, Any]]) -> None:
         print(
             f"| median | {steps[1] or f'{steps[0]:,.0f}'} | {wall[1] or f'{wall[0]:.0f} s'} | "
             f"{statistics.median(r['frames_per_s'] for r in records):,.0f} | "
-            f"{statistics.median(r['final_eval_return'] for r in records):.1f} |"
+            f"{statistics.median(r['final_eval_return'] for r in records):.1f} | | | |"
         )
     print()
     print("load average:", " ".join(f"{x:.2f}" for x in os.getloadavg()))
@@ -461,8 +498,11 @@ def report(args: argparse.Namespace, records: list[dict[str, Any]]) -> None:
 def speed_table(args: argparse.Namespace) -> None:
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start")
     print()
-    print("| env | actors | envs/actor | unroll x batch | frames/s | learner steps/s | learner wait |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print(
+        "| env | actors | envs/actor | unroll x batch | frames/s | learner steps/s | learner wait "
+        "| fit start to first step |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name in args.speed_envs:
         for actors in args.actors:
             cmd = [
@@ -479,7 +519,8 @@ def speed_table(args: argparse.Namespace) -> None:
             r = _worker(args, cmd + _common(args), env)
             print(
                 f"| {name} | {actors} | {r['envs_per_actor']} | {r['unroll_length']} x {r['batch_size']} | "
-                f"{r['frames_per_s']:,.0f} | {r['steps_per_s']:.1f} | {100 * r['wait_fraction']:.0f}% |",
+                f"{r['frames_per_s']:,.0f} | {r['steps_per_s']:.1f} | {100 * r['wait_fraction']:.0f}% "
+                f"| {r['first_step_s']:.1f} s |",
                 flush=True,
             )
     print()

@@ -35,6 +35,16 @@ class ActingSettings:
             seeded run gives the same rows and weights every time); ``N`` runs N actor
             processes (``backend: local``) or Ray actors (``ray``), each with a CPU copy of the
             policy, that make rows while the learner trains.
+        policy: where the actors' policy runs. ``copies``: each actor process (or Ray actor) acts
+            with its own CPU copy of the module, refreshed every ``publish_every`` steps.
+            ``central``: no copy leaves the learner: the N actors are env groups of
+            ``envs_per_actor`` envs (stepped in worker processes with ``env.vectorization:
+            async``, in the group's thread with ``sync``) and the live module on the learner's
+            device acts for all groups in one batched call per round (rows carry the learner's
+            version at act time); local backend only.
+        deadline_ms: with ``policy: central``, how long a round of action requests waits, after
+            the first group asks, for the other groups before the module acts for those that
+            asked (a slow group never stalls the rest).
         backend: ``local`` (spawned processes) or ``ray`` (``pip install -e ".[ray]"``).
         ray_address: ``None`` starts a local Ray instance; ``auto`` or ``host:port`` joins a cluster.
         envs_per_actor: envs in each actor's vector env (default ``env.num_envs``); the replay
@@ -42,16 +52,20 @@ class ActingSettings:
         chunk_length: env steps per chunk an actor sends (``chunk_length * envs_per_actor``
             rows); default 64 for replay; an unroll datamodule's chunks are its unrolls
             (``unroll_length``), so there it must stay unset.
-        publish_every: optimizer steps between the weight versions sent to the actors.
+        publish_every: optimizer steps between the weight versions sent to the actors (``policy:
+            copies``; central acting always uses the live weights).
         timeout_s: an actor silent this long is reported as hung.
         queue_size: chunks that may wait for the learner before the actors block (local
-            backend); default 2 per actor. Fewer keep the policy lag lower when the learner
+            backend, ``policy: copies``; a central group runs one chunk ahead of the learner at
+            most); default 2 per actor. Fewer keep the policy lag lower when the learner
             is the slower side: each waiting chunk was made by older weights.
         ratio_slack: rows of tolerance of the replay ratio with actors (replay only; default
             one chunk per actor): see :class:`~lightning_wm.data.batches.replay_feed.ReplayFeed`.
     """
 
     num_actors: int = 0
+    policy: Literal["copies", "central"] = "copies"
+    deadline_ms: float = 5.0
     backend: Literal["local", "ray"] = "local"
     ray_address: str | None = None
     envs_per_actor: int | None = None
@@ -75,6 +89,15 @@ class ActingSettings:
             raise ValueError(f"acting.backend must be 'local' or 'ray', got {self.backend!r}")
         if not self.timeout_s > 0:
             raise ValueError(f"acting.timeout_s must be > 0, got {self.timeout_s}")
+        if self.policy not in ("copies", "central"):
+            raise ValueError(f"acting.policy must be 'copies' or 'central', got {self.policy!r}")
+        if not self.deadline_ms >= 0:
+            raise ValueError(f"acting.deadline_ms must be >= 0, got {self.deadline_ms}")
+        if self.policy == "central" and self.backend != "local":
+            raise ValueError(
+                "acting.policy: central runs with backend local (env groups in the learner's process, their "
+                "envs in worker processes); use policy: copies for Ray actors"
+            )
 
 
 @dataclass(frozen=True)

@@ -39,3 +39,20 @@ class FaultyPolicy(MarkedPolicy):
                 raise ValueError(f"policy exploded on call {self.calls}")
             time.sleep(3600)  # the behaviour under test, a hung actor (not a wait for anything)
         return super().act(obs, state, explore)
+
+
+class StepCounter(nn.Module):
+    """A recurrent agent whose state ``{"steps": [B]}`` counts the steps since the episode began
+    (the Collector resets it from ``initial_state``); the ``steps`` extra is the state it acted
+    from, the action ``steps % actions``. Deterministic, so rows can be compared across modes."""
+
+    def __init__(self, actions: int = 2) -> None:
+        super().__init__()
+        self.actions = actions
+
+    def initial_state(self, batch_size: int) -> Any:
+        return {"steps": torch.zeros(batch_size, dtype=torch.int64)}
+
+    def act(self, obs: Any, state: Any, explore: bool):
+        steps = state["steps"]
+        return steps % self.actions, {"steps": steps + 1}, {"steps": steps.clone(), "obs_sum": obs.float().sum(-1)}

@@ -3,17 +3,16 @@
 An online datamodule (:class:`~lightning_wm.data.online.OnlineDataModule`) is an acting part
 (this interface) plus a batch part (:mod:`lightning_wm.data.batches`). The batch side never
 asks *how* rows are made; it takes :class:`Chunk` s (``next_chunk``), says which it used
-(``received``) and when a batch is complete (``batch_done``). Two modes exist:
+(``received``) and when a batch is complete (``batch_done``). Three modes exist:
 
 * :class:`~lightning_wm.data.acting.in_process.InProcessActing` — a Collector in the learner's
   process acts with the live module inside the data fetch (deterministic); it also writes
   every row to the batch side's buffer as it is made and can act an exact number of steps.
 * :class:`~lightning_wm.data.acting.actors.ActorActing` — actor processes or Ray actors act with
   published copies of the module and send chunks while the learner trains.
-
-A third mode (central inference: env workers exchange observations and actions with one
-batched policy on the learner's device) is one more subclass of :class:`Acting`: it makes
-chunks, counts what the batch side takes and reports its gauges, and no batch code changes.
+* :class:`~lightning_wm.data.acting.central.CentralActing` — env groups step envs (in worker
+  processes) and one batched policy on the learner's device acts for all of them; the same
+  chunks, counts and gauges as actors, and no batch code knows the difference.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ import torch.multiprocessing as tmp
 from torch import nn
 
 from lightning_wm.data.acting.base import Chunk
-from lightning_wm.data.acting.worker import STARTUP_GRACE_S, ActorConfig, ActorWorker
+from lightning_wm.data.acting.worker import STARTUP_GRACE_S, ActorConfig, ActorWorker, acting_copy_ready
 
 __all__ = ["WeightStore", "LocalBackend"]
 
@@ -153,7 +153,7 @@ def _actor_main(
     try:
         heartbeat[actor] = time.monotonic()
         module = torch.load(io.BytesIO(module_bytes), weights_only=False)
-        worker = ActorWorker(actor, config, module)
+        worker = ActorWorker(actor, config, acting_copy_ready(module))
         version = config.initial_version  # the weights the actor was built with
         while not stop.is_set():
             heartbeat[actor] = time.monotonic()

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from lightning_wm.data.acting.base import Chunk
-from lightning_wm.data.acting.worker import STARTUP_GRACE_S, ActorConfig, ActorError, ActorWorker
+from lightning_wm.data.acting.worker import STARTUP_GRACE_S, ActorConfig, ActorError, ActorWorker, acting_copy_ready
 
 __all__ = ["RayBackend"]
 
@@ -21,7 +21,7 @@ class _RayWorker:
     """The Ray actor: a :class:`ActorWorker` that loads the weights it is handed, chunk by chunk."""
 
     def __init__(self, actor: int, config: ActorConfig, module: nn.Module) -> None:
-        self.worker = ActorWorker(actor, config, module)
+        self.worker = ActorWorker(actor, config, acting_copy_ready(module))
 
     def pid(self) -> int:
         return os.getpid()

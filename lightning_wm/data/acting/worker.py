@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -22,9 +23,15 @@ from lightning_wm.envs import EnvConfig, EnvSpec, env_spec, make_vector_env
 from lightning_wm.policies import RandomAgent
 from lightning_wm.seeding import derive_seed, env_seeds
 
-__all__ = ["ActorConfig", "ActorError", "ActorWorker", "STARTUP_GRACE_S"]
+__all__ = ["ActorConfig", "ActorError", "ActorWorker", "STARTUP_GRACE_S", "acting_copy_ready"]
 
 STARTUP_GRACE_S = 60.0  # seconds an actor may take to start (spawn, imports, envs) on top of timeout_s
+
+
+def acting_copy_ready(module: nn.Module) -> nn.Module:
+    """An actor process's copy made ready to act: one torch thread, eval mode, no gradients."""
+    torch.set_num_threads(1)
+    return module.requires_grad_(False).eval()
 
 
 class ActorError(RuntimeError):
@@ -47,11 +54,14 @@ class ActorConfig:
 
 
 class ActorWorker:
-    """An actor's Collector: its own vector env, a copy of the agent, random steps first."""
+    """An actor's Collector: its own vector env, the agent it acts with, random steps first.
 
-    def __init__(self, actor: int, config: ActorConfig, module: nn.Module) -> None:
-        torch.set_num_threads(1)
-        self.actor, self.config, self.module = actor, config, module.requires_grad_(False).eval()
+    ``module`` is any :class:`~lightning_wm.protocols.Agent`: an actor process's frozen CPU copy
+    (:func:`acting_copy_ready` prepares it), or a central env group's inference client.
+    """
+
+    def __init__(self, actor: int, config: ActorConfig, module: Any) -> None:
+        self.actor, self.config, self.module = actor, config, module
         env_cfg = EnvConfig(**{**vars(config.env), "num_envs": config.envs_per_actor})
         self.spec: EnvSpec = env_spec(env_cfg)
         self.collector = Collector(
