@@ -1,0 +1,312 @@
+"""Learner-step speed of Dreamer, MuZero and IMPALA on CartPole: seconds per gradient step, the ops
+one step dispatches, and its arithmetic beside the machine's own matrix-multiply rate.
+
+    python bench/learner_speed.py --family dreamer                      # Dreamer XS, 1 thread
+    OMP_NUM_THREADS=2 python bench/learner_speed.py --family dreamer --size S --threads 2 --steps 5
+    python bench/learner_speed.py --family dreamer --compile step       # the compiled whole step
+    python bench/learner_speed.py --family muzero --bf16                # bf16 autocast
+    python bench/learner_speed.py --family impala --compile step
+
+One gradient step is what the family's ``training_step`` runs, minus Lightning's bookkeeping:
+the losses, one backward, gradient clipping, the optimizer step(s) (Dreamer: its three and the
+slow critic; MuZero: the reanalysing targets, the unrolled model, then the step and the target
+network's update). Printed, as one markdown row:
+
+* **s/step**: the median (and min) wall seconds over ``--steps`` steps after the warm-up steps
+  (the first step's seconds, with ``--compile``, include the compilation: printed apart);
+* **ops/step**: the ops one step dispatches (``torch.profiler`` on the CPU: aten ops that run a
+  kernel themselves, i.e. with no aten op below them, plus compiled kernels) — the launch count a
+  GPU step would pay;
+* **GFLOP/step** (``torch.utils.flop_counter.FlopCounterMode`` over one eager step) and the
+  achieved GFLOP/s;
+* **floor**: the seconds the step's matrix multiplies alone would take at the rate ``torch.mm``
+  reaches here, timed in the same run at the step's dominant shapes (those carrying 90% of the
+  multiply FLOPs, at most 4) with the same thread count and dtype (bf16 with ``--bf16``);
+  **% of floor** = floor / s per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from lightning_wm.compiling import CompileSettings  # noqa: E402
+from lightning_wm.envs import EnvConfig, env_spec  # noqa: E402
+from lightning_wm.runtime import keep_freed_memory  # noqa: E402
+
+#: Dreamer sizes (deter, hidden, layers) of the issue's table.
+DREAMER_SIZES = {"XS": (256, 256, 1), "S": (512, 512, 2), "M": (1024, 640, 3), "L": (2048, 768, 4)}
+MATMULS = ("mm", "addmm", "bmm", "baddbmm")
+
+Step = Callable[[], Any]
+
+
+# -- the families' gradient steps --------------------------------------------------------------------
+def dreamer_batch(cfg: EnvConfig, batch: int, length: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """``[B, L]`` sequences from a replay buffer prefilled with random-policy CartPole rows."""
+    from lightning_wm.data.collector import Collector
+    from lightning_wm.data.replay import ReplayBuffer
+    from lightning_wm.data.samplers import SequenceSampler
+    from lightning_wm.envs import make_vector_env
+    from lightning_wm.policies import RandomAgent
+
+    spec = env_spec(cfg)
+    buffer = ReplayBuffer(10_000, cfg.num_envs, seed=seed)
+    env = make_vector_env(cfg)
+    collector = Collector(env, RandomAgent(spec, seed=seed), buffer, seeds=seed, spec=spec)
+    collector.collect(max(2 * length, 2_000 // cfg.num_envs))
+    env.close()
+    return SequenceSampler(length).sample(buffer, batch)
+
+
+def dreamer_step(args: argparse.Namespace, compile: CompileSettings) -> tuple[Step, str, Any]:
+    """Dreamer's gradient step on a ``[batch, length]`` CartPole batch at ``args.size``."""
+    from lightning_wm.agents.dreamer import BehaviorSettings, Dreamer, DreamerNet
+
+    cfg = EnvConfig(id="CartPole-v1", num_envs=4, seed=0)
+    deter, hidden, layers = DREAMER_SIZES[args.size]
+    net = DreamerNet(deter=deter, hidden=hidden, layers=layers)
+    torch.manual_seed(0)
+    model = Dreamer(env_spec(cfg), net=net, behavior=BehaviorSettings(horizon=args.horizon), compile=compile)
+    optimizers = model.configure_optimizers()
+    batch = dreamer_batch(cfg, args.batch, args.length)
+    label = f"Dreamer {args.size} (deter {deter}, {hidden}x{layers}), batch {args.batch}x{args.length}, H {args.horizon}"
+    return (lambda: model.gradient_step(batch, optimizers)), label, model
+
+
+def muzero_step(args: argparse.Namespace, compile: CompileSettings) -> tuple[Step, str, Any]:
+    """MuZero's gradient step at ``configs/muzero/cartpole.yaml``'s sizes (25 simulations of
+    reanalysis, unroll 5) on a batch of ``args.batch`` windows acted by the model itself."""
+    from lightning_wm.agents.muzero import MuZero, MuZeroNet
+    from lightning_wm.data.modules import ReplayDataModule
+    from lightning_wm.optim import OptimSettings
+    from lightning_wm.search import SearchSettings
+
+    torch.manual_seed(0)
+    net = MuZeroNet(latent_dim=64, hidden=64, layers=2, head_hidden=32, support_size=25, projection=(256, 256, 128))
+    model = MuZero(
+        env_spec(EnvConfig("CartPole-v1")),
+        net=net,
+        search=SearchSettings(num_simulations=25, unvisited_q="mean"),
+        loss={"value_weight": 0.25, "train_repr_prediction": True, "repr_weight": 2.0},
+        optim=OptimSettings(lr=3e-3, weight_decay=1e-4),
+        compile=compile,
+    )
+    model.log = model.log_dict = lambda *a, **k: None  # training_step outside a Trainer
+    dm = ReplayDataModule(
+        EnvConfig("CartPole-v1", num_envs=8, seed=0), batch_size=args.batch, sampler=model.replay_sampler(), prefill=0
+    )
+    dm.setup("fit")
+    dm.collector.set_agent(model)
+    dm.collector.collect(40)
+    batch = dm.sample_batch()
+    optimizer = model.configure_optimizers()
+    optimizer = optimizer["optimizer"] if isinstance(optimizer, dict) else optimizer
+
+    def step() -> None:
+        loss = model.training_step(batch, 0)["loss"]
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        model.configure_gradient_clipping(optimizer)
+        optimizer.step()
+        model.update_target(1)
+
+    return step, f"MuZero CartPole config (latent 64, 25 simulations), batch {args.batch}", model
+
+
+def impala_step(args: argparse.Namespace, compile: CompileSettings) -> tuple[Step, str, Any]:
+    """IMPALA's gradient step at ``configs/impala/cartpole.yaml``'s sizes on a batch of
+    ``args.batch`` unrolls of 8 steps acted in process."""
+    from lightning_wm.agents.impala import IMPALA
+    from lightning_wm.data.modules import UnrollDataModule
+    from lightning_wm.nn.actor_critic import ActorCriticSettings
+    from lightning_wm.optim import GradClipSettings, OptimSettings
+
+    torch.manual_seed(0)
+    dm = UnrollDataModule(EnvConfig("CartPole-v1", num_envs=args.batch, seed=0), unroll_length=8, batch_size=args.batch)
+    optim = OptimSettings(lr=0.002, clip=GradClipSettings(type="clip_norm", value=40.0))
+    model = IMPALA(dm.spec, net=ActorCriticSettings(hidden=64, layers=2), optim=optim, compile=compile)
+    model.log = model.log_dict = lambda *a, **k: None
+    dm.setup("fit")
+    dm.attach_agent(model, 0)
+    try:
+        batch = dm.next_batch()
+    finally:
+        dm.teardown("fit")
+    optimizer = model.configure_optimizers()
+    optimizer = optimizer["optimizer"] if isinstance(optimizer, dict) else optimizer
+
+    def step() -> None:
+        loss = model.training_step(batch, 0)["loss"]
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        model.configure_gradient_clipping(optimizer)
+        optimizer.step()
+
+    return step, f"IMPALA CartPole config (64x2), batch {args.batch}x8", model
+
+
+FAMILIES = {"dreamer": dreamer_step, "muzero": muzero_step, "impala": impala_step}
+
+
+# -- measurements ------------------------------------------------------------------------------------
+class MatmulShapes(TorchDispatchMode):
+    """FLOPs ``2 m k n`` of every matrix multiply dispatched, summed per ``(m, k, n)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flops: collections.Counter[tuple[int, int, int]] = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in MATMULS:
+            a, b = (args[1], args[2]) if name.startswith(("addmm", "baddbmm")) else (args[0], args[1])
+            batches = a.shape[0] if a.dim() == 3 else 1
+            m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+            self.flops[(m, k, n)] += 2 * batches * m * k * n
+        return func(*args, **(kwargs or {}))
+
+
+def step_flops(step: Step) -> tuple[float, collections.Counter]:
+    """Total FLOPs of one (eager) step and its matrix multiplies' FLOPs per shape."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter, shapes = FlopCounterMode(display=False), MatmulShapes()
+    with counter, shapes:
+        step()
+    return float(counter.get_total_flops()), shapes.flops
+
+
+def dispatched_ops(step: Step) -> tuple[int, int]:
+    """``(ops that run a kernel, all aten op events)`` of one step under ``torch.profiler``: aten
+    ops with no aten op below them, plus compiled kernels (inductor's ``cpp_fused_*`` /
+    ``triton_*`` calls, visible with kernel profiling on)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    events = prof.events()
+    aten = [e for e in events if e.name.startswith("aten::")]
+    leaves = [e for e in aten if not any(c.name.startswith("aten::") for c in e.cpu_children)]
+    kernels = [e for e in events if e.name.startswith(("cpp_fused", "triton_", "graph_", "kernel_cpp"))]
+    return len(leaves) + len(kernels), len(aten)
+
+
+def mm_rate(m: int, k: int, n: int, dtype: torch.dtype, seconds: float = 0.3) -> float:
+    """GFLOP/s of ``torch.mm([m, k], [k, n])`` here (median of repeats lasting ``seconds``)."""
+    a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
+    torch.mm(a, b)
+    times = []
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline or len(times) < 5:
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        times.append(time.perf_counter() - t0)
+    return 2 * m * k * n / statistics.median(times) / 1e9
+
+
+def matmul_floor(shapes: collections.Counter, total_flops: float, dtype: torch.dtype) -> tuple[float, list[str]]:
+    """Seconds the step's FLOPs take at ``torch.mm``'s rate here: each dominant shape (90% of the
+    multiply FLOPs, at most 4) at its own rate, every other FLOP at the top shape's rate; and a
+    description of the shapes."""
+    ranked = shapes.most_common()
+    mm_total = sum(shapes.values())
+    chosen, covered = [], 0
+    for shape, flops in ranked:
+        if len(chosen) == 4 or covered >= 0.9 * mm_total:
+            break
+        chosen.append((shape, flops))
+        covered += flops
+    seconds, described = 0.0, []
+    top_rate = None
+    for (m, k, n), flops in chosen:
+        rate = mm_rate(m, k, n, dtype)
+        top_rate = top_rate or rate
+        seconds += flops / (rate * 1e9)
+        described.append(f"[{m},{k}]@[{k},{n}] {100 * flops / mm_total:.0f}%: {rate:.0f} GFLOP/s")
+    if top_rate:
+        seconds += (total_flops - covered) / (top_rate * 1e9)
+    return seconds, described
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--family", choices=sorted(FAMILIES), default="dreamer")
+    parser.add_argument("--size", choices=sorted(DREAMER_SIZES), default="XS", help="Dreamer's size")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=5, help="timed gradient steps (after the warm-up)")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=None, help="Dreamer 16, MuZero 256, IMPALA 16")
+    parser.add_argument("--length", type=int, default=64, help="Dreamer's sequence length")
+    parser.add_argument("--horizon", type=int, default=15, help="Dreamer's imagination horizon")
+    parser.add_argument("--compile", choices=["none", "cells", "step"], default="none")
+    parser.add_argument("--bf16", action="store_true", help="bf16 autocast (what --trainer.precision bf16-mixed does)")
+    parser.add_argument("--no-profile", action="store_true", help="skip the op count and the FLOP count")
+    args = parser.parse_args()
+    args.batch = args.batch or {"dreamer": 16, "muzero": 256, "impala": 16}[args.family]
+    torch.set_num_threads(args.threads)
+    keep_freed_memory()
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_lightning_wm")
+    if args.compile != "none":
+        import torch._inductor.config as inductor_config
+
+        inductor_config.cpp.enable_kernel_profile = True  # compiled kernels show up in the op count
+
+    step, label, _ = FAMILIES[args.family](args, CompileSettings(mode=args.compile))
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16)
+
+    def timed() -> float:
+        start = time.perf_counter()
+        with autocast:
+            step()
+        return time.perf_counter() - start
+
+    first = timed()
+    for _ in range(args.warmup - 1):
+        timed()
+    wall = [timed() for _ in range(args.steps)]
+    median = statistics.median(wall)
+    ops = aten = flops = floor = None
+    shapes_text: list[str] = []
+    if not args.no_profile:
+        with autocast:
+            ops, aten = dispatched_ops(step)
+        eager_step = step if args.compile == "none" else FAMILIES[args.family](args, CompileSettings())[0]
+        with autocast:
+            flops, shapes = step_flops(eager_step)
+        floor, shapes_text = matmul_floor(shapes, flops, torch.bfloat16 if args.bf16 else torch.float32)
+
+    print(
+        f"{label}; torch {torch.__version__}, {args.threads} thread(s), {os.cpu_count()} CPUs, "
+        f"compile={args.compile}, bf16={args.bf16}"
+    )
+    print()
+    print("| step | s/step median (min) | first step s | ops/step | GFLOP/step | GFLOP/s | floor s | % of floor |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    if flops is None:
+        print(f"| {args.family} | {median:.3f} ({min(wall):.3f}) | {first:.1f} | | | | | |")
+    else:
+        print(
+            f"| {args.family} {args.size if args.family == 'dreamer' else ''} | {median:.3f} ({min(wall):.3f}) "
+            f"| {first:.1f} | {ops} ({aten} aten) | {flops / 1e9:.1f} | {flops / 1e9 / median:.0f} | {floor:.3f} "
+            f"| {100 * floor / median:.0f}% |"
+        )
+        print()
+        print("dominant multiplies:", "; ".join(shapes_text))
+    print("wall per step:", " ".join(f"{w:.3f}" for w in wall))
+    print("load average:", " ".join(f"{x:.2f}" for x in os.getloadavg()))
+
+
+if __name__ == "__main__":
+    main()
