@@ -198,3 +198,87 @@ def test_cuda_graph_steps_repeat_without_recompiling(monkeypatch):
         losses = step(model)
         assert all(torch.isfinite(v).all() for v in losses.values())
     assert len(model._losses_fn.shapes) == 1 and model._losses_fn.calls == {"compiled": 3, "eager": 0}
+
+
+# -- the search's simulation loop as one graph ---------------------------------------------------------
+def _search_inputs(device: str, batch: int = 5, seed: int = 0):
+    from support.muzero_helpers import small
+
+    torch.manual_seed(seed)
+    model = small().model.to(device).eval()
+    with torch.no_grad():
+        root = model.initial_inference(torch.randn(batch, 4, device=device))
+    return model, root
+
+
+def test_simulation_loop_without_capture_is_the_eager_search_and_resets_between_searches():
+    """The loop a CUDA graph records (``SimulationGraph``, run eagerly here) searches exactly as
+    :func:`mcts` does, and a second search with other roots through the same (reset) trees too."""
+    from lightning_wm.search import mcts
+    from lightning_wm.search.captured import SimulationGraph
+    from lightning_wm.search.rules import PuctRule
+
+    model, root = _search_inputs("cpu")
+    _, other = _search_inputs("cpu", seed=1)
+    kw = {"num_simulations": 9, "discount": 0.97, "explore": False, "unvisited_q": "mean"}
+    state, logits, value = root["state"], root["policy_logits"], root["value"]
+    prior = torch.softmax(logits, -1)
+    legal = torch.ones_like(logits, dtype=torch.bool)
+    graph = SimulationGraph(
+        model.recurrent_fn, state, prior, value, 9, 0.97, PuctRule(0.97, 1.25, 19652.0, 9, legal, True), capture=False
+    )
+    for roots in (root, other, root):
+        with torch.no_grad():
+            expected = mcts(model.recurrent_fn, roots["state"], roots["policy_logits"], roots["value"], **kw)
+            visits, q, root_value, depth = graph(
+                roots["state"], torch.softmax(roots["policy_logits"], -1), roots["value"]
+            )
+        assert torch.equal(visits, expected.visit_counts) and torch.equal(depth, expected.max_depth)
+        torch.testing.assert_close(q, expected.q_values)
+        torch.testing.assert_close(root_value, expected.root_value)
+
+
+def test_searches_off_cuda_are_never_captured():
+    from lightning_wm.search.captured import capturable
+
+    assert not capturable(torch.device("cpu"), False, None)
+    assert not capturable(torch.device("cuda", 0), True, None)  # Gumbel: eager
+    assert not capturable(torch.device("cuda", 0), False, torch.ones(1, 2, dtype=torch.bool))
+    assert capturable(torch.device("cuda", 0), False, None)
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs need a CUDA device")
+@pytest.mark.parametrize("explore", [False, True])
+def test_captured_search_gives_the_eager_search_on_cuda(explore):
+    """The captured simulation loop against the eager one: the same visits and values, for
+    several searches through one graph (and the graph cached: one capture)."""
+    from lightning_wm.search import captured, mcts
+
+    model, root = _search_inputs("cuda", batch=64)
+    captured._GRAPHS.clear()
+    for seed in range(3):
+        _, roots = _search_inputs("cuda", batch=64, seed=seed)
+        roots = {k: roots[k] for k in ("state", "policy_logits", "value")}
+        outs = []
+        for graphs in (False, True):
+            generator = torch.Generator(device="cuda").manual_seed(seed)
+            with torch.no_grad():
+                outs.append(
+                    mcts(
+                        model.recurrent_fn,
+                        roots["state"],
+                        roots["policy_logits"],
+                        roots["value"],
+                        num_simulations=12,
+                        discount=0.997,
+                        explore=explore,
+                        generator=generator,
+                        cuda_graphs=graphs,
+                    )  # fmt: skip
+                )
+        eager, graphed = outs
+        assert torch.equal(eager.visit_counts, graphed.visit_counts)
+        torch.testing.assert_close(graphed.root_value, eager.root_value)
+        torch.testing.assert_close(graphed.q_values, eager.q_values)
+        assert torch.equal(eager.action, graphed.action)
+    assert len(captured._GRAPHS) == 1 and next(iter(captured._GRAPHS.values())) is not None
