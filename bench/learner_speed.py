@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import os
 import statistics
 import sys
@@ -54,6 +55,11 @@ Step = Callable[[], Any]
 
 
 # -- the families' gradient steps --------------------------------------------------------------------
+def on_device(batch: dict[str, Any], device: str) -> dict[str, Any]:
+    """The batch's tensors on ``device``."""
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
 def dreamer_batch(cfg: EnvConfig, batch: int, length: int, seed: int = 0) -> dict[str, torch.Tensor]:
     """``[B, L]`` sequences from a replay buffer prefilled with random-policy CartPole rows."""
     from lightning_wm.data.collector import Collector
@@ -73,15 +79,24 @@ def dreamer_batch(cfg: EnvConfig, batch: int, length: int, seed: int = 0) -> dic
 
 def dreamer_step(args: argparse.Namespace, compile: CompileSettings) -> tuple[Step, str, Any]:
     """Dreamer's gradient step on a ``[batch, length]`` CartPole batch at ``args.size``."""
-    from lightning_wm.agents.dreamer import BehaviorSettings, Dreamer, DreamerNet
+    from lightning_wm.agents.dreamer import BehaviorSettings, Dreamer, DreamerNet, DreamerOptim
 
     cfg = EnvConfig(id="CartPole-v1", num_envs=4, seed=0)
     deter, hidden, layers = DREAMER_SIZES[args.size]
     net = DreamerNet(deter=deter, hidden=hidden, layers=layers)
     torch.manual_seed(0)
-    model = Dreamer(env_spec(cfg), net=net, behavior=BehaviorSettings(horizon=args.horizon), compile=compile)
+    kernels = getattr(args, "optim", "auto")
+    optim = DreamerOptim(
+        **{
+            n: dataclasses.replace(getattr(DreamerOptim(), n), implementation=kernels)
+            for n in ("model", "actor", "critic")
+        }
+    )
+    behavior = BehaviorSettings(horizon=args.horizon)
+    model = Dreamer(env_spec(cfg), net=net, behavior=behavior, optim=optim, compile=compile)
+    model = model.to(args.device)
     optimizers = model.configure_optimizers()
-    batch = dreamer_batch(cfg, args.batch, args.length)
+    batch = on_device(dreamer_batch(cfg, args.batch, args.length), args.device)
     label = (
         f"Dreamer {args.size} (deter {deter}, {hidden}x{layers}), batch {args.batch}x{args.length}, H {args.horizon}"
     )
@@ -103,7 +118,7 @@ def muzero_step(args: argparse.Namespace, compile: CompileSettings) -> tuple[Ste
         net=net,
         search=SearchSettings(num_simulations=25, unvisited_q="mean"),
         loss={"value_weight": 0.25, "train_repr_prediction": True, "repr_weight": 2.0},
-        optim=OptimSettings(lr=3e-3, weight_decay=1e-4),
+        optim=OptimSettings(lr=3e-3, weight_decay=1e-4, implementation=args.optim),
         compile=compile,
     )
     model.log = model.log_dict = lambda *a, **k: None  # training_step outside a Trainer
@@ -113,7 +128,8 @@ def muzero_step(args: argparse.Namespace, compile: CompileSettings) -> tuple[Ste
     dm.setup("fit")
     dm.collector.set_agent(model)
     dm.collector.collect(40)
-    batch = dm.sample_batch()
+    batch = on_device(dm.sample_batch(), args.device)
+    model = model.to(args.device)
     optimizer = model.configure_optimizers()
     optimizer = optimizer["optimizer"] if isinstance(optimizer, dict) else optimizer
 
@@ -138,7 +154,7 @@ def impala_step(args: argparse.Namespace, compile: CompileSettings) -> tuple[Ste
 
     torch.manual_seed(0)
     dm = UnrollDataModule(EnvConfig("CartPole-v1", num_envs=args.batch, seed=0), unroll_length=8, batch_size=args.batch)
-    optim = OptimSettings(lr=0.002, clip=GradClipSettings(type="clip_norm", value=40.0))
+    optim = OptimSettings(lr=0.002, clip=GradClipSettings(type="clip_norm", value=40.0), implementation=args.optim)
     model = IMPALA(dm.spec, net=ActorCriticSettings(hidden=64, layers=2), optim=optim, compile=compile)
     model.log = model.log_dict = lambda *a, **k: None
     dm.setup("fit")
@@ -147,6 +163,8 @@ def impala_step(args: argparse.Namespace, compile: CompileSettings) -> tuple[Ste
         batch = dm.next_batch()
     finally:
         dm.teardown("fit")
+    batch = on_device(batch, args.device)
+    model = model.to(args.device)
     optimizer = model.configure_optimizers()
     optimizer = optimizer["optimizer"] if isinstance(optimizer, dict) else optimizer
 
@@ -206,16 +224,25 @@ def dispatched_ops(step: Step) -> tuple[int, int]:
     return len(leaves) + len(kernels), len(aten)
 
 
-def mm_rate(m: int, k: int, n: int, dtype: torch.dtype, seconds: float = 0.3) -> tuple[float, float]:
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def mm_rate(
+    m: int, k: int, n: int, dtype: torch.dtype, seconds: float = 0.3, device: str = "cpu"
+) -> tuple[float, float]:
     """GFLOP/s of ``torch.mm([m, k], [k, n])`` here, per wall second and per process CPU second
     (medians of repeats lasting ``seconds``)."""
-    a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
+    a, b = torch.randn(m, k, device=device).to(dtype), torch.randn(k, n, device=device).to(dtype)
     torch.mm(a, b)
     wall, cpu = [], []
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline or len(wall) < 5:
+        synchronize(device)
         w0, c0 = time.perf_counter(), time.process_time()
         torch.mm(a, b)
+        synchronize(device)
         wall.append(time.perf_counter() - w0)
         cpu.append(time.process_time() - c0)
     flop = 2 * m * k * n / 1e9
@@ -223,7 +250,7 @@ def mm_rate(m: int, k: int, n: int, dtype: torch.dtype, seconds: float = 0.3) ->
 
 
 def matmul_floor(
-    shapes: collections.Counter, total_flops: float, dtype: torch.dtype, most: int = 6
+    shapes: collections.Counter, total_flops: float, dtype: torch.dtype, most: int = 6, device: str = "cpu"
 ) -> tuple[float, float, list[str]]:
     """Seconds (wall, process CPU) the step's FLOPs take at ``torch.mm``'s rate here: each dominant
     shape (90% of the multiply FLOPs, at most ``most``) at its own rate, every other FLOP at the
@@ -239,7 +266,7 @@ def matmul_floor(
     described: list[str] = []
     top: tuple[float, float] | None = None
     for (m, k, n), flops in chosen:
-        rate = mm_rate(m, k, n, dtype)
+        rate = mm_rate(m, k, n, dtype, device=device)
         top = top or rate
         wall, cpu = wall + flops / (rate[0] * 1e9), cpu + flops / (rate[1] * 1e9)
         described.append(f"[{m},{k}]@[{k},{n}] {100 * flops / mm_total:.0f}%: {rate[0]:.0f} GFLOP/s")
@@ -261,6 +288,10 @@ def main() -> None:
     parser.add_argument("--compile", choices=["none", "cells", "step"], default="none")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast (what --trainer.precision bf16-mixed does)")
     parser.add_argument("--no-profile", action="store_true", help="skip the op count and the FLOP count")
+    parser.add_argument(
+        "--optim", choices=["auto", "for_loop", "foreach", "fused"], default="auto", help="optim.implementation"
+    )
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (the profile counts CPU-side ops either way)")
     args = parser.parse_args()
     args.batch = args.batch or {"dreamer": 16, "muzero": 256, "impala": 16}[args.family]
     torch.set_num_threads(args.threads)
@@ -272,12 +303,14 @@ def main() -> None:
         inductor_config.cpp.enable_kernel_profile = True  # compiled kernels show up in the op count
 
     step, label, _ = FAMILIES[args.family](args, CompileSettings(mode=args.compile))
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16)
+    autocast = torch.autocast(torch.device(args.device).type, dtype=torch.bfloat16, enabled=args.bf16)
 
     def timed() -> tuple[float, float]:
+        synchronize(args.device)
         wall, cpu = time.perf_counter(), time.process_time()
         with autocast:
             step()
+        synchronize(args.device)
         return time.perf_counter() - wall, time.process_time() - cpu
 
     first = timed()[0]
@@ -295,12 +328,13 @@ def main() -> None:
         eager_step = step if args.compile == "none" else FAMILIES[args.family](args, CompileSettings())[0]
         with autocast:
             flops, shapes = step_flops(eager_step)
-        floor, cpu_floor, shapes_text = matmul_floor(shapes, flops, torch.bfloat16 if args.bf16 else torch.float32)
+        dtype = torch.bfloat16 if args.bf16 else torch.float32
+        floor, cpu_floor, shapes_text = matmul_floor(shapes, flops, dtype, device=args.device)
 
     name = f"{args.family} {args.size if args.family == 'dreamer' else ''}".strip()
     print(
         f"{label}; torch {torch.__version__}, {args.threads} thread(s), {os.cpu_count()} CPUs, "
-        f"compile={args.compile}, bf16={args.bf16}"
+        f"compile={args.compile}, bf16={args.bf16}, device={args.device}"
     )
     print()
     print(
