@@ -9,6 +9,7 @@ Parts, each under its own time limit (``timeout -k 5``, so a part that ignores S
 1. **tests**: ``tests/test_gpu.py`` — every config family fits a few steps on the device, then
    validates and evaluates from its checkpoint there; ``bf16-mixed``; the compile options; DDP on
    one device (``LIGHTNING_WM_TEST_DEVICE`` selects the device; ``--quick`` leaves out compiling);
+   on CUDA also ``tests/test_compiling.py``'s CUDA tests (the captured step and search against eager);
 2. **gradient steps**: seconds per optimizer step of each family at its shipped size (the
    shipped config, acting in process, the data fetch not counted), fp32 and ``bf16-mixed``; then
    Dreamer's gradient step at sizes XS, S, M and L (``bench/learner_speed.py``'s step, batch
@@ -89,13 +90,19 @@ def machine(device: str) -> str:
 # -- part 1: the tests ---------------------------------------------------------------------------------
 def tests_part(device: str, quick: bool, limit: float) -> list[str]:
     env = {**os.environ, "LIGHTNING_WM_TEST_DEVICE": device, "LIGHTNING_WM_TEST_QUICK": "1" if quick else "0"}
+    cuda_only = [  # the compiled and captured paths against eager (they skip without CUDA)
+        "test_cuda_graph_step_gives_the_eager_losses_and_gradients",
+        "test_cuda_graph_steps_repeat_without_recompiling",
+        "test_captured_search_gives_the_eager_search_on_cuda",
+    ]
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "tests/test_gpu.py")]
+    cmd += [f"{ROOT / 'tests/test_compiling.py'}::{name}" for name in cuda_only] if device == "cuda" else []
     workers = min(4, max(1, (os.cpu_count() or 2) // 4))
     if workers > 1 and _has("xdist"):
         cmd += ["-n", str(workers)]
     status, out, wall = run(cmd, limit, env=env, cwd=str(ROOT))
     summary = next((line for line in reversed(out.splitlines()) if " passed" in line or " failed" in line), "")
-    lines = ["## Tests (`tests/test_gpu.py`)", ""]
+    lines = ["## Tests (`tests/test_gpu.py`, on CUDA with `tests/test_compiling.py`'s CUDA tests)", ""]
     verdict = "passed" if status == 0 else ("TIMED OUT" if status in (124, 137) else f"FAILED (exit {status})")
     lines.append(f"{verdict}: {summary.strip('= ') or 'no summary'} ({wall:.0f} s)")
     failed = [line for line in out.splitlines() if line.startswith(("FAILED", "ERROR"))]
