@@ -14,9 +14,9 @@ network's update). Printed, as one markdown row:
 
 * **s/step**: the median (and min) wall seconds over ``--steps`` steps after the warm-up steps
   (the first step's seconds, with ``--compile``, include the compilation: printed apart);
-* **ops/step**: the ops one step dispatches (``torch.profiler`` on the CPU: aten ops that run a
-  kernel themselves, i.e. with no aten op below them, plus compiled kernels) — the launch count a
-  GPU step would pay;
+* **ops/step**: the kernels one step dispatches (``torch.profiler`` on the CPU: aten ops that
+  run a kernel themselves — not views, and no kernel-running op below them — plus compiled
+  kernels), and in brackets every aten op event — the launch count a GPU step would pay;
 * **GFLOP/step** (``torch.utils.flop_counter.FlopCounterMode`` over one eager step) and the
   achieved GFLOP/s;
 * **floor**: the seconds the step's matrix multiplies alone would take at the rate ``torch.mm``
@@ -209,19 +209,42 @@ def step_flops(step: Step) -> tuple[float, collections.Counter]:
     return float(counter.get_total_flops()), shapes.flops
 
 
+#: aten ops that only make a view or read metadata (no kernel of their own)
+NO_KERNEL = frozenset(
+    "resolve_conj resolve_neg view _unsafe_view reshape _reshape_alias expand expand_as t transpose permute "
+    "as_strided unsqueeze squeeze select slice narrow alias detach detach_ lift_fresh empty empty_like "
+    "empty_strided unflatten flatten split split_with_sizes chunk unbind contiguous to _to_copy result_type "
+    "size stride numel dim is_nonzero set_ view_as".split()
+)
+
+
 def dispatched_ops(step: Step) -> tuple[int, int]:
-    """``(ops that run a kernel, all aten op events)`` of one step under ``torch.profiler``: aten
-    ops with no aten op below them, plus compiled kernels (inductor's ``cpp_fused_*`` /
-    ``triton_*`` calls, visible with kernel profiling on)."""
+    """``(kernels, aten op events)`` of one step under ``torch.profiler``. Kernels: the aten ops
+    that run one themselves (not a view or metadata op, and no such op below them) plus compiled
+    kernels (inductor's ``cpp_fused_*`` / ``triton_*`` calls, visible with kernel profiling on)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         step()
     events = prof.events()
-    aten = [e for e in events if e.name.startswith("aten::")]
-    leaves = [e for e in aten if not any(c.name.startswith("aten::") for c in e.cpu_children)]
-    kernels = [e for e in events if e.name.startswith(("cpp_fused", "triton_", "graph_", "kernel_cpp"))]
-    return len(leaves) + len(kernels), len(aten)
+    memo: dict[int, bool] = {}
+
+    def runs_kernel(event: Any) -> bool:
+        if id(event) not in memo:
+            name = event.name
+            if "cpp_fused" in name or name.startswith("triton_"):
+                memo[id(event)] = True
+            elif not name.startswith("aten::") or name[6:] in NO_KERNEL:
+                memo[id(event)] = False
+            else:
+                memo[id(event)] = not any(below(c) for c in event.cpu_children)
+        return memo[id(event)]
+
+    def below(event: Any) -> bool:  # a kernel at or under this event
+        return runs_kernel(event) or any(below(c) for c in event.cpu_children)
+
+    kernels = sum(runs_kernel(e) for e in events)
+    return kernels, sum(e.name.startswith("aten::") for e in events)
 
 
 def synchronize(device: str) -> None:
