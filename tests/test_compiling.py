@@ -282,3 +282,20 @@ def test_captured_search_gives_the_eager_search_on_cuda(explore):
         torch.testing.assert_close(graphed.q_values, eager.q_values)
         assert torch.equal(eager.action, graphed.action)
     assert len(captured._GRAPHS) == 1 and next(iter(captured._GRAPHS.values())) is not None
+
+
+def test_a_run_resumes_with_the_speed_settings_changed():
+    """``compile``, ``cuda_graphs`` and ``optim.implementation`` change how fast a step runs, not
+    what it computes: a checkpoint from before them (``compile: false``, no keys) or with other
+    values resumes; an architecture setting beside them is still named."""
+    from lightning_wm.checkpoints import hparam_differences
+
+    saved = {"compile": False, "net": {"deter": 16}, "search": {"compile": False}, "optim": {"lr": 1e-3}}
+    current = {
+        "compile": {"mode": "step", "cuda_graphs": True, "max_shapes": 2},
+        "net": {"deter": 16},
+        "search": {"compile": True, "cuda_graphs": True},
+        "optim": {"lr": 1e-3, "implementation": "fused"},
+    }
+    assert hparam_differences(saved, current) == {}
+    assert hparam_differences(saved, {**current, "net": {"deter": 32}}) == {"net.deter": (16, 32)}
