@@ -370,8 +370,8 @@ def main() -> None:
         print(row + "| | | | | |")
     else:
         print(
-            row + f"| {ops} ({aten} aten) | {flops / 1e9:.1f} | {flops / 1e9 / median:.0f} "
-            f"| {floor:.3f} ({cpu_floor:.3f}) | {100 * floor / median:.0f}% ({100 * cpu_floor / cpu_median:.0f}%) |"
+            row + f"| {ops} ({aten} aten) | {flops / 1e9:.3g} | {flops / 1e9 / median:.3g} "
+            f"| {floor:.3g} ({cpu_floor:.3g}) | {100 * floor / median:.0f}% ({100 * cpu_floor / cpu_median:.0f}%) |"
         )
         print()
         print("dominant multiplies:", "; ".join(shapes_text))
