@@ -6,6 +6,7 @@ one step dispatches, and its arithmetic beside the machine's own matrix-multiply
     python bench/learner_speed.py --family dreamer --compile step       # the compiled whole step
     python bench/learner_speed.py --family muzero --bf16                # bf16 autocast
     python bench/learner_speed.py --family impala --compile step
+    python bench/learner_speed.py --family dreamer --bf16-ratio      # fp32 and bf16 steps interleaved
 
 One gradient step is what the family's ``training_step`` runs, minus Lightning's bookkeeping:
 the losses, one backward, gradient clipping, the optimizer step(s) (Dreamer: its three and the
@@ -312,6 +313,9 @@ def main() -> None:
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast (what --trainer.precision bf16-mixed does)")
     parser.add_argument("--no-profile", action="store_true", help="skip the op count and the FLOP count")
     parser.add_argument(
+        "--bf16-ratio", action="store_true", help="alternate fp32 and bf16 autocast steps in one process; print both"
+    )
+    parser.add_argument(
         "--optim", choices=["auto", "for_loop", "foreach", "fused"], default="auto", help="optim.implementation"
     )
     parser.add_argument("--device", default="cpu", help="cpu or cuda (the profile counts CPU-side ops either way)")
@@ -335,6 +339,21 @@ def main() -> None:
             step()
         synchronize(args.device)
         return time.perf_counter() - wall, time.process_time() - cpu
+
+    if args.bf16_ratio:  # interleaved, so that both see the same load
+        times: dict[bool, list[float]] = {False: [], True: []}
+        for i in range(args.steps + 1):
+            for bf16 in (False, True):
+                start = time.process_time()
+                with torch.autocast(torch.device(args.device).type, dtype=torch.bfloat16, enabled=bf16):
+                    step()
+                if i:
+                    times[bf16].append(time.process_time() - start)
+        fp32, bf16 = statistics.median(times[False]), statistics.median(times[True])
+        print(
+            f"{label}; {args.threads} thread(s): CPU s/step fp32 {fp32:.3f}, bf16 autocast {bf16:.3f}: {fp32 / bf16:.2f}×"
+        )
+        return
 
     first = timed()[0]
     for _ in range(args.warmup - 1):
