@@ -78,11 +78,12 @@ def _dreamer(device: str):
 
     cfg = EnvConfig("CartPole-v1", num_envs=2, seed=0)
     spec = env_spec(cfg)
-    kw = {"net": DreamerNet(**DREAMER_TINY["net"]), "behavior": BehaviorSettings(**DREAMER_TINY["behavior"])}
+    # a short scan and imagination: the compile time grows with the unrolled steps
+    kw = {"net": DreamerNet(**DREAMER_TINY["net"]), "behavior": BehaviorSettings(horizon=2)}
     buffer, env = ReplayBuffer(200, cfg.num_envs, seed=0), make_vector_env(cfg)
     Collector(env, RandomAgent(spec, seed=0), buffer, seeds=0, spec=spec).collect(60)
     env.close()
-    batch = {k: v.to(device) for k, v in SequenceSampler(8).sample(buffer, 3).items()}
+    batch = {k: v.to(device) for k, v in SequenceSampler(4).sample(buffer, 3).items()}
 
     def build(compile):
         torch.manual_seed(0)
