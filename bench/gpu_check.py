@@ -2,6 +2,7 @@
 
     python bench/gpu_check.py                        # CUDA: tests + speed tables (<= 14 min, one GPU)
     python bench/gpu_check.py --parts capture,sizes,search   # the captured step and search only (<= 8 min)
+    python bench/gpu_check.py --parts sizes --sizes-seconds 600   # more time for the captured steps' compiles
     python bench/gpu_check.py --device cpu --quick   # the same checks shrunk, on the CPU (<= 5.5 min here)
     python bench/gpu_check.py --out report.md        # also write the report to a file
 
@@ -377,6 +378,11 @@ def main() -> None:
     parser.add_argument(
         "--parts", default="tests,capture,steps,sizes,search,actors", help="comma-separated parts to run"
     )
+    parser.add_argument(
+        "--sizes-seconds",
+        type=float,
+        help="time limit of the Dreamer sizes part (default 240; the captured runs compile)",
+    )
     parser.add_argument("--step-run", help=argparse.SUPPRESS)
     parser.add_argument("--search-run", help=argparse.SUPPRESS)
     parser.add_argument("--size-run", help=argparse.SUPPRESS)
@@ -403,6 +409,8 @@ def main() -> None:
     # --parts capture,sizes,search, <= 8 min), --device cpu --quick <= 5.5 min here
     limits = {"tests": 150, "capture": 180, "steps": 110, "sizes": 240, "search": 60, "actors": 60} if not args.quick else {
         "tests": 170, "capture": 5, "steps": 75, "sizes": 25, "search": 25, "actors": 30}  # fmt: skip
+    if args.sizes_seconds:
+        limits["sizes"] = args.sizes_seconds
     parts = args.parts.split(",")
     start = time.monotonic()
     report = [
