@@ -9,7 +9,9 @@ step runs exactly what ``Dreamer.training_step`` runs, minus Lightning's logging
 model loss; the imagined rollout; the actor and critic losses; one backward of their sum;
 per-network gradient clipping and three Adam steps; the slow-critic update. Prints a
 markdown table with the median (and min) wall-clock and process CPU seconds; the machine is
-shared, so CPU time is the steadier number.
+shared, so CPU time is the steadier number. Beside them (eager steps; ``--no-profile`` skips
+them): the ops one step dispatches, its GFLOP and the sgemm floor measured in the same run
+(``bench/learner_speed.py``'s measurements, which also profile compiled steps).
 """
 
 from __future__ import annotations
@@ -23,35 +25,13 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
+
+from learner_speed import dispatched_ops, dreamer_batch, matmul_floor, step_flops  # noqa: E402
 
 from lightning_wm.agents.dreamer import BehaviorSettings, Dreamer, DreamerNet  # noqa: E402
-from lightning_wm.data.collector import Collector  # noqa: E402
-from lightning_wm.data.replay import ReplayBuffer  # noqa: E402
-from lightning_wm.data.samplers import SequenceSampler  # noqa: E402
 from lightning_wm.envs import EnvConfig, env_spec, make_vector_env  # noqa: E402
-from lightning_wm.policies import RandomAgent  # noqa: E402
 from lightning_wm.runtime import keep_freed_memory  # noqa: E402
-
-
-def random_batch(cfg: EnvConfig, batch: int, length: int, seed: int = 0) -> dict[str, torch.Tensor]:
-    """``[B, L]`` sequences from a prefilled replay buffer of random-policy CartPole rows."""
-    spec = env_spec(cfg)
-    buffer = ReplayBuffer(10_000, cfg.num_envs, seed=seed)
-    env = make_vector_env(cfg)
-    collector = Collector(env, RandomAgent(spec, seed=seed), buffer, seeds=seed, spec=spec)
-    collector.collect(max(2 * length, 2_000 // cfg.num_envs))
-    env.close()
-    return SequenceSampler(length).sample(buffer, batch)
-
-
-def gradient_step(model: Dreamer, optimizers: list[torch.optim.Optimizer], batch: dict[str, torch.Tensor]) -> None:
-    """What ``training_step`` does, without Lightning: the three losses, one backward of their
-    sum, per-network clipping, three optimizer steps, the slow-critic update."""
-    losses, _ = model.losses(batch)
-    for opt in optimizers:
-        opt.zero_grad(set_to_none=True)
-    (losses["model"] + losses["actor"] + losses["critic"]).backward()
-    model.clip_and_step(optimizers)
 
 
 def main() -> None:
@@ -75,7 +55,8 @@ def main() -> None:
         default=0.0,
         help="behavior.replay_critic_weight (the critic's loss on the replayed sequences; 0: off)",
     )
-    parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--compile", choices=["none", "cells", "step"], default="none", help="compile.mode")
+    parser.add_argument("--no-profile", action="store_true", help="skip the op and FLOP counts and the sgemm floor")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast (what --trainer.precision bf16-mixed does)")
     parser.add_argument(
         "--no-malloc-tuning",
@@ -94,19 +75,32 @@ def main() -> None:
         deter=args.deter, hidden=args.hidden, layers=args.layers, stoch=args.stoch, classes=args.classes, bins=args.bins
     )
     behavior = BehaviorSettings(horizon=args.horizon, replay_critic_weight=args.replay_critic)
-    model = Dreamer(spec, net=net, behavior=behavior, compile=args.compile)
+    model = Dreamer(spec, net=net, behavior=behavior, compile={"mode": args.compile})
     optimizers = model.configure_optimizers()
-    batch = random_batch(cfg, args.batch, args.length)
+    batch = dreamer_batch(cfg, args.batch, args.length)
 
     wall, cpu = [], []
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16)
     for i in range(args.steps + 2):
         w0, c0 = time.perf_counter(), time.process_time()
         with autocast:
-            gradient_step(model, optimizers, batch)
+            model.gradient_step(batch, optimizers)
         if i >= 2:
             wall.append(time.perf_counter() - w0)
             cpu.append(time.process_time() - c0)
+
+    profile = ""
+    args.no_profile = args.no_profile or args.compile != "none"  # compiled steps: bench/learner_speed.py
+    if not args.no_profile:  # ops dispatched by one step, its FLOPs (an eager step) and the sgemm floor
+        with autocast:
+            ops, _ = dispatched_ops(lambda: model.gradient_step(batch, optimizers))
+            flops, shapes = step_flops(lambda: model.gradient_step(batch, optimizers))
+        floor, cpu_floor, _ = matmul_floor(shapes, flops, torch.bfloat16 if args.bf16 else torch.float32)
+        wall_median, cpu_median = statistics.median(wall), statistics.median(cpu)
+        profile = (
+            f"| {ops} | {flops / 1e9:.1f} | {flops / 1e9 / wall_median:.0f} | {floor:.3f} "
+            f"| {100 * floor / wall_median:.0f}% ({100 * cpu_floor / cpu_median:.0f}% of CPU s) "
+        )
 
     # acting: the collector's path (posterior filter + actor) on a real vector env
     env = make_vector_env(cfg)
@@ -128,14 +122,15 @@ def main() -> None:
     print()
     print(
         "| preset | params | batch | horizon | replay critic | s/grad step (median) | min | CPU s/step (median) "
-        "| env steps/s acting |"
+        + ("" if args.no_profile else "| ops/step | GFLOP/step | GFLOP/s | sgemm floor s | % of floor ")
+        + "| env steps/s acting |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- " * (9 if args.no_profile else 14) + "|")
     print(
         f"| deter {args.deter}, hidden {args.hidden}x{args.layers}, {args.stoch}x{args.classes}, {args.bins} bins "
         f"| {params / 1e6:.2f}M | {args.batch}x{args.length} | {args.horizon} | {args.replay_critic:g} "
         f"| {statistics.median(wall):.3f} "
-        f"| {min(wall):.3f} | {statistics.median(cpu):.3f} | {act_rate:.0f} ({args.num_envs} envs) |"
+        f"| {min(wall):.3f} | {statistics.median(cpu):.3f} {profile}| {act_rate:.0f} ({args.num_envs} envs) |"
     )
     print()
     print("wall per step:", " ".join(f"{w:.2f}" for w in wall))

@@ -1,7 +1,9 @@
 """One command for a GPU machine: the GPU tests and a short speed table, as one markdown report.
 
-    python bench/gpu_check.py                        # CUDA: tests/test_gpu.py + speed table (<= 6 min, one GPU)
-    python bench/gpu_check.py --device cpu --quick   # the same checks shrunk, on the CPU (<= 5 min here)
+    python bench/gpu_check.py                        # CUDA: tests + speed tables (<= 14 min, one GPU)
+    python bench/gpu_check.py --parts capture,sizes,search   # the captured step and search only (<= 8 min)
+    python bench/gpu_check.py --parts sizes --sizes-seconds 600   # more time for the captured steps' compiles
+    python bench/gpu_check.py --device cpu --quick   # the same checks shrunk, on the CPU (<= 5.5 min here)
     python bench/gpu_check.py --out report.md        # also write the report to a file
 
 Parts, each under its own time limit (``timeout -k 5``, so a part that ignores SIGTERM is killed):
@@ -9,10 +11,16 @@ Parts, each under its own time limit (``timeout -k 5``, so a part that ignores S
 1. **tests**: ``tests/test_gpu.py`` — every config family fits a few steps on the device, then
    validates and evaluates from its checkpoint there; ``bf16-mixed``; the compile options; DDP on
    one device (``LIGHTNING_WM_TEST_DEVICE`` selects the device; ``--quick`` leaves out compiling);
+   **capture**: on CUDA, ``tests/test_compiling.py``'s CUDA tests (the captured step and search
+   against eager);
 2. **gradient steps**: seconds per optimizer step of each family at its shipped size (the
-   shipped config, acting in process, the data fetch not counted), fp32 and ``bf16-mixed``;
-3. **search**: simulations per second of one 50-simulation MCTS at batch 16, 64 and 256 on the
-   device, MuZero's CartPole-sized network;
+   shipped config, acting in process, the data fetch not counted), fp32 and ``bf16-mixed``; then
+   Dreamer's gradient step at sizes XS, S, M and L (``bench/learner_speed.py``'s step, batch
+   16x64, horizon 15), fp32 and bf16 autocast, eager and captured (``compile.mode: step``: the
+   losses and backward compiled, replayed as CUDA graphs; fused Adam), the compile time apart;
+3. **search**: simulations per second of one 50-simulation MCTS at batch 16, 64, 256 and 1024
+   on the device, MuZero's CartPole-sized network, eager and with the simulation loop captured
+   as one CUDA graph (``search.cuda_graphs``);
 4. **actors**: IMPALA Pong frames per second with actor processes on the machine's cores
    (``bench/actors.py``).
 
@@ -102,6 +110,27 @@ def tests_part(device: str, quick: bool, limit: float) -> list[str]:
     return lines
 
 
+def capture_tests_part(device: str, limit: float) -> list[str]:
+    """``tests/test_compiling.py``'s CUDA tests: the captured step (Dreamer, MuZero, IMPALA) and the
+    captured search against eager (each compiles a tiny step: about a minute apiece)."""
+    lines = ["## Capture tests (`tests/test_compiling.py`, CUDA only)", ""]
+    if device != "cuda":
+        return [*lines, "not run: they need CUDA"]
+    names = [
+        "test_captured_search_gives_the_eager_search_on_cuda",
+        "test_cuda_graph_steps_repeat_without_recompiling",
+        "test_cuda_graph_step_gives_the_eager_losses_and_gradients",
+    ]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    cmd += [f"{ROOT / 'tests/test_compiling.py'}::{name}" for name in names]
+    status, out, wall = run(cmd, limit, cwd=str(ROOT))
+    summary = next((line for line in reversed(out.splitlines()) if " passed" in line or " failed" in line), "")
+    verdict = "passed" if status == 0 else ("TIMED OUT" if status in (124, 137) else f"FAILED (exit {status})")
+    lines.append(f"{verdict}: {summary.strip('= ') or 'no summary'} ({wall:.0f} s)")
+    failed = [line for line in out.splitlines() if line.startswith(("FAILED", "ERROR"))]
+    return [*lines, *(["", "```", *failed[:20], "```"] if failed else [])]
+
+
 def _has(module: str) -> bool:
     import importlib.util
 
@@ -186,10 +215,77 @@ def steps_part(device: str, quick: bool, limit: float) -> list[str]:
     return lines
 
 
+def dreamer_size_times(device: str, size: str, capture: bool, steps: int, quick: bool) -> dict[str, dict[str, float]]:
+    """Run in a child process: Dreamer's gradient step at ``size`` (``bench/learner_speed.py``'s),
+    fp32 then bf16 autocast, eager or captured (``compile.mode: step`` with CUDA graphs on CUDA, fused
+    Adam); median and min seconds after two warm-up steps, and the first step's (the compilation)."""
+    import argparse as _argparse
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import learner_speed
+
+    from lightning_wm.compiling import CompileSettings
+
+    length, batch = (16, 4) if quick else (64, 16)
+    optim = "fused" if capture else "auto"  # the fused optimizers CUDA graphs want
+    args = _argparse.Namespace(size=size, horizon=15, batch=batch, length=length, device=device, optim=optim)
+    step, _, _ = learner_speed.dreamer_step(args, CompileSettings(mode="step" if capture else "none"))
+    out = {}
+    for precision, bf16 in (("32-true", False), ("bf16-mixed", True)):
+        times = []
+        for _ in range(steps + 2):
+            learner_speed.synchronize(device)
+            start = time.perf_counter()
+            with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=bf16):
+                step()
+            learner_speed.synchronize(device)
+            times.append(time.perf_counter() - start)
+        out[precision] = {"median": statistics.median(times[2:]), "min": min(times[2:]), "first": times[0]}
+    return out
+
+
+def sizes_part(device: str, quick: bool, limit: float) -> list[str]:
+    """Dreamer XS..L, eager and captured; one child process per (size, capture), eager ones first."""
+    sizes = ["XS"] if quick else ["XS", "S", "M", "L"]
+    runs = [(size, False) for size in sizes] + [(size, True) for size in (["XS", "L", "S", "M"] if not quick else [])]
+    steps = 2 if quick else 8
+    lines = [
+        "## Dreamer gradient step by size (seconds; batch 16x64, horizon 15; `bench/learner_speed.py`'s step)",
+        "",
+        "| size | captured | fp32 median (min) | bf16 median (min) | bf16 speed-up | first step s (fp32, bf16) |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    if quick:
+        lines[0] = "## Dreamer gradient step by size (quick: XS at batch 4x16, eager only)"
+    deadline = time.monotonic() + limit
+    for size, capture in runs:
+        left = deadline - time.monotonic()
+        if left < 10:
+            lines.append(f"| {size} | {capture} | not run: out of time | | | |")
+            continue
+        payload = json.dumps({"device": device, "size": size, "capture": capture, "steps": steps, "quick": quick})
+        status, out, _ = run([sys.executable, __file__, "--size-run", payload], left)
+        result = next((json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")), None)
+        if status != 0 or not result:
+            last = out.strip().splitlines()[-1:] or [""]
+            verdict = "timed out" if status in (124, 137) else f"failed (exit {status})"
+            lines.append(f"| {size} | {capture} | {verdict}: {last[0][:120]} | | | |")
+            continue
+        fp32, bf16 = result["32-true"], result["bf16-mixed"]
+        lines.append(
+            f"| {size} | {capture} | {fp32['median']:.4f} ({fp32['min']:.4f}) | {bf16['median']:.4f} "
+            f"({bf16['min']:.4f}) | {fp32['median'] / bf16['median']:.2f}× | {fp32['first']:.1f}, {bf16['first']:.1f} |"
+        )
+    return lines
+
+
 # -- part 3: search -------------------------------------------------------------------------------------
-def search_times(device: str, batches: list[int], simulations: int, repeats: int) -> list[dict[str, float]]:
+def search_times(
+    device: str, batches: list[int], simulations: int, repeats: int, cuda_graphs: bool = False
+) -> list[dict[str, float]]:
     """Run in a child process: one batched MCTS of ``simulations`` simulations per batch size on the
-    device with MuZero's CartPole-sized network (the configs' sizes)."""
+    device with MuZero's CartPole-sized network (the configs' sizes), eager or with the simulation
+    loop captured as a CUDA graph."""
     from lightning_wm.agents.muzero import MuZeroModel, MuZeroNet
     from lightning_wm.envs import EnvConfig, env_spec
     from lightning_wm.search import mcts
@@ -208,27 +304,55 @@ def search_times(device: str, batches: list[int], simulations: int, repeats: int
                     torch.cuda.synchronize()
                 start = time.perf_counter()
                 mcts(model.recurrent_fn, root["state"], root["policy_logits"], root["value"],
-                     num_simulations=simulations, discount=0.997, generator=generator)  # fmt: skip
+                     num_simulations=simulations, discount=0.997, generator=generator,
+                     cuda_graphs=cuda_graphs)  # fmt: skip
                 if device == "cuda":
                     torch.cuda.synchronize()
                 return time.perf_counter() - start
 
-            once()  # warm-up
+            first = once()  # warm-up (with cuda_graphs: the capture)
             seconds = statistics.median(once() for _ in range(repeats))
-            out.append({"batch": batch, "seconds": seconds, "sims_per_s": batch * simulations / seconds})
+            out.append(
+                {"batch": batch, "seconds": seconds, "sims_per_s": batch * simulations / seconds, "first": first}
+            )
     return out
 
 
 def search_part(device: str, quick: bool, limit: float) -> list[str]:
-    batches, simulations, repeats = ([16, 64], 10, 2) if quick else ([16, 64, 256], 50, 5)
-    payload = json.dumps({"device": device, "batches": batches, "simulations": simulations, "repeats": repeats})
-    status, out, _ = run([sys.executable, __file__, "--search-run", payload], limit)
-    result = next((json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")), None)
+    batches, simulations, repeats = ([16, 64], 10, 2) if quick else ([16, 64, 256, 1024], 50, 5)
     lines = [f"## Search ({simulations} simulations, CartPole-sized MuZero network)", ""]
-    if status != 0 or not result:
-        return [*lines, f"failed (exit {status}): {out.strip().splitlines()[-3:]}"]
-    lines += ["| batch | ms per search | simulations/s |", "| ---: | ---: | ---: |"]
-    lines += [f"| {r['batch']} | {1e3 * r['seconds']:.1f} | {r['sims_per_s']:,.0f} |" for r in result]
+    lines += [
+        "| batch | ms per search | simulations/s | captured: ms per search | captured: simulations/s | capture s |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    results = {}
+    deadline = time.monotonic() + limit
+    for graphs in (False, True) if device == "cuda" else (False,):
+        payload = json.dumps(
+            {
+                "device": device,
+                "batches": batches,
+                "simulations": simulations,
+                "repeats": repeats,
+                "cuda_graphs": graphs,
+            }
+        )
+        status, out, _ = run([sys.executable, __file__, "--search-run", payload], max(10, deadline - time.monotonic()))
+        result = next((json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")), None)
+        if status != 0 or not result:
+            lines.insert(
+                2, f"{'captured' if graphs else 'eager'} failed (exit {status}): {out.strip().splitlines()[-3:]}"
+            )
+            continue
+        results[graphs] = {r["batch"]: r for r in result}
+    for batch in batches:
+        cells = []
+        for graphs in (False, True):
+            r = results.get(graphs, {}).get(batch)
+            cells += [f"{1e3 * r['seconds']:.1f}", f"{r['sims_per_s']:,.0f}"] if r else ["—", "—"]
+        captured = results.get(True, {}).get(batch)
+        cells.append(f"{captured['first']:.2f}" if captured else "—")
+        lines.append(f"| {batch} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -251,9 +375,17 @@ def main() -> None:
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--quick", action="store_true", help="the same checks, shrunk (minutes on a CPU)")
     parser.add_argument("--out", help="also write the report here")
-    parser.add_argument("--parts", default="tests,steps,search,actors", help="comma-separated parts to run")
+    parser.add_argument(
+        "--parts", default="tests,capture,steps,sizes,search,actors", help="comma-separated parts to run"
+    )
+    parser.add_argument(
+        "--sizes-seconds",
+        type=float,
+        help="time limit of the Dreamer sizes part (default 240; the captured runs compile)",
+    )
     parser.add_argument("--step-run", help=argparse.SUPPRESS)
     parser.add_argument("--search-run", help=argparse.SUPPRESS)
+    parser.add_argument("--size-run", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.step_run:  # a child process of part 2
         p = json.loads(args.step_run)
@@ -261,14 +393,24 @@ def main() -> None:
         return
     if args.search_run:  # a child process of part 3
         p = json.loads(args.search_run)
-        print("RESULT " + json.dumps(search_times(p["device"], p["batches"], p["simulations"], p["repeats"])))
+        print(
+            "RESULT "
+            + json.dumps(search_times(p["device"], p["batches"], p["simulations"], p["repeats"], p["cuda_graphs"]))
+        )
+        return
+    if args.size_run:  # a child process of part 2's Dreamer sizes
+        p = json.loads(args.size_run)
+        print("RESULT " + json.dumps(dreamer_size_times(p["device"], p["size"], p["capture"], p["steps"], p["quick"])))
         return
     if args.device == "cuda":
         if not torch.cuda.is_available():
             raise SystemExit("error: --device cuda but torch sees no CUDA device; use --device cpu")
-    # time limits (seconds) per part: GPU machine <= 6 min in all, --device cpu --quick <= 5 min here
-    limits = {"tests": 150, "steps": 110, "search": 30, "actors": 120} if not args.quick else {
-        "tests": 170, "steps": 75, "search": 25, "actors": 30}  # fmt: skip
+    # time limits (seconds) per part: GPU machine <= 14 min in all (this issue's figures alone:
+    # --parts capture,sizes,search, <= 8 min), --device cpu --quick <= 5.5 min here
+    limits = {"tests": 150, "capture": 180, "steps": 110, "sizes": 240, "search": 60, "actors": 60} if not args.quick else {
+        "tests": 170, "capture": 5, "steps": 75, "sizes": 25, "search": 25, "actors": 30}  # fmt: skip
+    if args.sizes_seconds:
+        limits["sizes"] = args.sizes_seconds
     parts = args.parts.split(",")
     start = time.monotonic()
     report = [
@@ -279,8 +421,12 @@ def main() -> None:
     ]
     if "tests" in parts:
         report += [*tests_part(args.device, args.quick, limits["tests"]), ""]
+    if "capture" in parts:
+        report += [*capture_tests_part(args.device, limits["capture"]), ""]
     if "steps" in parts:
         report += [*steps_part(args.device, args.quick, limits["steps"]), ""]
+    if "sizes" in parts:
+        report += [*sizes_part(args.device, args.quick, limits["sizes"]), ""]
     if "search" in parts:
         report += [*search_part(args.device, args.quick, limits["search"]), ""]
     if "actors" in parts:

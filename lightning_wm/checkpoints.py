@@ -234,12 +234,19 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _speed_only(key: str) -> bool:
+    """Settings that change how fast a step runs, not what it computes (``compile``, ``search.compile``,
+    ``compile.mode``, ``*.cuda_graphs``, ``optim.implementation``): a run resumes with them changed."""
+    parts = key.split(".")
+    return "compile" in parts or parts[-1] in ("cuda_graphs", "implementation")
+
+
 def hparam_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
     """``{key: (checkpoint value, config value)}`` for every hyperparameter that differs; settings
-    groups are compared field by field (``search.num_simulations``)."""
+    groups are compared field by field (``search.num_simulations``); speed-only settings are not."""
     saved, current = flatten(saved), flatten(current)
     missing = object()
-    keys = (set(saved) | set(current)) - _IGNORED_HPARAMS
+    keys = {k for k in (set(saved) | set(current)) - _IGNORED_HPARAMS if not _speed_only(k)}
     out = {}
     for key in sorted(keys):
         a, b = saved.get(key, missing), current.get(key, missing)

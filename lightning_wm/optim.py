@@ -2,7 +2,8 @@
 
 * :class:`OptimSettings` — every agent's ``optim`` group (or one per network): optimizer
   ``name`` (``adam``, ``rmsprop``, ``sgd``), ``lr``, the optimizer's constants, the schedule
-  (``lr_warmup_steps``, ``lr_anneal_steps``) and ``clip`` (:class:`GradClipSettings`).
+  (``lr_warmup_steps``, ``lr_anneal_steps``), ``clip`` (:class:`GradClipSettings`) and the
+  kernels (``implementation``: ``auto``, ``for_loop``, ``foreach``, ``fused``).
 * :func:`build_optimizer` — the one place an optimizer is built from :class:`OptimSettings`.
 * :func:`lr_factor` / :func:`with_lr_schedule` — linear warm-up and linear annealing to 0 of
   the learning rate over optimizer steps; :func:`anneal_outlasted` says when a run would
@@ -41,6 +42,8 @@ from torch import Tensor, nn
 
 OptimName = Literal["adam", "rmsprop", "sgd"]
 OPTIMIZERS = ("adam", "rmsprop", "sgd")
+OptimImplementation = Literal["auto", "for_loop", "foreach", "fused"]
+IMPLEMENTATIONS = ("auto", "for_loop", "foreach", "fused")
 GradClipType = Literal["clip_value", "clip_norm", "clip_momentum", "clip_momentum_norm"]
 GRAD_CLIP_TYPES = ("clip_value", "clip_norm", "clip_momentum", "clip_momentum_norm")
 
@@ -81,6 +84,10 @@ class OptimSettings:
         lr_warmup_steps: linear warm-up from ``lr / lr_warmup_steps`` over this many optimizer steps.
         lr_anneal_steps: linear anneal to 0 at this optimizer step (``None``: constant).
         clip: gradient clipping (:class:`GradClipSettings`).
+        implementation: the optimizer's kernels: ``auto`` (torch's choice: one multi-tensor
+            ``foreach`` kernel per operation on CUDA, a loop over the parameters on the CPU),
+            ``for_loop``, ``foreach``, or ``fused`` (one kernel for the whole update: Adam and
+            SGD, on CUDA and CPU; what CUDA graphs want). Results agree to float rounding.
     """
 
     name: OptimName = "adam"
@@ -93,10 +100,17 @@ class OptimSettings:
     lr_warmup_steps: int = 0
     lr_anneal_steps: int | None = None
     clip: GradClipSettings = field(default_factory=GradClipSettings)
+    implementation: OptimImplementation = "auto"
 
     def __post_init__(self) -> None:
         if self.name not in OPTIMIZERS:
             raise ValueError(f"optim name must be one of {list(OPTIMIZERS)}, got {self.name!r}")
+        if self.implementation not in IMPLEMENTATIONS:
+            raise ValueError(
+                f"optim implementation must be one of {list(IMPLEMENTATIONS)}, got {self.implementation!r}"
+            )
+        if self.implementation == "fused" and self.name == "rmsprop":
+            raise ValueError("optim implementation 'fused' exists for adam and sgd; use foreach for rmsprop")
         if not self.lr > 0:
             raise ValueError(f"optim lr must be > 0, got {self.lr}")
         if self.lr_warmup_steps < 0 or (self.lr_anneal_steps is not None and self.lr_anneal_steps < 1):
@@ -112,13 +126,23 @@ def build_optimizer(params: Iterable[nn.Parameter], settings: OptimSettings) -> 
     ``params`` at ``settings.lr``, each with ``weight_decay``. The IMPALA paper's RMSProp used
     ``eps=0.01``, ``momentum=0``, ``alpha=0.99``."""
     s = settings
+    kernels = implementation_kwargs(s.implementation)
     if s.name == "adam":
-        return torch.optim.Adam(params, lr=s.lr, betas=tuple(s.betas), eps=s.eps, weight_decay=s.weight_decay)
+        return torch.optim.Adam(
+            params, lr=s.lr, betas=tuple(s.betas), eps=s.eps, weight_decay=s.weight_decay, **kernels
+        )
     if s.name == "rmsprop":
         return torch.optim.RMSprop(
-            params, lr=s.lr, alpha=s.alpha, eps=s.eps, momentum=s.momentum, weight_decay=s.weight_decay
+            params, lr=s.lr, alpha=s.alpha, eps=s.eps, momentum=s.momentum, weight_decay=s.weight_decay, **kernels
         )
-    return torch.optim.SGD(params, lr=s.lr, momentum=s.momentum, weight_decay=s.weight_decay)
+    return torch.optim.SGD(params, lr=s.lr, momentum=s.momentum, weight_decay=s.weight_decay, **kernels)
+
+
+def implementation_kwargs(implementation: str) -> dict[str, bool]:
+    """torch's optimizer keywords for ``OptimSettings.implementation`` (none for ``auto``)."""
+    return {"auto": {}, "for_loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}[
+        implementation
+    ]
 
 
 def optimizer_beta(optimizer: torch.optim.Optimizer) -> float:

@@ -89,8 +89,15 @@ def frozen(module: nn.Module) -> Iterator[None]:
     """Within the block, ``module``'s parameters do not require grad (restored afterwards).
 
     Gradients still flow *through* the module's computation to whatever else requires grad
-    (the actor), but the graph built inside holds no edges into these parameters.
+    (the actor), but the graph built inside holds no edges into these parameters. Within
+    ``torch.compile`` (which cannot trace ``requires_grad_``) the parameters are swapped for
+    detached views of themselves instead: the same values and the same missing edges.
     """
+    if torch.compiler.is_compiling():
+        detached = {name: p.detach() for name, p in module.named_parameters()}
+        with torch.nn.utils.stateless._reparametrize_module(module, detached):
+            yield
+        return
     flags = [(p, p.requires_grad) for p in module.parameters()]
     for p, _ in flags:
         p.requires_grad_(False)

@@ -29,6 +29,31 @@ def test_build_optimizer_kinds_and_constants():
         OptimSettings("adagrad")
 
 
+@pytest.mark.parametrize("name", ["adam", "rmsprop", "sgd"])
+def test_optimizer_implementations_take_the_same_steps(name):
+    """``implementation`` picks torch's kernels (a loop, multi-tensor foreach, fused); three steps
+    of each agree to float rounding, and ``auto`` passes torch no choice at all."""
+    kinds = ["auto", "for_loop", "foreach"] + (["fused"] if name != "rmsprop" else [])
+    finals = []
+    for kind in kinds:
+        params = [torch.nn.Parameter(torch.linspace(-1, 1, 6).reshape(2, 3)), torch.nn.Parameter(torch.ones(4))]
+        opt = build_optimizer(params, OptimSettings(name, 0.1, momentum=0.5, weight_decay=0.01, implementation=kind))
+        assert opt.defaults.get("fused") == (True if kind == "fused" else opt.defaults.get("fused"))
+        for step in range(3):
+            for p in params:
+                p.grad = torch.sin(p.detach() * (step + 1))
+            opt.step()
+        finals.append([p.detach().clone() for p in params])
+    for other in finals[1:]:
+        for a, b in zip(finals[0], other):
+            torch.testing.assert_close(a, b)
+    assert build_optimizer([torch.nn.Parameter(torch.ones(1))], OptimSettings("adam")).defaults["foreach"] is None
+    with pytest.raises(ValueError, match="implementation 'fused' exists for adam and sgd"):
+        OptimSettings("rmsprop", implementation="fused")
+    with pytest.raises(ValueError, match="optim implementation must be one of"):
+        OptimSettings(implementation="fast")
+
+
 def test_clip_value_and_clip_norm():
     p = _param([3.0, -4.0])
     out = GradClipper("clip_value", clip_value=0.5)([p])

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lightning_wm.search.captured import capturable, simulation_graph
 from lightning_wm.search.draws import dirichlet_noise, sample_gumbel, select_action
 from lightning_wm.search.forest import Forest, Rule, compiled_record_descend, record_descend
 from lightning_wm.search.rules import GumbelRule, PuctRule
@@ -81,6 +82,7 @@ def mcts(
     c_scale: float = 0.1,
     unvisited_q: str = "zero",
     compile: bool = False,
+    cuda_graphs: bool = False,
 ) -> SearchOutput:
     """Search ``num_simulations`` times from each of ``B`` roots.
 
@@ -112,6 +114,10 @@ def mcts(
             search up to float rounding with a fraction of the per-simulation overhead, after a
             one-time compilation per batch size, number of simulations, action count, rule, dtype
             and device (cached on disk). Needs a C++ compiler on CPU.
+        cuda_graphs: on CUDA, run the simulation loop (the network calls included) as one
+            captured CUDA graph per search shape (:mod:`~lightning_wm.search.captured`; PUCT
+            searches with every action legal; the others, and a failed capture, run eagerly).
+            The same kernels in the same order: the same search. ``compile`` does not apply to it.
     """
     if unvisited_q not in ("zero", "mean"):
         raise ValueError(f"unvisited_q must be 'zero' or 'mean', got {unvisited_q!r}")
@@ -144,6 +150,19 @@ def mcts(
             noise = dirichlet_noise(dirichlet_alpha, legal, generator).to(dtype)
             prior = (1 - exploration_fraction) * prior + exploration_fraction * noise
         rule = PuctRule(discount, pb_c_init, pb_c_base, num_simulations, legal, unvisited_q == "mean")
+
+    graph = None
+    if cuda_graphs and capturable(device, gumbel, legal_actions_mask):
+        puct = (discount, pb_c_init, pb_c_base, num_simulations, legal, unvisited_q == "mean")
+        graph = simulation_graph(
+            recurrent_fn, root_state, prior, root_value.to(dtype), num_simulations, discount,
+            lambda: PuctRule(*puct), ("puct", *puct[:4], puct[5]),
+        )  # fmt: skip
+    if graph is not None:
+        visits, q, root_val, max_depth = graph(root_state, prior, root_value.to(dtype))
+        action = select_action(visits, explore, temperature, generator)
+        probs = visits / visits.sum(-1, keepdim=True)
+        return SearchOutput(action, probs, root_val, visits, q, prior, max_depth)
 
     tree = Forest(root_state, prior, root_value.to(dtype), num_simulations, discount)
     step = compiled_record_descend() if compile else record_descend

@@ -98,6 +98,29 @@ class Forest:
         self.leaf_discounts = torch.where(power >= 0, float(discount) ** power.clamp(min=0), 0.0).to(device, dtype)
         self.on_path = (k.unsqueeze(0) <= k.unsqueeze(1)).to(device, dtype)  # [L, d]: d <= L
 
+    def reset(self, root_state: Any, root_prior: Tensor, root_value: Tensor) -> None:
+        """Back to the roots alone (new root states, priors and values; the same shapes), in place:
+        every tensor a simulation writes is refilled as ``__init__`` fills it, with device ops
+        only (what a captured CUDA graph replays; :mod:`~lightning_wm.search.captured`)."""
+        batch, slots = self.batch, self.slots
+        rows = torch.arange(batch * slots, device=self.children.device).view(batch, slots)
+        self.children.copy_(rows.unsqueeze(2).expand(self.shape).reshape(-1))
+        for edge in (self.edge_n, self.edge_w, self.edge_r):
+            edge.zero_()
+        self.edge_n[self.num_edges :] = 1.0
+        self.edge_w[self.num_edges :] = root_value
+        self.prior.zero_()
+        self.prior[:, 0] = root_prior
+        self.raw_value.zero_()
+        self.raw_value[:, 0] = root_value
+        self.path.copy_(self.root_edge.view(batch, 1, 1).expand(batch, slots, slots).reshape(batch * slots, slots))
+        self.depth.zero_()
+        tree_map(lambda store, x: store.view(batch, slots, *x.shape[1:])[:, 0].copy_(x), self.states, root_state)
+        self.lo.fill_(float("inf"))
+        self.hi.fill_(float("-inf"))
+        self.shift.zero_()
+        self.scale.fill_(1.0)
+
     # -- reading ---------------------------------------------------------------------------
     def edges(self, count: int) -> tuple[Tensor, Tensor, Tensor]:
         """Visits, value sums and rewards ``[B, S, A]`` of the children of slots ``0..S-1``."""

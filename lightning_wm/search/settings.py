@@ -63,6 +63,10 @@ class SearchSettings:
             networks are not compiled): the same search up to float rounding, faster per
             simulation after a one-time compilation per process and search shape. Needs a C++
             compiler on CPU.
+        cuda_graphs: on CUDA, replay the simulation loop (network calls included) as one
+            captured CUDA graph per search shape (PUCT with every action legal; the others run
+            eagerly): one launch instead of thousands, the same search. Costs a graph's memory
+            per shape (the trees and activations of one search). Ignored on the CPU.
         temperature: the visit-count temperature of exploring actions by training step.
     """
 
@@ -75,6 +79,7 @@ class SearchSettings:
     max_num_considered_actions: int = 16
     unvisited_q: Literal["zero", "mean"] = "mean"
     compile: bool = False
+    cuda_graphs: bool = True
     temperature: TemperatureSchedule = field(default_factory=TemperatureSchedule)
 
     def __post_init__(self) -> None:
@@ -102,4 +107,5 @@ class SearchSettings:
             "max_num_considered_actions": self.max_num_considered_actions,
             "unvisited_q": self.unvisited_q,
             "compile": self.compile,
+            "cuda_graphs": self.cuda_graphs,
         }

@@ -26,6 +26,7 @@ from lightning_wm.agents.dreamer.plots import openloop_curves, openloop_frames, 
 from lightning_wm.agents.dreamer.policy import ActorDistribution, DreamerPolicy, filter_and_act, initial_acting_state
 from lightning_wm.agents.dreamer.settings import BehaviorSettings, DreamerNet, DreamerOptim, WorldModelLoss
 from lightning_wm.agents.dreamer.world_model import DreamerWorldModel, State
+from lightning_wm.compiling import CompileSettings, ShapeCompiled, as_compile_settings, drop_compiled
 from lightning_wm.envs import EnvSpec
 from lightning_wm.logging import log_figure, log_gif, log_image
 from lightning_wm.nn.blocks import MLP, soft_update
@@ -68,8 +69,11 @@ class Dreamer(RLModule):
         openloop_context: open-loop prediction at validation: steps filtered with the posterior
             before the model imagines the rest of the sequence under the replayed actions.
         openloop_sequences: replayed sequences shown in the open-loop figure and video.
-        compile: ``torch.compile`` the per-step RSSM cell and the networks' dense forwards (off
-            by default: a long warm-up on CPU).
+        compile: what runs through ``torch.compile``
+            (:class:`~lightning_wm.compiling.CompileSettings`): ``mode: cells`` the per-step RSSM
+            cell and the networks' dense forwards, ``mode: step`` the three losses of a gradient
+            step and their backward as one graph (CUDA graphs on CUDA with ``cuda_graphs``);
+            ``true`` stands for ``cells``. Off by default: a long warm-up on CPU.
     """
 
     def __init__(
@@ -83,7 +87,7 @@ class Dreamer(RLModule):
         eval_policy: Literal["mode", "sample"] = "mode",
         openloop_context: int = 5,
         openloop_sequences: int = 4,
-        compile: bool = False,
+        compile: CompileSettings | bool = CompileSettings(),
     ) -> None:
         super().__init__(env_spec)
         if env_spec is None:
@@ -132,12 +136,16 @@ class Dreamer(RLModule):
         )
         self.clippers = {name: GradClipper.from_settings(getattr(optim, name).clip) for name in NETWORKS}
         self._openloop_batch: dict[str, Tensor] | None = None
-        if compile:
+        self.compile_settings = compile = as_compile_settings(compile)
+        self._losses_fn = self.losses
+        if compile.mode == "cells":
             self.wm._recurrent = torch.compile(self.wm._recurrent, dynamic=False)  # type: ignore[method-assign]
             self.wm.reward_head.compile(dynamic=False)
             self.wm.cont_head.compile(dynamic=False)
             self.critic.compile(dynamic=False)
             self.actor.compile(dynamic=False)
+        elif compile.mode == "step":
+            self._losses_fn = ShapeCompiled(self.losses, compile.max_shapes, compile.cuda_graphs)
 
     def _attached_trainer(self) -> Any:
         """The trainer, or None when the module is used without one (tests, benches)."""
@@ -178,9 +186,7 @@ class Dreamer(RLModule):
     def acting_copy(self) -> DreamerPolicy:
         """What actor processes need: the encoders and the RSSM's posterior path, the actor and
         the action codec (no decoders, heads, critics or optimizer state), on the CPU, frozen."""
-        actor = copy.deepcopy(self.actor)
-        for module in actor.modules():
-            module._compiled_call_impl = None  # a torch.compile wrapper bound to self.actor
+        actor = drop_compiled(copy.deepcopy(self.actor))  # torch.compile wrappers are bound to self.actor
         policy = DreamerPolicy(
             self.wm.acting_copy(), actor, copy.deepcopy(self.actions), self.actor_distribution, self.eval_policy
         )
@@ -213,9 +219,14 @@ class Dreamer(RLModule):
             terminal = batch["is_terminal"].bool()
             p_end = torch.sigmoid(-cont_logit)
             logs["train/terminal_frac"] = terminal.float().mean()
-            if terminal.any():
-                logs["train/p_end_at_terminal"] = p_end[terminal].mean()
-            logs["train/p_end_elsewhere"] = p_end[~terminal].mean()
+            if torch.compiler.is_compiling():  # no data-dependent branch or shape: masked means, NaN for none
+                ends = terminal.float()
+                logs["train/p_end_at_terminal"] = (p_end * ends).sum() / ends.sum()
+                logs["train/p_end_elsewhere"] = (p_end * (1 - ends)).sum() / (1 - ends).sum()
+            else:
+                if terminal.any():
+                    logs["train/p_end_at_terminal"] = p_end[terminal].mean()
+                logs["train/p_end_elsewhere"] = p_end[~terminal].mean()
         return loss, logs, out
 
     def current_horizon(self) -> int:
@@ -385,6 +396,25 @@ class Dreamer(RLModule):
             soft_update(self.slow_critic, self.critic, self.behavior.slow_critic_tau)
         return logs
 
+    def gradient_step(
+        self, batch: dict[str, Tensor], optimizers: list[Any]
+    ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """One gradient step on a replay batch ``[B, L, ...]``: :meth:`losses` (compiled with
+        ``compile.mode: step``), ONE backward of their sum, :meth:`clip_and_step`. Returns the
+        losses and the logged values (without a trainer too: benches and tests)."""
+        losses, logs = self._losses_fn(batch)
+        if self.compile_settings.mode == "step" and logs["train/p_end_at_terminal"].isnan():
+            del logs["train/p_end_at_terminal"]  # no terminal row (eager: the key is left out)
+        for opt in optimizers:
+            opt.zero_grad(set_to_none=True)
+        total = losses["model"] + losses["actor"] + losses["critic"]
+        if self._attached_trainer() is None:
+            total.backward()
+        else:
+            self.manual_backward(total)
+        logs.update(self.clip_and_step(optimizers))
+        return losses, logs
+
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         """One gradient step: targets and losses (:meth:`losses`), ONE backward of their sum,
         :meth:`clip_and_step`, then the report (logged scalars).
@@ -394,14 +424,9 @@ class Dreamer(RLModule):
         the one backward that follows); the losses touch disjoint parameter sets, so the sum
         gives the same gradients as three separate backwards.
         """
-        optimizers = self.optimizers()
         B = batch["is_first"].shape[0]
         self._openloop_batch = tree_map(lambda v: v[: self.openloop_sequences].detach().clone(), batch)
-        losses, logs = self.losses(batch)
-        for opt in optimizers:
-            opt.zero_grad(set_to_none=True)
-        self.manual_backward(losses["model"] + losses["actor"] + losses["critic"])
-        logs.update(self.clip_and_step(optimizers))
+        losses, logs = self.gradient_step(batch, self.optimizers())
         self.log_dict(logs, on_step=True, on_epoch=False, batch_size=B)
         self.log("train/loss", losses["model"].detach(), prog_bar=True, batch_size=B)
 

@@ -284,7 +284,8 @@ class DreamerWorldModel(nn.Module, WorldModel):
         action_in = self.img_in_a(prev_action)  # [B, L, hidden]
         embed_in = self.post_e(embed)  # [B, L, hidden]
         noise = self._noise((L, B), embed.device)
-        resets = is_first.any(0).tolist()  # steps where some sequence restarts
+        # steps where some sequence restarts; compiled: every step (no data-dependent branch; x * 1 == x)
+        resets = [True] * L if torch.compiler.is_compiling() else is_first.any(0).tolist()
         state = {"h": embed.new_zeros(B, self.deter), "z": embed.new_zeros(B, self.stoch_dim)}
         hs, zs, idxs, stats = [], [], [], []
         for t in range(L):

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from lightning_wm.agents.base import RLModule
 from lightning_wm.agents.impala.losses import ImpalaLoss, VTraceLossSettings, unroll_loss
+from lightning_wm.compiling import CompileSettings, ShapeCompiled, as_compile_settings
 from lightning_wm.envs import EnvSpec
 from lightning_wm.nn.actor_critic import ActorCritic, ActorCriticSettings, CoreState, Obs
 from lightning_wm.optim import GradClipper, OptimSettings, build_optimizer, optimizer_beta, with_lr_schedule
@@ -61,6 +62,10 @@ class IMPALA(RLModule):
             ``"priority"`` so a prioritized unroll replay (``data.prioritized: true``) updates it.
         priority_is_weight: weight each unroll's loss terms by the batch's importance weights
             (``weight``; needs ``priority`` and a prioritized replay).
+        compile: ``torch.compile`` of the learner (:class:`~lightning_wm.compiling.CompileSettings`):
+            ``mode: step`` compiles the V-trace loss (the unroll of the network, V-trace, the
+            loss terms) and its backward as one graph (CUDA graphs on CUDA with ``cuda_graphs``);
+            ``cells`` is not available here.
     """
 
     def __init__(
@@ -73,6 +78,7 @@ class IMPALA(RLModule):
         optim: OptimSettings = IMPALA_OPTIM,
         priority: bool = False,
         priority_is_weight: bool = False,
+        compile: CompileSettings = CompileSettings(),
     ) -> None:
         super().__init__(env_spec)
         if env_spec is None:
@@ -93,6 +99,12 @@ class IMPALA(RLModule):
         self.net = ActorCritic(env_spec, self.net_settings, encoder=encoder(env_spec) if encoder is not None else None)
         self.clipper = GradClipper.from_settings(self.optim.clip)
         self._clip_stats: dict[str, Tensor] = {}
+        self.compile_settings = compile = as_compile_settings(compile)
+        if compile.mode == "cells":
+            raise ValueError("IMPALA's compile.mode is none or step (the loss and its backward); cells is Dreamer's")
+        self._unroll_loss = unroll_loss
+        if compile.mode == "step":
+            self._unroll_loss = ShapeCompiled(unroll_loss, compile.max_shapes, compile.cuda_graphs)
 
     # -- Agent protocol ------------------------------------------------------------------
     def initial_state(self, batch_size: int) -> CoreState:
@@ -150,7 +162,7 @@ class IMPALA(RLModule):
     ) -> tuple[ImpalaLoss, Tensor, dict[str, Tensor]]:
         """``(unroll_loss output, loss to minimise, encoder logs)``: the V-trace loss plus, where the
         injected encoder trains itself (``representation_loss``, e.g. MuZeroRepresentation), its loss."""
-        out = unroll_loss(self.net, batch, self.loss, weight)
+        out = self._unroll_loss(self.net, batch, self.loss, weight)
         loss, encoder_logs = out.total_loss, {}
         encoder_loss = getattr(self.net.encoder, "representation_loss", None)
         if encoder_loss is not None:

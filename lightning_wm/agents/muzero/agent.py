@@ -35,6 +35,7 @@ from lightning_wm.agents.muzero.settings import (
 )
 from lightning_wm.agents.muzero.targets import UnrollTargets, muzero_targets
 from lightning_wm.agents.muzero.windows import Window, read_window, window_fit, window_rows
+from lightning_wm.compiling import CompileSettings, ShapeCompiled, as_compile_settings
 from lightning_wm.data.samplers import WindowSampler
 from lightning_wm.envs import EnvSpec
 from lightning_wm.nn.blocks import soft_update
@@ -78,6 +79,10 @@ class MuZero(RLModule):
         optim: optimizer, learning-rate schedule and gradient clipping (``lightning_wm.optim.OptimSettings``;
             MuZero's defaults: Adam, lr 3e-3, weight decay 1e-4, SGD momentum 0.9).
         discount: γ of the search and of the value targets.
+        compile: ``torch.compile`` of the learner (:class:`~lightning_wm.compiling.CompileSettings`):
+            ``mode: step`` compiles the unroll of the model and the loss (and its backward) as
+            one graph (CUDA graphs on CUDA with ``cuda_graphs``); the targets' reanalysing search
+            has its own switch, ``search.compile``; ``cells`` is not available here.
     """
 
     def __init__(
@@ -92,6 +97,7 @@ class MuZero(RLModule):
         target: TargetSettings = TargetSettings(),
         optim: OptimSettings = DEFAULT_OPTIM,
         discount: float = 0.997,
+        compile: CompileSettings = CompileSettings(),
     ) -> None:
         net = as_settings(MuZeroNet, net, "net")
         search = as_settings(SearchSettings, search, "search")
@@ -122,6 +128,15 @@ class MuZero(RLModule):
         self.search_stats = SearchStats()
         self.clipper = GradClipper.from_settings(optim.clip)
         self._warned_long_window = False
+        self.compile_settings = compile = as_compile_settings(compile)
+        if compile.mode == "cells":
+            raise ValueError(
+                "MuZero's compile.mode is none or step (the unroll and the loss); the search's tree steps "
+                "compile with search.compile"
+            )
+        self._unroll_loss = self.unroll_loss
+        if compile.mode == "step":
+            self._unroll_loss = ShapeCompiled(self.unroll_loss, compile.max_shapes, compile.cuda_graphs)
 
     # -- acting (Agent protocol) ------------------------------------------------------------
     def initial_state(self, batch_size: int) -> Tensor | None:
@@ -193,9 +208,19 @@ class MuZero(RLModule):
         window = read_window(batch, self.net.frame_stack, self.model.num_actions)
         self.check_window_length(batch["mask"].shape[1])
         targets, reanalysed = self.unroll_targets(window)
-        out = unroll_model(self.model, window.obs, targets.actions, self.loss)
-        loss, parts = muzero_loss(out, targets, window.mask, self.loss, Supports.of(self.model), window.weight)
+        out, loss, parts = self._unroll_loss(window.obs, targets, window.mask, window.weight)
         return self.report(loss, parts, out, targets, window, reanalysed)
+
+    def unroll_loss(
+        self, obs: Tensor, targets: UnrollTargets, mask: Tensor, weight: Tensor | None
+    ) -> tuple[UnrollOutput, Tensor, dict[str, Tensor]]:
+        """The model unrolled from the windows' observations ``obs`` along ``targets.actions``
+        (:func:`~.losses.unroll_model`) and :func:`~.losses.muzero_loss` against ``targets``
+        (``mask [B, K+1]``, importance weights ``weight [B]`` or None): ``(out, loss, parts)``.
+        What ``compile.mode: step`` compiles."""
+        out = unroll_model(self.model, obs, targets.actions, self.loss)
+        loss, parts = muzero_loss(out, targets, mask, self.loss, Supports.of(self.model), weight)
+        return out, loss, parts
 
     def unroll_targets(self, window: Window) -> tuple[UnrollTargets, Reanalysed]:
         """The targets of ``window``: reanalyse, bootstrap values from the target network, then
