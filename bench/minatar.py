@@ -122,6 +122,7 @@ def _record(args: argparse.Namespace, history: list[dict[str, float]], eval_seco
         "game": args.game,
         "seed": args.seed,
         "frames_budget": args.frames,
+        "eval_every": args.eval_every,
         "eval_episodes": args.eval_episodes,
         "history": history,
         "frames": last["frames"],
@@ -278,8 +279,8 @@ def value_at(history: list[dict[str, float]], frames: int, every: int, key: str 
 
 def summary(records: list[dict[str, Any]], every: int, targets: list[float]) -> str:
     """Markdown: per system and game, the mean (over seeds) evaluation return and training wall
-    time at each multiple of ``every`` frames where every seed has an evaluation (:func:`value_at`);
-    then frames to reach each target per seed."""
+    time at each multiple of the runs' evaluation spacing (their ``eval_every``, else ``every``)
+    where every seed has an evaluation (:func:`value_at`); then frames to reach each target per seed."""
     groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in records:
         groups[(r["system"], r["game"])].append(r)
@@ -289,9 +290,10 @@ def summary(records: list[dict[str, Any]], every: int, targets: list[float]) -> 
     ]
     for (system, game), runs in sorted(groups.items()):
         reached = min(r["frames"] for r in runs)
-        for point in range(every, reached + 1, every):
-            values = [value_at(r["history"], point, every) for r in runs]
-            seconds = [value_at(r["history"], point, every, "seconds") for r in runs]
+        spacing = max(r.get("eval_every", every) for r in runs)
+        for point in range(spacing, reached + 1, spacing):
+            values = [value_at(r["history"], point, spacing) for r in runs]
+            seconds = [value_at(r["history"], point, spacing, "seconds") for r in runs]
             if any(v is None for v in values):
                 continue
             per_seed = ", ".join(f"{v:.2f}" for v in values)
