@@ -46,51 +46,28 @@ data.init_args.acting.policy central`` measures central acting.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from typing import Any
 
+from benchlib import (
+    ROOT,
+    build_cli,
+    exit_on_signal,
+    greedy_episodes,
+    load_average,
+    ours_env,
+    peer_env,
+    print_result,
+    quiet_fit_overrides,
+    run_worker,
+)
+
 DEFAULT_RLLIB_PYTHON = "/work/venvs/rllib/bin/python"
-RESULT_PREFIX = "RESULT "
-
-
-def _exit_on_signal(signum: int, frame: Any) -> None:
-    """SIGTERM handler: leave through ``finally`` blocks (Ray shut down, worker processes ended)."""
-    raise SystemExit(128 + signum)
-
-
-# -- evaluation shared by the systems ------------------------------------------------------
-def greedy_episodes(policy: Any, episodes: int, seed: int, env_id: str = "CartPole-v1") -> list[float]:
-    """Returns of ``episodes`` episodes of ``policy`` (a function ``obs [N, D] float32 numpy
-    -> actions [N] int`` or ``[N, A]`` float) in ``episodes`` envs seeded ``seed * 1000 + i``,
-    stepped together until each has finished exactly one episode."""
-    import gymnasium as gym
-    import numpy as np
-
-    envs = [gym.make(env_id) for _ in range(episodes)]
-    discrete = isinstance(envs[0].action_space, gym.spaces.Discrete)
-    try:
-        obs = np.stack([env.reset(seed=seed * 1000 + i)[0] for i, env in enumerate(envs)]).astype(np.float32)
-        returns = np.zeros(episodes)
-        running = np.ones(episodes, bool)
-        while running.any():
-            actions = policy(obs)
-            for i in np.flatnonzero(running):
-                o, r, terminated, truncated, _ = envs[i].step(int(actions[i]) if discrete else actions[i])
-                obs[i] = o
-                returns[i] += r
-                running[i] = not (terminated or truncated)
-        return returns.tolist()
-    finally:
-        for env in envs:
-            env.close()
 
 
 # -- RLlib (runs inside the RLlib venv) -------------------------------------------------------
@@ -111,7 +88,7 @@ def run_rllib(args: argparse.Namespace) -> dict[str, Any]:
     ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
     # Ray's own SIGTERM handler aborts the process and leaves agents behind: exit through the
     # finally blocks below instead (installed after ray.init, which replaces handlers)
-    signal.signal(signal.SIGTERM, _exit_on_signal)
+    signal.signal(signal.SIGTERM, exit_on_signal)
     try:
         config = (
             IMPALAConfig()
@@ -189,46 +166,11 @@ def _rllib_loop(args: argparse.Namespace, algo: Any, module_id: str, columns: An
 
 
 # -- ours ------------------------------------------------------------------------------------
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_CONFIG = os.path.join(ROOT, "configs", "impala", "cartpole.yaml")
 
 
-def build_cli(config: str, overrides: list[str]) -> Any:
-    """The CLI's model, datamodule and trainer for ``fit --config config`` plus ``overrides``
-    (``--key value`` pairs), without running anything."""
-    sys.path.insert(0, ROOT)
-    from lightning_wm.cli import CLI, Trainer
-
-    return CLI(
-        model_class=None,
-        datamodule_class=None,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        trainer_class=Trainer,
-        trainer_defaults={"num_sanity_val_steps": 0},
-        run=False,
-        save_config_kwargs={"overwrite": True},
-        parser_kwargs={"allow_abbrev": False},
-        args=["--config", config, *overrides],
-    )
-
-
 def _overrides(args: argparse.Namespace, seed: int, *extra: str) -> list[str]:
-    out = [
-        "--seed_everything",
-        str(seed),
-        "--data.init_args.env.seed",
-        str(seed),
-        "--trainer.enable_progress_bar",
-        "false",
-        "--trainer.limit_val_batches",
-        "0",
-        "--trainer.enable_checkpointing",
-        "false",
-        "--trainer.logger",
-        "false",
-        *extra,
-    ]
+    out = [*quiet_fit_overrides(seed), *extra]
     for key, value in args.set or []:
         out += [f"--{key}", value]
     return out
@@ -386,20 +328,8 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
 
 # -- driver ------------------------------------------------------------------------------------
 def _worker(args: argparse.Namespace, cmd: list[str], env: dict[str, str]) -> dict[str, Any]:
-    """Run ``cmd`` (this script with ``--worker``) in a scratch folder (what Lightning writes into
-    the working directory goes there and is removed), return the JSON record it prints."""
-    with tempfile.TemporaryDirectory(prefix="impala_bench_") as scratch:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env, cwd=scratch)
-        try:
-            stdout, _ = proc.communicate()
-        finally:  # interrupted or terminated: the worker shuts its actors / Ray down before we go
-            if proc.poll() is None:
-                proc.terminate()
-                proc.wait()
-    lines = [line for line in stdout.splitlines() if line.startswith(RESULT_PREFIX)]
-    if proc.returncode != 0 or not lines:
-        raise SystemExit(f"error: {' '.join(cmd[2:])} failed (exit {proc.returncode}); its log is above")
-    return json.loads(lines[-1][len(RESULT_PREFIX) :])
+    """Run ``cmd`` (this script with ``--worker``) in a scratch folder; its JSON record."""
+    return run_worker(cmd, env, prefix="impala_bench_")
 
 
 def _common(args: argparse.Namespace) -> list[str]:
@@ -426,16 +356,14 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     """One seed in its own process (the system's interpreter); returns its JSON record."""
     if args.system == "ours":
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--system", "ours", "--seed", str(seed)]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
-        return _worker(args, cmd + _common(args), env)
+        return _worker(args, cmd + _common(args), ours_env())
     if not os.path.exists(args.rllib_python):
         raise SystemExit(
             f"error: no RLlib interpreter at {args.rllib_python}; create the venv as the docstring says "
             "or pass --rllib-python"
         )
     cmd = [args.rllib_python, os.path.abspath(__file__), "--worker", "--system", "rllib", "--seed", str(seed)]
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # RLlib's venv, not our packages
-    return _worker(args, cmd + _common(args), env)
+    return _worker(args, cmd + _common(args), peer_env())  # RLlib's venv, not our packages
 
 
 def lowest_after_holding(history: list[dict[str, float]], target: float, times: int = 3) -> float | None:
@@ -492,7 +420,7 @@ def report(args: argparse.Namespace, records: list[dict[str, Any]]) -> None:
             f"{statistics.median(r['final_eval_return'] for r in records):.1f} | | | |"
         )
     print()
-    print("load average:", " ".join(f"{x:.2f}" for x in os.getloadavg()))
+    print("load average:", load_average())
 
 
 def speed_table(args: argparse.Namespace) -> None:
@@ -515,8 +443,7 @@ def speed_table(args: argparse.Namespace) -> None:
                 "--num-actors",
                 str(actors),
             ]
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
-            r = _worker(args, cmd + _common(args), env)
+            r = _worker(args, cmd + _common(args), ours_env())
             print(
                 f"| {name} | {actors} | {r['envs_per_actor']} | {r['unroll_length']} x {r['batch_size']} | "
                 f"{r['frames_per_s']:,.0f} | {r['steps_per_s']:.1f} | {100 * r['wait_fraction']:.0f}% "
@@ -524,7 +451,7 @@ def speed_table(args: argparse.Namespace) -> None:
                 flush=True,
             )
     print()
-    print("load average:", " ".join(f"{x:.2f}" for x in os.getloadavg()))
+    print("load average:", load_average())
 
 
 def main() -> None:
@@ -561,10 +488,10 @@ def main() -> None:
     parser.add_argument("--speed-env", default="cartpole", help=argparse.SUPPRESS)
     parser.add_argument("--num-actors", type=int, default=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    signal.signal(signal.SIGTERM, _exit_on_signal)
+    signal.signal(signal.SIGTERM, exit_on_signal)
     if args.worker:
         run = run_speed if args.speed else run_ours if args.system == "ours" else run_rllib
-        print(RESULT_PREFIX + json.dumps(run(args)), flush=True)
+        print_result(run(args))
         return
     if args.speed:
         speed_table(args)

@@ -2,7 +2,9 @@
 that models are built from.
 
 Pixel observations are ``uint8 [H, W, C]`` (``C`` = 3, or 1 with ``grayscale``; ``K * C`` with
-a stack of ``K`` frames). Atari games can go through gymnasium's own ``AtariPreprocessing``
+a stack of ``K`` frames). Binary frames (an env observing ``bool [H, W, C]``, e.g. MinAtar's
+``MinAtar/Breakout-v1``, ``[10, 10, 4]``) become ``uint8`` frames of 0 and 255 at their own size
+(:class:`BinaryFrames`), so every family's image path reads them as they are. Atari games can go through gymnasium's own ``AtariPreprocessing``
 (:class:`AtariPreprocessingConfig`) and ``FrameStackObservation`` (``frame_stack``). Vector
 envs use gymnasium's *next-step* autoreset: the step after an episode ends returns the first
 observation of the next one with reward 0 and ignores the action, which is exactly the row
@@ -25,6 +27,7 @@ from lightning_wm.envpool_backend import EnvPoolVectorEnv, envpool_spaces
 
 PIXEL_KEY = "pixels"
 _ATARI_REGISTERED = False
+MINATAR_PREFIX = "MinAtar/"
 
 # A trained Dreamer's dream as an env (its options are the env's kwargs): any agent can train inside
 # it, e.g. IMPALA in configs/impala/cartpole_in_dream.yaml. The Dreamer package registers the id
@@ -89,6 +92,45 @@ class EnvSpec:
 def is_image_space(space: gym.spaces.Box) -> bool:
     """``uint8 [H, W, C]``."""
     return space.dtype == np.uint8 and len(space.shape) == 3
+
+
+def _register_minatar() -> None:
+    """Register MinAtar's gymnasium ids (``MinAtar/<Game>-v0`` full and ``-v1`` minimal action
+    sets); the package is the optional extra ``minatar``."""
+    if any(k.startswith(MINATAR_PREFIX) for k in gym.registry):
+        return
+    try:
+        import minatar.gym
+    except ImportError:
+        raise EnvError(
+            f'MinAtar ids ({MINATAR_PREFIX}Breakout-v1, ...) need the minatar package: pip install -e ".[minatar]"'
+        ) from None
+    minatar.gym.register_envs()
+
+
+def is_binary_frame_space(space: gym.Space) -> bool:
+    """``bool [H, W, C]`` (MinAtar's observations)."""
+    return isinstance(space, gym.spaces.Box) and space.dtype == np.bool_ and len(space.shape) == 3
+
+
+class LegacySeed(gym.Wrapper):
+    """Reset seeds folded into ``[0, 2**32)`` for envs that seed a legacy numpy ``RandomState``
+    (MinAtar), which refuses the 64-bit seeds :mod:`lightning_wm.seeding` derives."""
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        return self.env.reset(seed=None if seed is None else seed % 2**32, options=options)
+
+
+class BinaryFrames(gym.ObservationWrapper):
+    """``bool [H, W, C]`` observations -> ``uint8 [H, W, C]`` frames of 0 and 255 (same size and
+    channels), the format of every other image observation."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self.observation_space = gym.spaces.Box(0, 255, env.observation_space.shape, np.uint8)
+
+    def observation(self, observation: Any) -> np.ndarray:
+        return np.asarray(observation, dtype=np.uint8) * np.uint8(255)
 
 
 def _register_atari() -> None:
@@ -239,6 +281,8 @@ def make_env(config: EnvConfig, render_mode: str | None = None) -> gym.Env:
     """
     if config.id.startswith("ALE/") or "NoFrameskip" in config.id:
         _register_atari()
+    if config.id.startswith(MINATAR_PREFIX):
+        _register_minatar()
     if config.id == DREAM_ENV_ID:
         _check_dream_config(config)
     if config.action_repeat < 1:
@@ -264,13 +308,21 @@ def make_env(config: EnvConfig, render_mode: str | None = None) -> gym.Env:
     try:
         env = gym.make(config.id, **kwargs)
     except gym.error.Error as err:
-        known = sorted(k for k in gym.registry if "/" not in k or k.startswith("ALE/"))
+        known = sorted(k for k in gym.registry if "/" not in k or k.startswith(("ALE/", MINATAR_PREFIX)))
         hint = ", ".join(k for k in known if config.id.split("-")[0].lower() in k.lower())[:300]
         raise EnvError(
             f"unknown or unbuildable env id {config.id!r} ({err}). "
-            f"Use a registered gymnasium id such as CartPole-v1, Pendulum-v1, CarRacing-v3 or "
-            f"ALE/Pong-v5{'; close matches: ' + hint if hint else ''}"
+            f"Use a registered gymnasium id such as CartPole-v1, Pendulum-v1, CarRacing-v3, ALE/Pong-v5 or "
+            f'MinAtar/Breakout-v1 (pip install -e ".[minatar]"){"; close matches: " + hint if hint else ""}'
         ) from None
+    if config.id.startswith(MINATAR_PREFIX):
+        env = LegacySeed(env)
+    if is_binary_frame_space(env.observation_space):
+        _check_binary_frame_config(config)
+        env = BinaryFrames(env)
+        if config.action_repeat > 1:
+            env = ActionRepeat(env, config.action_repeat)
+        return _stack_frames(env, config) if config.frame_stack > 1 else env
     if atari is not None:
         env = _atari_preprocessing(env, config, atari)
     elif config.action_repeat > 1:
@@ -296,6 +348,26 @@ def make_env(config: EnvConfig, render_mode: str | None = None) -> gym.Env:
         env = _stack_frames(env, config)
     _check_spaces(env, config.id)
     return env
+
+
+def _check_binary_frame_config(config: EnvConfig) -> None:
+    """Binary frames are observed at their own size: the options that render, crop or resize do not apply."""
+    wrapped = [
+        name
+        for name, on in (
+            ("pixels", config.pixels),
+            ("keep_state", config.keep_state),
+            ("grayscale", config.grayscale),
+            ("crop", config.crop is not None),
+            ("atari_preprocessing", config.atari_preprocessing is not None),
+        )
+        if on
+    ]
+    if wrapped:
+        raise EnvError(
+            f"{config.id}: its binary frames are observed at their own size as uint8 0/255; drop "
+            f"{', '.join(wrapped)} (size does not apply either; frame_stack and action_repeat do)"
+        )
 
 
 def _atari_preprocessing(env: gym.Env, config: EnvConfig, atari: AtariPreprocessingConfig) -> gym.Env:

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from lightning_wm.envs import EnvSpec, is_image_space
 from lightning_wm.nn import dists
-from lightning_wm.nn.blocks import MLP, preprocess_pixels
+from lightning_wm.nn.blocks import MLP, SmallConvEncoder, preprocess_pixels
 from lightning_wm.nn.blocks import activation as activation_class
 
 Obs = Tensor | dict[str, Tensor]
@@ -46,10 +46,12 @@ class ActorCriticSettings:
         hidden: units of each hidden layer of the MLP that encodes vector observations.
         layers: hidden layers of that MLP.
         activation: of that MLP (``relu``, ``silu``, ``elu``, ``tanh``, ``gelu``).
-        conv: ``deep`` (the IMPALA paper's residual stack) or ``shallow`` (its two-layer stack)
-            for frame observations (``uint8 [H, W, C]``).
-        conv_channels: channels of the deep stack's stages.
-        fc_size: features after the conv stack (one linear layer and a ReLU).
+        conv: ``deep`` (the IMPALA paper's residual stack), ``shallow`` (its two-layer stack) or
+            ``small`` (the MinAtar paper's one 3x3 conv, stride 1:
+            :class:`~lightning_wm.nn.blocks.SmallConvEncoder`, for small frames such as MinAtar's
+            10x10) for frame observations (``uint8 [H, W, C]``).
+        conv_channels: channels of the deep stack's stages; ``small`` uses the first (16).
+        fc_size: features after the conv stack (one linear layer and a ReLU; MinAtar: 128).
         lstm_size: 0 for a feed-forward network, else the size of an LSTM core between the
             encoder and the heads (reset where ``is_first``; acting stores its state in every row
             as ``core_h`` / ``core_c``).
@@ -63,7 +65,7 @@ class ActorCriticSettings:
     hidden: int = 64
     layers: int = 2
     activation: str = "relu"
-    conv: Literal["deep", "shallow"] = "deep"
+    conv: Literal["deep", "shallow", "small"] = "deep"
     conv_channels: tuple[int, ...] = (16, 32, 32)
     fc_size: int = 256
     lstm_size: int = 0
@@ -78,8 +80,8 @@ class ActorCriticSettings:
                 f"{self.layers}, {self.fc_size} and {self.lstm_size}"
             )
         activation_class(self.activation)  # an unknown name is one clear error
-        if self.conv not in ("deep", "shallow"):
-            raise ValueError(f"conv must be 'deep' or 'shallow', got {self.conv!r}")
+        if self.conv not in ("deep", "shallow", "small"):
+            raise ValueError(f"conv must be 'deep', 'shallow' or 'small', got {self.conv!r}")
         if not self.conv_channels or min(self.conv_channels) < 1:
             raise ValueError(f"net.conv_channels must be channel counts >= 1, got {list(self.conv_channels)}")
         if self.sigma_type not in ("independent", "conditioned"):
@@ -283,7 +285,8 @@ def impala_shallow_stack(in_channels: int) -> nn.Sequential:
 
 
 class FrameEncoder(nn.Module):
-    """``uint8 [N, H, W, C]`` frames -> ``[N, fc_size]``: a conv stack, flatten, linear, ReLU."""
+    """``uint8 [N, H, W, C]`` frames -> ``[N, fc_size]``: a conv stack, flatten, linear, ReLU
+    (``small``: :class:`~lightning_wm.nn.blocks.SmallConvEncoder`, which is all of that)."""
 
     def __init__(
         self,
@@ -294,20 +297,24 @@ class FrameEncoder(nn.Module):
     ) -> None:
         super().__init__()
         h, w, c = shape
+        self.fc: nn.Linear | None = None
+        self.out_dim = fc_size
+        if conv == "small":
+            self.stack: nn.Module = SmallConvEncoder(c, (h, w), channels[0], fc_size)
+            return
         if conv == "deep":
             self.stack = impala_deep_stack(c, tuple(channels))
         elif conv == "shallow":
             self.stack = impala_shallow_stack(c)
         else:
-            raise ValueError(f"conv must be 'deep' or 'shallow', got {conv!r}")
+            raise ValueError(f"conv must be 'deep', 'shallow' or 'small', got {conv!r}")
         with torch.no_grad():
             flat = self.stack(torch.zeros(1, c, h, w)).numel()
         self.fc = nn.Linear(flat, fc_size)
-        self.out_dim = fc_size
 
     def forward(self, frames: Tensor) -> Tensor:
         x = self.stack(preprocess_pixels(frames))
-        return torch.relu(self.fc(x.flatten(1)))
+        return x if self.fc is None else torch.relu(self.fc(x.flatten(1)))
 
 
 class ObservationEncoder(nn.Module):

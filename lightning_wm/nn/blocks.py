@@ -206,6 +206,61 @@ class ConvDecoder(nn.Module):
         return self.net(y).reshape(*batch, *self.out_shape)
 
 
+class SmallConvEncoder(nn.Module):
+    """The MinAtar network's torso (Young & Tian 2019) for small frames such as MinAtar's 10x10:
+    one 3x3 conv of ``channels`` filters, stride 1, no padding, the activation, flatten, a linear
+    layer of ``hidden`` units and the activation. ``float [..., C, H, W]`` -> ``[..., hidden]``
+    (10x10 frames: 16 x 8 x 8 = 1024 conv features -> 128)."""
+
+    def __init__(
+        self,
+        in_channels: int,
+        image_size: tuple[int, int],
+        channels: int = 16,
+        hidden: int = 128,
+        act: str = "relu",
+    ) -> None:
+        super().__init__()
+        h, w = image_size
+        if h < 3 or w < 3:
+            raise ValueError(f"SmallConvEncoder needs frames of at least 3x3, got {h}x{w}")
+        self.conv = nn.Conv2d(in_channels, channels, 3, 1)
+        self.fc = nn.Linear(channels * (h - 2) * (w - 2), hidden)
+        self.act = activation(act)()
+        self.out_dim = hidden
+
+    def forward(self, x: Tensor) -> Tensor:
+        batch = x.shape[:-3]
+        y = self.act(self.conv(x.reshape(-1, *x.shape[-3:]))).flatten(1)
+        return self.act(self.fc(y)).reshape(*batch, self.out_dim)
+
+
+class SmallConvDecoder(nn.Module):
+    """:class:`SmallConvEncoder` mirrored: ``[..., in_dim]`` -> a linear layer to ``channels`` planes
+    of ``(H - 2) x (W - 2)``, the activation, a 3x3 transposed conv (stride 1) to ``[..., C, H, W]``."""
+
+    def __init__(
+        self,
+        in_dim: int,
+        out_channels: int,
+        image_size: tuple[int, int],
+        channels: int = 16,
+        act: str = "relu",
+    ) -> None:
+        super().__init__()
+        h, w = image_size
+        self.plane = (channels, h - 2, w - 2)
+        self.linear = nn.Linear(in_dim, channels * (h - 2) * (w - 2))
+        self.act = activation(act)()
+        self.deconv = nn.ConvTranspose2d(channels, out_channels, 3, 1)
+        self.out_shape = (out_channels, h, w)
+
+    def forward(self, x: Tensor) -> Tensor:
+        batch = x.shape[:-1]
+        y = self.act(self.linear(x.reshape(-1, x.shape[-1]))).reshape(-1, *self.plane)
+        return self.deconv(y).reshape(*batch, *self.out_shape)
+
+
 def scale_gradient(x: Tensor, scale: float) -> Tensor:
     """``x`` in the forward pass; its gradient multiplied by ``scale`` in the backward pass
     (MuZero's hidden-state scaling between unroll steps)."""

@@ -1,7 +1,7 @@
 """Observation encoder + decoder chosen from the observation space (Dreamer's world model).
 
 One part per array of the observation: a conv encoder/decoder for ``uint8 [64, 64, C]``
-frames, an MLP for float ``[D]`` vectors (in symlog space when ``symlog``). A Dict space
+frames (``conv="small"``: the MinAtar network's for frames of any size, e.g. ``[10, 10, C]``), an MLP for float ``[D]`` vectors (in symlog space when ``symlog``). A Dict space
 (e.g. ``{"image", "state"}``) gets one part per key: the embeddings are concatenated and the
 reconstruction losses summed. A plain Box is one part, and observations stay plain tensors.
 """
@@ -16,7 +16,15 @@ from torch import Tensor, nn
 
 from lightning_wm.envs import is_image_space
 from lightning_wm.nn import dists
-from lightning_wm.nn.blocks import MLP, ConvDecoder, ConvEncoder, postprocess_pixels, preprocess_pixels
+from lightning_wm.nn.blocks import (
+    MLP,
+    ConvDecoder,
+    ConvEncoder,
+    SmallConvDecoder,
+    SmallConvEncoder,
+    postprocess_pixels,
+    preprocess_pixels,
+)
 
 Obs = Tensor | dict[str, Tensor]
 
@@ -30,6 +38,9 @@ class ObservationCodec(nn.Module):
         hidden, layers, act, norm: MLP sizes and style.
         cnn_depth: channels of the first conv stage (doubling per stage).
         symlog: encode and reconstruct vectors in symlog space.
+        conv: ``strided`` (:class:`ConvEncoder` / :class:`ConvDecoder`, 64x64 frames) or ``small``
+            (:class:`SmallConvEncoder` with ``cnn_depth`` channels and ``hidden`` units /
+            :class:`SmallConvDecoder`, frames at their own size).
     """
 
     def __init__(
@@ -42,6 +53,7 @@ class ObservationCodec(nn.Module):
         norm: bool,
         cnn_depth: int,
         symlog: bool,
+        conv: str = "strided",
     ) -> None:
         super().__init__()
         self.is_dict = isinstance(space, gym.spaces.Dict)
@@ -50,10 +62,18 @@ class ObservationCodec(nn.Module):
         self.images: list[str] = []
         self.encoders, self.decoders = nn.ModuleDict(), nn.ModuleDict()
         for key, part in spaces.items():
-            if is_image_space(part):
+            if is_image_space(part) and conv == "small":
+                h, w, c = part.shape
+                self.encoders[key] = SmallConvEncoder(c, (h, w), cnn_depth, hidden, act)
+                self.decoders[key] = SmallConvDecoder(feat_dim, c, (h, w), cnn_depth, act)
+                self.images.append(key)
+            elif is_image_space(part):
                 h, w, c = part.shape
                 if (h, w) != (64, 64):
-                    raise ValueError(f"observation {key!r}: the conv encoder/decoder expect 64x64 frames, got {h}x{w}")
+                    raise ValueError(
+                        f"observation {key!r}: the strided conv encoder/decoder expect 64x64 frames, got {h}x{w}; "
+                        "net.conv: small takes frames at their own size (e.g. MinAtar's 10x10)"
+                    )
                 self.encoders[key] = ConvEncoder(c, 64, depth=cnn_depth, stages=4, act=act, norm=norm)
                 self.decoders[key] = ConvDecoder(feat_dim, c, depth=cnn_depth, act=act, norm=norm)
                 self.images.append(key)

@@ -49,7 +49,12 @@ class DreamerNet:
         latent: ``categorical`` (DreamerV2/V3) or ``gaussian`` (DreamerV1) latents.
         activation: ``silu`` (DreamerV3), ``elu``, ``relu``, ``tanh`` or ``gelu``.
         norm: LayerNorm after every hidden layer (DreamerV3).
-        cnn_depth: channels of the first conv stage of the pixel encoder/decoder (doubling per stage).
+        conv: the pixel encoder/decoder: ``strided`` (kernel-4 stride-2 conv stages, 64x64 frames)
+            or ``small`` (the MinAtar paper's one 3x3 conv and a layer of ``hidden`` units,
+            :class:`~lightning_wm.nn.blocks.SmallConvEncoder`, and its mirror for the decoder:
+            frames of any size at least 3x3, e.g. MinAtar's 10x10).
+        cnn_depth: channels of the first conv stage of the pixel encoder/decoder (doubling per
+            stage; ``small``: of its one conv, 16 in the MinAtar paper).
         unimix: uniform mix of categorical latents and discrete actions (0.01: DreamerV3's 1%).
         symlog_obs: symlog vector observations (encoder input, decoder target), and scalar
             reward/critic targets when ``twohot`` is off.
@@ -65,6 +70,7 @@ class DreamerNet:
     latent: Literal["categorical", "gaussian"] = "categorical"
     activation: str = "silu"
     norm: bool = True
+    conv: Literal["strided", "small"] = "strided"
     cnn_depth: int = 32
     unimix: float = 0.01
     symlog_obs: bool = True
@@ -77,6 +83,8 @@ class DreamerNet:
                 raise ValueError(f"net.{name} must be >= 1, got {getattr(self, name)}")
         if self.layers < 0:
             raise ValueError(f"net.layers must be >= 0, got {self.layers}")
+        if self.conv not in ("strided", "small"):
+            raise ValueError(f"net.conv must be strided or small, got {self.conv!r}")
         if self.latent not in ("categorical", "gaussian"):
             raise ValueError(f"net.latent must be categorical or gaussian, got {self.latent!r}")
         if self.activation.lower() not in ACTIVATIONS:

@@ -123,7 +123,7 @@ class DreamerWorldModel(nn.Module, WorldModel):
 
         # encoder / decoder chosen from the observation space (one part per key of a dict)
         self.codec = ObservationCodec(
-            spec.observation_space, self.feat_dim, hidden, layers, act, norm, net.cnn_depth, net.symlog_obs
+            spec.observation_space, self.feat_dim, hidden, layers, act, norm, net.cnn_depth, net.symlog_obs, net.conv
         )
         self.pixels = self.codec.has_image
         self.embed_dim = embed_dim = self.codec.embed_dim

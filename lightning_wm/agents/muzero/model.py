@@ -5,7 +5,9 @@
 
 * Vector observations ``float [B, D]``: MLPs. Frames ``uint8 [B, H, W, C]`` (or a stack
   ``[B, K, H, W, C]``, oldest first): a residual conv net that downsamples by 16 as in MuZero's
-  Atari network (two stride-2 convs, two stride-2 average pools; 96 -> 6, 84 -> 6, 64 -> 4).
+  Atari network (two stride-2 convs, two stride-2 average pools; 96 -> 6, 84 -> 6, 64 -> 4);
+  with ``net.conv: small`` (small frames such as MinAtar's 10x10) the MinAtar network's conv
+  torso and a linear layer to a vector hidden state, then the MLPs of vector observations.
 * The hidden state is min-max scaled to ``[0, 1]`` per sample after the representation and
   after every dynamics step (MuZero, Appendix G).
 * Value and reward are categorical over ``2 S + 1`` integer bins in :func:`h_transform` space
@@ -29,7 +31,7 @@ from torch import Tensor, nn
 from lightning_wm.agents.muzero.settings import MuZeroNet
 from lightning_wm.envs import is_image_space
 from lightning_wm.nn import dists
-from lightning_wm.nn.blocks import MLP, BatchNormLast, ChannelNorm, activation
+from lightning_wm.nn.blocks import MLP, BatchNormLast, ChannelNorm, SmallConvEncoder, activation
 from lightning_wm.settings import as_settings
 from lightning_wm.world_model import WorldModel
 
@@ -179,7 +181,8 @@ class MuZeroModel(nn.Module, WorldModel):
         self.register_buffer("action_eye", torch.eye(num_actions), persistent=False)  # one-hot rows
         value_out, reward_out = self.value_bins.numel(), self.reward_bins.numel()
         self.is_image = is_image_space(observation_space)
-        if self.is_image:
+        self.planes = self.is_image and net.conv == "resnet"  # hidden planes; else a vector hidden state
+        if self.planes:
             h, w, c = observation_space.shape
             self.obs_shape = (frame_stack, h, w, c) if frame_stack > 1 else (h, w, c)
             self.repr_net = ConvRepresentation(c * frame_stack, channels, blocks, norm, act)
@@ -197,13 +200,20 @@ class MuZeroModel(nn.Module, WorldModel):
             self.value_head = _ConvHead(channels, plane, reduced, head_hidden, value_out, act, True)
             self.policy_head = _ConvHead(channels, plane, reduced, head_hidden, num_actions, act, True)
             self.done_head = _ConvHead(channels, plane, reduced, head_hidden, 1, act, False) if game_over_head else None
-        elif len(observation_space.shape) == 1:
-            if frame_stack != 1:
-                raise ValueError("frame_stack applies to image observations only")
-            self.obs_shape = tuple(observation_space.shape)
+        elif self.is_image or len(observation_space.shape) == 1:
+            if self.is_image:
+                h, w, c = observation_space.shape
+                self.obs_shape = (frame_stack, h, w, c) if frame_stack > 1 else (h, w, c)
+                self.repr_net = nn.Sequential(
+                    SmallConvEncoder(c * frame_stack, (h, w), channels, hidden, act), nn.Linear(hidden, latent_dim)
+                )
+            else:
+                if frame_stack != 1:
+                    raise ValueError("frame_stack applies to image observations only")
+                self.obs_shape = tuple(observation_space.shape)
+                # biases: under LayerNorm a bias-free first layer cannot tell an observation from a multiple of it
+                self.repr_net = _mlp(observation_space.shape[0], latent_dim, hidden, layers, act, norm, bias=True)
             self.state_shape = (latent_dim,)
-            # biases: under LayerNorm a bias-free first layer cannot tell an observation from a multiple of it
-            self.repr_net = _mlp(observation_space.shape[0], latent_dim, hidden, layers, act, norm, bias=True)
             self.dyn_net = _mlp(latent_dim + num_actions, latent_dim, hidden, layers, act, norm)
             self.reward_head = _mlp(latent_dim, reward_out, head_hidden, 1, act, norm, True)
             self.pred_net = _mlp(latent_dim, None, hidden, layers, act, norm)
@@ -249,7 +259,7 @@ class MuZeroModel(nn.Module, WorldModel):
         """``g``: ``state [B, *state_shape]``, ``action`` int64 ``[B]`` or one-hot float ``[B, A]``
         -> ``(reward logits [B, K_r], next state [B, *state_shape])``."""
         onehot = self.action_onehot(action, state.dtype)
-        if self.is_image:
+        if self.planes:
             planes = onehot[:, :, None, None].expand(-1, -1, *state.shape[-2:])
             y = self.dyn_act(self.dyn_in(torch.cat([state, planes], 1)) + state)
             nxt = self._scale(self.dyn_blocks(y))
@@ -259,7 +269,7 @@ class MuZeroModel(nn.Module, WorldModel):
 
     def prediction(self, state: Tensor) -> tuple[Tensor, Tensor]:
         """``f``: ``state`` -> ``(policy logits [B, A], value logits [B, K_v])``."""
-        x = self.pred_blocks(state) if self.is_image else self.pred_net(state)
+        x = self.pred_blocks(state) if self.planes else self.pred_net(state)
         return self.policy_head(x), self.value_head(x)
 
     def game_over_logit(self, state: Tensor) -> Tensor:

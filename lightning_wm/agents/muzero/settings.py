@@ -27,7 +27,13 @@ class MuZeroNet:
             prediction (vector observations).
         layers: hidden layers of each MLP trunk (vector observations).
         head_hidden: width of the one hidden layer of every head (reward, value, policy, game over).
-        channels: conv channels of the hidden planes (frames).
+        conv: the representation of frames: ``resnet`` (MuZero's Atari network: residual conv
+            net downsampling by 16 to hidden planes) or ``small`` (the MinAtar paper's network,
+            :class:`~lightning_wm.nn.blocks.SmallConvEncoder`: one 3x3 conv of ``channels``, a
+            layer of ``hidden`` units, then a linear layer to a ``latent_dim`` hidden state that
+            the MLP dynamics and prediction of vector observations take; for small frames such
+            as MinAtar's 10x10).
+        channels: conv channels of the hidden planes (frames; ``small``: of its one conv).
         blocks: residual blocks per stage of the conv representation, and of dynamics and
             prediction (frames).
         frame_stack: frames per observation (frames); training windows read ``frame_stack - 1``
@@ -50,6 +56,7 @@ class MuZeroNet:
     hidden: int = 128
     layers: int = 2
     head_hidden: int = 32
+    conv: Literal["resnet", "small"] = "resnet"
     channels: int = 64
     blocks: int = 1
     frame_stack: int = 1
@@ -83,6 +90,8 @@ class MuZeroNet:
             raise ValueError(f"net layers and blocks must be >= 0, got {self.layers}, {self.blocks}")
         if self.reward_support_size is not None and self.reward_support_size < 1:
             raise ValueError(f"net reward_support_size must be >= 1 or null, got {self.reward_support_size}")
+        if self.conv not in ("resnet", "small"):
+            raise ValueError(f"net conv must be 'resnet' or 'small', got {self.conv!r}")
         if self.norm not in NORMS:
             raise ValueError(f"unknown norm {self.norm!r}; choose 'layer', 'batch' or 'none'")
 

@@ -1,0 +1,133 @@
+"""What the learning benches share: the CLI's objects without a run, one seed per worker process
+(its record read back as one JSON line), the greedy evaluation of a peer's policy, SIGTERM
+handling and the machine's load. Imports only the standard library at module level: the peers'
+venvs (RLlib's) import it too."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULT_PREFIX = "RESULT "
+
+
+def exit_on_signal(signum: int, frame: Any) -> None:
+    """SIGTERM handler: leave through ``finally`` blocks (Ray shut down, worker processes ended)."""
+    raise SystemExit(128 + signum)
+
+
+def load_average() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def build_cli(config: str, overrides: list[str]) -> Any:
+    """The CLI's model, datamodule and trainer for ``fit --config config`` plus ``overrides``
+    (``--key value`` pairs), without running anything."""
+    sys.path.insert(0, ROOT)
+    from lightning_wm.cli import CLI, Trainer
+
+    return CLI(
+        model_class=None,
+        datamodule_class=None,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        trainer_class=Trainer,
+        trainer_defaults={"num_sanity_val_steps": 0},
+        run=False,
+        save_config_kwargs={"overwrite": True},
+        parser_kwargs={"allow_abbrev": False},
+        args=["--config", config, *overrides],
+    )
+
+
+def quiet_fit_overrides(seed: int) -> list[str]:
+    """Seed the weights and the envs with ``seed``; no progress bar, validation, checkpoints or
+    logger (the bench measures by itself)."""
+    return [
+        "--seed_everything",
+        str(seed),
+        "--data.init_args.env.seed",
+        str(seed),
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.limit_val_batches",
+        "0",
+        "--trainer.enable_checkpointing",
+        "false",
+        "--trainer.logger",
+        "false",
+    ]
+
+
+def ours_env() -> dict[str, str]:
+    """The environment of a worker running our package: this checkout first on ``PYTHONPATH``."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+
+
+def peer_env() -> dict[str, str]:
+    """The environment of a worker running a peer's venv: none of our packages on ``PYTHONPATH``."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
+def run_worker(cmd: list[str], env: dict[str, str], prefix: str = "bench_") -> dict[str, Any]:
+    """Run ``cmd`` (a bench script with ``--worker``) in a scratch folder (what Lightning writes into
+    the working directory goes there and is removed), return the JSON record it prints after
+    :data:`RESULT_PREFIX`. Interrupted or terminated, the worker is terminated and waited for."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as scratch:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env, cwd=scratch)
+        try:
+            stdout, _ = proc.communicate()
+        finally:  # interrupted or terminated: the worker shuts its actors / Ray down before we go
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait()
+    lines = [line for line in stdout.splitlines() if line.startswith(RESULT_PREFIX)]
+    if proc.returncode != 0 or not lines:
+        raise SystemExit(f"error: {' '.join(cmd[2:])} failed (exit {proc.returncode}); its log is above")
+    return json.loads(lines[-1][len(RESULT_PREFIX) :])
+
+
+def print_result(record: dict[str, Any]) -> None:
+    """A worker's last line: its record for :func:`run_worker`."""
+    print(RESULT_PREFIX + json.dumps(record), flush=True)
+
+
+def greedy_episodes(
+    policy: Callable[[Any], Any],
+    episodes: int,
+    seed: int,
+    env_id: str = "CartPole-v1",
+    make: Callable[[], Any] | None = None,
+) -> list[float]:
+    """Returns of ``episodes`` episodes of ``policy`` (a function ``obs [N, ...] numpy -> actions
+    [N] int`` or ``[N, A]`` float) in ``episodes`` envs (``make()``, default ``gym.make(env_id)``)
+    seeded ``seed * 1000 + i``, stepped together until each has finished exactly one episode.
+    Float observations reach the policy as float32, others (uint8 frames) in their own dtype."""
+    import gymnasium as gym
+    import numpy as np
+
+    envs = [make() if make is not None else gym.make(env_id) for _ in range(episodes)]
+    discrete = isinstance(envs[0].action_space, gym.spaces.Discrete)
+    dtype = envs[0].observation_space.dtype
+    dtype = np.float32 if np.issubdtype(dtype, np.floating) else dtype
+    try:
+        obs = np.stack([env.reset(seed=seed * 1000 + i)[0] for i, env in enumerate(envs)]).astype(dtype)
+        returns = np.zeros(episodes)
+        running = np.ones(episodes, bool)
+        while running.any():
+            actions = policy(obs)
+            for i in np.flatnonzero(running):
+                o, r, terminated, truncated, _ = envs[i].step(int(actions[i]) if discrete else actions[i])
+                obs[i] = o
+                returns[i] += r
+                running[i] = not (terminated or truncated)
+        return returns.tolist()
+    finally:
+        for env in envs:
+            env.close()
