@@ -153,20 +153,20 @@ def _impala(device: str):
 FAMILIES = {"dreamer": _dreamer, "muzero": _muzero, "impala": _impala}
 
 
-def _compare(family: str, device: str, compile: CompileSettings, monkeypatch) -> None:
+def _compare(family: str, device: str, compile: CompileSettings) -> None:
     """Losses and gradients of the compiled step against the eager step (the compiled graph draws
     its random numbers with torch's eager generator: ``fallback_random``)."""
     import torch._inductor.config as inductor_config
 
-    monkeypatch.setattr(inductor_config, "fallback_random", True)
     build, step = FAMILIES[family](device)
     eager, compiled = build(CompileSettings()), build(compile)
     results = []
-    for model in (eager, compiled):
-        torch.manual_seed(1)
-        losses = step(model)
-        grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-        results.append(({k: v.detach() for k, v in losses.items()}, grads))
+    with inductor_config.patch(fallback_random=True):  # torch's own patch: restored exactly afterwards
+        for model in (eager, compiled):
+            torch.manual_seed(1)
+            losses = step(model)
+            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+            results.append(({k: v.detach() for k, v in losses.items()}, grads))
     (eager_losses, eager_grads), (compiled_losses, compiled_grads) = results
     assert eager_losses.keys() == compiled_losses.keys()
     for key in eager_losses:
@@ -180,14 +180,14 @@ def _compare(family: str, device: str, compile: CompileSettings, monkeypatch) ->
 @pytest.mark.slow  # torch.compile of a whole (tiny) step: tens of seconds on a loaded 2-core CPU
 @pytest.mark.skipif(NO_CXX, reason="torch.compile on CPU needs a C++ compiler")
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_compiled_step_gives_the_eager_losses_and_gradients_on_cpu(family, monkeypatch):
-    _compare(family, "cpu", CompileSettings(mode="step"), monkeypatch)
+def test_compiled_step_gives_the_eager_losses_and_gradients_on_cpu(family):
+    _compare(family, "cpu", CompileSettings(mode="step"))
 
 
 @pytest.mark.skipif(not CUDA, reason="CUDA graphs need a CUDA device")
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_cuda_graph_step_gives_the_eager_losses_and_gradients(family, monkeypatch):
-    _compare(family, "cuda", CompileSettings(mode="step", cuda_graphs=True), monkeypatch)
+def test_cuda_graph_step_gives_the_eager_losses_and_gradients(family):
+    _compare(family, "cuda", CompileSettings(mode="step", cuda_graphs=True))
 
 
 @pytest.mark.skipif(not CUDA, reason="CUDA graphs need a CUDA device")
