@@ -364,7 +364,10 @@ def actors_part(quick: bool, limit: float) -> list[str]:
     cmd += ["--seconds", str(seconds), "--prefill", "200" if quick else "1000"]
     cmd += ["--policies", "copies,central", "--vectorizations", "sync"]  # the env ceiling first, then each mode
     status, out, _ = run(cmd, limit)
-    lines = [f"## Actors (IMPALA-style acting on ALE/Pong-v5: the env ceiling, in process, {actors} actors with policy copies and central, `bench/actors.py`)", ""]
+    lines = [
+        f"## Actors (IMPALA-style acting on ALE/Pong-v5: the env ceiling, in process, {actors} actors with policy copies and central, `bench/actors.py`)",
+        "",
+    ]
     table = [line for line in out.splitlines() if line.startswith("|")]
     if status != 0 or not table:
         return [*lines, f"failed (exit {status}): {out.strip().splitlines()[-3:]}"]
