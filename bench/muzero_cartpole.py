@@ -191,16 +191,18 @@ def run_lightning_wm(
             dm.evaluate = recorded
 
         def on_validation_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
-            stats = trainer.datamodule.collector.stats
+            dm = trainer.datamodule
+            collector = getattr(dm.acting, "collector", None)  # in process; actors count no games here
+            games = int(collector.stats.episodes) if collector is not None else None
             wall = time.perf_counter() - self.start
-            agent_steps = int(stats.env_steps)
-            frames = agent_steps * trainer.datamodule.env.action_repeat
+            agent_steps = int(dm.env_steps)
+            frames = agent_steps * dm.env.action_repeat
             record["evaluations"].append(
                 {
                     "train_iter": trainer.global_step,
                     "env_steps": frames,
                     "agent_steps": agent_steps,
-                    "games": int(stats.episodes),
+                    "games": games,
                     "wall_s": wall,
                     "returns": self.returns,
                     "return_mean": statistics.fmean(self.returns),
@@ -210,7 +212,7 @@ def run_lightning_wm(
                 json.dump(record, f, indent=1)
             print(
                 f"[lightning_wm seed {seed}] step {trainer.global_step}, env steps {frames}, games "
-                f"{stats.episodes}, wall {wall:.0f} s: eval return {statistics.fmean(self.returns):.1f}",
+                f"{games}, wall {wall:.0f} s: eval return {statistics.fmean(self.returns):.1f}",
                 flush=True,
             )
             if frames >= max_env_steps:
