@@ -39,6 +39,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import pytorch_lightning as pl
 import torch
@@ -78,6 +79,15 @@ def run(
         ["timeout", "-k", "5", str(int(limit)), *cmd], capture_output=True, text=True, env=env, cwd=cwd
     )
     return done.returncode, done.stdout + done.stderr, time.monotonic() - start
+
+
+def run_child(flag: str, payload: dict[str, Any], limit: float) -> tuple[int, Any, str]:
+    """This script re-run as ``--<flag> payload`` (one measurement in a fresh process) within
+    ``limit`` seconds: exit status, the JSON its ``RESULT`` line printed (``None`` if none), and
+    its combined output."""
+    status, out, _ = run([sys.executable, __file__, f"--{flag}", json.dumps(payload)], limit)
+    result = next((json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")), None)
+    return status, result, out
 
 
 def machine(device: str) -> str:
@@ -200,9 +210,8 @@ def steps_part(device: str, quick: bool, limit: float) -> list[str]:
         if left < 10:
             lines.append(f"| {family} | `{config}` | not run: out of time | | |")
             continue
-        payload = json.dumps({"config": config, "extra": extra, "device": device, "steps": steps})
-        status, out, _ = run([sys.executable, __file__, "--step-run", payload], left)
-        result = next((json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")), None)
+        payload = {"config": config, "extra": extra, "device": device, "steps": steps}
+        status, result, out = run_child("step-run", payload, left)
         if status != 0 or not result:
             last = out.strip().splitlines()[-1:] or [""]
             lines.append(f"| {family} | `{config}` | failed (exit {status}): {last[0][:120]} | | |")
@@ -263,9 +272,8 @@ def sizes_part(device: str, quick: bool, limit: float) -> list[str]:
         if left < 10:
             lines.append(f"| {size} | {capture} | not run: out of time | | | |")
             continue
-        payload = json.dumps({"device": device, "size": size, "capture": capture, "steps": steps, "quick": quick})
-        status, out, _ = run([sys.executable, __file__, "--size-run", payload], left)
-        result = next((json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")), None)
+        payload = {"device": device, "size": size, "capture": capture, "steps": steps, "quick": quick}
+        status, result, out = run_child("size-run", payload, left)
         if status != 0 or not result:
             last = out.strip().splitlines()[-1:] or [""]
             verdict = "timed out" if status in (124, 137) else f"failed (exit {status})"
@@ -328,17 +336,9 @@ def search_part(device: str, quick: bool, limit: float) -> list[str]:
     results = {}
     deadline = time.monotonic() + limit
     for graphs in (False, True) if device == "cuda" else (False,):
-        payload = json.dumps(
-            {
-                "device": device,
-                "batches": batches,
-                "simulations": simulations,
-                "repeats": repeats,
-                "cuda_graphs": graphs,
-            }
-        )
-        status, out, _ = run([sys.executable, __file__, "--search-run", payload], max(10, deadline - time.monotonic()))
-        result = next((json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")), None)
+        payload = {"device": device, "batches": batches, "simulations": simulations, "repeats": repeats}
+        payload["cuda_graphs"] = graphs
+        status, result, out = run_child("search-run", payload, max(10, deadline - time.monotonic()))
         if status != 0 or not result:
             lines.insert(
                 2, f"{'captured' if graphs else 'eager'} failed (exit {status}): {out.strip().splitlines()[-3:]}"

@@ -104,6 +104,24 @@ def dreamer_step(args: argparse.Namespace, compile: CompileSettings) -> tuple[St
     return (lambda: model.gradient_step(batch, optimizers)), label, model
 
 
+def training_step(model: Any, batch: Any, after: Callable[[], None] | None = None) -> Step:
+    """One optimizer step as the learner's ``training_step`` runs it (loss, backward, the module's
+    gradient clipping, the step) on a fixed ``batch``; ``after`` runs once the weights changed."""
+    optimizer = model.configure_optimizers()
+    optimizer = optimizer["optimizer"] if isinstance(optimizer, dict) else optimizer
+
+    def step() -> None:
+        loss = model.training_step(batch, 0)["loss"]
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        model.configure_gradient_clipping(optimizer)
+        optimizer.step()
+        if after is not None:
+            after()
+
+    return step
+
+
 def muzero_step(args: argparse.Namespace, compile: CompileSettings) -> tuple[Step, str, Any]:
     """MuZero's gradient step at ``configs/muzero/cartpole.yaml``'s sizes (25 simulations of
     reanalysis, unroll 5) on a batch of ``args.batch`` windows acted by the model itself."""
@@ -131,18 +149,11 @@ def muzero_step(args: argparse.Namespace, compile: CompileSettings) -> tuple[Ste
     dm.collector.collect(40)
     batch = on_device(dm.sample_batch(), args.device)
     model = model.to(args.device)
-    optimizer = model.configure_optimizers()
-    optimizer = optimizer["optimizer"] if isinstance(optimizer, dict) else optimizer
-
-    def step() -> None:
-        loss = model.training_step(batch, 0)["loss"]
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        model.configure_gradient_clipping(optimizer)
-        optimizer.step()
-        model.update_target(1)
-
-    return step, f"MuZero CartPole config (latent 64, 25 simulations), batch {args.batch}", model
+    return (
+        training_step(model, batch, after=lambda: model.update_target(1)),
+        f"MuZero CartPole config (latent 64, 25 simulations), batch {args.batch}",
+        model,
+    )
 
 
 def impala_step(args: argparse.Namespace, compile: CompileSettings) -> tuple[Step, str, Any]:
@@ -166,17 +177,7 @@ def impala_step(args: argparse.Namespace, compile: CompileSettings) -> tuple[Ste
         dm.teardown("fit")
     batch = on_device(batch, args.device)
     model = model.to(args.device)
-    optimizer = model.configure_optimizers()
-    optimizer = optimizer["optimizer"] if isinstance(optimizer, dict) else optimizer
-
-    def step() -> None:
-        loss = model.training_step(batch, 0)["loss"]
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        model.configure_gradient_clipping(optimizer)
-        optimizer.step()
-
-    return step, f"IMPALA CartPole config (64x2), batch {args.batch}x8", model
+    return training_step(model, batch), f"IMPALA CartPole config (64x2), batch {args.batch}x8", model
 
 
 FAMILIES = {"dreamer": dreamer_step, "muzero": muzero_step, "impala": impala_step}
