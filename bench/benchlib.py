@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RLLIB_PYTHON = "/work/venvs/rllib/bin/python"  # the RLlib venv (its own gymnasium pin): ../shared/NOTES.md
 RESULT_PREFIX = "RESULT "
 
 

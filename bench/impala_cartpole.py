@@ -55,6 +55,7 @@ import time
 from typing import Any
 
 from benchlib import (
+    RLLIB_PYTHON,
     ROOT,
     build_cli,
     exit_on_signal,
@@ -66,8 +67,6 @@ from benchlib import (
     quiet_fit_overrides,
     run_worker,
 )
-
-DEFAULT_RLLIB_PYTHON = "/work/venvs/rllib/bin/python"
 
 
 # -- RLlib (runs inside the RLlib venv) -------------------------------------------------------
@@ -476,7 +475,7 @@ def main() -> None:
         action="store_true",
         help="train on to the budget after reaching the target (does the policy stay solved?)",
     )
-    parser.add_argument("--rllib-python", default=DEFAULT_RLLIB_PYTHON)
+    parser.add_argument("--rllib-python", default=RLLIB_PYTHON)
     parser.add_argument("--num-cpus", type=int, default=2, help="CPUs Ray may use")
     parser.add_argument("--speed", action="store_true", help="frames/s with --actors actor processes")
     parser.add_argument("--speed-envs", nargs="+", default=["cartpole", "pong"], choices=sorted(SPEED_CONFIGS))

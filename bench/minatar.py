@@ -47,6 +47,7 @@ from collections import defaultdict
 from typing import Any
 
 from benchlib import (
+    RLLIB_PYTHON,
     ROOT,
     build_cli,
     exit_on_signal,
@@ -59,7 +60,6 @@ from benchlib import (
     run_worker,
 )
 
-DEFAULT_RLLIB_PYTHON = "/work/venvs/rllib/bin/python"
 CONFIGS = {
     "impala": "configs/impala/minatar.yaml",
     "muzero": "configs/muzero/minatar.yaml",
@@ -347,7 +347,7 @@ def main() -> None:
     parser.add_argument("--set", nargs=2, action="append", metavar=("KEY", "VALUE"), help="override a config option")
     parser.add_argument("--out", help="append every run's record to this JSON-lines file")
     parser.add_argument("--report", nargs="+", metavar="FILE", help="print the tables of saved records, run nothing")
-    parser.add_argument("--rllib-python", default=DEFAULT_RLLIB_PYTHON)
+    parser.add_argument("--rllib-python", default=RLLIB_PYTHON)
     parser.add_argument("--num-cpus", type=int, default=2, help="CPUs Ray may use")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--system", choices=SYSTEMS, default="impala", help=argparse.SUPPRESS)
