@@ -66,6 +66,11 @@ class MLPPolicy(nn.Module):
             nn.Linear(obs_dim, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, actions)
         )
 
+    @property
+    def device(self) -> torch.device:
+        """Where the policy lives: the acting parts move observations there."""
+        return next(self.parameters()).device
+
     def logits(self, obs: torch.Tensor) -> torch.Tensor:
         return self.net(obs.float())
 
@@ -98,13 +103,14 @@ class ConvPolicy(MLPPolicy):
         return self.net(obs.permute(0, 3, 1, 2).float() / 255.0)
 
 
-def settings(name: str, backend: str = "gymnasium") -> dict:
+def settings(name: str, backend: str = "gymnasium", device: str = "cpu") -> dict:
     if name == "cartpole":
         env = EnvConfig("CartPole-v1", backend=backend)
         spec = env_spec(env)
         return dict(
             env=env,
             policy=lambda: MLPPolicy(spec.obs_shape[0], spec.action_dim),
+            device=device,
             envs_per_actor=16,
             chunk_length=64,
             batch=256,
@@ -123,6 +129,7 @@ def settings(name: str, backend: str = "gymnasium") -> dict:
         return dict(
             env=env,
             policy=lambda: ConvPolicy(spec.obs_shape[-1], spec.action_dim),
+            device=device,
             envs_per_actor=4,
             chunk_length=32,
             batch=32,
@@ -143,7 +150,9 @@ class Learner:
 
     def step(self) -> None:
         batch = self.sampler.sample(self.buffer, self.batch)
-        loss = nn.functional.cross_entropy(self.policy.logits(batch["obs"]), batch["action"].long())
+        device = self.policy.device
+        obs, action = batch["obs"].to(device, non_blocking=True), batch["action"].to(device, non_blocking=True)
+        loss = nn.functional.cross_entropy(self.policy.logits(obs), action.long())
         self.optimizer.zero_grad()
         loss.backward()
         self.optimizer.step()
@@ -153,7 +162,7 @@ class Learner:
 def in_process(s: dict, seconds: float, prefill: int) -> dict:
     """0 actors: the learner acts (one chunk per gradient step) and learns in turn."""
     env = make_vector_env(EnvConfig(**{**vars(s["env"]), "num_envs": s["envs_per_actor"]}))
-    policy = s["policy"]()
+    policy = s["policy"]().to(s["device"])
     buffer = ReplayBuffer(s["capacity"], s["envs_per_actor"], seed=0)
     collector = Collector(env, policy.requires_grad_(True), buffer=buffer, seeds=0)
     learner = Learner(policy, buffer, s["batch"])
@@ -192,8 +201,9 @@ def with_actors(
     """Actors act (the datamodules' acting part: ``copies``, new weights every 50 steps, or
     ``central-sync`` / ``central-async``, the live policy); the learner ingests what arrived and
     trains (``rows_per_step`` None: flat out, else the replay ratio ``1 / rows_per_step`` is
-    enforced by :class:`ReplayFeed`)."""
-    policy = s["policy"]()
+    enforced by :class:`ReplayFeed`). The learner (and with ``central`` the acting policy) lives on
+    ``s["device"]``; policy copies act on the CPU."""
+    policy = s["policy"]().to(s["device"])
     buffer = ReplayBuffer(s["capacity"], actors * s["envs_per_actor"], seed=0)
     learner = Learner(policy, buffer, s["batch"])
     central = mode.startswith("central")
@@ -247,6 +257,7 @@ def main() -> None:
     p.add_argument(
         "--vectorizations", default="sync,async", help="env.vectorization of the central env groups: sync, async"
     )
+    p.add_argument("--device", default="cpu", help="the learner's device (and central acting's): cpu or cuda")
     p.add_argument("--repeats", type=int, default=1, help="measure every setting this many times (medians)")
     p.add_argument("--quick", action="store_true", help="CartPole, 0 and 2 actors, 4 s each")
     args = p.parse_args()
@@ -255,8 +266,8 @@ def main() -> None:
     torch.set_num_threads(1)
     load = os.getloadavg()[0]
     print(
-        f"machine: {os.cpu_count()} CPUs, load average {load:.2f} at start; torch threads 1 in the learner and in "
-        f"each actor\n"
+        f"machine: {os.cpu_count()} CPUs, load average {load:.2f} at start; learner on {args.device}; torch threads 1 "
+        f"in the learner and in each actor\n"
     )
     ceilings = {name: ceiling.measure(name, args.seconds) for name in args.envs.split(",")}
     print(ceiling.table([row for rows in ceilings.values() for row in rows]) + "\n")
@@ -270,7 +281,7 @@ def main() -> None:
     if "central" in args.policies.split(","):
         modes += [f"central-{v}" for v in args.vectorizations.split(",")]
     for name in args.envs.split(","):
-        s = settings(name, args.backend)
+        s = settings(name, args.backend, args.device)
 
         best = ceiling.ceiling(ceilings[name])
 
@@ -278,8 +289,18 @@ def main() -> None:
             frames = f" ({s['skip'] * value:,.0f} emulator)" if s["skip"] > 1 else ""
             return f"{value:,.0f}{frames}, {100 * value / best:.0f}%"
 
+        def report(actors: int, mode: str, runs: list[dict]) -> None:
+            med = {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
+            keep_fps = fps(med["keep_fps"]) if "keep_fps" in med else "-"
+            wait = f"{100 * med['wait']:.0f}% acting" if actors == 0 else f"{100 * med['wait']:.1f}%"
+            print(
+                f"| {name} | {actors} | {mode} | {s['envs_per_actor']} | {s['chunk_length']} | {fps(med['fps'])} "
+                f"| {med['steps_per_s']:.1f} | {keep_fps} | {wait} |",
+                flush=True,
+            )
+
         rows: dict[tuple[int, str], list[dict]] = {}
-        for _ in range(args.repeats):  # the settings back to back, each repeat in turn
+        for repeat in range(args.repeats):  # the settings back to back, each repeat in turn
             for actors in [int(a) for a in args.actors.split(",")]:
                 for mode in ["in process"] if actors == 0 else modes:
                     if actors == 0:
@@ -290,15 +311,8 @@ def main() -> None:
                         keep = with_actors(s, actors, args.seconds, args.prefill, rows_per_step, mode)
                         r = {**flat, "keep_fps": keep["fps"], "wait": keep["wait"]}
                     rows.setdefault((actors, mode), []).append(r)
-        for (actors, mode), runs in rows.items():
-            med = {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
-            keep_fps = fps(med["keep_fps"]) if "keep_fps" in med else "-"
-            wait = f"{100 * med['wait']:.0f}% acting" if actors == 0 else f"{100 * med['wait']:.1f}%"
-            print(
-                f"| {name} | {actors} | {mode} | {s['envs_per_actor']} | {s['chunk_length']} | {fps(med['fps'])} "
-                f"| {med['steps_per_s']:.1f} | {keep_fps} | {wait} |",
-                flush=True,
-            )
+                    if repeat == args.repeats - 1:  # each row as soon as it is complete: a cut run keeps it
+                        report(actors, mode, rows[(actors, mode)])
     print(f"\nload average {os.getloadavg()[0]:.2f} at the end")
 
 

@@ -133,6 +133,8 @@ def capture_tests_part(device: str, limit: float) -> list[str]:
     ]
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     cmd += [f"{ROOT / 'tests/test_compiling.py'}::{name}" for name in names]
+    if _has("xdist"):  # each test compiles on its own: side by side they share the machine's cores
+        cmd += ["-n", str(len(names))]
     status, out, wall = run(cmd, limit, cwd=str(ROOT))
     summary = next((line for line in reversed(out.splitlines()) if " passed" in line or " failed" in line), "")
     verdict = "passed" if status == 0 else ("TIMED OUT" if status in (124, 137) else f"FAILED (exit {status})")
@@ -254,9 +256,10 @@ def dreamer_size_times(device: str, size: str, capture: bool, steps: int, quick:
 
 
 def sizes_part(device: str, quick: bool, limit: float) -> list[str]:
-    """Dreamer XS..L, eager and captured; one child process per (size, capture), eager ones first."""
-    sizes = ["XS"] if quick else ["XS", "S", "M", "L"]
-    runs = [(size, False) for size in sizes] + [(size, True) for size in (["XS", "L", "S", "M"] if not quick else [])]
+    """Dreamer XS..L, eager and captured; one child process per (size, capture), XS and L first."""
+    # the issue's figures first (XS and L, eager beside captured), then S and M
+    order = ["XS"] if quick else ["XS", "L", "S", "M"]
+    runs = [(size, capture) for size in order for capture in ((False,) if quick else (False, True))]
     steps = 2 if quick else 8
     lines = [
         "## Dreamer gradient step by size (seconds; batch 16x64, horizon 15; `bench/learner_speed.py`'s step)",
@@ -357,15 +360,17 @@ def search_part(device: str, quick: bool, limit: float) -> list[str]:
 
 
 # -- part 4: actors -------------------------------------------------------------------------------------
-def actors_part(quick: bool, limit: float) -> list[str]:
+def actors_part(device: str, quick: bool, limit: float) -> list[str]:
     actors = 2 if quick else max(1, min(8, (os.cpu_count() or 2) // 2))
-    seconds = 4 if quick else 8
+    seconds = 4 if quick else 6
     cmd = [sys.executable, str(ROOT / "bench/actors.py"), "--envs", "pong", "--actors", f"0,{actors}"]
+    cmd += ["--device", device]  # the learner and central acting on the device, policy copies on the CPU
     cmd += ["--seconds", str(seconds), "--prefill", "200" if quick else "1000"]
-    cmd += ["--policies", "copies,central", "--vectorizations", "sync"]  # the env ceiling first, then each mode
+    # the env ceiling first, then each mode; on a many-core machine central groups also step in worker processes
+    cmd += ["--policies", "copies,central", "--vectorizations", "sync" if quick else "sync,async"]
     status, out, _ = run(cmd, limit)
     lines = [
-        f"## Actors (IMPALA-style acting on ALE/Pong-v5: the env ceiling, in process, {actors} actors with policy copies and central, `bench/actors.py`)",
+        f"## Actors (IMPALA-style acting on ALE/Pong-v5: the env ceiling, in process, {actors} actors with policy copies and central; learner on {device}; `bench/actors.py`)",
         "",
     ]
     table = [line for line in out.splitlines() if line.startswith("|")]
@@ -380,12 +385,15 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="the same checks, shrunk (minutes on a CPU)")
     parser.add_argument("--out", help="also write the report here")
     parser.add_argument(
-        "--parts", default="tests,capture,steps,sizes,search,actors", help="comma-separated parts to run"
+        "--parts", default="tests,capture,steps,sizes,search,actors", help="comma-separated parts, run in this order"
     )
     parser.add_argument(
         "--sizes-seconds",
         type=float,
         help="time limit of the Dreamer sizes part (default 240; the captured runs compile)",
+    )
+    parser.add_argument(
+        "--limits", help="time limits in seconds per part, e.g. tests=90,sizes=200 (the others keep their defaults)"
     )
     parser.add_argument("--step-run", help=argparse.SUPPRESS)
     parser.add_argument("--search-run", help=argparse.SUPPRESS)
@@ -415,7 +423,15 @@ def main() -> None:
         "tests": 170, "capture": 5, "steps": 75, "sizes": 25, "search": 25, "actors": 90}  # fmt: skip
     if args.sizes_seconds:
         limits["sizes"] = args.sizes_seconds
+    for item in filter(None, (args.limits or "").split(",")):
+        part, _, seconds = item.partition("=")
+        if part not in limits or not seconds.replace(".", "", 1).isdigit():
+            raise SystemExit(f"error: --limits takes part=seconds pairs for parts {sorted(limits)}, got {item!r}")
+        limits[part] = float(seconds)
     parts = args.parts.split(",")
+    unknown = sorted(set(parts) - set(limits))
+    if unknown:
+        raise SystemExit(f"error: unknown part(s) {unknown}; choose from {sorted(limits)}")
     start = time.monotonic()
     report = [
         f"# lightning_wm GPU check ({args.device}{', quick' if args.quick else ''})",
@@ -423,18 +439,18 @@ def main() -> None:
         f"Machine: {machine(args.device)}",
         "",
     ]
-    if "tests" in parts:
-        report += [*tests_part(args.device, args.quick, limits["tests"]), ""]
-    if "capture" in parts:
-        report += [*capture_tests_part(args.device, limits["capture"]), ""]
-    if "steps" in parts:
-        report += [*steps_part(args.device, args.quick, limits["steps"]), ""]
-    if "sizes" in parts:
-        report += [*sizes_part(args.device, args.quick, limits["sizes"]), ""]
-    if "search" in parts:
-        report += [*search_part(args.device, args.quick, limits["search"]), ""]
-    if "actors" in parts:
-        report += [*actors_part(args.quick, limits["actors"]), ""]
+    run_part = {
+        "tests": lambda limit: tests_part(args.device, args.quick, limit),
+        "capture": lambda limit: capture_tests_part(args.device, limit),
+        "steps": lambda limit: steps_part(args.device, args.quick, limit),
+        "sizes": lambda limit: sizes_part(args.device, args.quick, limit),
+        "search": lambda limit: search_part(args.device, args.quick, limit),
+        "actors": lambda limit: actors_part(args.device, args.quick, limit),
+    }
+    for part in parts:  # in the order given; the report is written after each, so a cut run keeps what it had
+        report += [*run_part[part](limits[part]), ""]
+        if args.out:
+            Path(args.out).write_text("\n".join(report) + "\n")
     report.append(f"({time.monotonic() - start:.0f} s in all; `python bench/gpu_check.py {' '.join(sys.argv[1:])}`)")
     text = "\n".join(report)
     print(text)

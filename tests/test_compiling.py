@@ -153,6 +153,11 @@ def _impala(device: str):
 FAMILIES = {"dreamer": _dreamer, "muzero": _muzero, "impala": _impala}
 
 
+def _named(name: str):
+    """``assert_close``'s message with the tensor's name in front (the values and the mismatch kept)."""
+    return lambda message: f"{name}: {message}"
+
+
 def _compare(family: str, device: str, compile: CompileSettings) -> None:
     """Losses and gradients of the compiled step against the eager step (the compiled graph draws
     its random numbers with torch's eager generator: ``fallback_random``)."""
@@ -170,10 +175,10 @@ def _compare(family: str, device: str, compile: CompileSettings) -> None:
     (eager_losses, eager_grads), (compiled_losses, compiled_grads) = results
     assert eager_losses.keys() == compiled_losses.keys()
     for key in eager_losses:
-        torch.testing.assert_close(compiled_losses[key], eager_losses[key], rtol=1e-4, atol=1e-5, msg=key)
+        torch.testing.assert_close(compiled_losses[key], eager_losses[key], rtol=1e-4, atol=1e-5, msg=_named(key))
     assert eager_grads.keys() == compiled_grads.keys() and eager_grads
     for name in eager_grads:
-        torch.testing.assert_close(compiled_grads[name], eager_grads[name], rtol=1e-3, atol=1e-5, msg=name)
+        torch.testing.assert_close(compiled_grads[name], eager_grads[name], rtol=1e-3, atol=1e-5, msg=_named(name))
     assert sum(compiled._losses_fn.calls.values() if family == "dreamer" else compiled._unroll_loss.calls.values())
 
 
