@@ -33,6 +33,7 @@ its RMSProp variant none; here both use the number of updates including the curr
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -241,12 +242,12 @@ class GradClipper:
     def uses_momentum(self) -> bool:
         return self.grad_clip_type in ("clip_momentum", "clip_momentum_norm")
 
-    def _norm(self, tensors: list[Tensor]) -> Tensor:
+    def _norm(self, tensors: list[Tensor], norm_type: float | None = None) -> Tensor:
+        """The ``norm_type``-norm (default ``clip_norm_type``) of all ``tensors`` together: the norm of
+        their per-tensor norms (one ``_foreach_norm`` kernel on CUDA, per-tensor norms on the CPU)."""
         if not tensors:
             return torch.zeros(())
-        return torch.linalg.vector_norm(
-            torch.stack([torch.linalg.vector_norm(t, self.clip_norm_type) for t in tensors]), self.clip_norm_type
-        )
+        return torch.nn.utils.get_total_norm(tensors, self.clip_norm_type if norm_type is None else norm_type)
 
     def __call__(self, params: Iterable[Tensor]) -> dict[str, Tensor]:
         """Clip ``params``' gradients (the same parameters, in the same order, every call).
@@ -256,16 +257,14 @@ class GradClipper:
         """
         params = [p for p in params if p.grad is not None]
         grads = [p.grad for p in params]
+        if self.grad_clip_type == "clip_norm" and grads:  # the total norm, computed once, is what clips
+            norm = torch.nn.utils.clip_grad_norm_(params, self.clip_value, self.clip_norm_type)
+            return {"grad_norm": norm.detach(), "clipped": norm.gt(self.clip_value).float()}
         norm = self._norm(grads)
         clipped = torch.zeros(())
         if self.grad_clip_type == "clip_value":
-            clipped = (
-                torch.stack([g.abs().max() for g in grads]).max().gt(self.clip_value).float() if grads else clipped
-            )
+            clipped = self._norm(grads, math.inf).gt(self.clip_value).float() if grads else clipped  # the largest |g|
             torch.nn.utils.clip_grad_value_(params, self.clip_value)
-        elif self.grad_clip_type == "clip_norm":
-            clipped = norm.gt(self.clip_value).float()
-            torch.nn.utils.clip_grad_norm_(params, self.clip_value, self.clip_norm_type)
         elif self.uses_momentum:
             clipped = self._momentum_clip(grads, norm)
         return {"grad_norm": norm.detach(), "clipped": clipped}
@@ -279,8 +278,8 @@ class GradClipper:
                 "pass the same parameters every call"
             )
         self.count += 1
-        for avg, g in zip(self.square_avg, grads):
-            avg.mul_(self.beta).addcmul_(g, g, value=1.0 - self.beta)
+        torch._foreach_mul_(self.square_avg, self.beta)  # per tensor on the CPU, the same numbers
+        torch._foreach_addcmul_(self.square_avg, grads, grads, value=1.0 - self.beta)
         if self.count <= self.clip_momentum_timestep:
             return torch.zeros(())
         correction = 1.0 - self.beta**self.count
