@@ -33,18 +33,22 @@ def build_cli(config: str, overrides: list[str]) -> Any:
     sys.path.insert(0, ROOT)
     from lightning_wm.cli import CLI, Trainer
 
-    return CLI(
-        model_class=None,
-        datamodule_class=None,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        trainer_class=Trainer,
-        trainer_defaults={"num_sanity_val_steps": 0},
-        run=False,
-        save_config_kwargs={"overwrite": True},
-        parser_kwargs={"allow_abbrev": False},
-        args=["--config", config, *overrides],
-    )
+    argv, sys.argv = sys.argv, sys.argv[:1]  # the bench's own flags are not the CLI's (LightningCLI warns)
+    try:
+        return CLI(
+            model_class=None,
+            datamodule_class=None,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            trainer_class=Trainer,
+            trainer_defaults={"num_sanity_val_steps": 0},
+            run=False,
+            save_config_kwargs={"overwrite": True},
+            parser_kwargs={"allow_abbrev": False},
+            args=["--config", config, *overrides],
+        )
+    finally:
+        sys.argv = argv
 
 
 def quiet_fit_overrides(seed: int) -> list[str]:

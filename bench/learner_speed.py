@@ -223,7 +223,10 @@ NO_KERNEL = frozenset(
 def dispatched_ops(step: Step) -> tuple[int, int]:
     """``(kernels, aten op events)`` of one step under ``torch.profiler``. Kernels: the aten ops
     that run one themselves (not a view or metadata op, and no such op below them) plus compiled
-    kernels (inductor's ``cpp_fused_*`` / ``triton_*`` calls, visible with kernel profiling on)."""
+    kernels (inductor's ``cpp_fused_*`` / ``triton_*`` calls, visible with kernel profiling on).
+    A multi-tensor op (``_foreach_*``, ``_fused_*``: the optimizers' and the clipper's) counts as
+    one, what it launches on CUDA; on the CPU it loops over its tensors, one op each, which the
+    count leaves out."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -231,10 +234,23 @@ def dispatched_ops(step: Step) -> tuple[int, int]:
     events = prof.events()
     memo: dict[int, bool] = {}
 
+    def multi_tensor(event: Any) -> bool:
+        return event.name.startswith(("aten::_foreach_", "aten::_fused_"))
+
+    def inside_multi_tensor(event: Any) -> bool:
+        parent = event.cpu_parent
+        while parent is not None:
+            if multi_tensor(parent):
+                return True
+            parent = parent.cpu_parent
+        return False
+
     def runs_kernel(event: Any) -> bool:
         if id(event) not in memo:
             name = event.name
-            if "cpp_fused" in name or name.startswith("triton_"):
+            if multi_tensor(event):
+                memo[id(event)] = True
+            elif "cpp_fused" in name or name.startswith("triton_"):
                 memo[id(event)] = True
             elif not name.startswith("aten::") or name[6:] in NO_KERNEL:
                 memo[id(event)] = False
@@ -245,7 +261,7 @@ def dispatched_ops(step: Step) -> tuple[int, int]:
     def below(event: Any) -> bool:  # a kernel at or under this event
         return runs_kernel(event) or any(below(c) for c in event.cpu_children)
 
-    kernels = sum(runs_kernel(e) for e in events)
+    kernels = sum(runs_kernel(e) and not inside_multi_tensor(e) for e in events)
     return kernels, sum(e.name.startswith("aten::") for e in events)
 
 
