@@ -8,7 +8,8 @@ logits / means / standard deviations.
   support in transformed space (:func:`h_support`, :func:`h_twohot_encode`, :func:`h_twohot_mean`,
   :func:`h_twohot_loss`);
 * two-hot encoding over a bins tensor (e.g. :func:`symexp_bins`), its cross-entropy loss and
-  its mean;
+  its mean; :func:`searchsorted_right`, the bin search both it and the categorical sampling use
+  (a compare-and-sum the compiler fuses when compiled);
 * categorical latents: 1% uniform mix (``unimix``), straight-through one-hot sampling,
   entropy and KL over groups ``[..., G, C]``;
 * diagonal Gaussians: KL, log-prob, entropy; bounded Normal and tanh-Normal actions;
@@ -58,6 +59,22 @@ def symexp_bins(n: int = 255, low: float = -20.0, high: float = 20.0) -> Tensor:
     return bins.float()
 
 
+def searchsorted_right(sorted_sequence: Tensor, values: Tensor) -> Tensor:
+    """``torch.searchsorted(sorted_sequence, values, right=True)``: per value, how many entries of
+    the sorted last dim are ``<= value`` (int64, the shape of ``values``).
+
+    ``sorted_sequence`` is ``[K]`` (one sequence for every value) or ``[..., K]`` with ``values
+    [..., M]``. Inside ``torch.compile`` it is computed as a compare and a sum, which the compiler
+    fuses with what surrounds it (``searchsorted`` stays an uncompiled call with copies of its
+    inputs); the count is the same integer either way.
+    """
+    if not torch.compiler.is_compiling():
+        return torch.searchsorted(sorted_sequence, values.contiguous(), right=True)
+    if sorted_sequence.dim() == 1:
+        return (sorted_sequence <= values.unsqueeze(-1)).sum(-1)
+    return (sorted_sequence.unsqueeze(-2) <= values.unsqueeze(-1)).sum(-1)
+
+
 def twohot_encode(x: Tensor, bins: Tensor) -> Tensor:
     """Two-hot encoding of ``x [...]`` over increasing ``bins [K]`` -> ``[..., K]``.
 
@@ -66,7 +83,7 @@ def twohot_encode(x: Tensor, bins: Tensor) -> Tensor:
     """
     k = bins.shape[0]
     x = x.detach().to(bins.dtype).clamp(bins[0], bins[-1])
-    above = torch.searchsorted(bins, x.contiguous(), right=True).clamp_(1, k - 1)
+    above = searchsorted_right(bins, x).clamp_(1, k - 1)
     below = above - 1
     lo, hi = bins[below], bins[above]
     w_above = ((x - lo) / (hi - lo)).clamp_(0.0, 1.0)
@@ -190,11 +207,17 @@ def sample_index(probs: Tensor, uniform: Tensor | None = None) -> Tensor:
     them for many steps at once. One uniform per sample instead of one Gumbel per class
     (the Gumbel-max trick): ``C`` times fewer random draws.
     """
-    cdf = probs.detach().cumsum(-1)
+    probs = probs.detach()
+    if torch.compiler.is_compiling():  # the CDF as masked sums: fused by the compiler, where cumsum is a call
+        c = probs.shape[-1]
+        lower = torch.ones(c, c, dtype=torch.bool, device=probs.device).tril()  # [k, j]: j <= k
+        cdf = (probs.unsqueeze(-2) * lower).sum(-1)
+    else:
+        cdf = probs.cumsum(-1)
     if uniform is None:
         uniform = torch.rand(probs.shape[:-1], device=probs.device, dtype=probs.dtype)
     # a draw above a total that rounding left just below 1 falls in the last class (the clamp)
-    index = torch.searchsorted(cdf, uniform.unsqueeze(-1).to(cdf.dtype), right=True)
+    index = searchsorted_right(cdf, uniform.unsqueeze(-1).to(cdf.dtype))
     return index.clamp_(max=probs.shape[-1] - 1).squeeze(-1)
 
 
