@@ -1,8 +1,9 @@
 """One command for a GPU machine: the GPU tests and a short speed table, as one markdown report.
 
-    python bench/gpu_check.py                        # CUDA: tests + speed tables (<= 14 min, one GPU)
-    python bench/gpu_check.py --parts capture,sizes,search   # the captured step and search only (<= 8 min)
-    python bench/gpu_check.py --parts sizes --sizes-seconds 600   # more time for the captured steps' compiles
+    python bench/gpu_check.py                        # CUDA: tests, capture, search, actors, sizes (<= 9.5 min)
+    python bench/gpu_check.py --parts capture,actors,sizes --limits sizes=330   # what is still open, in one call
+    python bench/gpu_check.py --parts steps          # eager fp32/bf16 gradient steps of the shipped configs
+    python bench/gpu_check.py --parts sizes --sizes-seconds 540   # more time for the captured steps' compiles
     python bench/gpu_check.py --device cpu --quick   # the same checks shrunk, on the CPU (<= 5.5 min here)
     python bench/gpu_check.py --out report.md        # also write the report to a file
 
@@ -13,7 +14,8 @@ Parts, each under its own time limit (``timeout -k 5``, so a part that ignores S
    one device (``LIGHTNING_WM_TEST_DEVICE`` selects the device; ``--quick`` leaves out compiling);
    **capture**: on CUDA, ``tests/test_compiling.py``'s CUDA tests (the captured step and search
    against eager);
-2. **gradient steps**: seconds per optimizer step of each family at its shipped size (the
+2. **gradient steps** (``--parts steps``; not in the default CUDA run, whose eager figures are in
+   ``bench/RESULTS.md``): seconds per optimizer step of each family at its shipped size (the
    shipped config, acting in process, the data fetch not counted), fp32 and ``bf16-mixed``; then
    Dreamer's gradient step at sizes XS, S, M and L (``bench/learner_speed.py``'s step, batch
    16x64, horizon 15), fp32 and bf16 autocast, eager and captured (``compile.mode: step``: the
@@ -385,12 +387,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="the same checks, shrunk (minutes on a CPU)")
     parser.add_argument("--out", help="also write the report here")
     parser.add_argument(
-        "--parts", default="tests,capture,steps,sizes,search,actors", help="comma-separated parts, run in this order"
+        "--parts",
+        help="comma-separated parts, run in this order (default: tests,capture,search,actors,sizes; with --quick "
+        "every part: tests,capture,steps,sizes,search,actors)",
     )
     parser.add_argument(
         "--sizes-seconds",
         type=float,
-        help="time limit of the Dreamer sizes part (default 240; the captured runs compile)",
+        help="time limit of the Dreamer sizes part (default 170; the captured runs compile)",
     )
     parser.add_argument(
         "--limits", help="time limits in seconds per part, e.g. tests=90,sizes=200 (the others keep their defaults)"
@@ -417,9 +421,10 @@ def main() -> None:
     if args.device == "cuda":
         if not torch.cuda.is_available():
             raise SystemExit("error: --device cuda but torch sees no CUDA device; use --device cpu")
-    # time limits (seconds) per part: GPU machine <= 14 min in all (this issue's figures alone:
-    # --parts capture,sizes,search, <= 8 min), --device cpu --quick <= 5.5 min here
-    limits = {"tests": 150, "capture": 180, "steps": 110, "sizes": 240, "search": 60, "actors": 150} if not args.quick else {
+    # time limits (seconds) per part: the default parts fit one 10-minute device call (<= 9.5 min; the
+    # timings of an H100 run: tests 76 s, capture 69 s, search 35 s; the Dreamer step's capture
+    # needs minutes of compiling), --device cpu --quick <= 5.5 min here
+    limits = {"tests": 90, "capture": 100, "steps": 110, "sizes": 170, "search": 45, "actors": 150} if not args.quick else {
         "tests": 170, "capture": 5, "steps": 75, "sizes": 25, "search": 25, "actors": 90}  # fmt: skip
     if args.sizes_seconds:
         limits["sizes"] = args.sizes_seconds
@@ -428,7 +433,8 @@ def main() -> None:
         if part not in limits or not seconds.replace(".", "", 1).isdigit():
             raise SystemExit(f"error: --limits takes part=seconds pairs for parts {sorted(limits)}, got {item!r}")
         limits[part] = float(seconds)
-    parts = args.parts.split(",")
+    default = "tests,capture,steps,sizes,search,actors" if args.quick else "tests,capture,search,actors,sizes"
+    parts = (args.parts or default).split(",")
     unknown = sorted(set(parts) - set(limits))
     if unknown:
         raise SystemExit(f"error: unknown part(s) {unknown}; choose from {sorted(limits)}")
