@@ -29,24 +29,13 @@ def load_average() -> str:
 
 def build_cli(config: str, overrides: list[str]) -> Any:
     """The CLI's model, datamodule and trainer for ``fit --config config`` plus ``overrides``
-    (``--key value`` pairs), without running anything."""
+    (``--key value`` pairs), without running anything (:func:`lightning_wm.cli.build_cli`)."""
     sys.path.insert(0, ROOT)
-    from lightning_wm.cli import CLI, Trainer
+    from lightning_wm import cli
 
     argv, sys.argv = sys.argv, sys.argv[:1]  # the bench's own flags are not the CLI's (LightningCLI warns)
     try:
-        return CLI(
-            model_class=None,
-            datamodule_class=None,
-            subclass_mode_model=True,
-            subclass_mode_data=True,
-            trainer_class=Trainer,
-            trainer_defaults={"num_sanity_val_steps": 0},
-            run=False,
-            save_config_kwargs={"overwrite": True},
-            parser_kwargs={"allow_abbrev": False},
-            args=["--config", config, *overrides],
-        )
+        return cli.build_cli(["--config", config, *overrides], run=False)
     finally:
         sys.argv = argv
 

@@ -488,9 +488,9 @@ def main(args: list[str] | None = None) -> CLI:
     with console.quiet(verbose=console.is_verbose() or _wants_verbose(argv)):
         check_config_files(argv)
         if args is not None or os.environ.get("LIGHTNING_WM_TRACEBACK"):
-            return _cli(args)
+            return build_cli(args)
         try:
-            return _cli(args)
+            return build_cli(args)
         except RunStopped as stop:
             print(f"{stop}", file=sys.stderr)
             raise SystemExit(stop.code) from None
@@ -558,9 +558,12 @@ def user_message(err: BaseException) -> str:
     return "\n".join(causes) or text
 
 
-def _cli(args: list[str] | None) -> CLI:
+def build_cli(args: list[str] | None, run: bool = True) -> CLI:
+    """The application's LightningCLI for ``args`` (``None``: the command line). ``run=False``
+    parses ``--config ...`` and options without a subcommand and only builds the model, the
+    datamodule and the trainer (what the benches train with)."""
     try:
-        return _make_cli(args)
+        return _make_cli(args, run)
     except ValueError as err:
         # an error raised while jsonargparse builds --model / --data comes back wrapped in a
         # ValueError listing every Union alternative; the error itself is its cause
@@ -569,7 +572,7 @@ def _cli(args: list[str] | None) -> CLI:
         raise
 
 
-def _make_cli(args: list[str] | None) -> CLI:
+def _make_cli(args: list[str] | None, run: bool) -> CLI:
     return CLI(
         model_class=None,
         datamodule_class=None,
@@ -582,4 +585,5 @@ def _make_cli(args: list[str] | None) -> CLI:
         save_config_kwargs={"overwrite": True},
         parser_kwargs={"allow_abbrev": False},
         args=args,
+        run=run,
     )
