@@ -230,33 +230,30 @@ def test_h_support_and_twohot_targets():
         dists.h_support(0)
 
 
-@pytest.mark.parametrize("compiling", [False, True])
-def test_searchsorted_right_counts_like_searchsorted_in_both_forms(monkeypatch, compiling):
-    """The compare-and-sum form (taken inside ``torch.compile``) gives searchsorted's integers,
-    ties and ends included, for one shared sequence and for one sequence per row."""
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: compiling)
+def test_count_at_most_counts_like_searchsorted_in_both_forms():
+    """The compare-and-sum form (taken when compiled for CUDA) gives searchsorted's integers, ties
+    and ends included, for one shared sequence and for one sequence per row."""
     g = torch.Generator().manual_seed(0)
     bins = torch.tensor([-2.0, -1.0, 0.0, 0.0, 1.5, 3.0])
-    values = torch.cat([bins, torch.tensor([-5.0, 5.0, 0.7]), torch.randn(50, generator=g) * 3]).view(59)
-    assert torch.equal(dists.searchsorted_right(bins, values), torch.searchsorted(bins, values, right=True))
+    values = torch.cat([bins, torch.tensor([-5.0, 5.0, 0.7]), torch.randn(50, generator=g) * 3])
+    assert torch.equal(dists.count_at_most(bins, values), torch.searchsorted(bins, values, right=True))
     strided = values.view(59, 1).expand(59, 2)[:, 1]  # a non-contiguous view
     assert torch.equal(dists.searchsorted_right(bins, strided), torch.searchsorted(bins, values, right=True))
     cdf = torch.rand(4, 3, 5, generator=g).cumsum(-1)
     u = torch.rand(4, 3, 1, generator=g) * 3
     u[0, 0, 0] = cdf[0, 0, 2]  # a tie counts the equal entry
-    got = dists.searchsorted_right(cdf, u)
+    got = dists.count_at_most(cdf, u)
     assert got.shape == (4, 3, 1) and got.dtype == torch.int64
     assert torch.equal(got, torch.searchsorted(cdf, u, right=True))
     assert got[0, 0, 0] == 3
 
 
-def test_sample_index_draws_the_same_classes_in_its_compiled_form(monkeypatch):
-    """Inside ``torch.compile`` the CDF is built from masked sums instead of ``cumsum``: the same
-    classes for the same uniforms (away from a boundary closer than rounding)."""
+def test_masked_cdf_is_the_cumulative_sum_and_draws_the_same_classes():
     g = torch.Generator().manual_seed(0)
     probs = torch.softmax(torch.randn(64, 16, 5, generator=g), -1)
     uniform = torch.rand(64, 16, generator=g)
+    torch.testing.assert_close(dists.masked_cdf(probs), probs.cumsum(-1))
     eager = dists.sample_index(probs, uniform)
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    assert torch.equal(dists.sample_index(probs, uniform), eager)
+    fused = dists.count_at_most(dists.masked_cdf(probs), uniform.unsqueeze(-1)).clamp(max=4).squeeze(-1)
+    assert torch.equal(fused, eager)
     assert eager.min() >= 0 and eager.max() <= 4 and len(eager.unique()) == 5
