@@ -385,7 +385,7 @@ def test_cli_fit_muzero_cartpole_with_central_acting():
         "fit",
         "--config",
         str(ROOT / "configs/muzero/cartpole.yaml"),
-        *"--trainer.max_steps 4 --trainer.val_check_interval 4 --trainer.enable_progress_bar false".split(),
+        *"--trainer.max_steps 40 --trainer.val_check_interval 40 --trainer.enable_progress_bar false".split(),
         *"--trainer.log_every_n_steps 1 --trainer.run_name run".split(),
         *model_overrides(MUZERO_TINY),
         *data_overrides(MUZERO_DATA_TINY),
@@ -394,7 +394,9 @@ def test_cli_fit_muzero_cartpole_with_central_acting():
         "8",
     ]
     cli = main(args=args)
-    assert cli.trainer.global_step == 4
+    assert (
+        cli.trainer.global_step == 40
+    )  # at replay ratio 0.5, 80 rows: the learner waits for searched rows past the 40 of the prefill
     buffer = cli.datamodule.buffer
     probs, version = buffer.column("visit_probs"), buffer.column("policy_version")
     stored = buffer.generation(np.arange(buffer.num_streams)[:, None], np.arange(buffer.cap_per_stream)[None]) >= 0
