@@ -49,6 +49,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchlib import RESULT_PREFIX, print_result  # noqa: E402  (the child's record line, read back by run_child)
+
 # (family, config, overrides that keep its shipped size but make it start fast)
 STEP_RUNS = [
     ("Dreamer", "dreamer/cartpole.yaml", ["--data.init_args.prefill", "1100"]),
@@ -88,7 +90,8 @@ def run_child(flag: str, payload: dict[str, Any], limit: float) -> tuple[int, An
     ``limit`` seconds: exit status, the JSON its ``RESULT`` line printed (``None`` if none), and
     its combined output."""
     status, out, _ = run([sys.executable, __file__, f"--{flag}", json.dumps(payload)], limit)
-    result = next((json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")), None)
+    lines = [line for line in out.splitlines() if line.startswith(RESULT_PREFIX)]
+    result = json.loads(lines[-1][len(RESULT_PREFIX) :]) if lines else None
     return status, result, out
 
 
@@ -341,8 +344,13 @@ def search_part(device: str, quick: bool, limit: float) -> list[str]:
     results = {}
     deadline = time.monotonic() + limit
     for graphs in (False, True) if device == "cuda" else (False,):
-        payload = {"device": device, "batches": batches, "simulations": simulations, "repeats": repeats}
-        payload["cuda_graphs"] = graphs
+        payload = {
+            "device": device,
+            "batches": batches,
+            "simulations": simulations,
+            "repeats": repeats,
+            "cuda_graphs": graphs,
+        }
         status, result, out = run_child("search-run", payload, max(10, deadline - time.monotonic()))
         if status != 0 or not result:
             lines.insert(
@@ -405,18 +413,15 @@ def main() -> None:
     args = parser.parse_args()
     if args.step_run:  # a child process of part 2
         p = json.loads(args.step_run)
-        print("RESULT " + json.dumps(step_times(p["config"], p["extra"], p["device"], p["steps"])))
+        print_result(step_times(p["config"], p["extra"], p["device"], p["steps"]))
         return
     if args.search_run:  # a child process of part 3
         p = json.loads(args.search_run)
-        print(
-            "RESULT "
-            + json.dumps(search_times(p["device"], p["batches"], p["simulations"], p["repeats"], p["cuda_graphs"]))
-        )
+        print_result(search_times(p["device"], p["batches"], p["simulations"], p["repeats"], p["cuda_graphs"]))
         return
     if args.size_run:  # a child process of part 2's Dreamer sizes
         p = json.loads(args.size_run)
-        print("RESULT " + json.dumps(dreamer_size_times(p["device"], p["size"], p["capture"], p["steps"], p["quick"])))
+        print_result(dreamer_size_times(p["device"], p["size"], p["capture"], p["steps"], p["quick"]))
         return
     if args.device == "cuda":
         if not torch.cuda.is_available():
