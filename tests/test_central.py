@@ -394,9 +394,8 @@ def test_cli_fit_muzero_cartpole_with_central_acting():
         "8",
     ]
     cli = main(args=args)
-    assert (
-        cli.trainer.global_step == 40
-    )  # at replay ratio 0.5, 80 rows: the learner waits for searched rows past the 40 of the prefill
+    # at replay ratio 0.5, 40 steps take 80 rows: the learner waits for searched rows past the 40 of the prefill
+    assert cli.trainer.global_step == 40
     buffer = cli.datamodule.buffer
     probs, version = buffer.column("visit_probs"), buffer.column("policy_version")
     stored = buffer.generation(np.arange(buffer.num_streams)[:, None], np.arange(buffer.cap_per_stream)[None]) >= 0

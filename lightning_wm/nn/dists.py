@@ -69,9 +69,15 @@ def searchsorted_right(sorted_sequence: Tensor, values: Tensor) -> Tensor:
     copies of its inputs); the integers are the same. On the CPU ``searchsorted`` is kept: the
     fused count measured 10-15% more CPU time per compiled Dreamer step.
     """
-    if torch.compiler.is_compiling() and values.is_cuda:
+    if _fused_forms_for(values):
         return count_at_most(sorted_sequence, values)
     return torch.searchsorted(sorted_sequence, values.contiguous(), right=True)
+
+
+def _fused_forms_for(x: Tensor) -> bool:
+    """Whether :func:`count_at_most` / :func:`masked_cdf` replace ``searchsorted`` / ``cumsum`` for
+    ``x``: while compiling for CUDA only (see :func:`searchsorted_right`)."""
+    return torch.compiler.is_compiling() and x.is_cuda
 
 
 def count_at_most(sorted_sequence: Tensor, values: Tensor) -> Tensor:
@@ -223,8 +229,7 @@ def sample_index(probs: Tensor, uniform: Tensor | None = None) -> Tensor:
     (the Gumbel-max trick): ``C`` times fewer random draws.
     """
     probs = probs.detach()
-    fused = torch.compiler.is_compiling() and probs.is_cuda  # as searchsorted_right: the fused form for CUDA
-    cdf = masked_cdf(probs) if fused else probs.cumsum(-1)
+    cdf = masked_cdf(probs) if _fused_forms_for(probs) else probs.cumsum(-1)
     if uniform is None:
         uniform = torch.rand(probs.shape[:-1], device=probs.device, dtype=probs.dtype)
     # a draw above a total that rounding left just below 1 falls in the last class (the clamp)
