@@ -351,7 +351,7 @@ def test_terminate_skips_actors_that_never_started():
     pool down must stop the started ones and not fail on the rest."""
     import multiprocessing as mp
 
-    from lightning_wm.data.acting.local import _terminate
+    from lightning_wm.data.acting.spawned import _terminate
 
     ctx = mp.get_context("spawn")
     stop = ctx.Event()

@@ -596,3 +596,27 @@ def test_loads_a_version_1_state_of_the_lockstep_buffer():
     np.testing.assert_array_equal(seq["row_generation"].numpy(), np.tile(np.arange(5), (64, 1)))
     restored.add(make_row(7, 2))
     assert restored.generation(np.array([0]), np.array([2])).tolist() == [5]
+
+
+def test_random_prefill_rows_after_searched_rows_get_zero_extras():
+    """One actor's prefill may arrive after another's searched rows: its missing agent extras are
+    zeros (as on last rows); rows of a policy must still bring every key."""
+    buf = ReplayBuffer(20, 2, seed=0)
+    chunk = lambda version: {  # noqa: E731
+        "obs": np.ones((3, 1, 4), np.float32),
+        "reward": np.ones((3, 1), np.float32),
+        "is_first": np.zeros((3, 1), bool),
+        "is_last": np.zeros((3, 1), bool),
+        "is_terminal": np.zeros((3, 1), bool),
+        "action": np.ones((3, 1), np.int64),
+        "policy_version": np.full((3, 1), version, np.int64),
+    }
+    buf.add_many({**chunk(2), "visit_probs": np.full((3, 1, 2), 0.5, np.float32)}, streams=[0])
+    buf.add_many(chunk(-1), streams=[1])
+    assert (buf.column("visit_probs")[1, :3] == 0).all() and (buf.column("visit_probs")[0, :3] == 0.5).all()
+    with pytest.raises(ValueError, match=r"missing key\(s\) \['visit_probs'\]"):
+        buf.add_many(chunk(3), streams=[1])
+    with pytest.raises(ValueError, match=r"missing key\(s\) \['reward'\]"):
+        rows_without_reward = chunk(-1)
+        del rows_without_reward["reward"]
+        buf.add_many(rows_without_reward, streams=[1])

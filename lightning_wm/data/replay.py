@@ -60,6 +60,7 @@ __all__ = ["ReplayBuffer", "RESERVED_KEYS", "ENV_KEYS"]
 RESERVED_KEYS = ("index", "generation", "row_index", "row_generation", "weight", "mask", "is_real", "age")
 #: the row convention's env keys; every other key (action, agent extras) is zeroed on a last row
 ENV_KEYS = ("obs", "reward", "is_first", "is_last", "is_terminal")
+RANDOM_POLICY_VERSION = -1  # ``policy_version`` of rows made by the random prefill policy
 Accept = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
@@ -226,6 +227,13 @@ class ReplayBuffer(ReplayStorage):
                 )
             arrays[key] = arr
         missing = [k for k in self._data if k not in arrays and k not in self._optional]
+        version = arrays.get("policy_version")
+        if missing and version is not None and (version == RANDOM_POLICY_VERSION).all():
+            # rows of the random prefill have no agent extras: zeros, as on last rows (one actor's
+            # prefill may arrive after another's searched rows)
+            for key in [k for k in missing if k not in ENV_KEYS]:
+                arrays[key] = np.zeros(lead + self._data[key].shape[2:], self._data[key].dtype)
+            missing = [k for k in missing if k in ENV_KEYS]
         if missing:
             raise ValueError(f"{what} is missing key(s) {missing} that earlier rows had")
         return arrays

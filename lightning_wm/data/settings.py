@@ -42,6 +42,11 @@ class ActingSettings:
             async``, in the group's thread with ``sync``) and the live module on the learner's
             device acts for all groups in one batched call per round (rows carry the learner's
             version at act time); local backend only.
+        central_groups: with ``policy: central``, where the env groups run. ``threads``: a thread
+            each in the learner's process (their envs in worker processes with ``env.vectorization:
+            async``); ``processes``: a spawned process each that steps its envs and builds its rows
+            and chunks itself, only observations, actions and extras crossing shared memory (SEED
+            RL's split: the groups' Python no longer shares the learner's interpreter).
         deadline_ms: with ``policy: central``, how long a round of action requests waits, after
             the first group asks, for the other groups before the module acts for those that
             asked (a slow group never stalls the rest).
@@ -65,6 +70,7 @@ class ActingSettings:
 
     num_actors: int = 0
     policy: Literal["copies", "central"] = "copies"
+    central_groups: Literal["threads", "processes"] = "threads"
     deadline_ms: float = 5.0
     backend: Literal["local", "ray"] = "local"
     ray_address: str | None = None
@@ -91,6 +97,8 @@ class ActingSettings:
             raise ValueError(f"acting.timeout_s must be > 0, got {self.timeout_s}")
         if self.policy not in ("copies", "central"):
             raise ValueError(f"acting.policy must be 'copies' or 'central', got {self.policy!r}")
+        if self.central_groups not in ("threads", "processes"):
+            raise ValueError(f"acting.central_groups must be 'threads' or 'processes', got {self.central_groups!r}")
         if not self.deadline_ms >= 0:
             raise ValueError(f"acting.deadline_ms must be >= 0, got {self.deadline_ms}")
         if self.policy == "central" and self.backend != "local":

@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Acting", "Chunk", "RANDOM_POLICY_VERSION"]
+from lightning_wm.data.replay import RANDOM_POLICY_VERSION
 
-RANDOM_POLICY_VERSION = -1  # ``policy_version`` of rows made by the random prefill policy
+__all__ = ["Acting", "Chunk", "RANDOM_POLICY_VERSION"]
 
 
 @dataclass

@@ -37,18 +37,20 @@ from torch import nn
 
 from lightning_wm.data.acting.actors import ActorActing
 from lightning_wm.data.acting.base import RANDOM_POLICY_VERSION, Chunk
-from lightning_wm.data.acting.inference import BatchedInference, InferenceClient, InferenceStopped, acting_view
+from lightning_wm.data.acting.central_processes import CentralProcessPool
+from lightning_wm.data.acting.inference import (
+    SWITCH_INTERVAL_S,
+    BatchedInference,
+    InferenceClient,
+    InferenceStopped,
+    acting_view,
+)
 from lightning_wm.data.acting.worker import STARTUP_GRACE_S, ActorConfig, ActorError, ActorWorker
 from lightning_wm.data.settings import ActingSettings
 from lightning_wm.envs import EnvConfig
 from lightning_wm.signals import check_stop, stop_requested
 
-__all__ = ["CentralActing", "CentralPool"]
-
-# The interpreter's thread switch interval while groups act: a group thread woken by its env or by
-# a round's answer waits for the GIL until the learner's thread drops it, at most this long
-# (Python's default, 5 ms, would be paid at nearly every env step while the learner computes).
-SWITCH_INTERVAL_S = 0.0002
+__all__ = ["CentralActing", "CentralPool", "SWITCH_INTERVAL_S"]
 
 
 class CentralPool:
@@ -244,7 +246,8 @@ class CentralActing(ActorActing):
                 random_steps=math.ceil(max(0, random_rows) / self.num_streams),
                 initial_version=self.learner_version,
             )
-            self.pool = CentralPool(  # type: ignore[assignment] - the pool interface ActorActing uses
+            pool = CentralProcessPool if self.settings.central_groups == "processes" else CentralPool
+            self.pool = pool(  # type: ignore[assignment] - the pool interface ActorActing uses
                 config,
                 acting_view(agent).eval() if isinstance(agent, nn.Module) else agent,
                 self.num_actors,

@@ -27,7 +27,20 @@ from torch import Tensor, nn
 
 from lightning_wm.tree import first_leaf, tree_map
 
-__all__ = ["BatchedInference", "InferenceClient", "InferenceStopped", "acting_view"]
+# The interpreter's thread switch interval while central acting serves: a thread woken by an env, a
+# request or an answer waits for the GIL until the learner's thread drops it, at most this long
+# (Python's default, 5 ms, would be paid at nearly every env step while the learner computes).
+SWITCH_INTERVAL_S = 0.0002
+
+__all__ = [
+    "BatchedInference",
+    "InferenceClient",
+    "InferenceStopped",
+    "SWITCH_INTERVAL_S",
+    "acting_view",
+    "cat_trees",
+    "tree_rows",
+]
 
 
 class InferenceStopped(RuntimeError):
@@ -58,12 +71,13 @@ class _Request:
     done: threading.Event = field(default_factory=threading.Event)
 
 
-def _cat(trees: list[Any]) -> Any:
+def cat_trees(trees: list[Any]) -> Any:
     """Concatenate matching tensor leaves of ``trees`` along the batch (``None`` stays ``None``)."""
     return tree_map(lambda *xs: torch.cat(xs, 0), trees[0], *trees[1:])
 
 
-def _rows(tree: Any, start: int, stop: int) -> Any:
+def tree_rows(tree: Any, start: int, stop: int) -> Any:
+    """Rows ``start:stop`` of every tensor leaf of ``tree`` (``None`` stays ``None``)."""
     return tree_map(lambda x: x[start:stop], tree)
 
 
@@ -175,9 +189,9 @@ class BatchedInference:
         """One agent call for ``requests``; answers (or the error) set in place."""
         try:
             sizes = [first_leaf(r.obs).shape[0] for r in requests]
-            obs = _cat([r.obs for r in requests])
+            obs = cat_trees([r.obs for r in requests])
             states = [r.state for r in requests]
-            state = None if all(s is None for s in states) else _cat(states)
+            state = None if all(s is None for s in states) else cat_trees(states)
             version = int(self.version())
             with torch.no_grad():
                 action, new_state, extras = self.agent.act(obs, state, explore)
@@ -188,7 +202,7 @@ class BatchedInference:
                 stop = start + size
                 request.answer = (
                     action[start:stop],
-                    _rows(new_state, start, stop),
+                    tree_rows(new_state, start, stop),
                     {k: v[start:stop] for k, v in extras.items()},
                 )
                 request.version = version

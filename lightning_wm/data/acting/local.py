@@ -1,24 +1,17 @@
 """The ``local`` actor backend: ``spawn``-ed processes; weights in a shared-memory
 :class:`WeightStore` (seqlock: the learner never waits for an actor), chunks through a bounded queue.
 
-Robustness: actors die with the learner (``PR_SET_PDEATHSIG`` on Linux, and a parent-pid watch as
-a fallback), ignore Ctrl-C (the learner shuts them down), never block on a full queue without
-checking for shutdown, and beat a heartbeat; the pool turns an actor's exception (with its
-traceback), an actor that died, or one whose heartbeat stopped into one error.
+Robustness (:mod:`lightning_wm.data.acting.spawned`): actors die with the learner, ignore Ctrl-C,
+never block on a full queue without checking for shutdown and beat a heartbeat; the pool turns an
+actor's exception (with its traceback), an actor that died, or one whose heartbeat stopped into
+one error.
 """
 
 from __future__ import annotations
 
 import ctypes
 import io
-import os
-import queue as queue_lib
-import signal
-import sys
-import threading
 import time
-import traceback
-import weakref
 from typing import Any
 
 import torch
@@ -26,7 +19,8 @@ import torch.multiprocessing as tmp
 from torch import nn
 
 from lightning_wm.data.acting.base import Chunk
-from lightning_wm.data.acting.worker import STARTUP_GRACE_S, ActorConfig, ActorWorker, acting_copy_ready
+from lightning_wm.data.acting.spawned import SpawnedWorkers, put_chunk, worker_process
+from lightning_wm.data.acting.worker import ActorConfig, ActorWorker, acting_copy_ready
 
 __all__ = ["WeightStore", "LocalBackend"]
 
@@ -103,29 +97,6 @@ class WeightStore:
             time.sleep(0.0005)
 
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    """Be killed when the learner dies, even by ``kill -9``: the kernel's parent-death signal
-    (Linux) plus a thread that watches the parent pid (other systems, or a failed prctl)."""
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(0)
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(1.0)
-        os._exit(0)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
-
-
 def _module_bytes(module: nn.Module) -> bytes:
     """``module`` pickled by value: a torch tensor handed to a ``spawn`` child as it is would be moved
     to shared memory and stay shared with the learner's module, which keeps training."""
@@ -146,135 +117,47 @@ def _actor_main(
     parent_pid: int,
 ) -> None:
     """Body of actor process ``actor``: chunks into ``chunks`` until ``stop`` is set."""
-    _die_with_parent(parent_pid)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the learner decides
-    chunks.cancel_join_thread()  # at exit, never wait for a learner that stopped reading
-    worker = None
-    try:
-        heartbeat[actor] = time.monotonic()
+    with worker_process(actor, chunks, errors, parent_pid) as holder:
+
+        def beat() -> None:
+            heartbeat[actor] = time.monotonic()
+
+        beat()
         module = torch.load(io.BytesIO(module_bytes), weights_only=False)
-        worker = ActorWorker(actor, config, acting_copy_ready(module))
+        worker = holder[0] = ActorWorker(actor, config, acting_copy_ready(module))
         version = config.initial_version  # the weights the actor was built with
         while not stop.is_set():
-            heartbeat[actor] = time.monotonic()
+            beat()
             if worker.random_left <= 0:
                 version = store.pull_into(module, known_version=version)
-            chunk = worker.chunk(version)
-            while not stop.is_set():
-                heartbeat[actor] = time.monotonic()
-                try:
-                    chunks.put(chunk, timeout=0.25)
-                    break
-                except queue_lib.Full:
-                    continue
-    except BaseException:  # noqa: BLE001 - reported to the learner, which raises it
-        errors.put((actor, traceback.format_exc()))
-        errors.close()
-        errors.join_thread()
-        _close_quietly(worker)
-        os._exit(1)
-    _close_quietly(worker)
-
-
-def _close_quietly(worker: ActorWorker | None) -> None:
-    if worker is not None:
-        try:
-            worker.close()
-        except Exception:  # noqa: BLE001 - shutting down
-            pass
-
-
-def _terminate(processes: list[Any], stop: Any) -> None:
-    """Stop actor processes: ask, wait briefly, then terminate and kill what is left (the ones that
-    started: a failed start leaves the rest unstarted)."""
-    stop.set()
-    processes = [proc for proc in processes if proc.pid is not None]
-    deadline = time.monotonic() + 2.0
-    for proc in processes:
-        proc.join(timeout=max(0.0, deadline - time.monotonic()))
-    for proc in processes:
-        if proc.is_alive():
-            proc.terminate()
-    for proc in processes:
-        proc.join(timeout=1.0)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(timeout=1.0)
+            put_chunk(worker.chunk(version), chunks, stop, beat)
 
 
 class LocalBackend:
+    """``num_actors`` actor processes acting with copies of ``module`` refreshed from a :class:`WeightStore`."""
+
     def __init__(self, config: ActorConfig, module: nn.Module, num_actors: int, queue_size: int) -> None:
-        ctx = tmp.get_context("spawn")
         self.store = WeightStore(module, config.initial_version)
-        self.chunks = ctx.Queue(maxsize=queue_size)
-        self.errors = ctx.Queue()
-        self.stop = ctx.Event()
-        self.heartbeat = ctx.RawArray(ctypes.c_double, num_actors)
-        # the last sign of life of each actor; starting (spawn, imports, env construction) gets a grace
-        self.heartbeat[:] = [time.monotonic() + STARTUP_GRACE_S] * num_actors
-        weights = _module_bytes(module)
-        self.processes = [
-            ctx.Process(
-                target=_actor_main,
-                name=f"lightning_wm-actor-{i}",
-                daemon=True,
-                args=(i, config, weights, self.store, self.chunks, self.errors, self.stop, self.heartbeat, os.getpid()),
-            )
-            for i in range(num_actors)
-        ]
-        self._finalizer = weakref.finalize(self, _terminate, self.processes, self.stop)
-        for proc in self.processes:
-            proc.start()
+        self.workers = SpawnedWorkers(
+            _actor_main, (config, _module_bytes(module), self.store), num_actors, queue_size, "actor {}"
+        )
+        self.processes = self.workers.processes
 
     def pids(self) -> list[int | None]:
-        return [p.pid for p in self.processes]
+        return self.workers.pids()
 
     def publish(self, module: nn.Module, version: int) -> None:
         self.store.publish(module, version)
 
     def get(self, timeout: float) -> Chunk | None:
-        try:
-            return self.chunks.get(timeout=timeout)
-        except queue_lib.Empty:
-            return None
+        return self.workers.get(timeout)
 
     def qsize(self) -> int:
-        try:
-            return self.chunks.qsize()
-        except NotImplementedError:  # macOS
-            return -1
+        return self.workers.qsize()
 
     def failure(self, timeout_s: float) -> str | None:
         """A description of the first failed, dead or hung actor, or None."""
-        try:
-            actor, tb = self.errors.get_nowait()
-            return f"actor {actor} (pid {self.processes[actor].pid}) raised:\n{tb.rstrip()}"
-        except queue_lib.Empty:
-            pass
-        now = time.monotonic()
-        for i, proc in enumerate(self.processes):
-            if proc.exitcode is not None:
-                try:  # an actor that raised reports before it exits: give its message a moment
-                    actor, tb = self.errors.get(timeout=1.0)
-                    return f"actor {actor} (pid {self.processes[actor].pid}) raised:\n{tb.rstrip()}"
-                except queue_lib.Empty:
-                    pass
-                how = (
-                    f"was killed by signal {signal.Signals(-proc.exitcode).name}"
-                    if proc.exitcode < 0
-                    else f"exited with code {proc.exitcode}"
-                )
-                return f"actor {i} (pid {proc.pid}) {how} without reporting an error"
-            silent = now - self.heartbeat[i]
-            if silent > timeout_s:
-                return (
-                    f"actor {i} (pid {proc.pid}) hung: no heartbeat for {silent:.1f} s (acting.timeout_s="
-                    f"{timeout_s:g}); it may be stuck in env.step or in the policy"
-                )
-        return None
+        return self.workers.failure(timeout_s)
 
     def close(self) -> None:
-        self._finalizer()  # runs _terminate once
-        for q in (self.chunks, self.errors):
-            q.cancel_join_thread()
-            q.close()
+        self.workers.close()

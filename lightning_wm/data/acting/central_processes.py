@@ -1,0 +1,180 @@
+"""Central acting with env groups in their own processes (``acting.central_groups: processes``).
+
+Each of the ``acting.num_actors`` groups is a spawned process that steps its vector env of
+``envs_per_actor`` envs and builds its rows and chunks itself (an
+:class:`~lightning_wm.data.acting.worker.ActorWorker`, the actors' Collector loop, seeds and random
+prefill); its agent is a :class:`~lightning_wm.data.acting.shared_inference.SharedMemoryClient`,
+so for every step only the observations go to the learner and the actions and extras come back,
+through shared memory. One :class:`~lightning_wm.data.acting.shared_inference.InferenceLoop`
+thread in the learner acts for all groups with the live module on its device. Chunks come through
+a queue as the actors' do; a group starts a chunk only when the learner has taken its last one (a
+semaphore per group), so each runs at most one chunk ahead of the learner.
+
+Robustness is the actor processes' (:mod:`lightning_wm.data.acting.spawned`): a group's exception,
+death or silence, the inference loop's exception, or one policy call running for
+``acting.timeout_s`` becomes one :class:`~lightning_wm.data.acting.worker.ActorError`; groups die with
+the learner, ``kill -9`` included; the shared tensors are file descriptors, never files in
+``/dev/shm``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.multiprocessing as tmp
+
+from lightning_wm.data.acting.base import RANDOM_POLICY_VERSION, Chunk
+from lightning_wm.data.acting.inference import SWITCH_INTERVAL_S, InferenceStopped
+from lightning_wm.data.acting.shared_inference import InferenceLoop, SharedMemoryClient, SharedSlots, make_slots
+from lightning_wm.data.acting.spawned import SpawnedWorkers, put_chunk, worker_process
+from lightning_wm.data.acting.worker import ActorConfig, ActorError, ActorWorker
+from lightning_wm.envs import EnvConfig, env_spec
+from lightning_wm.signals import check_stop
+
+__all__ = ["CentralProcessPool"]
+
+
+def _group_main(
+    group: int,
+    config: ActorConfig,
+    slots: SharedSlots,
+    ahead: list[Any],
+    chunks: Any,
+    errors: Any,
+    stop: Any,
+    heartbeat: Any,
+    parent_pid: int,
+) -> None:
+    """Body of env-group process ``group``: chunks into ``chunks`` until ``stop`` is set."""
+    with worker_process(group, chunks, errors, parent_pid) as holder:
+        torch.set_num_threads(1)
+
+        def beat() -> None:
+            heartbeat[group] = time.monotonic()
+
+        beat()
+        client = SharedMemoryClient(slots, group, stop, beat)
+        worker = holder[0] = ActorWorker(group, config, client)
+        version = config.initial_version
+
+        def on_act(answered: int) -> None:
+            nonlocal version
+            version = worker.collector.policy_version = answered
+
+        client.on_act = on_act
+        try:
+            while not stop.is_set():
+                beat()
+                client.pause()  # rounds do not wait for a group waiting for the learner
+                while not ahead[group].acquire(timeout=0.25):
+                    beat()
+                    if stop.is_set():
+                        return
+                chunk = worker.chunk(version)
+                if chunk.version != RANDOM_POLICY_VERSION:  # the oldest weights that acted in it
+                    chunk.version = int(chunk.rows["policy_version"].min())
+                put_chunk(chunk, chunks, stop, beat)
+        except InferenceStopped:
+            return
+
+
+class CentralProcessPool:
+    """``num_groups`` env-group processes acting through one :class:`InferenceLoop` with ``agent``.
+
+    Args:
+        config: what every group is built from (:class:`ActorConfig`; a group is an actor here).
+        agent: the acting module (its ``device``; one call per round, from the loop's thread).
+        num_groups: env groups (``acting.num_actors``).
+        deadline_s: how long a round waits for the other active groups after its first request.
+        version: the learner's weights version now.
+        timeout_s: a group silent this long, or one policy call this long, is reported as hung.
+    """
+
+    def __init__(
+        self,
+        config: ActorConfig,
+        agent: Any,
+        num_groups: int,
+        deadline_s: float,
+        version: Any,
+        timeout_s: float,
+    ) -> None:
+        self.num_groups, self.timeout_s = num_groups, float(timeout_s)
+        env_cfg = EnvConfig(**{**vars(config.env), "num_envs": config.envs_per_actor})
+        slots = make_slots(
+            agent, env_spec(env_cfg).observation_space, num_groups, config.envs_per_actor, config.explore
+        )
+        ctx = tmp.get_context("spawn")
+        self.ahead = [ctx.BoundedSemaphore(1) for _ in range(num_groups)]  # a group's chunk ahead of the learner
+        self._switch_interval = sys.getswitchinterval()  # restored by close()
+        sys.setswitchinterval(min(self._switch_interval, SWITCH_INTERVAL_S))
+        self.server = InferenceLoop(agent, slots, deadline_s, version)
+        self._closed = False
+        self._last_check = 0.0
+        try:
+            self.workers = SpawnedWorkers(
+                _group_main, (config, slots, self.ahead), num_groups, num_groups, "env group {} (central acting)"
+            )
+        except BaseException:
+            self.server.close()
+            sys.setswitchinterval(self._switch_interval)
+            raise
+
+    def get(self, timeout: float = 0.0) -> Chunk | None:
+        """The next chunk, waiting up to ``timeout`` seconds; ``None`` if none came.
+
+        Raises:
+            ActorError: a group or the inference loop raised or hung (the pool is closed first).
+            RunStopped: a stop was requested while waiting.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            check_stop()
+            self.check()
+            chunk = self.workers.get(min(0.1, max(0.0, deadline - time.monotonic())))
+            if chunk is not None:
+                self.ahead[chunk.actor].release()  # its group may start the next chunk
+                return chunk
+            if time.monotonic() >= deadline:
+                return None
+
+    def check(self, every_s: float = 0.25) -> None:
+        """Raise :class:`ActorError` (after closing the pool) if a group or the loop raised or hung."""
+        if self._closed:
+            raise RuntimeError("the central acting pool is closed")
+        failure = None
+        busy = self.server.busy_since
+        if self.server.error is not None:
+            failure = (
+                f"central inference (the learner's policy acting for the env groups) raised:\n{self.server.traceback}"
+            )
+        elif busy is not None and time.monotonic() - busy > self.timeout_s:
+            failure = (
+                f"central inference hung: one policy call has run for {time.monotonic() - busy:.1f} s "
+                f"(acting.timeout_s={self.timeout_s:g})"
+            )
+        elif time.monotonic() - self._last_check >= every_s:
+            self._last_check = time.monotonic()
+            failure = self.workers.failure(self.timeout_s)
+        if failure is not None:
+            self.close()
+            raise ActorError(failure)
+
+    def qsize(self) -> int:
+        return self.workers.qsize()
+
+    def pids(self) -> list[int | None]:
+        """Process ids of the env groups."""
+        return self.workers.pids()
+
+    def close(self) -> None:
+        """Stop the groups (their envs close in their processes), then the loop; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.workers.close()
+        self.server.close()
+        sys.setswitchinterval(self._switch_interval)

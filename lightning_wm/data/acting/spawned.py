@@ -1,0 +1,203 @@
+"""Worker processes that send chunks: what the actor processes (policy copies,
+:mod:`lightning_wm.data.acting.local`) and central acting's env-group processes
+(:mod:`lightning_wm.data.acting.central_processes`) share.
+
+A worker is ``spawn``-ed, dies with the learner (``PR_SET_PDEATHSIG`` on Linux, a parent-pid watch
+as a fallback), ignores Ctrl-C (the learner shuts it down), beats a heartbeat, never blocks on a full
+chunk queue without checking for shutdown, and reports its exception with its traceback before it
+exits. :class:`SpawnedWorkers` turns a worker's exception, death or silence into one description
+naming it, and stops them all (ask, wait, terminate, kill).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import queue as queue_lib
+import signal
+import sys
+import threading
+import time
+import traceback
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch.multiprocessing as tmp
+
+from lightning_wm.data.acting.base import Chunk
+from lightning_wm.data.acting.worker import STARTUP_GRACE_S, ActorWorker
+
+__all__ = ["SpawnedWorkers", "worker_process", "put_chunk"]
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Be killed when the learner dies, even by ``kill -9``: the kernel's parent-death signal
+    (Linux) plus a thread that watches the parent pid (other systems, or a failed prctl)."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(0)
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def _close_quietly(worker: ActorWorker | None) -> None:
+    if worker is not None:
+        try:
+            worker.close()
+        except Exception:  # noqa: BLE001 - shutting down
+            pass
+
+
+@contextmanager
+def worker_process(index: int, chunks: Any, errors: Any, parent_pid: int) -> Iterator[list[ActorWorker | None]]:
+    """The frame of a worker process's body: dies with the learner, ignores Ctrl-C, never waits
+    at exit for a learner that stopped reading; yields a one-item list the body puts its
+    :class:`ActorWorker` in (closed at the end). An exception is put on ``errors`` with its
+    traceback and the process exits with code 1."""
+    _die_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the learner decides
+    chunks.cancel_join_thread()
+    holder: list[ActorWorker | None] = [None]
+    try:
+        yield holder
+    except BaseException:  # noqa: BLE001 - reported to the learner, which raises it
+        errors.put((index, traceback.format_exc()))
+        errors.close()
+        errors.join_thread()
+        _close_quietly(holder[0])
+        os._exit(1)
+    _close_quietly(holder[0])
+
+
+def put_chunk(chunk: Chunk, chunks: Any, stop: Any, beat: Callable[[], None]) -> None:
+    """Put ``chunk`` on the queue, beating while it is full; gives up when ``stop`` is set."""
+    while not stop.is_set():
+        beat()
+        try:
+            chunks.put(chunk, timeout=0.25)
+            return
+        except queue_lib.Full:
+            continue
+
+
+def _terminate(processes: list[Any], stop: Any) -> None:
+    """Stop worker processes: ask, wait briefly, then terminate and kill what is left (the ones that
+    started: a failed start leaves the rest unstarted)."""
+    stop.set()
+    processes = [proc for proc in processes if proc.pid is not None]
+    deadline = time.monotonic() + 2.0
+    for proc in processes:
+        proc.join(timeout=max(0.0, deadline - time.monotonic()))
+    for proc in processes:
+        if proc.is_alive():
+            proc.terminate()
+    for proc in processes:
+        proc.join(timeout=1.0)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=1.0)
+
+
+class SpawnedWorkers:
+    """``count`` spawned processes running ``target(index, *args, chunks, errors, stop, heartbeat,
+    parent_pid)``, with their chunk queue, error queue, stop event and heartbeats.
+
+    Args:
+        target: the process body (a module-level function: it is pickled by name).
+        args: what every worker gets before the shared objects (picklable; index first).
+        count: processes.
+        queue_size: chunks that may wait for the learner.
+        name: the label of worker ``i`` in errors and process names (``name.format(i)``).
+    """
+
+    def __init__(self, target: Callable[..., None], args: tuple, count: int, queue_size: int, name: str) -> None:
+        ctx = tmp.get_context("spawn")
+        self.name = name
+        self.chunks = ctx.Queue(maxsize=queue_size)
+        self.errors = ctx.Queue()
+        self.stop = ctx.Event()
+        self.heartbeat = ctx.RawArray(ctypes.c_double, count)
+        # the last sign of life of each worker; starting (spawn, imports, env construction) gets a grace
+        self.heartbeat[:] = [time.monotonic() + STARTUP_GRACE_S] * count
+        shared = (self.chunks, self.errors, self.stop, self.heartbeat, os.getpid())
+        self.processes = [
+            ctx.Process(
+                target=target,
+                name="lightning_wm-" + name.format(i).split(" (")[0].replace(" ", "-"),
+                daemon=True,
+                args=(i, *args, *shared),
+            )
+            for i in range(count)
+        ]
+        self._finalizer = weakref.finalize(self, _terminate, self.processes, self.stop)
+        for proc in self.processes:
+            proc.start()
+
+    def pids(self) -> list[int | None]:
+        return [p.pid for p in self.processes]
+
+    def get(self, timeout: float) -> Chunk | None:
+        try:
+            return self.chunks.get(timeout=timeout)
+        except queue_lib.Empty:
+            return None
+
+    def qsize(self) -> int:
+        try:
+            return self.chunks.qsize()
+        except NotImplementedError:  # macOS
+            return -1
+
+    def _raised(self, timeout: float) -> str | None:
+        try:
+            index, tb = self.errors.get(timeout=timeout) if timeout > 0 else self.errors.get_nowait()
+        except queue_lib.Empty:
+            return None
+        return f"{self.name.format(index)} (pid {self.processes[index].pid}) raised:\n{tb.rstrip()}"
+
+    def failure(self, timeout_s: float) -> str | None:
+        """A description of the first worker that raised, died or was silent for ``timeout_s``, or None."""
+        raised = self._raised(0.0)
+        if raised is not None:
+            return raised
+        now = time.monotonic()
+        for i, proc in enumerate(self.processes):
+            label = f"{self.name.format(i)} (pid {proc.pid})"
+            if proc.exitcode is not None:
+                raised = self._raised(1.0)  # a worker that raised reports before it exits: give its message a moment
+                if raised is not None:
+                    return raised
+                how = (
+                    f"was killed by signal {signal.Signals(-proc.exitcode).name}"
+                    if proc.exitcode < 0
+                    else f"exited with code {proc.exitcode}"
+                )
+                return f"{label} {how} without reporting an error"
+            silent = now - self.heartbeat[i]
+            if silent > timeout_s:
+                return (
+                    f"{label} hung: no heartbeat for {silent:.1f} s (acting.timeout_s={timeout_s:g}); it may be "
+                    "stuck in env.step or in the policy"
+                )
+        return None
+
+    def close(self) -> None:
+        """Stop the processes and close the queues (idempotent)."""
+        self._finalizer()  # runs _terminate once
+        for q in (self.chunks, self.errors):
+            q.cancel_join_thread()
+            q.close()

@@ -1,0 +1,400 @@
+"""Central acting with env groups in their own processes (``acting.central_groups: processes``):
+the shared-memory exchange and the inference loop (one call for every group, the deadline, the
+recurrent state kept per group and restarted per episode), the groups (the rows of a Collector,
+at most one chunk ahead, random prefill, errors naming the group or the policy, hangs), clean-up
+(``kill -9`` of a group or of the learner: no process, nothing in ``/dev/shm``) and tiny CLI fits."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from lightning_wm.cli import main
+from lightning_wm.data.acting import ActorError, CentralActing
+from lightning_wm.data.acting.inference import SWITCH_INTERVAL_S
+from lightning_wm.data.acting.shared_inference import InferenceLoop, SharedMemoryClient, make_slots
+from lightning_wm.data.collector import Collector
+from lightning_wm.data.settings import ActingSettings
+from lightning_wm.envs import EnvConfig, make_vector_env
+from lightning_wm.seeding import env_seeds
+from lightning_wm.signals import RunStopped, clear_stop, request_stop
+
+from support.actor_agents import FaultyPolicy, StepCounter
+from support.presets import (
+    IMPALA_TINY,
+    MUZERO_DATA_TINY,
+    MUZERO_TINY,
+    REPLAY_DATA_TINY,
+    UNROLL_DATA_TINY,
+    data_overrides,
+    model_overrides,
+)
+from support.processes import alive, wait_gone, wait_until
+
+ROOT = Path(__file__).resolve().parents[1]
+SPACE = gym.spaces.Box(-10.0, 10.0, (3,), np.float32)
+
+
+# -- the exchange and the loop, with threads as the groups -----------------------------------------
+def _ask_all(clients, obs, starts, explore=True):
+    """Every client asks at once (one thread each); returns their answers by group."""
+    answers, threads = {}, []
+
+    def ask(client):
+        answers[client.group] = client.act(obs[client.group], starts[client.group], explore)
+
+    for client in clients:
+        threads.append(threading.Thread(target=ask, args=(client,)))
+        threads[-1].start()
+    for thread in threads:
+        thread.join(timeout=30)
+    return answers
+
+
+def test_one_call_answers_every_group_and_each_group_keeps_its_own_recurrent_state():
+    agent = StepCounter()
+    slots = make_slots(agent, SPACE, groups=3, envs=2, explore=True)
+    versions = []
+    clients = [SharedMemoryClient(slots, g, threading.Event(), on_act=versions.append) for g in range(3)]
+    loop = InferenceLoop(agent, slots, deadline_s=30.0, version=lambda: 7)
+    try:
+        obs = {g: torch.full((2, 3), float(g)) for g in range(3)}
+        fresh = {g: clients[g].initial_state(2) for g in range(3)}
+        first = _ask_all(clients, obs, fresh)
+        assert loop.calls == 1 and loop.requests == 3, "the three groups in one call"
+        assert versions == [7, 7, 7]
+        for g, (action, flags, extras) in first.items():
+            assert action.tolist() == [0, 0] and extras["steps"].tolist() == [0, 0]
+            torch.testing.assert_close(extras["obs_sum"], torch.full((2,), 3.0 * g))
+            assert flags.tolist() == [False, False], "no env starts an episode on the next step"
+        clients[2].pause()  # group 2 waits for the learner: the next rounds do not wait for it
+        starts = {0: torch.tensor([False, True]), 1: torch.tensor([False, False])}  # group 0's env 1 restarts
+        for _ in range(2):
+            second = _ask_all(clients[:2], obs, starts)
+        assert second[0][2]["steps"].tolist() == [2, 0], "env 1 of group 0 restarted its count"
+        assert second[1][2]["steps"].tolist() == [2, 2], "group 1 kept its own state"
+        assert loop.calls == 3 and loop.requests == 7
+    finally:
+        loop.close()
+
+
+def test_a_group_that_does_not_ask_delays_the_others_by_the_deadline_only():
+    agent = StepCounter()
+    slots = make_slots(agent, SPACE, groups=2, envs=1, explore=True)
+    clients = [SharedMemoryClient(slots, g, threading.Event()) for g in range(2)]
+    loop = InferenceLoop(agent, slots, deadline_s=0.3, version=lambda: 0)
+    try:
+        obs = {g: torch.zeros(1, 3) for g in range(2)}
+        _ask_all(clients, obs, {g: clients[g].initial_state(1) for g in range(2)})
+        start = time.monotonic()
+        clients[0].act(obs[0], torch.zeros(1, dtype=torch.bool), True)  # group 1 is active but silent
+        assert 0.3 <= time.monotonic() - start < 10.0
+        assert loop.requests == 3
+    finally:
+        loop.close()
+
+
+def test_a_stop_releases_a_waiting_client_and_an_agent_error_stops_the_loop():
+    slots = make_slots(StepCounter(), SPACE, groups=1, envs=1, explore=True)
+    stop = threading.Event()
+    client = SharedMemoryClient(slots, 0, stop)
+    outcome = []
+
+    def ask():
+        try:
+            client.act(torch.zeros(1, 3), client.initial_state(1), True)
+        except Exception as error:  # noqa: BLE001 - the test reads it
+            outcome.append(error)
+
+    thread = threading.Thread(target=ask)
+    thread.start()  # no loop answers
+    wait_until(lambda: int(slots.asked[0]) == 1, 30, what="the request")
+    stop.set()
+    thread.join(timeout=30)
+    assert type(outcome[0]).__name__ == "InferenceStopped"
+
+    class Broken(StepCounter):
+        def act(self, obs, state, explore):
+            raise ValueError("bad act")
+
+    loop = InferenceLoop(Broken(), slots, deadline_s=0.0, version=lambda: 0)
+    try:
+        threading.Thread(target=ask, daemon=True).start()
+        wait_until(lambda: loop.error is not None, 30, what="the loop's error")
+        assert "ValueError: bad act" in loop.traceback
+    finally:
+        stop.set()
+        loop.close()
+
+
+# -- groups in processes ------------------------------------------------------------------------------
+def _central(env: EnvConfig, groups: int, envs: int, chunk: int, **settings) -> CentralActing:
+    acting_settings = ActingSettings(
+        num_actors=groups, envs_per_actor=envs, policy="central", central_groups="processes", **settings
+    )
+    acting = CentralActing(env, acting_settings, chunk)
+    acting.setup(rank=0)
+    return acting
+
+
+def _chunks(acting: CentralActing, count: int) -> list:
+    out = []
+    while len(out) < count:
+        chunk = acting.next_chunk(timeout=60)
+        assert chunk is not None
+        acting.received(chunk)
+        out.append(chunk)
+    return out
+
+
+@pytest.mark.slow
+def test_groups_restart_the_state_per_episode_and_run_one_chunk_ahead_at_most():
+    acting = _central(EnvConfig("CartPole-v1", max_episode_steps=5), groups=2, envs=3, chunk=8)
+    switch_interval = sys.getswitchinterval()
+    try:
+        acting.attach_agent(StepCounter(), version=4)
+        server = acting.pool.server
+        wait_until(lambda: acting.pool.qsize() == 2, 60, what="a chunk of each group")
+        assert server.requests == 2 * 8, "no group starts a second chunk before the learner takes its first"
+        assert sys.getswitchinterval() <= SWITCH_INTERVAL_S
+        chunks = _chunks(acting, 1)
+        wait_until(lambda: acting.pool.qsize() == 2, 60, what="that group's next chunk")
+        assert server.requests == 3 * 8
+        chunks += _chunks(acting, 7)
+    finally:
+        acting.close()
+    assert sys.getswitchinterval() == switch_interval, "restored when acting stops"
+    assert {c.actor for c in chunks} == {0, 1}
+    for chunk in chunks:
+        rows = chunk.rows
+        assert (rows["policy_version"] == 4).all() and chunk.version == 4
+        steps, first, acted = rows["steps"], rows["is_first"], ~rows["is_last"]
+        assert (steps[first & acted] == 0).all()
+        for t in range(1, steps.shape[0]):  # one more step since the episode began, row after row
+            going = ~first[t] & acted[t] & acted[t - 1]
+            assert (steps[t][going] == steps[t - 1][going] + 1).all()
+        assert first[1:].any(), "episodes of 5 steps began within the chunks"
+
+
+@pytest.mark.slow
+def test_a_group_process_makes_the_rows_of_a_collector_with_its_seeds():
+    env = EnvConfig("CartPole-v1", seed=3, max_episode_steps=7)
+    acting = _central(env, groups=1, envs=4, chunk=10)
+    try:
+        acting.attach_agent(StepCounter(), version=0)
+        central = _chunks(acting, 3)
+    finally:
+        acting.close()
+    vec = make_vector_env(EnvConfig(**{**vars(env), "num_envs": 4}))
+    try:
+        collector = Collector(vec, StepCounter(), seeds=env_seeds(3, 4, "train", 0, 0))
+        collector.policy_version = 0
+        reference = [collector.collect_chunk(10) for _ in range(3)]
+    finally:
+        vec.close()
+    for mine, theirs in zip(central, reference):
+        assert mine.rows.keys() == theirs.keys()
+        for key in theirs:
+            np.testing.assert_array_equal(mine.rows[key], theirs[key], err_msg=key)
+
+
+@pytest.mark.slow
+def test_random_prefill_comes_first_with_its_version():
+    acting = _central(EnvConfig("CartPole-v1"), groups=2, envs=2, chunk=4)
+    try:
+        acting.attach_agent(StepCounter(), version=0, random_rows=16)  # 4 vector steps per group
+        chunks = []
+        while len({c.actor for c in chunks if c.version == 0}) < 2:  # a policy chunk of each group
+            chunks += _chunks(acting, 1)
+            assert len(chunks) < 200
+    finally:
+        acting.close()
+    for group in (0, 1):
+        versions = [c.version for c in chunks if c.actor == group]
+        assert versions[0] == -1 and set(versions[1:]) == {0}, versions
+
+
+@pytest.mark.slow
+def test_an_agent_error_or_hang_becomes_one_error_naming_the_central_inference():
+    acting = _central(EnvConfig("CartPole-v1"), groups=2, envs=2, chunk=2)
+    try:
+        acting.attach_agent(FaultyPolicy("raise", at=6), version=0)  # the probe call was the first
+        with pytest.raises(ActorError, match=r"central inference \(.*\) raised:(.|\n)*policy exploded"):
+            _chunks(acting, 50)
+        assert acting.pool._closed
+    finally:
+        acting.close()
+    acting = _central(EnvConfig("CartPole-v1"), groups=1, envs=2, chunk=2, timeout_s=1.0)
+    try:
+        acting.attach_agent(FaultyPolicy("hang", at=3), version=0)
+        with pytest.raises(ActorError, match=r"central inference hung: one policy call has run for"):
+            _chunks(acting, 50)
+    finally:
+        acting.close()
+
+
+@pytest.mark.slow
+def test_a_killed_group_becomes_one_error_naming_it_and_close_leaves_no_process():
+    acting = _central(EnvConfig("CartPole-v1"), groups=2, envs=2, chunk=4)
+    acting.attach_agent(StepCounter(), version=0)
+    try:
+        _chunks(acting, 4)
+        pids, loop = acting.pool.pids(), acting.pool.server
+        assert len(pids) == 2 and all(alive(p) for p in pids)
+        os.kill(pids[1], signal.SIGKILL)
+        with pytest.raises(
+            ActorError, match=r"env group 1 \(central acting\) \(pid \d+\) was killed by signal SIGKILL"
+        ):
+            _chunks(acting, 1000)
+    finally:
+        acting.close()
+    assert wait_gone(pids, 30) == []
+    assert not loop.running
+
+
+@pytest.mark.slow
+def test_a_stop_request_ends_the_wait_and_close_ends_the_groups():
+    acting = _central(EnvConfig("CartPole-v1"), groups=2, envs=2, chunk=4)
+    acting.attach_agent(StepCounter(), version=0)
+    try:
+        _chunks(acting, 1)
+        pids = acting.pool.pids()
+        request_stop(signal.SIGTERM)
+        with pytest.raises(RunStopped):
+            acting.next_chunk(timeout=30)
+    finally:
+        clear_stop()
+        acting.close()
+    assert wait_gone(pids, 30) == []
+
+
+LEARNER = textwrap.dedent(
+    """
+    import os, sys
+    sys.path[:0] = [{root!r}, {tests!r}]
+    from lightning_wm.data.acting import CentralActing
+    from lightning_wm.data.settings import ActingSettings
+    from lightning_wm.envs import EnvConfig
+    from support.actor_agents import StepCounter
+
+    if __name__ == "__main__":
+        acting = CentralActing(
+            EnvConfig("CartPole-v1"),
+            ActingSettings(num_actors=2, envs_per_actor=2, policy="central", central_groups="processes"),
+            4,
+        )
+        acting.setup(0)
+        acting.attach_agent(StepCounter(), 0)
+        seen = set()
+        while len(seen) < 2:  # both groups acting
+            seen.add(acting.next_chunk(timeout=120).actor)
+        with open({pids!r} + ".tmp", "w") as f:
+            f.write(" ".join(str(p) for p in acting.pool.pids()))
+        os.replace({pids!r} + ".tmp", {pids!r})
+        while True:
+            acting.next_chunk(timeout=1.0)
+    """
+)
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_learner_leaves_no_group_and_nothing_in_dev_shm(tmp_path):
+    pids_file = tmp_path / "pids.txt"
+    script = tmp_path / "learner.py"
+    script.write_text(LEARNER.format(root=str(ROOT), tests=str(ROOT / "tests"), pids=str(pids_file)))
+    shm_before = set(os.listdir("/dev/shm"))
+    proc = subprocess.Popen([sys.executable, str(script)], stderr=(tmp_path / "stderr.txt").open("w"))
+    try:
+        wait_until(lambda: pids_file.exists() or proc.poll() is not None, 120, what="the learner acting")
+        assert proc.poll() is None, (tmp_path / "stderr.txt").read_text()
+        groups = [int(p) for p in pids_file.read_text().split()]
+        assert len(groups) == 2 and all(alive(p) for p in groups)
+        proc.kill()  # SIGKILL: nothing of the learner runs any more
+        proc.wait(timeout=30)
+        assert wait_gone(groups, 30) == [], "env groups outlived the learner"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # the semaphores' names are unlinked by multiprocessing's resource tracker once the learner is gone
+    left = wait_until(lambda: set(os.listdir("/dev/shm")) - shm_before == set() or None, 30, what="an empty /dev/shm")
+    assert left
+
+
+# -- tiny CLI fits ------------------------------------------------------------------------------------
+PROCESSES = [
+    *"--data.init_args.acting.num_actors 2 --data.init_args.acting.policy central".split(),
+    *"--data.init_args.acting.central_groups processes".split(),
+]
+QUIET = "--trainer.enable_progress_bar false --trainer.log_every_n_steps 1 --trainer.run_name run".split()
+
+
+def _logged(cli) -> dict:
+    return {k: float(v) for k, v in cli.trainer.logged_metrics.items()}
+
+
+@pytest.mark.slow
+def test_cli_fit_impala_cartpole_with_groups_in_processes():
+    args = [
+        *("fit", "--config", str(ROOT / "configs/impala/cartpole.yaml")),
+        *"--trainer.max_steps 4 --trainer.val_check_interval 4".split(),
+        *QUIET,
+        *data_overrides(UNROLL_DATA_TINY),
+        *model_overrides(IMPALA_TINY),
+        *PROCESSES,
+    ]
+    cli = main(args=args)
+    logged = _logged(cli)
+    assert cli.trainer.global_step == 4
+    for key in ("actors/frames_per_s", "actors/policy_lag", "actors/groups_per_act", "train/rho_mean", "val/return"):
+        assert key in logged, key
+    assert cli.datamodule.acting.pool is None, "the groups were stopped"
+
+
+@pytest.mark.slow
+def test_cli_fit_muzero_cartpole_with_groups_in_processes():
+    args = [
+        *("fit", "--config", str(ROOT / "configs/muzero/cartpole.yaml")),
+        *"--trainer.max_steps 40 --trainer.val_check_interval 40".split(),
+        *QUIET,
+        *model_overrides(MUZERO_TINY),
+        *data_overrides(MUZERO_DATA_TINY),
+        *PROCESSES,
+        *"--data.init_args.acting.chunk_length 8".split(),
+    ]
+    cli = main(args=args)
+    assert cli.trainer.global_step == 40  # 80 rows at replay ratio 0.5: searched rows past the prefill's 40
+    buffer = cli.datamodule.buffer
+    probs, version = buffer.column("visit_probs"), buffer.column("policy_version")
+    stored = buffer.generation(np.arange(buffer.num_streams)[:, None], np.arange(buffer.cap_per_stream)[None]) >= 0
+    searched = stored & (probs.sum(-1) > 0)
+    assert searched.sum() > 0
+    np.testing.assert_allclose(probs[searched].sum(-1), 1.0, rtol=1e-5)
+    assert (version[searched] >= 0).all()
+
+
+@pytest.mark.slow
+def test_cli_fit_dreamer_cartpole_with_groups_in_processes():
+    args = [
+        *("fit", "--config", str(ROOT / "configs/dreamer/cartpole.yaml")),
+        *("--config", str(ROOT / "configs/dreamer/presets/debug.yaml")),
+        *"--trainer.max_steps 4 --trainer.val_check_interval 4".split(),
+        *QUIET,
+        *data_overrides(REPLAY_DATA_TINY),
+        *PROCESSES,
+        *"--data.init_args.acting.chunk_length 8".split(),
+    ]
+    cli = main(args=args)
+    assert cli.trainer.global_step == 4
+    assert "train/loss_model" in _logged(cli)
+    versions = cli.datamodule.buffer.column("policy_version")
+    assert (versions >= 0).any() and (versions == -1).any(), "rows of the prefill and of the live module"
