@@ -1,9 +1,11 @@
 """Env frames per second with the learner consuming, for 0/1/2/4 actors; prints a markdown table.
 
 Actors run in either acting mode (``acting.policy``): ``copies`` (each actor process acts with its
-own CPU copy of the policy, new weights every 50 steps) and ``central`` (the actors are env groups
-in the learner's process, stepped in their thread with ``sync`` or in worker processes with
-``async``; one batched call of the learner's live policy acts for all of them).
+own CPU copy of the policy, new weights every 50 steps) and ``central`` (one batched call of the
+learner's live policy acts for all env groups): ``central-sync`` / ``central-async`` run the groups
+as threads of the learner's process, their envs stepped in the thread (``sync``) or in worker
+processes (``async``); ``central-processes`` runs each group in its own process, which steps its
+envs and builds its rows there (``acting.central_groups: processes``).
 
 For each env and actor count it measures, after a warm-up, for ``--seconds`` seconds:
 
@@ -29,6 +31,7 @@ frames).
     python bench/actors.py --envs pong --actors 2 --seconds 30
     python bench/actors.py --backend envpool    # the acting modes step EnvPool's envs
     python bench/actors.py --envs cartpole --actors 0,2 --policies central --vectorizations sync,async
+    python bench/actors.py --envs pong --actors 2 --policies central --central-groups processes
 """
 
 from __future__ import annotations
@@ -199,7 +202,7 @@ def with_actors(
     s: dict, actors: int, seconds: float, prefill: int, rows_per_step: float | None, mode: str = "copies"
 ) -> dict:
     """Actors act (the datamodules' acting part: ``copies``, new weights every 50 steps, or
-    ``central-sync`` / ``central-async``, the live policy); the learner ingests what arrived and
+    ``central-sync`` / ``central-async`` / ``central-processes``, the live policy); the learner ingests what arrived and
     trains (``rows_per_step`` None: flat out, else the replay ratio ``1 / rows_per_step`` is
     enforced by :class:`ReplayFeed`). The learner (and with ``central`` the acting policy) lives on
     ``s["device"]``; policy copies act on the CPU."""
@@ -213,8 +216,10 @@ def with_actors(
         publish_every=50,
         timeout_s=120,
         policy="central" if central else "copies",
+        central_groups="processes" if mode == "central-processes" else "threads",
     )
-    env = EnvConfig(**{**vars(s["env"]), "vectorization": mode.split("-")[1]}) if central else s["env"]
+    threads = mode in ("central-sync", "central-async")
+    env = EnvConfig(**{**vars(s["env"]), "vectorization": mode.split("-")[1]}) if threads else s["env"]
     acting = make_acting(env, env_spec(env), settings, s["chunk_length"], overlap=False)
     acting.setup(rank=0)
     shipped = policy if central else Shipped(policy)  # central acting takes the live module
@@ -255,7 +260,10 @@ def main() -> None:
     p.add_argument("--backend", default="gymnasium", help="the acting modes' env backend: gymnasium or envpool")
     p.add_argument("--policies", default="copies,central", help="acting.policy of the actors: copies, central")
     p.add_argument(
-        "--vectorizations", default="sync,async", help="env.vectorization of the central env groups: sync, async"
+        "--central-groups", default="threads,processes", help="where central env groups run: threads, processes"
+    )
+    p.add_argument(
+        "--vectorizations", default="sync,async", help="env.vectorization of the central groups' threads: sync, async"
     )
     p.add_argument("--device", default="cpu", help="the learner's device (and central acting's): cpu or cuda")
     p.add_argument("--repeats", type=int, default=1, help="measure every setting this many times (medians)")
@@ -279,7 +287,9 @@ def main() -> None:
     print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     modes = [p for p in args.policies.split(",") if p == "copies"]
     if "central" in args.policies.split(","):
-        modes += [f"central-{v}" for v in args.vectorizations.split(",")]
+        groups = args.central_groups.split(",")
+        modes += [f"central-{v}" for v in args.vectorizations.split(",") if "threads" in groups]
+        modes += ["central-processes"] if "processes" in groups else []
     for name in args.envs.split(","):
         s = settings(name, args.backend, args.device)
 

@@ -153,6 +153,8 @@ def test_settings_refuse_ray_and_unknown_policies():
         ActingSettings(num_actors=2, policy="shared")
     with pytest.raises(ValueError, match="deadline_ms must be >= 0"):
         ActingSettings(policy="central", deadline_ms=-1)
+    with pytest.raises(ValueError, match="acting.central_groups must be 'threads' or 'processes'"):
+        ActingSettings(policy="central", central_groups="fibers")
 
 
 def _central(env: EnvConfig, groups: int, envs: int, chunk: int, **settings) -> CentralActing:
