@@ -32,6 +32,7 @@ frames).
     python bench/actors.py --backend envpool    # the acting modes step EnvPool's envs
     python bench/actors.py --envs cartpole --actors 0,2 --policies central --vectorizations sync,async
     python bench/actors.py --envs pong --actors 2 --policies central --central-groups processes
+    python bench/actors.py --envs pong --actors 2 --backend envpool --acting-only   # no learner beside the actors
 """
 
 from __future__ import annotations
@@ -199,13 +200,20 @@ class Shipped:
 
 
 def with_actors(
-    s: dict, actors: int, seconds: float, prefill: int, rows_per_step: float | None, mode: str = "copies"
+    s: dict,
+    actors: int,
+    seconds: float,
+    prefill: int,
+    rows_per_step: float | None,
+    mode: str = "copies",
+    learn: bool = True,
 ) -> dict:
     """Actors act (the datamodules' acting part: ``copies``, new weights every 50 steps, or
     ``central-sync`` / ``central-async`` / ``central-processes``, the live policy); the learner ingests what arrived and
     trains (``rows_per_step`` None: flat out, else the replay ratio ``1 / rows_per_step`` is
     enforced by :class:`ReplayFeed`). The learner (and with ``central`` the acting policy) lives on
-    ``s["device"]``; policy copies act on the CPU."""
+    ``s["device"]``; policy copies act on the CPU. ``learn=False``: the learner only ingests (acting
+    alone: what the acting side reaches without a learner beside it)."""
     policy = s["policy"]().to(s["device"])
     buffer = ReplayBuffer(s["capacity"], actors * s["envs_per_actor"], seed=0)
     learner = Learner(policy, buffer, s["batch"])
@@ -242,8 +250,11 @@ def with_actors(
                     ingest(chunk)
             else:
                 waited += feed.before_batch()
-            learner.step()
-            acting.attach_agent(shipped, learner.steps)  # sent every publish_every steps
+            if learn:
+                learner.step()
+                acting.attach_agent(shipped, learner.steps)  # sent every publish_every steps
+            elif (chunk := acting.next_chunk(timeout=0.05)) is not None:
+                ingest(chunk)
         wall = time.perf_counter() - start
     finally:
         acting.close()
@@ -267,6 +278,11 @@ def main() -> None:
     )
     p.add_argument("--device", default="cpu", help="the learner's device (and central acting's): cpu or cuda")
     p.add_argument("--repeats", type=int, default=1, help="measure every setting this many times (medians)")
+    p.add_argument(
+        "--acting-only",
+        action="store_true",
+        help="the learner only ingests (no gradient steps): acting alone, one 'flat out' figure per mode",
+    )
     p.add_argument("--quick", action="store_true", help="CartPole, 0 and 2 actors, 4 s each")
     args = p.parse_args()
     if args.quick:
@@ -315,6 +331,8 @@ def main() -> None:
                 for mode in ["in process"] if actors == 0 else modes:
                     if actors == 0:
                         r = in_process(s, args.seconds, args.prefill)
+                    elif args.acting_only:
+                        r = with_actors(s, actors, args.seconds, args.prefill, None, mode, learn=False)
                     else:
                         flat = with_actors(s, actors, args.seconds, args.prefill, None, mode)
                         rows_per_step = 0.5 * flat["fps"] / max(flat["steps_per_s"], 1e-9)
