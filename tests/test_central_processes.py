@@ -2,13 +2,12 @@
 the shared-memory exchange and the inference loop (one call for every group, the deadline, the
 recurrent state kept per group and restarted per episode), the groups (the rows of a Collector,
 at most one chunk ahead, random prefill, errors naming the group or the policy, hangs), clean-up
-(``kill -9`` of a group or of the learner: no process, nothing in ``/dev/shm``) and tiny CLI fits."""
+(``kill -9`` of a group). ``kill -9`` of the learner and the tiny CLI fits of both group modes are
+in ``test_central.py``."""
 
 import os
 import signal
-import subprocess
 import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -18,7 +17,6 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_wm.cli import main
 from lightning_wm.data.acting import ActorError, CentralActing
 from lightning_wm.data.acting.inference import SWITCH_INTERVAL_S
 from lightning_wm.data.acting.shared_inference import InferenceLoop, SharedMemoryClient, make_slots
@@ -29,15 +27,6 @@ from lightning_wm.seeding import env_seeds
 from lightning_wm.signals import RunStopped, clear_stop, request_stop
 
 from support.actor_agents import FaultyPolicy, StepCounter
-from support.presets import (
-    IMPALA_TINY,
-    MUZERO_DATA_TINY,
-    MUZERO_TINY,
-    REPLAY_DATA_TINY,
-    UNROLL_DATA_TINY,
-    data_overrides,
-    model_overrides,
-)
 from support.processes import alive, wait_gone, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -275,126 +264,3 @@ def test_a_stop_request_ends_the_wait_and_close_ends_the_groups():
         clear_stop()
         acting.close()
     assert wait_gone(pids, 30) == []
-
-
-LEARNER = textwrap.dedent(
-    """
-    import os, sys
-    sys.path[:0] = [{root!r}, {tests!r}]
-    from lightning_wm.data.acting import CentralActing
-    from lightning_wm.data.settings import ActingSettings
-    from lightning_wm.envs import EnvConfig
-    from support.actor_agents import StepCounter
-
-    if __name__ == "__main__":
-        acting = CentralActing(
-            EnvConfig("CartPole-v1"),
-            ActingSettings(num_actors=2, envs_per_actor=2, policy="central", central_groups="processes"),
-            4,
-        )
-        acting.setup(0)
-        acting.attach_agent(StepCounter(), 0)
-        seen = set()
-        while len(seen) < 2:  # both groups acting
-            seen.add(acting.next_chunk(timeout=120).actor)
-        with open({pids!r} + ".tmp", "w") as f:
-            f.write(" ".join(str(p) for p in acting.pool.pids()))
-        os.replace({pids!r} + ".tmp", {pids!r})
-        while True:
-            acting.next_chunk(timeout=1.0)
-    """
-)
-
-
-@pytest.mark.slow
-def test_kill_9_of_the_learner_leaves_no_group_and_nothing_in_dev_shm(tmp_path):
-    pids_file = tmp_path / "pids.txt"
-    script = tmp_path / "learner.py"
-    script.write_text(LEARNER.format(root=str(ROOT), tests=str(ROOT / "tests"), pids=str(pids_file)))
-    shm_before = set(os.listdir("/dev/shm"))
-    proc = subprocess.Popen([sys.executable, str(script)], stderr=(tmp_path / "stderr.txt").open("w"))
-    try:
-        wait_until(lambda: pids_file.exists() or proc.poll() is not None, 120, what="the learner acting")
-        assert proc.poll() is None, (tmp_path / "stderr.txt").read_text()
-        groups = [int(p) for p in pids_file.read_text().split()]
-        assert len(groups) == 2 and all(alive(p) for p in groups)
-        proc.kill()  # SIGKILL: nothing of the learner runs any more
-        proc.wait(timeout=30)
-        assert wait_gone(groups, 30) == [], "env groups outlived the learner"
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    # the semaphores' names are unlinked by multiprocessing's resource tracker once the learner is gone
-    left = wait_until(lambda: set(os.listdir("/dev/shm")) - shm_before == set() or None, 30, what="an empty /dev/shm")
-    assert left
-
-
-# -- tiny CLI fits ------------------------------------------------------------------------------------
-PROCESSES = [
-    *"--data.init_args.acting.num_actors 2 --data.init_args.acting.policy central".split(),
-    *"--data.init_args.acting.central_groups processes".split(),
-]
-QUIET = "--trainer.enable_progress_bar false --trainer.log_every_n_steps 1 --trainer.run_name run".split()
-
-
-def _logged(cli) -> dict:
-    return {k: float(v) for k, v in cli.trainer.logged_metrics.items()}
-
-
-@pytest.mark.slow
-def test_cli_fit_impala_cartpole_with_groups_in_processes():
-    args = [
-        *("fit", "--config", str(ROOT / "configs/impala/cartpole.yaml")),
-        *"--trainer.max_steps 4 --trainer.val_check_interval 4".split(),
-        *QUIET,
-        *data_overrides(UNROLL_DATA_TINY),
-        *model_overrides(IMPALA_TINY),
-        *PROCESSES,
-    ]
-    cli = main(args=args)
-    logged = _logged(cli)
-    assert cli.trainer.global_step == 4
-    for key in ("actors/frames_per_s", "actors/policy_lag", "actors/groups_per_act", "train/rho_mean", "val/return"):
-        assert key in logged, key
-    assert cli.datamodule.acting.pool is None, "the groups were stopped"
-
-
-@pytest.mark.slow
-def test_cli_fit_muzero_cartpole_with_groups_in_processes():
-    args = [
-        *("fit", "--config", str(ROOT / "configs/muzero/cartpole.yaml")),
-        *"--trainer.max_steps 40 --trainer.val_check_interval 40".split(),
-        *QUIET,
-        *model_overrides(MUZERO_TINY),
-        *data_overrides(MUZERO_DATA_TINY),
-        *PROCESSES,
-        *"--data.init_args.acting.chunk_length 8".split(),
-    ]
-    cli = main(args=args)
-    assert cli.trainer.global_step == 40  # 80 rows at replay ratio 0.5: searched rows past the prefill's 40
-    buffer = cli.datamodule.buffer
-    probs, version = buffer.column("visit_probs"), buffer.column("policy_version")
-    stored = buffer.generation(np.arange(buffer.num_streams)[:, None], np.arange(buffer.cap_per_stream)[None]) >= 0
-    searched = stored & (probs.sum(-1) > 0)
-    assert searched.sum() > 0
-    np.testing.assert_allclose(probs[searched].sum(-1), 1.0, rtol=1e-5)
-    assert (version[searched] >= 0).all()
-
-
-@pytest.mark.slow
-def test_cli_fit_dreamer_cartpole_with_groups_in_processes():
-    args = [
-        *("fit", "--config", str(ROOT / "configs/dreamer/cartpole.yaml")),
-        *("--config", str(ROOT / "configs/dreamer/presets/debug.yaml")),
-        *"--trainer.max_steps 4 --trainer.val_check_interval 4".split(),
-        *QUIET,
-        *data_overrides(REPLAY_DATA_TINY),
-        *PROCESSES,
-        *"--data.init_args.acting.chunk_length 8".split(),
-    ]
-    cli = main(args=args)
-    assert cli.trainer.global_step == 4
-    assert "train/loss_model" in _logged(cli)
-    versions = cli.datamodule.buffer.column("policy_version")
-    assert (versions >= 0).any() and (versions == -1).any(), "rows of the prefill and of the live module"
