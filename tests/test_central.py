@@ -23,6 +23,7 @@ from lightning_wm.cli import main
 from lightning_wm.data.acting import ActorError, CentralActing
 from lightning_wm.data.acting.central import SWITCH_INTERVAL_S
 from lightning_wm.data.acting.inference import BatchedInference, InferenceStopped, acting_view
+from lightning_wm.data.acting.permits import ChunkPermits
 from lightning_wm.data.collector import Collector
 from lightning_wm.data.settings import ActingSettings
 from lightning_wm.envs import EnvConfig, make_vector_env
@@ -213,6 +214,34 @@ def test_each_group_runs_at_most_one_chunk_ahead_of_the_learner():
         assert made() == 3 * 4 * 3
     finally:
         acting.close()
+
+
+def test_permits_go_round_the_groups_and_one_per_group_keeps_each_group_one_chunk_ahead():
+    permits = ChunkPermits(3, 1, threading.Semaphore)
+    free = lambda: [p.acquire(blocking=False) for p in permits.semaphores]  # noqa: E731 - takes what is there
+    assert free() == [True, False, False]
+    for taken, turn in [(0, 1), (1, 2), (2, 0)]:
+        permits.taken(taken)
+        assert free() == [g == turn for g in range(3)], "the next group in turn, one permit out"
+    permits = ChunkPermits(2, 5, threading.Semaphore)  # more permits than groups: one per group
+    assert free() == [True, True]
+    permits.taken(1)
+    assert free() == [False, True], "a group's permit comes back to it"
+
+
+def test_one_permit_makes_the_groups_take_turns_with_one_chunk_ahead():
+    acting = _central(EnvConfig("CartPole-v1"), groups=2, envs=2, chunk=4, queue_size=1)
+    made = lambda: sum(w.collector.stats.env_steps for w in acting.pool.workers)  # noqa: E731
+    try:
+        acting.attach_agent(StepCounter(), version=0)
+        chunks = []
+        for count in range(1, 5):
+            wait_until(lambda: acting.pool.qsize() == 1, 30, what="the chunk in turn")  # noqa: B023
+            assert made() == count * 4 * 2, "one chunk ahead, all groups together"
+            chunks += _chunks(acting, 1)
+    finally:
+        acting.close()
+    assert [c.actor for c in chunks] == [0, 1, 0, 1]
 
 
 def test_one_sync_group_makes_the_rows_of_a_collector_with_its_seeds():

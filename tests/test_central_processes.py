@@ -175,6 +175,22 @@ def test_groups_restart_the_state_per_episode_and_run_one_chunk_ahead_at_most():
 
 
 @pytest.mark.slow
+def test_one_permit_makes_the_group_processes_take_turns():
+    acting = _central(EnvConfig("CartPole-v1"), groups=2, envs=2, chunk=4, queue_size=1)
+    try:
+        acting.attach_agent(StepCounter(), version=0)
+        server = acting.pool.server
+        chunks = []
+        for count in range(1, 5):
+            wait_until(lambda: acting.pool.qsize() == 1, 60, what="the chunk in turn")  # noqa: B023
+            assert server.requests == count * 4, "one chunk ahead, all groups together"
+            chunks += _chunks(acting, 1)
+    finally:
+        acting.close()
+    assert [c.actor for c in chunks] == [0, 1, 0, 1]
+
+
+@pytest.mark.slow
 def test_a_group_process_makes_the_rows_of_a_collector_with_its_seeds():
     env = EnvConfig("CartPole-v1", seed=3, max_episode_steps=7)
     acting = _central(env, groups=1, envs=4, chunk=10)

@@ -61,9 +61,10 @@ class ActingSettings:
             copies``; central acting always uses the live weights).
         timeout_s: an actor silent this long is reported as hung.
         queue_size: chunks that may wait for the learner before the actors block (local
-            backend, ``policy: copies``; a central group runs one chunk ahead of the learner at
-            most); default 2 per actor. Fewer keep the policy lag lower when the learner
-            is the slower side: each waiting chunk was made by older weights.
+            backend, ``policy: copies``; default 2 per actor); with ``policy: central`` the chunks
+            made ahead of the learner, queued or in the making, all groups together, the groups
+            taking turns (default one per group). Fewer keep the policy lag lower when the
+            learner is the slower side: each waiting chunk was made by older weights.
         ratio_slack: rows of tolerance of the replay ratio with actors (replay only; default
             one chunk per actor): see :class:`~lightning_wm.data.batches.replay_feed.ReplayFeed`.
     """

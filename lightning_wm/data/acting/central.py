@@ -9,11 +9,11 @@ thread each in the learner's process. Their agent is an
 :class:`~lightning_wm.data.acting.inference.InferenceClient` of one
 :class:`~lightning_wm.data.acting.inference.BatchedInference` that calls the live module
 (:func:`~lightning_wm.data.acting.inference.acting_view`) once for all groups that asked. Chunks go
-to the batch side as an actor pool's, but each group runs at most one chunk ahead of the learner:
-a group starts a chunk when the learner has taken one (``num_actors`` chunks queued or being made
-at most; ``acting.queue_size`` is for policy copies). Rows carry the learner's version at act
-time (``policy_version``), so the policy lag is only the learner steps taken while a chunk was
-made and waited.
+to the batch side as an actor pool's, but a group starts a chunk only with a permit
+(:class:`~lightning_wm.data.acting.permits.ChunkPermits`): ``acting.queue_size`` chunks (default
+one per group) are queued or being made ahead of the learner, the groups taking turns. Rows carry
+the learner's version at act time (``policy_version``), so the policy lag is only the learner
+steps taken while a chunk was made and waited.
 
 Robustness: a group's exception (an env that raised, a worker process that died, the agent's
 ``act``) or a group silent for ``acting.timeout_s`` becomes one
@@ -45,6 +45,7 @@ from lightning_wm.data.acting.inference import (
     InferenceStopped,
     acting_view,
 )
+from lightning_wm.data.acting.permits import ChunkPermits
 from lightning_wm.data.acting.worker import STARTUP_GRACE_S, ActorConfig, ActorError, ActorWorker
 from lightning_wm.data.settings import ActingSettings
 from lightning_wm.envs import EnvConfig
@@ -63,6 +64,8 @@ class CentralPool:
         deadline_s: how long a round waits for the other groups after its first request.
         version: the learner's weights version now.
         timeout_s: a group silent this long is reported as hung (starting gets ``STARTUP_GRACE_S`` more).
+        chunks_ahead: chunks made ahead of the learner, all groups together (:class:`ChunkPermits`;
+            default one per group).
     """
 
     def __init__(
@@ -73,12 +76,13 @@ class CentralPool:
         deadline_s: float,
         version: Any,
         timeout_s: float,
+        chunks_ahead: int | None = None,
     ) -> None:
         self.num_groups, self.timeout_s = num_groups, float(timeout_s)
+        self.permits = ChunkPermits(num_groups, chunks_ahead or num_groups, threading.Semaphore)
         self._switch_interval = sys.getswitchinterval()  # restored by close()
         sys.setswitchinterval(min(self._switch_interval, SWITCH_INTERVAL_S))
         self.server = BatchedInference(agent, deadline_s, version, groups=range(num_groups))
-        self.ahead = threading.BoundedSemaphore(num_groups)  # chunks made ahead of the learner
         self.chunks: queue_lib.Queue[Chunk] = queue_lib.Queue()  # at most num_groups: one per slot
         self.stop = threading.Event()
         self.errors: list[tuple[int, BaseException]] = []
@@ -115,9 +119,10 @@ class CentralPool:
                 torch.cuda.set_device(device)
             while not self.stop.is_set():
                 self.heartbeat[group] = time.monotonic()
-                if not self.ahead.acquire(blocking=False):  # a chunk starts when the learner took one
+                permit = self.permits.semaphores[group]
+                if not permit.acquire(blocking=False):  # a chunk starts with a permit (ChunkPermits)
                     self.server.pause(group)  # the others are served without waiting for this group
-                    while not self.ahead.acquire(timeout=0.25):
+                    while not permit.acquire(timeout=0.25):
                         self.heartbeat[group] = time.monotonic()
                         if self.stop.is_set() or stop_requested() is not None:
                             return
@@ -146,7 +151,7 @@ class CentralPool:
             self.check()
             try:
                 chunk = self.chunks.get(timeout=min(0.1, max(0.0, deadline - time.monotonic())))
-                self.ahead.release()  # its group (or another) may start the next chunk
+                self.permits.taken(chunk.actor)  # the next group in turn may start a chunk
                 return chunk
             except queue_lib.Empty:
                 if time.monotonic() >= deadline:
@@ -254,6 +259,7 @@ class CentralActing(ActorActing):
                 self.settings.deadline_ms / 1000.0,
                 lambda: self.learner_version,
                 self.settings.timeout_s,
+                self.settings.queue_size,
             )
         self.published = self.learner_version
 

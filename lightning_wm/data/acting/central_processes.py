@@ -7,8 +7,9 @@ prefill); its agent is a :class:`~lightning_wm.data.acting.shared_inference.Shar
 so for every step only the observations go to the learner and the actions and extras come back,
 through shared memory. One :class:`~lightning_wm.data.acting.shared_inference.InferenceLoop`
 thread in the learner acts for all groups with the live module on its device. Chunks come through
-a queue as the actors' do; a group starts a chunk only when the learner has taken its last one (a
-semaphore per group), so each runs at most one chunk ahead of the learner.
+a queue as the actors' do; a group starts a chunk only with a permit
+(:class:`~lightning_wm.data.acting.permits.ChunkPermits`, a semaphore per group): ``acting.queue_size``
+chunks, default one per group, are made ahead of the learner, the groups taking turns.
 
 Robustness is the actor processes' (:mod:`lightning_wm.data.acting.spawned`): a group's exception,
 death or silence, the inference loop's exception, or one policy call running for
@@ -28,6 +29,7 @@ import torch.multiprocessing as tmp
 
 from lightning_wm.data.acting.base import RANDOM_POLICY_VERSION, Chunk
 from lightning_wm.data.acting.inference import SWITCH_INTERVAL_S, InferenceStopped
+from lightning_wm.data.acting.permits import ChunkPermits
 from lightning_wm.data.acting.shared_inference import InferenceLoop, SharedMemoryClient, SharedSlots, make_slots
 from lightning_wm.data.acting.spawned import SpawnedWorkers, put_chunk, worker_process
 from lightning_wm.data.acting.worker import ActorConfig, ActorError, ActorWorker
@@ -41,7 +43,7 @@ def _group_main(
     group: int,
     config: ActorConfig,
     slots: SharedSlots,
-    ahead: list[Any],
+    permits: list[Any],
     chunks: Any,
     errors: Any,
     stop: Any,
@@ -69,7 +71,7 @@ def _group_main(
             while not stop.is_set():
                 beat()
                 client.pause()  # rounds do not wait for a group waiting for the learner
-                while not ahead[group].acquire(timeout=0.25):
+                while not permits[group].acquire(timeout=0.25):
                     beat()
                     if stop.is_set():
                         return
@@ -91,6 +93,7 @@ class CentralProcessPool:
         deadline_s: how long a round waits for the other active groups after its first request.
         version: the learner's weights version now.
         timeout_s: a group silent this long, or one policy call this long, is reported as hung.
+        chunks_ahead: chunks made ahead of the learner, all groups together (default one per group).
     """
 
     def __init__(
@@ -101,14 +104,14 @@ class CentralProcessPool:
         deadline_s: float,
         version: Any,
         timeout_s: float,
+        chunks_ahead: int | None = None,
     ) -> None:
         self.num_groups, self.timeout_s = num_groups, float(timeout_s)
         env_cfg = EnvConfig(**{**vars(config.env), "num_envs": config.envs_per_actor})
         slots = make_slots(
             agent, env_spec(env_cfg).observation_space, num_groups, config.envs_per_actor, config.explore
         )
-        ctx = tmp.get_context("spawn")
-        self.ahead = [ctx.BoundedSemaphore(1) for _ in range(num_groups)]  # a group's chunk ahead of the learner
+        self.permits = ChunkPermits(num_groups, chunks_ahead or num_groups, tmp.get_context("spawn").Semaphore)
         self._switch_interval = sys.getswitchinterval()  # restored by close()
         sys.setswitchinterval(min(self._switch_interval, SWITCH_INTERVAL_S))
         self.server = InferenceLoop(agent, slots, deadline_s, version)
@@ -116,7 +119,11 @@ class CentralProcessPool:
         self._last_check = 0.0
         try:
             self.workers = SpawnedWorkers(
-                _group_main, (config, slots, self.ahead), num_groups, num_groups, "env group {} (central acting)"
+                _group_main,
+                (config, slots, self.permits.semaphores),
+                num_groups,
+                num_groups,
+                "env group {} (central acting)",
             )
         except BaseException:
             self.server.close()
@@ -136,7 +143,7 @@ class CentralProcessPool:
             self.check()
             chunk = self.workers.get(min(0.1, max(0.0, deadline - time.monotonic())))
             if chunk is not None:
-                self.ahead[chunk.actor].release()  # its group may start the next chunk
+                self.permits.taken(chunk.actor)  # the next group in turn may start a chunk
                 return chunk
             if time.monotonic() >= deadline:
                 return None
