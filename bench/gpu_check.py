@@ -23,8 +23,9 @@ Parts, each under its own time limit (``timeout -k 5``, so a part that ignores S
 3. **search**: simulations per second of one 50-simulation MCTS at batch 16, 64, 256 and 1024
    on the device, MuZero's CartPole-sized network, eager and with the simulation loop captured
    as one CUDA graph (``search.cuda_graphs``);
-4. **actors**: IMPALA Pong frames per second with actor processes on the machine's cores
-   (``bench/actors.py``).
+4. **actors**: IMPALA Pong frames per second on the machine's cores (``bench/actors.py``): the env
+   ceiling, in process, policy copies, central groups as threads (envs in worker processes) and as
+   processes.
 
 The report names the machine (torch, device, cores) so that figures from different machines are
 never mixed up.
@@ -376,11 +377,13 @@ def actors_part(device: str, quick: bool, limit: float) -> list[str]:
     cmd = [sys.executable, str(ROOT / "bench/actors.py"), "--envs", "pong", "--actors", f"0,{actors}"]
     cmd += ["--device", device]  # the learner and central acting on the device, policy copies on the CPU
     cmd += ["--seconds", str(seconds), "--prefill", "200" if quick else "1000"]
-    # the env ceiling first, then each mode; on a many-core machine central groups also step in worker processes
-    cmd += ["--policies", "copies,central", "--vectorizations", "sync" if quick else "sync,async"]
+    # the env ceiling first, then each mode; on a many-core machine central groups as threads with their envs in
+    # worker processes, and groups as processes (SEED RL's split)
+    cmd += ["--policies", "copies,central", "--vectorizations", "sync" if quick else "async"]
+    cmd += ["--central-groups", "threads" if quick else "threads,processes"]
     status, out, _ = run(cmd, limit)
     lines = [
-        f"## Actors (IMPALA-style acting on ALE/Pong-v5: the env ceiling, in process, {actors} actors with policy copies and central; learner on {device}; `bench/actors.py`)",
+        f"## Actors (IMPALA-style acting on ALE/Pong-v5: the env ceiling, in process, {actors} actors with policy copies and central groups as threads or processes; learner on {device}; `bench/actors.py`)",
         "",
     ]
     table = [line for line in out.splitlines() if line.startswith("|")]
