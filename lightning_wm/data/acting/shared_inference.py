@@ -244,9 +244,11 @@ class InferenceLoop:
             state = cat_trees([self._states[g] for g in groups])
         version = int(self.version())
         self.busy_since = time.monotonic()
-        with torch.no_grad():
-            action, new_state, extras = agent.act(obs, state, explore)
-        self.busy_since = None
+        try:
+            with torch.no_grad():
+                action, new_state, extras = agent.act(obs, state, explore)
+        finally:
+            self.busy_since = None
         if extras.keys() != slots.extras.keys():
             raise RuntimeError(
                 f"the agent's extras changed keys between calls ({sorted(slots.extras)} -> {sorted(extras)}): "
