@@ -379,7 +379,8 @@ def actors_part(device: str, quick: bool, limit: float) -> list[str]:
     cmd += ["--seconds", str(seconds), "--prefill", "200" if quick else "1000"]
     # the env ceiling first, then each mode; on a many-core machine central groups as threads with their envs in
     # worker processes, and groups as processes (SEED RL's split)
-    cmd += ["--policies", "copies,central", "--vectorizations", "sync" if quick else "async"]
+    # (--quick, the CPU test of this script: central threads alone, the part's plumbing)
+    cmd += ["--policies", "central" if quick else "copies,central", "--vectorizations", "sync" if quick else "async"]
     cmd += ["--central-groups", "threads" if quick else "threads,processes"]
     status, out, _ = run(cmd, limit)
     lines = [
