@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from lightning_wm.cli import main
-from lightning_wm.data.acting import ActorError, CentralActing
+from lightning_wm.data.acting import ActorError
 from lightning_wm.data.acting.central import SWITCH_INTERVAL_S
 from lightning_wm.data.acting.inference import BatchedInference, InferenceStopped, acting_view
 from lightning_wm.data.acting.permits import ChunkPermits
@@ -31,6 +31,7 @@ from lightning_wm.seeding import env_seeds
 from lightning_wm.signals import RunStopped, clear_stop, request_stop
 
 from support.actor_agents import FaultyPolicy, StepCounter
+from support.central import central_acting, take_chunks
 from support.presets import (
     IMPALA_TINY,
     MUZERO_DATA_TINY,
@@ -46,6 +47,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CENTRAL = ["--data.init_args.acting.num_actors", "2", "--data.init_args.acting.policy", "central"]
 # where the groups run in the CLI fits: threads of the learner, or processes exchanging through shared memory
 GROUPS = pytest.mark.parametrize("groups", ["threads", "processes"])
+# the same for tests of the fast lane: groups in processes spawn (seconds each), so that variant is slow
+BOTH_GROUPS = pytest.mark.parametrize("groups", ["threads", pytest.param("processes", marks=pytest.mark.slow)])
 
 
 class Recording:
@@ -160,30 +163,12 @@ def test_settings_refuse_ray_and_unknown_policies():
         ActingSettings(policy="central", central_groups="fibers")
 
 
-def _central(env: EnvConfig, groups: int, envs: int, chunk: int, **settings) -> CentralActing:
-    acting = CentralActing(
-        env, ActingSettings(num_actors=groups, envs_per_actor=envs, policy="central", **settings), chunk
-    )
-    acting.setup(rank=0)
-    return acting
-
-
-def _chunks(acting: CentralActing, count: int) -> list:
-    out = []
-    while len(out) < count:
-        chunk = acting.next_chunk(timeout=60)
-        assert chunk is not None
-        acting.received(chunk)
-        out.append(chunk)
-    return out
-
-
 def test_recurrent_state_restarts_with_each_episode_in_every_group():
-    acting = _central(EnvConfig("CartPole-v1", max_episode_steps=5), groups=2, envs=3, chunk=8)
+    acting = central_acting(EnvConfig("CartPole-v1", max_episode_steps=5), groups=2, envs=3, chunk=8)
     switch_interval = sys.getswitchinterval()
     try:
         acting.attach_agent(StepCounter(), version=4)
-        chunks = _chunks(acting, 6)
+        chunks = take_chunks(acting, 6)
         assert 1.0 <= acting.metrics()["actors/groups_per_act"] <= 2.0
         assert sys.getswitchinterval() <= SWITCH_INTERVAL_S
     finally:
@@ -203,13 +188,13 @@ def test_recurrent_state_restarts_with_each_episode_in_every_group():
 
 
 def test_each_group_runs_at_most_one_chunk_ahead_of_the_learner():
-    acting = _central(EnvConfig("CartPole-v1"), groups=2, envs=3, chunk=4)
+    acting = central_acting(EnvConfig("CartPole-v1"), groups=2, envs=3, chunk=4)
     made = lambda: sum(w.collector.stats.env_steps for w in acting.pool.workers)  # noqa: E731
     try:
         acting.attach_agent(StepCounter(), version=0)
         wait_until(lambda: acting.pool.qsize() == 2, 30, what="a chunk of each group")
         assert made() == 2 * 4 * 3, "no third chunk starts before the learner takes one"
-        _chunks(acting, 1)
+        take_chunks(acting, 1)
         wait_until(lambda: acting.pool.qsize() == 2, 30, what="the next chunk")
         assert made() == 3 * 4 * 3
     finally:
@@ -229,27 +214,28 @@ def test_permits_go_round_the_groups_and_one_per_group_keeps_each_group_one_chun
     assert free() == [False, True], "a group's permit comes back to it"
 
 
-def test_one_permit_makes_the_groups_take_turns_with_one_chunk_ahead():
-    acting = _central(EnvConfig("CartPole-v1"), groups=2, envs=2, chunk=4, queue_size=1)
-    made = lambda: sum(w.collector.stats.env_steps for w in acting.pool.workers)  # noqa: E731
+@BOTH_GROUPS
+def test_one_permit_makes_the_groups_take_turns_with_one_chunk_ahead(groups):
+    acting = central_acting(EnvConfig("CartPole-v1"), groups=2, envs=2, chunk=4, queue_size=1, central_groups=groups)
     try:
         acting.attach_agent(StepCounter(), version=0)
         chunks = []
         for count in range(1, 5):
-            wait_until(lambda: acting.pool.qsize() == 1, 30, what="the chunk in turn")  # noqa: B023
-            assert made() == count * 4 * 2, "one chunk ahead, all groups together"
-            chunks += _chunks(acting, 1)
+            wait_until(lambda: acting.pool.qsize() == 1, 60, what="the chunk in turn")  # noqa: B023
+            assert acting.pool.server.requests == count * 4, "one chunk ahead, all groups together"
+            chunks += take_chunks(acting, 1)
     finally:
         acting.close()
     assert [c.actor for c in chunks] == [0, 1, 0, 1]
 
 
-def test_one_sync_group_makes_the_rows_of_a_collector_with_its_seeds():
+@BOTH_GROUPS
+def test_one_sync_group_makes_the_rows_of_a_collector_with_its_seeds(groups):
     env = EnvConfig("CartPole-v1", seed=3, max_episode_steps=7)
-    acting = _central(env, groups=1, envs=4, chunk=10)
+    acting = central_acting(env, groups=1, envs=4, chunk=10, central_groups=groups)
     try:
         acting.attach_agent(StepCounter(), version=0)
-        central = _chunks(acting, 3)
+        central = take_chunks(acting, 3)
     finally:
         acting.close()
     vec = make_vector_env(EnvConfig(**{**vars(env), "num_envs": 4}))
@@ -265,13 +251,14 @@ def test_one_sync_group_makes_the_rows_of_a_collector_with_its_seeds():
             np.testing.assert_array_equal(mine.rows[key], theirs[key], err_msg=key)
 
 
-def test_random_prefill_comes_first_with_its_version():
-    acting = _central(EnvConfig("CartPole-v1"), groups=2, envs=2, chunk=4)
+@BOTH_GROUPS
+def test_random_prefill_comes_first_with_its_version(groups):
+    acting = central_acting(EnvConfig("CartPole-v1"), groups=2, envs=2, chunk=4, central_groups=groups)
     try:
         acting.attach_agent(StepCounter(), version=0, random_rows=16)  # 4 vector steps per group
         chunks = []
         while len({c.actor for c in chunks if c.version == 0}) < 2:  # a policy chunk of each group
-            chunks += _chunks(acting, 1)
+            chunks += take_chunks(acting, 1)
             assert len(chunks) < 200
     finally:
         acting.close()
@@ -281,20 +268,20 @@ def test_random_prefill_comes_first_with_its_version():
 
 
 def test_an_agent_error_becomes_one_error_naming_the_group():
-    acting = _central(EnvConfig("CartPole-v1"), groups=2, envs=2, chunk=2)
+    acting = central_acting(EnvConfig("CartPole-v1"), groups=2, envs=2, chunk=2)
     try:
         acting.attach_agent(FaultyPolicy("raise", at=4), version=0)
         with pytest.raises(ActorError, match=r"env group \d \(central acting\) raised:(.|\n)*policy exploded"):
-            _chunks(acting, 50)
+            take_chunks(acting, 50)
     finally:
         acting.close()
 
 
 def test_a_stop_request_ends_the_wait_and_the_groups(monkeypatch):
-    acting = _central(EnvConfig("CartPole-v1"), groups=2, envs=2, chunk=4)
+    acting = central_acting(EnvConfig("CartPole-v1"), groups=2, envs=2, chunk=4)
     acting.attach_agent(StepCounter(), version=0)
     try:
-        _chunks(acting, 1)
+        take_chunks(acting, 1)
         request_stop(signal.SIGTERM)
         with pytest.raises(RunStopped):
             acting.next_chunk(timeout=30)
@@ -308,9 +295,9 @@ def test_a_stop_request_ends_the_wait_and_the_groups(monkeypatch):
 
 @pytest.mark.slow
 def test_close_leaves_no_thread_and_no_worker_process():
-    acting = _central(EnvConfig("CartPole-v1", vectorization="async"), groups=2, envs=2, chunk=4)
+    acting = central_acting(EnvConfig("CartPole-v1", vectorization="async"), groups=2, envs=2, chunk=4)
     acting.attach_agent(StepCounter(), version=0)
-    _chunks(acting, 4)
+    take_chunks(acting, 4)
     pids = acting.pool.pids()
     assert len(pids) == 4 and all(alive(p) for p in pids)
     acting.close()
@@ -321,14 +308,14 @@ def test_close_leaves_no_thread_and_no_worker_process():
 
 @pytest.mark.slow
 def test_a_killed_env_worker_becomes_one_error_naming_the_group():
-    acting = _central(EnvConfig("CartPole-v1", vectorization="async"), groups=2, envs=2, chunk=4)
+    acting = central_acting(EnvConfig("CartPole-v1", vectorization="async"), groups=2, envs=2, chunk=4)
     acting.attach_agent(StepCounter(), version=0)
     try:
-        _chunks(acting, 2)
+        take_chunks(acting, 2)
         victim = acting.pool.workers[1].collector.env.processes[0]
         os.kill(victim.pid, signal.SIGKILL)
         with pytest.raises(ActorError, match=r"env group 1 \(central acting\) raised"):
-            _chunks(acting, 1000)
+            take_chunks(acting, 1000)
         pids = [p for p in acting.pool.pids() if p != victim.pid] if acting.pool else []
     finally:
         acting.close()

@@ -1,9 +1,9 @@
 """Central acting with env groups in their own processes (``acting.central_groups: processes``):
 the shared-memory exchange and the inference loop (one call for every group, the deadline, the
-recurrent state kept per group and restarted per episode), the groups (the rows of a Collector,
-at most one chunk ahead, random prefill, errors naming the group or the policy, hangs), clean-up
-(``kill -9`` of a group). ``kill -9`` of the learner and the tiny CLI fits of both group modes are
-in ``test_central.py``."""
+recurrent state kept per group and restarted per episode), the groups (at most one chunk ahead,
+errors naming the group or the policy, hangs) and ``kill -9`` of a group. ``test_central.py`` runs
+what both group modes share for each: the rows of a Collector, random prefill, permits in turn,
+``kill -9`` of the learner and the tiny CLI fits."""
 
 import os
 import signal
@@ -20,13 +20,11 @@ import torch
 from lightning_wm.data.acting import ActorError, CentralActing
 from lightning_wm.data.acting.inference import SWITCH_INTERVAL_S
 from lightning_wm.data.acting.shared_inference import InferenceLoop, SharedMemoryClient, make_slots
-from lightning_wm.data.collector import Collector
-from lightning_wm.data.settings import ActingSettings
-from lightning_wm.envs import EnvConfig, make_vector_env
-from lightning_wm.seeding import env_seeds
+from lightning_wm.envs import EnvConfig
 from lightning_wm.signals import RunStopped, clear_stop, request_stop
 
 from support.actor_agents import FaultyPolicy, StepCounter
+from support.central import central_acting, take_chunks
 from support.processes import alive, wait_gone, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,22 +125,7 @@ def test_a_stop_releases_a_waiting_client_and_an_agent_error_stops_the_loop():
 
 # -- groups in processes ------------------------------------------------------------------------------
 def _central(env: EnvConfig, groups: int, envs: int, chunk: int, **settings) -> CentralActing:
-    acting_settings = ActingSettings(
-        num_actors=groups, envs_per_actor=envs, policy="central", central_groups="processes", **settings
-    )
-    acting = CentralActing(env, acting_settings, chunk)
-    acting.setup(rank=0)
-    return acting
-
-
-def _chunks(acting: CentralActing, count: int) -> list:
-    out = []
-    while len(out) < count:
-        chunk = acting.next_chunk(timeout=60)
-        assert chunk is not None
-        acting.received(chunk)
-        out.append(chunk)
-    return out
+    return central_acting(env, groups, envs, chunk, central_groups="processes", **settings)
 
 
 @pytest.mark.slow
@@ -155,10 +138,10 @@ def test_groups_restart_the_state_per_episode_and_run_one_chunk_ahead_at_most():
         wait_until(lambda: acting.pool.qsize() == 2, 60, what="a chunk of each group")
         assert server.requests == 2 * 8, "no group starts a second chunk before the learner takes its first"
         assert sys.getswitchinterval() <= SWITCH_INTERVAL_S
-        chunks = _chunks(acting, 1)
+        chunks = take_chunks(acting, 1)
         wait_until(lambda: acting.pool.qsize() == 2, 60, what="that group's next chunk")
         assert server.requests == 3 * 8
-        chunks += _chunks(acting, 7)
+        chunks += take_chunks(acting, 7)
     finally:
         acting.close()
     assert sys.getswitchinterval() == switch_interval, "restored when acting stops"
@@ -175,66 +158,12 @@ def test_groups_restart_the_state_per_episode_and_run_one_chunk_ahead_at_most():
 
 
 @pytest.mark.slow
-def test_one_permit_makes_the_group_processes_take_turns():
-    acting = _central(EnvConfig("CartPole-v1"), groups=2, envs=2, chunk=4, queue_size=1)
-    try:
-        acting.attach_agent(StepCounter(), version=0)
-        server = acting.pool.server
-        chunks = []
-        for count in range(1, 5):
-            wait_until(lambda: acting.pool.qsize() == 1, 60, what="the chunk in turn")  # noqa: B023
-            assert server.requests == count * 4, "one chunk ahead, all groups together"
-            chunks += _chunks(acting, 1)
-    finally:
-        acting.close()
-    assert [c.actor for c in chunks] == [0, 1, 0, 1]
-
-
-@pytest.mark.slow
-def test_a_group_process_makes_the_rows_of_a_collector_with_its_seeds():
-    env = EnvConfig("CartPole-v1", seed=3, max_episode_steps=7)
-    acting = _central(env, groups=1, envs=4, chunk=10)
-    try:
-        acting.attach_agent(StepCounter(), version=0)
-        central = _chunks(acting, 3)
-    finally:
-        acting.close()
-    vec = make_vector_env(EnvConfig(**{**vars(env), "num_envs": 4}))
-    try:
-        collector = Collector(vec, StepCounter(), seeds=env_seeds(3, 4, "train", 0, 0))
-        collector.policy_version = 0
-        reference = [collector.collect_chunk(10) for _ in range(3)]
-    finally:
-        vec.close()
-    for mine, theirs in zip(central, reference):
-        assert mine.rows.keys() == theirs.keys()
-        for key in theirs:
-            np.testing.assert_array_equal(mine.rows[key], theirs[key], err_msg=key)
-
-
-@pytest.mark.slow
-def test_random_prefill_comes_first_with_its_version():
-    acting = _central(EnvConfig("CartPole-v1"), groups=2, envs=2, chunk=4)
-    try:
-        acting.attach_agent(StepCounter(), version=0, random_rows=16)  # 4 vector steps per group
-        chunks = []
-        while len({c.actor for c in chunks if c.version == 0}) < 2:  # a policy chunk of each group
-            chunks += _chunks(acting, 1)
-            assert len(chunks) < 200
-    finally:
-        acting.close()
-    for group in (0, 1):
-        versions = [c.version for c in chunks if c.actor == group]
-        assert versions[0] == -1 and set(versions[1:]) == {0}, versions
-
-
-@pytest.mark.slow
 def test_an_agent_error_or_hang_becomes_one_error_naming_the_central_inference():
     acting = _central(EnvConfig("CartPole-v1"), groups=2, envs=2, chunk=2)
     try:
         acting.attach_agent(FaultyPolicy("raise", at=6), version=0)  # the probe call was the first
         with pytest.raises(ActorError, match=r"central inference \(.*\) raised:(.|\n)*policy exploded"):
-            _chunks(acting, 50)
+            take_chunks(acting, 50)
         assert acting.pool._closed
     finally:
         acting.close()
@@ -242,7 +171,7 @@ def test_an_agent_error_or_hang_becomes_one_error_naming_the_central_inference()
     try:
         acting.attach_agent(FaultyPolicy("hang", at=3), version=0)
         with pytest.raises(ActorError, match=r"central inference hung: one policy call has run for"):
-            _chunks(acting, 50)
+            take_chunks(acting, 50)
     finally:
         acting.close()
 
@@ -252,14 +181,14 @@ def test_a_killed_group_becomes_one_error_naming_it_and_close_leaves_no_process(
     acting = _central(EnvConfig("CartPole-v1"), groups=2, envs=2, chunk=4)
     acting.attach_agent(StepCounter(), version=0)
     try:
-        _chunks(acting, 4)
+        take_chunks(acting, 4)
         pids, loop = acting.pool.pids(), acting.pool.server
         assert len(pids) == 2 and all(alive(p) for p in pids)
         os.kill(pids[1], signal.SIGKILL)
         with pytest.raises(
             ActorError, match=r"env group 1 \(central acting\) \(pid \d+\) was killed by signal SIGKILL"
         ):
-            _chunks(acting, 1000)
+            take_chunks(acting, 1000)
     finally:
         acting.close()
     assert wait_gone(pids, 30) == []
@@ -271,7 +200,7 @@ def test_a_stop_request_ends_the_wait_and_close_ends_the_groups():
     acting = _central(EnvConfig("CartPole-v1"), groups=2, envs=2, chunk=4)
     acting.attach_agent(StepCounter(), version=0)
     try:
-        _chunks(acting, 1)
+        take_chunks(acting, 1)
         pids = acting.pool.pids()
         request_stop(signal.SIGTERM)
         with pytest.raises(RunStopped):
