@@ -23,6 +23,12 @@ from lightning_wm.signals import check_stop
 from lightning_wm.tree import stack, tree_map, where
 
 
+def agent_device(agent: Any) -> torch.device:
+    """Where ``agent`` takes its observations: its ``device`` attribute, else the CPU."""
+    device = getattr(agent, "device", None)
+    return device if isinstance(device, torch.device) else torch.device("cpu")
+
+
 class EpisodeStats:
     """Env steps taken and the episodes finished since the last :meth:`pop_finished`."""
 
@@ -119,8 +125,7 @@ class Collector:
             self._state = agent.initial_state(self.num_envs)
 
     def _device(self) -> torch.device:
-        device = getattr(self.agent, "device", None)
-        return device if isinstance(device, torch.device) else torch.device("cpu")
+        return agent_device(self.agent)
 
     def _zero_on_last(self, value: np.ndarray) -> np.ndarray:
         """A copy of ``value [N, ...]`` with the entries of envs on a last row zeroed: no action is

@@ -17,15 +17,18 @@ asks *how* rows are made; it takes :class:`Chunk` s (``next_chunk``), says which
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from lightning_wm.data.replay import RANDOM_POLICY_VERSION
+from lightning_wm.signals import check_stop
 
-__all__ = ["Acting", "Chunk", "RANDOM_POLICY_VERSION"]
+__all__ = ["Acting", "Chunk", "RANDOM_POLICY_VERSION", "wait_for_chunk"]
 
 
 @dataclass
@@ -47,6 +50,25 @@ class Chunk:
     episodes: list[dict[str, float]] = field(default_factory=list)
     env_steps: int = 0
     collect_s: float = 0.0
+
+    def date_by_oldest_row(self) -> None:
+        """Set ``version`` to the oldest weights that acted in the chunk (central acting: rows carry
+        the learner's version of the moment); a random-prefill chunk keeps its version."""
+        if self.version != RANDOM_POLICY_VERSION:
+            self.version = int(self.rows["policy_version"].min())
+
+
+def wait_for_chunk(take: Callable[[float], Chunk | None], check: Callable[[], None], timeout: float) -> Chunk | None:
+    """``take(seconds)`` in slices of at most 0.1 s until a chunk comes or ``timeout`` seconds pass
+    (``None`` then), calling ``check()`` (raises when a source failed) and honouring a stop request
+    (``RunStopped``) before each slice."""
+    deadline = time.monotonic() + timeout
+    while True:
+        check_stop()
+        check()
+        chunk = take(min(0.1, max(0.0, deadline - time.monotonic())))
+        if chunk is not None or time.monotonic() >= deadline:
+            return chunk
 
 
 class Acting(ABC):

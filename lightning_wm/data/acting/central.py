@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 import queue as queue_lib
-import sys
 import threading
 import time
 import traceback
@@ -36,7 +35,7 @@ import torch
 from torch import nn
 
 from lightning_wm.data.acting.actors import ActorActing
-from lightning_wm.data.acting.base import RANDOM_POLICY_VERSION, Chunk
+from lightning_wm.data.acting.base import Chunk, wait_for_chunk
 from lightning_wm.data.acting.central_processes import CentralProcessPool
 from lightning_wm.data.acting.inference import (
     SWITCH_INTERVAL_S,
@@ -44,12 +43,13 @@ from lightning_wm.data.acting.inference import (
     InferenceClient,
     InferenceStopped,
     acting_view,
+    shorten_switch_interval,
 )
 from lightning_wm.data.acting.permits import ChunkPermits
 from lightning_wm.data.acting.worker import STARTUP_GRACE_S, ActorConfig, ActorError, ActorWorker
 from lightning_wm.data.settings import ActingSettings
 from lightning_wm.envs import EnvConfig
-from lightning_wm.signals import check_stop, stop_requested
+from lightning_wm.signals import stop_requested
 
 __all__ = ["CentralActing", "CentralPool", "SWITCH_INTERVAL_S"]
 
@@ -80,8 +80,7 @@ class CentralPool:
     ) -> None:
         self.num_groups, self.timeout_s = num_groups, float(timeout_s)
         self.permits = ChunkPermits(num_groups, chunks_ahead or num_groups, threading.Semaphore)
-        self._switch_interval = sys.getswitchinterval()  # restored by close()
-        sys.setswitchinterval(min(self._switch_interval, SWITCH_INTERVAL_S))
+        self._restore_switch_interval = shorten_switch_interval()  # called by close()
         self.server = BatchedInference(agent, deadline_s, version, groups=range(num_groups))
         self.chunks: queue_lib.Queue[Chunk] = queue_lib.Queue()  # at most num_groups: one per slot
         self.stop = threading.Event()
@@ -127,8 +126,7 @@ class CentralPool:
                         if self.stop.is_set() or stop_requested() is not None:
                             return
                 chunk = worker.chunk(self.server.version())
-                if chunk.version != RANDOM_POLICY_VERSION:  # the oldest weights that acted in it
-                    chunk.version = int(chunk.rows["policy_version"].min())
+                chunk.date_by_oldest_row()
                 self.chunks.put(chunk)
         except InferenceStopped:
             return
@@ -145,17 +143,16 @@ class CentralPool:
             ActorError: a group raised or hung (the pool is closed first).
             RunStopped: a stop was requested while waiting.
         """
-        deadline = time.monotonic() + timeout
-        while True:
-            check_stop()
-            self.check()
-            try:
-                chunk = self.chunks.get(timeout=min(0.1, max(0.0, deadline - time.monotonic())))
-                self.permits.taken(chunk.actor)  # the next group in turn may start a chunk
-                return chunk
-            except queue_lib.Empty:
-                if time.monotonic() >= deadline:
-                    return None
+        chunk = wait_for_chunk(self._take, self.check, timeout)
+        if chunk is not None:
+            self.permits.taken(chunk.actor)  # the next group in turn may start a chunk
+        return chunk
+
+    def _take(self, timeout: float) -> Chunk | None:
+        try:
+            return self.chunks.get(timeout=timeout)
+        except queue_lib.Empty:
+            return None
 
     def check(self) -> None:
         """Raise :class:`ActorError` (after closing the pool) if a group raised or hung."""
@@ -193,7 +190,7 @@ class CentralPool:
         self._closed = True
         self.stop.set()
         self.server.close()
-        sys.setswitchinterval(self._switch_interval)
+        self._restore_switch_interval()
         for thread in self.threads:
             thread.join(timeout=10.0)
         force = {group for group, thread in enumerate(self.threads) if thread.is_alive()}  # inside env.step

@@ -20,21 +20,19 @@ the learner, ``kill -9`` included; the shared tensors are file descriptors, neve
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Any
 
 import torch
 import torch.multiprocessing as tmp
 
-from lightning_wm.data.acting.base import RANDOM_POLICY_VERSION, Chunk
-from lightning_wm.data.acting.inference import SWITCH_INTERVAL_S, InferenceStopped
+from lightning_wm.data.acting.base import Chunk, wait_for_chunk
+from lightning_wm.data.acting.inference import InferenceStopped, shorten_switch_interval
 from lightning_wm.data.acting.permits import ChunkPermits
 from lightning_wm.data.acting.shared_inference import InferenceLoop, SharedMemoryClient, SharedSlots, make_slots
 from lightning_wm.data.acting.spawned import SpawnedWorkers, put_chunk, worker_process
 from lightning_wm.data.acting.worker import ActorConfig, ActorError, ActorWorker
 from lightning_wm.envs import EnvConfig, env_spec
-from lightning_wm.signals import check_stop
 
 __all__ = ["CentralProcessPool"]
 
@@ -76,8 +74,7 @@ def _group_main(
                     if stop.is_set():
                         return
                 chunk = worker.chunk(version)
-                if chunk.version != RANDOM_POLICY_VERSION:  # the oldest weights that acted in it
-                    chunk.version = int(chunk.rows["policy_version"].min())
+                chunk.date_by_oldest_row()
                 put_chunk(chunk, chunks, stop, beat)
         except InferenceStopped:
             return
@@ -112,8 +109,7 @@ class CentralProcessPool:
             agent, env_spec(env_cfg).observation_space, num_groups, config.envs_per_actor, config.explore
         )
         self.permits = ChunkPermits(num_groups, chunks_ahead or num_groups, tmp.get_context("spawn").Semaphore)
-        self._switch_interval = sys.getswitchinterval()  # restored by close()
-        sys.setswitchinterval(min(self._switch_interval, SWITCH_INTERVAL_S))
+        self._restore_switch_interval = shorten_switch_interval()  # called by close()
         self.server = InferenceLoop(agent, slots, deadline_s, version)
         self._closed = False
         self._last_check = 0.0
@@ -127,7 +123,7 @@ class CentralProcessPool:
             )
         except BaseException:
             self.server.close()
-            sys.setswitchinterval(self._switch_interval)
+            self._restore_switch_interval()
             raise
 
     def get(self, timeout: float = 0.0) -> Chunk | None:
@@ -137,16 +133,10 @@ class CentralProcessPool:
             ActorError: a group or the inference loop raised or hung (the pool is closed first).
             RunStopped: a stop was requested while waiting.
         """
-        deadline = time.monotonic() + timeout
-        while True:
-            check_stop()
-            self.check()
-            chunk = self.workers.get(min(0.1, max(0.0, deadline - time.monotonic())))
-            if chunk is not None:
-                self.permits.taken(chunk.actor)  # the next group in turn may start a chunk
-                return chunk
-            if time.monotonic() >= deadline:
-                return None
+        chunk = wait_for_chunk(self.workers.get, self.check, timeout)
+        if chunk is not None:
+            self.permits.taken(chunk.actor)  # the next group in turn may start a chunk
+        return chunk
 
     def check(self, every_s: float = 0.25) -> None:
         """Raise :class:`ActorError` (after closing the pool) if a group or the loop raised or hung."""
@@ -184,4 +174,4 @@ class CentralProcessPool:
         self._closed = True
         self.workers.close()
         self.server.close()
-        sys.setswitchinterval(self._switch_interval)
+        self._restore_switch_interval()

@@ -16,6 +16,7 @@ model in eval mode) never reach each other across threads.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -25,12 +26,21 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from lightning_wm.data.collector import agent_device
 from lightning_wm.tree import first_leaf, tree_map
 
 # The interpreter's thread switch interval while central acting serves: a thread woken by an env, a
 # request or an answer waits for the GIL until the learner's thread drops it, at most this long
 # (Python's default, 5 ms, would be paid at nearly every env step while the learner computes).
 SWITCH_INTERVAL_S = 0.0002
+
+
+def shorten_switch_interval() -> Callable[[], None]:
+    """Make the interpreter's switch interval at most :data:`SWITCH_INTERVAL_S`; returns what restores it."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(min(before, SWITCH_INTERVAL_S))
+    return lambda: sys.setswitchinterval(before)
+
 
 __all__ = [
     "BatchedInference",
@@ -39,6 +49,7 @@ __all__ = [
     "SWITCH_INTERVAL_S",
     "acting_view",
     "cat_trees",
+    "shorten_switch_interval",
     "tree_rows",
 ]
 
@@ -234,8 +245,7 @@ class InferenceClient:
 
     @property
     def device(self) -> torch.device:
-        device = getattr(self.server.agent, "device", None)
-        return device if isinstance(device, torch.device) else torch.device("cpu")
+        return agent_device(self.server.agent)
 
     def initial_state(self, batch_size: int) -> Any:
         return self.server.agent.initial_state(batch_size)

@@ -15,12 +15,11 @@ from typing import Any, Literal
 import numpy as np
 from torch import nn
 
-from lightning_wm.data.acting.base import Chunk
+from lightning_wm.data.acting.base import Chunk, wait_for_chunk
 from lightning_wm.data.acting.local import LocalBackend
 from lightning_wm.data.acting.ray_backend import RayBackend
 from lightning_wm.data.acting.worker import ActorConfig, ActorError
 from lightning_wm.envs import EnvConfig
-from lightning_wm.signals import check_stop
 
 __all__ = ["ActorPool"]
 
@@ -121,17 +120,14 @@ class ActorPool:
                 pool is closed first.
             RunStopped: a stop was requested (a scheduler's signal) while waiting.
         """
-        deadline = time.monotonic() + timeout
-        while True:
-            check_stop()
-            self.check()
-            try:
-                chunk = self._impl.get(min(0.1, max(0.0, deadline - time.monotonic())))
-            except ActorError:
-                self.close()
-                raise
-            if chunk is not None or time.monotonic() >= deadline:
-                return chunk
+        return wait_for_chunk(self._take, self.check, timeout)
+
+    def _take(self, timeout: float) -> Chunk | None:
+        try:
+            return self._impl.get(timeout)
+        except ActorError:
+            self.close()
+            raise
 
     def check(self, every_s: float = 0.5) -> None:
         """Raise :class:`ActorError` (after closing the pool) if an actor raised, died or hung;

@@ -34,6 +34,7 @@ import torch.multiprocessing as tmp
 from torch import Tensor
 
 from lightning_wm.data.acting.inference import InferenceStopped, cat_trees, tree_rows
+from lightning_wm.data.collector import agent_device
 from lightning_wm.tree import tree_map, where
 
 __all__ = ["InferenceLoop", "SharedMemoryClient", "SharedSlots", "make_slots"]
@@ -89,8 +90,7 @@ def _shared(like: Tensor, groups: int) -> Tensor:
 def make_slots(agent: Any, observation_space: gym.spaces.Space, groups: int, envs: int, explore: bool) -> SharedSlots:
     """Slots for ``groups`` groups of ``envs`` envs acting with ``agent``; one probe call of the
     agent on zero observations gives the answer's layout."""
-    device = getattr(agent, "device", None)
-    device = device if isinstance(device, torch.device) else torch.device("cpu")
+    device = agent_device(agent)
     obs = _zeros(observation_space, envs)
     state = agent.initial_state(envs)
     with torch.no_grad():
@@ -183,8 +183,7 @@ class InferenceLoop:
 
     def __init__(self, agent: Any, slots: SharedSlots, deadline_s: float, version: Callable[[], int]) -> None:
         self.agent, self.slots, self.deadline_s, self.version = agent, slots, float(deadline_s), version
-        device = getattr(agent, "device", None)
-        self.device = device if isinstance(device, torch.device) else torch.device("cpu")
+        self.device = agent_device(agent)
         self.calls = self.requests = 0
         self.error: BaseException | None = None
         self.traceback = ""
@@ -239,8 +238,10 @@ class InferenceLoop:
         if slots.stateful:
             size = slots.envs_per_group
             for g, starts in zip(groups, slots.starts[index]):
-                fresh = agent.initial_state(size)
-                self._states[g] = fresh if self._states[g] is None else where(starts, fresh, self._states[g])
+                if self._states[g] is None:
+                    self._states[g] = agent.initial_state(size)
+                elif starts.any():  # a fresh state only where an episode starts (most steps: none)
+                    self._states[g] = where(starts, agent.initial_state(size), self._states[g])
             state = cat_trees([self._states[g] for g in groups])
         version = int(self.version())
         self.busy_since = time.monotonic()
