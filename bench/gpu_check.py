@@ -373,7 +373,7 @@ def search_part(device: str, quick: bool, limit: float) -> list[str]:
 # -- part 4: actors -------------------------------------------------------------------------------------
 def actors_part(device: str, quick: bool, limit: float) -> list[str]:
     actors = 2 if quick else max(1, min(8, (os.cpu_count() or 2) // 2))
-    seconds = 4 if quick else 6
+    seconds = 2 if quick else 6
     cmd = [sys.executable, str(ROOT / "bench/actors.py"), "--envs", "pong", "--actors", f"0,{actors}"]
     cmd += ["--device", device]  # the learner and central acting on the device, policy copies on the CPU
     cmd += ["--seconds", str(seconds), "--prefill", "200" if quick else "1000"]

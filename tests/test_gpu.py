@@ -66,7 +66,9 @@ FAMILIES: dict[str, list[str]] = {
         *_config("muzero/pong.yaml"),
         *model_overrides({"net": {"channels": 8, "support_size": 10}, "search": {"num_simulations": 2}}),
         *model_overrides({"reanalyse": {"batch_size": 16}}),
-        *data_overrides({"env": {"num_envs": 2, "size": [32, 32]}, "replay": {"capacity": 400}}),
+        *data_overrides(
+            {"env": {"num_envs": 2, "size": [32, 32], "max_episode_steps": 50}, "replay": {"capacity": 400}}
+        ),
         *data_overrides({"batch_size": 4, "prefill": 40, "replay_ratio": 1.0, "eval": {"episodes": 1, "envs": 1}}),
     ],
     "impala-vector-actors": [*IMPALA, "--data.init_args.acting.num_actors", "2"],
@@ -74,6 +76,7 @@ FAMILIES: dict[str, list[str]] = {
         *_config("impala/pong.yaml"),
         *model_overrides({"net": {"fc_size": 32}}),
         *data_overrides(UNROLL_DATA_TINY),
+        *data_overrides({"env": {"max_episode_steps": 50}}),  # a Pong episode to evaluate, cut short
         "--data.init_args.acting.num_actors",
         "2",
     ],
