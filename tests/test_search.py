@@ -477,7 +477,7 @@ def test_a_failing_compilation_says_what_to_do(monkeypatch):
     def broken(*args):
         raise CppCompileError("C++ compile error\n...")
 
-    monkeypatch.setattr(search, "compiled_record_descend", lambda: broken)
+    monkeypatch.setattr(search, "compiled_simulate", lambda: broken)
     model = random_model(seed=1)
     with pytest.raises(RuntimeError, match="needs a working C\\+\\+ compiler.*search.compile: false"):
         mcts(model.recurrent_fn, *model.roots([0, 1]), num_simulations=3, discount=0.9, compile=True)

@@ -13,7 +13,7 @@ from torch import Tensor
 
 from lightning_wm.search.captured import capturable, simulation_graph
 from lightning_wm.search.draws import dirichlet_noise, sample_gumbel, select_action
-from lightning_wm.search.forest import Forest, Rule, compiled_record_descend, record_descend
+from lightning_wm.search.forest import Forest, Rule, compiled_simulate, simulate
 from lightning_wm.search.rules import GumbelRule, PuctRule
 
 __all__ = ["RecurrentFn", "SearchOutput", "mcts"]
@@ -109,11 +109,12 @@ def mcts(
         c_visit, c_scale: Gumbel's ``sigma(q) = (c_visit + max N) * c_scale * q``.
         unvisited_q: PUCT's value of an unvisited child, ``"zero"`` or ``"mean"`` (see the
             module docstring).
-        compile: run the tree's steps between two network calls (backup, then the next descent)
-            through ``torch.compile`` as one graph (the networks are not compiled): the same
+        compile: run each simulation past its descent (``recurrent_fn`` on the chosen leaves, the
+            new nodes' backup, the next descent) through ``torch.compile`` as one graph: the same
             search up to float rounding with a fraction of the per-simulation overhead, after a
-            one-time compilation per batch size, number of simulations, action count, rule, dtype
-            and device (cached on disk). Needs a C++ compiler on CPU.
+            one-time compilation per ``recurrent_fn`` (a module's method: per module class), batch
+            size, number of simulations, action count, rule, dtype and device (cached on disk).
+            Needs a C++ compiler on CPU; ``recurrent_fn`` must be traceable (tensor code).
         cuda_graphs: on CUDA, run the simulation loop (the network calls included) as one
             captured CUDA graph per search shape (:mod:`~lightning_wm.search.captured`; PUCT
             searches with every action legal; the others, and a failed capture, run eagerly).
@@ -165,14 +166,12 @@ def mcts(
         return SearchOutput(action, probs, root_val, visits, q, prior, max_depth)
 
     tree = Forest(root_state, prior, root_value.to(dtype), num_simulations, discount)
-    step = compiled_record_descend() if compile else record_descend
+    step = compiled_simulate() if compile else simulate
     parent, action = tree.descend(rule, tree.slot_ids[1])
     for slot in range(1, num_simulations + 1):
-        next_state, reward, next_logits, value = recurrent_fn(tree.states_of(parent), action)
-        tree.store_states(tree.slot_ids[slot], next_state)
-        # the new leaf's backup, then the next simulation's descent (after the last: unused)
+        # the network's step, the new leaf's backup, then the next simulation's descent (after the last: unused)
         try:
-            parent, action = step(tree, rule, tree.slot_ids[slot], parent, action, reward, next_logits, value, compile)
+            parent, action = step(recurrent_fn, tree, rule, tree.slot_ids[slot], parent, action, compile)
         except Exception as err:
             if compile and type(err).__module__.startswith(("torch._dynamo", "torch._inductor")):
                 raise RuntimeError(

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lightning_wm.search.forest import Forest, Rule, record_descend
+from lightning_wm.search.forest import Forest, Rule, simulate
 from lightning_wm.tree import tree_map
 
 __all__ = ["SimulationGraph", "capturable", "simulation_graph"]
@@ -87,9 +87,7 @@ class SimulationGraph:
         tree.reset(*self.static)
         parent, action = tree.descend(rule, tree.slot_ids[1])
         for slot in range(1, self.num_simulations + 1):
-            next_state, reward, next_logits, value = self.recurrent_fn(tree.states_of(parent), action)
-            tree.store_states(tree.slot_ids[slot], next_state)
-            parent, action = record_descend(tree, rule, tree.slot_ids[slot], parent, action, reward, next_logits, value)
+            parent, action = simulate(self.recurrent_fn, tree, rule, tree.slot_ids[slot], parent, action)
         visits, q = tree.root_children()
         return visits, q, tree.root_value(), tree.max_depth()
 

@@ -1,6 +1,7 @@
 """The forest of a batched search: ``B`` trees in flat tensors (:class:`Forest`), one simulation's
 descent by pointer doubling and its backup (:meth:`Forest.descend`, :meth:`Forest.record`), and
-the step between two network calls, eager or compiled (:func:`record_descend`); :class:`Rule` is
+one simulation past a descent, eager or compiled (:func:`simulate`: the network's step on the chosen
+leaves, their backup, the next descent); :class:`Rule` is
 what a descent asks of a selection rule (:mod:`lightning_wm.search.rules` has them)."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from torch import Tensor
 
 from lightning_wm.tree import tree_map
 
-__all__ = ["Rule", "Forest", "record_descend", "compiled_record_descend"]
+__all__ = ["Rule", "Forest", "simulate", "compiled_simulate"]
 
 
 class Rule:
@@ -215,19 +216,22 @@ class Forest:
         self.shift.copy_(torch.addcmul(self.zero, torch.where(ok, self.lo, self.zero), self.scale, value=-1))
 
 
-def record_descend(
+def simulate(
+    recurrent_fn: Callable[[Any, Tensor], tuple[Any, Tensor, Tensor, Tensor]],
     tree: Forest,
     rule: Rule,
     slot: Tensor,
     parent: Tensor,
     action: Tensor,
-    reward: Tensor,
-    logits: Tensor,
-    value: Tensor,
     walk: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    """:meth:`Forest.record` of node ``slot``, then :meth:`Forest.descend` to node ``slot + 1``:
-    everything between two network calls (one compiled graph)."""
+    """One simulation past its descent: the network's step from the chosen leaves (``parent [B]``,
+    ``action [B]``), the new nodes' states stored in ``slot [1]`` and backed up
+    (:meth:`Forest.record`), then :meth:`Forest.descend` to node ``slot + 1``; the next
+    ``(parent [B], action [B])``. Compiled (:func:`compiled_simulate`), network and tree are one
+    graph; captured (:mod:`~lightning_wm.search.captured`), the whole loop of them is one."""
+    next_state, reward, logits, value = recurrent_fn(tree.states_of(parent), action)
+    tree.store_states(slot, next_state)
     tree.record(slot, parent, action, reward, logits, value)
     return tree.descend(rule, slot + 1, walk)
 
@@ -235,9 +239,10 @@ def record_descend(
 _COMPILED: list[Callable[..., tuple[Tensor, Tensor]]] = []
 
 
-def compiled_record_descend() -> Callable[..., tuple[Tensor, Tensor]]:
-    """:func:`record_descend` through ``torch.compile``: compiled once per batch size, tree
-    size, action count, rule, dtype and device (the networks stay outside)."""
+def compiled_simulate() -> Callable[..., tuple[Tensor, Tensor]]:
+    """:func:`simulate` through ``torch.compile`` (the network's step inlined: modules of one class
+    share the compiled code, their weights are inputs): compiled once per network class, batch
+    size, tree size, action count, rule, dtype and device."""
     if not _COMPILED:
-        _COMPILED.append(torch.compile(record_descend, dynamic=False))
+        _COMPILED.append(torch.compile(simulate, dynamic=False))
     return _COMPILED[0]

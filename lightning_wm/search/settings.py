@@ -59,9 +59,10 @@ class SearchSettings:
         unvisited_q: an untried action's value in PUCT: ``mean`` (the mean Q of its tried siblings,
             EfficientZero's and LightZero's rule) or ``zero`` (the pseudocode's bottom of the
             normalised range).
-        compile: run the tree's steps between two network calls through ``torch.compile`` (the
-            networks are not compiled): the same search up to float rounding, faster per
-            simulation after a one-time compilation per process and search shape. Needs a C++
+        compile: run each simulation past its descent (the network's step, the backup, the next
+            descent) through ``torch.compile`` as one graph: the same search up to float rounding
+            (exact ties among children may break the other way), faster per simulation after a
+            one-time compilation per process, network class and search shape. Needs a C++
             compiler on CPU.
         cuda_graphs: on CUDA, replay the simulation loop (network calls included) as one
             captured CUDA graph per search shape (PUCT with every action legal; the others run
