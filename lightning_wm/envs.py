@@ -23,7 +23,6 @@ from gymnasium import (
 )  # looked up at use: the module imports under older gymnasium (LightZero's venv)
 
 from lightning_wm.env_config import AtariPreprocessingConfig, EnvConfig, EnvError, atari_options
-from lightning_wm.envpool_backend import EnvPoolVectorEnv, envpool_spaces
 
 PIXEL_KEY = "pixels"
 _ATARI_REGISTERED = False
@@ -447,6 +446,8 @@ def make_vector_env(config: EnvConfig) -> gym.vector.VectorEnv:
     reset, e.g. ``env.reset(seed=lightning_wm.seeding.env_seeds(config.seed, n, role))``); with
     ``backend: envpool`` an :class:`~lightning_wm.envpool_backend.EnvPoolVectorEnv`."""
     if config.backend == "envpool":
+        from lightning_wm.envpool_backend import EnvPoolVectorEnv  # only where asked for (gymnasium 1.x vector API)
+
         return EnvPoolVectorEnv(config)
     if config.backend != "gymnasium":
         raise EnvError(f"backend must be 'gymnasium' or 'envpool', got {config.backend!r}")
@@ -485,6 +486,8 @@ def env_spec(config: EnvConfig) -> EnvSpec:
         )
     )
     if key not in _SPEC_CACHE and config.backend == "envpool":
+        from lightning_wm.envpool_backend import envpool_spaces
+
         _SPEC_CACHE[key] = EnvSpec(*envpool_spaces(config), config.id)
     if key not in _SPEC_CACHE:
         env = make_env(config)
