@@ -131,7 +131,7 @@ class MuZero(RLModule):
         self.compile_settings = compile = as_compile_settings(compile)
         if compile.mode == "cells":
             raise ValueError(
-                "MuZero's compile.mode is none or step (the unroll and the loss); the search's tree steps "
+                "MuZero's compile.mode is none or step (the unroll and the loss); the search's simulations "
                 "compile with search.compile"
             )
         self._unroll_loss = self.unroll_loss
