@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 import os
 import statistics
 import sys
@@ -220,7 +221,7 @@ def main() -> None:
                 print(
                     f"| {name} | {threads} | {batch} | {args.simulations} | {r['wall']:.4f} | {sims / r['wall']:,.0f} | "
                     f"{r['cpu']:.4f} | {sims / r['cpu']:,.0f} | "
-                    f"{'-' if r['network'] != r['network'] else format(r['network'], '.4f')} | {r['first']:.1f} |",
+                    f"{'-' if math.isnan(r['network']) else format(r['network'], '.4f')} | {r['first']:.1f} |",
                     flush=True,
                 )
 
