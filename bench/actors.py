@@ -107,7 +107,14 @@ class ConvPolicy(MLPPolicy):
         return self.net(obs.permute(0, 3, 1, 2).float() / 255.0)
 
 
-def settings(name: str, backend: str = "gymnasium", device: str = "cpu") -> dict:
+def settings(name: str, backend: str = "gymnasium", device: str = "cpu", envs_per_actor: int | None = None) -> dict:
+    """The bench's setup for env ``name``; ``envs_per_actor`` replaces its default (16 CartPole, 4 Pong),
+    in process too."""
+    s = _settings(name, backend, device)
+    return {**s, "envs_per_actor": envs_per_actor or s["envs_per_actor"]}
+
+
+def _settings(name: str, backend: str, device: str) -> dict:
     if name == "cartpole":
         env = EnvConfig("CartPole-v1", backend=backend)
         spec = env_spec(env)
@@ -277,6 +284,9 @@ def main() -> None:
         "--vectorizations", default="sync,async", help="env.vectorization of the central groups' threads: sync, async"
     )
     p.add_argument("--device", default="cpu", help="the learner's device (and central acting's): cpu or cuda")
+    p.add_argument(
+        "--envs-per-actor", type=int, default=None, help="envs per actor (and in process); default 16 CartPole, 4 Pong"
+    )
     p.add_argument("--repeats", type=int, default=1, help="measure every setting this many times (medians)")
     p.add_argument(
         "--acting-only",
@@ -307,7 +317,7 @@ def main() -> None:
         modes += [f"central-{v}" for v in args.vectorizations.split(",") if "threads" in groups]
         modes += ["central-processes"] if "processes" in groups else []
     for name in args.envs.split(","):
-        s = settings(name, args.backend, args.device)
+        s = settings(name, args.backend, args.device, args.envs_per_actor)
 
         best = ceiling.ceiling(ceilings[name])
 
