@@ -49,7 +49,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.append(str(Path(__file__).resolve().parent))  # last: bench/minatar.py must not shadow minatar
 import ceiling  # noqa: E402
 
 from lightning_wm.data.acting import Chunk, make_acting  # noqa: E402

@@ -182,7 +182,7 @@ class StepTimer(pl.Callback):
 def step_times(config: str, extra: list[str], device: str, steps: int) -> dict[str, dict[str, float]]:
     """Run in a child process: for fp32 and ``bf16-mixed``, fit ``steps`` optimizer steps of
     ``config`` and time each (median and min after two warm-up steps)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_check.StepTimer by class path
+    sys.path.append(str(Path(__file__).resolve().parent))  # gpu_check.StepTimer by class path
     from lightning_wm.cli import main
 
     accelerator = "gpu" if device == "cuda" else "cpu"
@@ -238,7 +238,7 @@ def dreamer_size_times(device: str, size: str, capture: bool, steps: int, quick:
     Adam); median and min seconds after two warm-up steps, and the first step's (the compilation)."""
     import argparse as _argparse
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.append(str(Path(__file__).resolve().parent))
     import learner_speed
 
     from lightning_wm.compiling import CompileSettings

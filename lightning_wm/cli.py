@@ -561,7 +561,9 @@ def user_message(err: BaseException) -> str:
 def build_cli(args: list[str] | None, run: bool = True) -> CLI:
     """The application's LightningCLI for ``args`` (``None``: the command line). ``run=False``
     parses ``--config ...`` and options without a subcommand and only builds the model, the
-    datamodule and the trainer (what the benches train with)."""
+    datamodule and the trainer (what the benches train with). Denormal floats are flushed to zero
+    first, before torch starts any thread (:func:`lightning_wm.runtime.flush_denormals`)."""
+    runtime.flush_denormals()
     try:
         return _make_cli(args, run)
     except ValueError as err:

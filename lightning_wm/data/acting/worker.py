@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lightning_wm import runtime
 from lightning_wm.data.acting.base import RANDOM_POLICY_VERSION, Chunk
 from lightning_wm.data.collector import Collector
 from lightning_wm.envs import EnvConfig, EnvSpec, env_spec, make_vector_env
@@ -29,7 +30,8 @@ STARTUP_GRACE_S = 60.0  # seconds an actor may take to start (spawn, imports, en
 
 
 def acting_copy_ready(module: nn.Module) -> nn.Module:
-    """An actor process's copy made ready to act: one torch thread, eval mode, no gradients."""
+    """An actor process's copy made ready to act: denormals flushed, one torch thread, eval mode, no gradients."""
+    runtime.flush_denormals()
     torch.set_num_threads(1)
     return module.requires_grad_(False).eval()
 
