@@ -120,6 +120,14 @@ class MuZero(RLModule):
             raise ValueError("MuZero takes one observation array (float vectors or uint8 frames), not a dict")
         if not 0.0 <= discount <= 1.0:
             raise ValueError(f"discount must be in [0, 1], got {discount}")
+        if loss.train_repr_prediction and net.projection is None:
+            warnings.warn(
+                "loss.train_repr_prediction without net.projection: the consistency of raw hidden states can "
+                "collapse the representation to a constant (SimSiam without a predictor; MuZero on MinAtar "
+                "Breakout scored 0 that way); set net.projection, e.g. [256, 256, 128] (EfficientZero's heads)",
+                UserWarning,
+                stacklevel=2,
+            )
         self.net, self.search, self.unroll, self.loss = net, search, unroll, loss
         self.reanalyse, self.target, self.optim, self.discount = reanalyse, target, optim, float(discount)
         game_over_head = loss.train_game_over_function
