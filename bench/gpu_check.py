@@ -432,7 +432,7 @@ def main() -> None:
             raise SystemExit("error: --device cuda but torch sees no CUDA device; use --device cpu")
     # time limits (seconds) per part: the default parts fit one 10-minute device call (<= 9.5 min; the
     # timings of an H100 run: tests 76 s, capture 69 s, search 35 s; the Dreamer step's capture
-    # needs minutes of compiling), --device cpu --quick <= 6 min here (the steps part's 3 fits took over 75 s on a loaded CI machine)
+    # needs minutes of compiling), --device cpu --quick <= 6 min here
     limits = {"tests": 90, "capture": 100, "steps": 110, "sizes": 170, "search": 45, "actors": 150} if not args.quick else {
         "tests": 170, "capture": 5, "steps": 110, "sizes": 25, "search": 25, "actors": 90}  # fmt: skip
     if args.sizes_seconds:

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SMALLEST_NORMAL = torch.finfo(torch.float32).tiny
 
 
-def test_flush_denormals_makes_denormal_results_and_inputs_zero():
+def test_flush_denormals_makes_denormal_results_zero():
     if not runtime.flush_denormals():
         pytest.skip("this CPU has no flush-to-zero flags")
     x = torch.full((4,), SMALLEST_NORMAL)
@@ -42,7 +42,3 @@ def test_threads_started_after_the_flush_inherit_it():
         pytest.skip("this CPU has no flush-to-zero flags")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "0"
-
-
-def test_keep_freed_memory_answers_whether_it_could():
-    assert runtime.keep_freed_memory() in (True, False)
