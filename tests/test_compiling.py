@@ -201,6 +201,13 @@ def test_cuda_graph_step_gives_the_eager_losses_and_gradients(family):
     _compare(family, "cuda", CompileSettings(mode="step", cuda_graphs=True))
 
 
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_compiled_dreamer_step_without_graphs_gives_the_eager_losses_on_cuda():
+    """The compiled step on CUDA without graph capture: tells a CUDA-graph mismatch of the Dreamer
+    step (graph replay) from one of inductor's CUDA kernels."""
+    _compare("dreamer", "cuda", CompileSettings(mode="step", cuda_graphs=False))
+
+
 @pytest.mark.skipif(not CUDA, reason="CUDA graphs need a CUDA device")
 def test_cuda_graph_steps_repeat_without_recompiling(monkeypatch):
     """Three Dreamer steps under CUDA graphs: one compiled shape, the losses finite each step."""
