@@ -1,7 +1,7 @@
 """One command for a GPU machine: the GPU tests and a short speed table, as one markdown report.
 
     python bench/gpu_check.py                        # CUDA: tests, capture, search, actors, sizes (<= 9.5 min)
-    python bench/gpu_check.py --parts capture,actors,sizes --limits sizes=330   # what is still open, in one call
+    python bench/gpu_check.py --parts capture,sizes,actors --limits sizes=250   # what is still open, in one call
     python bench/gpu_check.py --parts steps          # eager fp32/bf16 gradient steps of the shipped configs
     python bench/gpu_check.py --parts sizes --sizes-seconds 540   # more time for the captured steps' compiles
     python bench/gpu_check.py --device cpu --quick   # the same checks shrunk, on the CPU (<= 6 min here)
