@@ -442,7 +442,9 @@ def main() -> None:
         return
     if args.size_run:  # a child process of part 2's Dreamer sizes
         p = json.loads(args.size_run)
-        print_result(dreamer_size_times(p["device"], p["size"], p["capture"], p["steps"], p["quick"]))
+        dreamer_size_times(
+            p["device"], p["size"], p["capture"], p["steps"], p["quick"]
+        )  # prints its record per precision
         return
     if args.device == "cuda":
         if not torch.cuda.is_available():

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from support.bench_scripts import load_bench_script
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -28,16 +30,8 @@ def test_gpu_check_runs_every_part_on_the_cpu(tmp_path):
     assert "failed" not in text and "TIMED OUT" not in text
 
 
-def _gpu_check():
-    import importlib
-
-    if str(ROOT / "bench") not in sys.path:
-        sys.path.append(str(ROOT / "bench"))  # appended: bench/minatar.py must not shadow the minatar package
-    return importlib.import_module("gpu_check")
-
-
 def test_sizes_part_times_every_size_eagerly_first_and_keeps_fp32_when_bf16_is_cut(monkeypatch):
-    gpu_check = _gpu_check()
+    gpu_check = load_bench_script("gpu_check.py")
     fp32, bf16 = {"median": 0.1, "min": 0.09, "first": 12.0}, {"median": 0.2, "min": 0.19, "first": 3.0}
     asked = []
 
