@@ -15,12 +15,14 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
 import re
 import sys
 import time
+import typing
 import warnings
 from collections import deque
 from collections.abc import Iterator
@@ -433,8 +435,8 @@ def _scalar(value: Any) -> bool:
 _KEY = re.compile(r'Parser key "([^"]+)":')
 _EXPECTED = re.compile(r"Expected a (.+?)\. Got value: (.*)$")
 _CLASS_PATH = re.compile(r"Problem with given class_path '([^']+)':")
-_NOT_ACCEPTED = re.compile(r"Option '([^']+)' is not accepted")
-_SUBCLASS_KEYS = ("model", "data", "optimizer", "lr_scheduler", "trainer.logger", "trainer.callbacks")
+_NOT_ACCEPTED = re.compile(r"(?:Option '([^']+)' is not accepted|unrecognized arguments: --([^=\s]+))")
+_INNER_CLASS_PATH = re.compile(r"Got value: Namespace\(.*class_path='([^']+)'")
 
 
 def _type_name(text: str) -> str:
@@ -453,11 +455,47 @@ def _suggest(class_path: str, option: str) -> str:
 
     try:
         module, name = class_path.rsplit(".", 1)
-        params = inspect.signature(getattr(importlib.import_module(module), name).__init__).parameters
-    except (ImportError, AttributeError, ValueError, TypeError):
+        init = getattr(importlib.import_module(module), name).__init__
+        names = [p for p in inspect.signature(init).parameters if p != "self"]
+        group, _, field = option.partition(".")
+        if field and group in names:  # an option of a settings group: the group's fields
+            settings = typing.get_type_hints(init).get(group)
+            names = [f"{group}.{f.name}" for f in dataclasses.fields(settings)]
+    except (ImportError, AttributeError, ValueError, TypeError, NameError):
         return ""
-    close = difflib.get_close_matches(option, [p for p in params if p != "self"], n=1)
+    close = difflib.get_close_matches(option, names, n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _nested_keys(lines: list[str]) -> list[str]:
+    """The chain of ``Parser key "k":`` an error descends through, each deeper than the last
+    (``model``, ``policy``, ``optim.lr``: a class's option inside a class's option); a key at the
+    same depth or shallower (another Union alternative's) ends it."""
+    chain: list[str] = []
+    depth = -1
+    for line in lines:
+        match = _KEY.search(line)
+        if match is None:
+            continue
+        indent = len(line) - len(line.lstrip())
+        if indent <= depth:
+            break
+        chain.append(match.group(1))
+        depth = indent
+    return chain
+
+
+def _nested_null_advice(keys: list[str]) -> str:
+    """What to type instead when ``null`` for an option two classes deep reached the parser as the
+    string ``'None'`` (jsonargparse passes it on as text): the inner class's group as YAML."""
+    value = "null"
+    for part in reversed(keys[-1].split(".")):
+        value = f"{{{part}: {value}}}"
+    flag = ".init_args.".join(keys[:-1])
+    return (
+        f"--{'.init_args.'.join(keys)}: null two classes deep arrives as the string 'None'; "
+        f"give the group as YAML instead: --{flag} '{{init_args: {value}}}'"
+    )
 
 
 def explain_parser_error(message: str) -> tuple[str, str | None]:
@@ -469,12 +507,10 @@ def explain_parser_error(message: str) -> tuple[str, str | None]:
     option 'hiden' (did you mean 'hidden'?)``.
     """
     lines = [line.rstrip() for line in message.strip().splitlines()]
-    keys = [m.group(1) for m in map(_KEY.search, lines) if m]
+    keys = _nested_keys(lines)
     class_match = next((m for m in map(_CLASS_PATH.search, lines) if m), None)
     class_path = class_match.group(1) if class_match else None
-    key = keys[0] if keys else None
-    if key and class_path and key in _SUBCLASS_KEYS and len(keys) > 1:
-        key = f"{key}.init_args.{keys[1]}"
+    key = ".init_args.".join(keys) if keys else None
     expected = next((m for m in map(_EXPECTED.search, lines) if m and "NoneType" not in m.group(1)), None)
     if expected is None and key:  # an optional value: "- Expected a T" per alternative, then "Given value: v"
         inner = lines[next((i for i, line in enumerate(lines) if _KEY.search(line) and keys[-1] in line), 0) :]
@@ -484,19 +520,25 @@ def explain_parser_error(message: str) -> tuple[str, str | None]:
             if m and "NoneType" not in m.group(1)
         ]
         given = next((m.group(1) for m in (re.search(r"Given value: (.*)$", line) for line in inner) if m), None)
+        given = given.split(". Got value: ")[0] if given is not None else None
+        if types and given == "None" and len(keys) > 2 and any("NoneType" in line for line in inner):
+            return _nested_null_advice(keys), class_path
         if types and given is not None:
             return f"--{key} expects {' or '.join(_type_name(t) for t in types)}, got {given.strip()!r}", class_path
     not_accepted = next((m for m in map(_NOT_ACCEPTED.search, lines) if m), None)
     if not_accepted and class_path:
-        option = not_accepted.group(1)
-        name = class_path.rsplit(".", 1)[-1]
+        option = not_accepted.group(1) or not_accepted.group(2)
+        # a class inside a class (Dyna's policy) names itself in the value it echoes
+        inner = _INNER_CLASS_PATH.search(not_accepted.string)
+        owner = inner.group(1) if inner else class_path
         return (
-            f"--{keys[0] if keys else 'model'}.init_args.{option}: {name} has no option {option!r}"
-            f"{_suggest(class_path, option)}",
+            f"--{key or 'model'}.init_args.{option}: {owner.rsplit('.', 1)[-1]} has no option {option!r}"
+            f"{_suggest(owner, option)}",
             class_path,
         )
     if expected and key:
-        return f"--{key} expects {_type_name(expected.group(1))}, got {expected.group(2).strip()!r}", class_path
+        given = expected.group(2).split(". Got value: ")[0]  # a nested class's error repeats the outer value
+        return f"--{key} expects {_type_name(expected.group(1))}, got {given.strip()!r}", class_path
     if class_path and class_match is not None:  # the class itself failed: e.g. it cannot be imported
         index = lines.index(next(line for line in lines if _CLASS_PATH.search(line)))
         cause = next((line.strip() for line in lines[index + 1 :] if line.strip()), "")

@@ -143,6 +143,52 @@ def test_command_line_errors_are_two_lines_without_a_usage_dump(capsys, args, fi
     assert "fit --help" in lines[1] and (help_for is None or help_for in lines[1])
 
 
+DYNA = str(ROOT / "configs/impala/cartpole_dyna.yaml")
+DYNA_HELP = "--model.help lightning_wm.agents.dyna.DynaLearner"
+
+
+@pytest.mark.parametrize(
+    "args, first",
+    [
+        (
+            ["--model.init_args.policy.init_args.optim.lr", "x"],
+            "error: --model.init_args.policy.init_args.optim.lr expects float, got 'x'",
+        ),
+        (
+            ["--model.init_args.policy.init_args.nett", "1"],
+            "error: --model.init_args.policy.init_args.nett: IMPALA has no option 'nett' (did you mean 'net'?)",
+        ),
+        (
+            ["--model.init_args.policy.init_args.optim.lrr", "1"],
+            "error: --model.init_args.policy.init_args.optim.lrr: IMPALA has no option 'optim.lrr'"
+            " (did you mean 'optim.lr'?)",
+        ),
+        (
+            ["--model.init_args.policy.init_args.optim.lr_anneal_steps", "null"],
+            "error: --model.init_args.policy.init_args.optim.lr_anneal_steps: null two classes deep arrives as the"
+            " string 'None'; give the group as YAML instead:"
+            " --model.init_args.policy '{init_args: {optim: {lr_anneal_steps: null}}}'",
+        ),
+    ],
+)
+def test_errors_in_a_class_inside_a_class_name_the_whole_key_and_the_inner_class(capsys, args, first):
+    with pytest.raises(SystemExit) as exit_info:
+        main(args=["fit", "--config", DYNA, *args])
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [first, lines[1]] and DYNA_HELP in lines[1]
+
+
+def test_the_advised_yaml_group_sets_the_nested_null(capsys):
+    nested = ["--model.init_args.policy", "{init_args: {optim: {lr_anneal_steps: null}}}", "--print_config"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(args=["fit", "--config", DYNA, *nested])
+    assert exit_info.value.code == 0
+    printed = capsys.readouterr().out
+    policy = printed[printed.index("  policy:") : printed.index("  world_model:")]
+    assert "lr_anneal_steps: null" in policy
+
+
 def test_a_yaml_error_names_its_file(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("trainer:\n  max_steps: [1\n")
