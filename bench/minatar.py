@@ -277,13 +277,21 @@ def value_at(history: list[dict[str, float]], frames: int, every: int, key: str 
     return float(rows[0][key]) if rows else None
 
 
+def variant(record: dict[str, Any]) -> str:
+    """The system and the ``--set`` overrides a run was made with: ``dyna (imagination.real_ratio
+    0.125)`` (``init_args.`` left out of the keys); runs of one variant are the seeds of one row."""
+    sets = [f"{key.replace('init_args.', '').removeprefix('model.')} {value}" for key, value in record.get("sets", [])]
+    return f"{record['system']} ({'; '.join(sets)})" if sets else record["system"]
+
+
 def summary(records: list[dict[str, Any]], every: int, targets: list[float]) -> str:
-    """Markdown: per system and game, the mean (over seeds) evaluation return and training wall
-    time at each multiple of the runs' evaluation spacing (their ``eval_every``, else ``every``)
-    where every seed has an evaluation (:func:`value_at`); then frames to reach each target per seed."""
+    """Markdown: per system variant (:func:`variant`) and game, the mean (over seeds) evaluation
+    return and training wall time at each multiple of the runs' evaluation spacing (their
+    ``eval_every``, else ``every``) where every seed has an evaluation (:func:`value_at`); then
+    frames to reach each target per seed."""
     groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in records:
-        groups[(r["system"], r["game"])].append(r)
+        groups[(variant(r), r["game"])].append(r)
     lines = [
         "| system | game | seeds | frames | mean eval return (per seed) | mean wall time | frames/s |",
         "| --- | --- | ---: | ---: | --- | ---: | ---: |",

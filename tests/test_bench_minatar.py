@@ -37,3 +37,14 @@ def test_summary_means_over_seeds_at_each_point_and_frames_to_reach():
     assert "| impala | breakout | 2 | 200 | 4.50 (3.00, 6.00) | 21 s |" in table
     assert "| impala | breakout | 2 | 300 | 6.50 (5.00, 8.00) | 35 s |" in table
     assert "| impala | breakout | 4 | 301, 240 |" in table
+
+
+def test_runs_with_other_settings_are_summarised_apart():
+    shipped = _run("dyna", 0, [(101, 10.0, 1.0)])
+    constant_lr = {
+        **_run("dyna", 0, [(101, 10.0, 3.0)]),
+        "sets": [["model.init_args.policy.init_args.optim.lr", "0.002"]],
+    }
+    table = bench.summary([shipped, constant_lr], every=100, targets=[])
+    assert "| dyna | breakout | 1 | 100 | 1.00 (1.00) |" in table
+    assert "| dyna (policy.optim.lr 0.002) | breakout | 1 | 100 | 3.00 (3.00) |" in table
