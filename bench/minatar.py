@@ -290,7 +290,7 @@ def summary(records: list[dict[str, Any]], every: int, targets: list[float]) -> 
     ``eval_every``, else ``every``) where every seed has an evaluation (:func:`value_at`); then
     frames to reach each target per seed."""
     groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for r in records:
+    for r in sorted(records, key=lambda r: r["seed"]):  # per-seed values in seed order
         groups[(variant(r), r["game"])].append(r)
     lines = [
         "| system | game | seeds | frames | mean eval return (per seed) | mean wall time | frames/s |",

@@ -25,14 +25,14 @@ def test_eval_schedule_evaluates_past_each_multiple_and_at_the_end():
 
 def test_summary_means_over_seeds_at_each_point_and_frames_to_reach():
     runs = [
-        _run("impala", 0, [(101, 10.0, 1.0), (205, 20.0, 3.0), (301, 30.0, 5.0)]),
         _run("impala", 1, [(150, 12.0, 2.0), (240, 22.0, 6.0), (390, 40.0, 8.0)]),  # RLlib-like: late points
+        _run("impala", 0, [(101, 10.0, 1.0), (205, 20.0, 3.0), (301, 30.0, 5.0)]),
     ]
-    assert bench.value_at(runs[1]["history"], 200, 100) == 6.0
-    assert bench.value_at(runs[0]["history"], 400, 100) is None
-    assert bench.frames_to_reach(runs[0]["history"], 3.0) == 205
-    assert bench.frames_to_reach(runs[0]["history"], 9.0) is None
-    table = bench.summary(runs, every=100, targets=[4.0])
+    assert bench.value_at(runs[0]["history"], 200, 100) == 6.0
+    assert bench.value_at(runs[1]["history"], 400, 100) is None
+    assert bench.frames_to_reach(runs[1]["history"], 3.0) == 205
+    assert bench.frames_to_reach(runs[1]["history"], 9.0) is None
+    table = bench.summary(runs, every=100, targets=[4.0])  # per-seed values in seed order
     assert "| impala | breakout | 2 | 100 | 1.50 (1.00, 2.00) | 11 s |" in table
     assert "| impala | breakout | 2 | 200 | 4.50 (3.00, 6.00) | 21 s |" in table
     assert "| impala | breakout | 2 | 300 | 6.50 (5.00, 8.00) | 35 s |" in table
