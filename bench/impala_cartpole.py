@@ -443,9 +443,10 @@ def speed_table(args: argparse.Namespace) -> None:
                 str(actors),
             ]
             r = _worker(args, cmd + _common(args), ours_env())
+            wait = "–" if math.isnan(r["wait_fraction"]) else f"{100 * r['wait_fraction']:.0f}%"  # in process: none
             print(
                 f"| {name} | {actors} | {r['envs_per_actor']} | {r['unroll_length']} x {r['batch_size']} | "
-                f"{r['frames_per_s']:,.0f} | {r['steps_per_s']:.1f} | {100 * r['wait_fraction']:.0f}% "
+                f"{r['frames_per_s']:,.0f} | {r['steps_per_s']:.1f} | {wait} "
                 f"| {r['first_step_s']:.1f} s |",
                 flush=True,
             )
