@@ -437,6 +437,12 @@ _EXPECTED = re.compile(r"Expected a (.+?)\. Got value: (.*)$")
 _CLASS_PATH = re.compile(r"Problem with given class_path '([^']+)':")
 _NOT_ACCEPTED = re.compile(r"(?:Option '([^']+)' is not accepted|unrecognized arguments: --([^=\s]+))")
 _INNER_CLASS_PATH = re.compile(r"Got value: Namespace\(.*class_path='([^']+)'")
+_ECHOED_OUTER_VALUE = ". Got value: "  # a class inside a class: its error repeats the outer value after this
+
+
+def _own_value(text: str) -> str:
+    """The value an error line gives, without the outer class's value a nested error appends."""
+    return text.split(_ECHOED_OUTER_VALUE)[0].strip()
 
 
 def _type_name(text: str) -> str:
@@ -520,25 +526,24 @@ def explain_parser_error(message: str) -> tuple[str, str | None]:
             if m and "NoneType" not in m.group(1)
         ]
         given = next((m.group(1) for m in (re.search(r"Given value: (.*)$", line) for line in inner) if m), None)
-        given = given.split(". Got value: ")[0] if given is not None else None
+        given = _own_value(given) if given is not None else None
         if types and given == "None" and len(keys) > 2 and any("NoneType" in line for line in inner):
             return _nested_null_advice(keys), class_path
         if types and given is not None:
-            return f"--{key} expects {' or '.join(_type_name(t) for t in types)}, got {given.strip()!r}", class_path
+            return f"--{key} expects {' or '.join(_type_name(t) for t in types)}, got {given!r}", class_path
     not_accepted = next((m for m in map(_NOT_ACCEPTED.search, lines) if m), None)
     if not_accepted and class_path:
         option = not_accepted.group(1) or not_accepted.group(2)
         # a class inside a class (Dyna's policy) names itself in the value it echoes
-        inner = _INNER_CLASS_PATH.search(not_accepted.string)
-        owner = inner.group(1) if inner else class_path
+        echoed = _INNER_CLASS_PATH.search(not_accepted.string)
+        owner = echoed.group(1) if echoed else class_path
         return (
             f"--{key or 'model'}.init_args.{option}: {owner.rsplit('.', 1)[-1]} has no option {option!r}"
             f"{_suggest(owner, option)}",
             class_path,
         )
     if expected and key:
-        given = expected.group(2).split(". Got value: ")[0]  # a nested class's error repeats the outer value
-        return f"--{key} expects {_type_name(expected.group(1))}, got {given.strip()!r}", class_path
+        return f"--{key} expects {_type_name(expected.group(1))}, got {_own_value(expected.group(2))!r}", class_path
     if class_path and class_match is not None:  # the class itself failed: e.g. it cannot be imported
         index = lines.index(next(line for line in lines if _CLASS_PATH.search(line)))
         cause = next((line.strip() for line in lines[index + 1 :] if line.strip()), "")
