@@ -13,7 +13,9 @@ For each env and actor count it measures, after a warm-up, for ``--seconds`` sec
   (every step it ingests the chunks that arrived, samples a batch from the ReplayBuffer and takes
   an Adam step of the policy network): env frames (agent steps) per second reaching the buffer,
   and the learner's gradient steps per second. With 0 actors the learner acts itself, one chunk
-  per gradient step (today's in-process path), and "wait" is the share of time spent acting.
+  per gradient step (today's in-process path), and "wait" is the share of time spent acting;
+  ``--splits 1,2`` measures in process with the envs in that many parts stepped in turn
+  (``acting.splits``: each part's env step overlaps the policy's call for the next).
 * **keep up**: the same with the replay ratio enforced (``ReplayFeed``) at half the rows per
   gradient step that "flat out" delivered: the actors keep up, and the learner's wait for rows as
   a share of its wall time is the number to watch (goal: <= 5%).
@@ -33,6 +35,7 @@ frames).
     python bench/actors.py --envs cartpole --actors 0,2 --policies central --vectorizations sync,async
     python bench/actors.py --envs pong --actors 2 --policies central --central-groups processes
     python bench/actors.py --envs pong --actors 2 --backend envpool --acting-only   # no learner beside the actors
+    python bench/actors.py --envs pong --actors 0 --backend envpool --splits 1,2 --prefill 20000   # double-buffered
 """
 
 from __future__ import annotations
@@ -54,11 +57,11 @@ import ceiling  # noqa: E402
 
 from lightning_wm.data.acting import Chunk, make_acting  # noqa: E402
 from lightning_wm.data.batches import ReplayFeed  # noqa: E402
-from lightning_wm.data.collector import Collector  # noqa: E402
 from lightning_wm.data.replay import ReplayBuffer  # noqa: E402
 from lightning_wm.data.samplers import RowSampler  # noqa: E402
 from lightning_wm.data.settings import ActingSettings  # noqa: E402
-from lightning_wm.envs import AtariPreprocessingConfig, EnvConfig, env_spec, make_vector_env  # noqa: E402
+from lightning_wm.data.split_collector import make_collector  # noqa: E402
+from lightning_wm.envs import AtariPreprocessingConfig, EnvConfig, env_spec  # noqa: E402
 
 
 class MLPPolicy(nn.Module):
@@ -170,12 +173,14 @@ class Learner:
         self.steps += 1
 
 
-def in_process(s: dict, seconds: float, prefill: int) -> dict:
-    """0 actors: the learner acts (one chunk per gradient step) and learns in turn."""
-    env = make_vector_env(EnvConfig(**{**vars(s["env"]), "num_envs": s["envs_per_actor"]}))
+def in_process(s: dict, seconds: float, prefill: int, splits: int = 1) -> dict:
+    """0 actors: the learner acts (one chunk per gradient step) and learns in turn; ``splits`` > 1
+    steps the envs in that many parts in turn (``acting.splits``)."""
+    n = s["envs_per_actor"]
     policy = s["policy"]().to(s["device"])
-    buffer = ReplayBuffer(s["capacity"], s["envs_per_actor"], seed=0)
-    collector = Collector(env, policy.requires_grad_(True), buffer=buffer, seeds=0)
+    buffer = ReplayBuffer(s["capacity"], n, seed=0)
+    env = EnvConfig(**{**vars(s["env"]), "num_envs": n})
+    collector = make_collector(env, policy.requires_grad_(True), buffer, list(range(n)), env_spec(env), splits)
     learner = Learner(policy, buffer, s["batch"])
     try:
         while len(buffer) < prefill:
@@ -188,7 +193,7 @@ def in_process(s: dict, seconds: float, prefill: int) -> dict:
             learner.step()
         wall = time.perf_counter() - start
     finally:
-        env.close()
+        collector.close()
     return {
         "fps": (collector.stats.env_steps - rows0) / wall,
         "steps_per_s": (learner.steps - steps0) / wall,
@@ -287,6 +292,11 @@ def main() -> None:
     p.add_argument(
         "--envs-per-actor", type=int, default=None, help="envs per actor (and in process); default 16 CartPole, 4 Pong"
     )
+    p.add_argument(
+        "--splits",
+        default="1",
+        help="comma-separated acting.splits in process (parts of the envs stepped in turn; >1 needs envpool or async)",
+    )
     p.add_argument("--repeats", type=int, default=1, help="measure every setting this many times (medians)")
     p.add_argument(
         "--acting-only",
@@ -316,6 +326,9 @@ def main() -> None:
         groups = args.central_groups.split(",")
         modes += [f"central-{v}" for v in args.vectorizations.split(",") if "threads" in groups]
         modes += ["central-processes"] if "processes" in groups else []
+    in_process_modes = {
+        "in process" if k == 1 else f"in process, {k} splits": k for k in map(int, args.splits.split(","))
+    }
     for name in args.envs.split(","):
         s = settings(name, args.backend, args.device, args.envs_per_actor)
 
@@ -338,9 +351,9 @@ def main() -> None:
         rows: dict[tuple[int, str], list[dict]] = {}
         for repeat in range(args.repeats):  # the settings back to back, each repeat in turn
             for actors in [int(a) for a in args.actors.split(",")]:
-                for mode in ["in process"] if actors == 0 else modes:
+                for mode in in_process_modes if actors == 0 else modes:
                     if actors == 0:
-                        r = in_process(s, args.seconds, args.prefill)
+                        r = in_process(s, args.seconds, args.prefill, in_process_modes[mode])
                     elif args.acting_only:
                         r = with_actors(s, actors, args.seconds, args.prefill, None, mode, learn=False)
                     else:

@@ -214,7 +214,7 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
             self._pool.observation_space  # noqa: B018 - built (and its warnings silenced) here, not at the first reset
 
     def _obs(self, obs: np.ndarray) -> np.ndarray:
-        return np.ascontiguousarray(obs.transpose(0, 2, 3, 1)) if self._images else obs
+        return obs.transpose(0, 2, 3, 1) if self._images else obs  # a view: copied once, where it is stored
 
     def reset(self, *, seed: int | list[int] | None = None, options: dict[str, Any] | None = None):
         """Reset every env. ``seed``: one per env, or an int (env ``i`` gets ``seed + i``), or None
@@ -238,9 +238,18 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
 
     def step(self, actions: Any):
         """One step of every env: ``(obs, reward [N], terminated [N], truncated [N], info)``."""
+        self.step_async(actions)
+        return self.step_wait()
+
+    def step_async(self, actions: Any) -> None:
+        """Send one step's actions; EnvPool's threads step the envs while the caller goes on."""
         if self._pool is None:
             raise EnvError("EnvPoolVectorEnv: call reset() before step()")
-        obs, reward, terminated, truncated, info = self._pool.step(np.asarray(actions))
+        self._pool.send(np.asarray(actions))
+
+    def step_wait(self, **kwargs: Any):
+        """The results of the step :meth:`step_async` sent (waiting for it): what :meth:`step` returns."""
+        obs, reward, terminated, truncated, info = self._pool.recv()
         return self._obs(obs), reward, terminated, truncated, info
 
     def close_extras(self, **kwargs: Any) -> None:

@@ -242,7 +242,8 @@ def test_same_seeds_same_episodes_other_seeds_others():
 
 @needs_envpool
 @pytest.mark.slow
-def test_impala_fit_on_envpool_from_the_command_line():
+@pytest.mark.parametrize("splits", [1, 2])
+def test_impala_fit_on_envpool_from_the_command_line(splits):
     cli = main(
         args=[
             "fit",
@@ -260,8 +261,11 @@ def test_impala_fit_on_envpool_from_the_command_line():
             "0",
             "--data.init_args.env.backend",
             "envpool",
+            "--data.init_args.acting.splits",
+            str(splits),
         ]
     )
     assert cli.trainer.global_step == 3
+    assert len(getattr(cli.datamodule.acting.collector, "parts", [None])) == splits
     assert cli.datamodule.env.backend == "envpool"
     assert np.isfinite(float(cli.trainer.callback_metrics["val/return"]))

@@ -100,10 +100,12 @@ class Collector:
         self._state: Any = None
         self._keep: np.ndarray | None = None  # [num_envs] envs whose finished episodes count (None: all)
         self._last_row: dict[str, Any] | None = None  # the newest row (the overlap of the next unroll)
+        self._in_flight: np.ndarray | None = None  # the actions of an env step sent and not yet received
 
     # ----------------------------------------------------------------------------------
     def reset(self) -> None:
         """Start fresh episodes in every env (the next row of each is ``is_first``)."""
+        self._receive()
         obs, _ = self.env.reset(seed=self.seeds)
         self.seeds = None  # seed only the first reset; later episodes continue the env RNG
         n = self.num_envs
@@ -136,6 +138,15 @@ class Collector:
 
     def _step(self, explore: bool, device: torch.device) -> dict[str, Any]:
         """Act in every env once; returns the row of the observation acted on ([N, ...] leaves)."""
+        row = self._act(explore, device)
+        self._receive()
+        return row
+
+    def _act(self, explore: bool, device: torch.device) -> dict[str, Any]:
+        """Act on the current observations and send the actions to the envs; returns the row acted
+        on. The env step runs on while the caller goes on where the env can (``step_async``: gymnasium's
+        ``AsyncVectorEnv``, EnvPool); :meth:`_receive` takes its results (the next ``_act`` does)."""
+        self._receive()
         is_first = torch.from_numpy(self._is_first)
         if is_first.any():
             self._state = where(is_first, self.agent.initial_state(self.num_envs), self._state)
@@ -154,14 +165,33 @@ class Collector:
             row[key] = self._zero_on_last(value.detach().cpu().numpy())
         if self.policy_version is not None:
             row["policy_version"] = np.full(self.num_envs, self.policy_version, np.int64)
-        obs, reward, terminated, truncated, _ = self.env.step(action)
+        step_async = getattr(self.env, "step_async", None)
+        if step_async is not None:
+            step_async(action)
+        self._in_flight = action
+        self._last_row = row
+        return row
+
+    def _receive(self) -> None:
+        """Take the results of the env step :meth:`_act` sent (nothing if none is in flight)."""
+        if self._in_flight is None:
+            return
+        action, self._in_flight = self._in_flight, None
+        step_wait = getattr(self.env, "step_wait", None)
+        if step_wait is not None:
+            obs, reward, terminated, truncated, _ = step_wait()
+        else:
+            obs, reward, terminated, truncated, _ = self.env.step(action)
         self._is_first = self._is_last.copy()
         self._obs = obs
         self._reward = np.where(self._is_first, 0.0, reward).astype(np.float32)
         self._is_last = np.asarray(terminated | truncated, bool) & ~self._is_first
         self._is_terminal = np.asarray(terminated, bool) & ~self._is_first
-        self._last_row = row
-        return row
+
+    def close(self) -> None:
+        """Close the envs (a step in flight is abandoned)."""
+        self._in_flight = None
+        self.env.close()
 
     @torch.no_grad()
     def collect(self, num_steps: int, explore: bool = True) -> list[dict[str, float]]:

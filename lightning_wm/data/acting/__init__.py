@@ -40,7 +40,7 @@ def make_acting(env: EnvConfig, spec: EnvSpec, settings: ActingSettings, chunk_l
     """In process for ``settings.num_actors == 0``, else actors with policy copies or central
     acting (``settings.policy``); chunks of ``chunk_length`` steps."""
     if settings.num_actors == 0:
-        return InProcessActing(env, spec, chunk_length, overlap)
+        return InProcessActing(env, spec, chunk_length, overlap, settings.splits)
     if settings.policy == "central":
         return CentralActing(env, settings, chunk_length, overlap)
     return ActorActing(env, settings, chunk_length, overlap)

@@ -13,7 +13,8 @@ from typing import Any
 
 from lightning_wm.data.acting.base import Acting, Chunk
 from lightning_wm.data.collector import Collector, EpisodeStats
-from lightning_wm.envs import EnvConfig, EnvSpec, make_vector_env
+from lightning_wm.data.split_collector import SplitCollector, check_splits, make_collector
+from lightning_wm.envs import EnvConfig, EnvSpec
 from lightning_wm.policies import RandomAgent
 from lightning_wm.seeding import derive_seed, env_seeds
 
@@ -31,12 +32,17 @@ class InProcessActing(Acting):
         spec: its spaces.
         chunk_length: env steps per :meth:`next_chunk`.
         overlap: chunks of ``chunk_length + 1`` rows sharing a row with the one before.
+        splits: the envs in this many equal parts stepped in turn, each part's env step overlapping
+            the policy's call for the next (:class:`~lightning_wm.data.split_collector.SplitCollector`).
     """
 
-    def __init__(self, env: EnvConfig, spec: EnvSpec, chunk_length: int = 64, overlap: bool = False) -> None:
+    def __init__(
+        self, env: EnvConfig, spec: EnvSpec, chunk_length: int = 64, overlap: bool = False, splits: int = 1
+    ) -> None:
         super().__init__(chunk_length, overlap)
-        self.env, self.spec = env, spec
-        self.collector: Collector | None = None  # kept (its envs closed) after close(), for its stats
+        check_splits(env, splits)
+        self.env, self.spec, self.splits = env, spec, splits
+        self.collector: Collector | SplitCollector | None = None  # kept (its envs closed) after close(), for its stats
         self.stats = EpisodeStats()  # kept across fits and restored from checkpoints
         self._open = False
         self.agent: Any = None
@@ -51,12 +57,13 @@ class InProcessActing(Acting):
         if self._open:
             return
         self._prefill_seed = derive_seed(self.env.seed, "prefill", rank)
-        self.collector = Collector(
-            make_vector_env(self.env),
+        self.collector = make_collector(
+            self.env,
             RandomAgent(self.spec, seed=self._prefill_seed),
             rows,
-            seeds=env_seeds(self.env.seed, self.env.num_envs, "train", rank),
-            spec=self.spec,
+            env_seeds(self.env.seed, self.env.num_envs, "train", rank),
+            self.spec,
+            self.splits,
         )
         self.collector.stats = self.stats
         self._open = True
@@ -111,7 +118,7 @@ class InProcessActing(Acting):
 
     def close(self) -> None:
         if self._open and self.collector is not None:
-            self.collector.env.close()
+            self.collector.close()
         self._open = False
 
     def state_dict(self) -> dict[str, Any]:
