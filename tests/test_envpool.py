@@ -269,3 +269,26 @@ def test_impala_fit_on_envpool_from_the_command_line(splits):
     assert len(getattr(cli.datamodule.acting.collector, "parts", [None])) == splits
     assert cli.datamodule.env.backend == "envpool"
     assert np.isfinite(float(cli.trainer.callback_metrics["val/return"]))
+
+
+@needs_envpool
+@pytest.mark.slow  # about 3 s of Atari
+def test_frames_handed_on_as_views_stay_what_each_step_returned():
+    """EnvPool's frames reach the rows as channels-last views, not copies: a later step must not
+    overwrite the frames of rows still held (a chunk keeps them until it is stacked)."""
+    config = dataclasses.replace(PONG, num_envs=2, backend="envpool")
+    env = make_vector_env(config)
+    received, step_wait = [], env.step_wait
+
+    def wait_and_copy(**kwargs):
+        out = step_wait(**kwargs)
+        received.append(np.array(out[0], copy=True))
+        return out
+
+    env.step_wait = wait_and_copy
+    try:
+        chunk = Collector(env, RandomAgent(env_spec(config), seed=0), seeds=[1, 2]).collect_chunk(200)
+    finally:
+        env.close()
+    for t in range(199):
+        np.testing.assert_array_equal(chunk["obs"][t + 1], received[t])
