@@ -23,7 +23,7 @@ from torch import Tensor
 
 Tree = Any
 
-__all__ = ["Tree", "tree_map", "flatten", "unflatten", "first_leaf", "leaves", "stack", "where"]
+__all__ = ["Tree", "tree_map", "flatten", "unflatten", "first_leaf", "leaves", "stack", "concat", "where"]
 
 
 def tree_map(fn: Callable[..., Any], tree: Tree, *rest: Tree) -> Tree:
@@ -91,6 +91,20 @@ def stack(trees: list[Tree], dim: int = 0) -> Tree:
         return np.stack(xs, dim)
 
     return tree_map(_stack, trees[0], *trees[1:])
+
+
+def concat(trees: list[Tree], dim: int = 0) -> Tree:
+    """Join matching leaves of ``trees`` along their existing dimension ``dim`` (torch leaves with
+    ``torch.cat``, anything else with ``numpy.concatenate``; ``None`` stays ``None``)."""
+    if not trees:
+        raise ValueError("concat() needs at least one tree")
+
+    def _concat(*xs: Any) -> Any:
+        if isinstance(xs[0], Tensor):
+            return torch.cat(xs, dim)
+        return np.concatenate(xs, dim)
+
+    return tree_map(_concat, trees[0], *trees[1:])
 
 
 def where(mask: Tensor, new: Tree, old: Tree) -> Tree:

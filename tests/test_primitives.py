@@ -43,6 +43,17 @@ def test_stack_and_first_leaf_and_where():
     assert out[1]["z"].dtype == torch.long
 
 
+def test_concat_joins_along_an_existing_dimension():
+    parts = [{"obs": np.full((2, 3), i), "state": (torch.full((1, 2), float(i)), None)} for i in range(3)]
+    joined = tree.concat(parts)
+    assert joined["obs"].shape == (6, 3) and joined["obs"][:, 0].tolist() == [0, 0, 1, 1, 2, 2]
+    assert joined["state"][0].shape == (3, 2) and joined["state"][1] is None
+    chunks = [np.arange(6).reshape(2, 3) + 10 * i for i in range(2)]
+    assert tree.concat(chunks, dim=1).tolist() == [[0, 1, 2, 10, 11, 12], [3, 4, 5, 13, 14, 15]]
+    with pytest.raises(ValueError, match="at least one"):
+        tree.concat([])
+
+
 def test_atomic_write_replaces_whole_file_and_cleans_up_on_error(tmp_path):
     target = tmp_path / "x.bin"
     io.atomic_write(target, lambda f: f.write(b"one"))

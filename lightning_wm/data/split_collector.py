@@ -20,21 +20,14 @@ from collections.abc import Sequence
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
 import torch
 
 from lightning_wm.data.collector import Collector, EpisodeStats
 from lightning_wm.data.replay import ReplayBuffer
 from lightning_wm.envs import EnvConfig, EnvSpec, make_vector_env
-from lightning_wm.tree import stack, tree_map
+from lightning_wm.tree import concat, stack
 
 __all__ = ["SplitCollector", "check_splits", "make_collector"]
-
-
-def _concat(parts: Sequence[dict[str, Any]], axis: int) -> dict[str, Any]:
-    """Rows of the parts joined along the env axis (``axis`` 0 for one row ``[n, ...]``, 1 for a
-    chunk ``[T, n, ...]``)."""
-    return tree_map(lambda *leaves: np.concatenate(leaves, axis=axis), *parts)
 
 
 class SplitCollector:
@@ -112,7 +105,7 @@ class SplitCollector:
             finished.extend({**episode, "env": episode["env"] + k * part.num_envs} for episode in done)
             rows.append(row)
         if self.buffer is not None:
-            self.buffer.add(_concat(rows, axis=0))
+            self.buffer.add(concat(rows))
         return rows
 
     @torch.no_grad()
@@ -135,7 +128,7 @@ class SplitCollector:
         while len(rows[0]) < num_steps + (1 if overlap else 0):
             for part_rows, row in zip(rows, self._round(explore, finished)):
                 part_rows.append(row)
-        return _concat([stack(part_rows) for part_rows in rows], axis=1)
+        return concat([stack(part_rows) for part_rows in rows], dim=1)
 
     def close(self) -> None:
         for part in self.parts:

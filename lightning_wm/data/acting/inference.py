@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_wm.data.collector import agent_device
-from lightning_wm.tree import first_leaf, tree_map
+from lightning_wm.tree import concat, first_leaf, tree_map
 
 # The interpreter's thread switch interval while central acting serves: a thread woken by an env, a
 # request or an answer waits for the GIL until the learner's thread drops it, at most this long
@@ -48,7 +48,6 @@ __all__ = [
     "InferenceStopped",
     "SWITCH_INTERVAL_S",
     "acting_view",
-    "cat_trees",
     "shorten_switch_interval",
     "tree_rows",
 ]
@@ -80,11 +79,6 @@ class _Request:
     error: BaseException | None = None
     taken: bool = False  # in a round that a group's thread is answering
     done: threading.Event = field(default_factory=threading.Event)
-
-
-def cat_trees(trees: list[Any]) -> Any:
-    """Concatenate matching tensor leaves of ``trees`` along the batch (``None`` stays ``None``)."""
-    return tree_map(lambda *xs: torch.cat(xs, 0), trees[0], *trees[1:])
 
 
 def tree_rows(tree: Any, start: int, stop: int) -> Any:
@@ -200,9 +194,9 @@ class BatchedInference:
         """One agent call for ``requests``; answers (or the error) set in place."""
         try:
             sizes = [first_leaf(r.obs).shape[0] for r in requests]
-            obs = cat_trees([r.obs for r in requests])
+            obs = concat([r.obs for r in requests])
             states = [r.state for r in requests]
-            state = None if all(s is None for s in states) else cat_trees(states)
+            state = None if all(s is None for s in states) else concat(states)
             version = int(self.version())
             with torch.no_grad():
                 action, new_state, extras = self.agent.act(obs, state, explore)

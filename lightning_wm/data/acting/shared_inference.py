@@ -33,9 +33,9 @@ import torch
 import torch.multiprocessing as tmp
 from torch import Tensor
 
-from lightning_wm.data.acting.inference import InferenceStopped, cat_trees, tree_rows
+from lightning_wm.data.acting.inference import InferenceStopped, tree_rows
 from lightning_wm.data.collector import agent_device
-from lightning_wm.tree import tree_map, where
+from lightning_wm.tree import concat, tree_map, where
 
 __all__ = ["InferenceLoop", "SharedMemoryClient", "SharedSlots", "make_slots"]
 
@@ -242,7 +242,7 @@ class InferenceLoop:
                     self._states[g] = agent.initial_state(size)
                 elif starts.any():  # a fresh state only where an episode starts (most steps: none)
                     self._states[g] = where(starts, agent.initial_state(size), self._states[g])
-            state = cat_trees([self._states[g] for g in groups])
+            state = concat([self._states[g] for g in groups])
         version = int(self.version())
         self.busy_since = time.monotonic()
         try:
