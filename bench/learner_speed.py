@@ -220,13 +220,14 @@ NO_KERNEL = frozenset(
 )
 
 
-def dispatched_ops(step: Step) -> tuple[int, int]:
+def dispatched_ops(step: Step, by_name: collections.Counter | None = None) -> tuple[int, int]:
     """``(kernels, aten op events)`` of one step under ``torch.profiler``. Kernels: the aten ops
     that run one themselves (not a view or metadata op, and no such op below them) plus compiled
     kernels (inductor's ``cpp_fused_*`` / ``triton_*`` calls, visible with kernel profiling on).
     A multi-tensor op (``_foreach_*``, ``_fused_*``: the optimizers' and the clipper's) counts as
     one, what it launches on CUDA; on the CPU it loops over its tensors, one op each, which the
-    count leaves out."""
+    count leaves out. ``by_name`` (if given) counts the kernels by name, a kernel run inside another
+    aten op named with it (``aten::copy_ in aten::addmm``), compiled kernels as one name."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -261,7 +262,15 @@ def dispatched_ops(step: Step) -> tuple[int, int]:
     def below(event: Any) -> bool:  # a kernel at or under this event
         return runs_kernel(event) or any(below(c) for c in event.cpu_children)
 
-    kernels = sum(runs_kernel(e) and not inside_multi_tensor(e) for e in events)
+    counted = [e for e in events if runs_kernel(e) and not inside_multi_tensor(e)]
+    if by_name is not None:
+        for e in counted:
+            parent = e.cpu_parent
+            if "cpp_fused" in e.name or e.name.startswith("triton_"):
+                by_name["compiled kernels"] += 1
+            else:
+                by_name[f"{e.name} in {parent.name}" if parent is not None else e.name] += 1
+    kernels = len(counted)
     return kernels, sum(e.name.startswith("aten::") for e in events)
 
 
@@ -335,6 +344,7 @@ def main() -> None:
     parser.add_argument(
         "--optim", choices=["auto", "for_loop", "foreach", "fused"], default="auto", help="optim.implementation"
     )
+    parser.add_argument("--top", type=int, default=0, help="print the N most frequent kernels of the step")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (the profile counts CPU-side ops either way)")
     args = parser.parse_args()
     args.batch = args.batch or {"dreamer": 16, "muzero": 256, "impala": 16}[args.family]
@@ -383,7 +393,8 @@ def main() -> None:
     shapes_text: list[str] = []
     if not args.no_profile:
         with autocast:
-            ops, aten = dispatched_ops(step)
+            names: collections.Counter = collections.Counter()
+            ops, aten = dispatched_ops(step, names)
         eager_step = step if args.compile == "none" else FAMILIES[args.family](args, CompileSettings())[0]
         with autocast:
             flops, shapes = step_flops(eager_step)
@@ -411,6 +422,8 @@ def main() -> None:
         )
         print()
         print("dominant multiplies:", "; ".join(shapes_text))
+        if args.top:
+            print("kernels by name:", "; ".join(f"{n} {name}" for name, n in names.most_common(args.top)))
     print("wall per step:", " ".join(f"{w:.3f}" for w in wall), "| CPU per step:", " ".join(f"{c:.3f}" for c in cpu))
     print("load average:", " ".join(f"{x:.2f}" for x in os.getloadavg()))
 

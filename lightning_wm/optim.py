@@ -13,6 +13,10 @@
   norm type and momentum timestep, applied to the gradients between
   ``backward`` and the optimizer step. It works with either optimizer (DI-engine's IMPALA
   passes the clip options to Adam only).
+* :func:`clip_grad_norms_` — ``clip_norm`` of several parameter groups (Dreamer's three networks)
+  at once, with a fixed handful of multi-tensor kernels instead of a set per group: the same
+  numbers as each group's own :class:`GradClipper`; :func:`clip_groups` uses it where a set of
+  clippers allows it.
 
 The two momentum variants compare gradients with a running estimate of their own size: an
 exponential moving average ``v`` (decay ``beta``: Adam's ``betas[1]``, RMSProp's ``alpha``)
@@ -34,7 +38,7 @@ its RMSProp variant none; here both use the number of updates including the curr
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -258,8 +262,8 @@ class GradClipper:
         params = [p for p in params if p.grad is not None]
         grads = [p.grad for p in params]
         if self.grad_clip_type == "clip_norm" and grads:  # the total norm, computed once, is what clips
-            norm = torch.nn.utils.clip_grad_norm_(params, self.clip_value, self.clip_norm_type)
-            return {"grad_norm": norm.detach(), "clipped": norm.gt(self.clip_value).float()}
+            norm = clip_grad_norms_([params], [self.clip_value], self.clip_norm_type)[0]
+            return {"grad_norm": norm, "clipped": norm.gt(self.clip_value).float()}
         norm = self._norm(grads)
         clipped = torch.zeros(())
         if self.grad_clip_type == "clip_value":
@@ -304,3 +308,56 @@ class GradClipper:
     def load_state_dict(self, state: dict) -> None:
         self.count = int(state["count"])
         self.square_avg = [t.clone() for t in state["square_avg"]]
+
+
+def clip_grad_norms_(groups: Sequence[Sequence[Tensor]], max_norms: Sequence[float], norm_type: float = 2.0) -> Tensor:
+    """``clip_norm`` of each group of parameters to its own bound, all groups together: per group
+    the total ``norm_type``-norm of its gradients (the norm of the per-tensor norms, as
+    ``torch.nn.utils.clip_grad_norm_`` computes it, to the bit), scaled by
+    ``min(1, max_norm / (norm + 1e-6))``. One ``_foreach_norm`` over every gradient, one stack, a
+    norm per group, four kernels for the coefficients and a ``_foreach_mul_`` per group, where
+    separate clippers launch that set once per group (the kernel count of a Dreamer step).
+
+    Args:
+        groups: ``G`` lists of parameters (those without a gradient are skipped).
+        max_norms: ``G`` bounds.
+        norm_type: the p of the p-norm (``math.inf``: the largest element).
+
+    Returns:
+        ``[G]`` the total norms before clipping (0 for a group without gradients).
+    """
+    if len(groups) != len(max_norms):
+        raise ValueError(f"clip_grad_norms_ got {len(groups)} groups and {len(max_norms)} bounds")
+    grads = [[p.grad for p in group if p.grad is not None] for group in groups]
+    flat = [g for group in grads for g in group]
+    if not flat:
+        return torch.zeros(len(groups))
+    with torch.no_grad():
+        return _clip_grad_norms(grads, flat, max_norms, norm_type)
+
+
+def _clip_grad_norms(grads: list[list[Tensor]], flat: list[Tensor], max_norms: Sequence[float], p: float) -> Tensor:
+    per_tensor = torch.stack(torch._foreach_norm(flat, p))
+    norms, start = [], 0
+    for group in grads:
+        part = per_tensor[start : start + len(group)]
+        norms.append(torch.linalg.vector_norm(part, p) if group else per_tensor.new_zeros(()))
+        start += len(group)
+    norms = torch.stack(norms)
+    bounds = torch.tensor(max_norms, dtype=norms.dtype, device=norms.device)
+    coefs = ((norms + 1e-6).reciprocal_() * bounds).clamp_(max=1.0)  # float / tensor, as torch computes it
+    for i, group in enumerate(grads):
+        if group:
+            torch._foreach_mul_(group, coefs[i])
+    return norms
+
+
+def clip_groups(clippers: Sequence[GradClipper], groups: Sequence[Iterable[Tensor]]) -> list[Tensor]:
+    """Apply each clipper to its group of parameters; returns each group's gradient norm before
+    clipping. Where every clipper is ``clip_norm`` with one norm type, the groups are clipped
+    together (:func:`clip_grad_norms_`: the same numbers, a few kernels instead of a set per group)."""
+    groups = [list(group) for group in groups]
+    if clippers and all(c.grad_clip_type == "clip_norm" for c in clippers):
+        if len({c.clip_norm_type for c in clippers}) == 1:
+            return list(clip_grad_norms_(groups, [c.clip_value for c in clippers], clippers[0].clip_norm_type))
+    return [clipper(group)["grad_norm"] for clipper, group in zip(clippers, groups, strict=True)]

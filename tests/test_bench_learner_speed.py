@@ -1,5 +1,7 @@
 """bench/learner_speed.py's op count: hand-counted steps, multi-tensor ops counted as one launch."""
 
+import collections
+
 import torch
 
 from support.bench_scripts import load_bench_script
@@ -29,3 +31,17 @@ def test_a_multi_tensor_op_counts_as_one_launch_whatever_its_cpu_loop():
 
     kernels, _ = learner_speed.dispatched_ops(step)
     assert kernels == 4
+
+
+def test_kernels_by_name_add_up_to_the_count_and_name_the_op_around_a_copy():
+    a, b, c = torch.randn(4, 3), torch.randn(3, 5), torch.randn(5)
+
+    def step() -> None:
+        torch.addmm(c, a, b)  # the CPU's addmm copies the bias into its output: one copy_ inside addmm
+        (a + a).neg()  # add: 1; neg: 1
+
+    names: collections.Counter = collections.Counter()
+    kernels, _ = learner_speed.dispatched_ops(step, names)
+    assert sum(names.values()) == kernels == 3
+    assert names["aten::copy_ in aten::addmm"] == 1
+    assert names["aten::add"] == names["aten::neg"] == 1

@@ -255,7 +255,7 @@ def test_h_support_and_twohot_targets():
 
 
 def test_count_at_most_counts_like_searchsorted_in_both_forms():
-    """The compare-and-sum form (taken when compiled for CUDA) gives searchsorted's integers, ties
+    """The compare-and-sum form (taken when compiled) gives searchsorted's integers, ties
     and ends included, for one shared sequence and for one sequence per row."""
     g = torch.Generator().manual_seed(0)
     bins = torch.tensor([-2.0, -1.0, 0.0, 0.0, 1.5, 3.0])
@@ -272,12 +272,17 @@ def test_count_at_most_counts_like_searchsorted_in_both_forms():
     assert got[0, 0, 0] == 3
 
 
-def test_masked_cdf_is_the_cumulative_sum_and_draws_the_same_classes():
+@pytest.mark.parametrize("classes", [1, 2, 5, 32, 33])
+def test_prefix_sum_is_the_cumulative_sum(classes):
+    x = torch.rand(7, 3, classes, generator=torch.Generator().manual_seed(classes))
+    torch.testing.assert_close(dists.prefix_sum(x), x.cumsum(-1))
+
+
+def test_the_fused_forms_draw_the_classes_searchsorted_draws():
     g = torch.Generator().manual_seed(0)
     probs = torch.softmax(torch.randn(64, 16, 5, generator=g), -1)
     uniform = torch.rand(64, 16, generator=g)
-    torch.testing.assert_close(dists.masked_cdf(probs), probs.cumsum(-1))
     eager = dists.sample_index(probs, uniform)
-    fused = dists.count_at_most(dists.masked_cdf(probs), uniform.unsqueeze(-1)).clamp(max=4).squeeze(-1)
+    fused = dists.count_at_most(dists.prefix_sum(probs), uniform.unsqueeze(-1)).clamp(max=4).squeeze(-1)
     assert torch.equal(fused, eager)
     assert eager.min() >= 0 and eager.max() <= 4 and len(eager.unique()) == 5

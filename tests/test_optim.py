@@ -5,7 +5,14 @@ import math
 import pytest
 import torch
 
-from lightning_wm.optim import GradClipper, OptimSettings, build_optimizer, optimizer_beta
+from lightning_wm.optim import (
+    GradClipper,
+    OptimSettings,
+    build_optimizer,
+    clip_grad_norms_,
+    clip_groups,
+    optimizer_beta,
+)
 
 
 def _param(grad):
@@ -67,6 +74,45 @@ def test_clip_value_and_clip_norm():
     p = _param([3.0, -4.0])
     GradClipper(None)([p])
     assert p.grad.tolist() == [3.0, -4.0]
+
+
+def _grouped_params(seed: int, scales: tuple[float, ...]) -> list[list[torch.nn.Parameter]]:
+    gen = torch.Generator().manual_seed(seed)
+    groups = []
+    for scale in scales:
+        group = [torch.nn.Parameter(torch.zeros(shape)) for shape in ((7, 3), (5,), (4, 4, 2))]
+        for p in group:
+            p.grad = torch.randn(p.shape, generator=gen) * scale
+        groups.append(group)
+    return groups
+
+
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, math.inf])
+def test_clip_grad_norms_clips_each_group_as_torch_clips_it_alone(norm_type):
+    bounds = [1.0, 1000.0, 0.5]  # the first and last groups are clipped, the middle one not
+    ours, theirs = _grouped_params(0, (3.0, 1.0, 2.0)), _grouped_params(0, (3.0, 1.0, 2.0))
+    norms = clip_grad_norms_(ours, bounds, norm_type)
+    expected = torch.stack([torch.nn.utils.clip_grad_norm_(g, b, norm_type) for g, b in zip(theirs, bounds)])
+    assert torch.equal(norms, expected)
+    for group, reference in zip(ours, theirs):
+        for p, q in zip(group, reference):
+            assert torch.equal(p.grad, q.grad)
+    assert norms[0] > 1.0 and norms[1] < 1000.0  # the test clips and leaves alone
+
+
+def test_clip_groups_joins_clip_norm_clippers_and_keeps_the_others_apart():
+    norm_clippers = [GradClipper("clip_norm", 1.0), GradClipper("clip_norm", 2.0)]
+    joined, alone = _grouped_params(1, (3.0, 3.0)), _grouped_params(1, (3.0, 3.0))
+    norms = clip_groups(norm_clippers, joined)
+    expected = [c(g)["grad_norm"] for c, g in zip(norm_clippers, alone)]
+    assert torch.equal(torch.stack(norms), torch.stack(expected))
+    assert all(torch.equal(p.grad, q.grad) for g, h in zip(joined, alone) for p, q in zip(g, h))
+    mixed = [GradClipper("clip_norm", 1.0), GradClipper("clip_value", 0.1)]
+    groups = _grouped_params(2, (3.0, 3.0))
+    clip_groups(mixed, groups)
+    assert max(p.grad.abs().max() for p in groups[1]) <= 0.1  # the value clipper applied to its group
+    with pytest.raises(ValueError, match="2 groups and 1 bounds"):
+        clip_grad_norms_(groups, [1.0])
 
 
 def test_clip_momentum_norm_hand_values():

@@ -9,7 +9,7 @@ logits / means / standard deviations.
   :func:`h_twohot_loss`);
 * two-hot encoding over a bins tensor (e.g. :func:`symexp_bins`), its cross-entropy loss and
   its mean; :func:`searchsorted_right`, the bin search both it and the categorical sampling use
-  (compiled for CUDA: :func:`count_at_most` and :func:`masked_cdf`, forms the compiler fuses);
+  (compiled: :func:`prefix_sum` and :func:`count_at_most`, forms the compiler fuses);
 * categorical latents: 1% uniform mix (``unimix``), straight-through one-hot sampling,
   entropy and KL over groups ``[..., G, C]``;
 * diagonal Gaussians: KL, log-prob, entropy; bounded Normal and tanh-Normal actions;
@@ -64,20 +64,13 @@ def searchsorted_right(sorted_sequence: Tensor, values: Tensor) -> Tensor:
     the sorted last dim are ``<= value`` (int64, the shape of ``values``).
 
     ``sorted_sequence`` is ``[K]`` (one sequence for every value) or ``[..., K]`` with ``values
-    [..., M]``. Compiled for CUDA it is :func:`count_at_most`, a compare and a sum the compiler
-    fuses with what surrounds it (``searchsorted`` stays a call of its own there, a launch and
-    copies of its inputs); the integers are the same. On the CPU ``searchsorted`` is kept: the
-    fused count measured 10-15% more CPU time per compiled Dreamer step.
+    [..., M]``. Compiled it is :func:`count_at_most`, a compare and a sum the compiler fuses with
+    what surrounds it (``searchsorted`` stays a call of its own there, a launch and copies of its
+    inputs); the integers are the same. Eager it is ``searchsorted`` (``log K`` compares a value).
     """
-    if _fused_forms_for(values):
+    if torch.compiler.is_compiling():
         return count_at_most(sorted_sequence, values)
     return torch.searchsorted(sorted_sequence, values.contiguous(), right=True)
-
-
-def _fused_forms_for(x: Tensor) -> bool:
-    """Whether :func:`count_at_most` / :func:`masked_cdf` replace ``searchsorted`` / ``cumsum`` for
-    ``x``: while compiling for CUDA only (see :func:`searchsorted_right`)."""
-    return torch.compiler.is_compiling() and x.is_cuda
 
 
 def count_at_most(sorted_sequence: Tensor, values: Tensor) -> Tensor:
@@ -88,12 +81,15 @@ def count_at_most(sorted_sequence: Tensor, values: Tensor) -> Tensor:
     return (sorted_sequence.unsqueeze(-2) <= values.unsqueeze(-1)).sum(-1)
 
 
-def masked_cdf(probs: Tensor) -> Tensor:
-    """``probs.cumsum(-1)`` for ``probs [..., C]`` as masked sums (``[..., C, C]`` products summed):
-    what the compiler fuses, where ``cumsum`` is a call of its own. Equal up to rounding."""
-    c = probs.shape[-1]
-    lower = torch.ones(c, c, dtype=torch.bool, device=probs.device).tril()  # [k, j]: j <= k
-    return (probs.unsqueeze(-2) * lower).sum(-1)
+def prefix_sum(x: Tensor) -> Tensor:
+    """``x.cumsum(-1)`` for ``x [..., C]`` as ``ceil(log2 C)`` shifted adds (Hillis and Steele's
+    scan): pointwise work the compiler fuses into the kernels around it, where ``cumsum`` is a
+    call of its own on the CPU. Equal up to rounding (another order of the same sums)."""
+    c, shift = x.shape[-1], 1
+    while shift < c:
+        x = x + torch.nn.functional.pad(x[..., :-shift], (shift, 0))
+        shift *= 2
+    return x
 
 
 def twohot_encode(x: Tensor, bins: Tensor) -> Tensor:
@@ -234,7 +230,7 @@ def sample_index(probs: Tensor, uniform: Tensor | None = None) -> Tensor:
     (the Gumbel-max trick): ``C`` times fewer random draws.
     """
     probs = probs.detach()
-    cdf = masked_cdf(probs) if _fused_forms_for(probs) else probs.cumsum(-1)
+    cdf = prefix_sum(probs) if torch.compiler.is_compiling() else probs.cumsum(-1)
     if uniform is None:
         uniform = torch.rand(probs.shape[:-1], device=probs.device, dtype=probs.dtype)
     # a draw above a total that rounding left just below 1 falls in the last class (the clamp)

@@ -31,7 +31,7 @@ from lightning_wm.envs import EnvSpec
 from lightning_wm.logging import log_figure, log_gif, log_image
 from lightning_wm.nn.blocks import MLP, soft_update
 from lightning_wm.nn.codec import Obs
-from lightning_wm.optim import GradClipper, build_optimizer, lr_factor, optimizer_beta
+from lightning_wm.optim import GradClipper, build_optimizer, clip_groups, lr_factor, optimizer_beta
 from lightning_wm.returns import lambda_return, replay_lambda_return
 from lightning_wm.settings import as_settings
 from lightning_wm.tree import first_leaf, tree_map
@@ -378,9 +378,8 @@ class Dreamer(RLModule):
         checkpoint schedule count on); the actor's and critic's step their plain optimizer.
         """
         modules = {"model": self.wm, "actor": self.actor, "critic": self.critic}
-        logs = {}
-        for name in NETWORKS:
-            logs[f"grad_norm/{name}"] = self.clippers[name](modules[name].parameters())["grad_norm"]
+        norms = clip_groups([self.clippers[n] for n in NETWORKS], [modules[n].parameters() for n in NETWORKS])
+        logs = {f"grad_norm/{name}": norm for name, norm in zip(NETWORKS, norms)}
         for name, opt in zip(NETWORKS, optimizers):
             settings = getattr(self.optim, name)
             lr = settings.lr * lr_factor(self.global_step, settings.lr_warmup_steps, settings.lr_anneal_steps)
