@@ -132,11 +132,7 @@ def _train(model: Dreamer, batch: dict[str, torch.Tensor], steps: int) -> list[d
     optimizers = model.configure_optimizers()
     history = []
     for _ in range(steps):
-        losses, logs = model.losses(batch)
-        for opt in optimizers:
-            opt.zero_grad()
-        sum(losses.values()).backward()
-        logs.update(model.clip_and_step(optimizers))
+        _, logs = model.gradient_step(batch, optimizers)
         history.append({k: float(v) for k, v in logs.items()})
     return history
 
@@ -635,3 +631,26 @@ def test_each_optimizers_lr_anneal_steps_anneals_its_own_rate(cartpole_spec, mon
         assert any(not torch.equal(a, b) for a, b in zip(wm_before, model.wm.parameters()))
     with pytest.raises(ValueError, match="lr_anneal_steps"):
         tiny(cartpole_spec, optim={"actor": {"lr_anneal_steps": 0}})
+
+
+def test_p_end_at_terminal_is_the_mean_over_the_terminal_rows_since_the_last_written_log(cartpole_spec):
+    """The continue head's end probability at real terminations: summed per step without a host
+    sync, written as the mean over every terminal row since the last written log; left out of a
+    log that saw none."""
+    model = tiny(cartpole_spec)
+    with_end, without = cartpole_batch(seed=0), cartpole_batch(seed=1)
+    without["is_terminal"][:] = False
+    torch.manual_seed(1)
+    _, logs, out = model.world_model_loss(with_end)
+    feat = torch.cat([out["h"], out["z"]], -1)
+    p_end = torch.sigmoid(-model.wm.cont_head(feat).squeeze(-1).float())
+    terminal = with_end["is_terminal"].bool()
+    torch.testing.assert_close(logs["_terminal_p_end"], torch.stack([p_end[terminal].sum(), torch.tensor(1.0)]))
+    torch.testing.assert_close(logs["train/p_end_elsewhere"], p_end[~terminal].mean())
+
+    written = [False, False, True, True]  # the logger writes the third and the fourth step
+    steps = [{"_terminal_p_end": torch.tensor(v)} for v in ([0.5, 1.0], [1.1, 2.0], [0.0, 0.0], [0.0, 0.0])]
+    for logs, write in zip(steps, written):
+        model.log_p_end_at_terminal(logs, write)
+    assert [list(logs) for logs in steps] == [[], [], ["train/p_end_at_terminal"], []]
+    assert steps[2]["train/p_end_at_terminal"].item() == pytest.approx(1.6 / 3.0)

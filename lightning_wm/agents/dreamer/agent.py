@@ -40,6 +40,7 @@ from lightning_wm.world_model import frozen, rollout
 __all__ = ["Dreamer"]
 
 NETWORKS = ("model", "actor", "critic")  # the three optimizers, in configure_optimizers' order
+TERMINAL_P_END = "_terminal_p_end"  # the losses' [sum of p_end over terminal rows, their count]
 
 
 class Dreamer(RLModule):
@@ -135,6 +136,7 @@ class Dreamer(RLModule):
             self.discrete, net.unimix, behavior.actor_dist, behavior.action_min_std, behavior.action_max_std
         )
         self.clippers = {name: GradClipper.from_settings(getattr(optim, name).clip) for name in NETWORKS}
+        self._terminal_p_end: Tensor | None = None  # since the last written log (log_p_end_at_terminal)
         self._openloop_batch: dict[str, Tensor] | None = None
         self.compile_settings = compile = as_compile_settings(compile)
         self._losses_fn = self.losses
@@ -216,17 +218,13 @@ class Dreamer(RLModule):
             "train/kl": parts["kl"].mean().detach(),
         }
         with torch.no_grad():  # how well the continue head sees the (rare) real terminations
-            terminal = batch["is_terminal"].bool()
+            ends = batch["is_terminal"].float()
             p_end = torch.sigmoid(-cont_logit)
-            logs["train/terminal_frac"] = terminal.float().mean()
-            if torch.compiler.is_compiling():  # no data-dependent branch or shape: masked means, NaN for none
-                ends = terminal.float()
-                logs["train/p_end_at_terminal"] = (p_end * ends).sum() / ends.sum()
-                logs["train/p_end_elsewhere"] = (p_end * (1 - ends)).sum() / (1 - ends).sum()
-            else:
-                if terminal.any():
-                    logs["train/p_end_at_terminal"] = p_end[terminal].mean()
-                logs["train/p_end_elsewhere"] = p_end[~terminal].mean()
+            logs["train/terminal_frac"] = ends.mean()
+            logs["train/p_end_elsewhere"] = (p_end * (1 - ends)).sum() / (1 - ends).sum().clamp(min=1)
+            # summed here, averaged over the steps between two written logs (gradient_step): no
+            # data-dependent branch, no host sync per step
+            logs[TERMINAL_P_END] = torch.stack([(p_end * ends).sum(), ends.sum()])
         return loss, logs, out
 
     def current_horizon(self) -> int:
@@ -395,6 +393,22 @@ class Dreamer(RLModule):
             soft_update(self.slow_critic, self.critic, self.behavior.slow_critic_tau)
         return logs
 
+    def log_p_end_at_terminal(self, logs: dict[str, Tensor], written: bool) -> None:
+        """Take :meth:`world_model_loss`'s terminal rows out of its ``logs`` and add them to those
+        since the last written log; where the logger writes this step (``written``), log
+        ``train/p_end_at_terminal`` (their mean end probability; left out where there were none)
+        and start again. Terminal rows are rare, so a per-step mean would be missing or noisy, and
+        reading it per step would wait for the device every step."""
+        p_end_sum_count = logs.pop(TERMINAL_P_END)
+        if self._terminal_p_end is None or self._terminal_p_end.device != p_end_sum_count.device:
+            self._terminal_p_end = torch.zeros_like(p_end_sum_count)
+        self._terminal_p_end += p_end_sum_count
+        if written:
+            total, count = self._terminal_p_end.tolist()
+            if count > 0:
+                logs["train/p_end_at_terminal"] = torch.tensor(total / count)
+            self._terminal_p_end.zero_()
+
     def gradient_step(
         self, batch: dict[str, Tensor], optimizers: list[Any]
     ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
@@ -402,8 +416,7 @@ class Dreamer(RLModule):
         ``compile.mode: step``), ONE backward of their sum, :meth:`clip_and_step`. Returns the
         losses and the logged values (without a trainer too: benches and tests)."""
         losses, logs = self._losses_fn(batch)
-        if self.compile_settings.mode == "step" and logs["train/p_end_at_terminal"].isnan():
-            del logs["train/p_end_at_terminal"]  # no terminal row (eager: the key is left out)
+        self.log_p_end_at_terminal(logs, self.logs_step(self.global_step + 1))
         for opt in optimizers:
             opt.zero_grad(set_to_none=True)
         total = losses["model"] + losses["actor"] + losses["critic"]

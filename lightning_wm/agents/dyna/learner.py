@@ -185,6 +185,8 @@ class DynaLearner(RLModule):
             self.manual_backward(loss)
             logs["train/grad_norm/model"] = self.model_clipper(self.world_model.wm.parameters())["grad_norm"]
             model_opt.optimizer.step()  # the plain optimizer: only the policy's step counts global_step
+            if hasattr(self.world_model, "log_p_end_at_terminal"):  # Dreamer's: summed between written logs
+                self.world_model.log_p_end_at_terminal(model_logs, self.logs_step(self.global_step + 1))
             logs.update(model_logs)
         loss, policy_logs = self.policy.learner_loss(batch, self.global_step)
         policy_opt.zero_grad()
