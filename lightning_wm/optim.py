@@ -37,6 +37,7 @@ its RMSProp variant none; here both use the number of updates including the curr
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -344,12 +345,18 @@ def _clip_grad_norms(grads: list[list[Tensor]], flat: list[Tensor], max_norms: S
         norms.append(torch.linalg.vector_norm(part, p) if group else per_tensor.new_zeros(()))
         start += len(group)
     norms = torch.stack(norms)
-    bounds = torch.tensor(max_norms, dtype=norms.dtype, device=norms.device)
+    bounds = _bounds(tuple(max_norms), norms.dtype, norms.device)
     coefs = ((norms + 1e-6).reciprocal_() * bounds).clamp_(max=1.0)  # float / tensor, as torch computes it
     for i, group in enumerate(grads):
         if group:
             torch._foreach_mul_(group, coefs[i])
     return norms
+
+
+@functools.lru_cache(maxsize=16)
+def _bounds(max_norms: tuple[float, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+    """The bounds as a tensor on the gradients' device, made once (no host-to-device copy a step)."""
+    return torch.tensor(max_norms, dtype=dtype, device=device)
 
 
 def clip_groups(clippers: Sequence[GradClipper], groups: Sequence[Iterable[Tensor]]) -> list[Tensor]:
