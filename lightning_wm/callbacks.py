@@ -20,6 +20,8 @@ CLI's Trainer adds :func:`default_callbacks` to every run.
 * :class:`EMAWeights` — Lightning's ``EMAWeightAveraging`` (the evaluation episodes and the saved
   ``state_dict`` use an exponential moving average of the weights) whose checkpoints always keep
   the weights training continues from. Not a default: a config lists it under ``trainer.callbacks``.
+* :class:`NonFiniteLossGuard` — stops a run whose loss became NaN or infinite, before any checkpoint
+  holds the weights it made (the CLI's Trainer adds it).
 * :class:`OnlineWeightsOnResume` — a run resumed without a weight-averaging callback from a
   checkpoint written with one continues from the online weights, not from the saved average.
 
@@ -52,6 +54,7 @@ __all__ = [
     "AgentPublisher",
     "EMAWeights",
     "OnlineWeightsOnResume",
+    "NonFiniteLossGuard",
     "default_callbacks",
 ]
 
@@ -397,3 +400,54 @@ def default_callbacks() -> list[Callback]:
         AgentPublisher(),
         OnlineWeightsOnResume(),
     ]
+
+
+class NonFiniteLossGuard(Callback):
+    """Stop with a clear message when a loss (the step's output, a logged ``*loss*``) becomes NaN
+    or infinite, before any checkpoint holds the weights it made.
+
+    A step only queues a device-side flag per value (no host sync: a GPU step is not waited for);
+    the flags are read every ``trainer.log_every_n_steps`` steps, before every checkpoint is written
+    and at the end of training, and the first non-finite value is named with its step.
+    """
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[int, list[str], torch.Tensor]] = []  # (step, names, values [N])
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        values: dict[str, torch.Tensor] = {}
+        if isinstance(outputs, torch.Tensor):
+            values["loss"] = outputs
+        elif isinstance(outputs, Mapping):
+            values.update({k: v for k, v in outputs.items() if isinstance(v, torch.Tensor)})
+        values.update({k: v for k, v in trainer.callback_metrics.items() if "loss" in k})
+        values = {k: v for k, v in values.items() if v.numel()}
+        if values:
+            # one value per loss (a multi-element loss is finite where its sum is), one stack for all
+            flat = torch.stack([v.detach().sum().float().to(pl_module.device) for v in values.values()])
+            self._pending.append((int(trainer.global_step), list(values), flat))
+        if len(self._pending) >= max(1, trainer.log_every_n_steps):
+            self.check()
+
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
+        self.check()  # raising here leaves the checkpoint file unwritten
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Raise ``FloatingPointError`` naming the first non-finite value queued since the last check."""
+        pending, self._pending = self._pending, []
+        if not pending or bool(torch.isfinite(torch.cat([flat for _, _, flat in pending])).all()):
+            return
+        for step, names, flat in pending:
+            bad = (~torch.isfinite(flat)).nonzero()
+            if len(bad):
+                i = int(bad[0])
+                raise FloatingPointError(
+                    f"{names[i]} became {flat[i].item()} at step {step}. Training stopped; the last good "
+                    "checkpoint is untouched. Lower the learning rate, tighten gradient clipping, or check the "
+                    "inputs (e.g. unnormalised rewards)."
+                )

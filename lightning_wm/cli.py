@@ -33,7 +33,7 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 from lightning_wm import console, runtime
 from lightning_wm.agents import dreamer as _dreamer  # noqa: F401  (registers the env id lightning_wm/Dream-v0)
 from lightning_wm.agents.dyna import Imagination
-from lightning_wm.callbacks import default_callbacks
+from lightning_wm.callbacks import NonFiniteLossGuard, default_callbacks
 from lightning_wm.checkpoints import (
     LAST,
     AtomicCheckpointIO,
@@ -53,27 +53,6 @@ from lightning_wm.run_folder import RunFolderLock, check_new_run, derive_run_nam
 from lightning_wm.seeding import derive_seed
 from lightning_wm.signals import RunStopped, requeue_slurm_job, stop_on_signals, stop_requested
 from lightning_wm.video import check_video_path, write_video
-
-
-class NonFiniteLossGuard(Callback):
-    """Stop with a clear message when a logged loss becomes NaN or infinite."""
-
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        values: dict[str, Any] = {}
-        if isinstance(outputs, torch.Tensor):
-            values["loss"] = outputs
-        elif isinstance(outputs, dict):
-            values.update({k: v for k, v in outputs.items() if isinstance(v, torch.Tensor)})
-        values.update({k: v for k, v in trainer.callback_metrics.items() if "loss" in k})
-        for name, value in values.items():
-            if value.numel() and not torch.isfinite(value.detach()).all():
-                raise FloatingPointError(
-                    f"{name} became {value.detach().flatten()[0].item()} at step {trainer.global_step}. "
-                    "Training stopped; the last good checkpoint is untouched. Lower the learning rate, "
-                    "tighten gradient clipping, or check the inputs (e.g. unnormalised rewards)."
-                )
 
 
 def _env_of(datamodule: Any) -> EnvConfig:

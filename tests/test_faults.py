@@ -8,11 +8,13 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
+from lightning_wm.callbacks import NonFiniteLossGuard
 from lightning_wm.cli import main
 
 from support.processes import descendants, wait_until
@@ -131,3 +133,30 @@ def test_a_killed_actor_ends_the_fit_with_one_line_and_its_traceback_on_request(
     assert "Traceback" not in err, err[-3000:]
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "actor" in errors[0] and "LIGHTNING_WM_TRACEBACK=1" in errors[0]
+
+
+def test_the_non_finite_guard_reads_its_flags_lazily_and_names_the_first_bad_step():
+    """Steps only queue flags (no host read per step); a check at the log interval, before a
+    checkpoint or at the end names the first non-finite loss and its step."""
+    guard = NonFiniteLossGuard()
+    module = SimpleNamespace(device=torch.device("cpu"))
+    trainer = SimpleNamespace(
+        global_step=0, log_every_n_steps=5, callback_metrics={"train/value_loss": torch.tensor(1.0)}
+    )
+    losses = [1.0, 2.0, float("inf"), float("nan"), 3.0]
+    for step, loss in enumerate(losses[:4]):
+        trainer.global_step = step + 1
+        guard.on_train_batch_end(trainer, module, {"loss": torch.tensor(loss), "priority": torch.ones(3)}, None, step)
+    assert len(guard._pending) == 4  # nothing read yet: the interval is 5 steps
+    with pytest.raises(FloatingPointError, match=r"^loss became inf at step 3\. .*last good checkpoint"):
+        guard.on_save_checkpoint(trainer, module, {})  # a checkpoint is never written past a bad step
+    assert guard._pending == []
+    trainer.callback_metrics = {"train/value_loss": torch.tensor(float("nan"))}
+    trainer.global_step = 9
+    guard.on_train_batch_end(trainer, module, torch.tensor(0.5), None, 8)
+    with pytest.raises(FloatingPointError, match=r"^train/value_loss became nan at step 9"):
+        guard.on_train_end(trainer, module)
+    trainer.callback_metrics = {}
+    for step in range(5):  # finite: read at the interval, nothing raised, nothing left queued
+        guard.on_train_batch_end(trainer, module, torch.tensor(1.0), None, step)
+    assert guard._pending == []

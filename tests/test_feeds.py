@@ -129,6 +129,31 @@ def test_actor_metrics_window():
     assert gauges["actors/wait_fraction"] == pytest.approx(0.2) and gauges["actors/batch_wait_ms"] == 2000.0
 
 
+def test_actor_metrics_running_sums_equal_a_pass_over_the_window():
+    """Gauges read every step keep running sums; they equal the sums over the events still in the window."""
+    rng = np.random.default_rng(0)
+    now = {"t": 0.0}
+    metrics = ActorMetrics(window_s=2.0, clock=lambda: now["t"])
+    events: list[tuple[float, str, float]] = []
+    for step in range(400):
+        now["t"] += float(rng.uniform(0.0, 0.05))
+        steps, lag, wait = int(rng.integers(1, 200)), int(rng.integers(0, 5)), float(rng.uniform(0, 0.01))
+        metrics.chunk(Chunk(0, 7, {}, [], env_steps=steps), learner_version=7 + lag)
+        metrics.waited(wait)
+        events += [(now["t"], "frames", steps), (now["t"], "lags", lag), (now["t"], "waits", wait)]
+        if step % 7 == 0:
+            gauges = metrics.gauges()
+            inside = [(kind, v) for t, kind, v in events if t >= now["t"] - 2.0]
+            span = min(2.0, now["t"])
+            lags = [v for kind, v in inside if kind == "lags"]
+            waits = [v for kind, v in inside if kind == "waits"]
+            assert gauges["actors/frames_per_s"] == pytest.approx(sum(v for k, v in inside if k == "frames") / span)
+            assert gauges["actors/policy_lag"] == pytest.approx(np.mean(lags))
+            assert gauges["actors/batch_wait_ms"] == pytest.approx(1000.0 * np.mean(waits))
+    now["t"] += 10.0  # everything left the window
+    assert metrics.gauges() == {"actors/frames_per_s": 0.0, "actors/queue_depth": 0.0}
+
+
 def test_unrolls_overlap_by_one_and_keep_order():
     """Chunk k of an env holds rows kT..kT+T: the last row of one unroll is the first of the next."""
     collector = Collector(countdown_envs([3, 5]), CountingAgent())
