@@ -492,15 +492,22 @@ def _nested_keys(lines: list[str]) -> list[str]:
 
 
 def _nested_null_advice(keys: list[str]) -> str:
-    """What to type instead when ``null`` for an option two classes deep reached the parser as the
-    string ``'None'`` (jsonargparse passes it on as text): the inner class's group as YAML."""
+    """What to type instead when ``null`` for an option inside a settings group of a class (``--model
+    .init_args.optim.lr_anneal_steps``) or two classes deep reached the parser as the string
+    ``'None'`` (jsonargparse passes it on as text): the enclosing group as YAML, which it parses."""
     value = "null"
-    for part in reversed(keys[-1].split(".")):
-        value = f"{{{part}: {value}}}"
-    flag = ".init_args.".join(keys[:-1])
+    if len(keys) > 2:
+        for part in reversed(keys[-1].split(".")):
+            value = f"{{{part}: {value}}}"
+        flag, value, where = ".init_args.".join(keys[:-1]), f"{{init_args: {value}}}", "two classes deep"
+    else:
+        group, option = keys[-1].split(".", 1)
+        for part in reversed(option.split(".")):
+            value = f"{{{part}: {value}}}"
+        flag, where = f"{keys[0]}.init_args.{group}", "in a settings group"
     return (
-        f"--{'.init_args.'.join(keys)}: null two classes deep arrives as the string 'None'; "
-        f"give the group as YAML instead: --{flag} '{{init_args: {value}}}'"
+        f"--{'.init_args.'.join(keys)}: null {where} arrives as the string 'None'; "
+        f"give the group as YAML instead: --{flag} '{value}'"
     )
 
 
@@ -527,7 +534,8 @@ def explain_parser_error(message: str) -> tuple[str, str | None]:
         ]
         given = next((m.group(1) for m in (re.search(r"Given value: (.*)$", line) for line in inner) if m), None)
         given = _own_value(given) if given is not None else None
-        if types and given == "None" and len(keys) > 2 and any("NoneType" in line for line in inner):
+        nested = len(keys) > 2 or (len(keys) == 2 and "." in keys[-1])
+        if types and given == "None" and nested and any("NoneType" in line for line in inner):
             return _nested_null_advice(keys), class_path
         if types and given is not None:
             return f"--{key} expects {' or '.join(_type_name(t) for t in types)}, got {given!r}", class_path

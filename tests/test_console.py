@@ -15,6 +15,7 @@ from support.presets import DREAMER_TINY, REPLAY_DATA_TINY, data_overrides, mode
 
 ROOT = Path(__file__).resolve().parents[1]
 CARTPOLE = str(ROOT / "configs/dreamer/cartpole.yaml")
+IMPALA_CARTPOLE = str(ROOT / "configs/impala/cartpole.yaml")
 SHRUNK = [
     "--config",
     CARTPOLE,
@@ -177,6 +178,33 @@ def test_errors_in_a_class_inside_a_class_name_the_whole_key_and_the_inner_class
     assert exit_info.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines == [first, lines[1]] and DYNA_HELP in lines[1]
+
+
+def test_null_for_an_option_of_a_settings_group_is_advised_and_the_advice_works(capsys):
+    """``null`` inside a class's settings group (``optim.lr_anneal_steps``) reaches jsonargparse as
+    the string 'None': the error says so and names the YAML group that works."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(args=["fit", "--config", IMPALA_CARTPOLE, "--model.init_args.optim.lr_anneal_steps", "null"])
+    assert exit_info.value.code == 2
+    first = capsys.readouterr().err.strip().splitlines()[0]
+    assert first == (
+        "error: --model.init_args.optim.lr_anneal_steps: null in a settings group arrives as the string 'None'; "
+        "give the group as YAML instead: --model.init_args.optim '{lr_anneal_steps: null}'"
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        main(
+            args=[
+                "fit",
+                "--config",
+                IMPALA_CARTPOLE,
+                "--model.init_args.optim",
+                "{lr_anneal_steps: null}",
+                "--print_config",
+            ]
+        )
+    assert exit_info.value.code == 0
+    optim = capsys.readouterr().out.split("    optim:", 1)[1]
+    assert "lr_anneal_steps: null" in optim and "lr: 0.002" in optim  # merged into the config's group
 
 
 def test_the_advised_yaml_group_sets_the_nested_null(capsys):
