@@ -170,10 +170,16 @@ def test_an_agent_error_or_hang_becomes_one_error_naming_the_central_inference()
     acting = _central(EnvConfig("CartPole-v1"), groups=1, envs=2, chunk=2, timeout_s=1.0)
     try:
         acting.attach_agent(FaultyPolicy("hang", at=3), version=0)
+        loop = acting.pool.server
         with pytest.raises(ActorError, match=r"central inference hung: one policy call has run for"):
             take_chunks(acting, 50)
     finally:
         acting.close()
+        FaultyPolicy.hangs_released.set()  # the hung call returns and the loop's thread ends
+    try:
+        wait_until(lambda: not loop.running, 30, what="the inference thread's end after the hang")
+    finally:
+        FaultyPolicy.hangs_released.clear()
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
 """Small acting modules for actor tests; importable by spawned actor processes and Ray workers as
 ``support.actor_agents`` (tests/ is on their sys.path or PYTHONPATH)."""
 
-import time
+import threading
 from typing import Any
 
 import torch
@@ -26,7 +26,12 @@ class MarkedPolicy(nn.Module):
 
 
 class FaultyPolicy(MarkedPolicy):
-    """Raises (``fault="raise"``) or sleeps practically forever (``fault="hang"``) on its ``at``-th call."""
+    """Raises (``fault="raise"``) or hangs practically forever (``fault="hang"``) on its ``at``-th call.
+
+    A test that hung a thread of its own process (central inference) ends the hang after its
+    checks with :attr:`hangs_released` (in an actor process nothing sets it: the process is killed)."""
+
+    hangs_released = threading.Event()
 
     def __init__(self, fault: str, at: int = 5) -> None:
         super().__init__()
@@ -37,7 +42,7 @@ class FaultyPolicy(MarkedPolicy):
         if self.calls >= self.at:
             if self.fault == "raise":
                 raise ValueError(f"policy exploded on call {self.calls}")
-            time.sleep(3600)  # the behaviour under test, a hung actor (not a wait for anything)
+            FaultyPolicy.hangs_released.wait(3600)  # the behaviour under test: a hung policy call
         return super().act(obs, state, explore)
 
 
