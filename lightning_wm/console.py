@@ -495,16 +495,14 @@ def _nested_null_advice(keys: list[str]) -> str:
     """What to type instead when ``null`` for an option inside a settings group of a class (``--model
     .init_args.optim.lr_anneal_steps``) or two classes deep reached the parser as the string
     ``'None'`` (jsonargparse passes it on as text): the enclosing group as YAML, which it parses."""
-    value = "null"
-    if len(keys) > 2:
-        for part in reversed(keys[-1].split(".")):
-            value = f"{{{part}: {value}}}"
-        flag, value, where = ".init_args.".join(keys[:-1]), f"{{init_args: {value}}}", "two classes deep"
-    else:
-        group, option = keys[-1].split(".", 1)
-        for part in reversed(option.split(".")):
-            value = f"{{{part}: {value}}}"
+    if len(keys) > 2:  # the inner class's group: its init_args, then the option's path
+        flag, path, where = ".init_args.".join(keys[:-1]), ["init_args", *keys[-1].split(".")], "two classes deep"
+    else:  # the class's settings group: the option's path inside it
+        group, *path = keys[-1].split(".")
         flag, where = f"{keys[0]}.init_args.{group}", "in a settings group"
+    value = "null"
+    for part in reversed(path):
+        value = f"{{{part}: {value}}}"
     return (
         f"--{'.init_args.'.join(keys)}: null {where} arrives as the string 'None'; "
         f"give the group as YAML instead: --{flag} '{value}'"
