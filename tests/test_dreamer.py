@@ -94,6 +94,14 @@ def test_onehot_linear_and_sparse_heads_match_dense(cartpole_spec):
     (grad_dense,) = torch.autograd.grad(dense, weight, g)
     (grad_sparse,) = torch.autograd.grad(sparse, weight, g)
     assert torch.allclose(grad_dense, grad_sparse, atol=1e-6)
+    # the CPU backward scatters in row chunks (256 rows here: 3 chunks, the last one short)
+    index = torch.randint(0, 4, (600, 3))
+    z_many = torch.nn.functional.one_hot(index, 4).float().flatten(-2)
+    wide = torch.randn(4096, 12, requires_grad=True)
+    g = torch.randn(600, 4096)
+    (grad_dense,) = torch.autograd.grad(z_many @ wide.t(), wide, g)
+    (grad_sparse,) = torch.autograd.grad(onehot_linear(index + torch.arange(3) * 4, z_many, wide), wide, g)
+    assert torch.allclose(grad_dense, grad_sparse, atol=1e-4)
 
     model = tiny(cartpole_spec, net={"stoch": 3})
     state = {"h": torch.randn(6, 16), "z": z, "idx": flat}
