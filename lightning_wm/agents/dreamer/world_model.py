@@ -59,6 +59,11 @@ class GRUCell(nn.Module):
         return torch.lerp(h, cand, update)
 
 
+#: bytes of ``grad`` rows one chunk of ``_OneHotLinear``'s CPU backward scatters: small enough to
+#: stay in cache for its ``G`` scatters
+_SCATTER_CHUNK_BYTES = 2 << 20
+
+
 class _OneHotLinear(torch.autograd.Function):
     """``z @ weight.T`` for ``z [N, G*C]`` holding at most one 1 per group of ``C`` (one-hot
     latent samples), given the flat indices ``index [N, G]`` of those ones: a sum of ``G``
@@ -81,15 +86,12 @@ class _OneHotLinear(torch.autograd.Function):
         if grad.device.type != "cpu" or torch.compiler.is_compiling():
             return None, None, grad.t().mm(z)
         grad_t = grad.new_zeros(z.shape[-1], grad.shape[-1])  # [G*C, out]
-        rows = max(256, _SCATTER_CHUNK_BYTES // grad[0].nbytes)  # a chunk of grad stays in cache for its G scatters
+        rows = max(256, _SCATTER_CHUNK_BYTES // (grad.shape[-1] * grad.element_size()))
         for start in range(0, grad.shape[0], rows):
             chunk, chunk_index = grad[start : start + rows], index[start : start + rows]
             for group in range(index.shape[-1]):
                 grad_t.index_add_(0, chunk_index[:, group], chunk)
         return None, None, grad_t.t()
-
-
-_SCATTER_CHUNK_BYTES = 2 << 20
 
 
 def onehot_linear(index: Tensor, z: Tensor, weight: Tensor) -> Tensor:
