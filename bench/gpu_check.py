@@ -138,6 +138,8 @@ def capture_tests_part(device: str, limit: float) -> list[str]:
         "test_compiling.py::test_cuda_graph_step_gives_the_eager_losses_and_gradients",
         "test_compiling.py::test_compiled_dreamer_step_without_graphs_gives_the_eager_losses_on_cuda",
         "test_dists.py::test_uniform_logits_decode_to_zero_in_compiled_cuda_kernels",
+        "test_graph_capture.py",
+        "test_gpu.py::test_dreamer_fits_with_its_step_recorded_as_a_graph_and_resumes_eagerly",
     ]
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     cmd += [str(ROOT / "tests" / name) for name in names]
@@ -235,10 +237,17 @@ def steps_part(device: str, quick: bool, limit: float) -> list[str]:
     return lines
 
 
-def dreamer_size_times(device: str, size: str, capture: bool, steps: int, quick: bool) -> dict[str, dict[str, float]]:
+#: how the Dreamer sizes run steps on CUDA: eager, and the eager kernels recorded as one CUDA graph
+#: (``compile.mode: graph``); Inductor's compiled step (``step``, on the CPU) was still compiling
+#: the XS step after 230 s on an H100
+SIZE_MODES = ("none", "graph")
+
+
+def dreamer_size_times(device: str, size: str, mode: str, steps: int, quick: bool) -> dict[str, dict[str, float]]:
     """Run in a child process: Dreamer's gradient step at ``size`` (``bench/learner_speed.py``'s),
-    fp32 then bf16 autocast, eager or captured (``compile.mode: step`` with CUDA graphs on CUDA, fused
-    Adam); median and min seconds after two warm-up steps, and the first step's (the compilation)."""
+    fp32 then bf16 autocast, in ``mode`` (:data:`SIZE_MODES`; fused Adam where it records or
+    compiles); median and min seconds after the warm-up steps (three: ``graph`` records at the
+    third), and the first step's (a compilation's)."""
     import argparse as _argparse
 
     sys.path.append(str(Path(__file__).resolve().parent))
@@ -247,61 +256,76 @@ def dreamer_size_times(device: str, size: str, capture: bool, steps: int, quick:
     from lightning_wm.compiling import CompileSettings
 
     length, batch = (16, 4) if quick else (64, 16)
-    optim = "fused" if capture else "auto"  # the fused optimizers CUDA graphs want
+    optim = "auto" if mode == "none" else "fused"  # the fused optimizers CUDA graphs want
     args = _argparse.Namespace(size=size, horizon=15, batch=batch, length=length, device=device, optim=optim)
-    step, _, _ = learner_speed.dreamer_step(args, CompileSettings(mode="step" if capture else "none"))
+    step, _, model = learner_speed.dreamer_step(args, CompileSettings(mode=mode, max_shapes=2))
     out = {}
+    warmup = 3
     for precision, bf16 in (("32-true", False), ("bf16-mixed", True)):
         times = []
-        for _ in range(steps + 2):
+        for _ in range(steps + warmup):
             learner_speed.synchronize(device)
             start = time.perf_counter()
             with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=bf16):
                 step()
             learner_speed.synchronize(device)
             times.append(time.perf_counter() - start)
-        out[precision] = {"median": statistics.median(times[2:]), "min": min(times[2:]), "first": times[0]}
+        out[precision] = {"median": statistics.median(times[warmup:]), "min": min(times[warmup:]), "first": times[0]}
+        if mode == "graph" and model._captured is not None:
+            out[precision]["calls"] = dict(model._captured.calls)
+            out[precision]["failed"] = model._captured.failed
+        if device == "cuda":
+            out[precision]["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            torch.cuda.reset_peak_memory_stats()
         print_result(out)  # fp32's figures survive a time limit that cuts bf16's compile
     return out
 
 
 def sizes_part(device: str, quick: bool, limit: float) -> list[str]:
-    """Dreamer XS..L, eager and captured; one child process per (size, capture), XS and L first."""
-    # every size eager first (seconds each), then the captured steps, XS and L first: an H100 run's captured
-    # XS step was still compiling after 230 s, which left the other sizes unmeasured
+    """Dreamer XS..L: eager, then recorded (``graph``) on CUDA or compiled (``step``) on the CPU; one
+    child process per (size, mode), every size eager first (seconds each)."""
     order = ["XS"] if quick else ["XS", "L", "S", "M"]
-    runs = [(size, capture) for capture in ((False,) if quick else (False, True)) for size in order]
+    modes = ("none",) if quick else SIZE_MODES if device == "cuda" else ("none", "step")
+    runs = [(size, mode) for mode in modes for size in order]
     steps = 2 if quick else 8
     lines = [
         "## Dreamer gradient step by size (seconds; batch 16x64, horizon 15; `bench/learner_speed.py`'s step)",
         "",
-        "| size | captured | fp32 median (min) | bf16 median (min) | bf16 speed-up | first step s (fp32, bf16) |",
-        "| --- | --- | ---: | ---: | ---: | ---: |",
+        "| size | compile.mode | fp32 median (min) | bf16 median (min) | bf16 speed-up | first step s (fp32, bf16) | peak GiB | notes |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     if quick:
         lines[0] = "## Dreamer gradient step by size (quick: XS at batch 4x16, eager only)"
     deadline = time.monotonic() + limit
-    for size, capture in runs:
+    for size, mode in runs:
         left = deadline - time.monotonic()
         if left < 10:
-            lines.append(f"| {size} | {capture} | not run: out of time | | | |")
+            lines.append(f"| {size} | {mode} | not run: out of time | | | | | |")
             continue
-        payload = {"device": device, "size": size, "capture": capture, "steps": steps, "quick": quick}
+        payload = {"device": device, "size": size, "mode": mode, "steps": steps, "quick": quick}
         status, result, out = run_child("size-run", payload, left)
         verdict = "timed out" if status in (124, 137) else f"failed (exit {status})"
         if not result:
             last = out.strip().splitlines()[-1:] or [""]
-            lines.append(f"| {size} | {capture} | {verdict}: {last[0][:120]} | | | |")
+            lines.append(f"| {size} | {mode} | {verdict}: {last[0][:200]} | | | | | |")
             continue
         fp32, bf16 = result["32-true"], result.get("bf16-mixed")
+        notes = "; ".join(
+            f"{p}: {r['calls']}" + (f" FAILED TO RECORD: {r['failed']}" if r.get("failed") else "")
+            for p, r in result.items()
+            if "calls" in r
+        )
+        peak = f"{max(r.get('peak_gib', 0.0) for r in result.values()):.2f}"
         if bf16 is None:  # cut during bf16's compile: fp32's figures stand
             lines.append(
-                f"| {size} | {capture} | {fp32['median']:.4f} ({fp32['min']:.4f}) | {verdict} | | {fp32['first']:.1f}, - |"
+                f"| {size} | {mode} | {fp32['median']:.4f} ({fp32['min']:.4f}) | {verdict} | | {fp32['first']:.1f}, - "
+                f"| {peak} | {notes} |"
             )
             continue
         lines.append(
-            f"| {size} | {capture} | {fp32['median']:.4f} ({fp32['min']:.4f}) | {bf16['median']:.4f} "
-            f"({bf16['min']:.4f}) | {fp32['median'] / bf16['median']:.2f}× | {fp32['first']:.1f}, {bf16['first']:.1f} |"
+            f"| {size} | {mode} | {fp32['median']:.4f} ({fp32['min']:.4f}) | {bf16['median']:.4f} "
+            f"({bf16['min']:.4f}) | {fp32['median'] / bf16['median']:.2f}× | {fp32['first']:.1f}, {bf16['first']:.1f} "
+            f"| {peak} | {notes} |"
         )
     return lines
 
@@ -443,7 +467,7 @@ def main() -> None:
     if args.size_run:  # a child process of part 2's Dreamer sizes
         p = json.loads(args.size_run)
         # prints its record once per precision (fp32's survives a cut bf16 compile)
-        dreamer_size_times(p["device"], p["size"], p["capture"], p["steps"], p["quick"])
+        dreamer_size_times(p["device"], p["size"], p["mode"], p["steps"], p["quick"])
         return
     if args.device == "cuda":
         if not torch.cuda.is_available():

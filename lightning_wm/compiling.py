@@ -1,7 +1,7 @@
 """``torch.compile`` of the learners' hot paths: one settings group for every family, one wrapper.
 
 * :class:`CompileSettings` — every learner's ``compile`` group: ``mode`` (``none``, ``cells``,
-  ``step``), ``cuda_graphs`` (CUDA graphs through ``torch.compile``'s ``reduce-overhead`` mode on
+  ``step``, ``graph``), ``cuda_graphs`` (CUDA graphs through ``torch.compile``'s ``reduce-overhead`` mode on
   CUDA) and ``max_shapes`` (how many input shapes get a compiled graph of their own).
 * :class:`ShapeCompiled` — a function through ``torch.compile(dynamic=False)``, one graph per
   input shape up to ``max_shapes``; inputs of any further shape (the last short batch, an
@@ -27,10 +27,10 @@ from torch import nn
 
 from lightning_wm.settings import as_settings
 
-CompileMode = Literal["none", "cells", "step"]
-COMPILE_MODES = ("none", "cells", "step")
+CompileMode = Literal["none", "cells", "step", "graph"]
+COMPILE_MODES = ("none", "cells", "step", "graph")
 
-__all__ = ["COMPILE_MODES", "CompileSettings", "ShapeCompiled", "as_compile_settings", "drop_compiled"]
+__all__ = ["COMPILE_MODES", "CompileSettings", "ShapeCompiled", "as_compile_settings", "drop_compiled", "shape_key"]
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,10 @@ class CompileSettings:
     Attributes:
         mode: ``none`` (eager), ``cells`` (the per-step modules: short compile, few ops saved) or
             ``step`` (the whole loss of a gradient step and its backward as one graph: the fewest
-            dispatched ops, a compile time of tens of seconds to minutes on a CPU).
+            dispatched ops, a compile time of tens of seconds to minutes on a CPU) or ``graph``
+            (Dreamer: on CUDA the whole gradient step -- losses, backward, clipping, the
+            optimizers' steps -- recorded once as a CUDA graph of its eager kernels and replayed,
+            :mod:`~lightning_wm.graph_capture`: no compile time; one device; eager elsewhere).
         cuda_graphs: on CUDA, ``step`` replays the compiled step as a CUDA graph
             (``torch.compile(mode="reduce-overhead")``: one launch per graph instead of one per
             kernel; static input copies cost memory of one batch and the graph's activations).
@@ -68,14 +71,14 @@ def as_compile_settings(value: CompileSettings | Mapping[str, Any] | bool | None
     return as_settings(CompileSettings, value, "compile")
 
 
-def _shape_key(tree: Any) -> tuple:
+def shape_key(tree: Any) -> tuple:
     """Shapes, dtypes and devices of the tensors of a nested structure (what a graph is specialised to)."""
     if isinstance(tree, torch.Tensor):
         return (tuple(tree.shape), tree.dtype, tree.device.type)
     if isinstance(tree, Mapping):
-        return tuple((k, _shape_key(v)) for k, v in tree.items())
+        return tuple((k, shape_key(v)) for k, v in tree.items())
     if isinstance(tree, (list, tuple)):
-        return tuple(_shape_key(v) for v in tree)
+        return tuple(shape_key(v) for v in tree)
     return (type(tree).__name__,)
 
 
@@ -108,7 +111,7 @@ class ShapeCompiled:
         return self._compiled[graphs]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        key = _shape_key((args, kwargs))
+        key = shape_key((args, kwargs))
         if key not in self.shapes and len(self.shapes) >= self.max_shapes:
             self.calls["eager"] += 1
             return self.fn(*args, **kwargs)

@@ -204,3 +204,18 @@ def test_ddp_on_one_device(seen):
     assert cli.trainer.world_size == 1 and cli.trainer.global_step == 1
     assert type(cli.trainer.strategy).__name__ == "DDPStrategy"
     assert seen["learn"] == {(DEVICE, DEVICE)}
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_dreamer_fits_with_its_step_recorded_as_a_graph_and_resumes_eagerly(precision):
+    """``compile.mode: graph``: two warm-up steps, the recording, replays; Lightning counts every
+    step; the checkpoint resumes with the eager step (its optimizer state saved plain)."""
+    run = [*DREAMER, *ON_DEVICE, "--trainer.run_name", "run", "--trainer.precision", precision]
+    cli = main(["fit", *run, "--trainer.max_steps", "6", "--model.init_args.compile.mode", "graph"])
+    assert cli.trainer.global_step == 6
+    assert all(torch.isfinite(p).all() for p in cli.model.parameters())
+    if DEVICE == "cuda":
+        assert cli.model._captured.failed is None
+        assert cli.model._captured.calls == {"eager": 2, "recorded": 1, "replayed": 4}
+    resumed = main(["fit", *run, "--trainer.max_steps", "8", "--ckpt_path", "last"])
+    assert resumed.trainer.global_step == 8

@@ -28,6 +28,13 @@ from lightning_wm.agents.dreamer.settings import BehaviorSettings, DreamerNet, D
 from lightning_wm.agents.dreamer.world_model import DreamerWorldModel, State
 from lightning_wm.compiling import CompileSettings, ShapeCompiled, as_compile_settings, drop_compiled
 from lightning_wm.envs import EnvSpec
+from lightning_wm.graph_capture import (
+    CapturedStep,
+    count_lightning_step,
+    make_capturable,
+    plain_optimizer_state,
+    set_learning_rate,
+)
 from lightning_wm.logging import log_figure, log_gif, log_image
 from lightning_wm.nn.blocks import MLP, soft_update
 from lightning_wm.nn.codec import Obs
@@ -148,6 +155,7 @@ class Dreamer(RLModule):
             self.actor.compile(dynamic=False)
         elif compile.mode == "step":
             self._losses_fn = ShapeCompiled(self.losses, compile.max_shapes, compile.cuda_graphs)
+        self._captured: CapturedStep | None = None  # compile.mode graph, made at the first CUDA step
 
     def _attached_trainer(self) -> Any:
         """The trainer, or None when the module is used without one (tests, benches)."""
@@ -375,23 +383,37 @@ class Dreamer(RLModule):
         advances ``trainer.global_step``: one per gradient step, which the replay ratio and the
         checkpoint schedule count on); the actor's and critic's step their plain optimizer.
         """
-        modules = {"model": self.wm, "actor": self.actor, "critic": self.critic}
-        norms = clip_groups([self.clippers[n] for n in NETWORKS], [modules[n].parameters() for n in NETWORKS])
-        logs = {f"grad_norm/{name}": norm for name, norm in zip(NETWORKS, norms)}
-        for name, opt in zip(NETWORKS, optimizers):
-            settings = getattr(self.optim, name)
-            lr = settings.lr * lr_factor(self.global_step, settings.lr_warmup_steps, settings.lr_anneal_steps)
-            for group in getattr(opt, "optimizer", opt).param_groups:
-                group["lr"] = lr
-            if settings.lr_warmup_steps > 0 or settings.lr_anneal_steps is not None:
-                logs[f"train/lr_{name}"] = torch.tensor(lr)
+        logs = self.clip_gradients()
+        logs.update(self.set_learning_rates(optimizers))
         opt_model, opt_actor, opt_critic = optimizers
         opt_model.step()
         for opt in (opt_actor, opt_critic):
             getattr(opt, "optimizer", opt).step()
+        self.move_slow_critic()
+        return logs
+
+    def clip_gradients(self) -> dict[str, Tensor]:
+        """Clip each network's gradients (``optim.<network>.clip``); their pre-clip norms."""
+        modules = {"model": self.wm, "actor": self.actor, "critic": self.critic}
+        norms = clip_groups([self.clippers[n] for n in NETWORKS], [modules[n].parameters() for n in NETWORKS])
+        return {f"grad_norm/{name}": norm for name, norm in zip(NETWORKS, norms)}
+
+    def set_learning_rates(self, optimizers: list[Any]) -> dict[str, Tensor]:
+        """Each optimizer's learning rate for this step (logged where it is scheduled)."""
+        logs = {}
+        for name, opt in zip(NETWORKS, optimizers):
+            settings = getattr(self.optim, name)
+            lr = settings.lr * lr_factor(self.global_step, settings.lr_warmup_steps, settings.lr_anneal_steps)
+            for group in getattr(opt, "optimizer", opt).param_groups:
+                set_learning_rate(group, lr)
+            if settings.lr_warmup_steps > 0 or settings.lr_anneal_steps is not None:
+                logs[f"train/lr_{name}"] = torch.tensor(lr)
+        return logs
+
+    def move_slow_critic(self) -> None:
+        """The slow critic's soft update, every ``behavior.slow_critic_every`` gradient steps."""
         if self.global_step % self.behavior.slow_critic_every == 0:
             soft_update(self.slow_critic, self.critic, self.behavior.slow_critic_tau)
-        return logs
 
     def log_p_end_at_terminal(self, logs: dict[str, Tensor], written: bool) -> None:
         """Take :meth:`world_model_loss`'s terminal rows out of its ``logs`` and add them to those
@@ -414,7 +436,10 @@ class Dreamer(RLModule):
     ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         """One gradient step on a replay batch ``[B, L, ...]``: :meth:`losses` (compiled with
         ``compile.mode: step``), ONE backward of their sum, :meth:`clip_and_step`. Returns the
-        losses and the logged values (without a trainer too: benches and tests)."""
+        losses and the logged values (without a trainer too: benches and tests). With
+        ``compile.mode: graph`` on CUDA the step is :meth:`recorded_gradient_step`."""
+        if self.compile_settings.mode == "graph" and batch["is_first"].is_cuda:
+            return self.recorded_gradient_step(batch, optimizers)
         losses, logs = self._losses_fn(batch)
         self.log_p_end_at_terminal(logs, self.logs_step(self.global_step + 1))
         for opt in optimizers:
@@ -425,6 +450,45 @@ class Dreamer(RLModule):
         else:
             self.manual_backward(total)
         logs.update(self.clip_and_step(optimizers))
+        return losses, logs
+
+    def update_networks(
+        self, batch: dict[str, Tensor], optimizers: list[torch.optim.Optimizer]
+    ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """What ``compile.mode: graph`` records: :meth:`losses`, one backward of their sum,
+        :meth:`clip_gradients` and the three plain optimizers' steps."""
+        losses, logs = self.losses(batch)
+        for opt in optimizers:
+            opt.zero_grad(set_to_none=True)
+        (losses["model"] + losses["actor"] + losses["critic"]).backward()
+        logs.update(self.clip_gradients())
+        for opt in optimizers:
+            opt.step()
+        return losses, logs
+
+    def recorded_gradient_step(
+        self, batch: dict[str, Tensor], optimizers: list[Any]
+    ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """:meth:`update_networks` recorded as a CUDA graph (:class:`~lightning_wm.graph_capture.CapturedStep`,
+        one graph per batch shape and imagination horizon) and replayed; outside the graph the
+        learning rates (tensors written in place), Lightning's step count, the slow critic and
+        the terminal log."""
+        plain = [getattr(opt, "optimizer", opt) for opt in optimizers]
+        if self._captured is None:
+            trainer = self._attached_trainer()
+            if trainer is not None and trainer.world_size > 1:
+                raise ValueError(
+                    "compile.mode graph records the step on one device; with DDP use compile.mode step or none"
+                )
+            make_capturable(plain)
+            settings = self.compile_settings
+            self._captured = CapturedStep(lambda b: self.update_networks(b, plain), max_shapes=settings.max_shapes)
+        lr_logs = self.set_learning_rates(optimizers)
+        losses, logs = self._captured(batch, key=self.current_horizon())
+        self.log_p_end_at_terminal(logs, self.logs_step(self.global_step + 1))
+        count_lightning_step(optimizers[0])
+        self.move_slow_critic()
+        logs.update(lr_logs)
         return losses, logs
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
@@ -444,6 +508,8 @@ class Dreamer(RLModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["grad_clippers"] = {name: clipper.state_dict() for name, clipper in self.clippers.items()}
+        if "optimizer_states" in checkpoint:  # a recorded run's (compile.mode graph) resume anywhere
+            checkpoint["optimizer_states"] = [plain_optimizer_state(s) for s in checkpoint["optimizer_states"]]
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         for name, state in checkpoint.get("grad_clippers", {}).items():

@@ -98,7 +98,17 @@ def world_model_loss(
 def return_percentiles(returns: Tensor, low: float, high: float) -> Tensor:
     """The ``low`` and ``high`` quantiles (fractions) of all ``returns`` -> ``[2]`` float32, no gradient."""
     flat = returns.detach().flatten().float()
-    return torch.quantile(flat, torch.tensor([low, high], device=flat.device))
+    return torch.stack([_quantile_of_sorted(flat.sort().values, q) for q in (low, high)])
+
+
+def _quantile_of_sorted(ordered: Tensor, q: float) -> Tensor:
+    """``torch.quantile``'s linear interpolation at fraction ``q`` of a sorted ``[N]`` tensor, its
+    positions from Python numbers: no host-to-device copy and no host sync (a recorded step's
+    form; ``torch.quantile`` needs ``q`` as a tensor on the device)."""
+    position = q * (ordered.shape[0] - 1)
+    below = min(int(position), ordered.shape[0] - 1)
+    above = min(below + 1, ordered.shape[0] - 1)
+    return torch.lerp(ordered[below], ordered[above], position - below)
 
 
 def return_scale(low: Tensor, high: Tensor) -> Tensor:

@@ -28,6 +28,7 @@ from lightning_wm.actions import ActionCodec
 from lightning_wm.agents.dreamer.losses import head_nll
 from lightning_wm.agents.dreamer.settings import DreamerNet
 from lightning_wm.envs import EnvSpec
+from lightning_wm.graph_capture import static_control_flow
 from lightning_wm.nn import dists
 from lightning_wm.nn.blocks import MLP, activation
 from lightning_wm.nn.codec import Obs, ObservationCodec
@@ -302,8 +303,9 @@ class DreamerWorldModel(nn.Module, WorldModel):
         action_in = self.img_in_a(prev_action)  # [B, L, hidden]
         embed_in = self.post_e(embed)  # [B, L, hidden]
         noise = self._noise((L, B), embed.device)
-        # steps where some sequence restarts; compiled: every step (no data-dependent branch; x * 1 == x)
-        resets = [True] * L if torch.compiler.is_compiling() else is_first.any(0).tolist()
+        # steps where some sequence restarts; compiled or recorded: every step (no data-dependent
+        # branch, no host sync; x * 1 == x)
+        resets = [True] * L if static_control_flow() else is_first.any(0).tolist()
         state = {"h": embed.new_zeros(B, self.deter), "z": embed.new_zeros(B, self.stoch_dim)}
         hs, zs, idxs, stats = [], [], [], []
         for t in range(L):

@@ -100,8 +100,11 @@ class IMPALA(RLModule):
         self.clipper = GradClipper.from_settings(self.optim.clip)
         self._clip_stats: dict[str, Tensor] = {}
         self.compile_settings = compile = as_compile_settings(compile)
-        if compile.mode == "cells":
-            raise ValueError("IMPALA's compile.mode is none or step (the loss and its backward); cells is Dreamer's")
+        if compile.mode in ("cells", "graph"):
+            raise ValueError(
+                f"IMPALA's compile.mode is none or step (the loss and its backward, CUDA graphs with "
+                f"compile.cuda_graphs); {compile.mode} is Dreamer's"
+            )
         self._unroll_loss = unroll_loss
         if compile.mode == "step":
             self._unroll_loss = ShapeCompiled(unroll_loss, compile.max_shapes, compile.cuda_graphs)

@@ -137,10 +137,10 @@ class MuZero(RLModule):
         self.clipper = GradClipper.from_settings(optim.clip)
         self._warned_long_window = False
         self.compile_settings = compile = as_compile_settings(compile)
-        if compile.mode == "cells":
+        if compile.mode in ("cells", "graph"):
             raise ValueError(
-                "MuZero's compile.mode is none or step (the unroll and the loss); the search's simulations "
-                "compile with search.compile"
+                f"MuZero's compile.mode is none or step (the unroll and the loss, CUDA graphs with "
+                f"compile.cuda_graphs), not {compile.mode}; the search's simulations compile with search.compile"
             )
         self._unroll_loss = self.unroll_loss
         if compile.mode == "step":
