@@ -3,7 +3,7 @@
     python bench/gpu_check.py                        # CUDA: tests, capture, search, actors, sizes (<= 9.5 min)
     python bench/gpu_check.py --parts capture,sizes,actors --limits sizes=250   # what is still open, in one call
     python bench/gpu_check.py --parts steps          # eager fp32/bf16 gradient steps of the shipped configs
-    python bench/gpu_check.py --parts sizes --sizes-seconds 540   # more time for the captured steps' compiles
+    python bench/gpu_check.py --parts sizes --sizes-seconds 300   # Dreamer XS..L, eager and recorded
     python bench/gpu_check.py --device cpu --quick   # the same checks shrunk, on the CPU (<= 6 min here)
     python bench/gpu_check.py --out report.md        # also write the report to a file
 
@@ -12,14 +12,15 @@ Parts, each under its own time limit (``timeout -k 5``, so a part that ignores S
 1. **tests**: ``tests/test_gpu.py`` — every config family fits a few steps on the device, then
    validates and evaluates from its checkpoint there; ``bf16-mixed``; the compile options; DDP on
    one device (``LIGHTNING_WM_TEST_DEVICE`` selects the device; ``--quick`` leaves out compiling);
-   **capture**: on CUDA, ``tests/test_compiling.py``'s CUDA tests (the captured step and search
-   against eager);
+   **capture**: on CUDA, ``tests/test_compiling.py``'s, ``tests/test_dists.py``'s and
+   ``tests/test_graph_capture.py``'s CUDA tests (the compiled and the recorded steps and the
+   captured search against eager) and a fit with Dreamer's step recorded;
 2. **gradient steps** (``--parts steps``; not in the default CUDA run, whose eager figures are in
    ``bench/RESULTS.md``): seconds per optimizer step of each family at its shipped size (the
    shipped config, acting in process, the data fetch not counted), fp32 and ``bf16-mixed``; then
    Dreamer's gradient step at sizes XS, S, M and L (``bench/learner_speed.py``'s step, batch
-   16x64, horizon 15), fp32 and bf16 autocast, eager and captured (``compile.mode: step``: the
-   losses and backward compiled, replayed as CUDA graphs; fused Adam), the compile time apart;
+   16x64, horizon 15), fp32 and bf16 autocast, eager and, on CUDA, recorded as one CUDA graph
+   (``compile.mode: graph``: no compile; fused Adam), with the peak GPU memory;
 3. **search**: simulations per second of one 50-simulation MCTS at batch 16, 64, 256 and 1024
    on the device, MuZero's CartPole-sized network, eager and with the simulation loop captured
    as one CUDA graph (``search.cuda_graphs``);

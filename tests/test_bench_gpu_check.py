@@ -35,14 +35,16 @@ def test_sizes_part_times_every_size_eagerly_first_and_keeps_fp32_when_bf16_is_c
     fp32, bf16 = {"median": 0.1, "min": 0.09, "first": 12.0}, {"median": 0.2, "min": 0.19, "first": 3.0}
     asked = []
 
-    def child(flag, payload, limit):  # captured runs: cut during bf16's compile, fp32's figures printed
-        asked.append((payload["size"], payload["capture"]))
-        if payload["capture"]:
-            return 124, {"32-true": fp32}, "compiling"
+    def child(flag, payload, limit):  # recorded runs: cut during bf16's, fp32's figures printed
+        asked.append((payload["size"], payload["mode"]))
+        if payload["mode"] == "graph":
+            return 124, {"32-true": {**fp32, "calls": {"eager": 2, "recorded": 1, "replayed": 9}}}, "recording"
         return 0, {"32-true": fp32, "bf16-mixed": bf16}, ""
 
     monkeypatch.setattr(gpu_check, "run_child", child)
     rows = [line for line in gpu_check.sizes_part("cuda", quick=False, limit=1000) if line.startswith("| ")][2:]
-    assert asked == [(s, c) for c in (False, True) for s in ("XS", "L", "S", "M")]
-    assert rows[0] == "| XS | False | 0.1000 (0.0900) | 0.2000 (0.1900) | 0.50× | 12.0, 3.0 |"
-    assert rows[4] == "| XS | True | 0.1000 (0.0900) | timed out | | 12.0, - |"
+    assert asked == [(s, m) for m in ("none", "graph") for s in ("XS", "L", "S", "M")]
+    assert rows[0] == "| XS | none | 0.1000 (0.0900) | 0.2000 (0.1900) | 0.50× | 12.0, 3.0 | 0.00 |  |"
+    assert rows[4] == (
+        "| XS | graph | 0.1000 (0.0900) | timed out | | 12.0, - | 0.00 | 32-true: {'eager': 2, 'recorded': 1, 'replayed': 9} |"
+    )
