@@ -22,8 +22,9 @@ Parts, each under its own time limit (``timeout -k 5``, so a part that ignores S
    16x64, horizon 15), fp32 and bf16 autocast, eager and, on CUDA, recorded as one CUDA graph
    (``compile.mode: graph``: no compile; fused Adam), with the peak GPU memory;
 3. **search**: simulations per second of one 50-simulation MCTS at batch 16, 64, 256 and 1024
-   on the device, MuZero's CartPole-sized network, eager and with the simulation loop captured
-   as one CUDA graph (``search.cuda_graphs``);
+   on the device, MuZero's CartPole-sized network, eager, with the simulation loop captured
+   as one CUDA graph (``search.cuda_graphs``), and captured with compiled simulations (both
+   switches: fewer, fused kernels in the graph);
 4. **actors**: IMPALA Pong frames per second on the machine's cores (``bench/actors.py``): the env
    ceiling, in process, policy copies, central groups as threads (envs in worker processes) and as
    processes.
@@ -333,11 +334,11 @@ def sizes_part(device: str, quick: bool, limit: float) -> list[str]:
 
 # -- part 3: search -------------------------------------------------------------------------------------
 def search_times(
-    device: str, batches: list[int], simulations: int, repeats: int, cuda_graphs: bool = False
+    device: str, batches: list[int], simulations: int, repeats: int, cuda_graphs: bool = False, compile: bool = False
 ) -> list[dict[str, float]]:
     """Run in a child process: one batched MCTS of ``simulations`` simulations per batch size on the
     device with MuZero's CartPole-sized network (the configs' sizes), eager or with the simulation
-    loop captured as a CUDA graph."""
+    loop captured as a CUDA graph (with ``compile``: of the compiled simulations)."""
     from lightning_wm.agents.muzero import MuZeroModel, MuZeroNet
     from lightning_wm.envs import EnvConfig, env_spec
     from lightning_wm.search import mcts
@@ -357,7 +358,7 @@ def search_times(
                 start = time.perf_counter()
                 mcts(model.recurrent_fn, root["state"], root["policy_logits"], root["value"],
                      num_simulations=simulations, discount=0.997, generator=generator,
-                     cuda_graphs=cuda_graphs)  # fmt: skip
+                     cuda_graphs=cuda_graphs, compile=compile)  # fmt: skip
                 if device == "cuda":
                     torch.cuda.synchronize()
                 return time.perf_counter() - start
@@ -370,37 +371,37 @@ def search_times(
     return out
 
 
+#: the search part's variants on CUDA: (name, cuda_graphs, compile)
+SEARCH_VARIANTS = (("eager", False, False), ("captured", True, False), ("captured, compiled", True, True))
+
+
 def search_part(device: str, quick: bool, limit: float) -> list[str]:
     batches, simulations, repeats = ([16, 64], 10, 2) if quick else ([16, 64, 256, 1024], 50, 5)
+    variants = SEARCH_VARIANTS if device == "cuda" else SEARCH_VARIANTS[:1]
     lines = [f"## Search ({simulations} simulations, CartPole-sized MuZero network)", ""]
-    lines += [
-        "| batch | ms per search | simulations/s | captured: ms per search | captured: simulations/s | capture s |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
+    header = " | ".join(f"{name}: ms per search | {name}: simulations/s | {name}: first s" for name, _, _ in variants)
+    lines += [f"| batch | {header} |", "| ---: |" + " ---: |" * (3 * len(variants))]
     results = {}
     deadline = time.monotonic() + limit
-    for graphs in (False, True) if device == "cuda" else (False,):
+    for name, graphs, compile in variants:
         payload = {
             "device": device,
             "batches": batches,
             "simulations": simulations,
             "repeats": repeats,
             "cuda_graphs": graphs,
+            "compile": compile,
         }
         status, result, out = run_child("search-run", payload, max(10, deadline - time.monotonic()))
         if status != 0 or not result:
-            lines.insert(
-                2, f"{'captured' if graphs else 'eager'} failed (exit {status}): {out.strip().splitlines()[-3:]}"
-            )
+            lines.insert(2, f"{name} failed (exit {status}): {out.strip().splitlines()[-3:]}")
             continue
-        results[graphs] = {r["batch"]: r for r in result}
+        results[name] = {r["batch"]: r for r in result}
     for batch in batches:
         cells = []
-        for graphs in (False, True):
-            r = results.get(graphs, {}).get(batch)
-            cells += [f"{1e3 * r['seconds']:.1f}", f"{r['sims_per_s']:,.0f}"] if r else ["—", "—"]
-        captured = results.get(True, {}).get(batch)
-        cells.append(f"{captured['first']:.2f}" if captured else "—")
+        for name, _, _ in variants:
+            r = results.get(name, {}).get(batch)
+            cells += [f"{1e3 * r['seconds']:.1f}", f"{r['sims_per_s']:,.0f}", f"{r['first']:.2f}"] if r else ["—"] * 3
         lines.append(f"| {batch} | " + " | ".join(cells) + " |")
     return lines
 
@@ -463,7 +464,9 @@ def main() -> None:
         return
     if args.search_run:  # a child process of part 3
         p = json.loads(args.search_run)
-        print_result(search_times(p["device"], p["batches"], p["simulations"], p["repeats"], p["cuda_graphs"]))
+        print_result(
+            search_times(p["device"], p["batches"], p["simulations"], p["repeats"], p["cuda_graphs"], p["compile"])
+        )
         return
     if args.size_run:  # a child process of part 2's Dreamer sizes
         p = json.loads(args.size_run)

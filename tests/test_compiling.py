@@ -238,9 +238,23 @@ def _search_inputs(device: str, batch: int = 5, seed: int = 0):
     return model, root
 
 
-def test_simulation_loop_without_capture_is_the_eager_search_and_resets_between_searches():
-    """The loop a CUDA graph records (``SimulationGraph``, run eagerly here) searches exactly as
-    :func:`mcts` does, and a second search with other roots through the same (reset) trees too."""
+@pytest.mark.parametrize(
+    "compile",
+    [
+        False,
+        pytest.param(
+            True,
+            marks=[
+                pytest.mark.slow,  # a compile of the simulation: 20-40 s on a 2-core CPU
+                pytest.mark.skipif(NO_CXX, reason="torch.compile on CPU needs a C++ compiler"),
+            ],
+        ),
+    ],
+)
+def test_simulation_loop_without_capture_is_the_eager_search_and_resets_between_searches(compile):
+    """The loop a CUDA graph records (``SimulationGraph``, run eagerly here; with ``compile`` the
+    compiled simulations) searches as :func:`mcts` does, and a second search with other roots
+    through the same (reset) trees too."""
     from lightning_wm.search import mcts
     from lightning_wm.search.captured import SimulationGraph
     from lightning_wm.search.rules import PuctRule
@@ -252,7 +266,15 @@ def test_simulation_loop_without_capture_is_the_eager_search_and_resets_between_
     prior = torch.softmax(logits, -1)
     legal = torch.ones_like(logits, dtype=torch.bool)
     graph = SimulationGraph(
-        model.recurrent_fn, state, prior, value, 9, 0.97, PuctRule(0.97, 1.25, 19652.0, 9, legal, True), capture=False
+        model.recurrent_fn,
+        state,
+        prior,
+        value,
+        9,
+        0.97,
+        PuctRule(0.97, 1.25, 19652.0, 9, legal, True),
+        capture=False,
+        compile=compile,
     )
     for roots in (root, other, root):
         with torch.no_grad():
@@ -275,8 +297,8 @@ def test_searches_off_cuda_are_never_captured():
 
 
 @pytest.mark.skipif(not CUDA, reason="CUDA graphs need a CUDA device")
-@pytest.mark.parametrize("explore", [False, True])
-def test_captured_search_gives_the_eager_search_on_cuda(explore):
+@pytest.mark.parametrize(("explore", "compile"), [(False, False), (True, False), (False, True)])
+def test_captured_search_gives_the_eager_search_on_cuda(explore, compile):
     """The captured simulation loop against the eager one: the same visits and values, for
     several searches through one graph (and the graph cached: one capture)."""
     from lightning_wm.search import captured, mcts
@@ -301,6 +323,7 @@ def test_captured_search_gives_the_eager_search_on_cuda(explore):
                         explore=explore,
                         generator=generator,
                         cuda_graphs=graphs,
+                        compile=compile and graphs,
                     )  # fmt: skip
                 )
         eager, graphed = outs

@@ -118,7 +118,8 @@ def mcts(
         cuda_graphs: on CUDA, run the simulation loop (the network calls included) as one
             captured CUDA graph per search shape (:mod:`~lightning_wm.search.captured`; PUCT
             searches with every action legal; the others, and a failed capture, run eagerly).
-            The same kernels in the same order: the same search. ``compile`` does not apply to it.
+            The same kernels in the same order: the same search; with ``compile`` the graph
+            records the compiled simulations (fewer, fused kernels to replay).
     """
     if unvisited_q not in ("zero", "mean"):
         raise ValueError(f"unvisited_q must be 'zero' or 'mean', got {unvisited_q!r}")
@@ -157,7 +158,7 @@ def mcts(
         puct = (discount, pb_c_init, pb_c_base, num_simulations, legal, unvisited_q == "mean")
         graph = simulation_graph(
             recurrent_fn, root_state, prior, root_value.to(dtype), num_simulations, discount,
-            lambda: PuctRule(*puct), ("puct", *puct[:4], puct[5]),
+            lambda: PuctRule(*puct), ("puct", *puct[:4], puct[5]), compile,
         )  # fmt: skip
     if graph is not None:
         visits, q, root_val, max_depth = graph(root_state, prior, root_value.to(dtype))

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lightning_wm.search.forest import Forest, Rule, simulate
+from lightning_wm.search.forest import Forest, Rule, compiled_simulate, simulate
 from lightning_wm.tree import tree_map
 
 __all__ = ["SimulationGraph", "capturable", "simulation_graph"]
@@ -51,6 +51,9 @@ class SimulationGraph:
         num_simulations, discount: as :func:`~lightning_wm.search.mcts`.
         rule: the interior selection rule (PUCT); its tables move to the device in the warm-up.
         capture: record a CUDA graph (``False``: run the same steps eagerly on every call).
+        compile: each simulation through ``torch.compile`` (:func:`~lightning_wm.search.forest.compiled_simulate`),
+            compiled during the warm-up, so that the graph records the compiled (fused) kernels:
+            fewer kernels per simulation to replay.
     """
 
     def __init__(
@@ -63,8 +66,11 @@ class SimulationGraph:
         discount: float,
         rule: Rule,
         capture: bool = True,
+        compile: bool = False,
     ) -> None:
         self.recurrent_fn, self.rule, self.num_simulations = recurrent_fn, rule, num_simulations
+        self.step = compiled_simulate() if compile else simulate
+        self.compile = compile
         self.static = tree_map(lambda x: x.detach().clone(), (root_state, root_prior, root_value))
         self.tree = Forest(*self.static, num_simulations, discount)
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -87,7 +93,7 @@ class SimulationGraph:
         tree.reset(*self.static)
         parent, action = tree.descend(rule, tree.slot_ids[1])
         for slot in range(1, self.num_simulations + 1):
-            parent, action = simulate(self.recurrent_fn, tree, rule, tree.slot_ids[slot], parent, action)
+            parent, action = self.step(self.recurrent_fn, tree, rule, tree.slot_ids[slot], parent, action, self.compile)
         visits, q = tree.root_children()
         return visits, q, tree.root_value(), tree.max_depth()
 
@@ -121,19 +127,20 @@ def simulation_graph(
     discount: float,
     make_rule: Callable[[], Rule],
     rule_key: tuple,
+    compile: bool = False,
 ) -> SimulationGraph | None:
     """The cached :class:`SimulationGraph` of this search shape (captured on first use), or None
     when its capture failed (the caller searches eagerly)."""
     shapes = tree_map(lambda x: (tuple(x.shape), x.dtype), (root_state, root_prior, root_value))
     autocast = (torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"))
     key = (_weights_key(recurrent_fn), str(shapes), num_simulations, float(discount), rule_key, autocast)
-    key = (*key, root_value.device.index)
+    key = (*key, root_value.device.index, compile)
     if key in _GRAPHS:
         _GRAPHS.move_to_end(key)
         return _GRAPHS[key]
     try:
         graph = SimulationGraph(
-            recurrent_fn, root_state, root_prior, root_value, num_simulations, discount, make_rule()
+            recurrent_fn, root_state, root_prior, root_value, num_simulations, discount, make_rule(), compile=compile
         )
     except Exception as err:  # noqa: BLE001 - any capture failure falls back to the eager search
         warnings.warn(
