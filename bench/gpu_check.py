@@ -241,8 +241,9 @@ def steps_part(device: str, quick: bool, limit: float) -> list[str]:
 
 #: how the Dreamer sizes run steps on CUDA: eager, and the eager kernels recorded as one CUDA graph
 #: (``compile.mode: graph``); Inductor's compiled step (``step``, on the CPU) was still compiling
-#: the XS step after 230 s on an H100
-SIZE_MODES = ("none", "graph")
+#: the XS step after 230 s on an H100; ``graph+tf32`` records with fp32 matrix multiplies on TF32
+#: tensor cores (``trainer.float32_matmul_precision: high``)
+SIZE_MODES = ("none", "graph", "graph+tf32")
 
 
 def dreamer_size_times(device: str, size: str, mode: str, steps: int, quick: bool) -> dict[str, dict[str, float]]:
@@ -259,6 +260,9 @@ def dreamer_size_times(device: str, size: str, mode: str, steps: int, quick: boo
 
     length, batch = (16, 4) if quick else (64, 16)
     optim = "auto" if mode == "none" else "fused"  # the fused optimizers CUDA graphs want
+    if mode.endswith("+tf32"):
+        torch.set_float32_matmul_precision("high")
+        mode = mode.removesuffix("+tf32")
     args = _argparse.Namespace(size=size, horizon=15, batch=batch, length=length, device=device, optim=optim)
     step, _, model = learner_speed.dreamer_step(args, CompileSettings(mode=mode, max_shapes=2))
     out = {}

@@ -84,6 +84,9 @@ class Trainer(pl.Trainer):
             only at the end of fit.
         torch_threads: ``torch.set_num_threads`` for this process (``None`` keeps torch's
             default). Small networks on a few CPU cores train several times faster with 1.
+        float32_matmul_precision: ``torch.set_float32_matmul_precision`` (``highest``, ``high``:
+            TF32 tensor cores for fp32 matrix multiplies on Ampere and later GPUs, ``medium``);
+            ``None`` keeps torch's default (``highest``). No effect on CPUs without such units.
         keep_freed_memory: let glibc's malloc reuse freed memory instead of unmapping it
             (:func:`lightning_wm.runtime.keep_freed_memory`): faster CPU steps, resident memory
             stays at its peak. ``false`` keeps the defaults.
@@ -98,6 +101,7 @@ class Trainer(pl.Trainer):
         run_name: str | None = None,
         checkpoint_every_n_steps: int = 1000,
         torch_threads: int | None = None,
+        float32_matmul_precision: str | None = None,
         keep_freed_memory: bool = True,
         overwrite: bool = False,
         **kwargs: Any,
@@ -109,6 +113,12 @@ class Trainer(pl.Trainer):
             if torch_threads < 1:
                 raise ValueError(f"trainer.torch_threads must be >= 1, got {torch_threads}")
             torch.set_num_threads(torch_threads)
+        if float32_matmul_precision is not None:
+            if float32_matmul_precision not in ("highest", "high", "medium"):
+                raise ValueError(
+                    f"trainer.float32_matmul_precision must be highest, high or medium, got {float32_matmul_precision!r}"
+                )
+            torch.set_float32_matmul_precision(float32_matmul_precision)
         run_name = run_name or "default"
         root = kwargs.get("default_root_dir") or os.getcwd()
         self.run_dir = os.path.join(root, "lightning_logs", run_name)

@@ -37,13 +37,13 @@ def test_sizes_part_times_every_size_eagerly_first_and_keeps_fp32_when_bf16_is_c
 
     def child(flag, payload, limit):  # recorded runs: cut during bf16's, fp32's figures printed
         asked.append((payload["size"], payload["mode"]))
-        if payload["mode"] == "graph":
+        if payload["mode"].startswith("graph"):
             return 124, {"32-true": {**fp32, "calls": {"eager": 2, "recorded": 1, "replayed": 9}}}, "recording"
         return 0, {"32-true": fp32, "bf16-mixed": bf16}, ""
 
     monkeypatch.setattr(gpu_check, "run_child", child)
     rows = [line for line in gpu_check.sizes_part("cuda", quick=False, limit=1000) if line.startswith("| ")][2:]
-    assert asked == [(s, m) for m in ("none", "graph") for s in ("XS", "L", "S", "M")]
+    assert asked == [(s, m) for m in ("none", "graph", "graph+tf32") for s in ("XS", "L", "S", "M")]
     assert rows[0] == "| XS | none | 0.1000 (0.0900) | 0.2000 (0.1900) | 0.50× | 12.0, 3.0 | 0.00 |  |"
     assert rows[4] == (
         "| XS | graph | 0.1000 (0.0900) | timed out | | 12.0, - | 0.00 | 32-true: {'eager': 2, 'recorded': 1, 'replayed': 9} |"

@@ -99,6 +99,20 @@ def test_torch_threads_option():
         torch.set_num_threads(before)
 
 
+def test_float32_matmul_precision_option(tmp_path):
+    from lightning_wm.cli import Trainer
+
+    before = torch.get_float32_matmul_precision()
+    kw = {"logger": False, "enable_checkpointing": False, "default_root_dir": str(tmp_path)}
+    try:
+        Trainer(float32_matmul_precision="high", **kw)
+        assert torch.get_float32_matmul_precision() == "high"
+        with pytest.raises(ValueError, match="float32_matmul_precision must be highest, high or medium"):
+            Trainer(float32_matmul_precision="fast", **kw)
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
 @pytest.mark.slow
 def test_keep_freed_memory_is_on_by_default_and_can_be_switched_off(monkeypatch):
     from lightning_wm import runtime
