@@ -14,8 +14,8 @@ For each env and actor count it measures, after a warm-up, for ``--seconds`` sec
   an Adam step of the policy network): env frames (agent steps) per second reaching the buffer,
   and the learner's gradient steps per second. With 0 actors the learner acts itself, one chunk
   per gradient step (today's in-process path), and "wait" is the share of time spent acting;
-  ``--splits 1,2`` measures in process with the envs in that many parts stepped in turn
-  (``acting.splits``: each part's env step overlaps the policy's call for the next).
+  ``--splits 1,2`` measures in process and policy-copy actors with the envs in that many parts
+  stepped in turn (``acting.splits``: each part's env step overlaps the policy's call for the next).
 * **keep up**: the same with the replay ratio enforced (``ReplayFeed``) at half the rows per
   gradient step that "flat out" delivered: the actors keep up, and the learner's wait for rows as
   a share of its wall time is the number to watch (goal: <= 5%).
@@ -219,13 +219,15 @@ def with_actors(
     rows_per_step: float | None,
     mode: str = "copies",
     learn: bool = True,
+    splits: int = 1,
 ) -> dict:
     """Actors act (the datamodules' acting part: ``copies``, new weights every 50 steps, or
     ``central-sync`` / ``central-async`` / ``central-processes``, the live policy); the learner ingests what arrived and
     trains (``rows_per_step`` None: flat out, else the replay ratio ``1 / rows_per_step`` is
     enforced by :class:`ReplayFeed`). The learner (and with ``central`` the acting policy) lives on
     ``s["device"]``; policy copies act on the CPU. ``learn=False``: the learner only ingests (acting
-    alone: what the acting side reaches without a learner beside it)."""
+    alone: what the acting side reaches without a learner beside it). ``splits``: each policy-copy
+    actor steps its envs in that many parts in turn (``acting.splits``)."""
     policy = s["policy"]().to(s["device"])
     buffer = ReplayBuffer(s["capacity"], actors * s["envs_per_actor"], seed=0)
     learner = Learner(policy, buffer, s["batch"])
@@ -237,6 +239,7 @@ def with_actors(
         timeout_s=120,
         policy="central" if central else "copies",
         central_groups="processes" if mode == "central-processes" else "threads",
+        splits=1 if central else splits,
     )
     threads = mode in ("central-sync", "central-async")
     env = EnvConfig(**{**vars(s["env"]), "vectorization": mode.split("-")[1]}) if threads else s["env"]
@@ -295,7 +298,8 @@ def main() -> None:
     p.add_argument(
         "--splits",
         default="1",
-        help="comma-separated acting.splits in process (parts of the envs stepped in turn; >1 needs envpool or async)",
+        help="comma-separated acting.splits in process and in policy-copy actors (parts of the envs stepped in "
+        "turn; >1 needs envpool or async)",
     )
     p.add_argument("--repeats", type=int, default=1, help="measure every setting this many times (medians)")
     p.add_argument(
@@ -321,14 +325,14 @@ def main() -> None:
         "| learner wait (keep up) |"
     )
     print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    modes = [p for p in args.policies.split(",") if p == "copies"]
+    splits = [int(k) for k in args.splits.split(",")]
+    # (row label, acting mode, acting.splits): policy copies at every --splits, central with 1
+    modes = [("copies" if k == 1 else f"copies, {k} splits", "copies", k) for k in splits if "copies" in args.policies]
     if "central" in args.policies.split(","):
         groups = args.central_groups.split(",")
-        modes += [f"central-{v}" for v in args.vectorizations.split(",") if "threads" in groups]
-        modes += ["central-processes"] if "processes" in groups else []
-    in_process_modes = {
-        "in process" if k == 1 else f"in process, {k} splits": k for k in map(int, args.splits.split(","))
-    }
+        modes += [(f"central-{v}", f"central-{v}", 1) for v in args.vectorizations.split(",") if "threads" in groups]
+        modes += [("central-processes", "central-processes", 1)] if "processes" in groups else []
+    in_process_modes = [("in process" if k == 1 else f"in process, {k} splits", "in process", k) for k in splits]
     for name in args.envs.split(","):
         s = settings(name, args.backend, args.device, args.envs_per_actor)
 
@@ -351,19 +355,19 @@ def main() -> None:
         rows: dict[tuple[int, str], list[dict]] = {}
         for repeat in range(args.repeats):  # the settings back to back, each repeat in turn
             for actors in [int(a) for a in args.actors.split(",")]:
-                for mode in in_process_modes if actors == 0 else modes:
+                for label, mode, k in in_process_modes if actors == 0 else modes:
                     if actors == 0:
-                        r = in_process(s, args.seconds, args.prefill, in_process_modes[mode])
+                        r = in_process(s, args.seconds, args.prefill, k)
                     elif args.acting_only:
-                        r = with_actors(s, actors, args.seconds, args.prefill, None, mode, learn=False)
+                        r = with_actors(s, actors, args.seconds, args.prefill, None, mode, learn=False, splits=k)
                     else:
-                        flat = with_actors(s, actors, args.seconds, args.prefill, None, mode)
+                        flat = with_actors(s, actors, args.seconds, args.prefill, None, mode, splits=k)
                         rows_per_step = 0.5 * flat["fps"] / max(flat["steps_per_s"], 1e-9)
-                        keep = with_actors(s, actors, args.seconds, args.prefill, rows_per_step, mode)
+                        keep = with_actors(s, actors, args.seconds, args.prefill, rows_per_step, mode, splits=k)
                         r = {**flat, "keep_fps": keep["fps"], "wait": keep["wait"]}
-                    rows.setdefault((actors, mode), []).append(r)
+                    rows.setdefault((actors, label), []).append(r)
                     if repeat == args.repeats - 1:  # each row as soon as it is complete: a cut run keeps it
-                        report(actors, mode, rows[(actors, mode)])
+                        report(actors, label, rows[(actors, label)])
     print(f"\nload average {os.getloadavg()[0]:.2f} at the end")
 
 

@@ -26,8 +26,8 @@ Parts, each under its own time limit (``timeout -k 5``, so a part that ignores S
    as one CUDA graph (``search.cuda_graphs``), and captured with compiled simulations (both
    switches: fewer, fused kernels in the graph);
 4. **actors**: IMPALA Pong frames per second on the machine's cores (``bench/actors.py``): the env
-   ceiling, in process, policy copies, central groups as threads (envs in worker processes) and as
-   processes.
+   ceiling, then with EnvPool in process and 4 policy-copy actors of 32 envs, each with
+   ``acting.splits`` 1 and 2 (without EnvPool: policy copies and central groups).
 
 The report names the machine (torch, device, cores) so that figures from different machines are
 never mixed up.
@@ -412,8 +412,9 @@ def search_part(device: str, quick: bool, limit: float) -> list[str]:
 
 # -- part 4: actors -------------------------------------------------------------------------------------
 def actors_part(device: str, quick: bool, limit: float) -> list[str]:
-    # EnvPool steps the acting modes' envs where it is installed (16 per actor: its threads stay busy; an H100
-    # run's gymnasium groups of 4 reached 10% of the ceiling), else gymnasium's worker processes
+    # EnvPool steps the acting modes' envs where it is installed: H100 runs of policy copies reached 32% of
+    # the ceiling with 4 actors x 16 envs and 45-48% with 4 x 32 or 8 x 16 (central acting: 27-33%), so the
+    # part runs 4 x 32 copies with and without acting.splits 2 (each actor's env step overlapping its policy)
     envpool = not quick and _has("envpool")
     actors = 2 if quick else max(1, min(8, (os.cpu_count() or 2) // (4 if envpool else 2)))
     seconds = 2 if quick else 6
@@ -421,15 +422,14 @@ def actors_part(device: str, quick: bool, limit: float) -> list[str]:
     cmd += ["--device", device]  # the learner and central acting on the device, policy copies on the CPU
     cmd += ["--seconds", str(seconds), "--prefill", "200" if quick else "1000"]
     if envpool:
-        cmd += ["--backend", "envpool", "--envs-per-actor", "16"]
-    # the env ceiling first, then each mode; on a many-core machine central groups as threads, and groups as
-    # processes (SEED RL's split); (--quick, the CPU test of this script: central threads alone, the plumbing)
-    cmd += ["--policies", "central" if quick else "copies,central"]
-    cmd += ["--vectorizations", "async" if not quick and not envpool else "sync"]
-    cmd += ["--central-groups", "threads" if quick else "threads,processes"]
+        cmd += ["--backend", "envpool", "--envs-per-actor", "32", "--policies", "copies", "--splits", "1,2"]
+    else:  # (--quick, the CPU test of this script: central threads alone, the plumbing)
+        cmd += ["--policies", "central" if quick else "copies,central"]
+        cmd += ["--vectorizations", "sync" if quick else "async"]
+        cmd += ["--central-groups", "threads" if quick else "threads,processes"]
     status, out, _ = run(cmd, limit)
     lines = [
-        f"## Actors (IMPALA-style acting on ALE/Pong-v5: the env ceiling, in process, {actors} actors with policy copies and central groups as threads or processes; {'EnvPool' if envpool else 'gymnasium'} envs; learner on {device}; `bench/actors.py`)",
+        f"## Actors (IMPALA-style acting on ALE/Pong-v5: the env ceiling, in process, {actors} actors; {'EnvPool' if envpool else 'gymnasium'} envs; learner on {device}; `bench/actors.py`)",
         "",
         f"`{' '.join(cmd[1:])}`",
         "",

@@ -112,9 +112,15 @@ def test_splits_that_cannot_apply_are_one_clear_line(config, splits, words):
         check_splits(config, splits)
 
 
-def test_splits_with_actors_is_refused():
-    with pytest.raises(ValueError, match="applies to acting in process"):
-        ActingSettings(num_actors=2, splits=2)
+def test_splits_with_central_acting_is_refused_and_with_copies_checked_per_actor():
+    with pytest.raises(ValueError, match="applies in process and to actors with policy: copies"):
+        ActingSettings(num_actors=2, policy="central", splits=2)
+    assert ActingSettings(num_actors=2, splits=2).splits == 2
+    from lightning_wm.data.acting import ActorPool
+
+    config = EnvConfig("CartPole-v1", num_envs=8, vectorization="async")
+    with pytest.raises(ValueError, match="must divide env.num_envs=3"):
+        ActorPool(config, Balance(), num_actors=1, envs_per_actor=3, splits=2)
 
 
 class Balance:
@@ -157,3 +163,38 @@ def test_in_process_acting_with_splits_makes_whole_chunks():
         assert (second.rows["policy_version"] == 3).all() and acting.env_steps == 4 * 11
     finally:
         acting.close()
+
+
+def test_an_actor_with_splits_makes_the_rows_of_one_collector():
+    """A policy-copy actor's worker (``ActorWorker``) over its envs in two parts: the chunks of a
+    worker over one vector env, with the same deterministic policy."""
+    from lightning_wm.data.acting.worker import ActorConfig, ActorWorker
+
+    env = EnvConfig("CartPole-v1", num_envs=4, max_episode_steps=30, vectorization="async")
+    workers = [ActorWorker(0, ActorConfig(env, 4, 10, seed=3, splits=k), Balance()) for k in (1, 2)]
+    assert isinstance(workers[1].collector, SplitCollector)
+    try:
+        for version in (1, 2, 3):
+            single, split = (w.chunk(version) for w in workers)
+            assert split.rows["obs"].shape == (10, 4, 4) and split.env_steps == single.env_steps == 40
+            same_rows(single.rows, split.rows)
+    finally:
+        for worker in workers:
+            worker.close()
+
+
+@pytest.mark.slow  # an actor process and its EnvPool
+@needs_envpool
+def test_a_fit_with_a_split_actor_process():
+    from pathlib import Path
+
+    from lightning_wm.cli import main
+
+    config = Path(__file__).resolve().parents[1] / "configs/impala/cartpole.yaml"
+    acting = ["--data.init_args.acting.num_actors", "1", "--data.init_args.acting.splits", "2"]
+    quiet = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+    cli = main(
+        ["fit", "--config", str(config), *acting, "--data.init_args.env.backend", "envpool", *quiet]
+        + ["--trainer.max_steps", "10", "--trainer.val_check_interval", "10"]
+    )
+    assert cli.trainer.global_step == 10

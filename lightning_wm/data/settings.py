@@ -65,10 +65,11 @@ class ActingSettings:
             made ahead of the learner, queued or in the making, all groups together, the groups
             taking turns (default one per group). Fewer keep the policy lag lower when the
             learner is the slower side: each waiting chunk was made by older weights.
-        splits: in process (``num_actors: 0``), the training envs in this many equal parts stepped in
-            turn, one part's env step running while the policy acts for the next and while the
-            learner trains (Sample Factory's double-buffered sampling): pays with ``env.vectorization:
-            async`` or ``env.backend: envpool``; must divide ``env.num_envs``. Same rows from the same
+        splits: in process (``num_actors: 0``) and in each actor with ``policy: copies``, the envs
+            in this many equal parts stepped in turn, one part's env step running while the policy
+            acts for the next and while the learner trains (Sample Factory's double-buffered
+            sampling): pays with ``env.vectorization: async`` or ``env.backend: envpool``; must
+            divide ``env.num_envs`` (in process) or ``envs_per_actor``. Same rows from the same
             actions; a sampling policy draws in another order than with 1.
         ratio_slack: rows of tolerance of the replay ratio with actors (replay only; default
             one chunk per actor): see :class:`~lightning_wm.data.batches.replay_feed.ReplayFeed`.
@@ -109,10 +110,10 @@ class ActingSettings:
             raise ValueError(f"acting.central_groups must be 'threads' or 'processes', got {self.central_groups!r}")
         if not self.deadline_ms >= 0:
             raise ValueError(f"acting.deadline_ms must be >= 0, got {self.deadline_ms}")
-        if self.splits > 1 and self.num_actors > 0:
+        if self.splits > 1 and self.num_actors > 0 and self.policy == "central":
             raise ValueError(
-                f"acting.splits={self.splits} applies to acting in process (num_actors: 0); with actors, step more "
-                "actors or envs per actor instead"
+                f"acting.splits={self.splits} applies in process and to actors with policy: copies; central groups "
+                "already overlap their env steps with the other groups' (leave splits at 1)"
             )
         if self.policy == "central" and self.backend != "local":
             raise ValueError(

@@ -83,6 +83,7 @@ class ActorActing(Acting):
                 random_steps=math.ceil(max(0, random_rows) / self.num_streams),
                 initial_version=version,
                 queue_size=self.settings.queue_size,
+                splits=self.settings.splits,
             )
         elif self.published is None or version < self.published or version - self.published >= every:
             self.pool.publish(agent.acting_copy(), version)

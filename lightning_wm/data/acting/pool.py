@@ -19,6 +19,7 @@ from lightning_wm.data.acting.base import Chunk, wait_for_chunk
 from lightning_wm.data.acting.local import LocalBackend
 from lightning_wm.data.acting.ray_backend import RayBackend
 from lightning_wm.data.acting.worker import ActorConfig, ActorError
+from lightning_wm.data.split_collector import check_splits
 from lightning_wm.envs import EnvConfig
 
 __all__ = ["ActorPool"]
@@ -68,6 +69,7 @@ class ActorPool:
         random_steps: int = 0,
         explore: bool = True,
         initial_version: int = 0,
+        splits: int = 1,
     ) -> None:
         if num_actors < 1 or envs_per_actor < 1 or chunk_length < 1:
             raise ValueError(
@@ -78,8 +80,9 @@ class ActorPool:
             raise ValueError(f"actor timeout_s must be > 0, got {timeout_s}")
         self.num_actors, self.envs_per_actor, self.chunk_length = num_actors, envs_per_actor, chunk_length
         self.timeout_s, self.backend = float(timeout_s), backend
+        check_splits(EnvConfig(**{**vars(env), "num_envs": envs_per_actor}), splits)  # here: one clear line
         config = ActorConfig(
-            env, envs_per_actor, chunk_length, seed, rank, overlap, random_steps, explore, initial_version
+            env, envs_per_actor, chunk_length, seed, rank, overlap, random_steps, explore, initial_version, splits
         )
         acting_module = acting_module.cpu().eval().requires_grad_(False)
         if backend == "local":

@@ -19,8 +19,8 @@ from torch import nn
 
 from lightning_wm import runtime
 from lightning_wm.data.acting.base import RANDOM_POLICY_VERSION, Chunk
-from lightning_wm.data.collector import Collector
-from lightning_wm.envs import EnvConfig, EnvSpec, env_spec, make_vector_env
+from lightning_wm.data.split_collector import make_collector
+from lightning_wm.envs import EnvConfig, EnvSpec, env_spec
 from lightning_wm.policies import RandomAgent
 from lightning_wm.seeding import derive_seed, env_seeds
 
@@ -53,6 +53,7 @@ class ActorConfig:
     random_steps: int = 0  # vector steps per actor taken with the random policy first (prefill)
     explore: bool = True
     initial_version: int = 0  # version of the weights the actors are built with
+    splits: int = 1  # the actor's envs in this many parts stepped in turn (acting.splits; SplitCollector)
 
 
 class ActorWorker:
@@ -66,12 +67,8 @@ class ActorWorker:
         self.actor, self.config, self.module = actor, config, module
         env_cfg = EnvConfig(**{**vars(config.env), "num_envs": config.envs_per_actor})
         self.spec: EnvSpec = env_spec(env_cfg)
-        self.collector = Collector(
-            make_vector_env(env_cfg),
-            module,
-            seeds=env_seeds(config.seed, config.envs_per_actor, "train", config.rank, actor),
-            spec=self.spec,
-        )
+        seeds = env_seeds(config.seed, config.envs_per_actor, "train", config.rank, actor)
+        self.collector = make_collector(env_cfg, module, None, seeds, self.spec, config.splits)
         self.random_left = config.random_steps
         if self.random_left > 0:
             seed = derive_seed(config.seed, "prefill", config.rank, actor)
@@ -100,4 +97,4 @@ class ActorWorker:
         )
 
     def close(self) -> None:
-        self.collector.env.close()
+        self.collector.close()
