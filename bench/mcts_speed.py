@@ -4,6 +4,7 @@ and LightZero 0.2.0's C++ tree (``ctree``) on the same network in the same proce
     python bench/mcts_speed.py                                   # ours only (LightZero absent)
     PYTHONPATH=. /work/venvs/lightzero/bin/python bench/mcts_speed.py   # both (bench/install_lightzero.sh)
     python bench/mcts_speed.py --batch 64 --simulations 50 --threads 1 2 --repeats 7
+    python bench/mcts_speed.py --batch 64 --threads 1 --kernels   # and the kernels each search dispatches
 
 The network is the CartPole MuZero network of LightZero's config (latent 128, two hidden layers
 of 128, heads of 32, value and reward over 601 bins), built as a ``MuZeroModel`` in eval mode
@@ -175,6 +176,23 @@ def measure(
     }
 
 
+def kernels_per_search(model: MuZeroModel, batch: int, simulations: int, compile: bool) -> int:
+    """Kernels one of our searches dispatches (``bench/learner_speed.py``'s count: aten ops that run
+    one, compiled kernels as one each): what a GPU pays per search eagerly, and per replay of the
+    captured simulation loop (``search.cuda_graphs``, with ``compile`` the compiled simulations)."""
+    import torch._inductor.config as inductor_config
+
+    sys.path.append(os.path.dirname(__file__))
+    from learner_speed import dispatched_ops
+
+    inductor_config.cpp.enable_kernel_profile = True  # compiled kernels show up in the count
+    with torch.no_grad():
+        root = model.initial_inference(torch.randn(batch, 4, generator=torch.Generator().manual_seed(batch)) * 0.5)
+        ours(model, root, simulations, 0, compile=compile)  # the warm-up (a compile)
+        kernels, _ = dispatched_ops(lambda: ours(model, root, simulations, 1, compile=compile))
+    return kernels
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, nargs="+", default=[16, 64])
@@ -191,6 +209,9 @@ def main() -> None:
         "--no-compile",
         action="store_true",
         help="leave out our search with its tree steps compiled (torch.compile, needs a C++ compiler)",
+    )
+    parser.add_argument(
+        "--kernels", action="store_true", help="also count the kernels each of our searches dispatches (profiler)"
     )
     args = parser.parse_args()
 
@@ -224,6 +245,13 @@ def main() -> None:
                     f"{'-' if math.isnan(r['network']) else format(r['network'], '.4f')} | {r['first']:.1f} |",
                     flush=True,
                 )
+    if args.kernels:
+        print("\n| search | batch | kernels per search | per simulation |\n| --- | ---: | ---: | ---: |")
+        for batch in args.batch:
+            for compile in (False, True) if not args.no_compile else (False,):
+                kernels = kernels_per_search(model, batch, args.simulations, compile)
+                name = "lightning_wm search.compile" if compile else "lightning_wm"
+                print(f"| {name} | {batch} | {kernels:,} | {kernels / args.simulations:.1f} |", flush=True)
 
 
 if __name__ == "__main__":
