@@ -1,7 +1,8 @@
 """One command for a GPU machine: the GPU tests and a short speed table, as one markdown report.
 
     python bench/gpu_check.py                        # CUDA: tests, capture, search, actors, sizes (<= 9.5 min)
-    python bench/gpu_check.py --parts capture,sizes,actors --limits sizes=250   # what is still open, in one call
+    python bench/gpu_check.py --parts search,sizes --limits search=100,sizes=220      # what is still open:
+    python bench/gpu_check.py --parts capture,actors --limits capture=160,actors=160  #   two calls of ~5.5 min
     python bench/gpu_check.py --parts steps          # eager fp32/bf16 gradient steps of the shipped configs
     python bench/gpu_check.py --parts sizes --sizes-seconds 300   # Dreamer XS..L, eager and recorded
     python bench/gpu_check.py --device cpu --quick   # the same checks shrunk, on the CPU (<= 6 min here)
@@ -453,7 +454,7 @@ def main() -> None:
     parser.add_argument(
         "--sizes-seconds",
         type=float,
-        help="time limit of the Dreamer sizes part (default 140; the captured runs compile)",
+        help="time limit of the Dreamer sizes part (default 135: every size eager, then recorded)",
     )
     parser.add_argument(
         "--limits", help="time limits in seconds per part, e.g. tests=90,sizes=200 (the others keep their defaults)"
@@ -483,7 +484,7 @@ def main() -> None:
     # time limits (seconds) per part: the default parts fit one 10-minute device call (<= 9.5 min; the
     # timings of H100 runs: tests 76 s, capture 69 s for 6 tests and over 120 s for 7, search 35 s; the
     # Dreamer step's capture needs minutes of compiling), --device cpu --quick <= 6 min here
-    limits = {"tests": 90, "capture": 150, "steps": 110, "sizes": 140, "search": 45, "actors": 150} if not args.quick else {
+    limits = {"tests": 90, "capture": 150, "steps": 110, "sizes": 135, "search": 75, "actors": 120} if not args.quick else {
         "tests": 170, "capture": 5, "steps": 110, "sizes": 25, "search": 25, "actors": 90}  # fmt: skip
     if args.sizes_seconds:
         limits["sizes"] = args.sizes_seconds
