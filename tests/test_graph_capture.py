@@ -147,3 +147,12 @@ def test_a_fit_counts_every_recorded_step(monkeypatch):
     cli = main(["fit", *args, *quiet, "--trainer.max_steps", "5", "--trainer.val_check_interval", "5"])
     assert cli.trainer.global_step == 5
     assert cli.model._captured.calls == {"eager": 2, "recorded": 0, "replayed": 3}
+
+
+def test_ddp_is_refused_with_one_line():
+    from types import SimpleNamespace
+
+    _, model = _dreamer_pair("cpu")
+    model._attached_trainer = lambda: SimpleNamespace(world_size=2)
+    with pytest.raises(ValueError, match="compile.mode graph records the step on one device; with DDP use"):
+        model.recorded_gradient_step(_batch("cpu", 0), model.configure_optimizers())
