@@ -58,6 +58,11 @@ from benchlib import RESULT_PREFIX, print_result  # noqa: E402  (the child's rec
 # (family, config, overrides that keep its shipped size but make it start fast)
 STEP_RUNS = [
     ("Dreamer", "dreamer/cartpole.yaml", ["--data.init_args.prefill", "1100"]),
+    (
+        "Dreamer, `compile.mode: graph`",
+        "dreamer/cartpole.yaml",
+        ["--data.init_args.prefill", "1100", "--model.init_args.compile.mode", "graph"],
+    ),
     ("MuZero", "muzero/cartpole.yaml", []),
     (
         "MuZero (Pong conv)",
