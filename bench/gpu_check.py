@@ -1,8 +1,8 @@
 """One command for a GPU machine: the GPU tests and a short speed table, as one markdown report.
 
     python bench/gpu_check.py                        # CUDA: tests, capture, search, actors, sizes (<= 9.5 min)
-    python bench/gpu_check.py --parts search,sizes --limits search=100,sizes=220      # what is still open:
-    python bench/gpu_check.py --parts capture,actors --limits capture=160,actors=160  #   two calls of ~5.5 min
+    python bench/gpu_check.py --parts search,sizes --limits search=100,sizes=220     # what is still open,
+    python bench/gpu_check.py --parts capture,actors,steps --limits capture=150,actors=150,steps=100  # two calls
     python bench/gpu_check.py --parts steps          # eager fp32/bf16 gradient steps of the shipped configs
     python bench/gpu_check.py --parts sizes --sizes-seconds 300   # Dreamer XS..L, eager and recorded
     python bench/gpu_check.py --device cpu --quick   # the same checks shrunk, on the CPU (<= 6 min here)
