@@ -34,10 +34,18 @@ import torch
 from torch import Tensor
 
 from lightning_wm.compiling import shape_key
+from lightning_wm.tree import leaves, tree_map
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CapturedStep", "count_lightning_step", "make_capturable", "plain_optimizer_state", "static_control_flow"]
+__all__ = [
+    "CapturedStep",
+    "count_lightning_step",
+    "make_capturable",
+    "plain_optimizer_state",
+    "set_learning_rate",
+    "static_control_flow",
+]
 
 _recording = False
 
@@ -58,25 +66,9 @@ def _static() -> Iterator[None]:
         _recording = before
 
 
-def _tree_map(fn: Callable[[Tensor], Any], tree: Any) -> Any:
-    if isinstance(tree, Tensor):
-        return fn(tree)
-    if isinstance(tree, dict):
-        return {k: _tree_map(fn, v) for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(_tree_map(fn, v) for v in tree)
-    return tree
-
-
-def _copy_into(static: Any, new: Any) -> None:
-    if isinstance(static, Tensor):
-        static.copy_(new, non_blocking=True)
-    elif isinstance(static, dict):
-        for k, v in static.items():
-            _copy_into(v, new[k])
-    elif isinstance(static, (list, tuple)):
-        for s, n in zip(static, new):
-            _copy_into(s, n)
+def _clone(tree: Any) -> Any:
+    """Copies of the tensors of a nested structure (other leaves as they are)."""
+    return tree_map(lambda x: x.clone() if isinstance(x, Tensor) else x, tree)
 
 
 def _autocast_key() -> tuple:
@@ -142,7 +134,9 @@ class CapturedStep:
             if entry is None:
                 return self._eager(batch)
         graph, static_in, static_out = entry
-        _copy_into(static_in, batch)
+        tree_map(
+            lambda store, x: store.copy_(x, non_blocking=True) if isinstance(store, Tensor) else store, static_in, batch
+        )
         if graph is None:  # the protocol without a graph
             with _static():
                 out = self.step(static_in)
@@ -150,7 +144,7 @@ class CapturedStep:
             graph.replay()
             out = static_out
         self.calls["replayed"] += 1
-        return _tree_map(lambda t: t.clone(), out)
+        return _clone(out)
 
     def _eager(self, batch: Any) -> Any:
         self.calls["eager"] += 1
@@ -164,7 +158,7 @@ class CapturedStep:
         return out
 
     def _record(self, batch: Any, key: Hashable) -> tuple[Any, Any, Any] | None:
-        static_in = _tree_map(lambda t: t.clone(), batch)
+        static_in = _clone(batch)
         if not (self.capture and _on_cuda(batch)):
             self.graphs[key] = (None, static_in, None)
             return self.graphs[key]
@@ -193,9 +187,8 @@ class CapturedStep:
 
 
 def _on_cuda(tree: Any) -> bool:
-    found: list[bool] = []
-    _tree_map(lambda t: found.append(t.is_cuda), tree)
-    return bool(found) and all(found)
+    tensors = [x for x in leaves(tree) if isinstance(x, Tensor)]
+    return bool(tensors) and all(x.is_cuda for x in tensors)
 
 
 def make_capturable(optimizers: Sequence[torch.optim.Optimizer]) -> None:

@@ -473,8 +473,8 @@ class Dreamer(RLModule):
         one graph per batch shape and imagination horizon) and replayed; outside the graph the
         learning rates (tensors written in place), Lightning's step count, the slow critic and
         the terminal log."""
-        plain = [getattr(opt, "optimizer", opt) for opt in optimizers]
         if self._captured is None:
+            plain = [getattr(opt, "optimizer", opt) for opt in optimizers]
             trainer = self._attached_trainer()
             if trainer is not None and trainer.world_size > 1:
                 raise ValueError(

@@ -97,8 +97,8 @@ def world_model_loss(
 
 def return_percentiles(returns: Tensor, low: float, high: float) -> Tensor:
     """The ``low`` and ``high`` quantiles (fractions) of all ``returns`` -> ``[2]`` float32, no gradient."""
-    flat = returns.detach().flatten().float()
-    return torch.stack([_quantile_of_sorted(flat.sort().values, q) for q in (low, high)])
+    ordered = returns.detach().flatten().float().sort().values
+    return torch.stack([_quantile_of_sorted(ordered, q) for q in (low, high)])
 
 
 def _quantile_of_sorted(ordered: Tensor, q: float) -> Tensor:
