@@ -31,16 +31,23 @@ from lightning_wm.signals import check_stop_between_batches
 __all__ = ["OnlineDataModule"]
 
 
+class BatchAtStep:
+    """What the training stream yields with ``acting.fetch_ahead: false``: a placeholder that
+    :meth:`OnlineDataModule.on_before_batch_transfer` replaces with the real batch just before the
+    step that trains on it (Lightning fetches one batch ahead of the step)."""
+
+
 class _Stream(IterableDataset):
-    """Infinite stream of training batches (one epoch; stop with ``trainer.max_steps``)."""
+    """Infinite stream of training batches (one epoch; stop with ``trainer.max_steps``); with
+    ``ahead`` false, of :class:`BatchAtStep` placeholders."""
 
-    def __init__(self, datamodule: OnlineDataModule) -> None:
-        self.datamodule = datamodule
+    def __init__(self, datamodule: OnlineDataModule, ahead: bool) -> None:
+        self.datamodule, self.ahead = datamodule, ahead
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[dict[str, Any] | BatchAtStep]:
         while True:
             check_stop_between_batches()  # a scheduler's stop: end after the step before, exactly
-            yield self.datamodule.next_batch()
+            yield self.datamodule.next_batch() if self.ahead else BatchAtStep()
 
 
 class OnlineDataModule(pl.LightningDataModule):
@@ -78,9 +85,9 @@ class OnlineDataModule(pl.LightningDataModule):
         self.spec: EnvSpec = env_spec(env)
         self.eval = as_settings(EvalSettings, eval, "eval")
         check_eval_env(env, self.spec, self.eval)
-        self.acting: Acting = make_acting(
-            env, self.spec, as_settings(ActingSettings, acting, "acting"), chunk_length, overlap
-        )
+        acting = as_settings(ActingSettings, acting, "acting")
+        self.fetch_ahead = acting.fetch_ahead
+        self.acting: Acting = make_acting(env, self.spec, acting, chunk_length, overlap)
         self.batches = batches
         self._built = False
         self._pending_state: dict[str, Any] | None = None
@@ -136,7 +143,16 @@ class OnlineDataModule(pl.LightningDataModule):
         return self.batches.next_batch()
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(_Stream(self), batch_size=None, num_workers=0)
+        return DataLoader(_Stream(self, self.fetch_ahead), batch_size=None, num_workers=0)
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Make the batch a :class:`BatchAtStep` stands for (``acting.fetch_ahead: false``): the
+        step before it has run, so its rows come from the newest weights. Other batches pass."""
+        if not isinstance(batch, BatchAtStep):
+            return batch
+        trainer = getattr(self, "trainer", None)
+        made = self.next_batch()
+        return trainer.precision_plugin.convert_input(made) if trainer is not None else made
 
     def val_dataloader(self) -> DataLoader:
         return evaluation_loader(self.evaluate)

@@ -73,6 +73,13 @@ class ActingSettings:
             actions; a sampling policy draws in another order than with 1.
         ratio_slack: rows of tolerance of the replay ratio with actors (replay only; default
             one chunk per actor): see :class:`~lightning_wm.data.batches.replay_feed.ReplayFeed`.
+        fetch_ahead: ``True`` (Lightning's default): the next batch is made, i.e. acted for or
+            taken from the actors, while the step before it has not run yet, one weight version
+            older than the step that trains on it. ``False``: each batch is made just before its
+            own step (Lightning still fetches one ahead, but only a placeholder), so rows are one
+            version fresher: in process the batch is acted by the weights it trains, with actors
+            the policy lag drops by one version (an on-policy learner clips fewer importance
+            ratios). No speed is lost either way: the data loader runs in the learner's process.
     """
 
     num_actors: int = 0
@@ -88,6 +95,7 @@ class ActingSettings:
     queue_size: int | None = None
     ratio_slack: int | None = None
     splits: int = 1
+    fetch_ahead: bool = True
 
     def __post_init__(self) -> None:
         _at_least(

@@ -50,7 +50,8 @@ class PrefetchedBatches:
     counted, the checkpoint records them beside the step (``batches_collected``, ``global_step``),
     and after a restore the ``batches_collected - global_step`` batches the checkpoint already
     holds are fetched without acting (:meth:`take` says so). Only in-process acting needs this:
-    rows from actors are counted as they arrive.
+    rows from actors are counted as they arrive. With ``acting.fetch_ahead: false`` a batch is made
+    just before its step, the counts agree at every checkpoint and nothing is skipped.
     """
 
     def __init__(self) -> None:
