@@ -204,7 +204,7 @@ def test_null_for_an_option_of_a_settings_group_is_advised_and_the_advice_works(
         )
     assert exit_info.value.code == 0
     optim = capsys.readouterr().out.split("    optim:", 1)[1]
-    assert "lr_anneal_steps: null" in optim and "lr: 0.002" in optim  # merged into the config's group
+    assert "lr_anneal_steps: null" in optim and "lr: 0.001" in optim  # merged into the config's group
 
 
 def test_the_advised_yaml_group_sets_the_nested_null(capsys):
