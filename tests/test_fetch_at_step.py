@@ -4,6 +4,7 @@ the weights being trained, counts stay exact and a resume neither repeats nor sk
 
 import pytest
 import pytorch_lightning as pl
+from pytorch_lightning.utilities.model_helpers import is_overridden
 
 from lightning_wm.agents.impala import IMPALA, ActorCriticSettings
 from lightning_wm.callbacks import default_callbacks
@@ -25,7 +26,9 @@ def _datamodule(fetch_ahead: bool) -> UnrollDataModule:
 
 
 def test_the_stream_yields_placeholders_that_become_batches_only_at_the_transfer():
+    assert not is_overridden("on_before_batch_transfer", _datamodule(fetch_ahead=True))  # Lightning's hook
     dm = _datamodule(fetch_ahead=False)
+    assert is_overridden("on_before_batch_transfer", dm)
     model = IMPALA(dm.spec, net=ActorCriticSettings(**IMPALA_TINY["net"]))
     dm.setup("fit")
     dm.attach_agent(model, 0)
@@ -42,16 +45,26 @@ def test_the_stream_yields_placeholders_that_become_batches_only_at_the_transfer
         dm.teardown("fit")
 
 
+class _OwnHook(IMPALA):
+    """A model with its own ``on_before_batch_transfer``, as a user's augmentation would have."""
+
+    def on_before_batch_transfer(self, batch, dataloader_idx):
+        batch["seen_by_model_hook"] = True
+        return batch
+
+
 def _policy_versions(fetch_ahead: bool, steps: int = 5) -> list[tuple[int, set[int]]]:
     """(global step, the policy versions of the rows acted for the batch) of every training batch;
-    an unroll's first row is the one it shares with the unroll before (acted then)."""
+    an unroll's first row is the one it shares with the unroll before (acted then). The model's
+    own ``on_before_batch_transfer`` must see every batch."""
     pl.seed_everything(0)
     dm = _datamodule(fetch_ahead)
-    model = IMPALA(dm.spec, net=ActorCriticSettings(**IMPALA_TINY["net"]))
+    model = _OwnHook(dm.spec, net=ActorCriticSettings(**IMPALA_TINY["net"]))
     seen: list[tuple[int, set[int]]] = []
 
     class Record(pl.Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            assert batch.pop("seen_by_model_hook") is True
             seen.append((trainer.global_step, set(batch["policy_version"][:, 1:-1].flatten().tolist())))
 
     trainer = pl.Trainer(

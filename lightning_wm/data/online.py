@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytorch_lightning as pl
+from pytorch_lightning.utilities.model_helpers import is_overridden
 from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_wm.data.acting import Acting, make_acting
@@ -33,8 +34,9 @@ __all__ = ["OnlineDataModule"]
 
 class BatchAtStep:
     """What the training stream yields with ``acting.fetch_ahead: false``: a placeholder that
-    :meth:`OnlineDataModule.on_before_batch_transfer` replaces with the real batch just before the
-    step that trains on it (Lightning fetches one batch ahead of the step)."""
+    :meth:`OnlineDataModule.make_batch_at_step` (the datamodule's ``on_before_batch_transfer``
+    then) replaces with the real batch just before the step that trains on it (Lightning fetches
+    one batch ahead of the step)."""
 
 
 class _Stream(IterableDataset):
@@ -87,6 +89,8 @@ class OnlineDataModule(pl.LightningDataModule):
         check_eval_env(env, self.spec, self.eval)
         acting = as_settings(ActingSettings, acting, "acting")
         self.fetch_ahead = acting.fetch_ahead
+        if not self.fetch_ahead:
+            self.on_before_batch_transfer = self.make_batch_at_step  # type: ignore[method-assign]
         self.acting: Acting = make_acting(env, self.spec, acting, chunk_length, overlap)
         self.batches = batches
         self._built = False
@@ -145,14 +149,22 @@ class OnlineDataModule(pl.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         return DataLoader(_Stream(self, self.fetch_ahead), batch_size=None, num_workers=0)
 
-    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """Make the batch a :class:`BatchAtStep` stands for (``acting.fetch_ahead: false``): the
-        step before it has run, so its rows come from the newest weights. Other batches pass."""
-        if not isinstance(batch, BatchAtStep):
-            return batch
+    def make_batch_at_step(self, batch: Any, dataloader_idx: int) -> Any:
+        """This datamodule's ``on_before_batch_transfer`` with ``acting.fetch_ahead: false`` (set
+        per instance, so that with the default fetch the hook stays Lightning's and a model's own
+        hook is used as usual): the batch a :class:`BatchAtStep` stands for is made now, the step
+        before it having run, so its rows come from the newest weights; other batches pass. A
+        model's own ``on_before_batch_transfer`` then runs on the result (Lightning calls only the
+        datamodule's when both have one, and says so in a warning)."""
         trainer = getattr(self, "trainer", None)
-        made = self.next_batch()
-        return trainer.precision_plugin.convert_input(made) if trainer is not None else made
+        if isinstance(batch, BatchAtStep):
+            batch = self.next_batch()
+            if trainer is not None:
+                batch = trainer.precision_plugin.convert_input(batch)
+        model = getattr(trainer, "lightning_module", None)
+        if model is not None and is_overridden("on_before_batch_transfer", model):
+            batch = model.on_before_batch_transfer(batch, dataloader_idx)
+        return batch
 
     def val_dataloader(self) -> DataLoader:
         return evaluation_loader(self.evaluate)

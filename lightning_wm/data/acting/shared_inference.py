@@ -208,6 +208,8 @@ class InferenceLoop:
     def _round(self) -> None:
         """Wait for the active groups (up to the deadline), then answer every group that asked."""
         slots = self.slots
+        if not (slots.asked.numpy() != self._answered).any():
+            return  # a count left by a request an earlier round answered: the deadline starts at a request
         end = time.monotonic() + self.deadline_s
         while True:
             asked = slots.asked.numpy().copy()
