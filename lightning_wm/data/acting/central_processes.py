@@ -32,7 +32,7 @@ from lightning_wm.data.acting.permits import ChunkPermits
 from lightning_wm.data.acting.shared_inference import InferenceLoop, SharedMemoryClient, SharedSlots, make_slots
 from lightning_wm.data.acting.spawned import SpawnedWorkers, put_chunk, worker_process
 from lightning_wm.data.acting.worker import ActorConfig, ActorError, ActorWorker
-from lightning_wm.envs import EnvConfig, env_spec
+from lightning_wm.envs import env_spec
 
 __all__ = ["CentralProcessPool"]
 
@@ -104,7 +104,7 @@ class CentralProcessPool:
         chunks_ahead: int | None = None,
     ) -> None:
         self.num_groups, self.timeout_s = num_groups, float(timeout_s)
-        env_cfg = EnvConfig(**{**vars(config.env), "num_envs": config.envs_per_actor})
+        env_cfg = config.actor_env()
         slots = make_slots(
             agent, env_spec(env_cfg).observation_space, num_groups, config.envs_per_actor, config.explore
         )

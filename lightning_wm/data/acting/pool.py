@@ -80,10 +80,10 @@ class ActorPool:
             raise ValueError(f"actor timeout_s must be > 0, got {timeout_s}")
         self.num_actors, self.envs_per_actor, self.chunk_length = num_actors, envs_per_actor, chunk_length
         self.timeout_s, self.backend = float(timeout_s), backend
-        check_splits(EnvConfig(**{**vars(env), "num_envs": envs_per_actor}), splits)  # here: one clear line
         config = ActorConfig(
             env, envs_per_actor, chunk_length, seed, rank, overlap, random_steps, explore, initial_version, splits
         )
+        check_splits(config.actor_env(), splits)  # here: one clear line, before any actor starts
         acting_module = acting_module.cpu().eval().requires_grad_(False)
         if backend == "local":
             self._impl: Any = LocalBackend(config, acting_module, num_actors, queue_size or 2 * num_actors)

@@ -55,6 +55,10 @@ class ActorConfig:
     initial_version: int = 0  # version of the weights the actors are built with
     splits: int = 1  # the actor's envs in this many parts stepped in turn (acting.splits; SplitCollector)
 
+    def actor_env(self) -> EnvConfig:
+        """One actor's env: ``env`` with ``envs_per_actor`` envs."""
+        return EnvConfig(**{**vars(self.env), "num_envs": self.envs_per_actor})
+
 
 class ActorWorker:
     """An actor's Collector: its own vector env, the agent it acts with, random steps first.
@@ -65,7 +69,7 @@ class ActorWorker:
 
     def __init__(self, actor: int, config: ActorConfig, module: Any) -> None:
         self.actor, self.config, self.module = actor, config, module
-        env_cfg = EnvConfig(**{**vars(config.env), "num_envs": config.envs_per_actor})
+        env_cfg = config.actor_env()
         self.spec: EnvSpec = env_spec(env_cfg)
         seeds = env_seeds(config.seed, config.envs_per_actor, "train", config.rank, actor)
         self.collector = make_collector(env_cfg, module, None, seeds, self.spec, config.splits)
