@@ -41,15 +41,16 @@ class BatchAtStep:
 
 class _Stream(IterableDataset):
     """Infinite stream of training batches (one epoch; stop with ``trainer.max_steps``); with
-    ``ahead`` false, of :class:`BatchAtStep` placeholders."""
+    the datamodule's ``fetch_ahead`` false, of :class:`BatchAtStep` placeholders."""
 
-    def __init__(self, datamodule: OnlineDataModule, ahead: bool) -> None:
-        self.datamodule, self.ahead = datamodule, ahead
+    def __init__(self, datamodule: OnlineDataModule) -> None:
+        self.datamodule = datamodule
 
     def __iter__(self) -> Iterator[dict[str, Any] | BatchAtStep]:
+        datamodule = self.datamodule
         while True:
             check_stop_between_batches()  # a scheduler's stop: end after the step before, exactly
-            yield self.datamodule.next_batch() if self.ahead else BatchAtStep()
+            yield datamodule.next_batch() if datamodule.fetch_ahead else BatchAtStep()
 
 
 class OnlineDataModule(pl.LightningDataModule):
@@ -147,7 +148,7 @@ class OnlineDataModule(pl.LightningDataModule):
         return self.batches.next_batch()
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(_Stream(self, self.fetch_ahead), batch_size=None, num_workers=0)
+        return DataLoader(_Stream(self), batch_size=None, num_workers=0)
 
     def make_batch_at_step(self, batch: Any, dataloader_idx: int) -> Any:
         """This datamodule's ``on_before_batch_transfer`` with ``acting.fetch_ahead: false`` (set
