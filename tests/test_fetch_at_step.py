@@ -7,13 +7,13 @@ import pytorch_lightning as pl
 from pytorch_lightning.utilities.model_helpers import is_overridden
 
 from lightning_wm.agents.impala import IMPALA, ActorCriticSettings
-from lightning_wm.callbacks import default_callbacks
 from lightning_wm.cli import main
 from lightning_wm.data.modules import UnrollDataModule
 from lightning_wm.data.online import BatchAtStep
 from lightning_wm.envs import EnvConfig
 
 from support.presets import IMPALA_TINY, TINY_FIT
+from support.unit_fit import fit_quietly
 
 
 def _datamodule(fetch_ahead: bool) -> UnrollDataModule:
@@ -67,16 +67,7 @@ def _policy_versions(fetch_ahead: bool, steps: int = 5) -> list[tuple[int, set[i
             assert batch.pop("seen_by_model_hook") is True
             seen.append((trainer.global_step, set(batch["policy_version"][:, 1:-1].flatten().tolist())))
 
-    trainer = pl.Trainer(
-        max_steps=steps,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        limit_val_batches=0,
-        num_sanity_val_steps=0,
-        callbacks=[*default_callbacks(), Record()],
-    )
-    trainer.fit(model, dm)
+    fit_quietly(model, dm, steps, Record())
     batches = steps + int(fetch_ahead)  # the batch fetched ahead was acted for
     assert dm.env_steps == 2 * (4 * batches + 1)  # 2 envs, unrolls of T + 1 rows overlapping by one
     return seen

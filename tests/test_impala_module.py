@@ -12,13 +12,13 @@ import pytorch_lightning as pl
 import torch
 
 from lightning_wm.agents.impala import IMPALA, ActorCriticSettings, unroll_loss
-from lightning_wm.callbacks import default_callbacks
 from lightning_wm.cli import main
 from lightning_wm.data.modules import UnrollDataModule
 from lightning_wm.envs import EnvConfig
 from lightning_wm.optim import OptimSettings
 
 from support.presets import IMPALA_TINY, UNROLL_DATA_TINY, data_overrides, model_overrides
+from support.unit_fit import fit_quietly
 
 ROOT = Path(__file__).resolve().parents[1]
 SHRINK = [
@@ -115,16 +115,7 @@ def _fit(seed: int, steps: int = 6, **data_kwargs) -> tuple[IMPALA, list[dict], 
                 }
             )
 
-    trainer = pl.Trainer(
-        max_steps=steps,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        limit_val_batches=0,
-        num_sanity_val_steps=0,
-        callbacks=[*default_callbacks(), Keep()],
-    )
-    trainer.fit(model, dm)
+    fit_quietly(model, dm, steps, Keep())
     return model, outputs, dm
 
 

@@ -1,0 +1,23 @@
+"""A fit for unit tests: no logger, checkpoints, progress bar or validation; the project's default
+callbacks (the agent attached to the datamodule, feedback written back) plus the test's own."""
+
+import pytorch_lightning as pl
+
+from lightning_wm.callbacks import default_callbacks
+
+
+def fit_quietly(
+    model: pl.LightningModule, datamodule: pl.LightningDataModule, steps: int, *callbacks: pl.Callback
+) -> pl.Trainer:
+    """Train ``model`` on ``datamodule`` for ``steps`` optimizer steps; returns the trainer."""
+    trainer = pl.Trainer(
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        callbacks=[*default_callbacks(), *callbacks],
+    )
+    trainer.fit(model, datamodule)
+    return trainer
