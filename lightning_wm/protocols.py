@@ -23,7 +23,7 @@ A callback whose datamodule does not implement its protocol does nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -45,6 +45,7 @@ __all__ = [
     "EnvHolder",
     "EvaluationRequest",
     "GenerationTask",
+    "acting_weights",
 ]
 
 
@@ -77,6 +78,14 @@ class ActingAgent(Agent, Protocol):
         picklable for ``spawn``; its ``state_dict()`` (keys stable across calls) is what a
         weight store publishes."""
         ...
+
+
+def acting_weights(agent: Any) -> Mapping[str, Tensor]:
+    """What a publish sends: ``agent.acting_weights()`` where the agent has it (its acting copy's
+    ``state_dict`` keys, read from the live tensors on any device, so no copy of the module is
+    made at every publish), else ``agent.acting_copy().state_dict()``."""
+    read = getattr(agent, "acting_weights", None)
+    return read() if callable(read) else agent.acting_copy().state_dict()
 
 
 @dataclass

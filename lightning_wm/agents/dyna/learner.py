@@ -22,7 +22,7 @@ imagination buffer from the model every ``train_freq`` env steps and evaluates t
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +34,7 @@ from lightning_wm.agents.base import RLModule
 from lightning_wm.agents.dyna.imagination import DynaWorldModel, ImaginationSettings
 from lightning_wm.envs import EnvSpec
 from lightning_wm.optim import GradClipper, GradClipSettings, OptimSettings, build_optimizer, optimizer_beta
+from lightning_wm.protocols import acting_weights
 from lightning_wm.seeding import derive_seed
 from lightning_wm.settings import as_settings, plain
 from lightning_wm.world_model import RolloutSchedule, WorldModel
@@ -162,6 +163,9 @@ class DynaLearner(RLModule):
 
     def acting_copy(self) -> nn.Module:
         return self.policy.acting_copy()
+
+    def acting_weights(self) -> Mapping[str, Tensor]:
+        return acting_weights(self.policy)
 
     # -- training ---------------------------------------------------------------------------
     def configure_optimizers(self) -> Any:

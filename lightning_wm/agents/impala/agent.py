@@ -120,6 +120,10 @@ class IMPALA(RLModule):
         """Only the network (an :class:`ActorCritic`, an Agent itself): CPU, eval mode, no gradients."""
         return copy.deepcopy(self.net).cpu().eval().requires_grad_(False)
 
+    def acting_weights(self) -> dict[str, Tensor]:
+        """:meth:`acting_copy`'s ``state_dict`` read from the live network (what a publish sends)."""
+        return self.net.state_dict()
+
     # -- optimization ----------------------------------------------------------------------
     def configure_optimizers(self) -> Any:
         optimizer = build_optimizer(self.parameters(), self.optim)

@@ -162,6 +162,12 @@ class MuZero(RLModule):
         model = copy.deepcopy(self.model).cpu().eval().requires_grad_(False)
         return MuZeroPolicy(model, self.search, self.discount, self.search.temperature(self.global_step)).eval()
 
+    def acting_weights(self) -> dict[str, Tensor]:
+        """:meth:`acting_copy`'s ``state_dict`` (the model's live tensors and the current
+        temperature) without copying the model: what a publish sends."""
+        temperature = torch.tensor(float(self.search.temperature(self.global_step)))
+        return {"temperature": temperature, **{f"model.{k}": v for k, v in self.model.state_dict().items()}}
+
     # -- data (SamplerSource) ---------------------------------------------------------------
     def replay_sampler(self) -> WindowSampler:
         """The sampler this model's training reads: windows of ``num_unroll_steps`` and the larger

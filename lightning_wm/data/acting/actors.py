@@ -20,6 +20,7 @@ from lightning_wm.data.acting.metrics import ActorMetrics
 from lightning_wm.data.acting.pool import ActorPool
 from lightning_wm.data.settings import ActingSettings
 from lightning_wm.envs import EnvConfig
+from lightning_wm.protocols import acting_weights
 
 __all__ = ["ActorActing"]
 
@@ -86,7 +87,7 @@ class ActorActing(Acting):
                 splits=self.settings.splits,
             )
         elif self.published is None or version < self.published or version - self.published >= every:
-            self.pool.publish(agent.acting_copy(), version)
+            self.pool.publish(acting_weights(agent), version)
         else:
             return
         self.published = version

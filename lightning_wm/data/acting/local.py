@@ -12,17 +12,18 @@ from __future__ import annotations
 import ctypes
 import io
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 import torch.multiprocessing as tmp
-from torch import nn
+from torch import Tensor, nn
 
 from lightning_wm.data.acting.base import Chunk
 from lightning_wm.data.acting.spawned import SpawnedWorkers, put_chunk, worker_process
 from lightning_wm.data.acting.worker import ActorConfig, ActorWorker, acting_copy_ready
 
-__all__ = ["WeightStore", "LocalBackend"]
+__all__ = ["WeightStore", "LocalBackend", "module_bytes"]
 
 
 class WeightStore:
@@ -52,15 +53,15 @@ class WeightStore:
         """The newest published version."""
         return int(self._version.value)
 
-    def publish(self, module: nn.Module, version: int) -> None:
-        """Copy ``module``'s ``state_dict`` into the store as ``version``."""
-        state = module.state_dict()
+    def publish(self, weights: Mapping[str, Tensor] | nn.Module, version: int) -> None:
+        """Copy ``weights`` (an acting copy's ``state_dict``, or the module) into the store as ``version``."""
+        state = weights.state_dict() if isinstance(weights, nn.Module) else weights
         if state.keys() != self._tensors.keys():
             missing, extra = self._tensors.keys() - state.keys(), state.keys() - self._tensors.keys()
             raise ValueError(
                 f"acting module's state_dict changed keys (missing {sorted(missing)}, "
                 f"new {sorted(extra)}); "
-                "acting_copy() must keep the same layout for the weight store"
+                "acting_copy() and acting_weights() must keep the same layout for the weight store"
             )
         self._seq.value += 1  # odd: a write is in progress
         with torch.no_grad():
@@ -97,7 +98,7 @@ class WeightStore:
             time.sleep(0.0005)
 
 
-def _module_bytes(module: nn.Module) -> bytes:
+def module_bytes(module: nn.Module) -> bytes:
     """``module`` pickled by value: a torch tensor handed to a ``spawn`` child as it is would be moved
     to shared memory and stay shared with the learner's module, which keeps training."""
     buffer = io.BytesIO()
@@ -108,7 +109,7 @@ def _module_bytes(module: nn.Module) -> bytes:
 def _actor_main(
     actor: int,
     config: ActorConfig,
-    module_bytes: bytes,
+    pickled: bytes,
     store: WeightStore,
     chunks: Any,
     errors: Any,
@@ -123,7 +124,7 @@ def _actor_main(
             heartbeat[actor] = time.monotonic()
 
         beat()
-        module = torch.load(io.BytesIO(module_bytes), weights_only=False)
+        module = torch.load(io.BytesIO(pickled), weights_only=False)
         worker = holder[0] = ActorWorker(actor, config, acting_copy_ready(module))
         version = config.initial_version  # the weights the actor was built with
         while not stop.is_set():
@@ -139,15 +140,15 @@ class LocalBackend:
     def __init__(self, config: ActorConfig, module: nn.Module, num_actors: int, queue_size: int) -> None:
         self.store = WeightStore(module, config.initial_version)
         self.workers = SpawnedWorkers(
-            _actor_main, (config, _module_bytes(module), self.store), num_actors, queue_size, "actor {}"
+            _actor_main, (config, module_bytes(module), self.store), num_actors, queue_size, "actor {}"
         )
         self.processes = self.workers.processes
 
     def pids(self) -> list[int | None]:
         return self.workers.pids()
 
-    def publish(self, module: nn.Module, version: int) -> None:
-        self.store.publish(module, version)
+    def publish(self, weights: Mapping[str, Tensor] | nn.Module, version: int) -> None:
+        self.store.publish(weights, version)
 
     def get(self, timeout: float) -> Chunk | None:
         return self.workers.get(timeout)

@@ -10,10 +10,11 @@ traceback), an actor that died, or one whose heartbeat stopped for ``timeout_s``
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import numpy as np
-from torch import nn
+from torch import Tensor, nn
 
 from lightning_wm.data.acting.base import Chunk, wait_for_chunk
 from lightning_wm.data.acting.local import LocalBackend
@@ -107,9 +108,10 @@ class ActorPool:
         """Process ids of the actors (Ray: of the worker processes)."""
         return self._impl.pids()
 
-    def publish(self, module: nn.Module, version: int) -> None:
-        """Make ``module``'s weights (an acting copy) the newest, as ``version``."""
-        self._impl.publish(module, version)
+    def publish(self, weights: Mapping[str, Tensor] | nn.Module, version: int) -> None:
+        """Make ``weights`` (an acting copy's ``state_dict``, :func:`~lightning_wm.protocols.acting_weights`,
+        or the copy itself) the newest, as ``version``."""
+        self._impl.publish(weights, version)
 
     def qsize(self) -> int:
         """Chunks waiting for the learner."""

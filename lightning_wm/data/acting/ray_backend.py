@@ -6,10 +6,11 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
+from collections.abc import Mapping
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from lightning_wm.data.acting.base import Chunk
 from lightning_wm.data.acting.worker import STARTUP_GRACE_S, ActorConfig, ActorError, ActorWorker, acting_copy_ready
@@ -73,8 +74,9 @@ class RayBackend:
     def pids(self) -> list[int | None]:
         return list(self.ray.get([a.pid.remote() for a in self.actors], timeout=120))
 
-    def publish(self, module: nn.Module, version: int) -> None:
-        self.weights = self.ray.put({k: v.detach().cpu().clone() for k, v in module.state_dict().items()})
+    def publish(self, weights: Mapping[str, Tensor] | nn.Module, version: int) -> None:
+        state = weights.state_dict() if isinstance(weights, nn.Module) else weights
+        self.weights = self.ray.put({k: v.detach().cpu().clone() for k, v in state.items()})
         self.version = int(version)
 
     def get(self, timeout: float) -> Chunk | None:
