@@ -34,6 +34,7 @@ frames).
     python bench/actors.py --backend envpool    # the acting modes step EnvPool's envs
     python bench/actors.py --envs cartpole --actors 0,2 --policies central --vectorizations sync,async
     python bench/actors.py --envs pong --actors 2 --policies central --central-groups processes
+    python bench/actors.py --envs cartpole --actors 0,2 --policies central --central-groups processes --central-inference thread,process
     python bench/actors.py --envs pong --actors 2 --backend envpool --acting-only   # no learner beside the actors
     python bench/actors.py --envs pong --actors 0 --backend envpool --splits 1,2 --prefill 20000   # double-buffered
 """
@@ -62,6 +63,8 @@ from lightning_wm.data.samplers import RowSampler  # noqa: E402
 from lightning_wm.data.settings import ActingSettings  # noqa: E402
 from lightning_wm.data.split_collector import make_collector  # noqa: E402
 from lightning_wm.envs import AtariPreprocessingConfig, EnvConfig, env_spec  # noqa: E402
+
+DEADLINE_MS = ActingSettings.deadline_ms  # --deadline-ms
 
 
 class MLPPolicy(nn.Module):
@@ -207,8 +210,15 @@ class Shipped:
     def __init__(self, module: nn.Module) -> None:
         self.module = module
 
+    @property
+    def device(self) -> torch.device:
+        return self.module.device
+
     def acting_copy(self) -> nn.Module:
         return copy.deepcopy(self.module).cpu().eval().requires_grad_(False)
+
+    def acting_weights(self) -> dict[str, torch.Tensor]:
+        return self.module.state_dict()
 
 
 def with_actors(
@@ -238,14 +248,17 @@ def with_actors(
         publish_every=50,
         timeout_s=120,
         policy="central" if central else "copies",
-        central_groups="processes" if mode == "central-processes" else "threads",
+        central_groups="processes" if mode.startswith("central-processes") else "threads",
+        central_inference="process" if mode.endswith("inference-process") else "thread",
         splits=1 if central else splits,
+        deadline_ms=DEADLINE_MS,
     )
     threads = mode in ("central-sync", "central-async")
     env = EnvConfig(**{**vars(s["env"]), "vectorization": mode.split("-")[1]}) if threads else s["env"]
     acting = make_acting(env, env_spec(env), settings, s["chunk_length"], overlap=False)
     acting.setup(rank=0)
-    shipped = policy if central else Shipped(policy)  # central acting takes the live module
+    # central acting's thread takes the live module; copies and the inference process its published weights
+    shipped = policy if central and not mode.endswith("inference-process") else Shipped(policy)
     acting.attach_agent(shipped if central else Shipped(s["policy"]()), 0)
 
     def ingest(chunk: Chunk) -> None:
@@ -289,6 +302,17 @@ def main() -> None:
         "--central-groups", default="threads,processes", help="where central env groups run: threads, processes"
     )
     p.add_argument(
+        "--central-inference",
+        default="thread",
+        help="where central acting's policy runs with groups in processes: thread, process (comma-separated)",
+    )
+    p.add_argument(
+        "--deadline-ms",
+        type=float,
+        default=ActingSettings.deadline_ms,
+        help="central acting's acting.deadline_ms (default 5)",
+    )
+    p.add_argument(
         "--vectorizations", default="sync,async", help="env.vectorization of the central groups' threads: sync, async"
     )
     p.add_argument("--device", default="cpu", help="the learner's device (and central acting's): cpu or cuda")
@@ -309,6 +333,7 @@ def main() -> None:
     )
     p.add_argument("--quick", action="store_true", help="CartPole, 0 and 2 actors, 4 s each")
     args = p.parse_args()
+    globals()["DEADLINE_MS"] = args.deadline_ms
     if args.quick:
         args.envs, args.actors, args.seconds, args.prefill = "cartpole", "0,2", 4.0, 1000
     torch.set_num_threads(1)
@@ -331,7 +356,12 @@ def main() -> None:
     if "central" in args.policies.split(","):
         groups = args.central_groups.split(",")
         modes += [(f"central-{v}", f"central-{v}", 1) for v in args.vectorizations.split(",") if "threads" in groups]
-        modes += [("central-processes", "central-processes", 1)] if "processes" in groups else []
+        if "processes" in groups:
+            inference = args.central_inference.split(",")
+            modes += [("central-processes", "central-processes", 1)] if "thread" in inference else []
+            modes += [("central-processes, inference process", "central-processes-inference-process", 1)] * (
+                "process" in inference
+            )
     in_process_modes = [("in process" if k == 1 else f"in process, {k} splits", "in process", k) for k in splits]
     for name in args.envs.split(","):
         s = settings(name, args.backend, args.device, args.envs_per_actor)

@@ -46,9 +46,19 @@ from support.processes import alive, wait_gone, wait_until
 ROOT = Path(__file__).resolve().parents[1]
 CENTRAL = ["--data.init_args.acting.num_actors", "2", "--data.init_args.acting.policy", "central"]
 # where the groups run in the CLI fits: threads of the learner, or processes exchanging through shared memory
-GROUPS = pytest.mark.parametrize("groups", ["threads", "processes"])
+# (``inference-process``: groups in processes and the policy in a process of its own, central_inference: process)
+GROUPS = pytest.mark.parametrize("groups", ["threads", "processes", "inference-process"])
 # the same for tests of the fast lane: groups in processes spawn (seconds each), so that variant is slow
 BOTH_GROUPS = pytest.mark.parametrize("groups", ["threads", pytest.param("processes", marks=pytest.mark.slow)])
+
+
+def _where(groups: str) -> list[str]:
+    """The acting options that put the groups (and the policy) where ``groups`` says."""
+    if groups == "inference-process":
+        return (
+            "--data.init_args.acting.central_groups processes --data.init_args.acting.central_inference process".split()
+        )
+    return ["--data.init_args.acting.central_groups", groups]
 
 
 class Recording:
@@ -334,7 +344,9 @@ LEARNER = textwrap.dedent(
     if __name__ == "__main__":
         acting = CentralActing(
             EnvConfig("CartPole-v1", vectorization={vectorization!r}),
-            ActingSettings(num_actors=2, envs_per_actor=2, policy="central", central_groups={groups!r}),
+            ActingSettings(
+                num_actors=2, envs_per_actor=2, policy="central", central_groups={groups!r}, central_inference={inference!r}
+            ),
             4,
         )
         acting.setup(0)
@@ -353,16 +365,23 @@ LEARNER = textwrap.dedent(
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "groups, vectorization, processes",
-    [("threads", "async", 4), ("processes", "sync", 2)],
-    ids=["env-workers-of-threads", "group-processes"],
+    "groups, vectorization, inference, processes",
+    [("threads", "async", "thread", 4), ("processes", "sync", "thread", 2), ("processes", "sync", "process", 3)],
+    ids=["env-workers-of-threads", "group-processes", "inference-process"],
 )
-def test_kill_9_of_the_learner_leaves_no_process_and_nothing_in_dev_shm(tmp_path, groups, vectorization, processes):
+def test_kill_9_of_the_learner_leaves_no_process_and_nothing_in_dev_shm(
+    tmp_path, groups, vectorization, inference, processes
+):
     pids_file = tmp_path / "pids.txt"
     script = tmp_path / "learner.py"
     script.write_text(
         LEARNER.format(
-            root=str(ROOT), tests=str(ROOT / "tests"), pids=str(pids_file), groups=groups, vectorization=vectorization
+            root=str(ROOT),
+            tests=str(ROOT / "tests"),
+            pids=str(pids_file),
+            groups=groups,
+            vectorization=vectorization,
+            inference=inference,
         )
     )
     shm_before = set(os.listdir("/dev/shm"))
@@ -402,7 +421,8 @@ def test_cli_fit_impala_cartpole_with_central_acting(groups):
         *data_overrides(UNROLL_DATA_TINY),
         *model_overrides(IMPALA_TINY),
         *CENTRAL,
-        *f"--data.init_args.env.vectorization {vectorization} --data.init_args.acting.central_groups {groups}".split(),
+        *f"--data.init_args.env.vectorization {vectorization}".split(),
+        *_where(groups),
     ]
     cli = main(args=args)
     logged = _logged(cli)
@@ -424,7 +444,8 @@ def test_cli_fit_muzero_cartpole_with_central_acting(groups):
         *model_overrides(MUZERO_TINY),
         *data_overrides(MUZERO_DATA_TINY),
         *CENTRAL,
-        *f"--data.init_args.acting.chunk_length 8 --data.init_args.acting.central_groups {groups}".split(),
+        *"--data.init_args.acting.chunk_length 8".split(),
+        *_where(groups),
     ]
     cli = main(args=args)
     # at replay ratio 0.5, 40 steps take 80 rows: the learner waits for searched rows past the 40 of the prefill
@@ -453,7 +474,8 @@ def test_cli_fit_dreamer_cartpole_with_central_acting(groups):
         *"--trainer.log_every_n_steps 1 --trainer.run_name run".split(),
         *data_overrides(REPLAY_DATA_TINY),
         *CENTRAL,
-        *f"--data.init_args.acting.chunk_length 8 --data.init_args.acting.central_groups {groups}".split(),
+        *"--data.init_args.acting.chunk_length 8".split(),
+        *_where(groups),
     ]
     cli = main(args=args)
     assert cli.trainer.global_step == 4

@@ -1,6 +1,7 @@
 """Small acting modules for actor tests; importable by spawned actor processes and Ray workers as
 ``support.actor_agents`` (tests/ is on their sys.path or PYTHONPATH)."""
 
+import copy
 import threading
 from typing import Any
 
@@ -23,6 +24,10 @@ class MarkedPolicy(nn.Module):
     def act(self, obs: Any, state: Any, explore: bool):
         batch = obs.shape[0]
         return torch.randint(self.actions, (batch,)), state, {"mark": self.w.detach().expand(batch).clone()}
+
+    def acting_copy(self) -> nn.Module:
+        """What central acting's inference process acts with (a frozen copy)."""
+        return copy.deepcopy(self).requires_grad_(False)
 
 
 class FaultyPolicy(MarkedPolicy):
@@ -57,6 +62,10 @@ class StepCounter(nn.Module):
 
     def initial_state(self, batch_size: int) -> Any:
         return {"steps": torch.zeros(batch_size, dtype=torch.int64)}
+
+    def acting_copy(self) -> nn.Module:
+        """What central acting's inference process acts with (it has no weights)."""
+        return copy.deepcopy(self)
 
     def act(self, obs: Any, state: Any, explore: bool):
         steps = state["steps"]

@@ -47,8 +47,10 @@ from lightning_wm.data.acting.inference import (
 )
 from lightning_wm.data.acting.permits import ChunkPermits
 from lightning_wm.data.acting.worker import STARTUP_GRACE_S, ActorConfig, ActorError, ActorWorker
+from lightning_wm.data.collector import agent_device
 from lightning_wm.data.settings import ActingSettings
 from lightning_wm.envs import EnvConfig
+from lightning_wm.protocols import acting_weights
 from lightning_wm.signals import stop_requested
 
 __all__ = ["CentralActing", "CentralPool", "SWITCH_INTERVAL_S"]
@@ -233,11 +235,19 @@ class CentralActing(ActorActing):
 
     def attach_agent(self, agent: Any, version: int, random_rows: int = 0) -> None:
         """Start the groups with ``agent`` (the first call: each group first takes its share of
-        ``random_rows`` with the random policy) or move the version on."""
+        ``random_rows`` with the random policy) or move the version on; with the inference in a
+        process of its own, publish its weights (:func:`~lightning_wm.protocols.acting_weights`) every
+        ``publish_every`` steps."""
         self.learner_version = int(version)
+        in_process = self.settings.central_inference == "process"
         if self.pool is None or agent is not self.agent:
             self.close()
             self.agent = agent
+            if in_process and agent_device(agent).type != "cpu":
+                raise ValueError(
+                    f"acting.central_inference: process acts with a CPU copy, but the learner is on "
+                    f"{agent_device(agent)}: keep central_inference: thread there (the policy stays on the GPU)"
+                )
             config = ActorConfig(
                 self.env,
                 self.envs_per_actor,
@@ -248,16 +258,26 @@ class CentralActing(ActorActing):
                 random_steps=math.ceil(max(0, random_rows) / self.num_streams),
                 initial_version=self.learner_version,
             )
+            if in_process:
+                acting: Any = agent.acting_copy()
+            else:
+                acting = acting_view(agent).eval() if isinstance(agent, nn.Module) else agent
             pool = CentralProcessPool if self.settings.central_groups == "processes" else CentralPool
             self.pool = pool(  # type: ignore[assignment] - the pool interface ActorActing uses
                 config,
-                acting_view(agent).eval() if isinstance(agent, nn.Module) else agent,
+                acting,
                 self.num_actors,
                 self.settings.deadline_ms / 1000.0,
                 lambda: self.learner_version,
                 self.settings.timeout_s,
                 self.settings.queue_size,
+                **({"inference": "process"} if in_process else {}),
             )
+        elif in_process:
+            published = self.published if self.published is not None else self.learner_version
+            if published <= version < published + self.settings.publish_every:
+                return
+            self.pool.publish(acting_weights(agent), self.learner_version)  # type: ignore[attr-defined]
         self.published = self.learner_version
 
     def metrics(self) -> dict[str, float]:

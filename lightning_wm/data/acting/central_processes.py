@@ -6,7 +6,10 @@ Each of the ``acting.num_actors`` groups is a spawned process that steps its vec
 prefill); its agent is a :class:`~lightning_wm.data.acting.shared_inference.SharedMemoryClient`,
 so for every step only the observations go to the learner and the actions and extras come back,
 through shared memory. One :class:`~lightning_wm.data.acting.shared_inference.InferenceLoop`
-thread in the learner acts for all groups with the live module on its device. Chunks come through
+thread in the learner acts for all groups with the live module on its device
+(``acting.central_inference: thread``), or a process of its own with a CPU acting copy refreshed
+from the learner's published weights (``process``,
+:class:`~lightning_wm.data.acting.inference_process.InferenceProcess`). Chunks come through
 a queue as the actors' do; a group starts a chunk only with a permit
 (:class:`~lightning_wm.data.acting.permits.ChunkPermits`, a semaphore per group): ``acting.queue_size``
 chunks, default one per group, are made ahead of the learner, the groups taking turns.
@@ -21,13 +24,16 @@ the learner, ``kill -9`` included; the shared tensors are file descriptors, neve
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 import torch.multiprocessing as tmp
+from torch import Tensor
 
 from lightning_wm.data.acting.base import Chunk, wait_for_chunk
 from lightning_wm.data.acting.inference import InferenceStopped, shorten_switch_interval
+from lightning_wm.data.acting.inference_process import InferenceProcess
 from lightning_wm.data.acting.permits import ChunkPermits
 from lightning_wm.data.acting.shared_inference import InferenceLoop, SharedMemoryClient, SharedSlots, make_slots
 from lightning_wm.data.acting.spawned import SpawnedWorkers, put_chunk, worker_process
@@ -85,12 +91,15 @@ class CentralProcessPool:
 
     Args:
         config: what every group is built from (:class:`ActorConfig`; a group is an actor here).
-        agent: the acting module (its ``device``; one call per round, from the loop's thread).
+        agent: the acting module (its ``device``; one call per round, from the loop's thread); with
+            ``inference="process"`` a CPU acting copy (``module.acting_copy()``).
         num_groups: env groups (``acting.num_actors``).
         deadline_s: how long a round waits for the other active groups after its first request.
         version: the learner's weights version now.
         timeout_s: a group silent this long, or one policy call this long, is reported as hung.
         chunks_ahead: chunks made ahead of the learner, all groups together (default one per group).
+        inference: ``thread`` (a thread of the learner acting with ``agent`` itself) or ``process``
+            (:class:`InferenceProcess`; new weights reach it by :meth:`publish`).
     """
 
     def __init__(
@@ -102,15 +111,23 @@ class CentralProcessPool:
         version: Any,
         timeout_s: float,
         chunks_ahead: int | None = None,
+        inference: str = "thread",
     ) -> None:
+        if inference not in ("thread", "process"):
+            raise ValueError(f"acting.central_inference must be 'thread' or 'process', got {inference!r}")
         self.num_groups, self.timeout_s = num_groups, float(timeout_s)
         env_cfg = config.actor_env()
         slots = make_slots(
             agent, env_spec(env_cfg).observation_space, num_groups, config.envs_per_actor, config.explore
         )
         self.permits = ChunkPermits(num_groups, chunks_ahead or num_groups, tmp.get_context("spawn").Semaphore)
-        self._restore_switch_interval = shorten_switch_interval()  # called by close()
-        self.server = InferenceLoop(agent, slots, deadline_s, version)
+        self.server: InferenceLoop | InferenceProcess
+        if inference == "process":
+            self._restore_switch_interval = lambda: None  # the learner's interpreter serves no request
+            self.server = InferenceProcess(agent, int(version()), slots, deadline_s)
+        else:
+            self._restore_switch_interval = shorten_switch_interval()  # called by close()
+            self.server = InferenceLoop(agent, slots, deadline_s, version)
         self._closed = False
         self._last_check = 0.0
         try:
@@ -143,29 +160,30 @@ class CentralProcessPool:
         if self._closed:
             raise RuntimeError("the central acting pool is closed")
         failure = None
-        busy = self.server.busy_since
-        if self.server.error is not None:
-            failure = (
-                f"central inference (the learner's policy acting for the env groups) raised:\n{self.server.traceback}"
-            )
-        elif busy is not None and time.monotonic() - busy > self.timeout_s:
-            failure = (
-                f"central inference hung: one policy call has run for {time.monotonic() - busy:.1f} s "
-                f"(acting.timeout_s={self.timeout_s:g})"
-            )
-        elif time.monotonic() - self._last_check >= every_s:
+        due = time.monotonic() - self._last_check >= every_s
+        if isinstance(self.server, InferenceLoop) or due:  # the thread's checks cost nothing
+            failure = self.server.failure(self.timeout_s)
+        if failure is None and due:
             self._last_check = time.monotonic()
             failure = self.workers.failure(self.timeout_s)
         if failure is not None:
             self.close()
             raise ActorError(failure)
 
+    def publish(self, weights: Mapping[str, Tensor] | torch.nn.Module, version: int) -> None:
+        """New weights for the inference process (``inference="process"``; the thread acts with the live module)."""
+        if not isinstance(self.server, InferenceProcess):
+            raise RuntimeError(
+                "only the inference process takes published weights; the thread acts with the live module"
+            )
+        self.server.publish(weights, version)
+
     def qsize(self) -> int:
         return self.workers.qsize()
 
     def pids(self) -> list[int | None]:
-        """Process ids of the env groups."""
-        return self.workers.pids()
+        """Process ids of the env groups, then the inference process's (``inference="process"``)."""
+        return self.workers.pids() + (self.server.pids() if isinstance(self.server, InferenceProcess) else [])
 
     def close(self) -> None:
         """Stop the groups (their envs close in their processes), then the loop; idempotent."""

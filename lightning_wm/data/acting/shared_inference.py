@@ -11,7 +11,8 @@ the per-step extras cross; the policy and its recurrent state never leave the le
   writes its slot, wakes the loop and waits for its answer. Its recurrent "state" is only a flag
   per env, ``True`` where an episode starts (the Collector resets it from ``initial_state``);
   the loop keeps the real state per group on the device and restarts it where the flag is set.
-* :class:`InferenceLoop` — a thread of the learner: a round starts with the first request and
+* :class:`InferenceLoop` — a thread of the learner (or the body of the inference process,
+  :mod:`~lightning_wm.data.acting.inference_process`): a round starts with the first request and
   closes when every acting group has asked or ``deadline_s`` later; then one agent call acts for
   all of them (the observations gathered into one batch on the agent's device) and every group
   of the round is answered. A group that waits for the learner (its chunk is not taken yet)
@@ -51,6 +52,8 @@ class SharedSlots:
         explore: bool ``[G]``; ``active``: bool ``[G]``, groups a round waits for (all at first; a
             group pauses while it waits for the learner and is active again at its next request).
         asked: int64 ``[G]``, requests made; ``version``: int64 ``[G]``, weights of the last answer.
+        served: int64 ``[2]``, agent calls made and group requests answered (read by the learner
+            wherever the loop runs).
         stateful: the agent has a recurrent state (``initial_state`` is not ``None``).
         requests: a semaphore released at every request; ``ready``: one per group, released at its answer.
     """
@@ -63,6 +66,7 @@ class SharedSlots:
     active: Tensor
     asked: Tensor
     version: Tensor
+    served: Tensor
     stateful: bool
     requests: Any
     ready: list[Any]
@@ -105,6 +109,7 @@ def make_slots(agent: Any, observation_space: gym.spaces.Space, groups: int, env
         active=torch.ones(groups, dtype=torch.bool).share_memory_(),  # waited for from the start
         asked=torch.zeros(groups, dtype=torch.int64).share_memory_(),
         version=torch.zeros(groups, dtype=torch.int64).share_memory_(),
+        served=torch.zeros(2, dtype=torch.int64).share_memory_(),
         stateful=state is not None,
         requests=ctx.Semaphore(0),
         ready=[ctx.Semaphore(0) for _ in range(groups)],
@@ -167,43 +172,82 @@ class SharedMemoryClient:
 
 
 class InferenceLoop:
-    """A thread of the learner that answers the groups' requests in rounds, one agent call each.
+    """Answers the groups' requests in rounds, one agent call each: in a thread of its own (the
+    learner's, ``thread=True``) or, with :meth:`serve`, in the calling one (the inference process).
 
     Args:
         agent: the acting module (``act(obs, state, explore)``, ``initial_state``; its ``device``).
         slots: the shared exchange (:func:`make_slots` with this agent).
         deadline_s: after a round's first request, wait at most this long for the other active groups.
-        version: the learner's weights version now (handed back with every answer).
+        version: called just before each agent call; the version of the weights it acts with
+            (handed back with every answer; the inference process pulls newer weights in it).
+        stop: an event (``threading`` or ``multiprocessing``); set, the loop ends after its round.
+        thread: start a thread that serves until :meth:`close`.
 
     Attributes:
-        calls: agent calls made; ``requests``: group requests answered.
-        error: what the agent raised (the loop has stopped), with its traceback in ``traceback``.
+        error: what the agent raised (the thread has stopped), with its traceback in ``traceback``.
         busy_since: when the agent call in progress started (``None`` between calls).
     """
 
-    def __init__(self, agent: Any, slots: SharedSlots, deadline_s: float, version: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        agent: Any,
+        slots: SharedSlots,
+        deadline_s: float,
+        version: Callable[[], int],
+        stop: Any = None,
+        thread: bool = True,
+    ) -> None:
         self.agent, self.slots, self.deadline_s, self.version = agent, slots, float(deadline_s), version
         self.device = agent_device(agent)
-        self.calls = self.requests = 0
         self.error: BaseException | None = None
         self.traceback = ""
         self.busy_since: float | None = None
         self._answered = np.zeros(slots.num_groups, np.int64)
         self._states: list[Any] = [None] * slots.num_groups
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="lightning_wm-inference", daemon=True)
-        self._thread.start()
+        self._stop = threading.Event() if stop is None else stop
+        self._thread: threading.Thread | None = None
+        if thread:
+            self._thread = threading.Thread(target=self._run, name="lightning_wm-inference", daemon=True)
+            self._thread.start()
+
+    @property
+    def calls(self) -> int:
+        """Agent calls made."""
+        return int(self.slots.served[0])
+
+    @property
+    def requests(self) -> int:
+        """Group requests answered."""
+        return int(self.slots.served[1])
+
+    def serve(self, beat: Callable[[], None] = lambda: None) -> None:
+        """Answer rounds until the stop event is set, calling ``beat`` at least every 0.1 s while idle."""
+        while not self._stop.is_set():
+            beat()
+            if self.slots.requests.acquire(timeout=0.1):
+                self._round()
 
     def _run(self) -> None:
         try:
             if self.device.type == "cuda":  # a thread starts on the first GPU: the one of this rank instead
                 torch.cuda.set_device(self.device)
-            while not self._stop.is_set():
-                if self.slots.requests.acquire(timeout=0.1):
-                    self._round()
+            self.serve()
         except BaseException as error:  # noqa: BLE001 - reported to the learner by the pool's check
             self.traceback = "".join(traceback.format_exception(error)).rstrip()
             self.error = error
+
+    def failure(self, timeout_s: float) -> str | None:
+        """What went wrong, in one description: the agent raised, or one call has run ``timeout_s``."""
+        busy = self.busy_since
+        if self.error is not None:
+            return f"central inference (the learner's policy acting for the env groups) raised:\n{self.traceback}"
+        if busy is not None and time.monotonic() - busy > timeout_s:
+            return (
+                f"central inference hung: one policy call has run for {time.monotonic() - busy:.1f} s "
+                f"(acting.timeout_s={timeout_s:g})"
+            )
+        return None
 
     def _round(self) -> None:
         """Wait for the active groups (up to the deadline), then answer every group that asked."""
@@ -267,15 +311,16 @@ class InferenceLoop:
         if slots.stateful:
             for i, g in enumerate(groups):
                 self._states[g] = tree_rows(new_state, i * shape[1], (i + 1) * shape[1])
-        self.calls += 1
-        self.requests += len(groups)
+        slots.served[0] += 1
+        slots.served[1] += len(groups)
 
     @property
     def running(self) -> bool:
         """The loop's thread is alive."""
-        return self._thread.is_alive()
+        return self._thread is not None and self._thread.is_alive()
 
     def close(self) -> None:
         """Stop the loop (a call in progress finishes first, unless it has hung; idempotent)."""
         self._stop.set()
-        self._thread.join(timeout=30.0 if self.busy_since is None else 1.0)
+        if self._thread is not None:
+            self._thread.join(timeout=30.0 if self.busy_since is None else 1.0)
