@@ -13,7 +13,10 @@ to the batch side as an actor pool's, but a group starts a chunk only with a per
 (:class:`~lightning_wm.data.acting.permits.ChunkPermits`): ``acting.queue_size`` chunks (default
 one per group) are queued or being made ahead of the learner, the groups taking turns. Rows carry
 the learner's version at act time (``policy_version``), so the policy lag is only the learner
-steps taken while a chunk was made and waited.
+steps taken while a chunk was made and waited. With ``acting.central_groups: processes`` the pool
+is a :class:`~lightning_wm.data.acting.central_processes.CentralProcessPool` instead, and with
+``acting.central_inference: process`` its policy runs in a process of its own, an acting copy that
+takes the weights the learner publishes every ``acting.publish_every`` steps.
 
 Robustness: a group's exception (an env that raised, a worker process that died, the agent's
 ``act``) or a group silent for ``acting.timeout_s`` becomes one
