@@ -242,11 +242,11 @@ class CentralActing(ActorActing):
         process of its own, publish its weights (:func:`~lightning_wm.protocols.acting_weights`) every
         ``publish_every`` steps."""
         self.learner_version = int(version)
-        in_process = self.settings.central_inference == "process"
+        own_process = self.settings.central_inference == "process"  # the policy in a process of its own
         if self.pool is None or agent is not self.agent:
             self.close()
             self.agent = agent
-            if in_process and agent_device(agent).type != "cpu":
+            if own_process and agent_device(agent).type != "cpu":
                 raise ValueError(
                     f"acting.central_inference: process acts with a CPU copy, but the learner is on "
                     f"{agent_device(agent)}: keep central_inference: thread there (the policy stays on the GPU)"
@@ -261,12 +261,11 @@ class CentralActing(ActorActing):
                 random_steps=math.ceil(max(0, random_rows) / self.num_streams),
                 initial_version=self.learner_version,
             )
-            if in_process:
+            if own_process:
                 acting: Any = agent.acting_copy()
             else:
                 acting = acting_view(agent).eval() if isinstance(agent, nn.Module) else agent
-            pool = CentralProcessPool if self.settings.central_groups == "processes" else CentralPool
-            self.pool = pool(  # type: ignore[assignment] - the pool interface ActorActing uses
+            args = (
                 config,
                 acting,
                 self.num_actors,
@@ -274,9 +273,12 @@ class CentralActing(ActorActing):
                 lambda: self.learner_version,
                 self.settings.timeout_s,
                 self.settings.queue_size,
-                **({"inference": "process"} if in_process else {}),
             )
-        elif in_process:
+            if self.settings.central_groups == "processes":
+                self.pool = CentralProcessPool(*args, inference=self.settings.central_inference)  # type: ignore[assignment]
+            else:  # ActingSettings refuses the inference process beside group threads
+                self.pool = CentralPool(*args)  # type: ignore[assignment]
+        elif own_process:
             published = self.published if self.published is not None else self.learner_version
             if published <= version < published + self.settings.publish_every:
                 return
