@@ -64,8 +64,6 @@ from lightning_wm.data.settings import ActingSettings  # noqa: E402
 from lightning_wm.data.split_collector import make_collector  # noqa: E402
 from lightning_wm.envs import AtariPreprocessingConfig, EnvConfig, env_spec  # noqa: E402
 
-DEADLINE_MS = ActingSettings.deadline_ms  # --deadline-ms
-
 
 class MLPPolicy(nn.Module):
     """Categorical policy over a vector observation (CartPole): 2 x 64 tanh."""
@@ -230,14 +228,18 @@ def with_actors(
     mode: str = "copies",
     learn: bool = True,
     splits: int = 1,
+    deadline_ms: float = ActingSettings.deadline_ms,
 ) -> dict:
     """Actors act (the datamodules' acting part: ``copies``, new weights every 50 steps, or
-    ``central-sync`` / ``central-async`` / ``central-processes``, the live policy); the learner ingests what arrived and
+    ``central-sync`` / ``central-async`` / ``central-processes``, the live policy, or
+    ``central-processes-inference-process``, the policy in a process of its own with weights published
+    every 50 steps); the learner ingests what arrived and
     trains (``rows_per_step`` None: flat out, else the replay ratio ``1 / rows_per_step`` is
     enforced by :class:`ReplayFeed`). The learner (and with ``central`` the acting policy) lives on
     ``s["device"]``; policy copies act on the CPU. ``learn=False``: the learner only ingests (acting
     alone: what the acting side reaches without a learner beside it). ``splits``: each policy-copy
-    actor steps its envs in that many parts in turn (``acting.splits``)."""
+    actor steps its envs in that many parts in turn (``acting.splits``). ``deadline_ms``: central
+    acting's ``acting.deadline_ms``."""
     policy = s["policy"]().to(s["device"])
     buffer = ReplayBuffer(s["capacity"], actors * s["envs_per_actor"], seed=0)
     learner = Learner(policy, buffer, s["batch"])
@@ -251,7 +253,7 @@ def with_actors(
         central_groups="processes" if mode.startswith("central-processes") else "threads",
         central_inference="process" if mode.endswith("inference-process") else "thread",
         splits=1 if central else splits,
-        deadline_ms=DEADLINE_MS,
+        deadline_ms=deadline_ms,
     )
     threads = mode in ("central-sync", "central-async")
     env = EnvConfig(**{**vars(s["env"]), "vectorization": mode.split("-")[1]}) if threads else s["env"]
@@ -333,7 +335,6 @@ def main() -> None:
     )
     p.add_argument("--quick", action="store_true", help="CartPole, 0 and 2 actors, 4 s each")
     args = p.parse_args()
-    globals()["DEADLINE_MS"] = args.deadline_ms
     if args.quick:
         args.envs, args.actors, args.seconds, args.prefill = "cartpole", "0,2", 4.0, 1000
     torch.set_num_threads(1)
@@ -389,11 +390,32 @@ def main() -> None:
                     if actors == 0:
                         r = in_process(s, args.seconds, args.prefill, k)
                     elif args.acting_only:
-                        r = with_actors(s, actors, args.seconds, args.prefill, None, mode, learn=False, splits=k)
+                        r = with_actors(
+                            s,
+                            actors,
+                            args.seconds,
+                            args.prefill,
+                            None,
+                            mode,
+                            learn=False,
+                            splits=k,
+                            deadline_ms=args.deadline_ms,
+                        )
                     else:
-                        flat = with_actors(s, actors, args.seconds, args.prefill, None, mode, splits=k)
+                        flat = with_actors(
+                            s, actors, args.seconds, args.prefill, None, mode, splits=k, deadline_ms=args.deadline_ms
+                        )
                         rows_per_step = 0.5 * flat["fps"] / max(flat["steps_per_s"], 1e-9)
-                        keep = with_actors(s, actors, args.seconds, args.prefill, rows_per_step, mode, splits=k)
+                        keep = with_actors(
+                            s,
+                            actors,
+                            args.seconds,
+                            args.prefill,
+                            rows_per_step,
+                            mode,
+                            splits=k,
+                            deadline_ms=args.deadline_ms,
+                        )
                         r = {**flat, "keep_fps": keep["fps"], "wait": keep["wait"]}
                     rows.setdefault((actors, label), []).append(r)
                     if repeat == args.repeats - 1:  # each row as soon as it is complete: a cut run keeps it
