@@ -36,7 +36,7 @@ from lightning_wm.data.acting.inference import InferenceStopped, shorten_switch_
 from lightning_wm.data.acting.inference_process import InferenceProcess
 from lightning_wm.data.acting.permits import ChunkPermits
 from lightning_wm.data.acting.shared_inference import InferenceLoop, SharedMemoryClient, SharedSlots, make_slots
-from lightning_wm.data.acting.spawned import SpawnedWorkers, put_chunk, worker_process
+from lightning_wm.data.acting.spawned import SpawnedWorkers, heartbeat_of, put_chunk, worker_process
 from lightning_wm.data.acting.worker import ActorConfig, ActorError, ActorWorker
 from lightning_wm.envs import env_spec
 
@@ -57,11 +57,7 @@ def _group_main(
     """Body of env-group process ``group``: chunks into ``chunks`` until ``stop`` is set."""
     with worker_process(group, chunks, errors, parent_pid) as holder:
         torch.set_num_threads(1)
-
-        def beat() -> None:
-            heartbeat[group] = time.monotonic()
-
-        beat()
+        beat = heartbeat_of(heartbeat, group)
         client = SharedMemoryClient(slots, group, stop, beat)
         worker = holder[0] = ActorWorker(group, config, client)
         version = config.initial_version

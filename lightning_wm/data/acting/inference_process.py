@@ -22,17 +22,14 @@ naming it.
 
 from __future__ import annotations
 
-import io
-import time
 from collections.abc import Mapping
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
-from lightning_wm.data.acting.local import WeightStore, module_bytes
-from lightning_wm.data.acting.shared_inference import InferenceLoop, SharedSlots
-from lightning_wm.data.acting.spawned import SpawnedWorkers, worker_process
+from lightning_wm.data.acting.local import WeightStore, module_bytes, module_from_bytes
+from lightning_wm.data.acting.shared_inference import InferenceLoop, ServedCounts, SharedSlots
+from lightning_wm.data.acting.spawned import SpawnedWorkers, heartbeat_of, worker_process
 from lightning_wm.data.acting.worker import acting_copy_ready
 
 __all__ = ["InferenceProcess"]
@@ -52,12 +49,8 @@ def _inference_main(
 ) -> None:
     """Body of the inference process: answer the groups' rounds until ``stop`` is set."""
     with worker_process(index, chunks, errors, parent_pid):
-
-        def beat() -> None:
-            heartbeat[index] = time.monotonic()
-
-        beat()
-        module = acting_copy_ready(torch.load(io.BytesIO(pickled), weights_only=False))
+        beat = heartbeat_of(heartbeat, index)
+        module = acting_copy_ready(module_from_bytes(pickled))
         version = store.pull_into(module)
 
         def newest() -> int:
@@ -70,7 +63,7 @@ def _inference_main(
         InferenceLoop(module, slots, deadline_s, newest, stop=stop, thread=False).serve(beat)
 
 
-class InferenceProcess:
+class InferenceProcess(ServedCounts):
     """One spawned process answering the groups' requests in ``slots`` with a copy of ``acting_copy``.
 
     Args:
@@ -93,16 +86,6 @@ class InferenceProcess:
             1,  # a queue it never uses: the workers' frame wants one
             "central inference process",
         )
-
-    @property
-    def calls(self) -> int:
-        """Policy calls made."""
-        return int(self.slots.served[0])
-
-    @property
-    def requests(self) -> int:
-        """Group requests answered."""
-        return int(self.slots.served[1])
 
     def publish(self, weights: Mapping[str, Tensor] | nn.Module, version: int) -> None:
         """Make ``weights`` (the acting copy's ``state_dict`` layout) the ones the next policy call

@@ -20,10 +20,10 @@ import torch.multiprocessing as tmp
 from torch import Tensor, nn
 
 from lightning_wm.data.acting.base import Chunk
-from lightning_wm.data.acting.spawned import SpawnedWorkers, put_chunk, worker_process
+from lightning_wm.data.acting.spawned import SpawnedWorkers, heartbeat_of, put_chunk, worker_process
 from lightning_wm.data.acting.worker import ActorConfig, ActorWorker, acting_copy_ready
 
-__all__ = ["WeightStore", "LocalBackend", "module_bytes"]
+__all__ = ["WeightStore", "LocalBackend", "module_bytes", "module_from_bytes"]
 
 
 class WeightStore:
@@ -106,6 +106,11 @@ def module_bytes(module: nn.Module) -> bytes:
     return buffer.getvalue()
 
 
+def module_from_bytes(pickled: bytes) -> nn.Module:
+    """The module :func:`module_bytes` pickled (in the process that acts with it)."""
+    return torch.load(io.BytesIO(pickled), weights_only=False)
+
+
 def _actor_main(
     actor: int,
     config: ActorConfig,
@@ -119,12 +124,8 @@ def _actor_main(
 ) -> None:
     """Body of actor process ``actor``: chunks into ``chunks`` until ``stop`` is set."""
     with worker_process(actor, chunks, errors, parent_pid) as holder:
-
-        def beat() -> None:
-            heartbeat[actor] = time.monotonic()
-
-        beat()
-        module = torch.load(io.BytesIO(pickled), weights_only=False)
+        beat = heartbeat_of(heartbeat, actor)
+        module = module_from_bytes(pickled)
         worker = holder[0] = ActorWorker(actor, config, acting_copy_ready(module))
         version = config.initial_version  # the weights the actor was built with
         while not stop.is_set():

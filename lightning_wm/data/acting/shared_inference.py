@@ -38,7 +38,7 @@ from lightning_wm.data.acting.inference import InferenceStopped, tree_rows
 from lightning_wm.data.collector import agent_device
 from lightning_wm.tree import concat, tree_map, where
 
-__all__ = ["InferenceLoop", "SharedMemoryClient", "SharedSlots", "make_slots"]
+__all__ = ["InferenceLoop", "ServedCounts", "SharedMemoryClient", "SharedSlots", "make_slots"]
 
 
 @dataclass
@@ -171,7 +171,24 @@ class SharedMemoryClient:
         return slots.action[g].clone(), started, extras
 
 
-class InferenceLoop:
+class ServedCounts:
+    """``calls`` and ``requests`` of whatever serves ``self.slots`` (a thread or the inference
+    process): read from the slots' shared ``served`` counters, so the learner sees them either way."""
+
+    slots: SharedSlots
+
+    @property
+    def calls(self) -> int:
+        """Agent calls made."""
+        return int(self.slots.served[0])
+
+    @property
+    def requests(self) -> int:
+        """Group requests answered."""
+        return int(self.slots.served[1])
+
+
+class InferenceLoop(ServedCounts):
     """Answers the groups' requests in rounds, one agent call each: in a thread of its own (the
     learner's, ``thread=True``) or, with :meth:`serve`, in the calling one (the inference process).
 
@@ -210,16 +227,6 @@ class InferenceLoop:
         if thread:
             self._thread = threading.Thread(target=self._run, name="lightning_wm-inference", daemon=True)
             self._thread.start()
-
-    @property
-    def calls(self) -> int:
-        """Agent calls made."""
-        return int(self.slots.served[0])
-
-    @property
-    def requests(self) -> int:
-        """Group requests answered."""
-        return int(self.slots.served[1])
 
     def serve(self, beat: Callable[[], None] = lambda: None) -> None:
         """Answer rounds until the stop event is set, calling ``beat`` at least every 0.1 s while idle."""

@@ -29,7 +29,7 @@ import torch.multiprocessing as tmp
 from lightning_wm.data.acting.base import Chunk
 from lightning_wm.data.acting.worker import STARTUP_GRACE_S, ActorWorker
 
-__all__ = ["SpawnedWorkers", "worker_process", "put_chunk"]
+__all__ = ["SpawnedWorkers", "worker_process", "put_chunk", "heartbeat_of"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -81,6 +81,16 @@ def worker_process(index: int, chunks: Any, errors: Any, parent_pid: int) -> Ite
         _close_quietly(holder[0])
         os._exit(1)
     _close_quietly(holder[0])
+
+
+def heartbeat_of(heartbeat: Any, index: int) -> Callable[[], None]:
+    """Worker ``index``'s beat (it records now as the worker's last sign of life), beaten once here."""
+
+    def beat() -> None:
+        heartbeat[index] = time.monotonic()
+
+    beat()
+    return beat
 
 
 def put_chunk(chunk: Chunk, chunks: Any, stop: Any, beat: Callable[[], None]) -> None:
