@@ -67,7 +67,6 @@ class ActorActing(Acting):
         its share of ``random_rows`` with the random policy), or send a new version if
         ``publish_every`` steps have passed since the last one sent."""
         self.learner_version = int(version)
-        every = self.settings.publish_every
         if self.pool is None:
             self.pool = ActorPool(
                 self.env,
@@ -86,11 +85,17 @@ class ActorActing(Acting):
                 queue_size=self.settings.queue_size,
                 splits=self.settings.splits,
             )
-        elif self.published is None or version < self.published or version - self.published >= every:
+        elif self.publish_due(version):
             self.pool.publish(acting_weights(agent), version)
         else:
             return
         self.published = version
+
+    def publish_due(self, version: int) -> bool:
+        """``version`` goes out: none was sent yet, the learner went back (a resume), or
+        ``acting.publish_every`` steps have passed since the last one sent."""
+        published = self.published
+        return published is None or version < published or version - published >= self.settings.publish_every
 
     def require_pool(self) -> ActorPool:
         if self.pool is None:

@@ -279,8 +279,7 @@ class CentralActing(ActorActing):
             else:  # ActingSettings refuses the inference process beside group threads
                 self.pool = CentralPool(*args)  # type: ignore[assignment]
         elif own_process:
-            published = self.published if self.published is not None else self.learner_version
-            if published <= version < published + self.settings.publish_every:
+            if not self.publish_due(self.learner_version):
                 return
             self.pool.publish(acting_weights(agent), self.learner_version)  # type: ignore[attr-defined]
         self.published = self.learner_version
