@@ -84,6 +84,31 @@ def test_frame_and_dict_observations():
         ActorCritic(EnvSpec(frames, gym.spaces.MultiBinary(3)))
 
 
+def test_value_head_on_an_encoder_of_its_own():
+    """``share_encoder: false``: the value loss reaches only the value encoder and head, the policy
+    loss only the policy's encoder and head; acting skips the value encoder."""
+    torch.manual_seed(0)
+    net = ActorCritic(CARTPOLE, ActorCriticSettings(hidden=16, share_encoder=False))
+    obs, is_first = torch.randn(3, 5, 4), torch.zeros(3, 5, dtype=torch.bool)
+    params, value, _ = net.unroll(obs, is_first)
+    assert params["logits"].shape == (3, 5, 2) and value.shape == (3, 5)
+    value_side = {n for n, _ in net.named_parameters() if n.startswith(("value_encoder.", "value."))}
+    grads = torch.autograd.grad(value.sum(), list(net.parameters()), allow_unused=True)
+    touched = {n for (n, _), g in zip(net.named_parameters(), grads) if g is not None and g.abs().sum() > 0}
+    assert touched == value_side and len(value_side) == 6  # two linear layers and the head, weights and biases
+    grads = torch.autograd.grad(params["logits"].sum(), list(net.parameters()), allow_unused=True)
+    touched = {n for (n, _), g in zip(net.named_parameters(), grads) if g is not None and g.abs().sum() > 0}
+    assert touched and not touched & value_side
+    shared = ActorCritic(CARTPOLE, ActorCriticSettings(hidden=16))
+    assert shared.value_encoder is None
+    shared.load_state_dict({k: v for k, v in net.state_dict().items() if not k.startswith("value_encoder.")})
+    assert torch.equal(net.act(obs[0], None, False)[2]["logits"], shared.act(obs[0], None, False)[2]["logits"])
+    with pytest.raises(ValueError, match="share_encoder: false needs a feed-forward"):
+        ActorCriticSettings(share_encoder=False, lstm_size=8)
+    with pytest.raises(ValueError, match="with an injected encoder"):
+        ActorCritic(CARTPOLE, ActorCriticSettings(share_encoder=False), encoder=torch.nn.Linear(4, 8))
+
+
 def test_continuous_act_within_bounds():
     torch.manual_seed(0)
     net = ActorCritic(PENDULUM, ActorCriticSettings(init_sigma=3.0))  # wide: many samples fall beyond the bounds

@@ -60,6 +60,10 @@ class ActorCriticSettings:
         bound_type: continuous actions: None (DI-engine's default) or ``tanh`` (the mean stays
             inside the action bounds).
         init_sigma: continuous actions: sigma at initialisation, in normalised action units.
+        share_encoder: one built-in encoder under both heads (the paper's network); ``false``
+            gives the value head an encoder of its own with the same settings, so the value
+            loss no longer moves the policy's features (DI-engine's ``share_encoder``; a
+            feed-forward network with the built-in encoder only).
     """
 
     hidden: int = 64
@@ -72,6 +76,7 @@ class ActorCriticSettings:
     sigma_type: Literal["independent", "conditioned"] = "independent"
     bound_type: Literal["tanh"] | None = None
     init_sigma: float = 1.0
+    share_encoder: bool = True
 
     def __post_init__(self) -> None:
         if self.hidden < 1 or self.layers < 0 or self.fc_size < 1 or self.lstm_size < 0:
@@ -90,6 +95,11 @@ class ActorCriticSettings:
             raise ValueError(f"bound_type must be None or 'tanh', got {self.bound_type!r}")
         if not self.init_sigma > 0:
             raise ValueError(f"init_sigma must be > 0, got {self.init_sigma}")
+        if not self.share_encoder and self.lstm_size > 0:
+            raise ValueError(
+                "net.share_encoder: false needs a feed-forward network (lstm_size 0): the LSTM core sits "
+                "between one encoder and both heads"
+            )
 
 
 # -- sampling (DI-engine's names) --------------------------------------------------------------
@@ -383,7 +393,8 @@ def encoder_out_dim(encoder: nn.Module, spec: EnvSpec) -> int:
 
 # -- the network ------------------------------------------------------------------------------
 class ActorCritic(nn.Module):
-    """IMPALA's actor-critic: encoder -> (LSTM core) -> policy head and value head.
+    """IMPALA's actor-critic: encoder -> (LSTM core) -> policy head and value head (the value
+    head on an encoder of its own with ``share_encoder: false``).
 
     Args:
         spec: the env's spaces (Discrete or Box actions).
@@ -402,14 +413,23 @@ class ActorCritic(nn.Module):
             )
         s = net if net is not None else ActorCriticSettings()
         self.spec = spec
+
+        def built_in() -> ObservationEncoder:
+            return ObservationEncoder(spec, s.hidden, s.layers, s.activation, s.conv, tuple(s.conv_channels), s.fc_size)
+
         if encoder is None:
-            self.encoder: nn.Module = ObservationEncoder(
-                spec, s.hidden, s.layers, s.activation, s.conv, tuple(s.conv_channels), s.fc_size
-            )
+            self.encoder: nn.Module = built_in()
             feat = self.encoder.out_dim
         else:
+            if not s.share_encoder:
+                raise ValueError(
+                    "net.share_encoder: false builds a second built-in encoder for the value head; "
+                    f"with an injected encoder ({type(encoder).__name__}) leave it true"
+                )
             self.encoder = encoder
             feat = encoder_out_dim(encoder, spec)
+        # the value head's own encoder (share_encoder: false), else the policy's features
+        self.value_encoder: ObservationEncoder | None = None if s.share_encoder else built_in()
         self.lstm_size = int(s.lstm_size)
         self.core = nn.LSTMCell(feat, self.lstm_size) if self.lstm_size > 0 else None
         if self.core is not None:
@@ -438,8 +458,16 @@ class ActorCritic(nn.Module):
         Returns the policy parameters ``{name: [T, B, ...]}``, ``value [T, B]`` and the state
         after the last step.
         """
-        first = obs if isinstance(obs, Tensor) else next(iter(obs.values()))
-        T, B = first.shape[:2]
+        flat_obs, features, state = self._policy_features(obs, is_first, state)
+        T, B = is_first.shape
+        params = {k: v.view(T, B, *v.shape[1:]) for k, v in self.head(features).items()}
+        value_features = features if self.value_encoder is None else self.value_encoder(flat_obs).flatten(1)
+        return params, self.value(value_features).view(T, B), state
+
+    def _policy_features(self, obs: Obs, is_first: Tensor, state: CoreState) -> tuple[Obs, Tensor, CoreState]:
+        """``obs [T, B, ...]`` -> ``(obs [T * B, ...], features [T * B, F], state)``: the encoder
+        and the core (restarted where ``is_first [T, B]``) under the policy head."""
+        T, B = is_first.shape
         flat_obs = obs.flatten(0, 1) if isinstance(obs, Tensor) else {k: v.flatten(0, 1) for k, v in obs.items()}
         flat = self.encoder(flat_obs).flatten(1)
         if self.core is not None:
@@ -452,8 +480,7 @@ class ActorCritic(nn.Module):
                 outs.append(h)
             flat = torch.stack(outs).flatten(0, 1)
             state = (h, c)
-        params = {k: v.view(T, B, *v.shape[1:]) for k, v in self.head(flat).items()}
-        return params, self.value(flat).view(T, B), state
+        return flat_obs, flat, state
 
     # -- Agent protocol ------------------------------------------------------------------
     @torch.no_grad()
@@ -467,8 +494,8 @@ class ActorCritic(nn.Module):
         if self.core is not None and state is None:
             state = self.initial_state(batch)
         is_first = torch.zeros(1, batch, dtype=torch.bool, device=first.device)  # the Collector resets states
-        params, _, new_state = self.unroll(single, is_first, state)
-        params = {k: v[0].float().contiguous() for k, v in params.items()}
+        _, features, new_state = self._policy_features(single, is_first, state)  # no value: acting needs none
+        params = {k: v.float().contiguous() for k, v in self.head(features).items()}
         extras = dict(params)
         if state is not None:
             extras["core_h"], extras["core_c"] = state[0].float(), state[1].float()
