@@ -56,7 +56,9 @@ def test_each_family_publishes_its_acting_copys_state_dict_without_copying_the_m
     assert float(acting_weights(muzero)["temperature"]) == 1.0
     dreamer = Dreamer(spec, **DREAMER_TINY)
     _same_weights(DynaLearner(spec, policy=lambda s: IMPALA(s, net=IMPALA_TINY["net"]), world_model=lambda s: dreamer))
-    _same_weights(dreamer)  # no acting_weights: the acting copy's state_dict
+    _same_weights(dreamer)
+    key, live = next(iter(dreamer.actor.state_dict().items()))
+    assert acting_weights(dreamer)[f"actor.{key}"].data_ptr() == live.data_ptr(), "the live tensors, not a copy"
 
 
 # -- the inference process -------------------------------------------------------------------------

@@ -202,6 +202,17 @@ class Dreamer(RLModule):
         )
         return policy.cpu().eval().requires_grad_(False)
 
+    def acting_weights(self) -> dict[str, Tensor]:
+        """:meth:`acting_copy`'s ``state_dict`` read from the live modules (what a publish sends):
+        the copy's keys are found once, then every publish only gathers references."""
+        keys = self.__dict__.get("_acting_keys")
+        if keys is None:
+            keys = self.__dict__["_acting_keys"] = list(self.acting_copy().state_dict())
+        live = {
+            f"{name}.{k}": v for name in ("wm", "actor", "actions") for k, v in getattr(self, name).state_dict().items()
+        }
+        return {k: live[k] for k in keys}
+
     # -- targets -------------------------------------------------------------------------------
     def world_model_loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor], dict[str, Any]]:
         """World-model loss (scalar, :func:`~.losses.world_model_loss`), its logged parts and the
