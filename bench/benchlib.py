@@ -10,7 +10,9 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -69,22 +71,65 @@ def peer_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 
 
+_WORKERS: set[subprocess.Popen] = set()  # the workers running now, for end_workers
+_WORKERS_LOCK = threading.Lock()
+_STOPPING = threading.Event()  # set by end_workers: no new worker starts
+
+
 def run_worker(cmd: list[str], env: dict[str, str], prefix: str = "bench_") -> dict[str, Any]:
     """Run ``cmd`` (a bench script with ``--worker``) in a scratch folder (what Lightning writes into
     the working directory goes there and is removed), return the JSON record it prints after
     :data:`RESULT_PREFIX`. Interrupted or terminated, the worker is terminated and waited for."""
     with tempfile.TemporaryDirectory(prefix=prefix) as scratch:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env, cwd=scratch)
+        with _WORKERS_LOCK:  # started under the lock, so end_workers sees it or it never starts
+            if _STOPPING.is_set():
+                raise SystemExit("error: the bench is stopping; no new worker")
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env, cwd=scratch)
+            _WORKERS.add(proc)
         try:
             stdout, _ = proc.communicate()
         finally:  # interrupted or terminated: the worker shuts its actors / Ray down before we go
             if proc.poll() is None:
                 proc.terminate()
                 proc.wait()
+            with _WORKERS_LOCK:
+                _WORKERS.discard(proc)
     lines = [line for line in stdout.splitlines() if line.startswith(RESULT_PREFIX)]
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"error: {' '.join(cmd[2:])} failed (exit {proc.returncode}); its log is above")
     return json.loads(lines[-1][len(RESULT_PREFIX) :])
+
+
+def end_workers() -> None:
+    """Terminate the workers still running and wait for them (each shuts its actors / Ray down on
+    SIGTERM): what a bench's ``finally`` calls when seeds run in threads (:func:`run_seeds`),
+    whose own ``finally`` blocks do not run when the main thread leaves."""
+    with _WORKERS_LOCK:
+        _STOPPING.set()
+        procs = list(_WORKERS)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        proc.wait()
+
+
+def run_seeds(run_seed: Callable[[int], dict[str, Any]], seeds: Iterable[int], jobs: int = 1) -> list[dict[str, Any]]:
+    """``run_seed(seed)`` for every seed, ``jobs`` worker processes at a time; the records in the
+    order of ``seeds``. With ``jobs > 1`` the workers share the cores: env steps and returns are
+    the seeds' own (a run in process repeats bit for bit), wall times and frames/s are not."""
+    seeds = list(seeds)
+    if jobs < 1:
+        raise SystemExit(f"error: --jobs must be >= 1, got {jobs}")
+    if jobs == 1:
+        return [run_seed(seed) for seed in seeds]
+    _STOPPING.clear()
+    pool = ThreadPoolExecutor(max_workers=jobs)
+    try:
+        return list(pool.map(run_seed, seeds))
+    finally:
+        end_workers()  # interrupted or terminated: no worker outlives the bench
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def print_result(record: dict[str, Any]) -> None:

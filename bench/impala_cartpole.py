@@ -7,7 +7,13 @@ RLlib's IMPALA; and env frames/s with 1, 2, 4 actor processes while the learner 
     python bench/impala_cartpole.py --system ours --config configs/impala/pendulum.yaml --target -200
     python bench/impala_cartpole.py --seeds 0 1 2 --keep-going --max-env-steps 384000 \
         --set data.init_args.acting.policy central           # central acting (acting.policy)
+    python bench/impala_cartpole.py --seeds 0 1 2 3 4 5 6 7 --keep-going --max-env-steps 384000 \
+        --eval-every 5 --set data.init_args.acting.num_actors 0 --jobs 2  # 8 seeds in process, 2 at a time
     python bench/impala_cartpole.py --speed --speed-envs cartpole pong --actors 1 2 4
+
+``--jobs N`` runs N seeds at a time, each in its own process: a run in process repeats bit for
+bit, so its env steps and returns do not change, but wall times and frames/s are then measured on
+shared cores, and with actors the acting's timing (hence the learning) changes too.
 
 ``--system ours`` trains ``--config`` (default ``configs/impala/cartpole.yaml``; ``--set KEY VALUE``
 overrides any option of it, e.g. ``--set model.init_args.loss.entropy_weight 0.005``) through the
@@ -65,6 +71,7 @@ from benchlib import (
     peer_env,
     print_result,
     quiet_fit_overrides,
+    run_seeds,
     run_worker,
 )
 
@@ -466,6 +473,9 @@ def main() -> None:
         help="override an option of --config, e.g. --set model.init_args.optim.lr 0.001",
     )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="seeds run at a time (each in its own process; wall times then shared)"
+    )
     parser.add_argument("--target", type=float, default=475.0)
     parser.add_argument("--max-env-steps", type=int, default=3_000_000)
     parser.add_argument("--minutes", type=float, default=15.0, help="training wall-time budget per seed")
@@ -496,7 +506,7 @@ def main() -> None:
     if args.speed:
         speed_table(args)
         return
-    records = [run_seed(args, seed) for seed in args.seeds]
+    records = run_seeds(lambda seed: run_seed(args, seed), args.seeds, args.jobs)
     report(args, records)
 
 
