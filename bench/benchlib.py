@@ -121,9 +121,9 @@ def run_seeds(run_seed: Callable[[int], dict[str, Any]], seeds: Iterable[int], j
     seeds = list(seeds)
     if jobs < 1:
         raise SystemExit(f"error: --jobs must be >= 1, got {jobs}")
+    _STOPPING.clear()  # an earlier run_seeds ended its workers; this one starts its own
     if jobs == 1:
         return [run_seed(seed) for seed in seeds]
-    _STOPPING.clear()
     pool = ThreadPoolExecutor(max_workers=jobs)
     try:
         return list(pool.map(run_seed, seeds))

@@ -59,3 +59,5 @@ def test_seeds_run_side_by_side_in_order_and_no_worker_outlives_a_failure(tmp_pa
         os.kill(int(pid_file.read_text()), 0)  # ended and reaped
     with pytest.raises(SystemExit, match="the bench is stopping"):
         benchlib.run_worker(sleeper, dict(os.environ))  # after end_workers nothing new starts
+    record = [sys.executable, "-c", f"print({benchlib.RESULT_PREFIX!r} + '{{\"seed\": 2}}')"]
+    assert benchlib.run_seeds(lambda seed: benchlib.run_worker(record, dict(os.environ)), [2]) == [{"seed": 2}]
