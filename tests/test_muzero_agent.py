@@ -313,7 +313,7 @@ def test_reanalyse_targets_come_from_the_target_network_search():
         for p in model.target_model.parameters():
             p.add_(0.3 * torch.randn_like(p))
     out = model.training_step(batch, 0)
-    from lightning_wm.agents.muzero.acting import search
+    from lightning_wm.agents.muzero.search_policy import search
 
     searched = batch["mask"] & ~batch["is_last"]
     fresh = search(model.target_model, model.search, model.discount, batch["obs"][searched], explore=False)
