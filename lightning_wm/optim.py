@@ -323,10 +323,16 @@ class GradClipper:
         return max(self.counts, default=0)
 
     def state_dict(self) -> dict:
-        return {"counts": list(self.counts), "square_avg": [t.clone() for t in self.square_avg]}
+        """``count`` and ``square_avg``, plus the per-parameter ``counts`` where they differ (a
+        parameter skipped on some calls): where every parameter had a gradient every time, the
+        format of the clippers that kept one count."""
+        state = {"count": self.count, "square_avg": [t.clone() for t in self.square_avg]}
+        if len(set(self.counts)) > 1:
+            state["counts"] = list(self.counts)
+        return state
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore :meth:`state_dict` (or an older one with one ``count`` for every parameter)."""
+        """Restore :meth:`state_dict` (without ``counts``: ``count`` for every parameter)."""
         self.square_avg = [t.clone() for t in state["square_avg"]]
         counts = state.get("counts")
         self.counts = [int(c) for c in counts] if counts is not None else [int(state["count"])] * len(self.square_avg)

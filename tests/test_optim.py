@@ -166,9 +166,12 @@ def test_clip_momentum_keeps_an_estimate_per_parameter():
     assert clipper([a, b])["clipped"] == 1
     assert torch.allclose(a.grad, torch.tensor([math.sqrt(19.5 / 0.875)]))
     assert torch.allclose(b.grad, torch.tensor([math.sqrt(18.25 / 0.75)]))
+    restored = GradClipper("clip_momentum", clip_coef=1.0, clip_momentum_timestep=1, beta=0.5)
+    restored.load_state_dict(clipper.state_dict())
+    assert restored.counts == [3, 2] and restored.state_dict()["count"] == 3
     old = GradClipper("clip_momentum")
     old.load_state_dict({"count": 7, "square_avg": [torch.ones(1), torch.ones(2)]})
-    assert old.counts == [7, 7] and old.count == 7
+    assert old.counts == [7, 7] and old.count == 7 and set(old.state_dict()) == {"count", "square_avg"}
 
 
 def test_clipper_state_round_trip_and_errors():
