@@ -351,7 +351,7 @@ def search_times(
     loop captured as a CUDA graph (with ``compile``: of the compiled simulations)."""
     from lightning_wm.agents.muzero import MuZeroModel, MuZeroNet
     from lightning_wm.envs import EnvConfig, env_spec
-    from lightning_wm.search import mcts
+    from lightning_wm.search import Root, SearchSettings, muzero_policy
 
     spec = env_spec(EnvConfig("CartPole-v1"))
     net = MuZeroNet(latent_dim=64, hidden=64, layers=2, head_hidden=32, support_size=25)
@@ -361,14 +361,17 @@ def search_times(
         for batch in batches:
             root = model.initial_inference(torch.randn(batch, 4, device=device) * 0.5)
             generator = torch.Generator(device=device).manual_seed(batch)
+            settings = SearchSettings(
+                num_simulations=simulations, dirichlet_alpha=0.3, unvisited_q="zero", cuda_graphs=cuda_graphs,
+                compile=compile,
+            )  # fmt: skip
 
             def once() -> float:
                 if device == "cuda":
                     torch.cuda.synchronize()
                 start = time.perf_counter()
-                mcts(model.recurrent_fn, root["state"], root["policy_logits"], root["value"],
-                     num_simulations=simulations, discount=0.997, generator=generator,
-                     cuda_graphs=cuda_graphs, compile=compile)  # fmt: skip
+                muzero_policy(model.recurrent_fn, Root(root["state"], root["policy_logits"], root["value"]),
+                              settings, discount=0.997, generator=generator)  # fmt: skip
                 if device == "cuda":
                     torch.cuda.synchronize()
                 return time.perf_counter() - start

@@ -1,4 +1,4 @@
-"""MCTS speed: simulations per second of one batched search, ours (``lightning_wm.search.mcts``)
+"""MCTS speed: simulations per second of one batched search, ours (``lightning_wm.search.muzero_policy``)
 and LightZero 0.2.0's C++ tree (``ctree``) on the same network in the same process.
 
     python bench/mcts_speed.py                                   # ours only (LightZero absent)
@@ -44,7 +44,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import gymnasium as gym  # noqa: E402
 
 from lightning_wm.agents.muzero import MuZeroModel, MuZeroNet  # noqa: E402
-from lightning_wm.search import mcts  # noqa: E402
+from lightning_wm.search import Root, SearchSettings, muzero_policy  # noqa: E402
 
 DISCOUNT = 0.997
 
@@ -83,17 +83,16 @@ def ours(
 ) -> tuple[float, float]:
     # compiled, the network is traced into each simulation's graph: no timer around it there
     rec = model.recurrent_fn if compile else Timed(model.recurrent_fn)
+    settings = SearchSettings(
+        num_simulations=simulations, dirichlet_alpha=0.3, unvisited_q=unvisited_q, compile=compile
+    )
     t = time.perf_counter()
-    mcts(
+    muzero_policy(
         rec,
-        root["state"],
-        root["policy_logits"],
-        root["value"],
-        num_simulations=simulations,
+        Root(root["state"], root["policy_logits"], root["value"]),
+        settings,
         discount=DISCOUNT,
         generator=torch.Generator().manual_seed(seed),
-        unvisited_q=unvisited_q,
-        compile=compile,
     )
     return time.perf_counter() - t, rec.seconds if isinstance(rec, Timed) else float("nan")
 

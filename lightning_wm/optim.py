@@ -31,6 +31,11 @@ too young):
   ``clip_coef * sqrt(v_hat)`` over all parameters, all gradients are scaled down to it, so
   a gradient may be at most ``clip_coef`` times as large as the recent RMS gradient.
 
+The estimate and ``n`` are kept per parameter (DI-engine keeps them in each parameter's optimizer
+state): a parameter without a gradient in a call (e.g. a module trained only every few steps)
+keeps both as they were and is not clipped; ``clip_momentum_norm`` compares the norms over the
+parameters that have a gradient, once each of their estimates is old enough.
+
 DI-engine's bias correction uses the step count before the current update (one behind) and
 its RMSProp variant none; here both use the number of updates including the current one.
 """
@@ -235,8 +240,8 @@ class GradClipper:
         self.clip_norm_type = float(clip_norm_type)
         self.clip_momentum_timestep = int(clip_momentum_timestep)
         self.beta = float(beta)
-        self.count = 0  # updates of the running estimate
-        self.square_avg: list[Tensor] = []
+        self.counts: list[int] = []  # per parameter: updates of its running estimate
+        self.square_avg: list[Tensor] = []  # per parameter (every one passed, with a gradient or not)
 
     @classmethod
     def from_settings(cls, settings: GradClipSettings, beta: float = 0.999) -> GradClipper:
@@ -260,7 +265,8 @@ class GradClipper:
         Returns ``grad_norm`` (the total norm before clipping) and ``clipped`` (1.0 if any
         gradient was changed), both 0-dim tensors for logging.
         """
-        params = [p for p in params if p.grad is not None]
+        every = list(params)
+        params = [p for p in every if p.grad is not None]
         grads = [p.grad for p in params]
         if self.grad_clip_type == "clip_norm" and grads:  # the total norm, computed once, is what clips
             norm = clip_grad_norms_([params], [self.clip_value], self.clip_norm_type)[0]
@@ -270,31 +276,39 @@ class GradClipper:
         if self.grad_clip_type == "clip_value":
             clipped = self._norm(grads, math.inf).gt(self.clip_value).float() if grads else clipped  # the largest |g|
             torch.nn.utils.clip_grad_value_(params, self.clip_value)
-        elif self.uses_momentum:
-            clipped = self._momentum_clip(grads, norm)
+        elif self.uses_momentum and grads:
+            clipped = self._momentum_clip(every, grads, norm)
         return {"grad_norm": norm.detach(), "clipped": clipped}
 
-    def _momentum_clip(self, grads: list[Tensor], norm: Tensor) -> Tensor:
+    def _momentum_clip(self, every: list[Tensor], grads: list[Tensor], norm: Tensor) -> Tensor:
+        """Update the estimates of the parameters with a gradient (``grads``: those of ``every``
+        that have one, in order) and clip those whose estimate is old enough."""
         if not self.square_avg:
-            self.square_avg = [torch.zeros_like(g) for g in grads]
-        if len(self.square_avg) != len(grads):
+            self.square_avg = [torch.zeros_like(p) for p in every]
+            self.counts = [0] * len(every)
+        if len(self.square_avg) != len(every):
             raise RuntimeError(
-                f"GradClipper got {len(grads)} gradients after {len(self.square_avg)}: "
+                f"GradClipper got {len(every)} parameters after {len(self.square_avg)}: "
                 "pass the same parameters every call"
             )
-        self.count += 1
-        torch._foreach_mul_(self.square_avg, self.beta)  # per tensor on the CPU, the same numbers
-        torch._foreach_addcmul_(self.square_avg, grads, grads, value=1.0 - self.beta)
-        if self.count <= self.clip_momentum_timestep:
-            return torch.zeros(())
-        correction = 1.0 - self.beta**self.count
-        limits = [avg.div(correction).sqrt_().mul_(self.clip_coef) for avg in self.square_avg]
+        present = [i for i, p in enumerate(every) if p.grad is not None]
+        avgs = [self.square_avg[i] for i in present]
+        for i in present:
+            self.counts[i] += 1
+        torch._foreach_mul_(avgs, self.beta)  # per tensor on the CPU, the same numbers
+        torch._foreach_addcmul_(avgs, grads, grads, value=1.0 - self.beta)
+        counts = [self.counts[i] for i in present]
         if self.grad_clip_type == "clip_momentum":
             changed = torch.zeros((), dtype=torch.bool, device=grads[0].device)
-            for g, limit in zip(grads, limits):
-                changed |= (g.abs() > limit).any()
-                torch.maximum(torch.minimum(g, limit), -limit, out=g)
+            for g, avg, n in zip(grads, avgs, counts):
+                if n > self.clip_momentum_timestep:
+                    limit = avg.div(1.0 - self.beta**n).sqrt_().mul_(self.clip_coef)
+                    changed |= (g.abs() > limit).any()
+                    torch.maximum(torch.minimum(g, limit), -limit, out=g)
             return changed.float()
+        if min(counts) <= self.clip_momentum_timestep:
+            return torch.zeros(())
+        limits = [avg.div(1.0 - self.beta**n).sqrt_().mul_(self.clip_coef) for avg, n in zip(avgs, counts)]
         limit_norm = self._norm(limits)
         if norm > limit_norm:
             scale = limit_norm / norm
@@ -303,12 +317,25 @@ class GradClipper:
             return torch.ones(())
         return torch.zeros(())
 
+    @property
+    def count(self) -> int:
+        """Updates of the oldest running estimate (0 before the first)."""
+        return max(self.counts, default=0)
+
     def state_dict(self) -> dict:
-        return {"count": self.count, "square_avg": [t.clone() for t in self.square_avg]}
+        """``count`` and ``square_avg``, plus the per-parameter ``counts`` where they differ (a
+        parameter skipped on some calls): where every parameter had a gradient every time, the
+        format of the clippers that kept one count."""
+        state = {"count": self.count, "square_avg": [t.clone() for t in self.square_avg]}
+        if len(set(self.counts)) > 1:
+            state["counts"] = list(self.counts)
+        return state
 
     def load_state_dict(self, state: dict) -> None:
-        self.count = int(state["count"])
+        """Restore :meth:`state_dict` (without ``counts``: ``count`` for every parameter)."""
         self.square_avg = [t.clone() for t in state["square_avg"]]
+        counts = state.get("counts")
+        self.counts = [int(c) for c in counts] if counts is not None else [int(state["count"])] * len(self.square_avg)
 
 
 def clip_grad_norms_(groups: Sequence[Sequence[Tensor]], max_norms: Sequence[float], norm_type: float = 2.0) -> Tensor:

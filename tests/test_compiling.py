@@ -234,6 +234,10 @@ def _search_inputs(device: str, batch: int = 5, seed: int = 0):
     torch.manual_seed(seed)
     model = small().model.to(device).eval()
     with torch.no_grad():
+        # heads away from their zero init: children's scores not tied, so that the compiled search's
+        # float rounding cannot break a tie the other way
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
         root = model.initial_inference(torch.randn(batch, 4, device=device))
     return model, root
 
@@ -253,15 +257,15 @@ def _search_inputs(device: str, batch: int = 5, seed: int = 0):
 )
 def test_simulation_loop_without_capture_is_the_eager_search_and_resets_between_searches(compile):
     """The loop a CUDA graph records (``SimulationGraph``, run eagerly here; with ``compile`` the
-    compiled simulations) searches as :func:`mcts` does, and a second search with other roots
-    through the same (reset) trees too."""
-    from lightning_wm.search import mcts
+    compiled simulations) searches as :func:`muzero_policy` does, and a second search with other
+    roots through the same (reset) trees too."""
+    from lightning_wm.search import Root, SearchSettings, muzero_policy
     from lightning_wm.search.captured import SimulationGraph
     from lightning_wm.search.rules import PuctRule
 
     model, root = _search_inputs("cpu")
     _, other = _search_inputs("cpu", seed=1)
-    kw = {"num_simulations": 9, "discount": 0.97, "explore": False, "unvisited_q": "mean"}
+    settings = SearchSettings(num_simulations=9, unvisited_q="mean")
     state, logits, value = root["state"], root["policy_logits"], root["value"]
     prior = torch.softmax(logits, -1)
     legal = torch.ones_like(logits, dtype=torch.bool)
@@ -272,13 +276,14 @@ def test_simulation_loop_without_capture_is_the_eager_search_and_resets_between_
         value,
         9,
         0.97,
-        PuctRule(0.97, 1.25, 19652.0, 9, legal, True),
+        PuctRule(1.25, 19652.0, 9, legal, True),
         capture=False,
         compile=compile,
     )
     for roots in (root, other, root):
         with torch.no_grad():
-            expected = mcts(model.recurrent_fn, roots["state"], roots["policy_logits"], roots["value"], **kw)
+            search_root = Root(roots["state"], roots["policy_logits"], roots["value"])
+            expected = muzero_policy(model.recurrent_fn, search_root, settings, discount=0.97, explore=False)
             visits, q, root_value, depth = graph(
                 roots["state"], torch.softmax(roots["policy_logits"], -1), roots["value"]
             )
@@ -290,10 +295,9 @@ def test_simulation_loop_without_capture_is_the_eager_search_and_resets_between_
 def test_searches_off_cuda_are_never_captured():
     from lightning_wm.search.captured import capturable
 
-    assert not capturable(torch.device("cpu"), False, None)
-    assert not capturable(torch.device("cuda", 0), True, None)  # Gumbel: eager
-    assert not capturable(torch.device("cuda", 0), False, torch.ones(1, 2, dtype=torch.bool))
-    assert capturable(torch.device("cuda", 0), False, None)
+    assert not capturable(torch.device("cpu"), None)
+    assert not capturable(torch.device("cuda", 0), torch.ones(1, 2, dtype=torch.bool))
+    assert capturable(torch.device("cuda", 0), None)
 
 
 @pytest.mark.skipif(not CUDA, reason="CUDA graphs need a CUDA device")
@@ -301,7 +305,7 @@ def test_searches_off_cuda_are_never_captured():
 def test_captured_search_gives_the_eager_search_on_cuda(explore, compile):
     """The captured simulation loop against the eager one: the same visits and values, for
     several searches through one graph (and the graph cached: one capture)."""
-    from lightning_wm.search import captured, mcts
+    from lightning_wm.search import Root, SearchSettings, captured, muzero_policy
 
     model, root = _search_inputs("cuda", batch=64)
     captured._GRAPHS.clear()
@@ -312,19 +316,12 @@ def test_captured_search_gives_the_eager_search_on_cuda(explore, compile):
         for graphs in (False, True):
             generator = torch.Generator(device="cuda").manual_seed(seed)
             with torch.no_grad():
+                settings = SearchSettings(num_simulations=12, cuda_graphs=graphs, compile=compile and graphs)
+                search_root = Root(roots["state"], roots["policy_logits"], roots["value"])
                 outs.append(
-                    mcts(
-                        model.recurrent_fn,
-                        roots["state"],
-                        roots["policy_logits"],
-                        roots["value"],
-                        num_simulations=12,
-                        discount=0.997,
-                        explore=explore,
-                        generator=generator,
-                        cuda_graphs=graphs,
-                        compile=compile and graphs,
-                    )  # fmt: skip
+                    muzero_policy(
+                        model.recurrent_fn, search_root, settings, discount=0.997, explore=explore, generator=generator
+                    )
                 )
         eager, graphed = outs
         assert torch.equal(eager.visit_counts, graphed.visit_counts)

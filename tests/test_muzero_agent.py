@@ -116,6 +116,31 @@ def test_act_returns_search_extras_and_is_greedy_without_exploration():
     assert model.search_stats.count == 5 and model.search_stats.means()["search/depth"] >= 1
 
 
+@pytest.mark.parametrize("gumbel", [False, True])
+def test_the_search_runs_the_policy_function_search_gumbel_picks(gumbel):
+    """``search`` (acting's and reanalyse's) is the policy function of ``search.gumbel`` on the
+    model's eval-mode root inference: the same output as calling it directly."""
+    from lightning_wm.agents.muzero.search_policy import search
+    from lightning_wm.search import Root, gumbel_muzero_policy, muzero_policy
+
+    torch.manual_seed(3)
+    settings = SearchSettings(**{**MUZERO_TINY["search"], "gumbel": gumbel, "max_num_considered_actions": 2})
+    model = small(search=settings)
+    with torch.no_grad():  # heads away from their zero init, so that the searches differ
+        for p in model.model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    obs = torch.randn(4, 4)
+    out = search(model.model, settings, 0.9, obs, explore=False)
+    with torch.no_grad():
+        root = Root(*(model.model.eval().initial_inference(obs)[k] for k in ("state", "policy_logits", "value")))
+    policy = gumbel_muzero_policy if gumbel else muzero_policy
+    want = policy(model.model.recurrent_fn, root, settings, discount=0.9, explore=False)
+    for a, b in zip(vars(out).values(), vars(want).values()):
+        assert torch.equal(a, b)
+    if gumbel:  # Gumbel's policy target is the improved policy, not the visit counts
+        assert not torch.equal(out.visit_probs, out.visit_counts / out.visit_counts.sum(-1, keepdim=True))
+
+
 def test_acting_copy_acts_like_the_module_and_carries_the_temperature():
     torch.manual_seed(0)
     model = small(search=SearchSettings(**MUZERO_TINY["search"], temperature=TemperatureSchedule((10,), (1.0, 0.25))))
@@ -313,7 +338,7 @@ def test_reanalyse_targets_come_from_the_target_network_search():
         for p in model.target_model.parameters():
             p.add_(0.3 * torch.randn_like(p))
     out = model.training_step(batch, 0)
-    from lightning_wm.agents.muzero.acting import search
+    from lightning_wm.agents.muzero.search_policy import search
 
     searched = batch["mask"] & ~batch["is_last"]
     fresh = search(model.target_model, model.search, model.discount, batch["obs"][searched], explore=False)

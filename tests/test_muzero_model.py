@@ -9,7 +9,7 @@ import torch
 
 from lightning_wm.agents.muzero import MuZeroModel, MuZeroNet, scale_hidden
 from lightning_wm.nn import dists
-from lightning_wm.search import mcts
+from lightning_wm.search import Root, SearchSettings, muzero_policy
 from lightning_wm.world_model import WorldModel, rollout
 
 torch.set_num_threads(1)
@@ -150,12 +150,10 @@ def test_recurrent_fn_drives_the_search():
         torch.nn.init.normal_(p, std=0.3)
     with torch.no_grad():
         root = model.initial_inference(torch.randn(6, 4))
-        out = mcts(
+        out = muzero_policy(
             model.recurrent_fn,
-            root["state"],
-            root["policy_logits"],
-            root["value"],
-            num_simulations=12,
+            Root(root["state"], root["policy_logits"], root["value"]),
+            SearchSettings(num_simulations=12),
             discount=0.99,
             explore=False,
         )

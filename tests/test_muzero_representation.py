@@ -12,6 +12,7 @@ from lightning_wm.agents.impala import IMPALA, ActorCriticSettings, unroll_loss
 from lightning_wm.agents.muzero import MuZeroLossSettings, MuZeroNet, MuZeroRepresentation, UnrollSettings
 from lightning_wm.agents.muzero.representation import unroll_windows
 from lightning_wm.envs import EnvConfig, env_spec
+from lightning_wm.optim import GradClipSettings, OptimSettings
 
 from support.presets import IMPALA_TINY, UNROLL_DATA_TINY, data_overrides
 
@@ -118,6 +119,34 @@ def test_host_gradients_reach_the_representation_only_when_not_detached(detach):
     loss, logs = host.learner_loss(batch, step=0)
     torch.testing.assert_close(loss, expected)
     assert "repr/loss" in logs
+
+
+@pytest.mark.parametrize("clip", ["clip_momentum", "clip_momentum_norm"])
+def test_interval_with_momentum_clipping_skips_the_idle_representation(clip):
+    """``interval: 2``: on odd steps the MuZero model gets no gradient (detached features), so the
+    host's momentum clipper sees fewer gradients than on even steps; it keeps each parameter's
+    estimate and leaves the idle ones as they were (this crashed: "GradClipper got 10 gradients
+    after 47")."""
+    torch.manual_seed(2)
+    spec = env_spec(EnvConfig("CartPole-v1"))
+    optim = OptimSettings(clip=GradClipSettings(type=clip, momentum_timestep=1))
+    host = IMPALA(spec, net=ActorCriticSettings(**IMPALA_TINY["net"]), optim=optim, encoder=lambda s: _repr(interval=2))
+    model_params = list(host.net.encoder.model.parameters())
+    batch = unroll_batch()
+    for step in range(4):
+        host.zero_grad(set_to_none=True)
+        host.learner_loss(batch, step=step)[0].backward()
+        idle = step % 2 == 1
+        assert all((p.grad is None) == idle for p in model_params)
+        estimate = [a.clone() for a in host.clipper.square_avg]
+        host.clipper(host.parameters())
+        if idle:  # the model's estimates stay as they were, the heads' move on
+            owned = {id(p) for p in model_params}
+            for p, before, after in zip(host.parameters(), estimate, host.clipper.square_avg):
+                assert torch.equal(before, after) == (id(p) in owned)
+    counts = dict(zip((id(p) for p in host.parameters()), host.clipper.counts))
+    assert {counts[id(p)] for p in model_params} == {2}
+    assert {c for k, c in counts.items() if k not in {id(p) for p in model_params}} == {4}
 
 
 @pytest.mark.slow

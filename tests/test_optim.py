@@ -151,6 +151,29 @@ def test_clip_momentum_per_element_keeps_sign():
     assert torch.allclose(p.grad, torch.tensor([limit, -limit, 2.0]))
 
 
+def test_clip_momentum_keeps_an_estimate_per_parameter():
+    """A parameter without a gradient keeps its estimate and count (beta 0.5, warm-up 1, coef 1):
+    a sees [2], [2], [6] (v = 2, 3, 19.5 after 3 updates), b sees [1], nothing, [6] (v = 0.5, 0.5,
+    18.25 after 2), so the spike is clamped to each one's own bias-corrected RMS; an old state
+    with one count for all parameters still loads."""
+    clipper = GradClipper("clip_momentum", clip_coef=1.0, clip_momentum_timestep=1, beta=0.5)
+    a, b = _param([2.0]), _param([1.0])
+    clipper([a, b])
+    a, idle = _param([2.0]), torch.nn.Parameter(torch.zeros(1))  # no gradient this call
+    clipper([a, idle])
+    assert clipper.counts == [2, 1] and clipper.square_avg[1].tolist() == [0.5]
+    a, b = _param([6.0]), _param([6.0])
+    assert clipper([a, b])["clipped"] == 1
+    assert torch.allclose(a.grad, torch.tensor([math.sqrt(19.5 / 0.875)]))
+    assert torch.allclose(b.grad, torch.tensor([math.sqrt(18.25 / 0.75)]))
+    restored = GradClipper("clip_momentum", clip_coef=1.0, clip_momentum_timestep=1, beta=0.5)
+    restored.load_state_dict(clipper.state_dict())
+    assert restored.counts == [3, 2] and restored.state_dict()["count"] == 3
+    old = GradClipper("clip_momentum")
+    old.load_state_dict({"count": 7, "square_avg": [torch.ones(1), torch.ones(2)]})
+    assert old.counts == [7, 7] and old.count == 7 and set(old.state_dict()) == {"count", "square_avg"}
+
+
 def test_clipper_state_round_trip_and_errors():
     a = GradClipper("clip_momentum_norm", clip_momentum_timestep=0, beta=0.9)
     for g in ([1.0, 2.0], [2.0, 1.0]):

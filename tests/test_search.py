@@ -9,10 +9,14 @@ import pytest
 import torch
 
 from lightning_wm.search import (
+    PolicyOutput,
+    Root,
+    SearchSettings,
     TemperatureSchedule,
     considered_visit_sequence,
     dirichlet_noise,
-    mcts,
+    gumbel_muzero_policy,
+    muzero_policy,
     sample_gamma,
     sample_gumbel,
     select_action,
@@ -43,6 +47,26 @@ class TableModel:
     def roots(self, ids: list[int]):
         ids_t = torch.tensor(ids)
         return ids_t, self.logits[ids_t], self.value_t[ids_t]
+
+
+SETTING_NAMES = {"num_simulations", "pb_c_init", "pb_c_base", "dirichlet_alpha", "exploration_fraction"}
+SETTING_NAMES |= {"max_num_considered_actions", "unvisited_q", "compile"}
+
+
+def policy(
+    recurrent_fn, root, *, discount: float, gumbel: bool = False, gumbel_scale: float = 1.0, **kw
+) -> PolicyOutput:
+    """:func:`muzero_policy` or :func:`gumbel_muzero_policy` with the settings among ``kw`` (the
+    pseudocode's ``unvisited_q: zero`` and alpha 0.3 unless given; on the CPU) and the rest as
+    the policy's arguments."""
+    named = {k: kw.pop(k) for k in list(kw) if k in SETTING_NAMES}
+    settings = SearchSettings(**{"unvisited_q": "zero", "dirichlet_alpha": 0.3, **named})
+    if gumbel:
+        kw.pop("temperature", None)
+        return gumbel_muzero_policy(
+            recurrent_fn, Root(*root), settings, discount=discount, gumbel_scale=gumbel_scale, **kw
+        )
+    return muzero_policy(recurrent_fn, Root(*root), settings, discount=discount, **kw)
 
 
 def random_model(num_states: int = 300, num_actions: int = 3, seed: int = 0, reward_scale: float = 1.0) -> TableModel:
@@ -88,11 +112,9 @@ def run_both(
     **kw,
 ):
     state, logits, value = model.roots(ids)
-    out = mcts(
+    out = policy(
         model.recurrent_fn,
-        state,
-        logits,
-        value,
+        (state, logits, value),
         legal_actions_mask=legal,
         explore=explore,
         gumbel=gumbel,
@@ -222,11 +244,9 @@ def test_hand_checked_chain_values():
     reward = torch.tensor([[r[1]], [r[2]], [r[3]], [0.0]], dtype=torch.float64)
     model = TableModel(next_id, reward, torch.zeros(4, 1), torch.tensor(v, dtype=torch.float64))
     g = 0.9
-    out = mcts(
+    out = policy(
         model.recurrent_fn,
-        torch.tensor([0]),
-        torch.zeros(1, 1, dtype=torch.float64),
-        torch.tensor([v[0]], dtype=torch.float64),
+        (torch.tensor([0]), torch.zeros(1, 1, dtype=torch.float64), torch.tensor([v[0]], dtype=torch.float64)),
         num_simulations=3,
         discount=g,
         explore=False,
@@ -269,17 +289,19 @@ def test_dict_state_and_float32():
         return {"id": nxt, "twice": 2 * nxt}, r.float(), lg.float(), v.float()
 
     ids = torch.tensor([3, 4])
-    out = mcts(
+    out = policy(
         rec,
-        {"id": ids, "twice": 2 * ids},
-        model.logits[ids].float(),
-        model.value_t[ids].float(),
+        ({"id": ids, "twice": 2 * ids}, model.logits[ids].float(), model.value_t[ids].float()),
         num_simulations=20,
         discount=0.99,
         explore=False,
     )
-    ref = mcts(
-        model.recurrent_fn, ids, model.logits[ids], model.value_t[ids], num_simulations=20, discount=0.99, explore=False
+    ref = policy(
+        model.recurrent_fn,
+        (ids, model.logits[ids], model.value_t[ids]),
+        num_simulations=20,
+        discount=0.99,
+        explore=False,
     )
     assert out.root_value.dtype == torch.float32
     # outputs are plain tensors (the search runs in inference mode): usable in a graph
@@ -292,22 +314,24 @@ def test_dict_state_and_float32():
 def test_one_simulation_and_bad_inputs():
     model = random_model(seed=6)
     state, logits, value = model.roots([1, 2])
-    out = mcts(model.recurrent_fn, state, logits, value, num_simulations=1, discount=0.9, explore=False)
+    out = policy(model.recurrent_fn, (state, logits, value), num_simulations=1, discount=0.9, explore=False)
     assert out.visit_counts.sum().item() == 2 and out.max_depth.tolist() == [1, 1]
     with pytest.raises(ValueError, match="num_simulations"):
-        mcts(model.recurrent_fn, state, logits, value, num_simulations=0, discount=0.9)
-    with pytest.raises(ValueError, match="root_value"):
-        mcts(model.recurrent_fn, state, logits, value[:1], num_simulations=2, discount=0.9)
-    with pytest.raises(ValueError, match="without any legal"):
-        mcts(
-            model.recurrent_fn,
-            state,
-            logits,
-            value,
-            num_simulations=2,
-            discount=0.9,
-            legal_actions_mask=torch.zeros(2, 3, dtype=torch.bool),
-        )
+        policy(model.recurrent_fn, (state, logits, value), num_simulations=0, discount=0.9)
+    for gumbel in (False, True):
+        with pytest.raises(ValueError, match="root_value"):
+            policy(model.recurrent_fn, (state, logits, value[:1]), num_simulations=2, discount=0.9, gumbel=gumbel)
+        with pytest.raises(ValueError, match="root logits must be"):
+            policy(model.recurrent_fn, (state, logits[0], value), num_simulations=2, discount=0.9, gumbel=gumbel)
+        with pytest.raises(ValueError, match="without any legal"):
+            policy(
+                model.recurrent_fn,
+                (state, logits, value),
+                num_simulations=2,
+                discount=0.9,
+                gumbel=gumbel,
+                legal_actions_mask=torch.zeros(2, 3, dtype=torch.bool),
+            )
 
 
 # -- noise and action selection -------------------------------------------------------------------
@@ -323,11 +347,9 @@ def test_dirichlet_noise_is_reproducible_masked_and_mixed():
     assert a[:, 0].var().item() == pytest.approx((1 / 3) * (2 / 3) / (3 * 0.3 + 1), rel=0.15)
     model = random_model(seed=7)
     state, logits, value = model.roots([1])
-    out = mcts(
+    out = policy(
         model.recurrent_fn,
-        state,
-        logits,
-        value,
+        (state, logits, value),
         num_simulations=4,
         discount=0.9,
         generator=torch.Generator().manual_seed(5),
@@ -455,9 +477,9 @@ def test_compiled_tree_steps_match_reference(gumbel):
         kw["unvisited_q"] = "mean"
     out, refs = run_both(model, ids, legal=legal, **kw)
     assert_match(out, refs)
-    eager = mcts(
+    eager = policy(
         model.recurrent_fn,
-        *model.roots(ids),
+        model.roots(ids),
         legal_actions_mask=legal,
         generator=torch.Generator().manual_seed(0),
         **{**kw, "compile": False},
@@ -467,7 +489,7 @@ def test_compiled_tree_steps_match_reference(gumbel):
 
 
 def test_a_failing_compilation_says_what_to_do(monkeypatch):
-    import lightning_wm.search.batched as search
+    import lightning_wm.search.forest as search
 
     class CppCompileError(Exception):  # what inductor raises without a working C++ compiler
         pass
@@ -480,4 +502,4 @@ def test_a_failing_compilation_says_what_to_do(monkeypatch):
     monkeypatch.setattr(search, "compiled_simulate", lambda: broken)
     model = random_model(seed=1)
     with pytest.raises(RuntimeError, match="needs a working C\\+\\+ compiler.*search.compile: false"):
-        mcts(model.recurrent_fn, *model.roots([0, 1]), num_simulations=3, discount=0.9, compile=True)
+        policy(model.recurrent_fn, model.roots([0, 1]), num_simulations=3, discount=0.9, compile=True)

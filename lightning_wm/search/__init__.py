@@ -1,7 +1,10 @@
 """Batched Monte-Carlo tree search over a learned model (MuZero; Gumbel MuZero at the root).
 
-* :mod:`.batched` — :func:`mcts` and :class:`SearchOutput`;
-* :mod:`.forest` — the trees in flat tensors, descent and backup;
+* :mod:`.policies` — the search as policy functions in mctx's manner: :func:`muzero_policy`
+  (PUCT) and :func:`gumbel_muzero_policy` from a :class:`Root` over one :class:`SearchSettings`,
+  returning a :class:`PolicyOutput`;
+* :mod:`.forest` — the trees in flat tensors (and the discount), selection, expansion, backup;
+* :mod:`.captured` — the PUCT simulation loop as one CUDA graph per search shape;
 * :mod:`.rules` — PUCT and Gumbel MuZero's selection;
 * :mod:`.draws` — noise and the sampled action (one optional generator);
 * :mod:`.settings` — :class:`SearchSettings` (the agents' ``search`` group), :class:`TemperatureSchedule`.
@@ -43,17 +46,19 @@ Tree conventions (what the per-node reference search in the tests implements too
   is ``pi'`` at the root.
 """
 
-from lightning_wm.search.batched import RecurrentFn, SearchOutput, mcts
 from lightning_wm.search.draws import dirichlet_noise, sample_gamma, sample_gumbel, select_action
+from lightning_wm.search.policies import PolicyOutput, RecurrentFn, Root, gumbel_muzero_policy, muzero_policy
 from lightning_wm.search.rules import considered_visit_sequence
 from lightning_wm.search.settings import SearchSettings, TemperatureSchedule
 
 __all__ = [
     "RecurrentFn",
-    "SearchOutput",
+    "Root",
+    "PolicyOutput",
     "SearchSettings",
     "TemperatureSchedule",
-    "mcts",
+    "muzero_policy",
+    "gumbel_muzero_policy",
     "considered_visit_sequence",
     "dirichlet_noise",
     "sample_gamma",

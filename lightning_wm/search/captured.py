@@ -1,4 +1,4 @@
-"""The simulation loop of :func:`~lightning_wm.search.mcts` as one CUDA graph per search shape.
+"""The simulation loop of :func:`~lightning_wm.search.muzero_policy` as one CUDA graph per search shape.
 
 On a GPU the tensor search is bound by kernel launches (a 50-simulation search costs about the
 same at batch 16 and 1024): every simulation launches the network's kernels and the tree's. A
@@ -14,7 +14,7 @@ tables and the trees' shapes are then fixed by the search's settings. Graphs are
 in a small cache; a search whose capture fails runs eagerly, with one warning.
 
 The same code runs without capture (``capture=False``): the CPU tests compare it with
-:func:`~lightning_wm.search.mcts`.
+:func:`~lightning_wm.search.muzero_policy`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lightning_wm.search.forest import Forest, Rule, compiled_simulate, simulate
+from lightning_wm.search.forest import Forest, Rule, run_simulations
 from lightning_wm.tree import tree_map
 
 __all__ = ["SimulationGraph", "capturable", "simulation_graph"]
@@ -36,9 +36,10 @@ CACHE_SIZE = 8
 _GRAPHS: OrderedDict[tuple, SimulationGraph | None] = OrderedDict()
 
 
-def capturable(device: torch.device, gumbel: bool, legal_actions_mask: Tensor | None) -> bool:
-    """Whether a search can run as a captured graph: on CUDA, PUCT, every action legal."""
-    return device.type == "cuda" and not gumbel and legal_actions_mask is None
+def capturable(device: torch.device, legal_actions_mask: Tensor | None) -> bool:
+    """Whether a PUCT search (:func:`~lightning_wm.search.muzero_policy`; Gumbel's is never
+    captured) can run as a captured graph: on CUDA, every action legal."""
+    return device.type == "cuda" and legal_actions_mask is None
 
 
 class SimulationGraph:
@@ -48,7 +49,8 @@ class SimulationGraph:
         recurrent_fn: the model's ``(state, action) -> (next_state, reward, logits, value)``.
         root_state, root_prior, root_value: roots of the shape this graph serves (``[B, ...]``,
             ``[B, A]`` after the root noise, ``[B]``); their values are copied, not kept.
-        num_simulations, discount: as :func:`~lightning_wm.search.mcts`.
+        num_simulations, discount: as :func:`~lightning_wm.search.muzero_policy` (the discount
+            goes to the graph's :class:`~lightning_wm.search.forest.Forest`).
         rule: the interior selection rule (PUCT); its tables move to the device in the warm-up.
         capture: record a CUDA graph (``False``: run the same steps eagerly on every call).
         compile: each simulation through ``torch.compile`` (:func:`~lightning_wm.search.forest.compiled_simulate`),
@@ -68,9 +70,7 @@ class SimulationGraph:
         capture: bool = True,
         compile: bool = False,
     ) -> None:
-        self.recurrent_fn, self.rule, self.num_simulations = recurrent_fn, rule, num_simulations
-        self.step = compiled_simulate() if compile else simulate
-        self.compile = compile
+        self.recurrent_fn, self.rule, self.compile = recurrent_fn, rule, compile
         self.static = tree_map(lambda x: x.detach().clone(), (root_state, root_prior, root_value))
         self.tree = Forest(*self.static, num_simulations, discount)
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -89,11 +89,9 @@ class SimulationGraph:
     def _simulate(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Reset the trees to the static roots, run every simulation; ``(visits [B, A], q [B, A],
         root value [B], max depth [B])``."""
-        tree, rule = self.tree, self.rule
+        tree = self.tree
         tree.reset(*self.static)
-        parent, action = tree.descend(rule, tree.slot_ids[1])
-        for slot in range(1, self.num_simulations + 1):
-            parent, action = self.step(self.recurrent_fn, tree, rule, tree.slot_ids[slot], parent, action, self.compile)
+        run_simulations(self.recurrent_fn, tree, self.rule, self.compile)
         visits, q = tree.root_children()
         return visits, q, tree.root_value(), tree.max_depth()
 

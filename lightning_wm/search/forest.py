@@ -1,8 +1,10 @@
-"""The forest of a batched search: ``B`` trees in flat tensors (:class:`Forest`), one simulation's
-descent by pointer doubling and its backup (:meth:`Forest.descend`, :meth:`Forest.record`), and
-one simulation past a descent, eager or compiled (:func:`simulate`: the network's step on the chosen
-leaves, their backup, the next descent); :class:`Rule` is
-what a descent asks of a selection rule (:mod:`lightning_wm.search.rules` has them)."""
+"""The forest of a batched search: ``B`` trees in flat tensors (:class:`Forest`, which holds the
+search's discount), a simulation's three parts over it — selection by pointer doubling
+(:meth:`Forest.descend`), expansion (:meth:`Forest.expand`) and backup (:meth:`Forest.backup`) —
+one simulation past its selection, eager or compiled (:func:`simulate`: the network's step on the
+chosen leaves, their expansion and backup, the next selection), and a search's loop of them
+(:func:`run_simulations`); :class:`Rule` is what a selection asks of a selection rule
+(:mod:`lightning_wm.search.rules` has them)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from torch import Tensor
 
 from lightning_wm.tree import tree_map
 
-__all__ = ["Rule", "Forest", "simulate", "compiled_simulate"]
+__all__ = ["Rule", "Forest", "simulate", "compiled_simulate", "run_simulations"]
 
 
 class Rule:
@@ -172,12 +174,15 @@ class Forest:
             parent = pointer.index_select(0, self.base)
         return parent, action.view(-1).index_select(0, parent)
 
-    def record(
-        self, slot: Tensor, parent: Tensor, action: Tensor, reward: Tensor, logits: Tensor, value: Tensor
-    ) -> None:
-        """Node ``slot [1]`` of every tree becomes the child ``action [B]`` of ``parent [B]`` with
-        the model's ``reward [B]``, prior ``logits [B, A]`` and ``value [B]``; its value is then
-        backed up to the root: visit counts, value sums, min-max statistics."""
+    def expand(
+        self, slot: Tensor, parent: Tensor, action: Tensor, state: Any, reward: Tensor, logits: Tensor, value: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Expansion: node ``slot [1]`` of every tree becomes the child ``action [B]`` of ``parent
+        [B]`` with the model's latent ``state`` (pytree, ``[B, ...]``), ``reward [B]``, prior
+        ``logits [B, A]`` and ``value [B]``; returns what :meth:`backup` takes: the new nodes'
+        paths ``[B, M]`` (edges from the root, the root's own entry past the node), depths ``[B]``
+        and values ``[B]`` in the tree's dtype."""
+        self.store_states(slot, state)
         dtype = self.edge_w.dtype
         reward, logits, value = reward.to(dtype), logits.to(dtype), value.to(dtype)
         rows = self.base + slot
@@ -192,8 +197,13 @@ class Forest:
         path.scatter_(1, depth.unsqueeze(1), edge.unsqueeze(1))
         self.path.index_copy_(0, rows, path)
         self.depth.index_copy_(0, rows, depth)
-        # backup: G[d] for every position d of the path (0 past the leaf, whose entries are the
-        # root's own: they change no value sum, and their Q is the root's, already on the path)
+        return path, depth, value
+
+    def backup(self, path: Tensor, depth: Tensor, value: Tensor) -> None:
+        """Backup: the new leaves' ``value [B]`` up their ``path [B, M]`` (at ``depth [B]``) to the
+        roots: visit counts, value sums (``G[d]`` for every position ``d`` of the path; 0 past the
+        leaf, whose entries are the root's own: they change no value sum, and their Q is the
+        root's, already on the path) and the min-max statistics."""
         batch = self.batch
         edges = path.view(-1)
         rewards = self.edge_r.index_select(0, edges).view(batch, -1)  # r[k], 0 past the leaf
@@ -225,14 +235,14 @@ def simulate(
     action: Tensor,
     walk: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    """One simulation past its descent: the network's step from the chosen leaves (``parent [B]``,
-    ``action [B]``), the new nodes' states stored in ``slot [1]`` and backed up
-    (:meth:`Forest.record`), then :meth:`Forest.descend` to node ``slot + 1``; the next
-    ``(parent [B], action [B])``. Compiled (:func:`compiled_simulate`), network and tree are one
-    graph; captured (:mod:`~lightning_wm.search.captured`), the whole loop of them is one."""
+    """One simulation past its selection: the network's step from the chosen leaves (``parent
+    [B]``, ``action [B]``), the new nodes' expansion into ``slot [1]`` (:meth:`Forest.expand`) and
+    backup (:meth:`Forest.backup`), then the selection of node ``slot + 1``
+    (:meth:`Forest.descend`); the next ``(parent [B], action [B])``. Compiled
+    (:func:`compiled_simulate`), network and tree are one graph; captured
+    (:mod:`~lightning_wm.search.captured`), the whole loop of them is one."""
     next_state, reward, logits, value = recurrent_fn(tree.states_of(parent), action)
-    tree.store_states(slot, next_state)
-    tree.record(slot, parent, action, reward, logits, value)
+    tree.backup(*tree.expand(slot, parent, action, next_state, reward, logits, value))
     return tree.descend(rule, slot + 1, walk)
 
 
@@ -246,3 +256,28 @@ def compiled_simulate() -> Callable[..., tuple[Tensor, Tensor]]:
     if not _COMPILED:
         _COMPILED.append(torch.compile(simulate, dynamic=False))
     return _COMPILED[0]
+
+
+def run_simulations(
+    recurrent_fn: Callable[[Any, Tensor], tuple[Any, Tensor, Tensor, Tensor]],
+    tree: Forest,
+    rule: Rule,
+    compile: bool = False,
+) -> None:
+    """Every simulation of a search on ``tree`` (from its roots): the first selection, then
+    :func:`simulate` for slots ``1..N`` (the selection after the last is unused); with ``compile``
+    each through :func:`compiled_simulate`, whose failure to compile is reported in one line."""
+    step = compiled_simulate() if compile else simulate
+    parent, action = tree.descend(rule, tree.slot_ids[1])
+    try:
+        for slot in range(1, tree.slots):
+            parent, action = step(recurrent_fn, tree, rule, tree.slot_ids[slot], parent, action, compile)
+    except Exception as err:
+        if compile and type(err).__module__.startswith(("torch._dynamo", "torch._inductor")):
+            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            raise RuntimeError(
+                f"the compiled search failed ({type(err).__name__}: {first}); torch.compile on CPU needs "
+                "a working C++ compiler (g++ or clang). Install one, or turn the option off "
+                "(search.compile: false / SearchSettings(compile=False))"
+            ) from err
+        raise

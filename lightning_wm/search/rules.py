@@ -52,9 +52,12 @@ def argmax_actions(score: Tensor) -> Tensor:
 
 
 class PuctRule(Rule):
+    """MuZero's PUCT with min-max normalised ``Q`` (the tree's ``shift`` and ``scale``); an unvisited
+    child's ``Q`` is 0 or, with ``mean_q``, the mean ``Q`` of its visited siblings; ``legal``
+    ``[B, A]`` masks the root's actions (the tree's discount is the forest's, :meth:`Forest.q`)."""
+
     def __init__(
         self,
-        discount: float,
         pb_c_init: float,
         pb_c_base: float,
         num_simulations: int,
@@ -91,6 +94,10 @@ class PuctRule(Rule):
 
 
 class GumbelRule(Rule):
+    """Gumbel MuZero's selection: at the root the considered action with the fewest visits by
+    ``gumbel + log prior + sigma(q)`` (sequential halving), inside the tree the deterministic
+    ``argmax(pi'(a) - N(s, a) / (1 + sum_b N(s, b)))``."""
+
     def __init__(
         self,
         logits: Tensor,

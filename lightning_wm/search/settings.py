@@ -1,10 +1,10 @@
-"""The search's settings group: :class:`SearchSettings` (acting and reanalyse share it) and its
-visit-count :class:`TemperatureSchedule`."""
+"""The search's settings group: :class:`SearchSettings` (acting and reanalyse share it; the search
+policies take it whole) and its visit-count :class:`TemperatureSchedule`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 __all__ = ["SearchSettings", "TemperatureSchedule"]
 
@@ -45,7 +45,9 @@ class TemperatureSchedule:
 
 @dataclass(frozen=True)
 class SearchSettings:
-    """The tree search (:func:`lightning_wm.search.mcts`) of acting and reanalyse.
+    """The tree search of acting and reanalyse: what :func:`~lightning_wm.search.muzero_policy` and
+    :func:`~lightning_wm.search.gumbel_muzero_policy` read (``gumbel`` picks which one the agents
+    call), passed down whole.
 
     Attributes:
         num_simulations: expansions per search (per root).
@@ -94,19 +96,3 @@ class SearchSettings:
             raise ValueError(f"search dirichlet_alpha must be > 0, got {self.dirichlet_alpha}")
         if self.max_num_considered_actions < 1:
             raise ValueError(f"search max_num_considered_actions must be >= 1, got {self.max_num_considered_actions}")
-
-    def mcts_options(self) -> dict[str, Any]:
-        """The keyword arguments of :func:`~lightning_wm.search.mcts` these settings give (all but
-        the temperature, which depends on the training step)."""
-        return {
-            "num_simulations": self.num_simulations,
-            "pb_c_init": self.pb_c_init,
-            "pb_c_base": self.pb_c_base,
-            "dirichlet_alpha": self.dirichlet_alpha,
-            "exploration_fraction": self.exploration_fraction,
-            "gumbel": self.gumbel,
-            "max_num_considered_actions": self.max_num_considered_actions,
-            "unvisited_q": self.unvisited_q,
-            "compile": self.compile,
-            "cuda_graphs": self.cuda_graphs,
-        }

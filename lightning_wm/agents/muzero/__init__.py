@@ -9,18 +9,18 @@
 * :mod:`.targets` — the K-step unroll targets from replayed windows;
 * :mod:`.reanalyse` — MuZero Reanalyse and the bootstrap values from the target network;
 * :mod:`.losses` — the unroll and :func:`muzero_loss`, the paper's loss;
-* :mod:`.acting` — the search from observations and :class:`MuZeroPolicy`, the acting copy for
-  actor processes;
+* :mod:`.search_policy` — the search from observations (acting and reanalyse run it) and
+  :class:`MuZeroPolicy`, the acting copy for actor processes;
 * :mod:`.agent` — the :class:`MuZero` LightningModule (targets -> loss -> report);
 * :mod:`.representation` — :class:`MuZeroRepresentation`, MuZero's representation as another
   agent's encoder (ALF's representation learner).
 """
 
-from lightning_wm.agents.muzero.acting import MuZeroPolicy
 from lightning_wm.agents.muzero.agent import MuZero
 from lightning_wm.agents.muzero.losses import muzero_loss
 from lightning_wm.agents.muzero.model import MuZeroModel, scale_hidden
 from lightning_wm.agents.muzero.representation import MuZeroRepresentation
+from lightning_wm.agents.muzero.search_policy import MuZeroPolicy
 from lightning_wm.agents.muzero.settings import (
     MuZeroLossSettings,
     MuZeroNet,

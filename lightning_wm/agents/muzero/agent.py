@@ -22,10 +22,10 @@ import torch
 from torch import Tensor
 
 from lightning_wm.agents.base import RLModule
-from lightning_wm.agents.muzero.acting import MuZeroPolicy, SearchStats, act_with_search, initial_frames
 from lightning_wm.agents.muzero.losses import Supports, UnrollOutput, muzero_loss, priority, unroll_model
 from lightning_wm.agents.muzero.model import MuZeroModel
 from lightning_wm.agents.muzero.reanalyse import Reanalysed, bootstrap_values, reanalyse
+from lightning_wm.agents.muzero.search_policy import MuZeroPolicy, SearchStats, act_with_search, initial_frames
 from lightning_wm.agents.muzero.settings import (
     MuZeroLossSettings,
     MuZeroNet,

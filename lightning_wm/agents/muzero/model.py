@@ -1,6 +1,6 @@
 """MuZero's networks: representation ``h(o) -> s``, dynamics ``g(s, a) -> (r, s')`` and prediction
 ``f(s) -> (pi, v)``, as one :class:`MuZeroModel` that is also a
-:class:`~lightning_wm.world_model.WorldModel` and gives :func:`lightning_wm.search.mcts` its
+:class:`~lightning_wm.world_model.WorldModel` and gives :func:`lightning_wm.search.muzero_policy` its
 ``recurrent_fn``.
 
 * Vector observations ``float [B, D]``: MLPs. Frames ``uint8 [B, H, W, C]`` (or a stack
@@ -224,16 +224,20 @@ class MuZeroModel(nn.Module, WorldModel):
             raise ValueError(
                 f"MuZeroModel takes float vectors [D] or uint8 frames [H, W, C]; got shape {observation_space.shape}"
             )
+        self._build_projection(net)
+
+    def _build_projection(self, net: MuZeroNet) -> None:
+        """The consistency loss's projector and predictor (``net.projection``), or None."""
         self.projector: nn.Module | None = None
         self.predictor: nn.Module | None = None
         if net.projection is not None:
             proj_hid, proj_out, pred_hid = net.projection
             self.projector = nn.Sequential(
-                MLP(self.feature_dim, None, proj_hid, 2, act, "batch"),
+                MLP(self.feature_dim, None, proj_hid, 2, net.activation, "batch"),
                 nn.Linear(proj_hid, proj_out, bias=False),
                 BatchNormLast(proj_out),
             )
-            self.predictor = MLP(proj_out, proj_out, pred_hid, 1, act, "batch")
+            self.predictor = MLP(proj_out, proj_out, pred_hid, 1, net.activation, "batch")
 
     # -- the three functions ---------------------------------------------------------------------
     def representation(self, obs: Tensor) -> Tensor:
@@ -332,7 +336,7 @@ class MuZeroModel(nn.Module, WorldModel):
 
     def recurrent_fn(self, state: Tensor, action: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """The search's view of the model: ``(state [B, ...], action [B] int64) -> (next_state,
-        reward [B], policy logits [B, A], value [B])`` (see :func:`lightning_wm.search.mcts`)."""
+        reward [B], policy logits [B, A], value [B])`` (see :data:`lightning_wm.search.RecurrentFn`)."""
         reward_logits, nxt = self.dynamics(state, action)
         policy_logits, value_logits = self.prediction(nxt)
         reward, value = self.decode(reward_logits, value_logits)

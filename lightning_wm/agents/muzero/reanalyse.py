@@ -12,14 +12,23 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_wm.agents.muzero.acting import search, target_values
 from lightning_wm.agents.muzero.model import MuZeroModel
+from lightning_wm.agents.muzero.search_policy import search
 from lightning_wm.agents.muzero.settings import ReanalyseSettings, UnrollSettings
 from lightning_wm.agents.muzero.targets import bootstrap_rows
 from lightning_wm.agents.muzero.windows import Window
 from lightning_wm.search import SearchSettings
 
-__all__ = ["reanalyse_td_steps", "Reanalysed", "reanalyse", "bootstrap_values"]
+__all__ = ["reanalyse_td_steps", "Reanalysed", "reanalyse", "bootstrap_values", "target_values"]
+
+
+@torch.no_grad()
+def target_values(model: MuZeroModel, obs: Tensor) -> Tensor:
+    """The values ``[N]`` (float32) of observations ``obs [N, ...]`` under ``model`` in eval mode."""
+    if obs.shape[0] == 0:
+        return obs.new_zeros(0, dtype=torch.float32)
+    model.eval()
+    return model.initial_inference(obs)["value"].float()
 
 
 def reanalyse_td_steps(age: Tensor, td_steps: int, schedule: tuple[int, int] | None) -> Tensor:

@@ -1,7 +1,10 @@
-"""MuZero's acting: one batched search from the represented observation (frame-stacked when
-``frame_stack > 1``), the action by visit counts, and the rows' extras ``root_value [B]`` and
-``visit_probs [B, A]``. :class:`MuZeroPolicy` is the acting copy actor processes run;
-:class:`~lightning_wm.agents.muzero.MuZero` acts through the same :func:`act_with_search`."""
+"""MuZero's search policy: :func:`search`, one batched search from observations (the policy
+function ``search.gumbel`` picks, :func:`~lightning_wm.search.muzero_policy` or
+:func:`~lightning_wm.search.gumbel_muzero_policy`), which acting and reanalyse's targets both run;
+and acting with it: :func:`act_with_search` (frame-stacked when ``frame_stack > 1``; the action by
+visit counts and the rows' extras ``root_value [B]`` and ``visit_probs [B, A]``), which
+:class:`~lightning_wm.agents.muzero.MuZero` and :class:`MuZeroPolicy`, the acting copy actor
+processes run, both call."""
 
 from __future__ import annotations
 
@@ -12,9 +15,9 @@ from torch import Tensor, nn
 
 from lightning_wm.agents.muzero.model import MuZeroModel
 from lightning_wm.agents.muzero.windows import push_frame
-from lightning_wm.search import SearchOutput, SearchSettings, mcts
+from lightning_wm.search import PolicyOutput, Root, SearchSettings, gumbel_muzero_policy, muzero_policy
 
-__all__ = ["search", "target_values", "SearchStats", "MuZeroPolicy", "initial_frames", "act_with_search"]
+__all__ = ["search", "SearchStats", "MuZeroPolicy", "initial_frames", "act_with_search"]
 
 
 def search(
@@ -25,36 +28,22 @@ def search(
     explore: bool,
     temperature: float = 1.0,
     legal_actions_mask: Tensor | None = None,
-) -> SearchOutput:
+) -> PolicyOutput:
     """One batched search from observations ``obs [B, *obs_shape]`` with ``model`` in eval mode
-    (BatchNorm statistics), no gradients."""
+    (BatchNorm statistics), no gradients: Gumbel MuZero's with ``settings.gumbel``, else MuZero's
+    (``temperature``: its visit-count temperature of an exploring action)."""
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            root = model.initial_inference(obs)
-            return mcts(
-                model.recurrent_fn,
-                root["state"],
-                root["policy_logits"],
-                root["value"],
-                discount=discount,
-                explore=explore,
-                temperature=temperature,
-                legal_actions_mask=legal_actions_mask,
-                **settings.mcts_options(),
-            )
+            out = model.initial_inference(obs)
+            root = Root(out["state"], out["policy_logits"], out["value"])
+            options = {"discount": discount, "explore": explore, "legal_actions_mask": legal_actions_mask}
+            if settings.gumbel:
+                return gumbel_muzero_policy(model.recurrent_fn, root, settings, **options)
+            return muzero_policy(model.recurrent_fn, root, settings, temperature=temperature, **options)
     finally:
         model.train(was_training)
-
-
-@torch.no_grad()
-def target_values(model: MuZeroModel, obs: Tensor) -> Tensor:
-    """The values ``[N]`` (float32) of observations ``obs [N, ...]`` under ``model`` in eval mode."""
-    if obs.shape[0] == 0:
-        return obs.new_zeros(0, dtype=torch.float32)
-    model.eval()
-    return model.initial_inference(obs)["value"].float()
 
 
 class SearchStats:
@@ -66,7 +55,7 @@ class SearchStats:
     def reset(self) -> None:
         self.count, self.root_value, self.entropy, self.depth, self.max_depth = 0, 0.0, 0.0, 0.0, 0
 
-    def add(self, out: SearchOutput) -> None:
+    def add(self, out: PolicyOutput) -> None:
         probs = out.visit_probs.float()
         entropy = -(probs * torch.log(probs.clamp(min=1e-12))).sum(-1)
         n = int(out.root_value.numel())
