@@ -554,19 +554,8 @@ class Dreamer(RLModule):
         """Real observations and the model's: posterior (reconstruction) for the first
         ``context`` steps, then the prior under the same actions. Returns ``(real, pred)``, both
         ``[B, L, ...]`` in observation format."""
-        wm = self.wm
-        obs, is_first = batch["obs"], batch["is_first"].bool()
         action = self.actions.encode(batch["action"])
-        length = first_leaf(obs).shape[1]
-        context = max(1, min(context, length))
-        observed = tree_map(lambda x: x[:, :context], obs)
-        out = wm.observe(wm.encode(observed), action[:, :context], is_first[:, :context])
-        feats = [torch.cat([out["h"], out["z"]], -1)]
-        state = {k: out[k][:, -1] for k in ("h", "z", "idx") if k in out}
-        for t in range(context, length):
-            state = wm.img_step(state, action[:, t - 1], mode=True)
-            feats.append(wm.features(state)[:, None])
-        return obs, wm.decode_features(torch.cat(feats, 1))
+        return batch["obs"], self.wm.openloop(batch["obs"], action, batch["is_first"].bool(), context)
 
     def log_openloop(self) -> None:
         """Log the open-loop error of the last training batch's first sequences and a picture of it.
