@@ -164,17 +164,11 @@ class Dreamer(RLModule):
             return None
 
     # -- actions -------------------------------------------------------------------------------
-    def policy(self, feat: Tensor, explore: bool = True, onehot_latent: bool = False) -> tuple[Tensor, Tensor]:
-        """Action ``[B, A]`` (one-hot, or in ``[-1, 1]``) from features; returns ``(action, raw)``
-        with ``raw`` the actor output. Continuous samples are reparameterised.
-        ``onehot_latent``: the latent part of ``feat`` is an exact one-hot (imagined states), so
-        the actor's first layer may use its indices."""
-        raw = self.actor_output(feat, onehot_latent)
-        return self.actor_distribution.action(raw, explore), raw
-
     def actor_output(self, feat: Tensor, onehot_latent: bool = False) -> Tensor:
-        """The actor's raw output ``[..., A or 2A]`` (float32) on features ``feat [..., F]``
-        (``onehot_latent``: as :meth:`policy`)."""
+        """The actor's raw output ``[..., A or 2A]`` (float32, what :class:`ActorDistribution`
+        takes) on features ``feat [..., F]``. ``onehot_latent``: the latent part of ``feat`` is an
+        exact one-hot (imagined states), so without gradient the actor's first layer may use its
+        indices."""
         if onehot_latent and self.wm.latent == "categorical" and not feat.requires_grad:
             D = self.wm.deter
             z = feat[..., D:]
