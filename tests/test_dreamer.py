@@ -9,6 +9,7 @@ import torch
 import yaml
 
 from lightning_wm.agents.dreamer import BehaviorSettings, Dreamer, onehot_linear
+from lightning_wm.agents.dreamer import losses as L
 from lightning_wm.cli import main
 from lightning_wm.data.replay import ReplayBuffer
 from lightning_wm.envs import EnvConfig, env_spec
@@ -123,7 +124,7 @@ def test_imagination_gradients_reach_only_their_networks(cartpole_spec):
     assert traj["actions"].shape == (H, N, 2) and traj["returns"].shape == (H, N)
     assert traj["weight"].shape == (H + 1, N)
     assert torch.all(traj["weight"][:, 4] == 0)  # imagination from a terminal state counts for nothing
-    actor_loss, critic_loss, logs = model.behaviour_losses(traj)
+    actor_loss, critic_loss, _, logs = behaviour_losses(model, traj)
     actor_loss.backward(retain_graph=True)
     assert all(p.grad is None for p in model.wm.parameters())
     assert all(p.grad is None for p in model.critic.parameters())
@@ -133,6 +134,14 @@ def test_imagination_gradients_reach_only_their_networks(cartpole_spec):
     assert all(p.grad is None for p in model.wm.parameters()) and all(p.grad is None for p in model.actor.parameters())
     assert model.critic[-1].weight.grad.abs().sum() > 0
     assert float(logs["train/return_scale"]) >= 1.0
+
+
+def behaviour_losses(model: Dreamer, traj: dict[str, torch.Tensor]):
+    """:func:`~lightning_wm.agents.dreamer.losses.behaviour_losses` with the module's settings and return range."""
+    bins = model.wm.bins if model.wm.twohot else None
+    return L.behaviour_losses(
+        traj, (model.ret_low, model.ret_high), model.behavior, model.reinforce_weight, bins, model.wm.symlog_obs
+    )
 
 
 def _train(model: Dreamer, batch: dict[str, torch.Tensor], steps: int) -> list[dict[str, float]]:
@@ -167,7 +176,7 @@ def test_one_backward_of_the_summed_losses_gives_each_network_its_own_gradient(e
     torch.manual_seed(0)
     model = tiny(env_spec(EnvConfig(id=env_id)), behavior={"replay_critic_weight": 0.3})
     batch = cartpole_batch() if env_id == "CartPole-v1" else pendulum_batch()
-    losses, _ = model.losses(batch)
+    losses, _, _ = model.losses(batch, (model.ret_low, model.ret_high))
     groups = {
         "model": list(model.wm.parameters()),
         "actor": list(model.actor.parameters()),
@@ -318,7 +327,7 @@ def test_continuous_pendulum_dynamics_backprop():
     assert model.actions.encode(batch["action"]).abs().max() <= 1.0
     _, _, post = model.world_model_loss(batch)
     traj = model.imagine({k: post[k].detach().flatten(0, 1) for k in ("h", "z")}, torch.ones(B * L))
-    actor_loss, critic_loss, _ = model.behaviour_losses(traj)
+    actor_loss, critic_loss, _, _ = behaviour_losses(model, traj)
     actor_loss.backward()
     # gradients flow through the (frozen) dynamics into the actor, never into the model
     assert model.actor[0].weight.grad.abs().sum() > 0
@@ -624,11 +633,7 @@ def test_each_optimizers_lr_anneal_steps_anneals_its_own_rate(cartpole_spec, mon
         steps["n"] = n
         actor_before = [p.detach().clone() for p in model.actor.parameters()]
         wm_before = [p.detach().clone() for p in model.wm.parameters()]
-        losses, _ = model.losses(batch)
-        for opt in optimizers:
-            opt.zero_grad()
-        sum(losses.values()).backward()
-        logs = model.clip_and_step(optimizers)
+        _, logs = model.gradient_step(batch, optimizers)
         factor = max(0.0, 1.0 - n / 4)
         assert optimizers[1].param_groups[0]["lr"] == pytest.approx(4e-4 * factor)
         assert optimizers[2].param_groups[0]["lr"] == pytest.approx(2e-4 * factor)

@@ -92,6 +92,83 @@ def test_actor_loss_dynamics_hand_values_and_gradients():
     torch.testing.assert_close(returns.grad, torch.tensor([[-0.25], [-0.125]]))
 
 
+def test_mixed_actor_loss_is_the_weighted_sum_and_its_end_points_are_the_pure_losses():
+    """w 0.5, R 2, v 1, S 2, log pi -0.7, H 1, eta 0.1: L_reinforce = -(0.5 (-0.7 * 0.5 + 0.1)) =
+    0.125, L_dynamics = -(0.5 (2 / 2 + 0.1)) = -0.55; rho 0.3: 0.3 * 0.125 + 0.7 * -0.55 = -0.3475,
+    d/d log pi = 0.3 * -0.25 = -0.075, d/dR = 0.7 * -0.25 = -0.175 (the REINFORCE advantage has none)."""
+
+    def loss_and_grads(rho):
+        returns = torch.tensor([[2.0]], requires_grad=True)
+        log_prob = torch.tensor([[-0.7]], requires_grad=True)
+        value, weight, scale, entropy = (
+            torch.tensor([[1.0]]),
+            torch.tensor([[0.5]]),
+            torch.tensor(2.0),
+            torch.ones(1, 1),
+        )
+        loss = L.mixed_actor_loss(returns, value, weight, scale, 0.1, rho, log_prob, entropy, entropy)
+        loss.backward()
+        grads = [0.0 if g is None else g.item() for g in (log_prob.grad, returns.grad)]
+        return loss.item(), grads
+
+    (reinforce, g_reinforce), (dynamics, g_dynamics), (mixed, g_mixed) = map(loss_and_grads, (1.0, 0.0, 0.3))
+    assert (reinforce, dynamics) == (pytest.approx(0.125), pytest.approx(-0.55))
+    assert g_reinforce == pytest.approx([-0.25, 0.0]) and g_dynamics == pytest.approx([0.0, -0.25])
+    assert mixed == pytest.approx(-0.3475)
+    assert g_mixed == pytest.approx([0.3 * a + 0.7 * b for a, b in zip(g_reinforce, g_dynamics)])
+    assert g_mixed == pytest.approx([-0.075, -0.175])
+    # the end points need only their own inputs; a share without its inputs is refused
+    one = torch.ones(1, 1)
+    assert L.mixed_actor_loss(one, one, one, one, 0.0, 0.0, entropy_dynamics=one).item() == pytest.approx(-1.0)
+    with pytest.raises(ValueError, match="entropy_reinforce"):
+        L.mixed_actor_loss(one, one, one, one, 0.0, 0.5, one, entropy_dynamics=one)
+    with pytest.raises(ValueError, match="reinforce_weight must be in"):
+        L.mixed_actor_loss(one, one, one, one, 0.0, 1.5, one, one, one)
+
+
+def test_update_return_range_moves_the_emas_from_the_state_passed_in():
+    """Returns 0..100: percentiles 5 and 95. From (0, 0) with decay 0.99: (0.05, 0.95), S = max(1,
+    0.9) = 1; from (10, 50): (9.95, 50.45), S = 40.5. ``reduce`` maps the percentiles first (x2:
+    10 and 190 -> (0.1, 1.9), S = 1.8); the state passed in is not written; no return_norm: S = 1."""
+    returns = torch.arange(101.0).reshape(101, 1)
+    zero = (torch.tensor(0.0), torch.tensor(0.0))
+    settings = BehaviorSettings()
+    (low, high), scale = L.update_return_range(zero, returns, settings)
+    assert (low.item(), high.item(), scale.item()) == (pytest.approx(0.05), pytest.approx(0.95), 1.0)
+    (low, high), scale = L.update_return_range((torch.tensor(10.0), torch.tensor(50.0)), returns, settings)
+    assert (low.item(), high.item(), scale.item()) == pytest.approx((9.95, 50.45, 40.5))
+    (low, high), scale = L.update_return_range(zero, returns, settings, reduce=lambda q: 2 * q)
+    assert (low.item(), high.item(), scale.item()) == pytest.approx((0.1, 1.9, 1.8))
+    assert zero[0].item() == 0.0 and zero[1].item() == 0.0
+    state, scale = L.update_return_range(zero, returns, BehaviorSettings(return_norm=False))
+    assert state == zero and scale.item() == 1.0
+
+
+def test_behaviour_losses_hand_values():
+    """H 1, N 2, squared errors without symlog. Percentiles 0 and 1 of returns [2, 0] with decay 0:
+    (low, high) = (0, 2), S = 2. Actor (REINFORCE): advantages (R - v) / S = [0.5, -0.5], times
+    log pi [-0.5, -1] = [-0.25, 0.5], + 0.1 H = [-0.15, 0.6], weighted [1, 0.5]: mean 0.075, loss
+    -0.075. Critic: (1.5 - 2)^2 + (1.5 - 1)^2 = 0.5 and (0.5 - 0)^2 + (0.5 - 1)^2 = 0.5, weighted:
+    mean(0.5, 0.25) = 0.375."""
+    imagined = {
+        "returns": torch.tensor([[2.0, 0.0]]),
+        "value": torch.tensor([[1.0, 1.0], [0.0, 0.0]]),
+        "weight": torch.tensor([[1.0, 0.5], [1.0, 1.0]]),
+        "critic_out": torch.tensor([[[1.5], [0.5]], [[0.0], [0.0]]]),
+        "slow_values": torch.tensor([[1.0, 1.0]]),
+        "log_prob": torch.tensor([[-0.5, -1.0]]),
+        "entropy_reinforce": torch.ones(1, 2),
+        "rewards": torch.ones(1, 2),
+        "dones": torch.zeros(1, 2),
+    }
+    settings = BehaviorSettings(entropy_weight=0.1, return_norm_decay=0.0, return_norm_low=0.0, return_norm_high=1.0)
+    zero = (torch.tensor(0.0), torch.tensor(0.0))
+    actor, critic, (low, high), logs = L.behaviour_losses(imagined, zero, settings, 1.0, None, symlog=False)
+    assert actor.item() == pytest.approx(-0.075) and critic.item() == pytest.approx(0.375)
+    assert (low.item(), high.item()) == (0.0, 2.0) and logs["train/return_scale"].item() == 2.0
+    assert logs["train/adv_abs"].item() == pytest.approx(0.5) and logs["train/return_high"].item() == 2.0
+
+
 def test_return_percentiles_and_scale():
     q = L.return_percentiles(torch.arange(101.0).reshape(101, 1), 0.05, 0.95)
     torch.testing.assert_close(q, torch.tensor([5.0, 95.0]))
@@ -164,6 +241,8 @@ def test_defaults_are_dreamerv3s():
         (lambda: BehaviorSettings(lambda_=-0.1), "behavior.lambda_ must be in [0.0, 1.0], got -0.1"),
         (lambda: BehaviorSettings(horizon=0), "behavior.horizon must be >= 1, got 0"),
         (lambda: BehaviorSettings(actor_grad="backprop"), "behavior.actor_grad must be"),
+        (lambda: BehaviorSettings(reinforce_weight=1.5), "behavior.reinforce_weight must be in [0.0, 1.0], got 1.5"),
+        (lambda: BehaviorSettings(bootstrap_critic="target"), "behavior.bootstrap_critic must be critic or slow"),
         (lambda: BehaviorSettings(return_norm_low=0.9, return_norm_high=0.1), "return_norm_low and return_norm_high"),
         (lambda: BehaviorSettings(slow_critic_every=0), "behavior.slow_critic_every must be >= 1, got 0"),
         (lambda: WorldModelLoss(free_nats=-1.0), "loss.free_nats must be >= 0, got -1.0"),

@@ -91,8 +91,7 @@ def _compare_steps(device: str, steps: int) -> None:
         results = []
         for model, opt in zip((eager, recorded), opts):
             torch.manual_seed(100 + i)
-            step = model.gradient_step if device == "cuda" else model.recorded_gradient_step
-            losses, logs = step(batch, opt)
+            losses, logs = model.gradient_step(batch, opt, recorded=model.compile_settings.mode == "graph")
             results.append({k: v.detach().float().cpu() for k, v in {**losses, **logs}.items() if v.numel() == 1})
         for key, want in results[0].items():
             assert torch.allclose(results[1][key], want, rtol=1e-4, atol=1e-5), (i, key, results[1][key], want)
@@ -132,6 +131,7 @@ def test_a_replayed_step_reads_the_learning_rate_written_outside_the_graph(monke
 def test_a_fit_counts_every_recorded_step(monkeypatch):
     """In a fit the recorded form (here without a graph, on the CPU) steps the optimizers outside
     Lightning: its step count must still advance once per gradient step."""
+    from functools import partialmethod
     from pathlib import Path
 
     from lightning_wm.agents.dreamer import Dreamer
@@ -139,7 +139,7 @@ def test_a_fit_counts_every_recorded_step(monkeypatch):
 
     from support.presets import REPLAY_DATA_TINY, data_overrides, model_overrides
 
-    monkeypatch.setattr(Dreamer, "gradient_step", Dreamer.recorded_gradient_step)
+    monkeypatch.setattr(Dreamer, "gradient_step", partialmethod(Dreamer.gradient_step, recorded=True))
     config = Path(__file__).resolve().parents[1] / "configs/dreamer/cartpole.yaml"
     args = ["--config", str(config), *model_overrides(DREAMER_TINY), *data_overrides(REPLAY_DATA_TINY)]
     quiet = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
@@ -155,4 +155,4 @@ def test_ddp_is_refused_with_one_line():
     _, model = _dreamer_pair("cpu")
     model._attached_trainer = lambda: SimpleNamespace(world_size=2)
     with pytest.raises(ValueError, match="compile.mode graph records the step on one device; with DDP use"):
-        model.recorded_gradient_step(_batch("cpu", 0), model.configure_optimizers())
+        model.gradient_step(_batch("cpu", 0), model.configure_optimizers(), recorded=True)

@@ -308,10 +308,16 @@ def tanh_normal(raw: Tensor, min_std: float = 0.1, max_std: float = 1.0) -> Gaus
 def tanh_normal_sample(mean: Tensor, std: Tensor) -> tuple[Tensor, Tensor]:
     """Reparameterised ``a = tanh(mean + std * eps)`` and its log-density -> ``(a [..., A], logp [...])``."""
     u = mean + std * torch.randn_like(mean)
-    action = torch.tanh(u)
+    return torch.tanh(u), tanh_normal_log_prob(u, mean, std)
+
+
+def tanh_normal_log_prob(u: Tensor, mean: Tensor, std: Tensor) -> Tensor:
+    """Log-density of the action ``tanh(u)`` where ``u [..., A]`` is a draw of the pre-tanh
+    ``N(mean, std)``, summed over the last dim -> ``[...]`` (from ``u``: no ``atanh`` of a
+    saturated action)."""
     # log(1 - tanh(u)^2) = 2 * (log 2 - u - softplus(-2u)), stable for large |u|
     log_det = (2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))).sum(-1)
-    return action, normal_log_prob(u, mean, std) - log_det
+    return normal_log_prob(u, mean, std) - log_det
 
 
 # -- KL balancing ---------------------------------------------------------------------------

@@ -14,6 +14,8 @@ accelerators): distributions, two-hot decoding and losses are computed in float3
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
+from functools import partial
 from typing import Any, Literal
 
 import torch
@@ -121,12 +123,9 @@ class Dreamer(RLModule):
             openloop_sequences,
         )
         self.discrete = env_spec.discrete
-        actor_grad = behavior.actor_grad
-        if actor_grad == "auto":
-            actor_grad = "reinforce" if self.discrete else "dynamics"
-        if actor_grad == "dynamics" and self.discrete:
-            raise ValueError("behavior.actor_grad 'dynamics' needs continuous actions; use 'reinforce' for Discrete")
-        self.actor_grad = actor_grad
+        # ρ, the REINFORCE loss's share of the actor's loss (1 reinforce, 0 dynamics, between: mix)
+        self.reinforce_weight = behavior.gradient_weight(self.discrete)
+        self.actor_grad = {1.0: "reinforce", 0.0: "dynamics"}.get(self.reinforce_weight, "mix")
 
         self.wm = DreamerWorldModel(env_spec, net)
         feat, A = self.wm.feat_dim, env_spec.action_dim
@@ -165,19 +164,16 @@ class Dreamer(RLModule):
             return None
 
     # -- actions -------------------------------------------------------------------------------
-    def policy(self, feat: Tensor, explore: bool = True, onehot_latent: bool = False) -> tuple[Tensor, Tensor]:
-        """Action ``[B, A]`` (one-hot, or in ``[-1, 1]``) from features; returns ``(action, raw)``
-        with ``raw`` the actor output. Continuous samples are reparameterised.
-        ``onehot_latent``: the latent part of ``feat`` is an exact one-hot (imagined states), so
-        the actor's first layer may use its indices."""
+    def actor_output(self, feat: Tensor, onehot_latent: bool = False) -> Tensor:
+        """The actor's raw output ``[..., A or 2A]`` (float32, what :class:`ActorDistribution`
+        takes) on features ``feat [..., F]``. ``onehot_latent``: the latent part of ``feat`` is an
+        exact one-hot (imagined states), so without gradient the actor's first layer may use its
+        indices."""
         if onehot_latent and self.wm.latent == "categorical" and not feat.requires_grad:
             D = self.wm.deter
             z = feat[..., D:]
-            raw = self.wm.first_layer(self.actor, {"h": feat[..., :D], "z": z, "idx": self.wm.onehot_index(z)})
-        else:
-            raw = self.actor(feat)
-        raw = raw.float()
-        return self.actor_distribution.action(raw, explore), raw
+            return self.wm.first_layer(self.actor, {"h": feat[..., :D], "z": z, "idx": self.wm.onehot_index(z)}).float()
+        return self.actor(feat).float()
 
     # -- Agent protocol ------------------------------------------------------------------------
     def initial_state(self, batch_size: int) -> State:
@@ -253,83 +249,79 @@ class Dreamer(RLModule):
     def imagine(self, start: State, start_cont: Tensor) -> dict[str, Tensor]:
         """Imagine :meth:`current_horizon` steps from ``start`` (``[N, ...]``, detached) with the
         actor; returns the trajectory (:func:`~lightning_wm.world_model.rollout`) with ``raw``
-        (the actor's outputs ``[H, N, *]``), ``critic_out [H+1, N, K]``, ``value [H+1, N]``, the
-        λ-returns ``returns [H, N]`` and ``weight [H+1, N]`` (the probability that the episode
-        still runs at each imagined state, ``start_cont [N]`` at the start)."""
+        (the actor's outputs ``[H, N, *]``), ``draws [H, N, A]`` (:meth:`ActorDistribution.sample`),
+        ``critic_out [H+1, N, K]``, ``value [H+1, N]`` (``behavior.bootstrap_critic``'s), the
+        λ-returns ``returns [H, N]``, ``weight [H+1, N]`` (the probability that the episode still
+        runs at each imagined state, ``start_cont [N]`` at the start), ``slow_values [H, N]`` and
+        the actor's terms (:meth:`actor_terms`): what :func:`~.losses.behaviour_losses` takes.
+        The gradient reaches the actor through the dynamics where ``reinforce_weight < 1``."""
         raws: list[Tensor] = []
-        dynamics = self.actor_grad == "dynamics"
+        draws: list[Tensor] = []
+        dynamics = self.reinforce_weight < 1
 
         def actor_fn(feat: Tensor) -> Tensor:
-            action, raw = self.policy(feat if dynamics else feat.detach(), explore=True, onehot_latent=True)
+            raw = self.actor_output(feat if dynamics else feat.detach(), onehot_latent=True)
+            action, draw = self.actor_distribution.sample(raw)
             raws.append(raw)
+            draws.append(draw)
             return action if dynamics else action.detach()
 
         traj = rollout(self.wm, start, actor_fn, self.current_horizon())
         # the actor also chose an action in the last state (DI-engine's shapes); nothing uses it here
         traj["raw"] = torch.stack(raws[:-1])  # [H, N, *]
         traj["actions"] = traj["actions"][:-1]  # [H, N, A]
-        feats = traj["features"]  # [H+1, N, F]
+        traj["draws"] = traj["actions"] if self.discrete else torch.stack(draws[:-1]).detach()
         cont = 1.0 - traj["dones"]  # [H, N]
         discount = self.behavior.discount * cont
         weight = torch.cat([start_cont[None], start_cont[None] * torch.cumprod(cont, 0)]).detach()  # [H+1, N]
         states = {k: v.detach() for k, v in traj["states"].items()}
         critic_out = self.wm.first_layer(self.critic, states)  # [H+1, N, K]
-        if dynamics:
-            with frozen(self.critic):
-                value = self.wm.head_mean(self.critic(feats))
-        else:
-            value = self.wm.head_mean(critic_out).detach()
+        value, slow_values = self.critic_values(traj["features"], states, critic_out, dynamics)
         returns = lambda_return(traj["rewards"], value, discount, self.behavior.lambda_)  # [H, N]
-        traj.update(critic_out=critic_out, value=value, returns=returns, weight=weight)
+        traj.update(critic_out=critic_out, value=value, returns=returns, weight=weight, slow_values=slow_values)
+        traj.update(self.actor_terms(traj))
         return traj
 
-    def _return_scale(self, returns: Tensor) -> Tensor:
-        """Move the EMAs of the return percentiles (averaged over DDP ranks, so every rank has
-        the same scale) and return the scale :func:`~.losses.return_scale` (1 without ``return_norm``)."""
-        b = self.behavior
-        if not b.return_norm:
-            return returns.new_ones(())
-        q = L.return_percentiles(returns, b.return_norm_low, b.return_norm_high)
-        trainer = self._attached_trainer()
-        if trainer is not None and trainer.world_size > 1:
-            q = trainer.strategy.reduce(q, reduce_op="mean")
-        decay = b.return_norm_decay
-        self.ret_low.mul_(decay).add_((1 - decay) * q[0])
-        self.ret_high.mul_(decay).add_((1 - decay) * q[1])
-        return L.return_scale(self.ret_low, self.ret_high)
-
-    # -- losses --------------------------------------------------------------------------------
-    def behaviour_losses(self, traj: dict[str, Tensor]) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        """Actor and critic losses (scalars, :func:`~.losses.actor_loss`, :func:`~.losses.critic_loss`)
-        and logged values from :meth:`imagine`'s output."""
-        b = self.behavior
-        weight, returns, value = traj["weight"], traj["returns"], traj["value"]
-        scale = self._return_scale(returns)
-        reinforce = self.actor_grad == "reinforce"
-        ent, logp = self.actor_distribution.entropy_and_log_prob(traj["raw"], traj["actions"], reinforce)
-        actor_loss = L.actor_loss(returns, value[:-1], weight[:-1], scale, ent, b.entropy_weight, self.actor_grad, logp)
+    def critic_values(self, feats: Tensor, states: State, critic_out: Tensor, dynamics: bool) -> tuple[Tensor, Tensor]:
+        """``(value [H+1, N], slow_values [H, N])`` of the imagined ``feats [H+1, N, F]`` (and
+        their detached ``states``): the values the λ-returns bootstrap from
+        (``behavior.bootstrap_critic``: the critic's, ``critic_out``, or the slow critic's), with
+        the gradient through the features to the actor where ``dynamics`` (never into a
+        critic's parameters), and the slow critic's values of every state but the last (the
+        critic's regulariser target, no gradient)."""
+        slow = self.behavior.bootstrap_critic == "slow_critic"
+        if dynamics:
+            if slow:  # the slow critic's parameters never require grad
+                value = self.wm.head_mean(self.slow_critic(feats))
+            else:
+                with frozen(self.critic):
+                    value = self.wm.head_mean(self.critic(feats))
+        elif slow:
+            with torch.no_grad():
+                value = self.wm.head_mean(self.wm.first_layer(self.slow_critic, states))
+        else:
+            value = self.wm.head_mean(critic_out).detach()
+        if slow:
+            return value, value[:-1].detach()
         with torch.no_grad():
-            states = {k: v[:-1].detach() for k, v in traj["states"].items()}
-            slow_values = self.wm.head_mean(self.wm.first_layer(self.slow_critic, states))
-        bins = self.wm.bins if self.wm.twohot else None
-        critic_loss = L.critic_loss(
-            traj["critic_out"][:-1], returns, slow_values, weight[:-1], b.slow_critic_weight, bins, self.wm.symlog_obs
-        )
-        logs = {
-            "train/loss_actor": actor_loss.detach(),
-            "train/loss_critic": critic_loss.detach(),
-            "train/entropy": ent.mean().detach(),
-            "train/imag_return": returns.mean().detach(),
-            "train/imag_reward": traj["rewards"].mean().detach(),
-            "train/imag_value": value.mean().detach(),
-            "train/return_scale": scale.detach(),
-            "train/return_low": self.ret_low.detach().clone(),
-            "train/return_high": self.ret_high.detach().clone(),
-            "train/imag_end": traj["dones"].mean().detach(),
-            "train/adv_abs": ((returns - value[:-1]).abs() / scale).mean().detach(),
-            "train/horizon": torch.tensor(float(traj["rewards"].shape[0])),
-        }
-        return actor_loss, critic_loss, logs
+            slow_states = {k: v[:-1] for k, v in states.items()}
+            slow_values = self.wm.head_mean(self.wm.first_layer(self.slow_critic, slow_states))
+        return value, slow_values
+
+    def actor_terms(self, traj: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The actor's terms ``[H, N]`` of :func:`~.losses.mixed_actor_loss` from :meth:`imagine`'s
+        trajectory: ``log_prob`` and ``entropy_reinforce`` of the draws (where ``reinforce_weight
+        > 0``; on features without gradient: the rollout's own outputs when the whole loss is
+        REINFORCE, else the actor once more on the detached features) and ``entropy_dynamics``
+        (where ``reinforce_weight < 1``: of the rollout's outputs, with the dynamics' gradient)."""
+        rho, dist = self.reinforce_weight, self.actor_distribution
+        terms = {}
+        if rho > 0:
+            raw = traj["raw"] if rho == 1 else self.actor_output(traj["features"][:-1].detach(), onehot_latent=True)
+            terms["entropy_reinforce"], terms["log_prob"] = dist.entropy_and_log_prob(raw, traj["draws"], True)
+        if rho < 1:
+            terms["entropy_dynamics"] = dist.entropy_and_log_prob(traj["raw"], traj["draws"], False)[0]
+        return terms
 
     def replay_critic_loss(self, batch: dict[str, Tensor], post: dict[str, Any]) -> Tensor:
         """Critic loss (scalar, :func:`~.losses.replay_critic_loss`) on the replayed posterior
@@ -351,27 +343,44 @@ class Dreamer(RLModule):
         bins = self.wm.bins if self.wm.twohot else None
         return L.replay_critic_loss(critic_out[:-1], targets, mask, bins, self.wm.symlog_obs)
 
-    def losses(self, batch: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-        """The three losses of one gradient step on a replay batch ``[B, L, ...]`` and the logged values.
+    def losses(
+        self, batch: dict[str, Tensor], return_range: L.ReturnRange
+    ) -> tuple[dict[str, Tensor], dict[str, Tensor], L.ReturnRange]:
+        """The three losses of one gradient step on a replay batch ``[B, L, ...]``, the logged
+        values and the moved return range (``return_range`` in, the EMAs of the return
+        percentiles: :func:`~.losses.update_return_range`; the module keeps them in ``ret_low``
+        and ``ret_high``).
 
         ``{"model", "actor", "critic"}``: the world-model loss; then an imagined rollout from
         every (detached) posterior state with the world model frozen, and the actor and critic
-        losses on it. Each loss reaches only its own network's parameters (the actor's never the
-        world model's or the critic's, the critic's never the actor's or the world model's), so
-        one backward of their sum gives every network exactly its own loss's gradient.
+        losses on it (:func:`~.losses.behaviour_losses`). Each loss reaches only its own
+        network's parameters (the actor's never the world model's or the critic's, the critic's
+        never the actor's or the world model's), so one backward of their sum gives every
+        network exactly its own loss's gradient.
         """
         B, L_ = batch["is_first"].shape[:2]
         model_loss, logs, post = self.world_model_loss(batch)
         start = {k: post[k].detach().flatten(0, 1) for k in ("h", "z", "idx") if k in post}
         start_cont = 1.0 - batch["is_terminal"].reshape(B * L_).float()
         traj = self.imagine(start, start_cont)
-        actor_loss, critic_loss, behaviour_logs = self.behaviour_losses(traj)
+        bins = self.wm.bins if self.wm.twohot else None
+        actor_loss, critic_loss, return_range, behaviour_logs = L.behaviour_losses(
+            traj, return_range, self.behavior, self.reinforce_weight, bins, self.wm.symlog_obs, self.rank_mean()
+        )
         logs.update(behaviour_logs)
         if self.behavior.replay_critic_weight > 0:
             replay_loss = self.replay_critic_loss(batch, post)
             critic_loss = critic_loss + self.behavior.replay_critic_weight * replay_loss
             logs["train/loss_critic_replay"] = replay_loss.detach()
-        return {"model": model_loss, "actor": actor_loss, "critic": critic_loss}, logs
+        return {"model": model_loss, "actor": actor_loss, "critic": critic_loss}, logs, return_range
+
+    def rank_mean(self) -> Callable[[Tensor], Tensor] | None:
+        """The mean over DDP ranks (the return percentiles': every rank keeps the same scale);
+        None in one process."""
+        trainer = self._attached_trainer()
+        if trainer is None or trainer.world_size <= 1:
+            return None
+        return lambda x: trainer.strategy.reduce(x, reduce_op="mean")
 
     # -- optimization --------------------------------------------------------------------------
     def configure_optimizers(self) -> list[torch.optim.Optimizer]:
@@ -382,26 +391,6 @@ class Dreamer(RLModule):
         for name, opt in zip(NETWORKS, optimizers):
             self.clippers[name].beta = optimizer_beta(opt)
         return optimizers
-
-    def clip_and_step(self, optimizers: list[Any]) -> dict[str, Tensor]:
-        """After the backward: clip each network's gradients (``optim.<network>.clip``), set each
-        optimizer's learning rate for this step (:func:`~lightning_wm.optim.lr_factor` of its
-        warm-up and anneal: a function of the step alone, so resumes need no scheduler state),
-        step the three optimizers and move the slow critic. Returns the pre-clip gradient norms
-        (and the scheduled learning rates).
-
-        Only the world model's optimizer steps through Lightning (a ``LightningOptimizer`` step
-        advances ``trainer.global_step``: one per gradient step, which the replay ratio and the
-        checkpoint schedule count on); the actor's and critic's step their plain optimizer.
-        """
-        logs = self.clip_gradients()
-        logs.update(self.set_learning_rates(optimizers))
-        opt_model, opt_actor, opt_critic = optimizers
-        opt_model.step()
-        for opt in (opt_actor, opt_critic):
-            getattr(opt, "optimizer", opt).step()
-        self.move_slow_critic()
-        return logs
 
     def clip_gradients(self) -> dict[str, Tensor]:
         """Clip each network's gradients (``optim.<network>.clip``); their pre-clip norms."""
@@ -443,47 +432,75 @@ class Dreamer(RLModule):
             self._terminal_p_end.zero_()
 
     def gradient_step(
-        self, batch: dict[str, Tensor], optimizers: list[Any]
+        self, batch: dict[str, Tensor], optimizers: list[Any], recorded: bool | None = None
     ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-        """One gradient step on a replay batch ``[B, L, ...]``: :meth:`losses` (compiled with
-        ``compile.mode: step``), ONE backward of their sum, :meth:`clip_and_step`. Returns the
-        losses and the logged values (without a trainer too: benches and tests). With
-        ``compile.mode: graph`` on CUDA the step is :meth:`recorded_gradient_step`."""
-        if self.compile_settings.mode == "graph" and batch["is_first"].is_cuda:
-            return self.recorded_gradient_step(batch, optimizers)
-        losses, logs = self._losses_fn(batch)
-        self.log_p_end_at_terminal(logs, self.logs_step(self.global_step + 1))
-        for opt in optimizers:
-            opt.zero_grad(set_to_none=True)
-        total = losses["model"] + losses["actor"] + losses["critic"]
-        if self._attached_trainer() is None:
-            total.backward()
+        """One gradient step on a replay batch ``[B, L, ...]``; returns the losses and the logged
+        values (without a trainer too: benches and tests). Every form of the step runs it:
+
+        1. each optimizer's learning rate for this step (:meth:`set_learning_rates`; tensors
+           written in place where the step is recorded);
+        2. :meth:`update_networks`: :meth:`losses` (compiled with ``compile.mode: step``), ONE
+           backward of their sum, :meth:`clip_gradients`, the three optimizers' steps -- eagerly,
+           or (``recorded``; default: ``compile.mode: graph`` on CUDA) recorded once as a CUDA
+           graph and replayed (:class:`~lightning_wm.graph_capture.CapturedStep`; off CUDA the
+           recording protocol without a graph), Lightning's step count then advanced outside it;
+        3. the slow critic's move (:meth:`move_slow_critic`) and the terminal log.
+
+        Eagerly the world model's optimizer steps through Lightning (a ``LightningOptimizer``
+        step advances ``trainer.global_step``: one per gradient step, which the replay ratio and
+        the checkpoint schedule count on; its hooks and precision plugin run) and the backward is
+        Lightning's ``manual_backward`` (DDP); the actor's and critic's step their plain optimizer.
+        """
+        if recorded is None:
+            recorded = self.compile_settings.mode == "graph" and batch["is_first"].is_cuda
+        written = self.logs_step(self.global_step + 1)
+        captured = self.recorded_step(optimizers) if recorded else None
+        lr_logs = self.set_learning_rates(optimizers)
+        if captured is not None:
+            losses, logs = captured(batch, key=self.current_horizon())
+            count_lightning_step(optimizers[0])
         else:
-            self.manual_backward(total)
-        logs.update(self.clip_and_step(optimizers))
+            stepping = [optimizers[0], *(getattr(opt, "optimizer", opt) for opt in optimizers[1:])]
+            losses, logs = self.update_networks(batch, stepping, self._losses_fn, self._backward)
+        self.move_slow_critic()
+        self.log_p_end_at_terminal(logs, written)
+        logs.update(lr_logs)
         return losses, logs
 
     def update_networks(
-        self, batch: dict[str, Tensor], optimizers: list[torch.optim.Optimizer]
+        self,
+        batch: dict[str, Tensor],
+        optimizers: list[Any],
+        losses_fn: Callable[..., Any],
+        backward: Callable[[Tensor], None],
     ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-        """What ``compile.mode: graph`` records: :meth:`losses`, one backward of their sum,
-        :meth:`clip_gradients` and the three plain optimizers' steps."""
-        losses, logs = self.losses(batch)
+        """The body of :meth:`gradient_step` (what ``compile.mode: graph`` records): the losses
+        (``losses_fn``, :meth:`losses` or its compiled form) and the moved return range written
+        into ``ret_low``/``ret_high``, ``backward`` of the losses' sum, :meth:`clip_gradients`,
+        then every optimizer's step."""
+        losses, logs, (low, high) = losses_fn(batch, (self.ret_low, self.ret_high))
+        with torch.no_grad():
+            self.ret_low.copy_(low)
+            self.ret_high.copy_(high)
         for opt in optimizers:
             opt.zero_grad(set_to_none=True)
-        (losses["model"] + losses["actor"] + losses["critic"]).backward()
+        backward(losses["model"] + losses["actor"] + losses["critic"])
         logs.update(self.clip_gradients())
         for opt in optimizers:
             opt.step()
         return losses, logs
 
-    def recorded_gradient_step(
-        self, batch: dict[str, Tensor], optimizers: list[Any]
-    ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-        """:meth:`update_networks` recorded as a CUDA graph (:class:`~lightning_wm.graph_capture.CapturedStep`,
-        one graph per batch shape and imagination horizon) and replayed; outside the graph the
-        learning rates (tensors written in place), Lightning's step count, the slow critic and
-        the terminal log."""
+    def _backward(self, loss: Tensor) -> None:
+        """``loss.backward()``, through Lightning's ``manual_backward`` where a trainer is attached."""
+        if self._attached_trainer() is None:
+            loss.backward()
+        else:
+            self.manual_backward(loss)
+
+    def recorded_step(self, optimizers: list[Any]) -> CapturedStep:
+        """:meth:`update_networks` on the plain optimizers (made capturable) and plain backward,
+        as a :class:`~lightning_wm.graph_capture.CapturedStep` (one graph per batch shape and
+        imagination horizon), made at the first call."""
         if self._captured is None:
             plain = [getattr(opt, "optimizer", opt) for opt in optimizers]
             trainer = self._attached_trainer()
@@ -492,19 +509,13 @@ class Dreamer(RLModule):
                     "compile.mode graph records the step on one device; with DDP use compile.mode step or none"
                 )
             make_capturable(plain)
-            settings = self.compile_settings
-            self._captured = CapturedStep(lambda b: self.update_networks(b, plain), max_shapes=settings.max_shapes)
-        lr_logs = self.set_learning_rates(optimizers)
-        losses, logs = self._captured(batch, key=self.current_horizon())
-        self.log_p_end_at_terminal(logs, self.logs_step(self.global_step + 1))
-        count_lightning_step(optimizers[0])
-        self.move_slow_critic()
-        logs.update(lr_logs)
-        return losses, logs
+            step = partial(self.update_networks, optimizers=plain, losses_fn=self.losses, backward=Tensor.backward)
+            self._captured = CapturedStep(step, max_shapes=self.compile_settings.max_shapes)
+        return self._captured
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        """One gradient step: targets and losses (:meth:`losses`), ONE backward of their sum,
-        :meth:`clip_and_step`, then the report (logged scalars).
+        """One gradient step (:meth:`gradient_step`: targets and losses, ONE backward of their
+        sum, clipping, the optimizers' steps), then the report (logged scalars).
 
         A single backward per ``training_step`` is what DistributedDataParallel needs (it wraps
         ``training_step`` as its forward and all-reduces the gradients of every parameter during
@@ -537,19 +548,8 @@ class Dreamer(RLModule):
         """Real observations and the model's: posterior (reconstruction) for the first
         ``context`` steps, then the prior under the same actions. Returns ``(real, pred)``, both
         ``[B, L, ...]`` in observation format."""
-        wm = self.wm
-        obs, is_first = batch["obs"], batch["is_first"].bool()
         action = self.actions.encode(batch["action"])
-        length = first_leaf(obs).shape[1]
-        context = max(1, min(context, length))
-        observed = tree_map(lambda x: x[:, :context], obs)
-        out = wm.observe(wm.encode(observed), action[:, :context], is_first[:, :context])
-        feats = [torch.cat([out["h"], out["z"]], -1)]
-        state = {k: out[k][:, -1] for k in ("h", "z", "idx") if k in out}
-        for t in range(context, length):
-            state = wm.img_step(state, action[:, t - 1], mode=True)
-            feats.append(wm.features(state)[:, None])
-        return obs, wm.decode_features(torch.cat(feats, 1))
+        return batch["obs"], self.wm.openloop(batch["obs"], action, batch["is_first"].bool(), context)
 
     def log_openloop(self) -> None:
         """Log the open-loop error of the last training batch's first sequences and a picture of it.

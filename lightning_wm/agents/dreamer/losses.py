@@ -11,6 +11,11 @@ that the imagined episode still runs, with returns scaled by ``S = max(1, P95 - 
 
     REINFORCE:  L(θ) = -mean( w_t (log π(a_t|s_t) sg((R_t - v(s_t)) / S) + η H[π(·|s_t)]) )
     dynamics:   L(θ) = -mean( w_t (R_t / S + η H[π(·|s_t)]) )
+    mix:        L(θ) = ρ L_REINFORCE + (1 - ρ) L_dynamics          (:func:`mixed_actor_loss`)
+
+The return scale's state, the EMAs of the low and high return percentiles, is passed in and
+returned (:func:`update_return_range`); :func:`behaviour_losses` composes the actor's and the
+critic's losses of one imagined rollout from it.
 
 Critic (:func:`critic_loss`): the two-hot cross-entropy of the critic against the λ-returns
 ``R_t`` plus a regulariser towards the slow (EMA) critic's values, weighted the same way;
@@ -22,21 +27,28 @@ without bins, a squared error in symlog space (:func:`head_nll`).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Literal
 
 import torch
 from torch import Tensor
 
-from lightning_wm.agents.dreamer.settings import WorldModelLoss
+from lightning_wm.agents.dreamer.settings import BehaviorSettings, WorldModelLoss
 from lightning_wm.nn import dists
 
+ReturnRange = tuple[Tensor, Tensor]  # (low, high): EMAs of the return percentiles, 0-dim float32
+
 __all__ = [
+    "ReturnRange",
     "actor_loss",
+    "behaviour_losses",
     "critic_loss",
     "head_nll",
+    "mixed_actor_loss",
     "replay_critic_loss",
     "return_percentiles",
     "return_scale",
+    "update_return_range",
     "world_model_loss",
 ]
 
@@ -117,6 +129,32 @@ def return_scale(low: Tensor, high: Tensor) -> Tensor:
     return torch.clamp(high - low, min=1.0)
 
 
+def update_return_range(
+    return_range: ReturnRange,
+    returns: Tensor,
+    settings: BehaviorSettings,
+    reduce: Callable[[Tensor], Tensor] | None = None,
+) -> tuple[ReturnRange, Tensor]:
+    """Move the EMAs ``(low, high)`` of the return percentiles towards those of ``returns [...]``
+    and give the scale ``S`` (:func:`return_scale` of the moved EMAs): ``(new (low, high), S)``.
+
+    ``EMA <- decay * EMA + (1 - decay) * P`` with ``P`` the ``return_norm_low`` and
+    ``return_norm_high`` quantiles of ``returns`` (no gradient); ``reduce`` maps those ``[2]``
+    percentiles before they enter the EMAs (the caller's mean over DDP ranks, so every rank keeps
+    the same scale; None: as they are). Without ``settings.return_norm`` the EMAs stay and ``S`` is 1.
+    """
+    low, high = return_range
+    if not settings.return_norm:
+        return (low, high), returns.new_ones(())
+    q = return_percentiles(returns, settings.return_norm_low, settings.return_norm_high)
+    if reduce is not None:
+        q = reduce(q)
+    decay = settings.return_norm_decay
+    low = low * decay + (1 - decay) * q[0]
+    high = high * decay + (1 - decay) * q[1]
+    return (low, high), return_scale(low, high)
+
+
 def actor_loss(
     returns: Tensor,
     value: Tensor,
@@ -149,6 +187,43 @@ def actor_loss(
     else:
         raise ValueError(f"actor_loss: gradient must be reinforce or dynamics, got {gradient!r}")
     return -(weight * (objective + entropy_weight * entropy)).mean()
+
+
+def mixed_actor_loss(
+    returns: Tensor,
+    value: Tensor,
+    weight: Tensor,
+    scale: Tensor,
+    entropy_weight: float,
+    reinforce_weight: float,
+    log_prob: Tensor | None = None,
+    entropy_reinforce: Tensor | None = None,
+    entropy_dynamics: Tensor | None = None,
+) -> Tensor:
+    """``ρ L_REINFORCE + (1 - ρ) L_dynamics`` (scalar), each an :func:`actor_loss` over ``[H, N]``
+    with ``ρ = reinforce_weight`` in [0, 1]; at ``ρ = 1`` the REINFORCE loss alone and at ``ρ = 0``
+    the dynamics loss alone (the other's inputs may then be None).
+
+    ``returns``, ``value``, ``weight``, ``scale``, ``entropy_weight`` as :func:`actor_loss`;
+    ``log_prob`` and ``entropy_reinforce`` ``[H, N]`` the REINFORCE term's (of the actor on
+    features without gradient), ``entropy_dynamics`` ``[H, N]`` the dynamics term's (of the actor
+    on features with the gradient through the dynamics). The REINFORCE term's advantage carries
+    no gradient, so the returns' gradient (through the dynamics) comes from the dynamics term only.
+    """
+    if not 0.0 <= reinforce_weight <= 1.0:
+        raise ValueError(f"mixed_actor_loss: reinforce_weight must be in [0, 1], got {reinforce_weight}")
+    if reinforce_weight > 0 and entropy_reinforce is None:
+        raise ValueError("mixed_actor_loss: a REINFORCE share needs entropy_reinforce")
+    if reinforce_weight < 1 and entropy_dynamics is None:
+        raise ValueError("mixed_actor_loss: a dynamics share needs entropy_dynamics")
+    args = (returns, value, weight, scale)
+    if reinforce_weight == 1.0:
+        return actor_loss(*args, entropy_reinforce, entropy_weight, "reinforce", log_prob)
+    if reinforce_weight == 0.0:
+        return actor_loss(*args, entropy_dynamics, entropy_weight, "dynamics")
+    reinforce = actor_loss(*args, entropy_reinforce, entropy_weight, "reinforce", log_prob)
+    dynamics = actor_loss(*args, entropy_dynamics, entropy_weight, "dynamics")
+    return reinforce_weight * reinforce + (1.0 - reinforce_weight) * dynamics
 
 
 def critic_loss(
@@ -191,3 +266,69 @@ def replay_critic_loss(
     of the rows' states, ``targets [T, B]`` and ``mask [T, B]`` from
     :func:`~lightning_wm.returns.replay_lambda_return` (steps outside an episode count 0)."""
     return (mask.to(targets.dtype) * head_nll(logits, targets, bins, symlog)).mean()
+
+
+def behaviour_losses(
+    imagined: Mapping[str, Tensor],
+    return_range: ReturnRange,
+    settings: BehaviorSettings,
+    reinforce_weight: float,
+    bins: Tensor | None,
+    symlog: bool = True,
+    reduce: Callable[[Tensor], Tensor] | None = None,
+) -> tuple[Tensor, Tensor, ReturnRange, dict[str, Tensor]]:
+    """The actor's and the critic's losses (scalars) of one imagined rollout, the moved return
+    range and the logged values: ``(actor, critic, (low, high), logs)``.
+
+    Args:
+        imagined: ``[H, N]`` unless said: ``returns`` (the λ-returns), ``value [H+1, N]`` (the
+            values they bootstrap from; the REINFORCE baseline), ``weight [H+1, N]`` (the
+            probability that the imagined episode still runs), ``critic_out [H+1, N, K or 1]``,
+            ``slow_values`` (the slow critic's values, the critic's regulariser target),
+            ``rewards``, ``dones``; ``log_prob`` and ``entropy_reinforce`` where
+            ``reinforce_weight > 0``, ``entropy_dynamics`` where it is below 1
+            (:func:`mixed_actor_loss`).
+        return_range: the EMAs ``(low, high)`` of the return percentiles before this step.
+        settings: entropy weight, slow-critic weight, return normalisation.
+        reinforce_weight: ``ρ`` of :func:`mixed_actor_loss`.
+        bins: the critic's two-hot bins ``[K]`` (None: a squared error, in symlog space with ``symlog``).
+        reduce: applied to the step's return percentiles (:func:`update_return_range`).
+    """
+    weight, returns, value = imagined["weight"], imagined["returns"], imagined["value"]
+    return_range, scale = update_return_range(return_range, returns, settings, reduce)
+    entropy = imagined.get("entropy_reinforce", imagined.get("entropy_dynamics"))
+    actor = mixed_actor_loss(
+        returns,
+        value[:-1],
+        weight[:-1],
+        scale,
+        settings.entropy_weight,
+        reinforce_weight,
+        imagined.get("log_prob"),
+        imagined.get("entropy_reinforce"),
+        imagined.get("entropy_dynamics"),
+    )
+    critic = critic_loss(
+        imagined["critic_out"][:-1],
+        returns,
+        imagined["slow_values"],
+        weight[:-1],
+        settings.slow_critic_weight,
+        bins,
+        symlog,
+    )
+    logs = {
+        "train/loss_actor": actor.detach(),
+        "train/loss_critic": critic.detach(),
+        "train/entropy": entropy.mean().detach(),
+        "train/imag_return": returns.mean().detach(),
+        "train/imag_reward": imagined["rewards"].mean().detach(),
+        "train/imag_value": value.mean().detach(),
+        "train/return_scale": scale.detach(),
+        "train/return_low": return_range[0].detach().clone(),
+        "train/return_high": return_range[1].detach().clone(),
+        "train/imag_end": imagined["dones"].mean().detach(),
+        "train/adv_abs": ((returns - value[:-1]).abs() / scale).mean().detach(),
+        "train/horizon": torch.tensor(float(imagined["rewards"].shape[0])),
+    }
+    return actor, critic, return_range, logs

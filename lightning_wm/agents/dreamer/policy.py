@@ -43,32 +43,47 @@ class ActorDistribution:
     def action(self, raw: Tensor, explore: bool) -> Tensor:
         """A sample (``explore``; continuous samples reparameterised) or the mode: ``[..., A]``
         one-hot, or in ``[-1, 1]``. ``raw`` float32."""
+        if explore:
+            return self.sample(raw)[0]
         if self.discrete:
-            probs = dists.unimix_probs(raw, self.unimix)
-            return dists.sample_onehot(probs.detach()) if explore else dists.onehot_argmax(raw)
-        mean, std = self.continuous(raw)
-        if not explore:
-            return mean if self.kind == "bounded_normal" else torch.tanh(mean)
-        sample = dists.bounded_normal_sample if self.kind == "bounded_normal" else dists.tanh_normal_sample
-        return sample(mean, std)[0]
+            return dists.onehot_argmax(raw)
+        mean, _ = self.continuous(raw)
+        return mean if self.kind == "bounded_normal" else torch.tanh(mean)
 
-    def entropy_and_log_prob(self, raw: Tensor, actions: Tensor, log_prob: bool) -> tuple[Tensor, Tensor | None]:
-        """``(entropy [...], log π(actions) [...] or None)`` of the distribution of ``raw [..., *]``
-        at ``actions [..., A]`` (the log-probability only when ``log_prob``; with no gradient
-        into the actions for continuous ones). For ``tanh_normal`` the entropy is the pre-tanh
-        Gaussian's (no closed form after the tanh)."""
+    def sample(self, raw: Tensor) -> tuple[Tensor, Tensor]:
+        """``(action, draw)``, both ``[..., A]``: the action taken (one-hot, or in ``[-1, 1]``,
+        reparameterised) and the draw of the distribution it comes from, whose log-probability
+        :meth:`entropy_and_log_prob` takes: the one-hot itself (discrete), the Gaussian draw
+        ``x`` before the clip (``bounded_normal``: the action is ``clip(x, -1, 1)``, a function
+        of ``x``) or ``u`` before the tanh (``tanh_normal``: the action is ``tanh(u)``)."""
+        if self.discrete:
+            action = dists.sample_onehot(dists.unimix_probs(raw, self.unimix).detach())
+            return action, action
+        mean, std = self.continuous(raw)
+        if self.kind == "bounded_normal":
+            return dists.bounded_normal_sample(mean, std)
+        u = mean + std * torch.randn_like(mean)
+        return torch.tanh(u), u
+
+    def entropy_and_log_prob(self, raw: Tensor, draw: Tensor, log_prob: bool) -> tuple[Tensor, Tensor | None]:
+        """``(entropy [...], log π(draw) [...] or None)`` of the distribution of ``raw [..., *]``
+        at ``draw [..., A]``, a draw of :meth:`sample` (the log-probability only when
+        ``log_prob``; no gradient into the draw). ``bounded_normal``: the Gaussian's density at
+        the draw before the clip, so the score ``∇ log π(x)`` is that of the action's own
+        distribution (the clipped action's density under the unclipped Gaussian is not).
+        ``tanh_normal``: the density of ``tanh(u)`` (its entropy is the pre-tanh Gaussian's: no
+        closed form after the tanh)."""
         if self.discrete:
             logits = dists.unimix_logits(raw, self.unimix)
-            return -(logits.exp() * logits).sum(-1), (logits * actions).sum(-1)
+            return -(logits.exp() * logits).sum(-1), (logits * draw).sum(-1)
         mean, std = self.continuous(raw)
         entropy = dists.normal_entropy(std)
         if not log_prob:
             return entropy, None
-        a = actions.detach()
+        x = draw.detach()
         if self.kind == "tanh_normal":
-            u = torch.atanh(a.clamp(-0.999999, 0.999999))
-            return entropy, dists.normal_log_prob(u, mean, std) - torch.log1p(-a.square() + 1e-6).sum(-1)
-        return entropy, dists.normal_log_prob(a, mean, std)
+            return entropy, dists.tanh_normal_log_prob(x, mean, std)
+        return entropy, dists.normal_log_prob(x, mean, std)
 
 
 def initial_acting_state(wm: DreamerWorldModel, actions: ActionCodec, batch_size: int, device: torch.device) -> State:

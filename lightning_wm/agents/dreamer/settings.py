@@ -142,8 +142,15 @@ class BehaviorSettings:
         lambda_: λ of the λ-returns, in [0, 1].
         entropy_weight: weight of the actor's entropy bonus.
         actor_grad: ``auto`` (REINFORCE for discrete actions, dynamics backprop for
-            continuous), ``reinforce`` or ``dynamics`` (backpropagate the returns through the
-            learned dynamics; continuous actions only).
+            continuous), ``reinforce``, ``dynamics`` (backpropagate the returns through the
+            learned dynamics; continuous actions only) or ``mix`` (``reinforce_weight`` times
+            the REINFORCE loss plus ``1 - reinforce_weight`` times the dynamics loss, DreamerV2's
+            ``both``; continuous actions only).
+        reinforce_weight: ``ρ``, the REINFORCE loss's share of the ``mix`` (1: the ``reinforce``
+            loss, 0: the ``dynamics`` loss); read only with ``actor_grad: mix``.
+        bootstrap_critic: whose values ``v(s_t)`` the λ-returns bootstrap from and the REINFORCE
+            baseline subtracts: ``critic`` (DreamerV3) or ``slow_critic`` (the slow EMA copy,
+            DreamerV2's target critic).
         actor_dist: continuous actions as ``bounded_normal`` (DreamerV3) or ``tanh_normal``.
         action_min_std: lower bound of the continuous actions' std.
         action_max_std: upper bound of the continuous actions' std.
@@ -165,7 +172,9 @@ class BehaviorSettings:
     discount: float = 0.997
     lambda_: float = 0.95
     entropy_weight: float = 3e-4
-    actor_grad: Literal["auto", "reinforce", "dynamics"] = "auto"
+    actor_grad: Literal["auto", "reinforce", "dynamics", "mix"] = "auto"
+    reinforce_weight: float = 0.9
+    bootstrap_critic: Literal["critic", "slow_critic"] = "critic"
     actor_dist: Literal["bounded_normal", "tanh_normal"] = "bounded_normal"
     action_min_std: float = 0.1
     action_max_std: float = 1.0
@@ -190,8 +199,11 @@ class BehaviorSettings:
         _check_range("behavior.discount", self.discount, 0.0, 1.0)
         _check_range("behavior.lambda_", self.lambda_, 0.0, 1.0)
         _check_positive("behavior.entropy_weight", self.entropy_weight, strict=False)
-        if self.actor_grad not in ("auto", "reinforce", "dynamics"):
-            raise ValueError(f"behavior.actor_grad must be auto, reinforce or dynamics, got {self.actor_grad!r}")
+        if self.actor_grad not in ("auto", "reinforce", "dynamics", "mix"):
+            raise ValueError(f"behavior.actor_grad must be auto, reinforce, dynamics or mix, got {self.actor_grad!r}")
+        _check_range("behavior.reinforce_weight", self.reinforce_weight, 0.0, 1.0)
+        if self.bootstrap_critic not in ("critic", "slow_critic"):
+            raise ValueError(f"behavior.bootstrap_critic must be critic or slow_critic, got {self.bootstrap_critic!r}")
         if self.actor_dist not in ("bounded_normal", "tanh_normal"):
             raise ValueError(f"behavior.actor_dist must be bounded_normal or tanh_normal, got {self.actor_dist!r}")
         if not 0 < self.action_min_std <= self.action_max_std:
@@ -210,6 +222,18 @@ class BehaviorSettings:
                 "behavior.return_norm_low and return_norm_high need 0 <= low < high <= 1, got "
                 f"{self.return_norm_low} and {self.return_norm_high}"
             )
+
+    def gradient_weight(self, discrete: bool) -> float:
+        """``ρ``, the REINFORCE loss's share of the actor's loss for this action space (1:
+        ``reinforce``, 0: ``dynamics``, ``reinforce_weight``: ``mix``; ``auto``: 1 for discrete
+        actions, 0 for continuous ones). Discrete actions have no dynamics gradient (their samples
+        carry none), so they take only ``reinforce`` or ``auto``."""
+        grad = self.actor_grad
+        if grad == "auto":
+            return 1.0 if discrete else 0.0
+        if discrete and grad in ("dynamics", "mix"):
+            raise ValueError(f"behavior.actor_grad {grad!r} needs continuous actions; use 'reinforce' for Discrete")
+        return {"reinforce": 1.0, "dynamics": 0.0}.get(grad, self.reinforce_weight)
 
     def current_horizon(self, env_steps: int) -> int:
         """Imagined steps per update after ``env_steps`` env steps (``horizon`` or the schedule's)."""

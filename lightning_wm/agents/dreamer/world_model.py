@@ -33,7 +33,7 @@ from lightning_wm.nn import dists
 from lightning_wm.nn.blocks import MLP, activation
 from lightning_wm.nn.codec import Obs, ObservationCodec
 from lightning_wm.settings import as_settings
-from lightning_wm.tree import first_leaf
+from lightning_wm.tree import first_leaf, tree_map
 from lightning_wm.world_model import WorldModel
 
 State = dict[str, Tensor]
@@ -274,6 +274,23 @@ class DreamerWorldModel(nn.Module, WorldModel):
         h = self._recurrent(state, self.img_in_a(action))
         stats = self._stats(self._posterior(h, self.post_e(embed)))
         return {"h": h, **self._sample(stats, None, mode)}
+
+    @torch.no_grad()
+    def openloop(self, obs: Obs, action: Tensor, is_first: Tensor, context: int) -> Obs:
+        """The model's observations ``[B, L, ...]`` of replayed rows (``obs``, ``action [B, L, A]``
+        in the model's format, ``is_first [B, L]`` bool): the posterior's reconstruction for the
+        first ``context`` steps (at least 1, at most ``L``), then the prior's prediction under the
+        same actions (open-loop)."""
+        length = first_leaf(obs).shape[1]
+        context = max(1, min(context, length))
+        observed = tree_map(lambda x: x[:, :context], obs)
+        out = self.observe(self.encode(observed), action[:, :context], is_first[:, :context])
+        feats = [torch.cat([out["h"], out["z"]], -1)]
+        state = {k: out[k][:, -1] for k in ("h", "z", "idx") if k in out}
+        for t in range(context, length):
+            state = self.img_step(state, action[:, t - 1], mode=True)
+            feats.append(self.features(state)[:, None])
+        return self.decode_features(torch.cat(feats, 1))
 
     def img_step(
         self, state: State, action: Tensor, mode: bool = False, generator: torch.Generator | None = None
