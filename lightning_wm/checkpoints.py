@@ -24,6 +24,7 @@
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import math
 import os
 import shutil
@@ -244,15 +245,31 @@ def _speed_only(key: str) -> bool:
 def hparam_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
     """``{key: (checkpoint value, config value)}`` for every hyperparameter that differs; settings
     groups are compared field by field (``search.num_simulations``); speed-only settings are not."""
+    defaults = _group_defaults(current)
     saved, current = flatten(saved), flatten(current)
     missing = object()
     keys = {k for k in (set(saved) | set(current)) - _IGNORED_HPARAMS if not _speed_only(k)}
     out = {}
     for key in sorted(keys):
         a, b = saved.get(key, missing), current.get(key, missing)
+        if a is missing and key in defaults and _plain(b) == _plain(defaults[key]):
+            continue  # a setting added after the checkpoint was written, left at its default
         if (a is missing) != (b is missing) or _plain(a) != _plain(b):
             out[key] = (None if a is missing else a, None if b is missing else b)
     return out
+
+
+def _group_defaults(hparams: Mapping[str, Any]) -> dict[str, Any]:
+    """The flattened defaults of every settings group (dataclass) in ``hparams`` that builds without
+    arguments: ``{"behavior.reinforce_weight": 0.9, ...}``."""
+    groups = {}
+    for key, item in hparams.items():
+        if dataclasses.is_dataclass(item) and not isinstance(item, type):
+            try:
+                groups[key] = type(item)()
+            except (TypeError, ValueError):
+                continue
+    return flatten(groups)
 
 
 def check_compatible(

@@ -292,3 +292,22 @@ def test_best_ckpt_holds_the_highest_validation_return_and_evaluate_takes_it(mon
     assert load_checkpoint("lightning_logs/tiny/checkpoints/last.ckpt")["global_step"] == 12
     main(args=["evaluate", *TINY, "--ckpt_path", "best", "--episodes", "1"])
     assert "return" in capsys.readouterr().out
+
+
+def test_a_setting_added_after_the_checkpoint_resumes_at_its_default_only():
+    """A checkpoint written before a settings field existed (no key) resumes while the config leaves
+    that field at its default; set to another value, it is named as a difference."""
+    import dataclasses
+
+    from lightning_wm.agents.dreamer.settings import BehaviorSettings
+    from lightning_wm.checkpoints import hparam_differences
+    from lightning_wm.settings import plain
+
+    current = BehaviorSettings()
+    old = plain(current)
+    del old["bootstrap_critic"]  # as saved before the option existed
+    assert hparam_differences({"behavior": old}, {"behavior": current}) == {}
+    changed = dataclasses.replace(current, bootstrap_critic="slow_critic")
+    assert hparam_differences({"behavior": old}, {"behavior": changed}) == {
+        "behavior.bootstrap_critic": (None, "slow_critic")
+    }
