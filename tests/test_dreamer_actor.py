@@ -174,3 +174,18 @@ def test_returns_bootstrap_from_the_slow_critic_when_asked(env_id):
         assert all(p.grad is None for p in model.slow_critic.parameters())
         assert all(p.grad is None for p in model.critic.parameters())
         assert model.actor[0].weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("precision", ["16-mixed", "bf16-mixed"])
+def test_fp16_loss_scaling_is_refused_in_one_line(precision):
+    """fp16's loss scaling would leave the actor's and critic's gradients scaled (they step their
+    plain optimizers): refused by name; bf16 needs no scaling and builds its optimizers."""
+    from types import SimpleNamespace
+
+    model = tiny("CartPole-v1")
+    model._trainer = SimpleNamespace(precision=precision, world_size=1)
+    if precision == "16-mixed":
+        with pytest.raises(ValueError, match="use bf16-mixed"):
+            model.configure_optimizers()
+    else:
+        assert len(model.configure_optimizers()) == 3

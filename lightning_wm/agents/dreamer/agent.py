@@ -386,6 +386,12 @@ class Dreamer(RLModule):
     def configure_optimizers(self) -> list[torch.optim.Optimizer]:
         """Three optimizers (:func:`~lightning_wm.optim.build_optimizer` of ``optim.model``,
         ``optim.actor``, ``optim.critic``) over the world model's, the actor's and the critic's parameters."""
+        trainer = self._attached_trainer()
+        if trainer is not None and str(trainer.precision) in ("16-mixed", "16", "16-true"):
+            raise ValueError(
+                f"Dreamer does not support --trainer.precision {trainer.precision}: its actor and critic "
+                "step on gradients fp16 loss scaling would leave scaled; use bf16-mixed (or 32-true)"
+            )
         modules = {"model": self.wm, "actor": self.actor, "critic": self.critic}
         optimizers = [build_optimizer(modules[name].parameters(), getattr(self.optim, name)) for name in NETWORKS]
         for name, opt in zip(NETWORKS, optimizers):
