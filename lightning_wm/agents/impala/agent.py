@@ -1,8 +1,9 @@
 """IMPALA's learner (Espeholt et al. 2018): the LightningModule that learns from actors' unrolls.
 
-Its settings come in groups: ``net`` (:class:`~lightning_wm.nn.actor_critic.ActorCriticSettings`)
-or an injected ``encoder``, ``loss`` (:class:`~lightning_wm.agents.impala.losses.VTraceLossSettings`),
-``optim`` (:class:`~lightning_wm.optim.OptimSettings`), and the two prioritized-replay switches.
+Its settings come in groups (:mod:`~lightning_wm.agents.impala.settings`): ``net``
+(:class:`~lightning_wm.nn.actor_critic.ActorCriticSettings`) or an injected ``encoder``, ``loss``
+(:class:`~lightning_wm.agents.impala.settings.VTraceLossSettings`), ``optim``
+(:class:`~lightning_wm.optim.OptimSettings`), and the two prioritized-replay switches.
 ``training_step`` is: the loss (:func:`~lightning_wm.agents.impala.losses.unroll_loss`), then
 its report.
 
@@ -23,7 +24,8 @@ import torch
 from torch import Tensor, nn
 
 from lightning_wm.agents.base import RLModule
-from lightning_wm.agents.impala.losses import ImpalaLoss, VTraceLossSettings, unroll_loss
+from lightning_wm.agents.impala.losses import ImpalaLoss, unroll_loss
+from lightning_wm.agents.impala.settings import IMPALA_LOSS, IMPALA_NET, IMPALA_OPTIM, VTraceLossSettings
 from lightning_wm.compiling import CompileSettings, ShapeCompiled, as_compile_settings
 from lightning_wm.envs import EnvSpec
 from lightning_wm.nn.actor_critic import ActorCritic, ActorCriticSettings, CoreState, Obs
@@ -31,11 +33,6 @@ from lightning_wm.optim import GradClipper, OptimSettings, build_optimizer, opti
 from lightning_wm.settings import as_settings
 
 __all__ = ["IMPALA", "IMPALA_LOSS", "IMPALA_NET", "IMPALA_OPTIM"]
-
-# the defaults of the groups (DI-engine's IMPALA: Adam at 0.0005, no clipping)
-IMPALA_NET = ActorCriticSettings()
-IMPALA_LOSS = VTraceLossSettings()
-IMPALA_OPTIM = OptimSettings(lr=0.0005)
 
 
 class IMPALA(RLModule):
@@ -53,7 +50,7 @@ class IMPALA(RLModule):
             ``representation_loss(batch, step) -> (loss, logs) | None`` method trains itself:
             its loss is added to IMPALA's and its logs logged (e.g.
             :class:`~lightning_wm.agents.muzero.MuZeroRepresentation`).
-        loss: the V-trace loss (:class:`~lightning_wm.agents.impala.losses.VTraceLossSettings`).
+        loss: the V-trace loss (:class:`~lightning_wm.agents.impala.settings.VTraceLossSettings`).
         optim: the optimizer (``adam`` or ``rmsprop``), its learning rate (logged as
             ``train/cur_lr``; ``lr_anneal_steps`` anneals it linearly to 0, the IMPALA paper's
             schedule) and its gradient clipping ``optim.clip`` (DI-engine's ``grad_clip_type``,
