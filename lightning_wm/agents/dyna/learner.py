@@ -12,7 +12,7 @@ through small interfaces:
   Its optimizer is Dyna's own (``optim.model``), not one the world-model learner configures.
 
 Each batch (from an :class:`~lightning_wm.data.modules.UnrollDataModule` with
-``model_replay_size > 0``) holds the policy's unrolls — real ones and, once the imagination is
+``model_replay.capacity > 0``) holds the policy's unrolls — real ones and, once the imagination is
 filled, imagined ones at ``imagination.real_ratio`` — and ``"model"``, real sequences for one
 world-model step. The :class:`~lightning_wm.agents.dyna.Imagination` callback refills the
 imagination buffer from the model every ``train_freq`` env steps and evaluates the model every

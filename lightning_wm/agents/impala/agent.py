@@ -39,7 +39,7 @@ class IMPALA(RLModule):
     """IMPALA's learner: V-trace actor-critic on batches of unrolls ``[B, T+1, ...]``.
 
     Feed it an :class:`~lightning_wm.data.modules.UnrollDataModule` (its ``unroll_length``,
-    ``batch_size``, ``replay_size`` and ``max_use``; see ``docs/impala.md`` for DI-engine's names).
+    ``batch_size`` and ``replay`` group: ``capacity``, ``max_use``; see ``docs/impala.md`` for DI-engine's names).
 
     Args:
         env_spec: the env's spaces (linked from the datamodule by the CLI).
@@ -56,7 +56,7 @@ class IMPALA(RLModule):
             schedule) and its gradient clipping ``optim.clip`` (DI-engine's ``grad_clip_type``,
             ``clip_value``; :class:`~lightning_wm.optim.GradClipper`). Default: Adam at 0.0005.
         priority: return each unroll's priority (mean ``|vs - V|`` over its steps) as
-            ``"priority"`` so a prioritized unroll replay (``data.prioritized: true``) updates it.
+            ``"priority"`` so a prioritized unroll replay (``data.init_args.replay.prioritized: true``) updates it.
         priority_is_weight: weight each unroll's loss terms by the batch's importance weights
             (``weight``; needs ``priority`` and a prioritized replay).
         compile: ``torch.compile`` of the learner (:class:`~lightning_wm.compiling.CompileSettings`):
@@ -157,7 +157,7 @@ class IMPALA(RLModule):
         if strict and "weight" not in batch:
             raise ValueError(
                 "priority_is_weight: the batch has no importance weights; use a prioritized unroll "
-                "replay (data.init_args.prioritized: true, replay_size > 0)"
+                "replay (data.init_args.replay.prioritized: true, replay.capacity > 0)"
             )
         return batch.get("weight")
 
