@@ -31,6 +31,7 @@ from lightning_wm.envs import EnvSpec
 from lightning_wm.nn.actor_critic import ActorCritic, ActorCriticSettings, CoreState, Obs
 from lightning_wm.optim import GradClipper, OptimSettings, build_optimizer, optimizer_beta, with_lr_schedule
 from lightning_wm.settings import as_settings
+from lightning_wm.world_model import frozen
 
 __all__ = ["IMPALA", "IMPALA_LOSS", "IMPALA_NET", "IMPALA_OPTIM"]
 
@@ -225,6 +226,41 @@ class IMPALA(RLModule):
                 return float(self.optim.lr)
             optimizer = optimizer[0]
         return float(optimizer.param_groups[0]["lr"])
+
+    # -- learning in a dream (DynaLearner's dream group, a Hybrid world model) -----------------
+    def _one_step(self, obs: Obs) -> tuple[dict[str, Tensor], Tensor]:
+        """``obs [B, ...]`` -> the policy's parameters ``{name: [B, ...]}`` and ``V [B]``."""
+        if self.net.core is not None:
+            raise ValueError("learning in a dream needs a feed-forward IMPALA (net.lstm_size: 0)")
+        first = obs if isinstance(obs, Tensor) else next(iter(obs.values()))
+        single = obs.unsqueeze(0) if isinstance(obs, Tensor) else {k: v.unsqueeze(0) for k, v in obs.items()}
+        is_first = torch.ones(1, first.shape[0], dtype=torch.bool, device=first.device)
+        params, value, _ = self.net.unroll(single, is_first)
+        return {k: v[0] for k, v in params.items()}, value[0]
+
+    def dream_act(self, obs: Obs) -> tuple[Tensor, Tensor]:
+        """A differentiable action in an imagined state: ``obs [B, ...]`` -> ``(action [B, A],
+        bonus [B])``. The action is a one-hot draw from the policy whose gradient is that of its
+        probabilities (straight-through); the bonus is ``loss.entropy_weight`` times the policy's
+        entropy. Discrete actions only."""
+        if not self.env_spec.discrete:
+            raise ValueError("learning in a dream needs discrete actions (a one-hot straight-through draw)")
+        params, _ = self._one_step(obs)
+        probs = torch.softmax(params["logits"].float(), -1)
+        draw = torch.multinomial(probs.detach(), 1).squeeze(-1)
+        onehot = torch.nn.functional.one_hot(draw, probs.shape[-1]).to(probs.dtype)
+        return onehot + probs - probs.detach(), self.loss.entropy_weight * self.net.head.entropy(params)
+
+    def dream_value(self, obs: Obs) -> Tensor:
+        """``V(obs)`` ``[B]`` with the network's parameters frozen: gradients flow to whatever made
+        ``obs`` (the actions of a dream), never into the value function."""
+        with frozen(self.net):
+            return self._one_step(obs)[1].float()
+
+    def dream_returns(self) -> tuple[float, float, float]:
+        """``(discount, lambda_, reward_scale)`` of the ``loss`` group: how a dream's returns are
+        discounted and scaled, as the V-trace targets are."""
+        return float(self.loss.discount), float(self.loss.lambda_), float(self.loss.reward_scale)
 
     # -- checkpoints -----------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
