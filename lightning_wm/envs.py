@@ -23,15 +23,11 @@ from gymnasium import (
 )  # looked up at use: the module imports under older gymnasium (LightZero's venv)
 
 from lightning_wm.env_config import AtariPreprocessingConfig, EnvConfig, EnvError, atari_options
+from lightning_wm.env_ids import DREAM_ENV_ID  # a Dreamer's dream as an env: registered there, named here
 
 PIXEL_KEY = "pixels"
 _ATARI_REGISTERED = False
 MINATAR_PREFIX = "MinAtar/"
-
-# A trained Dreamer's dream as an env (its options are the env's kwargs): any agent can train inside
-# it, e.g. IMPALA in configs/impala/cartpole_in_dream.yaml. The Dreamer package registers the id
-# when it is imported (the CLI imports it); this module only knows its name.
-DREAM_ENV_ID = "lightning_wm/Dream-v0"
 
 
 @dataclass(frozen=True)
@@ -417,7 +413,7 @@ def _check_dream_config(config: EnvConfig) -> None:
     """A dream decodes into the real env's observation format, so the real env's settings go in its
     ``kwargs.real_env``; wrappers on the dream itself would change what the model was trained on."""
     if DREAM_ENV_ID not in gym.registry:
-        raise EnvError(f"{DREAM_ENV_ID} is not registered: the Dreamer package registers it when it is imported")
+        raise EnvError(f"{DREAM_ENV_ID} is not registered: lightning_wm.env_ids.register_env_ids() registers it")
     wrapped = [
         name
         for name, on in (

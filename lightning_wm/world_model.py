@@ -5,7 +5,8 @@ state): any pytree (tensor, tuple, dict) of tensors whose first dimension is the
 
 * :class:`WorldModel` — ``initial_state(obs)``, ``step(state, action)``, ``features(state)``;
   where a model can: ``zero_state``, ``observe_step`` (filter real steps), ``decode`` (render a
-  state), ``posterior_states`` (filter a recorded episode: where dreams start).
+  state; ``decode_features`` from its features), ``posterior_states`` (filter a recorded
+  episode: where dreams start).
 * :func:`rollout` — imagination: actor gradients flow through the model's computation but
   never into the model's parameters; entropy-augmented rewards when the actor returns them.
 * :class:`RolloutSchedule` — rollout length linear in env steps (DI-engine's names and
@@ -76,6 +77,11 @@ class WorldModel(ABC):
         """The observation a state stands for, in the env's format (``uint8 [B, H, W, C]``
         frames, float vectors, or a dict of both); for rendering dreams and imagined rows."""
         raise NotImplementedError(f"{type(self).__name__} cannot decode its states")
+
+    def decode_features(self, features: Tensor) -> Any:
+        """The observation that :meth:`features` ``[B, F]`` of a state stand for (as :meth:`decode`
+        of that state), for an actor that reads observations inside a :func:`rollout`."""
+        raise NotImplementedError(f"{type(self).__name__} cannot decode its features")
 
     def posterior_states(self, episode: dict[str, Any]) -> State:
         """The filtered state at every row of one real episode (row convention, leaves

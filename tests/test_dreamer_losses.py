@@ -1,11 +1,8 @@
 """Dreamer's pure losses against hand-checked values, its settings groups (defaults, range checks,
-partial mappings, a checkpoint round trip) and where ``lightning_wm/Dream-v0`` is registered."""
+partial mappings, a checkpoint round trip). Where ``lightning_wm/Dream-v0`` is registered: test_env_ids.py."""
 
 import inspect
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -24,7 +21,6 @@ from lightning_wm.nn import dists
 from lightning_wm.settings import as_settings, plain
 from lightning_wm.world_model import RolloutSchedule
 
-ROOT = Path(__file__).resolve().parents[1]
 LOG2 = math.log(2.0)
 
 
@@ -284,15 +280,3 @@ def test_settings_round_trip_through_a_checkpoint(tmp_path):
     assert loaded.eval_policy == "sample" and loaded.optim_settings()[1].lr_anneal_steps == 50
     for key, value in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[key], value), key
-
-
-@pytest.mark.slow
-def test_dream_env_id_is_registered_by_the_dreamer_package_not_by_envs():
-    code = (
-        "import gymnasium as gym, lightning_wm.envs as envs\n"
-        "assert envs.DREAM_ENV_ID not in gym.registry\n"
-        "import lightning_wm.agents.dreamer\n"
-        "assert envs.DREAM_ENV_ID in gym.registry\n"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
-    assert "agents" not in (ROOT / "lightning_wm/envs.py").read_text()

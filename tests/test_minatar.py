@@ -2,6 +2,7 @@
 family can use, and a tiny CLI fit of each MinAtar config (configs/*/minatar*.yaml)."""
 
 import sys
+import types
 from pathlib import Path
 
 import gymnasium as gym
@@ -31,7 +32,10 @@ FRAMES_10 = gym.spaces.Box(0, 255, (10, 10, 4), np.uint8)  # MinAtar Breakout's 
 
 
 def needs_minatar():
-    pytest.importorskip("minatar", reason='MinAtar is the optional extra: pip install -e ".[minatar]"')
+    """Skip without the ``minatar`` package. Its ``minatar.gym`` module is asked for, not the bare
+    name: once a bench test has put ``bench/`` on ``sys.path``, ``import minatar`` finds the bench
+    script ``bench/minatar.py`` where the package is not installed (and then nothing skipped)."""
+    pytest.importorskip("minatar.gym", reason='MinAtar is the optional extra: pip install -e ".[minatar]"')
 
 
 # -- the env factory -------------------------------------------------------------------------------
@@ -69,6 +73,15 @@ def test_minatar_missing_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "minatar.gym", None)
     with pytest.raises(EnvError, match=r'pip install -e "\.\[minatar\]"'):
         make_env(EnvConfig(id="MinAtar/Breakout-v1"))
+
+
+def test_needs_minatar_skips_where_a_bench_script_shadows_the_package(monkeypatch):
+    # where the package is missing, ``import minatar`` finds bench/minatar.py once bench/ is on
+    # sys.path: a plain module, not a package; the guard must still skip
+    monkeypatch.setitem(sys.modules, "minatar", types.ModuleType("minatar"))
+    monkeypatch.delitem(sys.modules, "minatar.gym", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="optional extra"):
+        needs_minatar()
 
 
 # -- the small conv encoder -------------------------------------------------------------------------

@@ -8,7 +8,7 @@
 * :mod:`.agent` — the :class:`Dreamer` LightningModule (world model + actor + critic);
 * :mod:`.plots` — open-loop prediction figures;
 * :mod:`.dream` — a trained Dreamer's dream as the gymnasium env ``lightning_wm/Dream-v0``
-  (registered when this package is imported).
+  (registered by :mod:`lightning_wm.env_ids` when ``lightning_wm`` is imported).
 """
 
 from lightning_wm.agents.dreamer.agent import Dreamer

@@ -2,23 +2,23 @@
 that any agent with its own encoder (IMPALA, MuZero, ...) trains inside it by config and is
 validated in the real env (``eval.env``).
 
-Importing this module (the Dreamer package imports it; so does the CLI) registers the id with
-gymnasium: :mod:`lightning_wm.envs` knows its name (``DREAM_ENV_ID``) and checks its options, but
-imports nothing of the agents."""
+:mod:`lightning_wm.env_ids` registers the id with gymnasium when ``lightning_wm`` is imported, its
+entry points naming :func:`make_dream_env` and :func:`make_dream_vector_env` by string (so this
+module is imported only when a dream is made); :mod:`lightning_wm.envs` knows its name
+(``DREAM_ENV_ID``) and checks its options, but imports nothing of the agents."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, Literal
 
-import gymnasium as gym
 import torch
 
 from lightning_wm.agents.dreamer.agent import Dreamer
 from lightning_wm.checkpoints import load_module
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.dream_env import DreamEnv, DreamSingleEnv, start_states
-from lightning_wm.envs import DREAM_ENV_ID, EnvConfig, env_spec
+from lightning_wm.envs import EnvConfig, env_spec
 
 
 def dream_from_checkpoint(
@@ -38,7 +38,7 @@ def dream_from_checkpoint(
     """A :class:`DreamEnv` in a trained Dreamer's RSSM whose observations are decoded into the real
     env's format, so that any agent with its own encoder (IMPALA, MuZero, ...) trains inside it.
 
-    This is what the gymnasium id ``lightning_wm/Dream-v0`` builds (registered by this module;
+    This is what the gymnasium id ``lightning_wm/Dream-v0`` builds (registered by :mod:`lightning_wm.env_ids`;
     its keyword arguments are these, given as ``env.kwargs`` in a config): ``gym.make`` gives one dream (:class:`DreamSingleEnv`), ``make_vector_env`` all of
     ``num_envs`` stepped in one batch.
 
@@ -89,7 +89,3 @@ def make_dream_vector_env(num_envs: int = 1, **kwargs: Any) -> DreamEnv:
     """``gym.make_vec("lightning_wm/Dream-v0", num_envs, vectorization_mode="vector_entry_point")``:
     ``num_envs`` dreams stepped as one batch."""
     return dream_from_checkpoint(num_envs=num_envs, **kwargs)
-
-
-if DREAM_ENV_ID not in gym.registry:
-    gym.register(DREAM_ENV_ID, entry_point=make_dream_env, vector_entry_point=make_dream_vector_env)

@@ -308,9 +308,9 @@ class DynaWorldModel(LearnedModel):
             what="imagination starts (rows that are not an episode's last row)",
         )
         slot = (first[:, None] + np.arange(span)) % cap
-        return self._filtered(env_buffer.gather(stream[:, None], slot, keys=("obs", "action", "is_first")))
+        return self.filtered_states(env_buffer.gather(stream[:, None], slot, keys=("obs", "action", "is_first")))
 
-    def _filtered(self, rows: dict[str, Any]) -> tuple[Any, State]:
+    def filtered_states(self, rows: dict[str, Any]) -> tuple[Any, State]:
         """Windows of ``burn_in + 1`` real rows ``[N, burn_in + 1, ...]`` (``obs``, ``action``,
         ``is_first``) -> the observations of their last rows ``[N, ...]`` and the model's states
         there (``initial_state`` of the observation, or the filtered state after ``burn_in`` rows)."""
@@ -356,7 +356,7 @@ class DynaWorldModel(LearnedModel):
         try:
             with torch.no_grad(), torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
                 history = {k: tree_map(lambda x: x[:, :-1], rows[k]) for k in ("obs", "action", "is_first")}
-                _, state = self._filtered(history)
+                _, state = self.filtered_states(history)
                 action = self.codec.encode(rows["action"][:, -2].to(device))
                 reward, next_state, done = self.model.step(state, action)
                 real = tree_map(lambda x: x[:, -1].to(device), {k: rows[k] for k in ("obs", "reward", "is_terminal")})

@@ -12,11 +12,17 @@ through small interfaces:
   Its optimizer is Dyna's own (``optim.model``), not one the world-model learner configures.
 
 Each batch (from an :class:`~lightning_wm.data.modules.UnrollDataModule` with
-``model_replay_size > 0``) holds the policy's unrolls — real ones and, once the imagination is
+``model_replay.capacity > 0``) holds the policy's unrolls — real ones and, once the imagination is
 filled, imagined ones at ``imagination.real_ratio`` — and ``"model"``, real sequences for one
 world-model step. The :class:`~lightning_wm.agents.dyna.Imagination` callback refills the
 imagination buffer from the model every ``train_freq`` env steps and evaluates the model every
 ``eval_freq`` (:class:`~lightning_wm.agents.dyna.DynaWorldModel`, DI-engine's options).
+
+With ``dream.weight > 0`` the model is used both ways (a
+:class:`~lightning_wm.agents.dyna.HybridWorldModel`): beside the imagined rows, every policy step
+also dreams on the fly from the model batch's real rows and adds ``dream.weight`` times the dream
+loss (:func:`~lightning_wm.agents.dyna.losses.dream_loss`: λ-returns backpropagated through the
+model into the policy) to the policy's loss.
 """
 
 from __future__ import annotations
@@ -31,15 +37,17 @@ import torch
 from torch import Tensor, nn
 
 from lightning_wm.agents.base import RLModule
-from lightning_wm.agents.dyna.imagination import DynaWorldModel, ImaginationSettings
+from lightning_wm.agents.dyna.imagination import DynaWorldModel, HybridWorldModel, ImaginationSettings
+from lightning_wm.agents.dyna.losses import dream_loss
 from lightning_wm.envs import EnvSpec
 from lightning_wm.optim import GradClipper, GradClipSettings, OptimSettings, build_optimizer, optimizer_beta
 from lightning_wm.protocols import acting_weights
 from lightning_wm.seeding import derive_seed
 from lightning_wm.settings import as_settings, plain
+from lightning_wm.tree import tree_map
 from lightning_wm.world_model import RolloutSchedule, WorldModel
 
-__all__ = ["DynaLearner", "DynaOptimSettings"]
+__all__ = ["DreamSettings", "DynaLearner", "DynaOptimSettings"]
 
 
 def _world_model_optim() -> OptimSettings:
@@ -58,9 +66,34 @@ class DynaOptimSettings:
     model: OptimSettings = field(default_factory=_world_model_optim)
 
 
+@dataclass(frozen=True)
+class DreamSettings:
+    """On-the-fly dreams beside the imagination buffer (Dyna's ``dream`` group; DI-engine's
+    ``HybridWorldModel``: the buffer's reused rollouts and ``DreamWorldModel.rollout``'s
+    backpropagation through the model, under one cadence and one rollout schedule).
+
+    Attributes:
+        weight: weight of the dream loss in the policy's loss; 0 (default) dreams nothing (Dyna
+            alone, a :class:`~lightning_wm.agents.dyna.DynaWorldModel`).
+        batch_size: dreams per policy step, each started from the last real row of one sequence
+            of the model batch (at most ``model_replay.batch_size`` of them; the model filters the
+            ``imagination.burn_in`` rows before it). The dream's length is ``rollout``'s.
+    """
+
+    weight: float = 0.0
+    batch_size: int = 16
+
+    def __post_init__(self) -> None:
+        if self.weight < 0:
+            raise ValueError(f"dream.weight must be >= 0, got {self.weight}")
+        if self.batch_size < 1:
+            raise ValueError(f"dream.batch_size must be >= 1, got {self.batch_size}")
+
+
 DYNA_ROLLOUT = RolloutSchedule()  # DI-engine's rollout_length_scheduler defaults
 DYNA_IMAGINATION = ImaginationSettings()
 DYNA_OPTIM = DynaOptimSettings()
+DYNA_DREAM = DreamSettings()
 
 
 def _build(factory: Callable[[EnvSpec], RLModule], env_spec: EnvSpec) -> RLModule:
@@ -93,6 +126,10 @@ class DynaLearner(RLModule):
         imagination: the imagination buffer and the real/imagined mix
             (:class:`~lightning_wm.agents.dyna.ImaginationSettings`).
         optim: the world model's optimizer (:class:`DynaOptimSettings`).
+        dream: on-the-fly dreams with gradients into the policy beside the imagined rows
+            (:class:`DreamSettings`; off by default). The policy then also needs ``dream_act``,
+            ``dream_value`` and ``dream_returns`` (IMPALA has them; discrete actions, no LSTM) and
+            the world model's ``wm`` ``decode_features``.
         train_freq: env steps between imagination refills (one model version each).
         eval_freq: env steps between evaluations of the model's one-step prediction error on
             real rows (logged as ``world_model/eval_*``).
@@ -115,6 +152,7 @@ class DynaLearner(RLModule):
         rollout: RolloutSchedule = DYNA_ROLLOUT,
         imagination: ImaginationSettings = DYNA_IMAGINATION,
         optim: DynaOptimSettings = DYNA_OPTIM,
+        dream: DreamSettings = DYNA_DREAM,
         train_freq: int = 250,
         eval_freq: int = 250,
         model_train_start: int = 0,
@@ -132,20 +170,27 @@ class DynaLearner(RLModule):
         rollout = self.rollout = as_settings(RolloutSchedule, rollout, "rollout")
         imagination = self.imagination = as_settings(ImaginationSettings, imagination, "imagination")
         optim = self.optim = as_settings(DynaOptimSettings, optim, "optim")
+        self.dream = as_settings(DreamSettings, dream, "dream")
         self.save_settings(ignore=["policy", "world_model"])
         self.automatic_optimization = False
         self.policy = _build(policy, env_spec)
         self.world_model = _build(world_model, env_spec)
+        dreams = self.dream.weight > 0
         for name, module, needs in (
             ("policy", self.policy, ("act", "initial_state", "learner_loss", "configure_optimizers")),
             ("world_model", self.world_model, ("wm", "world_model_loss")),
+            ("policy", self.policy, ("dream_act", "dream_value", "dream_returns") if dreams else ()),
         ):
             lacking = [n for n in needs if not hasattr(module, n)]
             if lacking:
-                raise ValueError(f"DynaLearner's {name} ({type(module).__name__}) lacks {lacking}")
+                raise ValueError(
+                    f"DynaLearner's {name} ({type(module).__name__}) lacks {lacking}"
+                    + (" (needed by dream.weight > 0)" if lacking[0].startswith("dream") else "")
+                )
         if not isinstance(self.world_model.wm, WorldModel):
             raise ValueError(f"DynaLearner's world_model.wm ({type(self.world_model.wm).__name__}) is no WorldModel")
-        self.dyna = DynaWorldModel(self.world_model.wm, env_spec, imagination, rollout, train_freq, eval_freq)
+        kind = HybridWorldModel if dreams else DynaWorldModel
+        self.dyna = kind(self.world_model.wm, env_spec, imagination, rollout, train_freq, eval_freq)
         self.model_train_start = int(model_train_start)
         self.seed = int(torch.initial_seed()) if seed is None else int(seed)
         self.dyna.last_train_step = self.model_train_start  # the first imagination at model_train_start + train_freq
@@ -193,6 +238,10 @@ class DynaLearner(RLModule):
                 self.world_model.log_p_end_at_terminal(model_logs, self.logs_step(self.global_step + 1))
             logs.update(model_logs)
         loss, policy_logs = self.policy.learner_loss(batch, self.global_step)
+        if self._dreams_now(model_batch):
+            dreamed, dream_logs = self.dream_loss(model_batch)
+            loss = loss + self.dream.weight * dreamed
+            logs.update(dream_logs)
         policy_opt.zero_grad()
         self.manual_backward(loss)
         self.policy.configure_gradient_clipping(policy_opt, None, None)
@@ -208,6 +257,42 @@ class DynaLearner(RLModule):
         B = int(batch["is_first"].shape[0])
         self.log_dict(logs, on_step=True, on_epoch=False, batch_size=B)
         self.log("train/loss", loss.detach(), prog_bar=True, on_step=True, on_epoch=False, batch_size=B)
+
+    def _dreams_now(self, model_batch: dict[str, Any] | None) -> bool:
+        """Whether this policy step dreams: ``dream.weight > 0``, a model batch, the model trained
+        (``model_train_start``) and a rollout length above 0 now."""
+        if self.dream.weight <= 0 or model_batch is None or self.env_steps < self.model_train_start:
+            return False
+        return self.dyna.rollout_length_scheduler(int(self.env_steps)) > 0
+
+    def dream_loss(self, model_batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
+        """One dream (the Hybrid's ``rollout``) from the last real rows of the model batch's
+        sequences ``[B, L, ...]``: the policy acts on the decoded states with differentiable actions,
+        the world model is frozen; returns the dream loss (scalar) and ``train/dream_*`` logs."""
+        if not isinstance(self.dyna, HybridWorldModel):
+            raise RuntimeError("dream_loss needs dream.weight > 0 (a HybridWorldModel)")
+        wm, span = self.world_model.wm, self.imagination.burn_in + 1
+        n = min(self.dream.batch_size, int(model_batch["is_first"].shape[0]))
+        rows = {k: tree_map(lambda x: x[:n, -span:], model_batch[k]) for k in ("obs", "action", "is_first")}
+        with torch.no_grad():
+            _, start = self.dyna.filtered_states(rows)
+        decoded: list[Any] = []
+
+        def actor(features: Tensor) -> tuple[Tensor, Tensor]:
+            obs = wm.decode_features(features)
+            decoded.append(obs)
+            return self.policy.dream_act(obs)
+
+        out = self.dyna.rollout(start, actor, self.env_steps)
+        value = torch.stack([self.policy.dream_value(obs) for obs in decoded])  # [N+1, B]
+        discount, lambda_, reward_scale = self.policy.dream_returns()
+        reward = out["rewards"].float() * reward_scale
+        loss, returns = dream_loss(reward, value, out["dones"].float(), out["aug_rewards"].float(), discount, lambda_)
+        return loss, {
+            "train/dream_loss": loss.detach(),
+            "train/dream_return": returns[0].mean().detach(),
+            "train/dream_horizon": torch.tensor(float(reward.shape[0])),
+        }
 
     # -- checkpoints ------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

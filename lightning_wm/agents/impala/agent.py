@@ -1,8 +1,9 @@
 """IMPALA's learner (Espeholt et al. 2018): the LightningModule that learns from actors' unrolls.
 
-Its settings come in groups: ``net`` (:class:`~lightning_wm.nn.actor_critic.ActorCriticSettings`)
-or an injected ``encoder``, ``loss`` (:class:`~lightning_wm.agents.impala.losses.VTraceLossSettings`),
-``optim`` (:class:`~lightning_wm.optim.OptimSettings`), and the two prioritized-replay switches.
+Its settings come in groups (:mod:`~lightning_wm.agents.impala.settings`): ``net``
+(:class:`~lightning_wm.nn.actor_critic.ActorCriticSettings`) or an injected ``encoder``, ``loss``
+(:class:`~lightning_wm.agents.impala.settings.VTraceLossSettings`), ``optim``
+(:class:`~lightning_wm.optim.OptimSettings`), and the two prioritized-replay switches.
 ``training_step`` is: the loss (:func:`~lightning_wm.agents.impala.losses.unroll_loss`), then
 its report.
 
@@ -23,26 +24,23 @@ import torch
 from torch import Tensor, nn
 
 from lightning_wm.agents.base import RLModule
-from lightning_wm.agents.impala.losses import ImpalaLoss, VTraceLossSettings, unroll_loss
+from lightning_wm.agents.impala.losses import ImpalaLoss, unroll_loss
+from lightning_wm.agents.impala.settings import IMPALA_LOSS, IMPALA_NET, IMPALA_OPTIM, VTraceLossSettings
 from lightning_wm.compiling import CompileSettings, ShapeCompiled, as_compile_settings
 from lightning_wm.envs import EnvSpec
 from lightning_wm.nn.actor_critic import ActorCritic, ActorCriticSettings, CoreState, Obs
 from lightning_wm.optim import GradClipper, OptimSettings, build_optimizer, optimizer_beta, with_lr_schedule
 from lightning_wm.settings import as_settings
+from lightning_wm.world_model import frozen
 
 __all__ = ["IMPALA", "IMPALA_LOSS", "IMPALA_NET", "IMPALA_OPTIM"]
-
-# the defaults of the groups (DI-engine's IMPALA: Adam at 0.0005, no clipping)
-IMPALA_NET = ActorCriticSettings()
-IMPALA_LOSS = VTraceLossSettings()
-IMPALA_OPTIM = OptimSettings(lr=0.0005)
 
 
 class IMPALA(RLModule):
     """IMPALA's learner: V-trace actor-critic on batches of unrolls ``[B, T+1, ...]``.
 
     Feed it an :class:`~lightning_wm.data.modules.UnrollDataModule` (its ``unroll_length``,
-    ``batch_size``, ``replay_size`` and ``max_use``; see ``docs/impala.md`` for DI-engine's names).
+    ``batch_size`` and ``replay`` group: ``capacity``, ``max_use``; see ``docs/impala.md`` for DI-engine's names).
 
     Args:
         env_spec: the env's spaces (linked from the datamodule by the CLI).
@@ -53,13 +51,13 @@ class IMPALA(RLModule):
             ``representation_loss(batch, step) -> (loss, logs) | None`` method trains itself:
             its loss is added to IMPALA's and its logs logged (e.g.
             :class:`~lightning_wm.agents.muzero.MuZeroRepresentation`).
-        loss: the V-trace loss (:class:`~lightning_wm.agents.impala.losses.VTraceLossSettings`).
+        loss: the V-trace loss (:class:`~lightning_wm.agents.impala.settings.VTraceLossSettings`).
         optim: the optimizer (``adam`` or ``rmsprop``), its learning rate (logged as
             ``train/cur_lr``; ``lr_anneal_steps`` anneals it linearly to 0, the IMPALA paper's
             schedule) and its gradient clipping ``optim.clip`` (DI-engine's ``grad_clip_type``,
             ``clip_value``; :class:`~lightning_wm.optim.GradClipper`). Default: Adam at 0.0005.
         priority: return each unroll's priority (mean ``|vs - V|`` over its steps) as
-            ``"priority"`` so a prioritized unroll replay (``data.prioritized: true``) updates it.
+            ``"priority"`` so a prioritized unroll replay (``data.init_args.replay.prioritized: true``) updates it.
         priority_is_weight: weight each unroll's loss terms by the batch's importance weights
             (``weight``; needs ``priority`` and a prioritized replay).
         compile: ``torch.compile`` of the learner (:class:`~lightning_wm.compiling.CompileSettings`):
@@ -160,7 +158,7 @@ class IMPALA(RLModule):
         if strict and "weight" not in batch:
             raise ValueError(
                 "priority_is_weight: the batch has no importance weights; use a prioritized unroll "
-                "replay (data.init_args.prioritized: true, replay_size > 0)"
+                "replay (data.init_args.replay.prioritized: true, replay.capacity > 0)"
             )
         return batch.get("weight")
 
@@ -228,6 +226,41 @@ class IMPALA(RLModule):
                 return float(self.optim.lr)
             optimizer = optimizer[0]
         return float(optimizer.param_groups[0]["lr"])
+
+    # -- learning in a dream (DynaLearner's dream group, a Hybrid world model) -----------------
+    def _one_step(self, obs: Obs) -> tuple[dict[str, Tensor], Tensor]:
+        """``obs [B, ...]`` -> the policy's parameters ``{name: [B, ...]}`` and ``V [B]``."""
+        if self.net.core is not None:
+            raise ValueError("learning in a dream needs a feed-forward IMPALA (net.lstm_size: 0)")
+        first = obs if isinstance(obs, Tensor) else next(iter(obs.values()))
+        single = obs.unsqueeze(0) if isinstance(obs, Tensor) else {k: v.unsqueeze(0) for k, v in obs.items()}
+        is_first = torch.ones(1, first.shape[0], dtype=torch.bool, device=first.device)
+        params, value, _ = self.net.unroll(single, is_first)
+        return {k: v[0] for k, v in params.items()}, value[0]
+
+    def dream_act(self, obs: Obs) -> tuple[Tensor, Tensor]:
+        """A differentiable action in an imagined state: ``obs [B, ...]`` -> ``(action [B, A],
+        bonus [B])``. The action is a one-hot draw from the policy whose gradient is that of its
+        probabilities (straight-through); the bonus is ``loss.entropy_weight`` times the policy's
+        entropy. Discrete actions only."""
+        if not self.env_spec.discrete:
+            raise ValueError("learning in a dream needs discrete actions (a one-hot straight-through draw)")
+        params, _ = self._one_step(obs)
+        probs = torch.softmax(params["logits"].float(), -1)
+        draw = torch.multinomial(probs.detach(), 1).squeeze(-1)
+        onehot = torch.nn.functional.one_hot(draw, probs.shape[-1]).to(probs.dtype)
+        return onehot + probs - probs.detach(), self.loss.entropy_weight * self.net.head.entropy(params)
+
+    def dream_value(self, obs: Obs) -> Tensor:
+        """``V(obs)`` ``[B]`` with the network's parameters frozen: gradients flow to whatever made
+        ``obs`` (the actions of a dream), never into the value function."""
+        with frozen(self.net):
+            return self._one_step(obs)[1].float()
+
+    def dream_returns(self) -> tuple[float, float, float]:
+        """``(discount, lambda_, reward_scale)`` of the ``loss`` group: how a dream's returns are
+        discounted and scaled, as the V-trace targets are."""
+        return float(self.loss.discount), float(self.loss.lambda_), float(self.loss.reward_scale)
 
     # -- checkpoints -----------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -1,7 +1,7 @@
 """IMPALA's loss (Espeholt et al. 2018) as pure functions of tensors.
 
-* :class:`VTraceLossSettings` — the loss's settings group (IMPALA's ``loss``): weights,
-  discount, lambda, the three V-trace clips and the reward scale.
+* :class:`~lightning_wm.agents.impala.settings.VTraceLossSettings` — the loss's settings group
+  (IMPALA's ``loss``; defined in :mod:`~lightning_wm.agents.impala.settings`, importable from here).
 * :func:`impala_loss` — policy gradient with V-trace advantages + ``value_weight`` * value
   loss - ``entropy_weight`` * entropy, on time-major tensors ``[T, B]``.
 * :func:`unroll_loss` — runs an :class:`~lightning_wm.nn.actor_critic.ActorCritic` over a batch
@@ -10,57 +10,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from lightning_wm.agents.impala.settings import VTraceLossSettings
 from lightning_wm.nn.actor_critic import ActorCritic
 from lightning_wm.returns import UnrollSteps, unroll_steps, vtrace
 
 __all__ = ["ImpalaLoss", "VTraceLossSettings", "impala_loss", "unroll_loss"]
-
-
-@dataclass(frozen=True)
-class VTraceLossSettings:
-    """IMPALA's loss (the ``loss`` group; DI-engine's ``policy.learn`` defaults).
-
-    Attributes:
-        value_weight: weight of the value loss (the policy term's weight is 1).
-        entropy_weight: weight of the entropy bonus (subtracted from the loss).
-        discount: gamma, in [0, 1].
-        lambda_: V-trace's trace-cutting factor in [0, 1] (``c_t = lambda_ * min(c_clip, rho_t)``;
-            1 is the paper's eq. 1).
-        rho_clip: clip of the importance ratio in the TD errors (rho bar).
-        c_clip: clip of the importance ratio in the traces (c bar).
-        rho_pg_clip: clip of the importance ratio of the policy-gradient advantage.
-        reward_scale: rewards are multiplied by this before V-trace (sample-factory's
-            ``reward_scale``; not in DI-engine): it keeps the value targets near unit scale where
-            returns are large, so the value loss does not swamp the policy gradient under a
-            gradient-norm clip. Values are then in scaled units.
-    """
-
-    value_weight: float = 0.5
-    entropy_weight: float = 0.0001
-    discount: float = 0.99
-    lambda_: float = 0.95
-    rho_clip: float = 1.0
-    c_clip: float = 1.0
-    rho_pg_clip: float = 1.0
-    reward_scale: float = 1.0
-
-    def __post_init__(self) -> None:
-        for name in ("discount", "lambda_"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"loss.{name} must be in [0, 1], got {getattr(self, name)}")
-        for name in ("value_weight", "entropy_weight"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"loss.{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("rho_clip", "c_clip", "rho_pg_clip", "reward_scale"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"loss.{name} must be > 0, got {getattr(self, name)}")
 
 
 class ImpalaLoss(NamedTuple):

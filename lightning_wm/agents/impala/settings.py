@@ -1,0 +1,69 @@
+"""IMPALA's settings groups: what ``model.init_args`` of an IMPALA config holds.
+
+* ``net`` — :class:`~lightning_wm.nn.actor_critic.ActorCriticSettings`, the actor-critic network
+  (defined beside the network in :mod:`lightning_wm.nn.actor_critic`, a building block that other
+  learners can use; re-exported here);
+* ``loss`` — :class:`VTraceLossSettings`, the V-trace loss: weights, discount, lambda, the three
+  V-trace clips and the reward scale;
+* ``optim`` — :class:`~lightning_wm.optim.OptimSettings` (Adam or RMSProp and its clipping);
+* ``compile`` — :class:`~lightning_wm.compiling.CompileSettings`.
+
+``IMPALA_NET``, ``IMPALA_LOSS`` and ``IMPALA_OPTIM`` are the groups' defaults (DI-engine's IMPALA:
+Adam at 0.0005, no clipping). ``docs/impala.md`` lists every option with its meaning, default and
+DI-engine's name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lightning_wm.nn.actor_critic import ActorCriticSettings
+from lightning_wm.optim import OptimSettings
+
+__all__ = ["IMPALA_LOSS", "IMPALA_NET", "IMPALA_OPTIM", "ActorCriticSettings", "VTraceLossSettings"]
+
+
+@dataclass(frozen=True)
+class VTraceLossSettings:
+    """IMPALA's loss (the ``loss`` group; DI-engine's ``policy.learn`` defaults).
+
+    Attributes:
+        value_weight: weight of the value loss (the policy term's weight is 1).
+        entropy_weight: weight of the entropy bonus (subtracted from the loss).
+        discount: gamma, in [0, 1].
+        lambda_: V-trace's trace-cutting factor in [0, 1] (``c_t = lambda_ * min(c_clip, rho_t)``;
+            1 is the paper's eq. 1).
+        rho_clip: clip of the importance ratio in the TD errors (rho bar).
+        c_clip: clip of the importance ratio in the traces (c bar).
+        rho_pg_clip: clip of the importance ratio of the policy-gradient advantage.
+        reward_scale: rewards are multiplied by this before V-trace (sample-factory's
+            ``reward_scale``; not in DI-engine): it keeps the value targets near unit scale where
+            returns are large, so the value loss does not swamp the policy gradient under a
+            gradient-norm clip. Values are then in scaled units.
+    """
+
+    value_weight: float = 0.5
+    entropy_weight: float = 0.0001
+    discount: float = 0.99
+    lambda_: float = 0.95
+    rho_clip: float = 1.0
+    c_clip: float = 1.0
+    rho_pg_clip: float = 1.0
+    reward_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("discount", "lambda_"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"loss.{name} must be in [0, 1], got {getattr(self, name)}")
+        for name in ("value_weight", "entropy_weight"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"loss.{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("rho_clip", "c_clip", "rho_pg_clip", "reward_scale"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"loss.{name} must be > 0, got {getattr(self, name)}")
+
+
+# the defaults of the groups (DI-engine's IMPALA: Adam at 0.0005, no clipping)
+IMPALA_NET = ActorCriticSettings()
+IMPALA_LOSS = VTraceLossSettings()
+IMPALA_OPTIM = OptimSettings(lr=0.0005)
