@@ -51,9 +51,8 @@ import tarfile
 import tempfile
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -67,8 +66,7 @@ FIT_GRACE_S = 30  # SIGTERM to SIGKILL: a fit saves its checkpoint and stops its
 PACK_MARGIN_S = 20  # per job: reading the logs, the curve, the tar
 
 
-@dataclass(frozen=True)
-class Job:
+class Job(NamedTuple):
     """A learning proof: its config, its goal (``metric`` reaching ``target``) and its CPU shrink.
 
     ``frames_per_step``: emulator frames per env step (Atari's frame skip); ``until_frames``: the
@@ -83,7 +81,6 @@ class Job:
     until_frames: int = 0
     hold: bool = False
     quick: tuple[str, ...] = ()
-    cpu: tuple[str, ...] = field(default=())
 
 
 def _flags(**groups: Any) -> tuple[str, ...]:
@@ -97,7 +94,7 @@ def _flags(**groups: Any) -> tuple[str, ...]:
     return tuple(out)
 
 
-QUICK_TRAINER = {"max_steps": 8, "val_check_interval": 4, "checkpoint_every_n_steps": 4, "log_every_n_steps": 2}
+QUICK_TRAINER = {"max_steps": 4, "val_check_interval": 4, "checkpoint_every_n_steps": 4, "log_every_n_steps": 1}
 DREAMER_QUICK = {"net.deter": 16, "net.stoch": 4, "net.classes": 4, "net.hidden": 16, "net.bins": 31}
 DREAMER_QUICK_DATA = {"prefill": 64, "batch_size": 4, "sampler.init_args.length": 8, "eval.episodes": 1}
 JOBS: dict[str, Job] = {
@@ -110,7 +107,7 @@ JOBS: dict[str, Job] = {
             trainer=QUICK_TRAINER,
             model={"net.fc_size": 16, "net.conv_channels": [4, 8, 8]},
             data={"env.num_envs": 2, "env.max_episode_steps": 50, "unroll_length": 4, "batch_size": 2}
-            | {"acting.num_actors": 2, "eval.episodes": 1, "eval.envs": 1},
+            | {"acting.num_actors": 1, "eval.episodes": 1, "eval.envs": 1},  # one actor process
         ),
     ),
     "dreamer_pixels": Job(
@@ -453,39 +450,48 @@ def run_job(name: str, args: argparse.Namespace, limit: float) -> list[str]:
 
 # -- the speed part -----------------------------------------------------------------------------------
 def speed_part(device: str, quick: bool, limit: float) -> list[str]:
-    """The open speed goals, each a ``gpu_check.py`` child under its share of ``limit``."""
+    """The open speed goals, each a ``gpu_check.py`` child under its share of ``limit``: Dreamer L
+    (0.2), the captured search (0.17), acting (0.45), then the captured and compiled search (the rest)."""
     import gpu_check
 
     gpu_check.run = run_limited  # its children under this script's signal handling
     deadline = time.monotonic() + limit
+    share = lambda part: min(part * limit, deadline - time.monotonic())  # noqa: E731
     lines = ["## Speed goals", ""]
     size, mode = ("XS", "none") if quick else ("L", "graph+tf32")
     payload = {"device": device, "size": size, "mode": mode, "steps": 2 if quick else 8, "quick": quick}
-    status, result, out = gpu_check.run_child("size-run", payload, min(0.25 * limit, deadline - time.monotonic()))
+    status, result, out = gpu_check.run_child("size-run", payload, share(0.2))
     if result:
         cells = ", ".join(f"{p} {r['median']:.4f} s (min {r['min']:.4f})" for p, r in result.items())
         lines.append(
-            f"* Dreamer {size} gradient step, `compile.mode` {mode} (fp32 = TF32 matmuls): {cells}; goal L <= 0.06 s"
+            f"* Dreamer {size} gradient step, `compile.mode` {mode} (fp32: TF32 matmuls on CUDA): {cells}; goal L <= 0.06 s"
         )
     else:
         lines.append(f"* Dreamer {size} step FAILED (exit {status}): {out.strip().splitlines()[-1:]}")
+    lines.append(search_line(device, quick, compiled=False, limit=share(0.17)))
+    acting = gpu_check.actors_part(device, quick, max(10.0, share(0.45)))
+    if device == "cuda":
+        lines.append(search_line(device, quick, compiled=True, limit=deadline - time.monotonic()))
+    goal = "Acting goal: a copies row's `of ceiling` >= 70% with its `learner wait (keep up)` <= 10%."
+    return [*lines, "", *acting, "", goal]
+
+
+def search_line(device: str, quick: bool, compiled: bool, limit: float) -> str:
+    """One batched MCTS (batch 64, 50 simulations; quick: 16, 10) timed in a ``gpu_check`` child:
+    captured as a CUDA graph (``compiled``: of the compiled simulations); eager on the CPU."""
+    import gpu_check
+
     batch, sims = (16, 10) if quick else (64, 50)
-    for name, graphs, compiled in (("captured", True, False), ("captured, compiled", True, True)):
-        if device != "cuda" and graphs and name != "captured":
-            continue  # the CPU runs the eager search once
-        payload = {"device": device, "batches": [batch], "simulations": sims, "repeats": 5}
-        payload |= {"cuda_graphs": graphs and device == "cuda", "compile": compiled}
-        status, result, out = gpu_check.run_child("search-run", payload, min(0.3 * limit, deadline - time.monotonic()))
-        label = name if device == "cuda" else "eager (CPU)"
-        if result:
-            r = result[0]
-            lines.append(
-                f"* search, batch {batch}, {sims} simulations, {label}: {1e3 * r['seconds']:.1f} ms (first {r['first']:.2f} s); goal <= 10 ms"
-            )
-        else:
-            lines.append(f"* search {label} FAILED (exit {status}): {out.strip().splitlines()[-1:]}")
-    lines += ["", *gpu_check.actors_part(device, quick, max(10.0, deadline - time.monotonic()))]
-    return [*lines, "", "Acting goal: the copies rows' `of ceiling` >= 70% with `learner wait (keep up)` <= 10%."]
+    label = ("captured, compiled" if compiled else "captured") if device == "cuda" else "eager (CPU)"
+    if limit < 10:
+        return f"* search {label}: not run, out of time"
+    payload = {"device": device, "batches": [batch], "simulations": sims, "repeats": 5}
+    payload |= {"cuda_graphs": device == "cuda", "compile": compiled}
+    status, result, out = gpu_check.run_child("search-run", payload, limit)
+    if not result:
+        return f"* search {label} FAILED (exit {status}): {out.strip().splitlines()[-1:]}"
+    r = result[0]
+    return f"* search, batch {batch}, {sims} simulations, {label}: {1e3 * r['seconds']:.1f} ms (first {r['first']:.2f} s); goal <= 10 ms"
 
 
 def fit_child(args_json: str) -> None:
@@ -504,7 +510,7 @@ def main() -> None:
     parser.add_argument("--parts", default="speed,learn", help="comma-separated, in order: speed, learn")
     parser.add_argument("--jobs", default=",".join(JOBS), help=f"comma-separated, run in order: {', '.join(JOBS)}")
     parser.add_argument("--budget", type=float, default=560, help="seconds for the whole call (default 560)")
-    parser.add_argument("--speed-seconds", type=float, default=200, help="limit of the speed part (default 200)")
+    parser.add_argument("--speed-seconds", type=float, default=240, help="limit of the speed part (default 240)")
     parser.add_argument("--job-seconds", type=float, default=600, help="fit wall per job, all segments (600)")
     parser.add_argument("--out", required=False, default=os.environ.get("OUT", "gpu_learn_out"))
     parser.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "gpu_learn"), help="the job folders")
