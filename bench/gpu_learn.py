@@ -1,9 +1,12 @@
 """Learning proofs on a lent GPU: named jobs trained under a wall limit, resumable across device calls,
 and the open GPU speed goals measured in the same call; one markdown report.
 
-    python bench/gpu_learn.py --jobs impala_pong --out $OUT                      # speed, then the job (<= 560 s)
+    python bench/gpu_learn.py --jobs impala_pong --budget 560 --out $OUT    # speed (<= 240 s), then the job
     python bench/gpu_learn.py --parts learn --jobs impala_pong --resume-from .gpu/resume --out $OUT
     python bench/gpu_learn.py --device cpu --quick --out /tmp/gl --work /tmp/gl_work   # every job shrunk, CPU
+
+On the device the packages it lacks come as wheels (``bench/gpu_wheels.py``; README, "Learning on a
+GPU machine", has the whole call).
 
 Jobs (:data:`JOBS`; each a config in ``configs/``): ``impala_pong`` (greedy return >= 18 over 10
 episodes), ``dreamer_pixels`` (evaluation >= 475, held to the end), ``dreamer_minatar`` and
@@ -374,6 +377,10 @@ def _mean_in(points: list[tuple[float, int, float]], start: float, end: float) -
     return sum(inside) / len(inside) if inside else None
 
 
+def _num(values: list[float]) -> str:
+    return f"{values[0]:.2f}" if values else "-"
+
+
 def segment_rows(name: str, job: Job, scalars: dict[str, list], segments: list[dict[str, Any]]) -> list[str]:
     """One markdown row per segment: env steps and frames at its end, fit wall, returns, rates, wait."""
     rows, before_env, before_wall = [], 0.0, 0.0
@@ -391,8 +398,8 @@ def segment_rows(name: str, job: Job, scalars: dict[str, list], segments: list[d
         before_wall += seg["wall_s"]
         rows.append(
             f"| {name} | {i} | {seg['status']} | {env:,.0f} | {env * job.frames_per_step:,.0f} | {seg['wall_s']:.0f} "
-            f"({before_wall:.0f}) | {train[0] if train else float('nan'):.2f} | "
-            f"{val[-1] if val else float('nan'):.2f} ({max(val) if val else float('nan'):.2f}) | {rate:,.0f} | {wait_text} |"
+            f"({before_wall:.0f}) | {_num(train[-1:])} | {_num(val[-1:])} ({_num([max(val)] if val else [])}) | "
+            f"{rate:,.0f} | {wait_text} |"
         )
         before_env = env
     return rows
@@ -410,7 +417,7 @@ def run_job(name: str, args: argparse.Namespace, limit: float) -> list[str]:
     state_path = folder / "learn.json"
     state = json.loads(state_path.read_text()) if state_path.exists() else {"job": name, "segments": []}
     segments = state["segments"]
-    spent = sum(s["wall_s"] for s in segments)
+    spent, ran = sum(s["wall_s"] for s in segments), False
     left = min(limit, args.job_seconds - spent)
     if segments and segments[-1]["status"] == "finished":
         note = "finished before this call: not run"
@@ -425,7 +432,7 @@ def run_job(name: str, args: argparse.Namespace, limit: float) -> list[str]:
             "--fit-run",
             json.dumps(fit_args(name, job, folder, args.device, args.quick, args.set)),
         ]
-        start = time.time()
+        start, ran = time.time(), True
         status, output, wall = run_limited(cmd, left, env={**os.environ, "PYTHONUNBUFFERED": "1"}, grace=FIT_GRACE_S)
         (folder / "fit.log").write_text(output[-200_000:])
         what = {0: "finished", 124: "cut at its limit", 143: "stopped (SIGTERM)", 137: "KILLED (no save)"}
@@ -442,7 +449,7 @@ def run_job(name: str, args: argparse.Namespace, limit: float) -> list[str]:
     lines += segment_rows(name, job, scalars, segments)
     val = curve_points(scalars, segments, job.metric)
     lines += ["", f"Goal: {verdict(job, val, args.job_seconds)}"]
-    if segments:
+    if ran:  # (a device call returns at most 8 files: a job not run keeps the files it came with)
         plot(name, job, scalars, segments, out / f"{name}.png")
         lines += [f"Files: `{name}.png`, " + ", ".join(f"`{n}`" for n in pack(name, folder, out))]
     return lines

@@ -1,6 +1,6 @@
 """The packages a lent GPU machine lacks, as wheels in ``.whl/`` (ignored by git) to carry with a device call.
 
-    python bench/gpu_wheels.py                  # cp312 manylinux wheels into .whl/ (about 24 MB)
+    python bench/gpu_wheels.py                  # cp312 manylinux wheels into .whl/ (22 MiB)
     python bench/gpu_wheels.py --python 3.11 --dest /tmp/whl311   # for this machine's Python (a local check)
 
 The device image (Python 3.12, torch, Lightning, matplotlib, tensorboard, opencv, absl-py) lacks
