@@ -174,3 +174,32 @@ def test_a_job_cut_at_its_limit_resumes_in_the_next_call_and_a_stopped_script_sa
     assert "resumed from" in report and "| dreamer_minatar | 2 | stopped (SIGTERM) |" in report, report
     assert _step_of(run_dir / "checkpoints/last.ckpt") >= cut_at
     assert "Restored all states from the checkpoint" in (tmp_path / "work2/dreamer_minatar/fit.log").read_text()
+
+
+def _flat(tree: dict, prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out |= _flat(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+@pytest.mark.parametrize(
+    "gpu, cpu, allowed",
+    [
+        ("dreamer/minatar_gpu.yaml", "dreamer/minatar.yaml", {"model.init_args.compile.mode"}),
+        ("muzero/minatar_gpu.yaml", "muzero/minatar.yaml", {"model.init_args.search.cuda_graphs"}),
+    ],
+)
+def test_minatar_gpu_configs_learn_as_their_cpu_configs(gpu, cpu, allowed):
+    """The MinAtar goals compare with the CPU configs' 3-seed returns: the GPU configs may differ only
+    in where and how fast they run (device, compile, captured search) and how often they validate."""
+    import yaml
+
+    a, b = (_flat(yaml.safe_load((ROOT / "configs" / name).read_text())) for name in (gpu, cpu))
+    differ = {key for key in a.keys() | b.keys() if a.get(key) != b.get(key)}
+    when = {"trainer.accelerator", "trainer.devices", "trainer.val_check_interval", "trainer.checkpoint_every_n_steps"}
+    assert differ <= allowed | when, sorted(differ - allowed - when)
+    assert a["trainer.accelerator"] == "gpu" and differ & allowed == allowed
