@@ -89,8 +89,8 @@ class Job(NamedTuple):
 
 
 def _flags(**groups: Any) -> tuple[str, ...]:
-    """``_flags(model={"net.deter": 16})`` -> ``("--model.init_args.net.deter", "16")``; ``trainer`` and
-    ``seed_everything`` keys take no ``init_args``."""
+    """``_flags(model={"net.deter": 16})`` -> ``("--model.init_args.net.deter", "16")``; ``trainer``
+    keys take no ``init_args``; lists are written as JSON."""
     out: list[str] = []
     for group, values in groups.items():
         prefix = f"--{group}" if group == "trainer" else f"--{group}.init_args"
@@ -232,7 +232,7 @@ def fit_args(name: str, job: Job, folder: Path, device: str, quick: bool, sets: 
     args += ["--trainer.accelerator", "gpu" if device == "cuda" else "cpu", "--trainer.devices", "1"]
     args += ["--trainer.callbacks+=gpu_learn.LearnClock"]
     if "envpool" in (ROOT / job.config).read_text() and importlib.util.find_spec("envpool") is None:
-        args += ["--data.init_args.env.backend", "gymnasium"]  # said in the report (the fit's log)
+        args += ["--data.init_args.env.backend", "gymnasium"]  # (said in the report)
     if quick:
         args += list(job.quick)
     for item in sets:
@@ -428,12 +428,10 @@ def run_job(name: str, args: argparse.Namespace, limit: float) -> list[str]:
     elif left < 30:
         note = f"not run: {'its wall budget is spent' if args.job_seconds - spent < 30 else 'too little time left'}"
     else:
-        cmd = [
-            sys.executable,
-            str(Path(__file__).resolve()),
-            "--fit-run",
-            json.dumps(fit_args(name, job, folder, args.device, args.quick, args.set)),
-        ]
+        fit = fit_args(name, job, folder, args.device, args.quick, args.set)
+        if "--data.init_args.env.backend" in fit:
+            note += "; EnvPool is not installed: its envs ran on gymnasium"
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--fit-run", json.dumps(fit)]
         start, ran = time.time(), True
         status, output, wall = run_limited(cmd, left, env={**os.environ, "PYTHONUNBUFFERED": "1"}, grace=FIT_GRACE_S)
         (folder / "fit.log").write_text(output[-200_000:])
