@@ -433,6 +433,7 @@ def run_job(name: str, args: argparse.Namespace, limit: float) -> list[str]:
             note += "; EnvPool is not installed: its envs ran on gymnasium"
         cmd = [sys.executable, str(Path(__file__).resolve()), "--fit-run", json.dumps(fit)]
         start, ran = time.time(), True
+        print(f"[gpu_learn] {name}: fit for up to {left:.0f} s ({note})", flush=True)
         status, output, wall = run_limited(cmd, left, env={**os.environ, "PYTHONUNBUFFERED": "1"}, grace=FIT_GRACE_S)
         (folder / "fit.log").write_text(output[-200_000:])
         what = {0: "finished", 124: "cut at its limit", 143: "stopped (SIGTERM)", 137: "KILLED (no save)"}
@@ -555,6 +556,7 @@ def write_report(args: argparse.Namespace, parts: list[str], jobs: list[str], ou
     report += [f"Machine: {gpu_check.machine(args.device)}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", ""]
     left = lambda: args.budget - (time.monotonic() - start)  # noqa: E731
     for part in parts:
+        print(f"[gpu_learn] {part} ({time.monotonic() - start:.0f} s since the start)", flush=True)
         if part == "speed":
             report += [*speed_part(args.device, args.quick, min(args.speed_seconds, left() - 10)), ""]
         else:
