@@ -2,8 +2,10 @@
 every part (the family tests on the CPU, gradient steps, search, actors) and writes its report."""
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -48,3 +50,156 @@ def test_sizes_part_times_every_size_eagerly_first_and_keeps_fp32_when_bf16_is_c
     assert rows[4] == (
         "| XS | graph | 0.1000 (0.0900) | timed out | | 12.0, - | 0.00 | 32-true: {'eager': 2, 'recorded': 1, 'replayed': 9} |"
     )
+
+
+# -- bench/gpu_learn.py: the learning proofs ------------------------------------------------------------
+def _gpu_learn(tmp_path: Path, *args: str) -> list[str]:
+    out, work = tmp_path / "out", tmp_path / "work"
+    return [sys.executable, str(ROOT / "bench/gpu_learn.py"), "--device", "cpu", "--quick", "--out", str(out),
+            "--work", str(work), *args]  # fmt: skip
+
+
+def _step_of(checkpoint: Path) -> int:
+    import torch
+
+    return int(torch.load(checkpoint, map_location="cpu", weights_only=True)["global_step"])
+
+
+def test_pack_splits_the_job_folder_in_parts_and_unpack_restores_it(tmp_path, monkeypatch):
+    gpu_learn = load_bench_script("gpu_learn.py")
+    monkeypatch.setattr(gpu_learn, "PART_BYTES", 4000)
+    folder = tmp_path / "job"
+    checkpoints = folder / "lightning_logs/job/checkpoints"
+    checkpoints.mkdir(parents=True)
+    (checkpoints / "last.ckpt").write_bytes(os.urandom(9000))
+    for left_behind in ("step=4.ckpt", "best.ckpt", "replay_rank0_step4.pt", "fit.lock"):
+        (checkpoints / left_behind).write_bytes(b"x")
+    (folder / "lightning_logs/job/version_0").mkdir()
+    (folder / "lightning_logs/job/version_0/events.out").write_bytes(b"events")
+    (folder / "learn.json").write_text('{"segments": []}')
+    out = tmp_path / "out"
+    out.mkdir()
+    names = gpu_learn.pack("job", folder, out)
+    assert len(names) >= 3 and names == [f"job.tar.{i}" for i in range(len(names))]  # 9000 bytes and headers
+    assert all((out / n).stat().st_size <= 4000 for n in names)
+    restored = tmp_path / "restored"
+    assert gpu_learn.unpack("job", out, restored)
+    files = sorted(str(p.relative_to(restored)) for p in restored.rglob("*") if p.is_file())
+    assert files == [
+        "learn.json",
+        "lightning_logs/job/checkpoints/last.ckpt",
+        "lightning_logs/job/version_0/events.out",
+    ]
+    assert (restored / "lightning_logs/job/checkpoints/last.ckpt").read_bytes() == (
+        checkpoints / "last.ckpt"
+    ).read_bytes()
+    assert not gpu_learn.unpack("other", out, tmp_path / "other")
+
+
+def test_verdicts_read_the_goal_off_the_evaluations():
+    gpu_learn = load_bench_script("gpu_learn.py")
+    pong, pixels, minatar = (gpu_learn.JOBS[j] for j in ("impala_pong", "dreamer_pixels", "muzero_minatar"))
+    # (env steps, fit wall s, return)
+    assert gpu_learn.verdict(pong, [(1e6, 200, 3.0), (2e6, 400, 18.5)], 600).startswith("MET: 18.5 at 2,000,000")
+    assert gpu_learn.verdict(pong, [(1e6, 200, 3.0), (2e6, 700, 19.0)], 600).startswith("NOT MET: 19.0")
+    assert gpu_learn.verdict(pong, [(1e6, 200, 3.0)], 600) == "target 18 not reached (best 3.00)"
+    held = gpu_learn.verdict(pixels, [(1e3, 60, 500.0), (2e3, 120, 480.0)], 600)
+    assert held.startswith("MET") and "lowest after: 480.0 (held)" in held
+    assert "NOT held" in gpu_learn.verdict(pixels, [(1e3, 60, 500.0), (2e3, 120, 300.0)], 600)
+    # MinAtar: the return at the first evaluation at or past 100k frames
+    assert (
+        gpu_learn.verdict(minatar, [(50_000, 200, 6.0), (100_000, 500, 5.6)], 600)
+        == "MET: 5.60 at 100,000 frames, 500 s"
+    )
+    assert gpu_learn.verdict(minatar, [(100_000, 500, 5.0)], 600).startswith("NOT MET: 5.00")
+    assert gpu_learn.verdict(minatar, [(50_000, 200, 6.0)], 600).startswith("not at 100,000 frames yet")
+
+
+def test_fit_wall_adds_up_the_segments_before_an_event():
+    gpu_learn = load_bench_script("gpu_learn.py")
+    segments = [{"start": 1000.0, "wall_s": 100.0}, {"start": 5000.0, "wall_s": 50.0}]
+    assert gpu_learn.fit_wall(segments, 1040.0) == 40.0
+    assert gpu_learn.fit_wall(segments, 5030.0) == 130.0  # 100 s of the first segment + 30 s
+
+
+@pytest.mark.slow
+def test_gpu_learn_runs_every_job_shrunk_on_the_cpu(tmp_path):
+    """The device's one command, ``--quick`` on the CPU: each job's GPU config fits, is packed and
+    plotted, and the report has a row and a verdict per job."""
+    pytest.importorskip("cv2", reason="the Pong job's Atari preprocessing needs opencv (.[atari])")
+    pytest.importorskip("minatar", reason="the MinAtar jobs need the minatar extra")
+    done = subprocess.run(_gpu_learn(tmp_path, "--parts", "learn"), capture_output=True, text=True, timeout=400,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = (tmp_path / "out/report.md").read_text()
+    gpu_learn = load_bench_script("gpu_learn.py")
+    for job in gpu_learn.JOBS:
+        assert f"| {job} | 1 | finished |" in report, job
+        assert (tmp_path / f"out/{job}.png").stat().st_size > 10_000
+        checkpoint = tmp_path / f"work/{job}/lightning_logs/{job}/checkpoints/last.ckpt"
+        assert _step_of(checkpoint) == 4  # --quick: 4 steps
+        assert (tmp_path / f"out/{job}.tar").exists()
+    assert report.count("Goal: ") == len(gpu_learn.JOBS)
+
+
+@pytest.mark.slow
+def test_a_job_cut_at_its_limit_resumes_in_the_next_call_and_a_stopped_script_saves(tmp_path):
+    """Call 1: the job's wall budget cuts the fit (SIGTERM: last.ckpt saved, packed). Call 2, in a
+    fresh work folder from call 1's files: the fit resumes from that checkpoint; SIGTERM to the script
+    stops the fit, which saves again; the script reports and exits 143."""
+    pytest.importorskip("minatar", reason="the MinAtar jobs need the minatar extra")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    first = [
+        *_gpu_learn(tmp_path, "--parts", "learn", "--jobs", "dreamer_minatar"),
+        "--set",
+        "trainer.max_steps=100000",
+    ]
+    done = subprocess.run([*first, "--job-seconds", "35"], capture_output=True, text=True, timeout=150, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "| dreamer_minatar | 1 | cut at its limit |" in (tmp_path / "out/report.md").read_text()
+    carried = tmp_path / "carried"
+    (tmp_path / "out").rename(carried)
+    cut_at = _step_of(tmp_path / "work/dreamer_minatar/lightning_logs/dreamer_minatar/checkpoints/last.ckpt")
+    assert cut_at > 0
+    second = [*first, "--job-seconds", "300", "--resume-from", str(carried), "--work", str(tmp_path / "work2")]
+    proc = subprocess.Popen(second, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    run_dir = tmp_path / "work2/dreamer_minatar/lightning_logs/dreamer_minatar"
+    deadline = time.monotonic() + 120
+    while not list(run_dir.glob("version_1/events.out*")) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)  # polling for the resumed fit's logger (its second version folder)
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=90)
+    assert proc.returncode == 143, output[-3000:]
+    report = (tmp_path / "out/report.md").read_text()
+    assert "resumed from" in report and "| dreamer_minatar | 2 | stopped (SIGTERM) |" in report, report
+    assert _step_of(run_dir / "checkpoints/last.ckpt") >= cut_at
+    assert "Restored all states from the checkpoint" in (tmp_path / "work2/dreamer_minatar/fit.log").read_text()
+
+
+def _flat(tree: dict, prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out |= _flat(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+@pytest.mark.parametrize(
+    "gpu, cpu, allowed",
+    [
+        ("dreamer/minatar_gpu.yaml", "dreamer/minatar.yaml", {"model.init_args.compile.mode"}),
+        ("muzero/minatar_gpu.yaml", "muzero/minatar.yaml", {"model.init_args.search.cuda_graphs"}),
+    ],
+)
+def test_minatar_gpu_configs_learn_as_their_cpu_configs(gpu, cpu, allowed):
+    """The MinAtar goals compare with the CPU configs' 3-seed returns: the GPU configs may differ only
+    in where and how fast they run (device, compile, captured search) and how often they validate."""
+    import yaml
+
+    a, b = (_flat(yaml.safe_load((ROOT / "configs" / name).read_text())) for name in (gpu, cpu))
+    differ = {key for key in a.keys() | b.keys() if a.get(key) != b.get(key)}
+    when = {"trainer.accelerator", "trainer.devices", "trainer.val_check_interval", "trainer.checkpoint_every_n_steps"}
+    assert differ <= allowed | when, sorted(differ - allowed - when)
+    assert a["trainer.accelerator"] == "gpu" and differ & allowed == allowed
