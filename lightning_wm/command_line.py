@@ -88,7 +88,8 @@ def did_you_mean(option: str, known: Iterable[str]) -> str:
     option = option.split("=", 1)[0]
     if not option.startswith("--"):
         option = f"--{option}"
-    close = difflib.get_close_matches(option, [k for k in known if k.startswith("--")], n=1, cutoff=0.75)
+    group = option.rsplit(".", 1)[0] + "." if "." in option else "--"  # the same group's options only
+    close = difflib.get_close_matches(option, [k for k in known if k.startswith(group)], n=1, cutoff=0.75)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
