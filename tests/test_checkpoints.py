@@ -292,3 +292,17 @@ def test_best_ckpt_holds_the_highest_validation_return_and_evaluate_takes_it(mon
     assert load_checkpoint("lightning_logs/tiny/checkpoints/last.ckpt")["global_step"] == 12
     main(args=["evaluate", *TINY, "--ckpt_path", "best", "--episodes", "1"])
     assert "return" in capsys.readouterr().out
+
+
+def test_resume_if_exists_resumes_from_last_else_the_newest_step_else_best(tmp_path):
+    from lightning_wm.checkpoints import resume_point
+
+    assert resume_point(tmp_path / "missing") is None
+    assert resume_point(tmp_path) is None
+    (tmp_path / "best.ckpt").write_bytes(b"x")
+    assert resume_point(tmp_path) == (str(tmp_path / "best.ckpt"), "best.ckpt, the only checkpoint there")
+    for step in (200, 1000, 400):  # by step number, not by name
+        (tmp_path / f"step={step}.ckpt").write_bytes(b"x")
+    assert resume_point(tmp_path) == (str(tmp_path / "step=1000.ckpt"), "the newest periodic checkpoint step=1000.ckpt")
+    (tmp_path / "last.ckpt").write_bytes(b"x")
+    assert resume_point(tmp_path) == ("last", "")
