@@ -293,7 +293,8 @@ class Trainer(pl.Trainer):
         """Lightning's ``validate``; ``ckpt_path``: ``last``, ``best`` or a checkpoint file."""
         path = self._checkpoint_for(model, ckpt_path, "validation")
         self._check_log_folder()
-        return super().validate(model, dataloaders, path, verbose, datamodule, weights_only=True)
+        with nothing_to_save("validate"):
+            return super().validate(model, dataloaders, path, verbose, datamodule, weights_only=True)
 
     def test(
         self,
@@ -306,7 +307,8 @@ class Trainer(pl.Trainer):
         """Lightning's ``test``; ``ckpt_path``: ``last``, ``best`` or a checkpoint file."""
         path = self._checkpoint_for(model, ckpt_path, "test")
         self._check_log_folder()
-        return super().test(model, dataloaders, path, verbose, datamodule, weights_only=True)
+        with nothing_to_save("test"):
+            return super().test(model, dataloaders, path, verbose, datamodule, weights_only=True)
 
     def _check_log_folder(self) -> None:
         """The logger writes into the run folder: a read-only one is one line before any work."""

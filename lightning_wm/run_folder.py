@@ -36,6 +36,7 @@ import fcntl
 import json
 import os
 import socket
+import sys
 import threading
 import time
 import warnings
@@ -44,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_wm.io import DiskFullError, fsync_dir
+from lightning_wm.signals import check_stop
 
 __all__ = [
     "RunFolderError",
@@ -217,6 +219,7 @@ class RunFolderLock:
         self.held = False
         self._fd: int | None = None
         self._stop = threading.Event()
+        self._waiting = ""  # the foreign lock acquire() waits for
 
     def acquire(self) -> None:
         """Take the lock, or raise :class:`RunFolderError` naming its live owner (or
@@ -225,6 +228,7 @@ class RunFolderLock:
         me = LockOwner.me()
         fd, tmp = self._write_own(me)
         deadline = time.monotonic() + self.wait_s
+        told = False
         try:
             while True:
                 try:
@@ -235,6 +239,10 @@ class RunFolderLock:
                 taken_over = self._take_over_if_stale(tmp, me, time.monotonic() >= deadline)
                 if taken_over:
                     break
+                if self._waiting and not told:
+                    told = True
+                    print(f"{self._waiting}; waiting up to {self.wait_s:.0f} s for it to go stale", file=sys.stderr)
+                check_stop()  # a scheduler's stop ends the wait
                 time.sleep(1.0)  # waiting for a foreign lock's lease (--resume_if_exists)
         except BaseException:
             os.close(fd)
@@ -295,6 +303,7 @@ class RunFolderLock:
             if reason is None:
                 foreign = owner is not None and owner.boot_id != me.boot_id and unlocked is not False
                 if foreign and not last_try:
+                    self._waiting = f"the run folder lock is held by {owner.describe()}, heartbeat {age:.0f} s ago"
                     return False
                 raise RunFolderError(self._refusal(owner, age, foreign))
             warnings.warn(

@@ -270,6 +270,25 @@ def test_case5_record_stops_on_sigterm_keeping_the_finished_episodes(tmp_path):
     job.check_clean(err)
 
 
+def test_case5_evaluate_stops_on_sigterm_saying_it_wrote_nothing(tmp_path):
+    """``evaluate`` follows the same rule; its progress lines (one per episode here) are the event."""
+    import threading
+
+    job = Job(_main("evaluate", *DREAMER, "--episodes", "100000"), tmp_path, env=_env(LIGHTNING_WM_PROGRESS_EVERY="0"))
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(job.proc.stderr), daemon=True)
+    reader.start()
+    wait_until(lambda: job.watch() is not None and any("evaluate CartPole-v1: 2/" in x for x in lines), 240,
+               what="two evaluation episodes")  # fmt: skip
+    sent = job.kill(signal.SIGTERM)
+    status = job.proc.wait(timeout=60)
+    reader.join(timeout=30)
+    err = "".join(lines)
+    assert status == 128 + signal.SIGTERM and time.monotonic() - sent <= 30, err[-3000:]
+    assert "stopped by SIGTERM during evaluate; it writes nothing, so nothing was lost" in err
+    job.check_clean(err)
+
+
 # -- case 7 ----------------------------------------------------------------------------------------
 @pytest.mark.skipif(not _unshare_works("-m"), reason="needs mount namespaces (unshare)")
 def test_case7_a_full_disk_at_start_is_one_line_and_leaves_no_lock(tmp_path):
