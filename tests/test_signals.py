@@ -64,20 +64,27 @@ def test_nested_blocks_keep_a_pending_request():
 
 
 def test_the_resource_tracker_survives_a_sigusr1_to_the_whole_group():
-    """Slurm's ``--signal=USR1@120`` signals every process of the job: the tracker must live on."""
+    """Slurm's ``--signal=USR1@120`` signals every process of the job: the tracker (started here as
+    shared memory would start it) ignores SIGUSR1, and shared memory made after the signal needs no
+    new tracker ("process died unexpectedly ... resources might leak")."""
     code = (
         "import os, signal, sys, time\n"
+        "from multiprocessing import resource_tracker as rt, shared_memory\n"
         "from lightning_wm import signals\n"
-        "from multiprocessing import resource_tracker as rt\n"
         "with signals.stop_on_signals():\n"
+        "    rt.ensure_running()\n"
         "    tracker = rt._resource_tracker._pid\n"
+        "    status = open(f'/proc/{tracker}/status').read()\n"
+        "    ignored = int(status.split('SigIgn:')[1].split()[0], 16)\n"
+        "    print('ignores SIGUSR1', bool(ignored >> (signal.SIGUSR1 - 1) & 1), flush=True)\n"
         "    os.killpg(0, signal.SIGUSR1)\n"
         "    while signals.stop_requested() is None: time.sleep(0.01)\n"
-        "    os.kill(tracker, 0)\n"
-        "    print('tracker alive', tracker)\n"
+        "    block = shared_memory.SharedMemory(create=True, size=16); block.close(); block.unlink()\n"
+        "    print('tracker', rt._resource_tracker._pid == tracker)\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, start_new_session=True
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "tracker alive" in out.stdout and "died unexpectedly" not in out.stderr
+    assert out.stdout.split("\n")[:2] == ["ignores SIGUSR1 True", "tracker True"], out.stdout
+    assert "died unexpectedly" not in out.stderr and "leak" not in out.stderr
