@@ -83,13 +83,29 @@ QUICK_STEP_RUNS = [
 ]  # fmt: skip
 
 
+def _term_with_parent() -> None:
+    """In the forked child before exec: SIGTERM when the parent dies (Linux ``PR_SET_PDEATHSIG``)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None).prctl(1, int(signal.SIGTERM), 0, 0, 0)
+
+
 def run(
     cmd: list[str], limit: float, env: dict[str, str] | None = None, cwd: str | None = None
 ) -> tuple[int, str, float]:
-    """``timeout -k 5 limit cmd``: exit status, the combined output, wall seconds."""
+    """``timeout -k 5 limit cmd``: exit status, the combined output, wall seconds. The part ends with
+    this script: ``timeout`` gets SIGTERM when this process dies (even by ``kill -9``) and passes it
+    to the part's whole process group (then SIGKILL 5 s later)."""
     start = time.monotonic()
     done = subprocess.run(
-        ["timeout", "-k", "5", str(int(limit)), *cmd], capture_output=True, text=True, env=env, cwd=cwd
+        ["timeout", "-k", "5", str(int(limit)), *cmd],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        preexec_fn=_term_with_parent,
     )
     return done.returncode, done.stdout + done.stderr, time.monotonic() - start
 

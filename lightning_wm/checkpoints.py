@@ -41,7 +41,7 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from lightning_wm.io import atomic_torch_save, atomic_write, clean_stale_temps
 from lightning_wm.settings import flatten
-from lightning_wm.signals import RunStopped
+from lightning_wm.signals import RunAborted, RunStopped
 
 __all__ = [
     "AtomicCheckpointIO",
@@ -53,6 +53,7 @@ __all__ = [
     "load_module",
     "load_weights",
     "open_checkpoint",
+    "resume_point",
 ]
 
 LAST, BEST = "last.ckpt", "best.ckpt"
@@ -186,6 +187,29 @@ def open_checkpoint(
             )
             return fallback, checkpoint
         raise CheckpointError(f"{err}; no intact checkpoint is beside it to resume from") from None
+
+
+def resume_point(checkpoint_dir: str | os.PathLike) -> tuple[str, str] | None:
+    """What ``--resume_if_exists`` resumes from: ``last.ckpt``; else the newest ``step=N.ckpt`` (a
+    run preempted between its periodic save and the copy to ``last.ckpt``); else ``best.ckpt`` (a
+    run preempted before its first periodic checkpoint but after a validation). Returns
+    ``(ckpt_path, what)`` (``what`` is "" for ``last``) or ``None`` when the folder holds none."""
+    folder = Path(checkpoint_dir)
+    if (folder / LAST).is_file():
+        return "last", ""
+
+    def step_of(path: Path) -> int:
+        try:
+            return int(path.stem.split("=", 1)[1])
+        except (IndexError, ValueError):
+            return -1
+
+    steps = sorted((p for p in folder.glob("step=*.ckpt") if step_of(p) >= 0), key=step_of)
+    if steps:
+        return str(steps[-1]), f"the newest periodic checkpoint {steps[-1].name}"
+    if (folder / BEST).is_file():
+        return str(folder / BEST), f"{BEST}, the only checkpoint there"
+    return None
 
 
 def _runs_hint(folder: Path) -> str:
@@ -492,6 +516,7 @@ class RunCheckpoints(Checkpoint):
         self.best: float | None = None
         self.best_step: int | None = None
         self._last_saved_step = -1
+        self.last_step: int | None = None  # the step this fit last wrote into last.ckpt
 
     @property
     def state_key(self) -> str:
@@ -529,6 +554,7 @@ class RunCheckpoints(Checkpoint):
         saved = self._save(trainer, f"step={step}.ckpt")
         if trainer.is_global_zero:
             copy_atomic(saved, self.dirpath / LAST)
+            self.last_step = step
             self._prune()
 
     def _prune(self) -> None:
@@ -555,13 +581,23 @@ class RunCheckpoints(Checkpoint):
         self.best, self.best_step = value, trainer.global_step
         self._save(trainer, BEST)
 
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def _save_last(self, trainer: pl.Trainer) -> None:
         self._save(trainer, LAST)
+        self.last_step = trainer.global_step
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._save_last(trainer)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         """A stop request (a scheduler's SIGTERM, Slurm's SIGUSR1, Ctrl-C) ends a fit by raising
-        :class:`~lightning_wm.signals.RunStopped` between steps: save ``last.ckpt`` (and, through
-        the buffer callback, the replay buffers) at the step reached. Other errors save nothing
-        (the state may be what went wrong; the previous checkpoints stay)."""
-        if isinstance(exception, (RunStopped, SIGTERMException)) and trainer.state.fn == "fit":
-            self._save(trainer, LAST)
+        :class:`~lightning_wm.signals.RunStopped` between steps, and an actor's death is seen while
+        waiting for the next batch: save ``last.ckpt`` (and, through the buffer callback, the
+        replay buffers) at the step reached. A second Ctrl-C (:class:`~lightning_wm.signals.RunAborted`,
+        anywhere in a step) and other errors save nothing (the state may be what went wrong; the
+        previous checkpoints stay)."""
+        from lightning_wm.data.acting.worker import ActorError
+
+        if isinstance(exception, RunAborted) or trainer.state.fn != "fit":
+            return
+        if isinstance(exception, (RunStopped, SIGTERMException, ActorError)):
+            self._save_last(trainer)

@@ -17,7 +17,6 @@ import dataclasses
 import os
 import signal
 import sys
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,7 +25,7 @@ import torch
 from lightning_fabric.plugins.io.checkpoint_io import CheckpointIO
 from pytorch_lightning.callbacks import Callback, ModelCheckpoint
 from pytorch_lightning.callbacks.progress.progress_bar import ProgressBar
-from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
+from pytorch_lightning.cli import LightningCLI
 from pytorch_lightning.loggers import TensorBoardLogger
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
@@ -41,6 +40,15 @@ from lightning_wm.checkpoints import (
     check_compatible,
     load_weights,
     open_checkpoint,
+    resume_point,
+)
+from lightning_wm.command_line import (
+    ArgumentParser,
+    check_config_files,
+    interrupted_line,
+    nothing_to_save,
+    user_message,
+    wants_verbose,
 )
 from lightning_wm.data.acting.worker import ActorError
 from lightning_wm.data.collector import Collector, run_evaluation
@@ -49,9 +57,16 @@ from lightning_wm.data.offline import EpisodeDataModule
 from lightning_wm.envs import EnvConfig, make_env, make_vector_env
 from lightning_wm.io import DiskFullError, check_writable
 from lightning_wm.protocols import EnvHolder
-from lightning_wm.run_folder import RunFolderLock, check_new_run, derive_run_name, is_rank_zero
+from lightning_wm.run_folder import RunFolderLock, check_new_run, derive_run_name, is_rank_zero, lease_s
 from lightning_wm.seeding import derive_seed
-from lightning_wm.signals import RunStopped, requeue_slurm_job, stop_on_signals, stop_requested
+from lightning_wm.signals import (
+    RunAborted,
+    RunStopped,
+    check_stop,
+    requeue_slurm_job,
+    stop_on_signals,
+    stop_requested,
+)
 from lightning_wm.video import check_video_path, write_video
 
 
@@ -157,16 +172,20 @@ class Trainer(pl.Trainer):
         """Resolve ``ckpt_path`` (``last``, ``best``, a file), read it and check it against ``model``
         before Lightning does anything with it; the checked checkpoint is handed to the
         checkpoint reader so it is not read twice."""
+        what = ""
         if resume_if_exists and ckpt_path in (None, "last"):
-            if not os.path.isfile(os.path.join(self.checkpoint_dir, LAST)):
-                print(f"no {LAST} in {self.checkpoint_dir}: starting a new run", file=sys.stderr)
+            point = resume_point(self.checkpoint_dir)
+            if point is None:
+                print(f"no checkpoint in {self.checkpoint_dir}: starting a new run", file=sys.stderr)
                 return None
-            ckpt_path = "last"
+            ckpt_path, what = point
         found = open_checkpoint(ckpt_path, self.checkpoint_dir)
         if found is None:
             return None
         path, checkpoint = found
         self._checkpoint_step = int(checkpoint.get("global_step", -1))
+        if what:
+            print(f"no {LAST} in {self.checkpoint_dir}: resuming from {what} (step {self._checkpoint_step})")
         if model is not None:
             check_compatible(checkpoint, model, path, action, settings)
         reader = self.strategy.checkpoint_io
@@ -189,20 +208,22 @@ class Trainer(pl.Trainer):
             resume_if_exists: resume from ``last.ckpt`` when it exists and start a new run when
                 it does not (``--ckpt_path last`` alone refuses to start without it).
         """
-        # before any work: a run whose results cannot be saved does not start
+        # the checkpoint first (a missing one creates no folder), then, before any work: a run whose
+        # results cannot be saved does not start
+        path = self._checkpoint_for(model, ckpt_path, "resume", resume_if_exists, settings="refuse")
         check_writable(self.run_dir, "log folder")
         checkpoints = any(isinstance(c, RunCheckpoints) for c in self.callbacks)
         if checkpoints:
             check_writable(self.checkpoint_dir, "checkpoint folder")
-        path = self._checkpoint_for(model, ckpt_path, "resume", resume_if_exists, settings="refuse")
         if path is not None and self._nothing_left(path):
             return
-        lock = RunFolderLock(self.run_dir)
+        # an unattended requeue (--resume_if_exists) waits for another machine's lease to run out
+        lock = RunFolderLock(self.run_dir, wait_s=lease_s() + 5.0 if resume_if_exists else 0.0)
         if checkpoints and is_rank_zero():  # the other DDP ranks are its children
             lock.acquire()
             try:
                 if path is None:
-                    check_new_run(self.checkpoint_dir, self.overwrite)
+                    check_new_run(self.checkpoint_dir, self.overwrite, resume_if_exists)
             except BaseException:
                 lock.release()
                 raise
@@ -213,25 +234,41 @@ class Trainer(pl.Trainer):
                 signum = stop_requested()  # a stop that came after the last step
         except SIGTERMException:  # Lightning's own check (DDP ranks told by rank 0)
             signum = signal.SIGTERM
+        except RunAborted as stop:
+            raise RunAborted(stop.signum, self._stop_report(checkpoints, aborted=True)) from None
         except RunStopped as stop:
             signum = stop.signum
+        except ActorError as err:
+            if stop_requested() is None:  # a real failure: say what was saved, and fail
+                err.saved = self._stop_report(checkpoints)  # type: ignore[attr-defined]
+                raise
+            signum = stop_requested()  # the group's signal ended an actor too: that is the stop
         finally:
             lock.release()
+            close_envs = getattr(model, "close_envs", None)  # env workers (the controller's): none outlive fit
+            if callable(close_envs):
+                close_envs()
         if signum is not None:
             where = self._stop_report(checkpoints)
             if signum == signal.SIGUSR1 and checkpoints and is_rank_zero():
                 where += requeue_slurm_job()
             raise RunStopped(signum, where)
 
-    def _stop_report(self, checkpoints: bool) -> str:
-        """Where a stopped fit's state is, for the one line the command prints."""
+    def _stop_report(self, checkpoints: bool, aborted: bool = False) -> str:
+        """Where a stopped fit's state is, for the one line the command prints; ``aborted``: a
+        second Ctrl-C, after which nothing more was saved."""
         last = os.path.join(self.checkpoint_dir, LAST)
-        if checkpoints and os.path.isfile(last):
-            return (
-                f"at step {self.global_step}; {last} holds it: resume with --ckpt_path last (or "
-                "--resume_if_exists true)"
-            )
-        return f"at step {self.global_step}; nothing was saved (checkpointing is off)"
+        if not checkpoints:
+            return f"at step {self.global_step}; nothing was saved (checkpointing is off)"
+        saved = next((c.last_step for c in self.callbacks if isinstance(c, RunCheckpoints)), None)
+        resume = "resume with --ckpt_path last (or --resume_if_exists true)"
+        if not aborted and os.path.isfile(last):
+            return f"at step {self.global_step}; {last} holds it: {resume}"
+        if saved is not None and os.path.isfile(last):
+            return f"at step {self.global_step}; nothing more was saved: {last} holds step {saved}: {resume}"
+        if os.path.isfile(last):
+            return f"at step {self.global_step}; nothing was saved by this fit: {last} is the one it started from"
+        return f"at step {self.global_step}; nothing was saved (no {LAST} was written yet)"
 
     def _nothing_left(self, path: str) -> bool:
         """Resuming a checkpoint at or past ``max_steps``: say so (Lightning would end at once, silently)."""
@@ -255,7 +292,9 @@ class Trainer(pl.Trainer):
     ) -> Any:
         """Lightning's ``validate``; ``ckpt_path``: ``last``, ``best`` or a checkpoint file."""
         path = self._checkpoint_for(model, ckpt_path, "validation")
-        return super().validate(model, dataloaders, path, verbose, datamodule, weights_only=True)
+        self._check_log_folder()
+        with nothing_to_save("validate"):
+            return super().validate(model, dataloaders, path, verbose, datamodule, weights_only=True)
 
     def test(
         self,
@@ -267,7 +306,14 @@ class Trainer(pl.Trainer):
     ) -> Any:
         """Lightning's ``test``; ``ckpt_path``: ``last``, ``best`` or a checkpoint file."""
         path = self._checkpoint_for(model, ckpt_path, "test")
-        return super().test(model, dataloaders, path, verbose, datamodule, weights_only=True)
+        self._check_log_folder()
+        with nothing_to_save("test"):
+            return super().test(model, dataloaders, path, verbose, datamodule, weights_only=True)
+
+    def _check_log_folder(self) -> None:
+        """The logger writes into the run folder: a read-only one is one line before any work."""
+        if isinstance(self.logger, TensorBoardLogger):
+            check_writable(self.run_dir, "log folder", hint="(or write no logs: --trainer.logger false)")
 
     def _load_weights(self, model: pl.LightningModule, ckpt_path: str | None, action: str) -> None:
         found = open_checkpoint(ckpt_path, self.checkpoint_dir)
@@ -304,6 +350,12 @@ class Trainer(pl.Trainer):
                 collector = Collector(vector_env, model, store=store, seeds=seeds)
                 model.eval()
                 finished = collector.run_episodes(episodes, explore=explore, progress=bar.update)
+        except RunStopped as stop:  # the finished episodes are on disk already
+            where = (
+                f"after {store.episodes_written} of {episodes} episodes: they ({store.rows_written} rows) are in "
+                f"{store.directory}; the episodes in progress were not kept"
+            )
+            raise type(stop)(stop.signum, where) from None
         finally:
             vector_env.close()
         returns = [e["return"] for e in finished]
@@ -334,7 +386,7 @@ class Trainer(pl.Trainer):
         model.eval()
         seed = derive_seed(env.seed, "evaluate")
         finished: list[dict[str, float]] = []
-        with console.progress(episodes, f"evaluate {env.id}", unit="ep") as bar:
+        with console.progress(episodes, f"evaluate {env.id}", unit="ep") as bar, nothing_to_save("evaluate"):
             if video:  # episode 1 in a rendering env, the others as usual
                 finished.append(self._film_episode(model, env, seed, video, explore))
                 bar.update(1)
@@ -401,24 +453,21 @@ class Trainer(pl.Trainer):
         source = EpisodeStore(datamodule.directory)
         out = EpisodeStore(check_writable(target, "convert target"))
         out.write_metadata({**source.read_metadata(), "source": str(source.directory)})
+        done = [0]
+
+        def step(k: int) -> None:
+            bar.update(k)
+            done[0] += k
+            check_stop()
+
         with console.progress(len(source), "convert", unit="ep") as bar:
-            written = convert_episodes(model, source, out, batch_size=batch_size, progress=bar.update)
+            try:
+                written = convert_episodes(model, source, out, batch_size=batch_size, progress=step)
+            except RunStopped as stop:
+                where = f"after {done[0]} of {len(source)} episodes: they are in {out.directory}"
+                raise type(stop)(stop.signum, where) from None
         print(f"converted {written} episodes from {source.directory} into {out.directory}")
         return written
-
-
-class ArgumentParser(LightningArgumentParser):
-    """LightningCLI's parser whose errors are two lines: what is wrong with which key (and the
-    type it expects), and where the accepted options are listed; no usage dump."""
-
-    def error(self, message: str, ex: Exception | None = None) -> Any:
-        if not self.exit_on_error:
-            return super().error(message, ex)
-        parser = getattr(ex, "subcommand_parser", None) or self
-        line, class_path = console.explain_parser_error(message)
-        key = line[2:].split(" ", 1)[0].split(":")[0] if line.startswith("--") else None
-        sys.stderr.write(f"error: {line}\n{console.help_hint(parser.prog, class_path, key)}\n")
-        self.exit(2)
 
 
 class CLI(LightningCLI):
@@ -474,77 +523,30 @@ def main(args: list[str] | None = None) -> CLI:
     (tests, scripts), exceptions propagate.
     """
     argv = sys.argv[1:] if args is None else list(args)
-    with console.quiet(verbose=console.is_verbose() or _wants_verbose(argv)):
+    with console.quiet(verbose=console.is_verbose() or wants_verbose(argv)), stop_on_signals():
         check_config_files(argv)
         if args is not None or os.environ.get("LIGHTNING_WM_TRACEBACK"):
             return build_cli(args)
         try:
             return build_cli(args)
-        except RunStopped as stop:
+        except RunStopped as stop:  # a signal: the command saved what it had (128 + the signal)
             print(f"{stop}", file=sys.stderr)
             raise SystemExit(stop.code) from None
+        except KeyboardInterrupt:  # a Ctrl-C before our handlers were in force
+            print(interrupted_line(), file=sys.stderr)
+            raise SystemExit(128 + signal.SIGINT) from None
         except ActorError as err:  # the learner's stack says nothing; the actor's own is in the message
             first = str(err).splitlines()[0].rstrip(":")
+            saved = getattr(err, "saved", "")
             print(
-                f"error: {first} (the fit stopped; set LIGHTNING_WM_TRACEBACK=1 for the actor's traceback)",
+                f"error: {first} (the fit stopped{' ' + saved if saved else ''}; set LIGHTNING_WM_TRACEBACK=1 for "
+                "the actor's traceback)",
                 file=sys.stderr,
             )
             raise SystemExit(1) from None
         except USER_ERRORS as err:
             print(f"error: {user_message(err)}\n(set LIGHTNING_WM_TRACEBACK=1 for the traceback)", file=sys.stderr)
             raise SystemExit(1) from None
-
-
-def _wants_verbose(argv: list[str]) -> bool:
-    """``--verbose`` (or ``--verbose true`` / ``--verbose=true``) is on the command line."""
-    for i, arg in enumerate(argv):
-        if arg == "--verbose":
-            following = argv[i + 1].lower() if i + 1 < len(argv) else ""
-            return following not in ("false", "0", "no")
-        if arg.startswith("--verbose="):
-            return arg.split("=", 1)[1].lower() in ("true", "1", "yes")
-    return False
-
-
-def check_config_files(argv: list[str]) -> None:
-    """YAML files given on the command line (``--config F``, ``--model F.yaml``, ...) are read
-    first, so that a syntax error names its file (jsonargparse says ``"<unicode string>"``);
-    on an error: two lines (the error, where the options are listed) and exit code 2."""
-    import yaml
-
-    for i, arg in enumerate(argv):
-        name, _, value = arg.partition("=")
-        if not value and i + 1 < len(argv):
-            value = argv[i + 1]
-        if not name.startswith("-") or not value.endswith((".yaml", ".yml")) or not os.path.isfile(value):
-            continue
-        try:
-            with open(value, encoding="utf-8") as f:
-                yaml.safe_load(f)
-        except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None)
-            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-            sys.stderr.write(
-                f"error: config file {value!r} is not valid YAML: {problem}{where}\n"
-                f"{console.help_hint(Path(sys.argv[0]).name, None)}\n"
-            )
-            raise SystemExit(2) from None
-
-
-def user_message(err: BaseException) -> str:
-    """The message of ``err`` without jsonargparse's wrapping: an error raised while a subclass
-    (``--data``/``--model``) is built comes back as "Does not validate against any of the Union
-    subtypes" followed by every alternative and the whole namespace; keep only the real cause."""
-    text = str(err)
-    if "Union subtypes" not in text:
-        return text
-    causes = [
-        line.strip()[2:]
-        for line in text.splitlines()
-        if line.startswith("  - ") and "Expected a <class 'NoneType'>" not in line
-    ]
-    return "\n".join(causes) or text
 
 
 def build_cli(args: list[str] | None, run: bool = True) -> CLI:

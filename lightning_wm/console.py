@@ -110,8 +110,12 @@ class _LogFilter(logging.Filter):
 def headless_rendering() -> None:
     """Render with SDL's dummy video driver unless the user chose one: frames are only ever
     rendered into arrays (``render_mode="rgb_array"``), and without it SDL prints a misleading
-    ``error: XDG_RUNTIME_DIR is invalid or not set`` on machines without a display session."""
+    ``error: XDG_RUNTIME_DIR is invalid or not set`` on machines without a display session.
+    SDL installs no signal handlers either (``SDL_NO_SIGNAL_HANDLERS``): its SIGTERM/SIGINT handler
+    turns the signal into a quit event nobody reads, so an env that rendered would ignore SIGTERM
+    (:mod:`lightning_wm.signals` handles them)."""
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    os.environ.setdefault("SDL_NO_SIGNAL_HANDLERS", "1")
     os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")  # pygame's greeting on import
 
 

@@ -127,23 +127,41 @@ def clean_stale_temps(directory: str | os.PathLike, older_than_s: float = 60.0) 
     return removed
 
 
-def check_writable(directory: str | os.PathLike, what: str = "folder") -> Path:
-    """Create ``directory`` if needed and prove that files can be written into it (a temp file
-    is created and removed), so that work which will write there fails before it starts.
+PROBE_BYTES = 64 * 1024
+
+
+def check_writable(directory: str | os.PathLike, what: str = "folder", hint: str = "") -> Path:
+    """Create ``directory`` if needed and prove that files can be written into it: a temp file
+    of :data:`PROBE_BYTES` real bytes is written, synced and removed (an empty file can be created
+    on a full disk), so that work which will write there fails before it starts.
 
     Raises:
-        PermissionError: one line naming ``what``, the folder and the reason.
+        DiskFullError: the filesystem is full (one line naming ``what``, the folder, the bytes free).
+        PermissionError: one line naming ``what``, the folder and the reason (and ``hint``).
     """
     directory = Path(directory)
+    probe = _temp_path(directory / ".write-probe")
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        probe = _temp_path(directory / ".write-probe")
-        with open(probe, "wb"):
-            pass
-        probe.unlink()
+        with open(probe, "wb") as f:
+            f.write(b"\0" * PROBE_BYTES)
+            f.flush()
+            os.fsync(f.fileno())
     except OSError as err:
+        if _disk_full(err):
+            raise DiskFullError(
+                errno.ENOSPC,
+                f"no space left on the device for the {what} {str(directory)!r}: {_free_bytes(directory):,} bytes "
+                "free; free some space or choose another folder",
+            ) from None
         reason = err.strerror or type(err).__name__
         raise PermissionError(
             f"{what} {str(directory)!r} is not writable ({reason}); fix its permissions or choose another folder"
+            + (f" {hint}" if hint else "")
         ) from None
+    finally:
+        try:
+            probe.unlink(missing_ok=True)
+        except OSError:
+            pass
     return directory

@@ -4,12 +4,18 @@ cost nothing)."""
 
 from __future__ import annotations
 
+import atexit
+import os
+import time
+import weakref
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
+from lightning_wm.console import headless_rendering
 from lightning_wm.envs import EnvConfig, make_env
+from lightning_wm.signals import check_stop_between_batches, die_with_parent, ignore_stop_signals
 
 __all__ = ["PopulationEnvs"]
 
@@ -35,9 +41,12 @@ class PopulationEnvs:
         import multiprocessing as mp
 
         ctx = mp.get_context()  # the platform's default, as gymnasium's AsyncVectorEnv (fork on Linux: no re-imports)
+        headless_rendering()  # before any worker renders: SDL must install no signal handlers
+        _POOLS.add(self)
         for w in range(self.workers):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_env_worker, args=(child, config, len(range(w, n, self.workers))), daemon=True)
+            count = len(range(w, n, self.workers))
+            proc = ctx.Process(target=_env_worker, args=(child, config, count, os.getpid()), daemon=True)
             proc.start()
             child.close()
             self._conns.append(parent)
@@ -59,6 +68,7 @@ class PopulationEnvs:
             try:
                 ok, answer = self._conns[w].recv()
             except (EOFError, OSError) as e:
+                check_stop_between_batches()  # a signal to the whole group ended the worker too: that is the stop
                 raise RuntimeError(
                     f"env worker {w} of {self.workers} died ({type(e).__name__}); "
                     f"set env_workers: 0 to step the envs in this process"
@@ -77,6 +87,9 @@ class PopulationEnvs:
 
     def step(self, index: np.ndarray, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Step envs ``index [M]`` with ``actions [M, ...]`` -> ``(obs [M, ...], reward [M], done [M])``."""
+        # a generation can take long: a scheduler's stop ends it between env steps (one process; under
+        # DDP Lightning stops every rank at the same generation)
+        check_stop_between_batches()
         if self.workers:
             results = self._ask("step", np.asarray(index), list(actions))
         else:
@@ -92,11 +105,20 @@ class PopulationEnvs:
                 conn.send(("close", []))
             except (BrokenPipeError, OSError):
                 pass
+        deadline = time.monotonic() + 5.0
         for proc in self._procs:
-            proc.join(timeout=5)
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        for proc in self._procs:
             if proc.is_alive():
                 proc.terminate()
+            proc.join(timeout=2.0)
+            if proc.is_alive():  # a handler that swallowed SIGTERM: no worker outlives close()
+                proc.kill()
+                proc.join(timeout=2.0)
+        for conn in self._conns:
+            conn.close()
         self.envs, self._conns, self._procs = [], [], []
+        _POOLS.discard(self)
 
     def __del__(self) -> None:
         try:
@@ -110,21 +132,38 @@ def _step(env: gym.Env, action: Any) -> tuple[np.ndarray, float, bool]:
     return obs, float(reward), bool(terminated or truncated)
 
 
-def _env_worker(conn: Any, config: EnvConfig, count: int) -> None:
-    """Subprocess of :class:`PopulationEnvs`: owns ``count`` envs; answers ``reset``/``step`` batches
-    with ``(True, results)`` or ``(False, message)``; exits on ``close``."""
-    import signal
+def _close_all() -> None:
+    """At exit, before multiprocessing joins its daemonic children: close every pool still open (a
+    fit stopped by a signal never reaches the controller's ``on_fit_end``)."""
+    for pool in list(_POOLS):
+        try:
+            pool.close()
+        except Exception:  # noqa: BLE001 - exiting
+            pass
 
-    # a forked worker inherits the parent's handlers (Lightning's SIGTERM handler only sets a
-    # flag): restore the default so that terminate() at exit ends it, and leave Ctrl-C to the parent
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+_POOLS: weakref.WeakSet[PopulationEnvs] = weakref.WeakSet()
+atexit.register(_close_all)  # registered after multiprocessing's own exit hook, so it runs first
+
+
+def _env_worker(conn: Any, config: EnvConfig, count: int, parent_pid: int) -> None:
+    """Subprocess of :class:`PopulationEnvs`: owns ``count`` envs; answers ``reset``/``step`` batches
+    with ``(True, results)`` or ``(False, message)``; exits on ``close`` or when the parent dies.
+
+    A forked worker inherits the parent's handlers (which only set a stop flag): SIGTERM is reset
+    to the default so that ``terminate()`` ends it, SIGINT and SIGUSR1 sent to the whole group are
+    left to the parent, and the kernel kills the worker when the parent dies (even by ``kill -9``).
+    The handlers are set again after the first answer: env code that initialises SDL could install
+    its own (it is told not to, ``SDL_NO_SIGNAL_HANDLERS``)."""
+    die_with_parent(parent_pid)
+    ignore_stop_signals()
     try:
         envs = [make_env(config) for _ in range(count)]
     except Exception as e:  # reported at the first request
         envs, error = [], f"{type(e).__name__}: {e}"
     else:
         error = None
+    answered = False
     while True:
         try:
             command, items = conn.recv()
@@ -143,5 +182,8 @@ def _env_worker(conn: Any, config: EnvConfig, count: int) -> None:
             conn.send((True, answer))
         except Exception as e:
             conn.send((False, f"{type(e).__name__}: {e}"))
+        if not answered:  # the envs have rendered once: whatever they installed is replaced
+            answered = True
+            ignore_stop_signals()
     for env in envs:
         env.close()

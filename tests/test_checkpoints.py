@@ -311,3 +311,17 @@ def test_a_setting_added_after_the_checkpoint_resumes_at_its_default_only():
     assert hparam_differences({"behavior": old}, {"behavior": changed}) == {
         "behavior.bootstrap_critic": (None, "slow_critic")
     }
+
+
+def test_resume_if_exists_resumes_from_last_else_the_newest_step_else_best(tmp_path):
+    from lightning_wm.checkpoints import resume_point
+
+    assert resume_point(tmp_path / "missing") is None
+    assert resume_point(tmp_path) is None
+    (tmp_path / "best.ckpt").write_bytes(b"x")
+    assert resume_point(tmp_path) == (str(tmp_path / "best.ckpt"), "best.ckpt, the only checkpoint there")
+    for step in (200, 1000, 400):  # by step number, not by name
+        (tmp_path / f"step={step}.ckpt").write_bytes(b"x")
+    assert resume_point(tmp_path) == (str(tmp_path / "step=1000.ckpt"), "the newest periodic checkpoint step=1000.ckpt")
+    (tmp_path / "last.ckpt").write_bytes(b"x")
+    assert resume_point(tmp_path) == ("last", "")

@@ -116,7 +116,17 @@ def test_progress_off_a_terminal_prints_lines_at_most_every_interval():
     "args, first, help_for",
     [
         (["--trainer.max_steps", "abc"], "error: --trainer.max_steps expects int, got 'abc'", None),
-        (["--trainer.max_step", "3"], "error: unrecognized arguments: --trainer.max_step 3", None),
+        (
+            ["--trainer.max_step", "3"],
+            "error: unrecognized arguments: --trainer.max_step 3 (did you mean '--trainer.max_steps'?)",
+            None,
+        ),
+        (
+            ["--trainer.max_stepz", "3"],
+            "error: unrecognized arguments: --trainer.max_stepz 3 (did you mean '--trainer.max_steps'?)",
+            None,
+        ),
+        (["--trainer.zzz", "3"], "error: unrecognized arguments: --trainer.zzz 3", None),
         (
             ["--model.init_args.behavior.horizon", "x"],
             "error: --model.init_args.behavior.horizon expects int, got 'x'",

@@ -46,6 +46,14 @@ def test_convert_with_a_config_that_is_not_a_vision_model_is_one_line():
         main(["convert", "--config", str(ROOT / "configs/dreamer/cartpole.yaml"), "--target", "out"])
 
 
+def test_ckpt_path_last_without_a_run_is_one_line_and_creates_no_run_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match="--ckpt_path last: there is no last.ckpt"):
+        main(["fit", "--config", str(ROOT / "configs/dreamer/cartpole.yaml"), "--trainer.run_name", "none",
+              "--ckpt_path", "last"])  # fmt: skip
+    assert not (tmp_path / "lightning_logs/none").exists()
+
+
 def test_muzero_backward_needs_no_derivative_of_aminmax(monkeypatch):
     """torch 2.11 (the GPU machines' torch) has no derivative for aminmax; 2.13 has one. With an
     aminmax whose backward raises, a MuZero unroll still trains."""

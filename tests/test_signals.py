@@ -2,6 +2,8 @@
 
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -27,6 +29,62 @@ def test_the_first_request_wins_and_a_second_ctrl_c_interrupts_at_once():
         os.kill(os.getpid(), signal.SIGINT)
         os.kill(os.getpid(), signal.SIGUSR1)
         assert signals.stop_requested() == signal.SIGINT  # the first request is the one reported
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(signals.RunAborted) as info:
             os.kill(os.getpid(), signal.SIGINT)
+        assert info.value.code == 130 and "second SIGINT" in str(info.value)
     signals.clear_stop()
+
+
+def test_handlers_a_library_replaced_are_reclaimed_and_lightnings_wrapper_is_kept():
+    """``ray.init()`` makes SIGTERM ``sys.exit(15)``; Lightning's composed handler calls ours."""
+    assert signals.reclaim_signals() == []  # outside the block: nothing is ours to reclaim
+    with signals.stop_on_signals():
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))
+        assert signals.reclaim_signals() == ["SIGTERM"]
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert signals.stop_requested() == signal.SIGTERM
+
+        class _HandlersCompose:  # the name Lightning's wrapper has
+            def __call__(self, signum, frame):
+                pass
+
+        signal.signal(signal.SIGUSR1, _HandlersCompose())
+        assert signals.reclaim_signals() == []
+    signals.clear_stop()
+
+
+def test_nested_blocks_keep_a_pending_request():
+    """``main`` installs the handlers for the whole command; a fit inside must not clear a stop
+    that arrived while the model was being built."""
+    with signals.stop_on_signals():
+        os.kill(os.getpid(), signal.SIGTERM)
+        with signals.stop_on_signals():
+            assert signals.stop_requested() == signal.SIGTERM
+    signals.clear_stop()
+
+
+def test_the_resource_tracker_survives_a_sigusr1_to_the_whole_group():
+    """Slurm's ``--signal=USR1@120`` signals every process of the job: the tracker (started here as
+    shared memory would start it) ignores SIGUSR1, and shared memory made after the signal needs no
+    new tracker ("process died unexpectedly ... resources might leak")."""
+    code = (
+        "import os, signal, sys, time\n"
+        "from multiprocessing import resource_tracker as rt, shared_memory\n"
+        "from lightning_wm import signals\n"
+        "with signals.stop_on_signals():\n"
+        "    rt.ensure_running()\n"
+        "    tracker = rt._resource_tracker._pid\n"
+        "    status = open(f'/proc/{tracker}/status').read()\n"
+        "    ignored = int(status.split('SigIgn:')[1].split()[0], 16)\n"
+        "    print('ignores SIGUSR1', bool(ignored >> (signal.SIGUSR1 - 1) & 1), flush=True)\n"
+        "    os.killpg(0, signal.SIGUSR1)\n"
+        "    while signals.stop_requested() is None: time.sleep(0.01)\n"
+        "    block = shared_memory.SharedMemory(create=True, size=16); block.close(); block.unlink()\n"
+        "    print('tracker', rt._resource_tracker._pid == tracker)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, start_new_session=True
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[:2] == ["ignores SIGUSR1 True", "tracker True"], out.stdout
+    assert "died unexpectedly" not in out.stderr and "leak" not in out.stderr

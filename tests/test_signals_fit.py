@@ -123,6 +123,7 @@ def test_a_second_fit_in_a_run_folder_is_refused_and_overwrite_replaces_it(tmp_p
         [*DREAMER, "--trainer.max_steps", "2", "--trainer.run_name", "x", "--trainer.overwrite", "true"], tmp_path
     )
     assert replaced.returncode == 0, replaced.stderr[-2000:]
+    assert "warning: --trainer.overwrite true: deleted last.ckpt" in replaced.stderr, "it says what it deletes"
 
 
 def test_resuming_with_nothing_left_to_do_says_so(tmp_path):

@@ -77,3 +77,17 @@ class SignalAtStep(pl.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if self.step > 0:
             self._maybe(trainer)
+
+
+class StuckStopping(pl.Callback):
+    """A shutdown that hangs: on a stop (any exception) write ``path`` and then wait for ever, as a
+    fit stuck in its graceful stop would (only a second Ctrl-C ends it)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        import threading
+
+        self.path.write_text(type(exception).__name__)
+        threading.Event().wait()

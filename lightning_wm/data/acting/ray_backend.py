@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from lightning_wm.data.acting.base import Chunk
 from lightning_wm.data.acting.worker import STARTUP_GRACE_S, ActorConfig, ActorError, ActorWorker, acting_copy_ready
+from lightning_wm.signals import reclaim_signals
 
 __all__ = ["RayBackend"]
 
@@ -51,6 +52,7 @@ class RayBackend:
                 )
             else:
                 ray.init(address=address, include_dashboard=False, configure_logging=False)
+            reclaim_signals()  # ray.init made SIGTERM sys.exit(15): a stop must save last.ckpt first
         remote = ray.remote(num_cpus=1)(_RayWorker)
         self.actors = [remote.remote(i, config, module) for i in range(num_actors)]
         self.weights: Any = None

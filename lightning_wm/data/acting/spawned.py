@@ -28,6 +28,7 @@ import torch.multiprocessing as tmp
 
 from lightning_wm.data.acting.base import Chunk
 from lightning_wm.data.acting.worker import STARTUP_GRACE_S, ActorWorker
+from lightning_wm.signals import ignore_stop_signals
 
 __all__ = ["SpawnedWorkers", "worker_process", "put_chunk", "heartbeat_of"]
 
@@ -69,7 +70,7 @@ def worker_process(index: int, chunks: Any, errors: Any, parent_pid: int) -> Ite
     :class:`ActorWorker` in (closed at the end). An exception is put on ``errors`` with its
     traceback and the process exits with code 1."""
     _die_with_parent(parent_pid)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the learner decides
+    ignore_stop_signals()  # Ctrl-C and Slurm's SIGUSR1 reach the whole process group: the learner decides
     chunks.cancel_join_thread()
     holder: list[ActorWorker | None] = [None]
     try:
