@@ -30,7 +30,6 @@ from pytorch_lightning.loggers import TensorBoardLogger
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from lightning_wm import console, runtime
-from lightning_wm.agents import dreamer as _dreamer  # noqa: F401  (registers the env id lightning_wm/Dream-v0)
 from lightning_wm.agents.dyna import Imagination
 from lightning_wm.callbacks import NonFiniteLossGuard, default_callbacks
 from lightning_wm.checkpoints import (
