@@ -42,7 +42,7 @@ from lightning_wm.checkpoints import (
     load_weights,
     open_checkpoint,
 )
-from lightning_wm.data.acting.worker import ActorError
+from lightning_wm.data.acting.base import ActorError
 from lightning_wm.data.collector import Collector, run_evaluation
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.data.offline import EpisodeDataModule

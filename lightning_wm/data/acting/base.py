@@ -1,34 +1,39 @@
-"""The acting part of an online datamodule: what every way of making rows offers the batch side.
+"""The one acting interface: what every way of making rows offers the batch side.
 
 An online datamodule (:class:`~lightning_wm.data.online.OnlineDataModule`) is an acting part
-(this interface) plus a batch part (:mod:`lightning_wm.data.batches`). The batch side never
-asks *how* rows are made; it takes :class:`Chunk` s (``next_chunk``), says which it used
-(``received``) and when a batch is complete (``batch_done``). Three modes exist:
+(:class:`Acting`) plus a batch part (:mod:`lightning_wm.data.batches`). Every mode implements
+:class:`Acting` — start (:meth:`Acting.setup`, then the first :meth:`Acting.attach_agent`),
+publish weights (later :meth:`Acting.attach_agent` calls), take rows (:meth:`Acting.next_chunk`,
+:class:`Chunk` s), health (:meth:`Acting.check`) and stop (:meth:`Acting.close`):
 
 * :class:`~lightning_wm.data.acting.in_process.InProcessActing` — a Collector in the learner's
-  process acts with the live module inside the data fetch (deterministic); it also writes
-  every row to the batch side's buffer as it is made and can act an exact number of steps.
-* :class:`~lightning_wm.data.acting.actors.ActorActing` — actor processes or Ray actors act with
-  published copies of the module and send chunks while the learner trains.
-* :class:`~lightning_wm.data.acting.central.CentralActing` — env groups step envs (in worker
-  processes) and one batched policy on the learner's device acts for all of them; the same
-  chunks, counts and gauges as actors, and no batch code knows the difference.
+  process acts with the live module inside the data fetch (deterministic);
+* :class:`~lightning_wm.data.acting.pools.PoolActing` — sources that act while the learner trains,
+  behind one :class:`Pool` interface: actor processes or Ray actors with policy copies
+  (:mod:`~lightning_wm.data.acting.local`, :mod:`~lightning_wm.data.acting.ray_backend`), or central
+  inference's env groups as threads or processes (:mod:`~lightning_wm.data.acting.central`).
 """
 
 from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from torch import Tensor, nn
 
 from lightning_wm.data.replay import RANDOM_POLICY_VERSION
 from lightning_wm.signals import check_stop
 
-__all__ = ["Acting", "Chunk", "RANDOM_POLICY_VERSION", "wait_for_chunk"]
+__all__ = ["Acting", "ActorError", "Chunk", "Pool", "RANDOM_POLICY_VERSION", "wait_for_chunk"]
+
+
+class ActorError(RuntimeError):
+    """A source (actor, env group, inference process) raised, died or hung; the message names it
+    and carries its traceback."""
 
 
 @dataclass
@@ -161,3 +166,98 @@ class Acting(ABC):
     @abstractmethod
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the counts of :meth:`state_dict` (keys it does not know are ignored)."""
+
+
+class Pool(ABC):
+    """Sources of chunks that act while the learner trains (actors, env groups): started by their
+    constructor, each mode's :meth:`take`, :meth:`failure`, :meth:`publish` and :meth:`stop` behind
+    one :meth:`get` and one :meth:`check` (a failure closes the pool and raises :class:`ActorError`).
+
+    Attributes:
+        copies_weights: the sources act with copies of the weights, so new versions are published
+            every ``acting.publish_every`` steps; ``False``: they act with the live module and
+            :meth:`publish` only moves the version on (every step).
+        timeout_s: a source silent this long is reported as hung.
+    """
+
+    copies_weights = True
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = float(timeout_s)
+        self.closed = False
+        self._last_check = 0.0
+
+    @abstractmethod
+    def take(self, timeout: float) -> Chunk | None:
+        """The next chunk within ``timeout`` seconds, or ``None`` (may raise :class:`ActorError`)."""
+
+    @abstractmethod
+    def failure(self) -> str | None:
+        """One line (and a traceback) naming the first source that raised, died or hung, or ``None``."""
+
+    @abstractmethod
+    def publish(self, weights: Mapping[str, Tensor] | nn.Module | None, version: int) -> None:
+        """Make ``weights`` (an acting copy's ``state_dict`` or the copy; ``None`` where
+        :attr:`copies_weights` is ``False``) the newest, as ``version``."""
+
+    @abstractmethod
+    def qsize(self) -> int:
+        """Chunks waiting for the learner."""
+
+    @abstractmethod
+    def pids(self) -> list[int | None]:
+        """Process ids of the sources (or of their env workers)."""
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Stop every source (called once, by :meth:`close`)."""
+
+    def taken(self, chunk: Chunk) -> None:  # noqa: B027 - an optional hook
+        """The learner took ``chunk`` (central acting hands the next permit out)."""
+
+    def get(self, timeout: float = 0.0) -> Chunk | None:
+        """The next chunk, waiting up to ``timeout`` seconds; ``None`` if none came.
+
+        Raises:
+            ActorError: a source raised (its traceback in the message), died or hung; the pool
+                is closed first.
+            RunStopped: a stop was requested (a scheduler's signal) while waiting.
+        """
+        chunk = wait_for_chunk(self._take, self.check, timeout)
+        if chunk is not None:
+            self.taken(chunk)
+        return chunk
+
+    def _take(self, timeout: float) -> Chunk | None:
+        try:
+            return self.take(timeout)
+        except ActorError:
+            self.close()
+            raise
+
+    def check(self, every_s: float = 0.25) -> None:
+        """Raise :class:`ActorError` (after closing the pool) if a source raised, died or hung;
+        looks at most every ``every_s`` seconds (:meth:`get` calls it; a learner that holds back
+        chunks calls it itself)."""
+        if self.closed:
+            raise RuntimeError("the acting pool is closed")
+        now = time.monotonic()
+        if now - self._last_check < every_s:
+            return
+        self._last_check = now
+        failure = self.failure()
+        if failure is not None:
+            self.close()
+            raise ActorError(failure)
+
+    def close(self) -> None:
+        """Stop every source (idempotent)."""
+        if not self.closed:
+            self.closed = True
+            self.stop()
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
