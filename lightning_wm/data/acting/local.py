@@ -126,7 +126,7 @@ def _actor_main(
     with worker_process(actor, chunks, errors, parent_pid) as holder:
         beat = heartbeat_of(heartbeat, actor)
         module = module_from_bytes(pickled)
-        worker = holder[0] = ActorWorker(actor, job, acting_copy_ready(module), job.settings.splits)
+        worker = holder[0] = ActorWorker(actor, job, acting_copy_ready(module))
         version = job.version  # the weights the actor was built with
         while not stop.is_set():
             beat()

@@ -24,7 +24,7 @@ class _RayWorker:
     """The Ray actor: a :class:`ActorWorker` that loads the weights it is handed, chunk by chunk."""
 
     def __init__(self, actor: int, job: ActingJob, module: nn.Module) -> None:
-        self.worker = ActorWorker(actor, job, acting_copy_ready(module), job.settings.splits)
+        self.worker = ActorWorker(actor, job, acting_copy_ready(module))
 
     def pid(self) -> int:
         return os.getpid()

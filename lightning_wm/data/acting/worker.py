@@ -76,16 +76,16 @@ class ActorWorker:
     """A source's Collector: its own vector env, the agent it acts with, random steps first.
 
     ``module`` is any :class:`~lightning_wm.protocols.Agent`: an actor process's frozen CPU copy
-    (:func:`acting_copy_ready` prepares it), or a central env group's inference client. The
-    central groups split nothing (``acting.splits`` applies to copies and in process).
+    (:func:`acting_copy_ready` prepares it), or a central env group's inference client; its envs
+    in ``acting.splits`` parts (policy copies only: the settings refuse splits for central groups).
     """
 
-    def __init__(self, actor: int, job: ActingJob, module: Any, splits: int = 1) -> None:
+    def __init__(self, actor: int, job: ActingJob, module: Any) -> None:
         self.actor, self.job, self.module = actor, job, module
         env_cfg = job.actor_env()
         self.spec: EnvSpec = env_spec(env_cfg)
         seeds = env_seeds(job.env.seed, job.envs_per_actor, "train", job.rank, actor)
-        self.collector = make_collector(env_cfg, module, None, seeds, self.spec, splits)
+        self.collector = make_collector(env_cfg, module, None, seeds, self.spec, job.settings.splits)
         self.random_left = job.random_steps
         if self.random_left > 0:
             seed = derive_seed(job.env.seed, "prefill", job.rank, actor)
