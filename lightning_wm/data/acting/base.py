@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from lightning_wm.data.replay import RANDOM_POLICY_VERSION
 from lightning_wm.signals import check_stop
 
-__all__ = ["Acting", "ActorError", "Chunk", "Pool", "RANDOM_POLICY_VERSION", "wait_for_chunk"]
+__all__ = ["Acting", "ActorError", "Chunk", "Pool", "RANDOM_POLICY_VERSION"]
 
 
 class ActorError(RuntimeError):
@@ -38,16 +38,11 @@ class ActorError(RuntimeError):
 
 @dataclass
 class Chunk:
-    """Rows of ``T`` consecutive steps of each of ``N`` envs, made by one source.
-
-    Attributes:
-        actor: the index of the source (an actor in its pool; 0 in process).
-        version: weight version the rows were made with (``-1``: the random prefill policy).
-        rows: row-convention leaves ``[T, N, ...]`` (numpy), ``policy_version`` included.
-        episodes: episodes finished in the chunk, ``{"return", "length", "env"}``.
-        env_steps: rows made anew (``T * N``; an overlap row was counted in the chunk before).
-        collect_s: seconds spent acting for it.
-    """
+    """Rows of ``T`` consecutive steps of each of ``N`` envs, made by source ``actor`` (0 in process)
+    with weights ``version`` (``-1``: the random prefill policy): row-convention leaves ``rows``
+    ``[T, N, ...]`` (numpy, ``policy_version`` included), the ``episodes`` finished in it (``{"return",
+    "length", "env"}``), ``env_steps`` rows made anew (an overlap row was counted before) and
+    ``collect_s`` seconds of acting."""
 
     actor: int
     version: int
@@ -63,34 +58,17 @@ class Chunk:
             self.version = int(self.rows["policy_version"].min())
 
 
-def wait_for_chunk(take: Callable[[float], Chunk | None], check: Callable[[], None], timeout: float) -> Chunk | None:
-    """``take(seconds)`` in slices of at most 0.1 s until a chunk comes or ``timeout`` seconds pass
-    (``None`` then), calling ``check()`` (raises when a source failed) and honouring a stop request
-    (``RunStopped``) before each slice."""
-    deadline = time.monotonic() + timeout
-    while True:
-        check_stop()
-        check()
-        chunk = take(min(0.1, max(0.0, deadline - time.monotonic())))
-        if chunk is not None or time.monotonic() >= deadline:
-            return chunk
-
-
 class Acting(ABC):
-    """How rows are made. The datamodule calls, in this order:
+    """How rows are made (chunks of ``chunk_length`` steps per env; ``overlap``: ``+ 1`` row shared
+    with the next chunk, the unrolls an IMPALA learner bootstraps from). The datamodule calls:
 
-    1. :meth:`setup` ``(rank, rows)`` when Lightning sets the datamodule up (again after
-       :meth:`close`: a later fit acts in fresh envs and continues the counts);
-    2. :meth:`attach_agent` ``(agent, version)`` when fit starts and after optimizer steps
-       (the ``AgentPublisher`` callback): the declared way the acting part gets its agent;
-    3. per batch, :meth:`next_chunk` until the batch side has what it needs, :meth:`received`
-       for each chunk it uses and :meth:`batch_done` once;
-    4. :meth:`close` at teardown or on an exception.
-
-    Attributes:
-        chunk_length: env steps per chunk (per env).
-        overlap: chunks of ``chunk_length + 1`` rows, consecutive ones of an env sharing a row
-            (the unrolls an IMPALA learner bootstraps from).
+    1. start: :meth:`setup` ``(rank, rows)`` when Lightning sets it up (again after :meth:`close`: a
+       later fit acts in fresh envs and continues the counts), then :meth:`attach_agent` when fit starts;
+    2. publish weights: :meth:`attach_agent` ``(agent, version)`` after optimizer steps (the
+       ``AgentPublisher`` callback, the one way the acting part gets its agent);
+    3. take rows: per batch, :meth:`next_chunk` until the batch side has enough, :meth:`received` for
+       each chunk it uses and :meth:`batch_done` once; health: :meth:`check` while it holds chunks back;
+    4. stop: :meth:`close` at teardown or on an exception.
     """
 
     def __init__(self, chunk_length: int, overlap: bool) -> None:
@@ -169,23 +147,21 @@ class Acting(ABC):
 
 
 class Pool(ABC):
-    """Sources of chunks that act while the learner trains (actors, env groups): started by their
-    constructor, each mode's :meth:`take`, :meth:`failure`, :meth:`publish` and :meth:`stop` behind
-    one :meth:`get` and one :meth:`check` (a failure closes the pool and raises :class:`ActorError`).
+    """Sources that act while the learner trains (actors, env groups), started by the constructor.
+    Each mode gives :meth:`take`, :meth:`failure`, :meth:`publish`, :meth:`qsize`, :meth:`pids` and
+    :meth:`stop`; :meth:`get` and :meth:`check` are shared (a failure closes the pool and raises
+    :class:`ActorError`).
 
     Attributes:
-        copies_weights: the sources act with copies of the weights, so new versions are published
-            every ``acting.publish_every`` steps; ``False``: they act with the live module and
-            :meth:`publish` only moves the version on (every step).
+        copies_weights: the sources act with copies, published every ``acting.publish_every`` steps;
+            ``False``: with the live module, so :meth:`publish` only moves the version on (every step).
         timeout_s: a source silent this long is reported as hung.
     """
 
     copies_weights = True
 
     def __init__(self, timeout_s: float) -> None:
-        self.timeout_s = float(timeout_s)
-        self.closed = False
-        self._last_check = 0.0
+        self.timeout_s, self.closed, self._last_check = float(timeout_s), False, 0.0
 
     @abstractmethod
     def take(self, timeout: float) -> Chunk | None:
@@ -193,12 +169,12 @@ class Pool(ABC):
 
     @abstractmethod
     def failure(self) -> str | None:
-        """One line (and a traceback) naming the first source that raised, died or hung, or ``None``."""
+        """A description (traceback included) of the first source that raised, died or hung, or ``None``."""
 
     @abstractmethod
     def publish(self, weights: Mapping[str, Tensor] | nn.Module | None, version: int) -> None:
-        """Make ``weights`` (an acting copy's ``state_dict`` or the copy; ``None`` where
-        :attr:`copies_weights` is ``False``) the newest, as ``version``."""
+        """Make ``weights`` (an acting copy's ``state_dict`` or the copy; ``None`` without
+        :attr:`copies_weights`) the newest, as ``version``."""
 
     @abstractmethod
     def qsize(self) -> int:
@@ -210,45 +186,44 @@ class Pool(ABC):
 
     @abstractmethod
     def stop(self) -> None:
-        """Stop every source (called once, by :meth:`close`)."""
+        """Stop every source (once, from :meth:`close`)."""
 
     def taken(self, chunk: Chunk) -> None:  # noqa: B027 - an optional hook
-        """The learner took ``chunk`` (central acting hands the next permit out)."""
+        """The learner took ``chunk``."""
 
     def get(self, timeout: float = 0.0) -> Chunk | None:
-        """The next chunk, waiting up to ``timeout`` seconds; ``None`` if none came.
+        """The next chunk, waiting up to ``timeout`` seconds in slices of at most 0.1 s, checking the
+        sources and a stop request before each; ``None`` if none came.
 
         Raises:
-            ActorError: a source raised (its traceback in the message), died or hung; the pool
-                is closed first.
+            ActorError: a source raised (its traceback in the message), died or hung (the pool is closed).
             RunStopped: a stop was requested (a scheduler's signal) while waiting.
         """
-        chunk = wait_for_chunk(self._take, self.check, timeout)
-        if chunk is not None:
-            self.taken(chunk)
-        return chunk
-
-    def _take(self, timeout: float) -> Chunk | None:
-        try:
-            return self.take(timeout)
-        except ActorError:
-            self.close()
-            raise
+        deadline = time.monotonic() + timeout
+        while True:
+            check_stop()
+            self.check()
+            try:
+                chunk = self.take(min(0.1, max(0.0, deadline - time.monotonic())))
+            except ActorError:
+                self.close()
+                raise
+            if chunk is not None:
+                self.taken(chunk)
+            if chunk is not None or time.monotonic() >= deadline:
+                return chunk
 
     def check(self, every_s: float = 0.25) -> None:
-        """Raise :class:`ActorError` (after closing the pool) if a source raised, died or hung;
-        looks at most every ``every_s`` seconds (:meth:`get` calls it; a learner that holds back
-        chunks calls it itself)."""
+        """Raise :class:`ActorError` (after closing the pool) if a source raised, died or hung; looks at
+        most every ``every_s`` seconds (a learner that holds back chunks calls it itself)."""
         if self.closed:
             raise RuntimeError("the acting pool is closed")
         now = time.monotonic()
-        if now - self._last_check < every_s:
-            return
-        self._last_check = now
-        failure = self.failure()
-        if failure is not None:
-            self.close()
-            raise ActorError(failure)
+        if now - self._last_check >= every_s:
+            self._last_check = now
+            if (failure := self.failure()) is not None:
+                self.close()
+                raise ActorError(failure)
 
     def close(self) -> None:
         """Stop every source (idempotent)."""

@@ -1,29 +1,18 @@
 """Central inference (``acting.policy: central``): ``acting.num_actors`` env groups step envs and one
 batched policy call per round acts for all of them (:class:`~lightning_wm.data.acting.inference.Rounds`).
 
-Each group is an :class:`~lightning_wm.data.acting.worker.ActorWorker` (the actors' Collector loop,
-seeds and random prefill) over its own vector env of ``envs_per_actor`` envs whose agent is an
-:class:`~lightning_wm.data.acting.inference.InferenceClient`; the groups run as
-(``acting.central_groups``):
+A group is an :class:`~lightning_wm.data.acting.worker.ActorWorker` over ``envs_per_actor`` envs whose
+agent is an :class:`~lightning_wm.data.acting.inference.InferenceClient`. ``acting.central_groups``:
 
-* ``threads`` — threads of the learner's process (their envs in gymnasium's worker processes with
-  ``env.vectorization: async``) acting with the live module on the learner's device
-  (:func:`~lightning_wm.data.acting.inference.acting_view`: no copy, no publishing; rows carry the
-  learner's version at act time); the group whose request closes a round answers it. Starts in
-  well under a second; the choice for a GPU learner.
-* ``processes`` — spawned processes that step their envs and build their rows themselves, answered
-  by one inference process acting with a CPU acting copy that pulls the weights the learner publishes
-  every ``acting.publish_every`` steps from a :class:`~lightning_wm.data.acting.local.WeightStore`
-  just before each policy call: neither the groups' Python nor the policy calls share the learner's
-  interpreter (the fastest central mode on a CPU learner with 32 envs or more per group).
+* ``threads`` — threads of the learner acting with the live module on its device (no copy, no
+  publishing); the group whose request closes a round answers it. Starts at once; for a GPU learner.
+* ``processes`` — spawned processes answered by one inference process whose CPU acting copy pulls the
+  published weights (a :class:`~lightning_wm.data.acting.local.WeightStore`) before each call: nothing
+  of acting shares the learner's interpreter (the fastest central mode on a CPU learner, 32+ envs a group).
 
-Both share the rounds, the deadlines, the explore split, the chunk permits
-(:class:`~lightning_wm.data.acting.permits.ChunkPermits`: ``acting.queue_size`` chunks, default one
-per group, are made ahead of the learner, the groups taking turns) and the failure checks: a group's
-exception (an env that raised, a worker process that died, the agent's ``act``), death or silence
-for ``acting.timeout_s``, or the inference process's, becomes one
-:class:`~lightning_wm.data.acting.base.ActorError` naming it; everything dies with the learner,
-``kill -9`` included (group threads' env workers end when their command pipe closes).
+Both share the rounds, the chunk permits (:class:`ChunkPermits`) and the failure checks: a group's or
+the inference process's exception, death or silence for ``acting.timeout_s`` becomes one
+:class:`~lightning_wm.data.acting.base.ActorError` naming it; everything dies with the learner.
 """
 
 from __future__ import annotations
@@ -50,14 +39,46 @@ from lightning_wm.data.acting.inference import (
     spawn_semaphore,
 )
 from lightning_wm.data.acting.local import WeightStore, module_bytes, module_from_bytes
-from lightning_wm.data.acting.permits import ChunkPermits
 from lightning_wm.data.acting.spawned import SpawnedWorkers, heartbeat_of, put_chunk, worker_process
 from lightning_wm.data.acting.worker import STARTUP_GRACE_S, ActingJob, ActorWorker, acting_copy_ready
 from lightning_wm.data.collector import agent_device
 from lightning_wm.envs import env_spec
 from lightning_wm.signals import stop_requested
 
-__all__ = ["CentralPool", "GroupThreads"]
+__all__ = ["CentralPool", "ChunkPermits", "GroupThreads"]
+
+
+class ChunkPermits:
+    """``permits`` chunks ahead of the learner (queued or in the making: they bound the policy lag)
+    over ``num_groups`` groups, handed out in turn. Group ``g`` takes a permit from ``semaphores[g]``
+    (made by ``semaphore(0)``) before it starts a chunk; when the learner takes its chunk the permit is
+    used up and the next group in turn without one gets one: with a permit per group each runs one
+    chunk ahead, with fewer they take turns."""
+
+    def __init__(self, num_groups: int, permits: int, semaphore: Callable[[int], Any]) -> None:
+        if num_groups < 1 or permits < 1:
+            raise ValueError(f"need at least one group and one permit, got {num_groups} and {permits}")
+        self.num_groups = num_groups
+        self.semaphores = [semaphore(0) for _ in range(num_groups)]
+        self._holding: set[int] = set()  # groups with a permit out (their chunk not taken yet)
+        self._next = 0
+        for _ in range(min(permits, num_groups)):
+            self._grant()
+
+    def _grant(self) -> None:
+        for i in range(self.num_groups):
+            group = (self._next + i) % self.num_groups
+            if group not in self._holding:
+                self._holding.add(group)
+                self._next = (group + 1) % self.num_groups
+                self.semaphores[group].release()
+                return
+
+    def taken(self, group: int) -> None:
+        """The learner took ``group``'s chunk: its permit is used; the next group in turn gets one
+        (the learner's thread only)."""
+        self._holding.discard(group)
+        self._grant()
 
 
 def _group_loop(worker: ActorWorker, client: InferenceClient, permit: Any, chunks: Any, stop: Any, beat: Any) -> None:
@@ -126,10 +147,9 @@ class _Stop(threading.Event):
 
 
 class GroupThreads:
-    """Env groups as threads of the learner's process, driving ``rounds`` themselves; what
-    :class:`~lightning_wm.data.acting.spawned.SpawnedWorkers` offers for processes (``get``,
-    ``qsize``, ``failure``, ``pids``, ``close``). Sets the interpreter's switch interval short while
-    they run. Envs are built here, in the calling thread, before any group thread runs."""
+    """Env groups as threads of the learner driving ``rounds`` themselves, with what
+    :class:`~lightning_wm.data.acting.spawned.SpawnedWorkers` offers processes; the interpreter's
+    switch interval short while they run; envs built in the calling thread before any group runs."""
 
     def __init__(self, job: ActingJob, slots: SharedSlots, rounds: Rounds, permits: list[Any]) -> None:
         count = len(permits)
@@ -182,7 +202,6 @@ class GroupThreads:
         return self.chunks.qsize()
 
     def failure(self, timeout_s: float) -> str | None:
-        """The first group that raised or was silent for ``timeout_s``, in one description; else ``None``."""
         if self.errors:
             group, error = self.errors[0]
             tb = "".join(traceback.format_exception(error)).rstrip()
@@ -197,11 +216,9 @@ class GroupThreads:
         return None
 
     def pids(self) -> list[int | None]:
-        """Process ids of the groups' env workers (none for sync groups)."""
         return [p.pid for w in self.workers for p in getattr(w.collector.env, "processes", [])]
 
     def close(self) -> None:
-        """Stop the threads, then close the envs (their worker processes end)."""
         self.stop.set()
         for thread in self.threads:
             thread.join(timeout=10.0)
@@ -229,36 +246,26 @@ def _end_workers(env: Any) -> None:
 
 
 class CentralPool(Pool):
-    """``acting.num_actors`` env groups (threads or processes, ``acting.central_groups``) acting
-    through one batched policy: ``agent`` itself (threads) or its acting copy in the inference process.
-
-    Args:
-        job: what every group is built from (a group is an actor here).
-        agent: the module being trained (anything with the Agent protocol for threads).
-    """
+    """``job``'s env groups (threads or processes, ``acting.central_groups``) acting through one batched
+    policy: ``agent`` (the module being trained) itself, or its acting copy in the inference process."""
 
     def __init__(self, job: ActingJob, agent: Any) -> None:
-        settings = job.settings
+        settings, count = job.settings, job.settings.num_actors
         super().__init__(settings.timeout_s)
-        count, deadline_s, processes = (
-            settings.num_actors,
-            settings.deadline_ms / 1000.0,
-            settings.central_groups == "processes",
-        )
+        deadline_s, processes = settings.deadline_ms / 1000.0, settings.central_groups == "processes"
         if processes and agent_device(agent).type != "cpu":
             raise ValueError(
                 f"acting.central_groups: processes acts with a CPU copy in a process of its own, but the learner is "
                 f"on {agent_device(agent)}: use central_groups: threads there (the policy stays on the learner's device)"
             )
-        self.copies_weights = processes  # the inference process acts with published copies
-        self.version = job.version
-        if processes:
-            acting: Any = agent.acting_copy().cpu()
-        else:
-            acting = acting_view(agent).eval() if isinstance(agent, nn.Module) else agent
+        self.copies_weights, self.version = processes, job.version  # the inference process acts with copies
+        acting: Any = agent.acting_copy().cpu() if processes else agent
+        if not processes and isinstance(agent, nn.Module):
+            acting = acting_view(agent).eval()
         semaphore = spawn_semaphore if processes else threading.Semaphore
-        space = env_spec(job.actor_env()).observation_space
-        self.slots = make_slots(acting, space, count, job.envs_per_actor, semaphore)
+        self.slots = make_slots(
+            acting, env_spec(job.actor_env()).observation_space, count, job.envs_per_actor, semaphore
+        )
         self.permits = ChunkPermits(count, settings.queue_size or count, semaphore)
         self.groups: SpawnedWorkers | GroupThreads
         self.inference: SpawnedWorkers | None = None
@@ -271,8 +278,8 @@ class CentralPool(Pool):
         args = (module_bytes(acting), self.store, self.slots, deadline_s)
         self.inference = SpawnedWorkers(_inference_main, args, 1, 1, "central inference process")
         try:
-            name = "env group {} (central acting)"
-            self.groups = SpawnedWorkers(_group_main, (job, self.slots, self.permits.semaphores), count, count, name)
+            args = (job, self.slots, self.permits.semaphores)
+            self.groups = SpawnedWorkers(_group_main, args, count, count, "env group {} (central acting)")
         except BaseException:
             self.inference.close()
             raise
@@ -303,11 +310,10 @@ class CentralPool(Pool):
         return self.groups.qsize()
 
     def pids(self) -> list[int | None]:
-        """Process ids of the groups (threads: their env workers), then the inference process's."""
+        """The groups' (threads: their env workers'), then the inference process's."""
         return self.groups.pids() + (self.inference.pids() if self.inference is not None else [])
 
     def stop(self) -> None:
-        """Stop the groups (their envs close), then the inference process."""
         self.groups.close()
         if self.inference is not None:
             self.inference.close()

@@ -1,10 +1,7 @@
-"""Acting in the learner's process: a :class:`~lightning_wm.data.collector.Collector` steps the
-training envs with the live module inside the data fetch (``acting.num_actors: 0``).
-
-Deterministic: a seeded run makes the same rows, and so the same weights, every time. Every
-row also goes to the batch side's buffer as it is made (the replay, or the real rows kept for
-a world model); the batch side asks for an exact number of steps (:meth:`InProcessActing.collect`,
-the replay ratio) or for chunks (:meth:`InProcessActing.next_chunk`, unrolls).
+"""Acting in the learner's process (``acting.num_actors: 0``): a Collector steps the training envs with
+the live module inside the data fetch. Deterministic: a seeded run makes the same rows and weights
+every time. Every row also goes to the batch side's buffer as it is made; the batch side asks for
+an exact number of steps (:meth:`InProcessActing.collect`, the replay ratio) or for chunks (unrolls).
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """Central inference: one batched policy call per round acts for every env group (SEED RL's split:
-only observations, actions and the per-step extras cross; the policy and its recurrent state stay
-with the inference).
+only observations, actions and per-step extras cross; the policy and its recurrent state stay here).
 
-* :class:`SharedSlots` — per group ``g`` a slot of the batch ``[G, B, ...]`` tensors (in shared
-  memory: groups may be processes): the observations and episode-start flags a group writes, the
-  actions and extras written back, request counters, the weights' version of each answer, and
-  semaphores (``requests``: some group asked; ``ready[g]``: group ``g``'s answer is written). The
-  answer's layout (action and extras: keys, shapes, dtypes) comes from one probe call of the agent.
-* :class:`Rounds` — the one implementation of rounds, deadlines and the explore split: a round
-  starts with the first request seen and closes when every acting group has asked, or
-  ``deadline_s`` later; then one agent call per explore flag acts for every group that asked (the
-  observations gathered into one batch on the agent's device; each group's recurrent state kept
-  here, restarted where its episode-start flag is set) and every group of the round is answered. A
-  group that waits for the learner marks itself inactive, so rounds do not wait for it.
-* :class:`InferenceClient` — the agent of a group's Collector: ``act`` writes its slot, asks and
-  waits. Groups as threads drive the rounds themselves (the group whose request closes a round
-  answers it in its own thread: no hand-off, no thread of its own); groups as processes are
-  answered by the inference process (:mod:`~lightning_wm.data.acting.central`), which serves the
-  same :class:`Rounds`.
+* :class:`SharedSlots` — per group a slot of ``[G, B, ...]`` tensors in shared memory (groups may be
+  processes) that the group's :class:`InferenceClient` writes its request into and reads its answer from.
+* :class:`Rounds` — the one implementation of rounds, deadlines and the explore split. Groups as
+  threads drive it themselves (the group whose request closes a round answers it: no hand-off);
+  the inference process serves it (:meth:`Rounds.serve`).
 """
 
 from __future__ import annotations
@@ -82,19 +70,13 @@ def acting_view(module: nn.Module) -> nn.Module:
 
 @dataclass
 class SharedSlots:
-    """The exchange of ``G`` groups of ``B`` envs (picklable: it travels to group processes).
-
-    Attributes:
-        obs: observation leaves ``[G, B, ...]`` (a dict of them for dict observations).
-        starts: bool ``[G, B]``, envs whose episode starts at this request (their state restarts).
-        action: ``[G, B, ...]``; ``extras``: each ``[G, B, ...]``.
-        explore: bool ``[G]``; ``active``: bool ``[G]``, groups a round waits for (all at first; a
-            group pauses while it waits for the learner and is active again at its next request).
-        asked: int64 ``[G]``, requests made; ``version``: int64 ``[G]``, weights of the last answer.
-        served: int64 ``[2]``, agent calls made and group requests answered.
-        stateful: the agent has a recurrent state (``initial_state`` is not ``None``).
-        requests: a semaphore released at every request; ``ready``: one per group, released at its answer.
-    """
+    """The exchange of ``G`` groups of ``B`` envs (picklable). ``obs`` leaves ``[G, B, ...]``;
+    ``starts`` bool ``[G, B]`` (the env's episode starts: its state restarts); ``action`` and each
+    of ``extras`` ``[G, B, ...]``; ``explore``, ``active`` (groups a round waits for: a group pauses
+    while it waits for the learner) bool ``[G]``; ``asked`` (requests made) and ``version`` (weights
+    of the last answer) int64 ``[G]``; ``served`` int64 ``[2]``: agent calls, requests answered;
+    ``stateful``: the agent is recurrent; semaphores ``requests`` (released at every request) and
+    ``ready[g]`` (at group ``g``'s answer)."""
 
     obs: Any
     starts: Tensor
@@ -162,10 +144,11 @@ def spawn_semaphore(value: int) -> Any:
 
 
 class Rounds:
-    """Answers the groups' requests in ``slots`` in rounds, one agent call per round and explore flag.
-
-    Call :meth:`step` from one thread at a time (group threads take a lock; the inference process
-    is one thread).
+    """Answers the groups' requests in ``slots`` in rounds: a round starts with the first request seen
+    and closes when every active group has asked, or ``deadline_s`` later; then one agent call per
+    explore flag acts for all that asked (observations gathered on the agent's device; each group's
+    recurrent state kept here, restarted where its episode starts). :meth:`step` runs in one thread
+    at a time (group threads take a lock; the inference process is one thread).
 
     Args:
         agent: anything with ``act(obs, state, explore)`` and ``initial_state`` (batched over the
@@ -250,10 +233,8 @@ class Rounds:
 
 
 class InferenceClient:
-    """The agent of group ``group``'s Collector: asks through ``slots``.
-
-    Its recurrent "state" is only a flag per env, ``True`` where an episode starts (the Collector
-    resets it from ``initial_state``); :class:`Rounds` keeps the real state.
+    """The agent of group ``group``'s Collector: asks through ``slots``. Its recurrent "state" is a flag
+    per env, ``True`` where an episode starts (the Collector resets it); :class:`Rounds` keeps the real one.
 
     Args:
         slots: the exchange.

@@ -1,18 +1,10 @@
 """Acting with sources that run while the learner trains (``acting.num_actors > 0``): the datamodule's
-handle on a :class:`~lightning_wm.data.acting.base.Pool`.
-
-The pool starts at the first agent attached (``AgentPublisher`` attaches when fit starts), with the
-random prefill steps each source takes first; which pool the settings ask for:
-
-* ``policy: copies`` — actor processes (``backend: local``, :class:`~lightning_wm.data.acting.local.LocalPool`)
-  or Ray actors (``ray``, :class:`~lightning_wm.data.acting.ray_backend.RayPool`), each with a CPU
-  copy of the module; later versions go out every ``publish_every`` optimizer steps;
-* ``policy: central`` — env groups acting through one batched policy
-  (:class:`~lightning_wm.data.acting.central.CentralPool`).
-
-Chunks the batch side uses count as env steps and feed
-:class:`~lightning_wm.data.acting.metrics.ActorMetrics` (policy lag, frames per second, queue
-depth, the learner's wait).
+handle on a :class:`~lightning_wm.data.acting.base.Pool`, started at the first agent attached with
+the random prefill each source takes first: policy copies in actor processes
+(:class:`~lightning_wm.data.acting.local.LocalPool`) or Ray actors
+(:class:`~lightning_wm.data.acting.ray_backend.RayPool`), or central inference's env groups
+(:class:`~lightning_wm.data.acting.central.CentralPool`). Chunks used count as env steps and feed
+:class:`~lightning_wm.data.acting.metrics.ActorMetrics`.
 """
 
 from __future__ import annotations
@@ -51,14 +43,8 @@ def actor_pool(job: ActingJob, module: nn.Module) -> Pool:
 
 
 class PoolActing(Acting):
-    """``settings.num_actors`` sources of ``envs_per_actor`` envs each (default ``env.num_envs``).
-
-    Args:
-        env: the env config of the sources (``num_envs`` is replaced by ``envs_per_actor``).
-        settings: the datamodule's acting group.
-        chunk_length: env steps per chunk.
-        overlap: unroll chunks (``chunk_length + 1`` rows, consecutive ones sharing a row).
-    """
+    """``settings.num_actors`` sources of ``envs_per_actor`` envs each (default ``env.num_envs``), chunks
+    of ``chunk_length`` steps (``overlap``: unrolls of ``chunk_length + 1`` rows sharing one)."""
 
     def __init__(self, env: EnvConfig, settings: ActingSettings, chunk_length: int, overlap: bool = False) -> None:
         super().__init__(chunk_length, overlap)
@@ -84,8 +70,7 @@ class PoolActing(Acting):
         return self.num_actors
 
     def setup(self, rank: int, rows: Any = None) -> None:
-        """Remember the rank (the pool starts when an agent is attached); the batch side adds the
-        chunks' rows itself, so ``rows`` is not used."""
+        """Remember the rank (the pool starts when an agent is attached; ``rows`` is not used)."""
         self.rank = rank
 
     def attach_agent(self, agent: Any, version: int, random_rows: int = 0) -> None:
@@ -152,8 +137,7 @@ class PoolActing(Acting):
         return self.gauges.pop_episodes()
 
     def metrics(self) -> dict[str, float]:
-        """The sources' gauges; central acting's also ``actors/groups_per_act`` (env groups answered
-        per policy call)."""
+        """The sources' gauges; central acting's also ``actors/groups_per_act`` (groups per policy call)."""
         out = self.gauges.gauges()
         if isinstance(self.pool, CentralPool) and (per_act := self.pool.groups_per_act) is not None:
             out["actors/groups_per_act"] = per_act
@@ -165,8 +149,7 @@ class PoolActing(Acting):
             self.pool = None
 
     def state_dict(self) -> dict[str, Any]:
-        """The rows the sources sent (chunks still queued at a checkpoint are lost: a resumed run
-        starts its sources afresh, in new episodes)."""
+        """The rows the sources sent (queued chunks are lost: a resumed run starts afresh)."""
         return {"actor_rows": self._env_steps}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

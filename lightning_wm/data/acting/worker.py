@@ -1,12 +1,6 @@
-"""One source's work, shared by every mode that acts outside the data fetch: :class:`ActingJob` (what
-every source of a fit is built from; picklable, it travels to actor and group processes and Ray
-actors) and :class:`ActorWorker` (a Collector over its own vector env, random steps first).
-
-A source (an actor, or a central env group) owns a vector env of ``envs_per_actor`` envs (first-reset
-seeds ``seeding.env_seeds(env.seed, n, "train", rank, actor)``, distinct across sources and DDP
-ranks) and an agent: a CPU policy copy, or central inference's client. It sends chunks of rows
-``[T, N_envs, ...]`` (the row convention, agent extras and a ``policy_version`` column) with the
-episodes it finished.
+"""One source's work: :class:`ActingJob` (what every source of a fit is built from; picklable, it
+travels to processes and Ray actors) and :class:`ActorWorker` (a Collector over the source's own
+vector env, random steps first) that actors and central env groups share.
 """
 
 from __future__ import annotations
@@ -40,19 +34,10 @@ def acting_copy_ready(module: nn.Module) -> nn.Module:
 
 @dataclass(frozen=True)
 class ActingJob:
-    """What every source of one fit's acting is built from: the env config and the datamodule's
-    ``acting`` settings, both unchanged, and what the datamodule decides (picklable).
-
-    Attributes:
-        env: the training env config (``num_envs`` is replaced by ``envs_per_actor`` per source).
-        settings: the datamodule's acting group.
-        chunk_length: env steps per chunk.
-        overlap: chunks of ``chunk_length + 1`` rows, consecutive ones sharing a row (unrolls).
-        rank: the DDP rank (seeds).
-        random_steps: vector steps each source takes with the random policy first (prefill);
-            their rows carry ``policy_version`` ``-1``.
-        version: the version of the weights the sources start with.
-    """
+    """What every source of one fit is built from: the env config and the datamodule's ``acting``
+    settings, both unchanged, plus the chunk shape (``chunk_length`` steps; ``overlap``: ``+ 1`` row
+    shared with the next, unrolls), the DDP ``rank``, the vector steps each source takes with the
+    random policy first (``random_steps``; rows of version ``-1``) and the weights' first ``version``."""
 
     env: EnvConfig
     settings: ActingSettings
@@ -73,12 +58,9 @@ class ActingJob:
 
 
 class ActorWorker:
-    """A source's Collector: its own vector env, the agent it acts with, random steps first.
-
-    ``module`` is any :class:`~lightning_wm.protocols.Agent`: an actor process's frozen CPU copy
-    (:func:`acting_copy_ready` prepares it), or a central env group's inference client; its envs
-    in ``acting.splits`` parts (policy copies only: the settings refuse splits for central groups).
-    """
+    """Source ``actor``'s Collector over its own ``envs_per_actor`` envs (first-reset seeds
+    ``env_seeds(env.seed, n, "train", rank, actor)``; ``acting.splits`` parts) acting with ``module``:
+    a policy copy (:func:`acting_copy_ready`) or a central group's inference client."""
 
     def __init__(self, actor: int, job: ActingJob, module: Any) -> None:
         self.actor, self.job, self.module = actor, job, module
