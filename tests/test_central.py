@@ -65,9 +65,9 @@ DRIVERS = pytest.mark.parametrize("driver", ["groups", "served"])
 def _exchange(agent, groups: int, envs: int, deadline_s: float, driver: str, version=lambda: 0):
     """Slots, clients and rounds for ``groups`` groups (threads here) of ``envs`` envs; ``stop`` ends a serving loop."""
     slots = make_slots(agent, SPACE, groups, envs, threading.Semaphore)
-    rounds, stop, lock = Rounds(agent, slots, deadline_s, version), threading.Event(), threading.Lock()
+    rounds, stop = Rounds(agent, slots, deadline_s, version), threading.Event()
     drive = rounds if driver == "groups" else None
-    clients = [InferenceClient(slots, g, stop, rounds=drive, lock=lock) for g in range(groups)]
+    clients = [InferenceClient(slots, g, stop, rounds=drive) for g in range(groups)]
     if driver == "served":
         threading.Thread(target=rounds.serve, args=(stop,), daemon=True).start()
     return slots, clients, stop

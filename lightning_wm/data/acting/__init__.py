@@ -12,8 +12,7 @@ from __future__ import annotations
 from lightning_wm.data.acting.base import RANDOM_POLICY_VERSION, Acting, ActorError, Chunk, Pool
 from lightning_wm.data.acting.in_process import InProcessActing
 from lightning_wm.data.acting.local import WeightStore
-from lightning_wm.data.acting.metrics import ActorMetrics
-from lightning_wm.data.acting.pools import PoolActing, actor_pool
+from lightning_wm.data.acting.pools import ActorMetrics, PoolActing, actor_pool
 from lightning_wm.data.acting.worker import ActingJob
 from lightning_wm.data.settings import ActingSettings
 from lightning_wm.envs import EnvConfig, EnvSpec

@@ -28,6 +28,12 @@ from torch import Tensor, nn
 from lightning_wm.data.replay import RANDOM_POLICY_VERSION
 from lightning_wm.signals import check_stop
 
+NO_AGENT = (
+    "no agent to act with: the AgentPublisher callback (lightning_wm.callbacks.AgentPublisher, in "
+    "default_callbacks() and the CLI's Trainer) attaches the module being trained when fit starts; add it to "
+    "your Trainer's callbacks, or call datamodule.attach_agent(module, version)"
+)
+
 __all__ = ["Acting", "ActorError", "Chunk", "Pool", "RANDOM_POLICY_VERSION"]
 
 

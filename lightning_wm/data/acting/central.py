@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
+import torch.multiprocessing as tmp
 from torch import Tensor, nn
 
 from lightning_wm.data.acting.base import Chunk, Pool
@@ -36,7 +37,6 @@ from lightning_wm.data.acting.inference import (
     acting_view,
     make_slots,
     shorten_switch_interval,
-    spawn_semaphore,
 )
 from lightning_wm.data.acting.local import WeightStore, module_bytes, module_from_bytes
 from lightning_wm.data.acting.spawned import SpawnedWorkers, heartbeat_of, put_chunk, worker_process
@@ -160,12 +160,9 @@ class GroupThreads:
         self.workers: list[ActorWorker] = []
         self.threads: list[threading.Thread] = []
         self._restore_switch_interval = shorten_switch_interval()
-        lock = threading.Lock()
         try:
             for g in range(count):
-                self.workers.append(
-                    ActorWorker(g, job, InferenceClient(slots, g, self.stop, self._beat(g), rounds, lock))
-                )
+                self.workers.append(ActorWorker(g, job, InferenceClient(slots, g, self.stop, self._beat(g), rounds)))
         except BaseException:
             self.close()
             raise
@@ -262,7 +259,7 @@ class CentralPool(Pool):
         acting: Any = agent.acting_copy().cpu() if processes else agent
         if not processes and isinstance(agent, nn.Module):
             acting = acting_view(agent).eval()
-        semaphore = spawn_semaphore if processes else threading.Semaphore
+        semaphore = tmp.get_context("spawn").Semaphore if processes else threading.Semaphore
         self.slots = make_slots(
             acting, env_spec(job.actor_env()).observation_space, count, job.envs_per_actor, semaphore
         )

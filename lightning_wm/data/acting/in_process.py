@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lightning_wm.data.acting.base import Acting, Chunk
+from lightning_wm.data.acting.base import NO_AGENT, Acting, Chunk
 from lightning_wm.data.collector import Collector, EpisodeStats
 from lightning_wm.data.split_collector import SplitCollector, check_splits, make_collector
 from lightning_wm.envs import EnvConfig, EnvSpec
@@ -75,11 +75,7 @@ class InProcessActing(Acting):
         if not self._open or self.collector is None:
             raise RuntimeError("setup() was not called")
         if self.agent is None:
-            raise RuntimeError(
-                "no agent to act with: the AgentPublisher callback (lightning_wm.callbacks.AgentPublisher, "
-                "in default_callbacks() and the CLI's Trainer) attaches the module being trained when fit "
-                "starts; add it to your Trainer's callbacks, or call datamodule.attach_agent(module, version)"
-            )
+            raise RuntimeError(NO_AGENT)
         if self.collector.agent is not self.agent:
             self.collector.set_agent(self.agent)
         return self.collector

@@ -20,7 +20,6 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch
-import torch.multiprocessing as tmp
 from torch import Tensor, nn
 
 from lightning_wm.data.collector import agent_device
@@ -35,7 +34,6 @@ __all__ = [
     "acting_view",
     "make_slots",
     "shorten_switch_interval",
-    "spawn_semaphore",
 ]
 
 # The interpreter's thread switch interval while group threads act: a thread woken by an env, a
@@ -91,14 +89,6 @@ class SharedSlots:
     requests: Any
     ready: list[Any]
 
-    @property
-    def num_groups(self) -> int:
-        return int(self.asked.shape[0])
-
-    @property
-    def envs_per_group(self) -> int:
-        return int(self.starts.shape[1])
-
 
 def _zeros(space: gym.spaces.Space, batch: int) -> Any:
     """A batch of zero observations of ``space`` as the Collector hands them to an agent."""
@@ -138,17 +128,12 @@ def make_slots(
     )
 
 
-def spawn_semaphore(value: int) -> Any:
-    """A semaphore that spawned processes share."""
-    return tmp.get_context("spawn").Semaphore(value)
-
-
 class Rounds:
     """Answers the groups' requests in ``slots`` in rounds: a round starts with the first request seen
     and closes when every active group has asked, or ``deadline_s`` later; then one agent call per
     explore flag acts for all that asked (observations gathered on the agent's device; each group's
     recurrent state kept here, restarted where its episode starts). :meth:`step` runs in one thread
-    at a time (group threads take a lock; the inference process is one thread).
+    at a time (group threads take :attr:`lock`; the inference process is one thread).
 
     Args:
         agent: anything with ``act(obs, state, explore)`` and ``initial_state`` (batched over the
@@ -162,8 +147,9 @@ class Rounds:
     def __init__(self, agent: Any, slots: SharedSlots, deadline_s: float, version: Callable[[], int]) -> None:
         self.agent, self.slots, self.deadline_s, self.version = agent, slots, float(deadline_s), version
         self.device = agent_device(agent)
-        self._answered = np.zeros(slots.num_groups, np.int64)
-        self._states: list[Any] = [None] * slots.num_groups
+        self.lock = threading.Lock()
+        self._answered = np.zeros(len(slots.ready), np.int64)
+        self._states: list[Any] = [None] * len(slots.ready)
         self._since: float | None = None  # when the round's first request was seen
 
     def step(self) -> float | None:
@@ -205,7 +191,7 @@ class Rounds:
         slots, agent = self.slots, self.agent
         index = torch.from_numpy(groups)
         obs = tree_map(lambda x: x[index].flatten(0, 1).to(self.device), slots.obs)
-        state, size = None, slots.envs_per_group
+        state, size = None, slots.starts.shape[1]
         if slots.stateful:
             for g, starts in zip(groups, slots.starts[index]):
                 if self._states[g] is None:
@@ -241,9 +227,8 @@ class InferenceClient:
         group: this group's slot.
         stop: an event; set, a waiting ``act`` raises :class:`InferenceStopped`.
         beat: called while waiting (the group's heartbeat).
-        rounds: groups as threads: the :class:`Rounds` this group drives itself under ``lock``;
-            ``None``: another process answers.
-        lock: the lock every group thread takes around ``rounds.step()``.
+        rounds: groups as threads: the :class:`Rounds` this group drives itself; ``None``: another
+            process answers.
 
     Attributes:
         on_act: called with the weights' version of every answer.
@@ -258,10 +243,8 @@ class InferenceClient:
         stop: Any,
         beat: Callable[[], None] = lambda: None,
         rounds: Rounds | None = None,
-        lock: Any = None,
     ) -> None:
         self.slots, self.group, self.stop, self.beat, self.rounds = slots, group, stop, beat, rounds
-        self.lock = lock if lock is not None else threading.Lock()
         self.on_act: Callable[[int], None] = lambda version: None
         self.asked = 0
 
@@ -271,12 +254,12 @@ class InferenceClient:
 
     def _drive(self) -> float | None:
         """Groups as threads: step the rounds (maybe answering one in this thread)."""
-        if self.rounds is None or not self.lock.acquire(timeout=0.25):
+        if self.rounds is None or not self.rounds.lock.acquire(timeout=0.25):
             return None
         try:
             return self.rounds.step()
         finally:
-            self.lock.release()
+            self.rounds.lock.release()
 
     def pause(self) -> None:
         """This group will not ask for a while: rounds stop waiting for it."""
