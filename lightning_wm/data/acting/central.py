@@ -39,7 +39,7 @@ from lightning_wm.data.acting.inference import (
     shorten_switch_interval,
 )
 from lightning_wm.data.acting.local import WeightStore, module_bytes, module_from_bytes
-from lightning_wm.data.acting.spawned import SpawnedWorkers, heartbeat_of, put_chunk, worker_process
+from lightning_wm.data.acting.spawned import SpawnedWorkers, heartbeat_of, hung, put_chunk, worker_process
 from lightning_wm.data.acting.worker import STARTUP_GRACE_S, ActingJob, ActorWorker, acting_copy_ready
 from lightning_wm.data.collector import agent_device
 from lightning_wm.envs import env_spec
@@ -203,14 +203,8 @@ class GroupThreads:
             group, error = self.errors[0]
             tb = "".join(traceback.format_exception(error)).rstrip()
             return f"env group {group} (central acting) raised:\n{tb}"
-        now = time.monotonic()
-        for group, beat in enumerate(self.heartbeat):
-            if now - beat > timeout_s:
-                return (
-                    f"env group {group} (central acting) hung: no step for {now - beat:.1f} s (acting.timeout_s="
-                    f"{timeout_s:g}); it may be stuck in env.step or in the policy"
-                )
-        return None
+        silent = (hung(f"env group {g} (central acting)", beat, timeout_s) for g, beat in enumerate(self.heartbeat))
+        return next((s for s in silent if s is not None), None)
 
     def pids(self) -> list[int | None]:
         return [p.pid for w in self.workers for p in getattr(w.collector.env, "processes", [])]

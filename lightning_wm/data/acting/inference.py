@@ -148,6 +148,12 @@ class Rounds:
         self.agent, self.slots, self.deadline_s, self.version = agent, slots, float(deadline_s), version
         self.device = agent_device(agent)
         self.lock = threading.Lock()
+        # numpy views of the shared flags: an element read or write costs far less than a tensor's
+        self._asked, self._active, self._explore = slots.asked.numpy(), slots.active.numpy(), slots.explore.numpy()
+        self._starts, self._version, self._served = slots.starts.numpy(), slots.version.numpy(), slots.served.numpy()
+        flat = lambda x: x.flatten(0, 1)  # noqa: E731 - [G * B, ...] views: a round of consecutive groups is a slice
+        self._obs, self._action = tree_map(flat, slots.obs), flat(slots.action)
+        self._extras = {key: flat(value) for key, value in slots.extras.items()}
         self._answered = np.zeros(len(slots.ready), np.int64)
         self._states: list[Any] = [None] * len(slots.ready)
         self._since: float | None = None  # when the round's first request was seen
@@ -155,8 +161,7 @@ class Rounds:
     def step(self) -> float | None:
         """Answer every group that asked if the round may close (each active group asked, or its
         deadline passed); else the seconds left to its deadline (``None``: nothing to wait for)."""
-        slots = self.slots
-        asked = slots.asked.numpy().copy()
+        asked = self._asked.copy()
         pending = asked != self._answered
         if not pending.any():
             return None
@@ -164,18 +169,19 @@ class Rounds:
         if self._since is None:
             self._since = now
         left = self._since + self.deadline_s - now
-        if left > 0 and (slots.active.numpy() & ~pending).any():
+        if left > 0 and (self._active & ~pending).any():
             return left
         self._since = None
         groups = np.flatnonzero(pending)
-        explore = slots.explore.numpy()[groups]
-        for flag in (True, False):
-            part = groups[explore == flag]
-            if len(part):
-                self._call(part, flag)
+        explore = self._explore[groups]
+        if explore.all() or not explore.any():  # one flag: one call (most rounds)
+            self._call(groups, bool(explore[0]))
+        else:
+            for flag in (True, False):
+                self._call(groups[explore == flag], flag)
         self._answered[groups] = asked[groups]
         for g in groups:
-            slots.ready[g].release()
+            self.slots.ready[g].release()
         return None
 
     def serve(self, stop: Any, beat: Callable[[], None] = lambda: None) -> None:
@@ -188,16 +194,21 @@ class Rounds:
 
     def _call(self, groups: np.ndarray, explore: bool) -> None:
         """One agent call for ``groups``; their answers written into the slots."""
-        slots, agent = self.slots, self.agent
-        index = torch.from_numpy(groups)
-        obs = tree_map(lambda x: x[index].flatten(0, 1).to(self.device), slots.obs)
-        state, size = None, slots.starts.shape[1]
+        slots, agent, size = self.slots, self.agent, self.slots.starts.shape[1]
+        lo, hi = int(groups[0]), int(groups[-1]) + 1
+        if hi - lo == len(groups):  # consecutive groups (most rounds): slices of the flat views, no gather
+            rows: slice | Tensor = slice(lo * size, hi * size)
+        else:
+            rows = (torch.from_numpy(groups)[:, None] * size + torch.arange(size)).flatten()
+        obs = tree_map(lambda x: x[rows].to(self.device, copy=True), self._obs)  # a copy: the groups write on
+        state = None
         if slots.stateful:
-            for g, starts in zip(groups, slots.starts[index]):
+            for g in groups:
                 if self._states[g] is None:
                     self._states[g] = agent.initial_state(size)
-                elif starts.any():  # a fresh state only where an episode starts (most steps: none)
-                    self._states[g] = where(starts.to(self.device), agent.initial_state(size), self._states[g])
+                elif self._starts[g].any():  # a fresh state only where an episode starts (most steps: none)
+                    starts = slots.starts[g].to(self.device)
+                    self._states[g] = where(starts, agent.initial_state(size), self._states[g])
             state = concat([self._states[g] for g in groups])
         version = int(self.version())
         with torch.no_grad():
@@ -207,15 +218,13 @@ class Rounds:
                 f"the agent's extras changed keys between calls ({sorted(slots.extras)} -> {sorted(extras)}): "
                 "central acting's slots are laid out from the first call"
             )
-        shape = (len(groups), size)
-        for target, value in [(slots.action, action), *((slots.extras[k], v) for k, v in extras.items())]:
-            target[index] = value.detach().reshape(*shape, *value.shape[1:]).to("cpu", target.dtype)
-        slots.version[index] = version
+        for target, value in [(self._action, action), *((self._extras[k], v) for k, v in extras.items())]:
+            target[rows] = value.detach()
+        self._version[groups] = version
         if slots.stateful:
             for i, g in enumerate(groups):
                 self._states[g] = tree_map(lambda x: x[i * size : (i + 1) * size], new_state)  # noqa: B023
-        slots.served[0] += 1
-        slots.served[1] += len(groups)
+        self._served += (1, len(groups))
 
 
 class InferenceClient:
@@ -247,6 +256,10 @@ class InferenceClient:
         self.slots, self.group, self.stop, self.beat, self.rounds = slots, group, stop, beat, rounds
         self.on_act: Callable[[int], None] = lambda version: None
         self.asked = 0
+        # this group's slot, as views made once (numpy for the flags: cheaper element access)
+        self._obs, self._starts = tree_map(lambda x: x[group], slots.obs), slots.starts[group]
+        self._action, self._extras = slots.action[group], {k: v[group] for k, v in slots.extras.items()}
+        self._flags = (slots.explore.numpy(), slots.active.numpy(), slots.asked.numpy(), slots.version.numpy())
 
     def initial_state(self, batch_size: int) -> Tensor | None:
         """``True`` per env (an episode starts) when the agent is recurrent, else ``None``."""
@@ -263,29 +276,27 @@ class InferenceClient:
 
     def pause(self) -> None:
         """This group will not ask for a while: rounds stop waiting for it."""
-        self.slots.active[self.group] = False
+        self._flags[1][self.group] = False
         self._drive()
 
     def act(self, obs: Any, state: Tensor | None, explore: bool) -> tuple[Tensor, Tensor | None, dict[str, Tensor]]:
         """Actions ``[B, ...]`` and extras for ``obs [B, ...]``; ``state`` is the episode-start flags."""
-        slots, g = self.slots, self.group
+        g, (explores, active, asked, version) = self.group, self._flags
         self.beat()
-        tree_map(lambda slot, x: slot[g].copy_(x), slots.obs, obs)
+        tree_map(lambda slot, x: slot.copy_(x), self._obs, obs)
         if state is not None:
-            slots.starts[g].copy_(state)
-        slots.explore[g] = bool(explore)
-        slots.active[g] = True
+            self._starts.copy_(state)
+        explores[g], active[g] = bool(explore), True
         self.asked += 1
-        slots.asked[g] = self.asked
+        asked[g] = self.asked  # last: the request is complete
         if self.rounds is None:
-            slots.requests.release()
+            self.slots.requests.release()
         left = self._drive()
-        while not slots.ready[g].acquire(timeout=0.25 if left is None else min(left, 0.25)):
+        while not self.slots.ready[g].acquire(timeout=0.25 if left is None else min(left, 0.25)):
             self.beat()
             if self.stop.is_set():
                 raise InferenceStopped("central acting is stopping")
             left = self._drive()
-        self.on_act(int(slots.version[g]))
-        extras = {key: value[g].clone() for key, value in slots.extras.items()}
+        self.on_act(int(version[g]))
         started = None if state is None else torch.zeros_like(state)
-        return slots.action[g].clone(), started, extras
+        return self._action.clone(), started, {key: value.clone() for key, value in self._extras.items()}

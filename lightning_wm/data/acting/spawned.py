@@ -28,7 +28,7 @@ import torch.multiprocessing as tmp
 from lightning_wm.data.acting.base import Chunk
 from lightning_wm.data.acting.worker import STARTUP_GRACE_S, ActorWorker
 
-__all__ = ["SpawnedWorkers", "worker_process", "put_chunk", "heartbeat_of"]
+__all__ = ["SpawnedWorkers", "heartbeat_of", "hung", "put_chunk", "worker_process"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -97,6 +97,14 @@ def put_chunk(chunk: Chunk, chunks: Any, stop: Any, beat: Callable[[], None]) ->
             return
         except queue_lib.Full:
             continue
+
+
+def hung(label: str, last: float, timeout_s: float) -> str | None:
+    """``label`` described as hung if its last sign of life ``last`` is over ``timeout_s`` seconds old."""
+    silent = time.monotonic() - last
+    if silent <= timeout_s:
+        return None
+    return f"{label} hung: no heartbeat for {silent:.1f} s (acting.timeout_s={timeout_s:g}); it may be stuck in env.step or in the policy"
 
 
 def _terminate(processes: list[Any], stop: Any) -> None:
@@ -172,7 +180,6 @@ class SpawnedWorkers:
         raised = self._raised(0.0)
         if raised is not None:
             return raised
-        now = time.monotonic()
         for i, proc in enumerate(self.processes):
             label = f"{self.name.format(i)} (pid {proc.pid})"
             if proc.exitcode is not None:
@@ -185,12 +192,8 @@ class SpawnedWorkers:
                     else f"exited with code {proc.exitcode}"
                 )
                 return f"{label} {how} without reporting an error"
-            silent = now - self.heartbeat[i]
-            if silent > timeout_s:
-                return (
-                    f"{label} hung: no heartbeat for {silent:.1f} s (acting.timeout_s={timeout_s:g}); it may be "
-                    "stuck in env.step or in the policy"
-                )
+            if (silent := hung(label, self.heartbeat[i], timeout_s)) is not None:
+                return silent
         return None
 
     def close(self) -> None:
