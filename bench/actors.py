@@ -5,7 +5,8 @@ own CPU copy of the policy, new weights every 50 steps) and ``central`` (one bat
 learner's live policy acts for all env groups): ``central-sync`` / ``central-async`` run the groups
 as threads of the learner's process, their envs stepped in the thread (``sync``) or in worker
 processes (``async``); ``central-processes`` runs each group in its own process, which steps its
-envs and builds its rows there (``acting.central_groups: processes``).
+envs and builds its rows there, answered by an inference process with the policy's published copy
+(``acting.central_groups: processes``).
 
 For each env and actor count it measures, after a warm-up, for ``--seconds`` seconds:
 
@@ -34,7 +35,6 @@ frames).
     python bench/actors.py --backend envpool    # the acting modes step EnvPool's envs
     python bench/actors.py --envs cartpole --actors 0,2 --policies central --vectorizations sync,async
     python bench/actors.py --envs pong --actors 2 --policies central --central-groups processes
-    python bench/actors.py --envs cartpole --actors 0,2 --policies central --central-groups processes --central-inference thread,process
     python bench/actors.py --envs pong --actors 2 --backend envpool --acting-only   # no learner beside the actors
     python bench/actors.py --envs pong --actors 0 --backend envpool --splits 1,2 --prefill 20000   # double-buffered
 """
@@ -231,9 +231,8 @@ def with_actors(
     deadline_ms: float = ActingSettings.deadline_ms,
 ) -> dict:
     """Actors act (the datamodules' acting part: ``copies``, new weights every 50 steps, or
-    ``central-sync`` / ``central-async`` / ``central-processes``, the live policy, or
-    ``central-processes-inference-process``, the policy in a process of its own with weights published
-    every 50 steps); the learner ingests what arrived and
+    ``central-sync`` / ``central-async``, the live policy, or ``central-processes``, the policy in a
+    process of its own with weights published every 50 steps); the learner ingests what arrived and
     trains (``rows_per_step`` None: flat out, else the replay ratio ``1 / rows_per_step`` is
     enforced by :class:`ReplayFeed`). The learner (and with ``central`` the acting policy) lives on
     ``s["device"]``; policy copies act on the CPU. ``learn=False``: the learner only ingests (acting
@@ -251,7 +250,6 @@ def with_actors(
         timeout_s=120,
         policy="central" if central else "copies",
         central_groups="processes" if mode.startswith("central-processes") else "threads",
-        central_inference="process" if mode.endswith("inference-process") else "thread",
         splits=1 if central else splits,
         deadline_ms=deadline_ms,
     )
@@ -260,7 +258,7 @@ def with_actors(
     acting = make_acting(env, env_spec(env), settings, s["chunk_length"], overlap=False)
     acting.setup(rank=0)
     # central acting's thread takes the live module; copies and the inference process its published weights
-    shipped = policy if central and not mode.endswith("inference-process") else Shipped(policy)
+    shipped = policy if central and mode != "central-processes" else Shipped(policy)
     acting.attach_agent(shipped if central else Shipped(s["policy"]()), 0)
 
     def ingest(chunk: Chunk) -> None:
@@ -302,11 +300,6 @@ def main() -> None:
     p.add_argument("--policies", default="copies,central", help="acting.policy of the actors: copies, central")
     p.add_argument(
         "--central-groups", default="threads,processes", help="where central env groups run: threads, processes"
-    )
-    p.add_argument(
-        "--central-inference",
-        default="thread",
-        help="where central acting's policy runs with groups in processes: thread, process (comma-separated)",
     )
     p.add_argument(
         "--deadline-ms",
@@ -358,11 +351,7 @@ def main() -> None:
         groups = args.central_groups.split(",")
         modes += [(f"central-{v}", f"central-{v}", 1) for v in args.vectorizations.split(",") if "threads" in groups]
         if "processes" in groups:
-            inference = args.central_inference.split(",")
-            modes += [("central-processes", "central-processes", 1)] if "thread" in inference else []
-            modes += [("central-processes, inference process", "central-processes-inference-process", 1)] * (
-                "process" in inference
-            )
+            modes += [("central-processes, inference process", "central-processes", 1)]
     in_process_modes = [("in process" if k == 1 else f"in process, {k} splits", "in process", k) for k in splits]
     for name in args.envs.split(","):
         s = settings(name, args.backend, args.device, args.envs_per_actor)

@@ -49,7 +49,7 @@ from lightning_wm.command_line import (
     user_message,
     wants_verbose,
 )
-from lightning_wm.data.acting.worker import ActorError
+from lightning_wm.data.acting.base import ActorError
 from lightning_wm.data.collector import Collector, run_evaluation
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.data.offline import EpisodeDataModule

@@ -254,13 +254,15 @@ def test_agent_publisher_cadence():
 def test_actors_get_a_new_version_every_publish_every_steps(monkeypatch):
     """The acting part decides what reaches the actors: the first attach starts the pool (with the
     random prefill share of each actor), later versions go out every acting.publish_every steps."""
-    from lightning_wm.data.acting import actors as acting_actors
+    from lightning_wm.data.acting import pools as acting_pools
 
     started, published = [], []
 
     class Pool:
-        def __init__(self, env, module, *args, random_steps=0, initial_version=0, **kwargs):
-            started.append((initial_version, random_steps))
+        copies_weights = True
+
+        def __init__(self, job, module):
+            started.append((job.version, job.random_steps))
 
         def publish(self, module, version):
             published.append(version)
@@ -272,7 +274,7 @@ def test_actors_get_a_new_version_every_publish_every_steps(monkeypatch):
         def acting_copy(self):
             return torch.nn.Identity()
 
-    monkeypatch.setattr(acting_actors, "ActorPool", Pool)
+    monkeypatch.setattr(acting_pools, "actor_pool", Pool)
     dm = ReplayDataModule(
         EnvConfig("CartPole-v1", num_envs=2),
         prefill=64,

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_wm.data.acting import ActorError, ActorPool, WeightStore
+from lightning_wm.data.acting import ActingJob, ActorError, WeightStore, actor_pool
+from lightning_wm.data.settings import ActingSettings
 from lightning_wm.envs import EnvConfig
 from lightning_wm.seeding import env_seeds
 
@@ -24,6 +25,11 @@ from support.processes import descendants, wait_gone
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
+
+
+def _pool(env, module, chunk_length=64, rank=0, **settings):
+    """An actor pool of ``module`` copies over ``env``; ``settings``: the acting group's fields."""
+    return actor_pool(ActingJob(env, ActingSettings(**settings), chunk_length, rank=rank), module)
 
 
 def _set(module: MarkedPolicy, value: float) -> MarkedPolicy:
@@ -53,13 +59,12 @@ def test_pool_weights_versions_and_seeds():
     the actors within a bounded lag, and every env of every actor and rank has its own seed."""
     seed, rank, envs = 3, 1, 2
     module = _set(MarkedPolicy(), 0.0)
-    with ActorPool(
-        EnvConfig("CartPole-v1"),
+    with _pool(
+        EnvConfig("CartPole-v1", seed=seed),
         module,
         num_actors=2,
         envs_per_actor=envs,
         chunk_length=4,
-        seed=seed,
         rank=rank,
         timeout_s=60,
         queue_size=2,
@@ -97,7 +102,7 @@ def test_pool_weights_versions_and_seeds():
 
 @pytest.mark.slow
 def test_actor_exception_reaches_learner_with_traceback():
-    pool = ActorPool(EnvConfig("CartPole-v1"), FaultyPolicy("raise", at=6), num_actors=1, chunk_length=2)
+    pool = _pool(EnvConfig("CartPole-v1"), FaultyPolicy("raise", at=6), num_actors=1, chunk_length=2)
     pid = pool.pids()[0]
     with pytest.raises(ActorError) as info:
         for _ in range(100):
@@ -111,7 +116,7 @@ def test_actor_exception_reaches_learner_with_traceback():
 
 @pytest.mark.slow
 def test_hung_and_killed_actors_are_reported():
-    pool = ActorPool(EnvConfig("CartPole-v1"), FaultyPolicy("hang", at=4), num_actors=2, chunk_length=1, timeout_s=2.0)
+    pool = _pool(EnvConfig("CartPole-v1"), FaultyPolicy("hang", at=4), num_actors=2, chunk_length=1, timeout_s=2.0)
     pids = pool.pids()
     with pytest.raises(
         ActorError, match=r"actor \d \(pid \d+\) hung: no heartbeat for [\d.]+ s \(acting.timeout_s=2\)"
@@ -120,7 +125,7 @@ def test_hung_and_killed_actors_are_reported():
             pool.get(timeout=60)
     assert not wait_gone(pids), "a hung actor was left running"
 
-    pool = ActorPool(EnvConfig("CartPole-v1"), MarkedPolicy(), num_actors=2, chunk_length=1, timeout_s=60)
+    pool = _pool(EnvConfig("CartPole-v1"), MarkedPolicy(), num_actors=2, chunk_length=1, timeout_s=60)
     assert pool.get(timeout=120) is not None
     pids = pool.pids()
     os.kill(pids[1], signal.SIGKILL)
@@ -138,11 +143,12 @@ LEARNER = textwrap.dedent("""
     signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.path.insert(0, {tests!r})
     from support.actor_agents import MarkedPolicy
-    from lightning_wm.data.acting import ActorPool
+    from lightning_wm.data.acting import ActingJob, actor_pool
+    from lightning_wm.data.settings import ActingSettings
     from lightning_wm.envs import EnvConfig
 
     if __name__ == "__main__":
-        pool = ActorPool(EnvConfig("CartPole-v1"), MarkedPolicy(), num_actors=2, chunk_length=4)
+        pool = actor_pool(ActingJob(EnvConfig("CartPole-v1"), ActingSettings(num_actors=2), 4), MarkedPolicy())
         try:
             pool.get(timeout=120)
             print(json.dumps(pool.pids()), flush=True)
@@ -187,13 +193,12 @@ def test_ray_backend_on_a_local_instance(monkeypatch):
     ray.init(num_cpus=3, include_dashboard=False, configure_logging=False)
     try:
         module = _set(MarkedPolicy(), 0.0)
-        with ActorPool(
-            EnvConfig("CartPole-v1"),
+        with _pool(
+            EnvConfig("CartPole-v1", seed=3),
             module,
             num_actors=2,
             envs_per_actor=2,
             chunk_length=4,
-            seed=3,
             backend="ray",
             timeout_s=120,
         ) as pool:
@@ -215,7 +220,7 @@ def test_ray_backend_on_a_local_instance(monkeypatch):
                 for j, s in enumerate(env_seeds(3, 2, "train", 0, actor)):
                     np.testing.assert_array_equal(obs[j], gym.make("CartPole-v1").reset(seed=s)[0])
         assert not wait_gone(pids) and ray.is_initialized(), "a pool leaves a Ray instance it did not start running"
-        crashing = ActorPool(
+        crashing = _pool(
             EnvConfig("CartPole-v1"), FaultyPolicy("raise", at=3), num_actors=1, chunk_length=1, backend="ray"
         )
         with pytest.raises(ActorError, match=r"(?s)ray actor 0 raised:.*ValueError: policy exploded on call 3"):

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import pytorch_lightning as pl
@@ -21,9 +22,8 @@ from torch import nn
 
 from lightning_wm.cli import main
 from lightning_wm.data.acting import ActorError
-from lightning_wm.data.acting.central import SWITCH_INTERVAL_S
-from lightning_wm.data.acting.inference import BatchedInference, InferenceStopped, acting_view
-from lightning_wm.data.acting.permits import ChunkPermits
+from lightning_wm.data.acting.central import ChunkPermits
+from lightning_wm.data.acting.inference import SWITCH_INTERVAL_S, InferenceClient, Rounds, acting_view, make_slots
 from lightning_wm.data.collector import Collector
 from lightning_wm.data.settings import ActingSettings
 from lightning_wm.envs import EnvConfig, make_vector_env
@@ -46,107 +46,117 @@ from support.processes import alive, wait_gone, wait_until
 ROOT = Path(__file__).resolve().parents[1]
 CENTRAL = ["--data.init_args.acting.num_actors", "2", "--data.init_args.acting.policy", "central"]
 # where the groups run in the CLI fits: threads of the learner, or processes exchanging through shared memory
-# (``inference-process``: groups in processes and the policy in a process of its own, central_inference: process)
-GROUPS = pytest.mark.parametrize("groups", ["threads", "processes", "inference-process"])
+# (with the policy in a process of its own)
+GROUPS = pytest.mark.parametrize("groups", ["threads", "processes"])
 # the same for tests of the fast lane: groups in processes spawn (seconds each), so that variant is slow
 BOTH_GROUPS = pytest.mark.parametrize("groups", ["threads", pytest.param("processes", marks=pytest.mark.slow)])
 
 
 def _where(groups: str) -> list[str]:
-    """The acting options that put the groups (and the policy) where ``groups`` says."""
-    if groups == "inference-process":
-        return (
-            "--data.init_args.acting.central_groups processes --data.init_args.acting.central_inference process".split()
-        )
+    """The acting option that puts the groups where ``groups`` says."""
     return ["--data.init_args.acting.central_groups", groups]
 
 
-class Recording:
-    """A fake agent: records the batch size of every call; action ``obs[:, 0]``, state ``{"h": h + 1,
-    "pair": (h, -h)}``, extras ``{"double": 2 * obs}``."""
-
-    def __init__(self) -> None:
-        self.batches: list[int] = []
-
-    def act(self, obs, state, explore):
-        self.batches.append(obs.shape[0])
-        h = state["h"] + 1
-        return obs[:, 0].long(), {"h": h, "pair": (h, -h)}, {"double": 2 * obs}
+SPACE = gym.spaces.Box(-10.0, 10.0, (3,), np.float32)
+# who drives the rounds: the groups themselves (groups as threads) or a serving loop (the inference process's body)
+DRIVERS = pytest.mark.parametrize("driver", ["groups", "served"])
 
 
-def _ask(server, group, size, results):
-    obs = torch.full((size, 3), float(group))
-    state = {"h": torch.full((size, 2), 10.0 * group), "pair": (torch.zeros(size, 2), torch.zeros(size, 2))}
-    answer = server.act(group, obs, state, True)
-    results[group] = (time.monotonic(), answer)
+def _exchange(agent, groups: int, envs: int, deadline_s: float, driver: str, version=lambda: 0):
+    """Slots, clients and rounds for ``groups`` groups (threads here) of ``envs`` envs; ``stop`` ends a serving loop."""
+    slots = make_slots(agent, SPACE, groups, envs, threading.Semaphore)
+    rounds, stop = Rounds(agent, slots, deadline_s, version), threading.Event()
+    drive = rounds if driver == "groups" else None
+    clients = [InferenceClient(slots, g, stop, rounds=drive) for g in range(groups)]
+    if driver == "served":
+        threading.Thread(target=rounds.serve, args=(stop,), daemon=True).start()
+    return slots, clients, stop
 
 
-def _round(server, sizes):
-    results, threads = {}, []
-    for group, size in sizes.items():
-        threads.append(threading.Thread(target=_ask, args=(server, group, size, results)))
+def _ask_all(clients, obs, starts, explore=True):
+    """Every client asks at once (one thread each); returns their answers by group."""
+    answers, threads = {}, []
+
+    def ask(client):
+        answers[client.group] = client.act(obs[client.group], starts[client.group], explore)
+
+    for client in clients:
+        threads.append(threading.Thread(target=ask, args=(client,)))
         threads[-1].start()
     for thread in threads:
         thread.join(timeout=30)
-    return results
+    return answers
 
 
-def test_one_agent_call_answers_every_group_and_splits_pytrees_back():
-    agent = Recording()
-    server = BatchedInference(agent, deadline_s=30.0, version=lambda: 7, groups=range(3))
+@DRIVERS
+def test_one_call_answers_every_group_and_each_group_keeps_its_own_recurrent_state(driver):
+    agent = StepCounter()
+    slots, clients, stop = _exchange(agent, 3, 2, 30.0, driver, version=lambda: 7)
+    versions = []
+    for client in clients:
+        client.on_act = versions.append
     try:
-        results = _round(server, {0: 2, 1: 3, 2: 1})
+        obs = {g: torch.full((2, 3), float(g)) for g in range(3)}
+        first = _ask_all(clients, obs, {g: clients[g].initial_state(2) for g in range(3)})
+        assert slots.served.tolist() == [1, 3], "the three groups in one call"
+        assert versions == [7, 7, 7]
+        for g, (action, flags, extras) in first.items():
+            assert action.tolist() == [0, 0] and extras["steps"].tolist() == [0, 0]
+            torch.testing.assert_close(extras["obs_sum"], torch.full((2,), 3.0 * g))
+            assert flags.tolist() == [False, False], "no env starts an episode on the next step"
+        clients[2].pause()  # group 2 waits for the learner: the next rounds do not wait for it
+        starts = {0: torch.tensor([False, True]), 1: torch.tensor([False, False])}  # group 0's env 1 restarts
+        for _ in range(2):
+            second = _ask_all(clients[:2], obs, starts)
+        assert second[0][2]["steps"].tolist() == [2, 0], "env 1 of group 0 restarted its count"
+        assert second[1][2]["steps"].tolist() == [2, 2], "group 1 kept its own state"
+        assert slots.served.tolist() == [3, 7]
     finally:
-        server.close()
-    assert agent.batches == [6], "the three groups' requests in one call"
-    for group, size in {0: 2, 1: 3, 2: 1}.items():
-        action, state, extras, version = results[group][1]
-        assert version == 7
-        assert action.tolist() == [group] * size
-        torch.testing.assert_close(state["h"], torch.full((size, 2), 10.0 * group + 1))
-        torch.testing.assert_close(state["pair"][1], -state["pair"][0])
-        assert isinstance(state["pair"], tuple)
-        torch.testing.assert_close(extras["double"], torch.full((size, 3), 2.0 * group))
-    assert server.calls == 1 and server.requests == 3
+        stop.set()
 
 
-def test_a_withheld_group_delays_the_others_by_the_deadline_only():
-    agent = Recording()
-    server = BatchedInference(agent, deadline_s=0.3, groups=range(3))  # group 2 never asks
+@DRIVERS
+def test_a_group_that_does_not_ask_delays_the_others_by_the_deadline_only(driver):
+    slots, clients, stop = _exchange(StepCounter(), 2, 1, 0.3, driver)
     try:
+        obs = {g: torch.zeros(1, 3) for g in range(2)}
+        _ask_all(clients, obs, {g: clients[g].initial_state(1) for g in range(2)})
         start = time.monotonic()
-        results = _round(server, {0: 1, 1: 2})
+        clients[0].act(obs[0], torch.zeros(1, dtype=torch.bool), True)  # group 1 is active but silent
+        assert 0.3 <= time.monotonic() - start < 10.0
+        assert int(slots.served[1]) == 3
     finally:
-        server.close()
-    assert agent.batches == [3], "the two groups that asked, in one call"
-    waited = max(t for t, _ in results.values()) - start
-    assert 0.3 <= waited < 10.0
-    assert results[1][1][0].tolist() == [1, 1]
+        stop.set()
 
 
-def test_an_agent_error_reaches_the_caller_and_close_releases_a_waiting_group():
-    class Broken:
-        def act(self, obs, state, explore):
-            raise ValueError("bad act")
-
-    server = BatchedInference(Broken(), deadline_s=0.0)
-    with pytest.raises(ValueError, match="bad act"):
-        server.act(0, torch.zeros(1, 3), None, True)
-    server = BatchedInference(Recording(), deadline_s=60.0, groups=range(2))  # group 1 never asks
+def test_a_stop_releases_a_waiting_client_and_an_agent_error_reaches_the_group_that_called():
+    slots = make_slots(StepCounter(), SPACE, 1, 1, threading.Semaphore)
+    stop = threading.Event()
+    client = InferenceClient(slots, 0, stop)  # nothing answers
     outcome = []
 
-    def ask():
+    def ask(client):
         try:
-            server.act(0, torch.zeros(1, 3), {"h": torch.zeros(1, 2), "pair": None}, True)
-        except InferenceStopped as error:
+            client.act(torch.zeros(1, 3), client.initial_state(1), True)
+        except Exception as error:  # noqa: BLE001 - the test reads it
             outcome.append(error)
 
-    thread = threading.Thread(target=ask)
+    thread = threading.Thread(target=ask, args=(client,))
     thread.start()
-    wait_until(lambda: server.waiting == 1, 30, what="group 0's request")
-    server.close()
+    wait_until(lambda: int(slots.asked[0]) == 1, 30, what="the request")
+    stop.set()
     thread.join(timeout=30)
-    assert len(outcome) == 1 and not thread.is_alive()
+    assert type(outcome[0]).__name__ == "InferenceStopped"
+
+    class Broken(StepCounter):
+        def act(self, obs, state, explore):
+            if obs.abs().sum() > 0:  # not the probe call on zeros
+                raise ValueError("bad act")
+            return super().act(obs, state, explore)
+
+    _, (client,), _ = _exchange(Broken(), 1, 1, 0.0, "groups")
+    with pytest.raises(ValueError, match="bad act"):
+        client.act(torch.ones(1, 3), client.initial_state(1), True)
 
 
 def test_acting_view_shares_the_tensors_not_the_mode():
@@ -171,6 +181,8 @@ def test_settings_refuse_ray_and_unknown_policies():
         ActingSettings(policy="central", deadline_ms=-1)
     with pytest.raises(ValueError, match="acting.central_groups must be 'threads' or 'processes'"):
         ActingSettings(policy="central", central_groups="fibers")
+    with pytest.raises(ValueError, match="central_inference: thread beside central_groups: processes was removed"):
+        ActingSettings(num_actors=2, policy="central", central_groups="processes", central_inference="thread")
 
 
 def test_recurrent_state_restarts_with_each_episode_in_every_group():
@@ -199,7 +211,7 @@ def test_recurrent_state_restarts_with_each_episode_in_every_group():
 
 def test_each_group_runs_at_most_one_chunk_ahead_of_the_learner():
     acting = central_acting(EnvConfig("CartPole-v1"), groups=2, envs=3, chunk=4)
-    made = lambda: sum(w.collector.stats.env_steps for w in acting.pool.workers)  # noqa: E731
+    made = lambda: sum(w.collector.stats.env_steps for w in acting.pool.groups.workers)  # noqa: E731
     try:
         acting.attach_agent(StepCounter(), version=0)
         wait_until(lambda: acting.pool.qsize() == 2, 30, what="a chunk of each group")
@@ -232,7 +244,7 @@ def test_one_permit_makes_the_groups_take_turns_with_one_chunk_ahead(groups):
         chunks = []
         for count in range(1, 5):
             wait_until(lambda: acting.pool.qsize() == 1, 60, what="the chunk in turn")  # noqa: B023
-            assert acting.pool.server.requests == count * 4, "one chunk ahead, all groups together"
+            assert int(acting.pool.slots.served[1]) == count * 4, "one chunk ahead, all groups together"
             chunks += take_chunks(acting, 1)
     finally:
         acting.close()
@@ -295,7 +307,7 @@ def test_a_stop_request_ends_the_wait_and_the_groups(monkeypatch):
         request_stop(signal.SIGTERM)
         with pytest.raises(RunStopped):
             acting.next_chunk(timeout=30)
-        threads = acting.pool.threads
+        threads = acting.pool.groups.threads
         wait_until(lambda: not any(t.is_alive() for t in threads), 30, what="the group threads' end")
     finally:
         clear_stop()
@@ -322,7 +334,7 @@ def test_a_killed_env_worker_becomes_one_error_naming_the_group():
     acting.attach_agent(StepCounter(), version=0)
     try:
         take_chunks(acting, 2)
-        victim = acting.pool.workers[1].collector.env.processes[0]
+        victim = acting.pool.groups.workers[1].collector.env.processes[0]
         os.kill(victim.pid, signal.SIGKILL)
         with pytest.raises(ActorError, match=r"env group 1 \(central acting\) raised"):
             take_chunks(acting, 1000)
@@ -336,13 +348,13 @@ LEARNER = textwrap.dedent(
     """
     import os, sys
     sys.path[:0] = [{root!r}, {tests!r}]
-    from lightning_wm.data.acting import CentralActing
+    from lightning_wm.data.acting import PoolActing
     from lightning_wm.data.settings import ActingSettings
     from lightning_wm.envs import EnvConfig
     from support.actor_agents import StepCounter
 
     if __name__ == "__main__":
-        acting = CentralActing(
+        acting = PoolActing(
             EnvConfig("CartPole-v1", vectorization={vectorization!r}),
             ActingSettings(
                 num_actors=2, envs_per_actor=2, policy="central", central_groups={groups!r}, central_inference={inference!r}
@@ -366,8 +378,8 @@ LEARNER = textwrap.dedent(
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "groups, vectorization, inference, processes",
-    [("threads", "async", "thread", 4), ("processes", "sync", "thread", 2), ("processes", "sync", "process", 3)],
-    ids=["env-workers-of-threads", "group-processes", "inference-process"],
+    [("threads", "async", None, 4), ("processes", "sync", None, 3)],
+    ids=["env-workers-of-threads", "group-and-inference-processes"],
 )
 def test_kill_9_of_the_learner_leaves_no_process_and_nothing_in_dev_shm(
     tmp_path, groups, vectorization, inference, processes

@@ -15,7 +15,7 @@ from support.countdown import CountingAgent, countdown_envs
 
 class FakeActors(Acting):
     """Chunks of ``T x N`` rows from ``num_actors`` actors, ``available()`` of them at a time; counts
-    and gauges as :class:`~lightning_wm.data.acting.ActorActing` keeps them."""
+    and gauges as :class:`~lightning_wm.data.acting.PoolActing` keeps them."""
 
     def __init__(self, num_actors=2, chunk_length=4, envs_per_actor=2, available=lambda: True):
         super().__init__(chunk_length, overlap=False)

@@ -1,4 +1,4 @@
-"""Central inference in a process of its own (``acting.central_inference: process``) and the publish
+"""Central inference in a process of its own (``acting.central_groups: processes``) and the publish
 path it shares with policy copies (``acting_weights``: an acting copy's ``state_dict`` read from the
 live tensors): the settings, the weights each family publishes, rows acted by the published
 weights and carrying their version, no policy call in the learner, and an error, a hang or
@@ -29,12 +29,15 @@ from support.processes import alive, wait_gone
 
 
 # -- settings and the weights a publish sends ------------------------------------------------------
-def test_settings_refuse_the_inference_process_beside_group_threads():
+def test_settings_refuse_the_inference_process_beside_group_threads_and_a_thread_beside_processes():
     with pytest.raises(ValueError, match="acting.central_inference must be 'thread' or 'process'"):
         ActingSettings(policy="central", central_inference="gpu")
     with pytest.raises(ValueError, match="set acting.central_groups: processes"):
         ActingSettings(num_actors=2, policy="central", central_inference="process")
+    with pytest.raises(ValueError, match="was removed .* use central_groups: processes alone"):
+        ActingSettings(num_actors=2, policy="central", central_groups="processes", central_inference="thread")
     ActingSettings(num_actors=2, policy="central", central_groups="processes", central_inference="process")
+    ActingSettings(num_actors=2, policy="central", central_groups="threads", central_inference="thread")
 
 
 def _same_weights(agent) -> None:
@@ -69,7 +72,6 @@ def _process_acting(groups: int = 2, envs: int = 2, chunk: int = 4, **settings):
         envs,
         chunk,
         central_groups="processes",
-        central_inference="process",
         **settings,
     )
 
@@ -101,8 +103,8 @@ def test_rows_are_acted_by_the_published_weights_in_another_process_and_carry_th
         acting.attach_agent(learner, version=5)
         assert acting.published == 5
         later = take_chunks(acting, 12)
-        server = acting.pool.server
-        assert server.requests >= 16 * 4 and server.calls <= server.requests, "counted in the inference process"
+        calls, requests = acting.pool.slots.served.tolist()
+        assert requests >= 16 * 4 and calls <= requests, "counted in the inference process"
     finally:
         acting.close()
     assert wait_gone(pids, 30) == []

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from lightning_wm.data.acting import ActorActing, InProcessActing
+from lightning_wm.data.acting import InProcessActing, PoolActing
 from lightning_wm.data.modules import ReplayDataModule, UnrollDataModule
 from lightning_wm.data.replay import ReplayBuffer
 from lightning_wm.data.samplers import RowSampler, SequenceSampler, WindowSampler
@@ -135,7 +135,7 @@ def test_the_acting_part_follows_the_settings():
     actors = ReplayDataModule(
         EnvConfig("CartPole-v1", num_envs=2), prefill=10, acting={"num_actors": 3, "envs_per_actor": 4}
     )
-    assert isinstance(actors.acting, ActorActing) and actors.acting.num_streams == 12
+    assert isinstance(actors.acting, PoolActing) and actors.acting.num_streams == 12
     assert actors.acting.chunk_length == 64 and actors.collector is None
     unrolls = UnrollDataModule(EnvConfig("CartPole-v1"), unroll_length=7, acting=ActingSettings(num_actors=1))
     assert unrolls.acting.chunk_length == 7 and unrolls.acting.overlap

@@ -116,11 +116,11 @@ def test_splits_with_central_acting_is_refused_and_with_copies_checked_per_actor
     with pytest.raises(ValueError, match="applies in process and to actors with policy: copies"):
         ActingSettings(num_actors=2, policy="central", splits=2)
     assert ActingSettings(num_actors=2, splits=2).splits == 2
-    from lightning_wm.data.acting import ActorPool
+    from lightning_wm.data.acting import ActingJob, actor_pool
 
     config = EnvConfig("CartPole-v1", num_envs=8, vectorization="async")
     with pytest.raises(ValueError, match="must divide env.num_envs=3"):
-        ActorPool(config, Balance(), num_actors=1, envs_per_actor=3, splits=2)
+        actor_pool(ActingJob(config, ActingSettings(num_actors=1, envs_per_actor=3, splits=2), 64), Balance())
 
 
 class Balance:
@@ -168,10 +168,11 @@ def test_in_process_acting_with_splits_makes_whole_chunks():
 def test_an_actor_with_splits_makes_the_rows_of_one_collector():
     """A policy-copy actor's worker (``ActorWorker``) over its envs in two parts: the chunks of a
     worker over one vector env, with the same deterministic policy."""
-    from lightning_wm.data.acting.worker import ActorConfig, ActorWorker
+    from lightning_wm.data.acting.worker import ActingJob, ActorWorker
 
-    env = EnvConfig("CartPole-v1", num_envs=4, max_episode_steps=30, vectorization="async")
-    workers = [ActorWorker(0, ActorConfig(env, 4, 10, seed=3, splits=k), Balance()) for k in (1, 2)]
+    env = EnvConfig("CartPole-v1", num_envs=4, max_episode_steps=30, vectorization="async", seed=3)
+    jobs = [ActingJob(env, ActingSettings(num_actors=1, splits=k), 10) for k in (1, 2)]
+    workers = [ActorWorker(0, job, Balance()) for job in jobs]
     assert isinstance(workers[1].collector, SplitCollector)
     try:
         for version in (1, 2, 3):

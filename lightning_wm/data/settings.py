@@ -44,15 +44,16 @@ class ActingSettings:
             version at act time); local backend only.
         central_groups: with ``policy: central``, where the env groups run. ``threads``: a thread
             each in the learner's process (their envs in worker processes with ``env.vectorization:
-            async``); ``processes``: a spawned process each that steps its envs and builds its rows
-            and chunks itself, only observations, actions and extras crossing shared memory (SEED
-            RL's split: the groups' Python no longer shares the learner's interpreter).
-        central_inference: with ``policy: central`` and groups in processes, where the batched
-            policy runs. ``thread``: a thread of the learner acting with the live module on its
-            device (the choice for a GPU learner). ``process``: a process of its own acting with a
-            CPU acting copy that takes the learner's weights every ``publish_every`` steps through
-            shared memory (the learner never waits for it), so on a CPU learner the policy calls
-            no longer share the learner's interpreter and core.
+            async``), acting with the live module on the learner's device (the choice for a GPU
+            learner; starts at once). ``processes``: a spawned process each that steps its envs and
+            builds its rows and chunks itself, answered by one inference process acting with a CPU
+            acting copy that takes the learner's weights every ``publish_every`` steps through shared
+            memory (SEED RL's split: neither the groups nor the policy share the learner's
+            interpreter; the fastest central mode on a CPU learner with 32 envs or more per group).
+        central_inference: where central acting's policy runs; it follows ``central_groups``
+            (``thread`` for threads, ``process`` for processes) and only that value is accepted. The
+            policy in a thread of the learner beside groups in processes was removed: it won in no
+            measurement (``bench/actors_log.md``).
         deadline_ms: with ``policy: central``, how long a round of action requests waits, after
             the first group asks, for the other groups before the module acts for those that
             asked (a slow group never stalls the rest).
@@ -64,8 +65,8 @@ class ActingSettings:
             rows); default 64 for replay; an unroll datamodule's chunks are its unrolls
             (``unroll_length``), so there it must stay unset.
         publish_every: optimizer steps between the weight versions sent to the actors (``policy:
-            copies``) or to the inference process (``central_inference: process``); central acting's
-            thread always uses the live weights.
+            copies``) or to the inference process (``central_groups: processes``); group threads
+            always act with the live weights.
         timeout_s: an actor silent this long is reported as hung.
         queue_size: chunks that may wait for the learner before the actors block (local
             backend, ``policy: copies``; default 2 per actor); with ``policy: central`` the chunks
@@ -92,7 +93,7 @@ class ActingSettings:
     num_actors: int = 0
     policy: Literal["copies", "central"] = "copies"
     central_groups: Literal["threads", "processes"] = "threads"
-    central_inference: Literal["thread", "process"] = "thread"
+    central_inference: Literal["thread", "process"] | None = None
     deadline_ms: float = 5.0
     backend: Literal["local", "ray"] = "local"
     ray_address: str | None = None
@@ -124,12 +125,18 @@ class ActingSettings:
             raise ValueError(f"acting.policy must be 'copies' or 'central', got {self.policy!r}")
         if self.central_groups not in ("threads", "processes"):
             raise ValueError(f"acting.central_groups must be 'threads' or 'processes', got {self.central_groups!r}")
-        if self.central_inference not in ("thread", "process"):
+        if self.central_inference not in (None, "thread", "process"):
             raise ValueError(f"acting.central_inference must be 'thread' or 'process', got {self.central_inference!r}")
-        if self.policy == "central" and self.central_inference == "process" and self.central_groups != "processes":
+        if self.central_inference == "process" and self.central_groups != "processes":
             raise ValueError(
                 "acting.central_inference: process serves env groups in processes: set acting.central_groups: "
                 "processes (groups as threads call the policy in the learner's process)"
+            )
+        if self.central_inference == "thread" and self.central_groups == "processes":
+            raise ValueError(
+                "acting.central_inference: thread beside central_groups: processes was removed (it won in no "
+                "measurement, bench/actors_log.md): use central_groups: processes alone (the policy in a process of "
+                "its own, CPU learner) or central_groups: threads (GPU learner)"
             )
         if not self.deadline_ms >= 0:
             raise ValueError(f"acting.deadline_ms must be >= 0, got {self.deadline_ms}")

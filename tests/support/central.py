@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-from lightning_wm.data.acting import CentralActing
+from lightning_wm.data.acting import PoolActing
 from lightning_wm.data.settings import ActingSettings
 from lightning_wm.envs import EnvConfig
 
 
-def central_acting(env: EnvConfig, groups: int, envs: int, chunk: int, **settings) -> CentralActing:
+def central_acting(env: EnvConfig, groups: int, envs: int, chunk: int, **settings) -> PoolActing:
     """``groups`` env groups of ``envs`` envs, chunks of ``chunk`` steps; ``settings``: more of the acting group."""
-    acting = CentralActing(
+    acting = PoolActing(
         env, ActingSettings(num_actors=groups, envs_per_actor=envs, policy="central", **settings), chunk
     )
     acting.setup(rank=0)
     return acting
 
 
-def take_chunks(acting: CentralActing, count: int) -> list:
+def take_chunks(acting: PoolActing, count: int) -> list:
     """The next ``count`` chunks (each within 60 s), each marked received."""
     out = []
     while len(out) < count:

@@ -1,48 +1,54 @@
-"""The acting part of an online datamodule: what every way of making rows offers the batch side.
+"""The one acting interface: what every way of making rows offers the batch side.
 
 An online datamodule (:class:`~lightning_wm.data.online.OnlineDataModule`) is an acting part
-(this interface) plus a batch part (:mod:`lightning_wm.data.batches`). The batch side never
-asks *how* rows are made; it takes :class:`Chunk` s (``next_chunk``), says which it used
-(``received``) and when a batch is complete (``batch_done``). Three modes exist:
+(:class:`Acting`) plus a batch part (:mod:`lightning_wm.data.batches`). Every mode implements
+:class:`Acting` — start (:meth:`Acting.setup`, then the first :meth:`Acting.attach_agent`),
+publish weights (later :meth:`Acting.attach_agent` calls), take rows (:meth:`Acting.next_chunk`,
+:class:`Chunk` s), health (:meth:`Acting.check`) and stop (:meth:`Acting.close`):
 
 * :class:`~lightning_wm.data.acting.in_process.InProcessActing` — a Collector in the learner's
-  process acts with the live module inside the data fetch (deterministic); it also writes
-  every row to the batch side's buffer as it is made and can act an exact number of steps.
-* :class:`~lightning_wm.data.acting.actors.ActorActing` — actor processes or Ray actors act with
-  published copies of the module and send chunks while the learner trains.
-* :class:`~lightning_wm.data.acting.central.CentralActing` — env groups step envs (in worker
-  processes) and one batched policy on the learner's device acts for all of them; the same
-  chunks, counts and gauges as actors, and no batch code knows the difference.
+  process acts with the live module inside the data fetch (deterministic);
+* :class:`~lightning_wm.data.acting.pools.PoolActing` — sources that act while the learner trains,
+  behind one :class:`Pool` interface: actor processes or Ray actors with policy copies
+  (:mod:`~lightning_wm.data.acting.local`, :mod:`~lightning_wm.data.acting.ray_backend`), or central
+  inference's env groups as threads or processes (:mod:`~lightning_wm.data.acting.central`).
 """
 
 from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from torch import Tensor, nn
 
 from lightning_wm.data.replay import RANDOM_POLICY_VERSION
 from lightning_wm.signals import check_stop
 
-__all__ = ["Acting", "Chunk", "RANDOM_POLICY_VERSION", "wait_for_chunk"]
+NO_AGENT = (
+    "no agent to act with: the AgentPublisher callback (lightning_wm.callbacks.AgentPublisher, in "
+    "default_callbacks() and the CLI's Trainer) attaches the module being trained when fit starts; add it to "
+    "your Trainer's callbacks, or call datamodule.attach_agent(module, version)"
+)
+
+__all__ = ["Acting", "ActorError", "Chunk", "Pool", "RANDOM_POLICY_VERSION"]
+
+
+class ActorError(RuntimeError):
+    """A source (actor, env group, inference process) raised, died or hung; the message names it
+    and carries its traceback."""
 
 
 @dataclass
 class Chunk:
-    """Rows of ``T`` consecutive steps of each of ``N`` envs, made by one source.
-
-    Attributes:
-        actor: the index of the source (an actor in its pool; 0 in process).
-        version: weight version the rows were made with (``-1``: the random prefill policy).
-        rows: row-convention leaves ``[T, N, ...]`` (numpy), ``policy_version`` included.
-        episodes: episodes finished in the chunk, ``{"return", "length", "env"}``.
-        env_steps: rows made anew (``T * N``; an overlap row was counted in the chunk before).
-        collect_s: seconds spent acting for it.
-    """
+    """Rows of ``T`` consecutive steps of each of ``N`` envs, made by source ``actor`` (0 in process)
+    with weights ``version`` (``-1``: the random prefill policy): row-convention leaves ``rows``
+    ``[T, N, ...]`` (numpy, ``policy_version`` included), the ``episodes`` finished in it (``{"return",
+    "length", "env"}``), ``env_steps`` rows made anew (an overlap row was counted before) and
+    ``collect_s`` seconds of acting."""
 
     actor: int
     version: int
@@ -58,34 +64,17 @@ class Chunk:
             self.version = int(self.rows["policy_version"].min())
 
 
-def wait_for_chunk(take: Callable[[float], Chunk | None], check: Callable[[], None], timeout: float) -> Chunk | None:
-    """``take(seconds)`` in slices of at most 0.1 s until a chunk comes or ``timeout`` seconds pass
-    (``None`` then), calling ``check()`` (raises when a source failed) and honouring a stop request
-    (``RunStopped``) before each slice."""
-    deadline = time.monotonic() + timeout
-    while True:
-        check_stop()
-        check()
-        chunk = take(min(0.1, max(0.0, deadline - time.monotonic())))
-        if chunk is not None or time.monotonic() >= deadline:
-            return chunk
-
-
 class Acting(ABC):
-    """How rows are made. The datamodule calls, in this order:
+    """How rows are made (chunks of ``chunk_length`` steps per env; ``overlap``: ``+ 1`` row shared
+    with the next chunk, the unrolls an IMPALA learner bootstraps from). The datamodule calls:
 
-    1. :meth:`setup` ``(rank, rows)`` when Lightning sets the datamodule up (again after
-       :meth:`close`: a later fit acts in fresh envs and continues the counts);
-    2. :meth:`attach_agent` ``(agent, version)`` when fit starts and after optimizer steps
-       (the ``AgentPublisher`` callback): the declared way the acting part gets its agent;
-    3. per batch, :meth:`next_chunk` until the batch side has what it needs, :meth:`received`
-       for each chunk it uses and :meth:`batch_done` once;
-    4. :meth:`close` at teardown or on an exception.
-
-    Attributes:
-        chunk_length: env steps per chunk (per env).
-        overlap: chunks of ``chunk_length + 1`` rows, consecutive ones of an env sharing a row
-            (the unrolls an IMPALA learner bootstraps from).
+    1. start: :meth:`setup` ``(rank, rows)`` when Lightning sets it up (again after :meth:`close`: a
+       later fit acts in fresh envs and continues the counts), then :meth:`attach_agent` when fit starts;
+    2. publish weights: :meth:`attach_agent` ``(agent, version)`` after optimizer steps (the
+       ``AgentPublisher`` callback, the one way the acting part gets its agent);
+    3. take rows: per batch, :meth:`next_chunk` until the batch side has enough, :meth:`received` for
+       each chunk it uses and :meth:`batch_done` once; health: :meth:`check` while it holds chunks back;
+    4. stop: :meth:`close` at teardown or on an exception.
     """
 
     def __init__(self, chunk_length: int, overlap: bool) -> None:
@@ -161,3 +150,95 @@ class Acting(ABC):
     @abstractmethod
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the counts of :meth:`state_dict` (keys it does not know are ignored)."""
+
+
+class Pool(ABC):
+    """Sources that act while the learner trains (actors, env groups), started by the constructor.
+    Each mode gives :meth:`take`, :meth:`failure`, :meth:`publish`, :meth:`qsize`, :meth:`pids` and
+    :meth:`stop`; :meth:`get` and :meth:`check` are shared (a failure closes the pool and raises
+    :class:`ActorError`).
+
+    Attributes:
+        copies_weights: the sources act with copies, published every ``acting.publish_every`` steps;
+            ``False``: with the live module, so :meth:`publish` only moves the version on (every step).
+        timeout_s: a source silent this long is reported as hung.
+    """
+
+    copies_weights = True
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s, self.closed, self._last_check = float(timeout_s), False, 0.0
+
+    @abstractmethod
+    def take(self, timeout: float) -> Chunk | None:
+        """The next chunk within ``timeout`` seconds, or ``None`` (may raise :class:`ActorError`)."""
+
+    @abstractmethod
+    def failure(self) -> str | None:
+        """A description (traceback included) of the first source that raised, died or hung, or ``None``."""
+
+    @abstractmethod
+    def publish(self, weights: Mapping[str, Tensor] | nn.Module | None, version: int) -> None:
+        """Make ``weights`` (an acting copy's ``state_dict`` or the copy; ``None`` without
+        :attr:`copies_weights`) the newest, as ``version``."""
+
+    @abstractmethod
+    def qsize(self) -> int:
+        """Chunks waiting for the learner."""
+
+    @abstractmethod
+    def pids(self) -> list[int | None]:
+        """Process ids of the sources (or of their env workers)."""
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Stop every source (once, from :meth:`close`)."""
+
+    def taken(self, chunk: Chunk) -> None:  # noqa: B027 - an optional hook
+        """The learner took ``chunk``."""
+
+    def get(self, timeout: float = 0.0) -> Chunk | None:
+        """The next chunk, waiting up to ``timeout`` seconds in slices of at most 0.1 s, checking the
+        sources and a stop request before each; ``None`` if none came.
+
+        Raises:
+            ActorError: a source raised (its traceback in the message), died or hung (the pool is closed).
+            RunStopped: a stop was requested (a scheduler's signal) while waiting.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            check_stop()
+            self.check()
+            try:
+                chunk = self.take(min(0.1, max(0.0, deadline - time.monotonic())))
+            except ActorError:
+                self.close()
+                raise
+            if chunk is not None:
+                self.taken(chunk)
+            if chunk is not None or time.monotonic() >= deadline:
+                return chunk
+
+    def check(self, every_s: float = 0.25) -> None:
+        """Raise :class:`ActorError` (after closing the pool) if a source raised, died or hung; looks at
+        most every ``every_s`` seconds (a learner that holds back chunks calls it itself)."""
+        if self.closed:
+            raise RuntimeError("the acting pool is closed")
+        now = time.monotonic()
+        if now - self._last_check >= every_s:
+            self._last_check = now
+            if (failure := self.failure()) is not None:
+                self.close()
+                raise ActorError(failure)
+
+    def close(self) -> None:
+        """Stop every source (idempotent)."""
+        if not self.closed:
+            self.closed = True
+            self.stop()
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

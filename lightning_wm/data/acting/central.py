@@ -1,203 +1,219 @@
-"""Central acting (``acting.policy: central``): env groups step envs, one batched policy on the
-learner's device acts for all of them; no policy copy leaves the learner.
+"""Central inference (``acting.policy: central``): ``acting.num_actors`` env groups step envs and one
+batched policy call per round acts for all of them (:class:`~lightning_wm.data.acting.inference.Rounds`).
 
-``acting.num_actors`` env groups, each an :class:`~lightning_wm.data.acting.worker.ActorWorker`
-(the actors' Collector loop, seeds and random prefill) over its own vector env of
-``envs_per_actor`` envs — gymnasium's ``AsyncVectorEnv`` (worker processes, observations through
-shared memory) with ``env.vectorization: async``, a ``SyncVectorEnv`` with ``sync`` — run by one
-thread each in the learner's process. Their agent is an
-:class:`~lightning_wm.data.acting.inference.InferenceClient` of one
-:class:`~lightning_wm.data.acting.inference.BatchedInference` that calls the live module
-(:func:`~lightning_wm.data.acting.inference.acting_view`) once for all groups that asked. Chunks go
-to the batch side as an actor pool's, but a group starts a chunk only with a permit
-(:class:`~lightning_wm.data.acting.permits.ChunkPermits`): ``acting.queue_size`` chunks (default
-one per group) are queued or being made ahead of the learner, the groups taking turns. Rows carry
-the learner's version at act time (``policy_version``), so the policy lag is only the learner
-steps taken while a chunk was made and waited. With ``acting.central_groups: processes`` the pool
-is a :class:`~lightning_wm.data.acting.central_processes.CentralProcessPool` instead, and with
-``acting.central_inference: process`` its policy runs in a process of its own, an acting copy that
-takes the weights the learner publishes every ``acting.publish_every`` steps.
+A group is an :class:`~lightning_wm.data.acting.worker.ActorWorker` over ``envs_per_actor`` envs whose
+agent is an :class:`~lightning_wm.data.acting.inference.InferenceClient`. ``acting.central_groups``:
 
-Robustness: a group's exception (an env that raised, a worker process that died, the agent's
-``act``) or a group silent for ``acting.timeout_s`` becomes one
-:class:`~lightning_wm.data.acting.worker.ActorError` naming the group; :meth:`CentralPool.close`
-stops the threads and the envs' worker processes; gymnasium's workers end themselves when the
-learner dies (their command pipe closes), ``kill -9`` included.
+* ``threads`` — threads of the learner acting with the live module on its device (no copy, no
+  publishing); the group whose request closes a round answers it. Starts at once; for a GPU learner.
+* ``processes`` — spawned processes answered by one inference process whose CPU acting copy pulls the
+  published weights (a :class:`~lightning_wm.data.acting.local.WeightStore`) before each call: nothing
+  of acting shares the learner's interpreter (the fastest central mode on a CPU learner, 32+ envs a group).
+
+Both share the rounds, the chunk permits (:class:`ChunkPermits`) and the failure checks: a group's or
+the inference process's exception, death or silence for ``acting.timeout_s`` becomes one
+:class:`~lightning_wm.data.acting.base.ActorError` naming it; everything dies with the learner.
 """
 
 from __future__ import annotations
 
-import math
 import queue as queue_lib
 import threading
 import time
 import traceback
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
-from torch import nn
+import torch.multiprocessing as tmp
+from torch import Tensor, nn
 
-from lightning_wm.data.acting.actors import ActorActing
-from lightning_wm.data.acting.base import Chunk, wait_for_chunk
-from lightning_wm.data.acting.central_processes import CentralProcessPool
+from lightning_wm.data.acting.base import Chunk, Pool
 from lightning_wm.data.acting.inference import (
-    SWITCH_INTERVAL_S,
-    BatchedInference,
     InferenceClient,
     InferenceStopped,
+    Rounds,
+    SharedSlots,
     acting_view,
+    make_slots,
     shorten_switch_interval,
 )
-from lightning_wm.data.acting.permits import ChunkPermits
-from lightning_wm.data.acting.worker import STARTUP_GRACE_S, ActorConfig, ActorError, ActorWorker
+from lightning_wm.data.acting.local import WeightStore, module_bytes, module_from_bytes
+from lightning_wm.data.acting.spawned import SpawnedWorkers, heartbeat_of, hung, put_chunk, worker_process
+from lightning_wm.data.acting.worker import STARTUP_GRACE_S, ActingJob, ActorWorker, acting_copy_ready
 from lightning_wm.data.collector import agent_device
-from lightning_wm.data.settings import ActingSettings
-from lightning_wm.envs import EnvConfig
-from lightning_wm.protocols import acting_weights
+from lightning_wm.envs import env_spec
 from lightning_wm.signals import stop_requested
 
-__all__ = ["CentralActing", "CentralPool", "SWITCH_INTERVAL_S"]
+__all__ = ["CentralPool", "ChunkPermits", "GroupThreads"]
 
 
-class CentralPool:
-    """``num_groups`` env groups acting through one :class:`BatchedInference` with ``agent``.
+class ChunkPermits:
+    """``permits`` chunks ahead of the learner (queued or in the making: they bound the policy lag)
+    over ``num_groups`` groups, handed out in turn. Group ``g`` takes a permit from ``semaphores[g]``
+    (made by ``semaphore(0)``) before it starts a chunk; when the learner takes its chunk the permit is
+    used up and the next group in turn without one gets one: with a permit per group each runs one
+    chunk ahead, with fewer they take turns."""
 
-    Args:
-        config: what every group is built from (:class:`ActorConfig`; a group is an actor here).
-        agent: the agent every group acts with (one call per round, one call at a time).
-        num_groups: env groups (``acting.num_actors``).
-        deadline_s: how long a round waits for the other groups after its first request.
-        version: the learner's weights version now.
-        timeout_s: a group silent this long is reported as hung (starting gets ``STARTUP_GRACE_S`` more).
-        chunks_ahead: chunks made ahead of the learner, all groups together (:class:`ChunkPermits`;
-            default one per group).
-    """
+    def __init__(self, num_groups: int, permits: int, semaphore: Callable[[int], Any]) -> None:
+        if num_groups < 1 or permits < 1:
+            raise ValueError(f"need at least one group and one permit, got {num_groups} and {permits}")
+        self.num_groups = num_groups
+        self.semaphores = [semaphore(0) for _ in range(num_groups)]
+        self._holding: set[int] = set()  # groups with a permit out (their chunk not taken yet)
+        self._next = 0
+        for _ in range(min(permits, num_groups)):
+            self._grant()
 
-    def __init__(
-        self,
-        config: ActorConfig,
-        agent: Any,
-        num_groups: int,
-        deadline_s: float,
-        version: Any,
-        timeout_s: float,
-        chunks_ahead: int | None = None,
-    ) -> None:
-        self.num_groups, self.timeout_s = num_groups, float(timeout_s)
-        self.permits = ChunkPermits(num_groups, chunks_ahead or num_groups, threading.Semaphore)
-        self._restore_switch_interval = shorten_switch_interval()  # called by close()
-        self.server = BatchedInference(agent, deadline_s, version, groups=range(num_groups))
-        self.chunks: queue_lib.Queue[Chunk] = queue_lib.Queue()  # at most num_groups: one per slot
-        self.stop = threading.Event()
+    def _grant(self) -> None:
+        for i in range(self.num_groups):
+            group = (self._next + i) % self.num_groups
+            if group not in self._holding:
+                self._holding.add(group)
+                self._next = (group + 1) % self.num_groups
+                self.semaphores[group].release()
+                return
+
+    def taken(self, group: int) -> None:
+        """The learner took ``group``'s chunk: its permit is used; the next group in turn gets one
+        (the learner's thread only)."""
+        self._holding.discard(group)
+        self._grant()
+
+
+def _group_loop(worker: ActorWorker, client: InferenceClient, permit: Any, chunks: Any, stop: Any, beat: Any) -> None:
+    """A group's body, thread or process: a chunk per permit into ``chunks`` until ``stop`` is set."""
+    version = worker.job.version
+
+    def on_act(answered: int) -> None:
+        nonlocal version
+        version = worker.collector.policy_version = answered
+
+    client.on_act = on_act
+    try:
+        while not stop.is_set():
+            beat()
+            if not permit.acquire(False):  # a chunk starts with a permit (ChunkPermits)
+                client.pause()  # rounds do not wait for a group waiting for the learner
+                while not permit.acquire(True, 0.25):
+                    beat()
+                    if stop.is_set():
+                        return
+            chunk = worker.chunk(version)
+            chunk.date_by_oldest_row()
+            put_chunk(chunk, chunks, stop, beat)
+    except InferenceStopped:
+        return
+
+
+def _group_main(
+    group: int, job: ActingJob, slots: SharedSlots, permits: list[Any], chunks: Any, errors: Any, stop: Any,
+    heartbeat: Any, parent_pid: int,
+) -> None:  # fmt: skip
+    """Body of env-group process ``group``."""
+    with worker_process(group, chunks, errors, parent_pid) as holder:
+        torch.set_num_threads(1)
+        beat = heartbeat_of(heartbeat, group)
+        client = InferenceClient(slots, group, stop, beat)
+        holder[0] = worker = ActorWorker(group, job, client)
+        _group_loop(worker, client, permits[group], chunks, stop, beat)
+
+
+def _inference_main(
+    index: int, pickled: bytes, store: WeightStore, slots: SharedSlots, deadline_s: float, chunks: Any,
+    errors: Any, stop: Any, heartbeat: Any, parent_pid: int,
+) -> None:  # fmt: skip
+    """Body of the inference process: answer the groups' rounds with the newest published weights."""
+    with worker_process(index, chunks, errors, parent_pid):
+        beat = heartbeat_of(heartbeat, index)
+        module = acting_copy_ready(module_from_bytes(pickled))
+        version = store.pull_into(module)
+
+        def newest() -> int:
+            nonlocal version
+            if store.version != version:
+                version = store.pull_into(module, known_version=version)
+            beat()  # a policy call that hangs stops the beat
+            return version
+
+        Rounds(module, slots, deadline_s, newest).serve(stop, beat)
+
+
+class _Stop(threading.Event):
+    """Set by :meth:`GroupThreads.close` or by a stop request (a scheduler's signal)."""
+
+    def is_set(self) -> bool:
+        return super().is_set() or stop_requested() is not None
+
+
+class GroupThreads:
+    """Env groups as threads of the learner driving ``rounds`` themselves, with what
+    :class:`~lightning_wm.data.acting.spawned.SpawnedWorkers` offers processes; the interpreter's
+    switch interval short while they run; envs built in the calling thread before any group runs."""
+
+    def __init__(self, job: ActingJob, slots: SharedSlots, rounds: Rounds, permits: list[Any]) -> None:
+        count = len(permits)
+        self.slots, self.chunks = slots, queue_lib.Queue[Chunk]()
+        self.stop = _Stop()
         self.errors: list[tuple[int, BaseException]] = []
-        self.heartbeat = [time.monotonic() + STARTUP_GRACE_S] * num_groups
+        self.heartbeat = [time.monotonic() + STARTUP_GRACE_S] * count
         self.workers: list[ActorWorker] = []
         self.threads: list[threading.Thread] = []
-        self._closed = False
-        try:  # envs built here, in the calling thread, before any group thread runs
-            for group in range(num_groups):
-                self.workers.append(ActorWorker(group, config, self._client(group)))
+        self._restore_switch_interval = shorten_switch_interval()
+        try:
+            for g in range(count):
+                self.workers.append(ActorWorker(g, job, InferenceClient(slots, g, self.stop, self._beat(g), rounds)))
         except BaseException:
             self.close()
             raise
-        for group, worker in enumerate(self.workers):
-            thread = threading.Thread(target=self._run, args=(group, worker), name=f"lightning_wm-group-{group}")
-            thread.daemon = True
+        for g, worker in enumerate(self.workers):
+            thread = threading.Thread(target=self._run, args=(g, worker, permits[g], rounds.device), daemon=True)
+            thread.name = f"lightning_wm-group-{g}"
             self.threads.append(thread)
             thread.start()
 
-    def _client(self, group: int) -> InferenceClient:
-        def on_act(version: int) -> None:
+    def _beat(self, group: int) -> Callable[[], None]:
+        def beat() -> None:
             self.heartbeat[group] = time.monotonic()
-            self.workers[group].collector.policy_version = version
-            if self.stop.is_set() or stop_requested() is not None:
-                raise InferenceStopped("central acting is stopping")
 
-        return InferenceClient(self.server, group, on_act)
+        return beat
 
-    def _run(self, group: int, worker: ActorWorker) -> None:
-        """Body of group ``group``'s thread: chunks into the queue until stopped."""
+    def _run(self, group: int, worker: ActorWorker, permit: Any, device: torch.device) -> None:
         try:
-            device = worker.module.device
             if device.type == "cuda":  # a thread starts on the first GPU: the one of this rank instead
                 torch.cuda.set_device(device)
-            while not self.stop.is_set():
-                self.heartbeat[group] = time.monotonic()
-                permit = self.permits.semaphores[group]
-                if not permit.acquire(blocking=False):  # a chunk starts with a permit (ChunkPermits)
-                    self.server.pause(group)  # the others are served without waiting for this group
-                    while not permit.acquire(timeout=0.25):
-                        self.heartbeat[group] = time.monotonic()
-                        if self.stop.is_set() or stop_requested() is not None:
-                            return
-                chunk = worker.chunk(self.server.version())
-                chunk.date_by_oldest_row()
-                self.chunks.put(chunk)
-        except InferenceStopped:
-            return
-        except BaseException as error:  # noqa: BLE001 - reported to the learner by check()
+            _group_loop(worker, worker.module, permit, self.chunks, self.stop, self._beat(group))
+        except BaseException as error:  # noqa: BLE001 - reported to the learner by failure()
             # kept, not formatted here: Python 3.11's traceback parses source, and ast is not thread-safe
             if not self.stop.is_set():
                 self.errors.append((group, error))
-            self.server.pause(group)
+            self.slots.active[group] = False  # the others are served without waiting for it
 
-    def get(self, timeout: float = 0.0) -> Chunk | None:
-        """The next chunk, waiting up to ``timeout`` seconds; ``None`` if none came.
-
-        Raises:
-            ActorError: a group raised or hung (the pool is closed first).
-            RunStopped: a stop was requested while waiting.
-        """
-        chunk = wait_for_chunk(self._take, self.check, timeout)
-        if chunk is not None:
-            self.permits.taken(chunk.actor)  # the next group in turn may start a chunk
-        return chunk
-
-    def _take(self, timeout: float) -> Chunk | None:
+    def get(self, timeout: float) -> Chunk | None:
         try:
             return self.chunks.get(timeout=timeout)
         except queue_lib.Empty:
             return None
 
-    def check(self) -> None:
-        """Raise :class:`ActorError` (after closing the pool) if a group raised or hung."""
-        if self._closed:
-            raise RuntimeError("the central acting pool is closed")
-        failure = None
-        if self.errors:
-            group, error = self.errors[0]
-            tb = "".join(traceback.format_exception(error)).rstrip()
-            failure = f"env group {group} (central acting) raised:\n{tb}"
-        else:
-            now = time.monotonic()
-            for group, beat in enumerate(self.heartbeat):
-                if now - beat > self.timeout_s:
-                    failure = (
-                        f"env group {group} (central acting) hung: no step for {now - beat:.1f} s (acting.timeout_s="
-                        f"{self.timeout_s:g}); it may be stuck in env.step or in the policy"
-                    )
-                    break
-        if failure is not None:
-            self.close()
-            raise ActorError(failure)
-
     def qsize(self) -> int:
         return self.chunks.qsize()
 
-    def pids(self) -> list[int]:
-        """Process ids of the groups' env workers (none for sync groups)."""
+    def failure(self, timeout_s: float) -> str | None:
+        if self.errors:
+            group, error = self.errors[0]
+            tb = "".join(traceback.format_exception(error)).rstrip()
+            return f"env group {group} (central acting) raised:\n{tb}"
+        silent = (hung(f"env group {g} (central acting)", beat, timeout_s) for g, beat in enumerate(self.heartbeat))
+        return next((s for s in silent if s is not None), None)
+
+    def pids(self) -> list[int | None]:
         return [p.pid for w in self.workers for p in getattr(w.collector.env, "processes", [])]
 
     def close(self) -> None:
-        """Stop the groups and the inference, then close the envs (their worker processes end); idempotent."""
-        if self._closed:
-            return
-        self._closed = True
         self.stop.set()
-        self.server.close()
-        self._restore_switch_interval()
         for thread in self.threads:
             thread.join(timeout=10.0)
+        self._restore_switch_interval()
         force = {group for group, thread in enumerate(self.threads) if thread.is_alive()}  # inside env.step
         force |= {group for group, _ in self.errors}  # e.g. a worker process died
         for group, worker in enumerate(self.workers):
@@ -220,73 +236,75 @@ def _end_workers(env: Any) -> None:
     env.closed = True  # nothing left for its __del__ to close
 
 
-class CentralActing(ActorActing):
-    """Acting with ``policy: central``: an :class:`ActorActing` whose pool is a :class:`CentralPool`
-    acting with the live module (the first agent attached; later attachments only move the
-    version on, there is nothing to publish).
+class CentralPool(Pool):
+    """``job``'s env groups (threads or processes, ``acting.central_groups``) acting through one batched
+    policy: ``agent`` (the module being trained) itself, or its acting copy in the inference process."""
 
-    Args:
-        env: the env config of the groups (``num_envs`` is replaced by ``envs_per_actor``).
-        settings: the datamodule's acting group (``policy: central``).
-        chunk_length: env steps per chunk.
-        overlap: unroll chunks (``chunk_length + 1`` rows, consecutive ones sharing a row).
-    """
-
-    def __init__(self, env: EnvConfig, settings: ActingSettings, chunk_length: int, overlap: bool = False) -> None:
-        super().__init__(env, settings, chunk_length, overlap)
-        self.agent: Any = None
-
-    def attach_agent(self, agent: Any, version: int, random_rows: int = 0) -> None:
-        """Start the groups with ``agent`` (the first call: each group first takes its share of
-        ``random_rows`` with the random policy) or move the version on; with the inference in a
-        process of its own, publish its weights (:func:`~lightning_wm.protocols.acting_weights`) every
-        ``publish_every`` steps."""
-        self.learner_version = int(version)
-        own_process = self.settings.central_inference == "process"  # the policy in a process of its own
-        if self.pool is None or agent is not self.agent:
-            self.close()
-            self.agent = agent
-            if own_process and agent_device(agent).type != "cpu":
-                raise ValueError(
-                    f"acting.central_inference: process acts with a CPU copy, but the learner is on "
-                    f"{agent_device(agent)}: keep central_inference: thread there (the policy stays on the GPU)"
-                )
-            config = ActorConfig(
-                self.env,
-                self.envs_per_actor,
-                self.chunk_length,
-                self.env.seed,
-                self.rank,
-                self.overlap,
-                random_steps=math.ceil(max(0, random_rows) / self.num_streams),
-                initial_version=self.learner_version,
+    def __init__(self, job: ActingJob, agent: Any) -> None:
+        settings, count = job.settings, job.settings.num_actors
+        super().__init__(settings.timeout_s)
+        deadline_s, processes = settings.deadline_ms / 1000.0, settings.central_groups == "processes"
+        if processes and agent_device(agent).type != "cpu":
+            raise ValueError(
+                f"acting.central_groups: processes acts with a CPU copy in a process of its own, but the learner is "
+                f"on {agent_device(agent)}: use central_groups: threads there (the policy stays on the learner's device)"
             )
-            if own_process:
-                acting: Any = agent.acting_copy()
-            else:
-                acting = acting_view(agent).eval() if isinstance(agent, nn.Module) else agent
-            args = (
-                config,
-                acting,
-                self.num_actors,
-                self.settings.deadline_ms / 1000.0,
-                lambda: self.learner_version,
-                self.settings.timeout_s,
-                self.settings.queue_size,
+        self.copies_weights, self.version = processes, job.version  # the inference process acts with copies
+        acting: Any = agent.acting_copy().cpu() if processes else agent
+        if not processes and isinstance(agent, nn.Module):
+            acting = acting_view(agent).eval()
+        semaphore = tmp.get_context("spawn").Semaphore if processes else threading.Semaphore
+        self.slots = make_slots(
+            acting, env_spec(job.actor_env()).observation_space, count, job.envs_per_actor, semaphore
+        )
+        self.permits = ChunkPermits(count, settings.queue_size or count, semaphore)
+        self.groups: SpawnedWorkers | GroupThreads
+        self.inference: SpawnedWorkers | None = None
+        if not processes:
+            self.groups = GroupThreads(
+                job, self.slots, Rounds(acting, self.slots, deadline_s, lambda: self.version), self.permits.semaphores
             )
-            if self.settings.central_groups == "processes":
-                self.pool = CentralProcessPool(*args, inference=self.settings.central_inference)  # type: ignore[assignment]
-            else:  # ActingSettings refuses the inference process beside group threads
-                self.pool = CentralPool(*args)  # type: ignore[assignment]
-        elif own_process:
-            if not self.publish_due(self.learner_version):
-                return
-            self.pool.publish(acting_weights(agent), self.learner_version)  # type: ignore[attr-defined]
-        self.published = self.learner_version
+            return
+        self.store = WeightStore(acting, job.version)
+        args = (module_bytes(acting), self.store, self.slots, deadline_s)
+        self.inference = SpawnedWorkers(_inference_main, args, 1, 1, "central inference process")
+        try:
+            args = (job, self.slots, self.permits.semaphores)
+            self.groups = SpawnedWorkers(_group_main, args, count, count, "env group {} (central acting)")
+        except BaseException:
+            self.inference.close()
+            raise
 
-    def metrics(self) -> dict[str, float]:
-        """The actors' gauges plus ``actors/groups_per_act``: env groups answered per policy call."""
-        out = super().metrics()
-        if self.pool is not None and self.pool.server.calls:
-            out["actors/groups_per_act"] = self.pool.server.requests / self.pool.server.calls
-        return out
+    @property
+    def groups_per_act(self) -> float | None:
+        """Env groups answered per policy call so far (``None`` before the first call)."""
+        calls, requests = (int(x) for x in self.slots.served)
+        return requests / calls if calls else None
+
+    def take(self, timeout: float) -> Chunk | None:
+        return self.groups.get(timeout)
+
+    def taken(self, chunk: Chunk) -> None:
+        self.permits.taken(chunk.actor)  # the next group in turn may start a chunk
+
+    def failure(self) -> str | None:
+        failure = self.inference.failure(self.timeout_s) if self.inference is not None else None
+        return failure or self.groups.failure(self.timeout_s)
+
+    def publish(self, weights: Mapping[str, Tensor] | nn.Module | None, version: int) -> None:
+        """The learner's version now; with groups in processes, the weights the next policy call takes."""
+        self.version = int(version)
+        if weights is not None and self.copies_weights:
+            self.store.publish(weights, version)
+
+    def qsize(self) -> int:
+        return self.groups.qsize()
+
+    def pids(self) -> list[int | None]:
+        """The groups' (threads: their env workers'), then the inference process's."""
+        return self.groups.pids() + (self.inference.pids() if self.inference is not None else [])
+
+    def stop(self) -> None:
+        self.groups.close()
+        if self.inference is not None:
+            self.inference.close()

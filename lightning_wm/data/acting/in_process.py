@@ -1,17 +1,14 @@
-"""Acting in the learner's process: a :class:`~lightning_wm.data.collector.Collector` steps the
-training envs with the live module inside the data fetch (``acting.num_actors: 0``).
-
-Deterministic: a seeded run makes the same rows, and so the same weights, every time. Every
-row also goes to the batch side's buffer as it is made (the replay, or the real rows kept for
-a world model); the batch side asks for an exact number of steps (:meth:`InProcessActing.collect`,
-the replay ratio) or for chunks (:meth:`InProcessActing.next_chunk`, unrolls).
+"""Acting in the learner's process (``acting.num_actors: 0``): a Collector steps the training envs with
+the live module inside the data fetch. Deterministic: a seeded run makes the same rows and weights
+every time. Every row also goes to the batch side's buffer as it is made; the batch side asks for
+an exact number of steps (:meth:`InProcessActing.collect`, the replay ratio) or for chunks (unrolls).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from lightning_wm.data.acting.base import Acting, Chunk
+from lightning_wm.data.acting.base import NO_AGENT, Acting, Chunk
 from lightning_wm.data.collector import Collector, EpisodeStats
 from lightning_wm.data.split_collector import SplitCollector, check_splits, make_collector
 from lightning_wm.envs import EnvConfig, EnvSpec
@@ -78,11 +75,7 @@ class InProcessActing(Acting):
         if not self._open or self.collector is None:
             raise RuntimeError("setup() was not called")
         if self.agent is None:
-            raise RuntimeError(
-                "no agent to act with: the AgentPublisher callback (lightning_wm.callbacks.AgentPublisher, "
-                "in default_callbacks() and the CLI's Trainer) attaches the module being trained when fit "
-                "starts; add it to your Trainer's callbacks, or call datamodule.attach_agent(module, version)"
-            )
+            raise RuntimeError(NO_AGENT)
         if self.collector.agent is not self.agent:
             self.collector.set_agent(self.agent)
         return self.collector

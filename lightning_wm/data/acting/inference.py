@@ -1,17 +1,11 @@
-"""Batched inference for central acting: one thread acts for every env group with one agent call.
+"""Central inference: one batched policy call per round acts for every env group (SEED RL's split:
+only observations, actions and per-step extras cross; the policy and its recurrent state stay here).
 
-Each env group's thread runs an ordinary :class:`~lightning_wm.data.collector.Collector` whose agent
-is an :class:`InferenceClient`: its ``act`` hands ``(obs [B_g, ...], state, explore)`` to
-:class:`BatchedInference` and blocks for the answer. A round of requests closes when every group
-that is acting has asked, or ``deadline_s`` after its first request; then the requests'
-observations and recurrent states are concatenated along the batch (pytrees, on the agent's
-device), the agent's ``act`` is called once under ``torch.no_grad()`` and actions, states and
-extras are split back, so a slow group never stalls the others.
-
-The agent is the module being trained, seen through :func:`acting_view`: its parameters and
-buffers are the live tensors (no copy, no publishing), its train/eval flags its own, so the
-learner's mode toggles (Lightning's validation) and the acting code's (MuZero's search runs the
-model in eval mode) never reach each other across threads.
+* :class:`SharedSlots` — per group a slot of ``[G, B, ...]`` tensors in shared memory (groups may be
+  processes) that the group's :class:`InferenceClient` writes its request into and reads its answer from.
+* :class:`Rounds` — the one implementation of rounds, deadlines and the explore split. Groups as
+  threads drive it themselves (the group whose request closes a round answers it: no hand-off);
+  the inference process serves it (:meth:`Rounds.serve`).
 """
 
 from __future__ import annotations
@@ -19,17 +13,30 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+import gymnasium as gym
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from lightning_wm.data.collector import agent_device
-from lightning_wm.tree import concat, first_leaf, tree_map
+from lightning_wm.tree import concat, tree_map, where
 
-# The interpreter's thread switch interval while central acting serves: a thread woken by an env, a
+__all__ = [
+    "InferenceClient",
+    "InferenceStopped",
+    "Rounds",
+    "SWITCH_INTERVAL_S",
+    "SharedSlots",
+    "acting_view",
+    "make_slots",
+    "shorten_switch_interval",
+]
+
+# The interpreter's thread switch interval while group threads act: a thread woken by an env, a
 # request or an answer waits for the GIL until the learner's thread drops it, at most this long
 # (Python's default, 5 ms, would be paid at nearly every env step while the learner computes).
 SWITCH_INTERVAL_S = 0.0002
@@ -42,17 +49,6 @@ def shorten_switch_interval() -> Callable[[], None]:
     return lambda: sys.setswitchinterval(before)
 
 
-__all__ = [
-    "BatchedInference",
-    "InferenceClient",
-    "InferenceStopped",
-    "SWITCH_INTERVAL_S",
-    "acting_view",
-    "shorten_switch_interval",
-    "tree_rows",
-]
-
-
 class InferenceStopped(RuntimeError):
     """Central acting was closed while a group waited for its actions."""
 
@@ -61,7 +57,8 @@ def acting_view(module: nn.Module) -> nn.Module:
     """A module tree with ``module``'s parameters and buffers (the very tensors: optimizer steps
     show at once) and attributes (a LightningModule's trainer: ``global_step``, schedules) but its
     own ``training`` flags: each submodule's ``__dict__`` copied, children replaced by their views,
-    ``torch.compile`` wrappers (bound to the originals) left out."""
+    ``torch.compile`` wrappers (bound to the originals) left out. So the learner's mode toggles
+    (Lightning's validation) and the acting code's (MuZero's search) never reach each other."""
     view = module.__class__.__new__(module.__class__)
     view.__dict__.update(module.__dict__)  # not copy.copy: a LightningModule pickles without its trainer
     view._modules = {name: None if child is None else acting_view(child) for name, child in module._modules.items()}
@@ -70,181 +67,236 @@ def acting_view(module: nn.Module) -> nn.Module:
 
 
 @dataclass
-class _Request:
+class SharedSlots:
+    """The exchange of ``G`` groups of ``B`` envs (picklable). ``obs`` leaves ``[G, B, ...]``;
+    ``starts`` bool ``[G, B]`` (the env's episode starts: its state restarts); ``action`` and each
+    of ``extras`` ``[G, B, ...]``; ``explore``, ``active`` (groups a round waits for: a group pauses
+    while it waits for the learner) bool ``[G]``; ``asked`` (requests made) and ``version`` (weights
+    of the last answer) int64 ``[G]``; ``served`` int64 ``[2]``: agent calls, requests answered;
+    ``stateful``: the agent is recurrent; semaphores ``requests`` (released at every request) and
+    ``ready[g]`` (at group ``g``'s answer)."""
+
     obs: Any
-    state: Any
-    explore: bool
-    answer: tuple[Tensor, Any, dict[str, Tensor]] | None = None
-    version: int = 0
-    error: BaseException | None = None
-    taken: bool = False  # in a round that a group's thread is answering
-    done: threading.Event = field(default_factory=threading.Event)
+    starts: Tensor
+    action: Tensor
+    extras: dict[str, Tensor]
+    explore: Tensor
+    active: Tensor
+    asked: Tensor
+    version: Tensor
+    served: Tensor
+    stateful: bool
+    requests: Any
+    ready: list[Any]
 
 
-def tree_rows(tree: Any, start: int, stop: int) -> Any:
-    """Rows ``start:stop`` of every tensor leaf of ``tree`` (``None`` stays ``None``)."""
-    return tree_map(lambda x: x[start:stop], tree)
+def _zeros(space: gym.spaces.Space, batch: int) -> Any:
+    """A batch of zero observations of ``space`` as the Collector hands them to an agent."""
+    if isinstance(space, gym.spaces.Dict):
+        return {key: _zeros(sub, batch) for key, sub in space.spaces.items()}
+    return torch.from_numpy(np.zeros((batch, *space.shape), space.dtype))
 
 
-class BatchedInference:
-    """Answers the act requests of env groups in rounds, one agent call per round.
+def _shared(like: Tensor, groups: int) -> Tensor:
+    return torch.zeros((groups, *like.shape), dtype=like.dtype).share_memory_()
 
-    A round starts with its first request and closes when every acting group has asked, or
-    ``deadline_s`` after the first request. The group whose request closes it (the last to ask,
-    or the first to see the deadline pass) makes the agent call in its own thread and hands the
-    others their answers: no thread of its own, no hand-off when every group is there (on a
-    loaded machine each wake-up of another thread costs a scheduler slot). One call runs at a
-    time.
+
+def make_slots(
+    agent: Any, space: gym.spaces.Space, groups: int, envs: int, semaphore: Callable[[int], Any]
+) -> SharedSlots:
+    """Slots for ``groups`` groups of ``envs`` envs acting with ``agent`` (observations of ``space``);
+    ``semaphore(0)`` makes the semaphores (``threading.Semaphore`` or a spawn context's). One probe
+    call of the agent on zero observations gives the answer's layout."""
+    device = agent_device(agent)
+    obs = _zeros(space, envs)
+    state = agent.initial_state(envs)
+    with torch.no_grad():
+        action, _, extras = agent.act(tree_map(lambda x: x.to(device), obs), state, True)
+    return SharedSlots(
+        obs=tree_map(lambda x: _shared(x, groups), obs),
+        starts=torch.zeros(groups, envs, dtype=torch.bool).share_memory_(),
+        action=_shared(action.detach().cpu(), groups),
+        extras={key: _shared(value.detach().cpu(), groups) for key, value in extras.items()},
+        explore=torch.zeros(groups, dtype=torch.bool).share_memory_(),
+        active=torch.ones(groups, dtype=torch.bool).share_memory_(),  # waited for from the start
+        asked=torch.zeros(groups, dtype=torch.int64).share_memory_(),
+        version=torch.zeros(groups, dtype=torch.int64).share_memory_(),
+        served=torch.zeros(2, dtype=torch.int64).share_memory_(),
+        stateful=state is not None,
+        requests=semaphore(0),
+        ready=[semaphore(0) for _ in range(groups)],
+    )
+
+
+class Rounds:
+    """Answers the groups' requests in ``slots`` in rounds: a round starts with the first request seen
+    and closes when every active group has asked, or ``deadline_s`` later; then one agent call per
+    explore flag acts for all that asked (observations gathered on the agent's device; each group's
+    recurrent state kept here, restarted where its episode starts). :meth:`step` runs in one thread
+    at a time (group threads take :attr:`lock`; the inference process is one thread).
 
     Args:
-        agent: anything with ``act(obs, state, explore)`` (batched over the first dimension).
-        deadline_s: after the first request of a round, wait at most this long for the other
-            acting groups.
-        version: returns the weights' version at act time (handed back with every answer).
-        groups: the groups waited for from the start (a group is waited for from its first
-            request on, until it :meth:`pause` s).
-
-    Attributes:
-        calls: agent calls made; ``requests``: group requests answered (their ratio is the mean
-            number of groups per call).
+        agent: anything with ``act(obs, state, explore)`` and ``initial_state`` (batched over the
+            first dimension; its ``device``).
+        slots: the exchange (:func:`make_slots` with this agent).
+        deadline_s: after a round's first request, wait at most this long for the other active groups.
+        version: called just before each agent call: the version of the weights it acts with
+            (handed back with every answer; the inference process pulls newer weights in it).
     """
 
-    def __init__(
-        self, agent: Any, deadline_s: float, version: Callable[[], int] = lambda: 0, groups: Iterable[int] = ()
-    ) -> None:
-        self.agent, self.deadline_s, self.version = agent, float(deadline_s), version
-        self.calls = self.requests = 0
-        self._lock = threading.Lock()  # the round: pending requests, acting groups
-        self._calling = threading.Lock()  # one agent call at a time
-        self._pending: dict[int, _Request] = {}
-        self._acting: set[int] = set(groups)  # groups whose next request a round waits for
-        self._round_end = 0.0
-        self._closed = False
+    def __init__(self, agent: Any, slots: SharedSlots, deadline_s: float, version: Callable[[], int]) -> None:
+        self.agent, self.slots, self.deadline_s, self.version = agent, slots, float(deadline_s), version
+        self.device = agent_device(agent)
+        self.lock = threading.Lock()
+        # numpy views of the shared flags: an element read or write costs far less than a tensor's
+        self._asked, self._active, self._explore = slots.asked.numpy(), slots.active.numpy(), slots.explore.numpy()
+        self._starts, self._version, self._served = slots.starts.numpy(), slots.version.numpy(), slots.served.numpy()
+        flat = lambda x: x.flatten(0, 1)  # noqa: E731 - [G * B, ...] views: a round of consecutive groups is a slice
+        self._obs, self._action = tree_map(flat, slots.obs), flat(slots.action)
+        self._extras = {key: flat(value) for key, value in slots.extras.items()}
+        self._answered = np.zeros(len(slots.ready), np.int64)
+        self._states: list[Any] = [None] * len(slots.ready)
+        self._since: float | None = None  # when the round's first request was seen
 
-    def act(self, group: int, obs: Any, state: Any, explore: bool) -> tuple[Tensor, Any, dict[str, Tensor], int]:
-        """``group``'s ``(action, state, extras, version)`` for ``obs [B_g, ...]`` (blocks until
-        its round is answered, maybe answering it).
+    def step(self) -> float | None:
+        """Answer every group that asked if the round may close (each active group asked, or its
+        deadline passed); else the seconds left to its deadline (``None``: nothing to wait for)."""
+        asked = self._asked.copy()
+        pending = asked != self._answered
+        if not pending.any():
+            return None
+        now = time.monotonic()
+        if self._since is None:
+            self._since = now
+        left = self._since + self.deadline_s - now
+        if left > 0 and (self._active & ~pending).any():
+            return left
+        self._since = None
+        groups = np.flatnonzero(pending)
+        explore = self._explore[groups]
+        if explore.all() or not explore.any():  # one flag: one call (most rounds)
+            self._call(groups, bool(explore[0]))
+        else:
+            for flag in (True, False):
+                self._call(groups[explore == flag], flag)
+        self._answered[groups] = asked[groups]
+        for g in groups:
+            self.slots.ready[g].release()
+        return None
 
-        Raises:
-            InferenceStopped: :meth:`close` was called meanwhile.
-            Exception: what the agent's ``act`` raised for this round.
-        """
-        request = _Request(obs, state, bool(explore))
-        with self._lock:
-            self._check_open()
-            self._acting.add(group)
-            if not self._pending:
-                self._round_end = time.monotonic() + self.deadline_s
-            self._pending[group] = request
-            round_ = self._close_round(self._acting <= self._pending.keys())
-        if round_:
-            self._answer(round_)
-        while not request.done.is_set():
-            left = self._round_end - time.monotonic() if not request.taken else 0.25
-            if request.done.wait(min(max(left, 0.0), 0.25)):
-                break
-            with self._lock:
-                self._check_open()
-                round_ = self._close_round(not request.taken and time.monotonic() >= self._round_end)
-            if round_:
-                self._answer(round_)
-        if request.error is not None:
-            raise request.error
-        assert request.answer is not None
-        return (*request.answer, request.version)
+    def serve(self, stop: Any, beat: Callable[[], None] = lambda: None) -> None:
+        """Answer rounds until ``stop`` is set, calling ``beat`` at least every 0.1 s while idle."""
+        left = None
+        while not stop.is_set():
+            beat()
+            self.slots.requests.acquire(timeout=0.1 if left is None else min(left, 0.1))
+            left = self.step()
 
-    def pause(self, group: int) -> None:
-        """``group`` will not ask for a while (it waits for room in the chunk queue): rounds stop
-        waiting for it (one waiting only for it is answered now, in this thread)."""
-        with self._lock:
-            self._acting.discard(group)
-            round_ = self._close_round(bool(self._pending) and self._acting <= self._pending.keys())
-        if round_:
-            self._answer(round_)
-
-    @property
-    def waiting(self) -> int:
-        """Requests in the round not answered yet."""
-        with self._lock:
-            return len(self._pending)
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise InferenceStopped("the inference server is closed")
-
-    def _close_round(self, ready: bool) -> dict[int, _Request]:
-        """The pending requests, taken out as a round, if ``ready`` (call with the lock held)."""
-        if not ready or not self._pending:
-            return {}
-        round_, self._pending = self._pending, {}
-        for request in round_.values():
-            request.taken = True
-        return round_
-
-    def _answer(self, round_: dict[int, _Request]) -> None:
-        with self._calling:
-            for explore in (True, False):
-                part = [r for _, r in sorted(round_.items()) if r.explore == explore]
-                if part:
-                    self._call(part, explore)
-        for request in round_.values():
-            request.done.set()
-
-    def _call(self, requests: list[_Request], explore: bool) -> None:
-        """One agent call for ``requests``; answers (or the error) set in place."""
-        try:
-            sizes = [first_leaf(r.obs).shape[0] for r in requests]
-            obs = concat([r.obs for r in requests])
-            states = [r.state for r in requests]
-            state = None if all(s is None for s in states) else concat(states)
-            version = int(self.version())
-            with torch.no_grad():
-                action, new_state, extras = self.agent.act(obs, state, explore)
-            self.calls += 1
-            self.requests += len(requests)
-            start = 0
-            for request, size in zip(requests, sizes):
-                stop = start + size
-                request.answer = (
-                    action[start:stop],
-                    tree_rows(new_state, start, stop),
-                    {k: v[start:stop] for k, v in extras.items()},
-                )
-                request.version = version
-                start = stop
-        except BaseException as error:  # noqa: BLE001 - handed to every group of the call
-            for request in requests:
-                request.error = error
-
-    def close(self) -> None:
-        """Refuse new requests; groups waiting in an unanswered round get :class:`InferenceStopped`
-        (idempotent)."""
-        with self._lock:
-            self._closed = True
-            for request in self._pending.values():
-                request.error = InferenceStopped("the inference server is closed")
-                request.done.set()
-            self._pending = {}
+    def _call(self, groups: np.ndarray, explore: bool) -> None:
+        """One agent call for ``groups``; their answers written into the slots."""
+        slots, agent, size = self.slots, self.agent, self.slots.starts.shape[1]
+        lo, hi = int(groups[0]), int(groups[-1]) + 1
+        if hi - lo == len(groups):  # consecutive groups (most rounds): slices of the flat views, no gather
+            rows: slice | Tensor = slice(lo * size, hi * size)
+        else:
+            rows = (torch.from_numpy(groups)[:, None] * size + torch.arange(size)).flatten()
+        obs = tree_map(lambda x: x[rows].to(self.device, copy=True), self._obs)  # a copy: the groups write on
+        state = None
+        if slots.stateful:
+            for g in groups:
+                if self._states[g] is None:
+                    self._states[g] = agent.initial_state(size)
+                elif self._starts[g].any():  # a fresh state only where an episode starts (most steps: none)
+                    starts = slots.starts[g].to(self.device)
+                    self._states[g] = where(starts, agent.initial_state(size), self._states[g])
+            state = concat([self._states[g] for g in groups])
+        version = int(self.version())
+        with torch.no_grad():
+            action, new_state, extras = agent.act(obs, state, explore)
+        if extras.keys() != slots.extras.keys():
+            raise RuntimeError(
+                f"the agent's extras changed keys between calls ({sorted(slots.extras)} -> {sorted(extras)}): "
+                "central acting's slots are laid out from the first call"
+            )
+        for target, value in [(self._action, action), *((self._extras[k], v) for k, v in extras.items())]:
+            target[rows] = value.detach()
+        self._version[groups] = version
+        if slots.stateful:
+            for i, g in enumerate(groups):
+                self._states[g] = tree_map(lambda x: x[i * size : (i + 1) * size], new_state)  # noqa: B023
+        self._served += (1, len(groups))
 
 
 class InferenceClient:
-    """The agent of group ``group``'s Collector: ``initial_state`` from the agent itself, ``act``
-    through :class:`BatchedInference`. ``on_act(version)`` is called with the weights' version of every answer
-    (the group sets its rows' ``policy_version`` from it)."""
+    """The agent of group ``group``'s Collector: asks through ``slots``. Its recurrent "state" is a flag
+    per env, ``True`` where an episode starts (the Collector resets it); :class:`Rounds` keeps the real one.
+
+    Args:
+        slots: the exchange.
+        group: this group's slot.
+        stop: an event; set, a waiting ``act`` raises :class:`InferenceStopped`.
+        beat: called while waiting (the group's heartbeat).
+        rounds: groups as threads: the :class:`Rounds` this group drives itself; ``None``: another
+            process answers.
+
+    Attributes:
+        on_act: called with the weights' version of every answer.
+    """
+
+    device = torch.device("cpu")
 
     def __init__(
-        self, server: BatchedInference, group: int, on_act: Callable[[int], None] = lambda version: None
+        self,
+        slots: SharedSlots,
+        group: int,
+        stop: Any,
+        beat: Callable[[], None] = lambda: None,
+        rounds: Rounds | None = None,
     ) -> None:
-        self.server, self.group, self.on_act = server, group, on_act
+        self.slots, self.group, self.stop, self.beat, self.rounds = slots, group, stop, beat, rounds
+        self.on_act: Callable[[int], None] = lambda version: None
+        self.asked = 0
+        # this group's slot, as views made once (numpy for the flags: cheaper element access)
+        self._obs, self._starts = tree_map(lambda x: x[group], slots.obs), slots.starts[group]
+        self._action, self._extras = slots.action[group], {k: v[group] for k, v in slots.extras.items()}
+        self._flags = (slots.explore.numpy(), slots.active.numpy(), slots.asked.numpy(), slots.version.numpy())
 
-    @property
-    def device(self) -> torch.device:
-        return agent_device(self.server.agent)
+    def initial_state(self, batch_size: int) -> Tensor | None:
+        """``True`` per env (an episode starts) when the agent is recurrent, else ``None``."""
+        return torch.ones(batch_size, dtype=torch.bool) if self.slots.stateful else None
 
-    def initial_state(self, batch_size: int) -> Any:
-        return self.server.agent.initial_state(batch_size)
+    def _drive(self) -> float | None:
+        """Groups as threads: step the rounds (maybe answering one in this thread)."""
+        if self.rounds is None or not self.rounds.lock.acquire(timeout=0.25):
+            return None
+        try:
+            return self.rounds.step()
+        finally:
+            self.rounds.lock.release()
 
-    def act(self, obs: Any, state: Any, explore: bool) -> tuple[Tensor, Any, dict[str, Tensor]]:
-        action, state, extras, version = self.server.act(self.group, obs, state, explore)
-        self.on_act(version)
-        return action, state, extras
+    def pause(self) -> None:
+        """This group will not ask for a while: rounds stop waiting for it."""
+        self._flags[1][self.group] = False
+        self._drive()
+
+    def act(self, obs: Any, state: Tensor | None, explore: bool) -> tuple[Tensor, Tensor | None, dict[str, Tensor]]:
+        """Actions ``[B, ...]`` and extras for ``obs [B, ...]``; ``state`` is the episode-start flags."""
+        g, (explores, active, asked, version) = self.group, self._flags
+        self.beat()
+        tree_map(lambda slot, x: slot.copy_(x), self._obs, obs)
+        if state is not None:
+            self._starts.copy_(state)
+        explores[g], active[g] = bool(explore), True
+        self.asked += 1
+        asked[g] = self.asked  # last: the request is complete
+        if self.rounds is None:
+            self.slots.requests.release()
+        left = self._drive()
+        while not self.slots.ready[g].acquire(timeout=0.25 if left is None else min(left, 0.25)):
+            self.beat()
+            if self.stop.is_set():
+                raise InferenceStopped("central acting is stopping")
+            left = self._drive()
+        self.on_act(int(version[g]))
+        started = None if state is None else torch.zeros_like(state)
+        return self._action.clone(), started, {key: value.clone() for key, value in self._extras.items()}

@@ -1,4 +1,4 @@
-"""The ``local`` actor backend: ``spawn``-ed processes; weights in a shared-memory
+"""Policy copies in ``spawn``-ed actor processes (``acting.backend: local``): weights in a shared-memory
 :class:`WeightStore` (seqlock: the learner never waits for an actor), chunks through a bounded queue.
 
 Robustness (:mod:`lightning_wm.data.acting.spawned`): actors die with the learner, ignore Ctrl-C,
@@ -19,11 +19,11 @@ import torch
 import torch.multiprocessing as tmp
 from torch import Tensor, nn
 
-from lightning_wm.data.acting.base import Chunk
+from lightning_wm.data.acting.base import Chunk, Pool
 from lightning_wm.data.acting.spawned import SpawnedWorkers, heartbeat_of, put_chunk, worker_process
-from lightning_wm.data.acting.worker import ActorConfig, ActorWorker, acting_copy_ready
+from lightning_wm.data.acting.worker import ActingJob, ActorWorker, acting_copy_ready
 
-__all__ = ["WeightStore", "LocalBackend", "module_bytes", "module_from_bytes"]
+__all__ = ["LocalPool", "WeightStore", "module_bytes", "module_from_bytes"]
 
 
 class WeightStore:
@@ -113,7 +113,7 @@ def module_from_bytes(pickled: bytes) -> nn.Module:
 
 def _actor_main(
     actor: int,
-    config: ActorConfig,
+    job: ActingJob,
     pickled: bytes,
     store: WeightStore,
     chunks: Any,
@@ -126,8 +126,8 @@ def _actor_main(
     with worker_process(actor, chunks, errors, parent_pid) as holder:
         beat = heartbeat_of(heartbeat, actor)
         module = module_from_bytes(pickled)
-        worker = holder[0] = ActorWorker(actor, config, acting_copy_ready(module))
-        version = config.initial_version  # the weights the actor was built with
+        worker = holder[0] = ActorWorker(actor, job, acting_copy_ready(module))
+        version = job.version  # the weights the actor was built with
         while not stop.is_set():
             beat()
             if worker.random_left <= 0:
@@ -135,31 +135,37 @@ def _actor_main(
             put_chunk(worker.chunk(version), chunks, stop, beat)
 
 
-class LocalBackend:
-    """``num_actors`` actor processes acting with copies of ``module`` refreshed from a :class:`WeightStore`."""
+class LocalPool(Pool):
+    """``acting.num_actors`` actor processes acting with copies of ``module`` (a CPU acting copy)
+    refreshed from a :class:`WeightStore`; ``acting.queue_size`` chunks (default 2 per actor) wait."""
 
-    def __init__(self, config: ActorConfig, module: nn.Module, num_actors: int, queue_size: int) -> None:
-        self.store = WeightStore(module, config.initial_version)
+    def __init__(self, job: ActingJob, module: nn.Module) -> None:
+        super().__init__(job.settings.timeout_s)
+        count = job.settings.num_actors
+        self.store = WeightStore(module, job.version)
         self.workers = SpawnedWorkers(
-            _actor_main, (config, module_bytes(module), self.store), num_actors, queue_size, "actor {}"
+            _actor_main,
+            (job, module_bytes(module), self.store),
+            count,
+            job.settings.queue_size or 2 * count,
+            "actor {}",
         )
-        self.processes = self.workers.processes
 
-    def pids(self) -> list[int | None]:
-        return self.workers.pids()
-
-    def publish(self, weights: Mapping[str, Tensor] | nn.Module, version: int) -> None:
-        self.store.publish(weights, version)
-
-    def get(self, timeout: float) -> Chunk | None:
+    def take(self, timeout: float) -> Chunk | None:
         return self.workers.get(timeout)
+
+    def failure(self) -> str | None:
+        return self.workers.failure(self.timeout_s)
+
+    def publish(self, weights: Mapping[str, Tensor] | nn.Module | None, version: int) -> None:
+        if weights is not None:
+            self.store.publish(weights, version)
 
     def qsize(self) -> int:
         return self.workers.qsize()
 
-    def failure(self, timeout_s: float) -> str | None:
-        """A description of the first failed, dead or hung actor, or None."""
-        return self.workers.failure(timeout_s)
+    def pids(self) -> list[int | None]:
+        return self.workers.pids()
 
-    def close(self) -> None:
+    def stop(self) -> None:
         self.workers.close()

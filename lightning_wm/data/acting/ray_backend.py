@@ -1,5 +1,7 @@
-"""The ``ray`` actor backend: Ray actors (``pip install -e ".[ray]"``) on the machines of a Ray
-cluster; weights through the object store, chunks returned as object refs collected with ``ray.wait``."""
+"""Policy copies in Ray actors (``acting.backend: ray``; ``pip install -e ".[ray]"``) on the machines of
+a Ray cluster; weights through the object store, chunks returned as object refs collected with
+``ray.wait``. ``acting.ray_address``: ``None`` starts a local Ray instance (:func:`start_ray`);
+``auto`` or ``host:port`` joins a running cluster."""
 
 from __future__ import annotations
 
@@ -12,18 +14,18 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lightning_wm.data.acting.base import Chunk
-from lightning_wm.data.acting.worker import STARTUP_GRACE_S, ActorConfig, ActorError, ActorWorker, acting_copy_ready
+from lightning_wm.data.acting.base import ActorError, Chunk, Pool
+from lightning_wm.data.acting.worker import STARTUP_GRACE_S, ActingJob, ActorWorker, acting_copy_ready
 from lightning_wm.signals import reclaim_signals
 
-__all__ = ["RayBackend"]
+__all__ = ["RayPool", "start_ray"]
 
 
 class _RayWorker:
     """The Ray actor: a :class:`ActorWorker` that loads the weights it is handed, chunk by chunk."""
 
-    def __init__(self, actor: int, config: ActorConfig, module: nn.Module) -> None:
-        self.worker = ActorWorker(actor, config, acting_copy_ready(module))
+    def __init__(self, actor: int, job: ActingJob, module: nn.Module) -> None:
+        self.worker = ActorWorker(actor, job, acting_copy_ready(module))
 
     def pid(self) -> int:
         return os.getpid()
@@ -34,33 +36,38 @@ class _RayWorker:
         return self.worker.chunk(version)
 
 
-class RayBackend:
+def start_ray(address: str | None, num_actors: int) -> tuple[Any, bool]:
+    """The ``ray`` module, with Ray started if it was not (``True`` second: this pool started it and
+    shuts it down): a local instance with room for every actor, or the cluster at ``address``."""
+    try:
+        import ray
+    except ImportError:
+        raise ValueError('acting.backend: ray needs Ray; install the extra: pip install -e ".[ray]"') from None
+    if ray.is_initialized():
+        return ray, False
+    if address is None:
+        ray.init(num_cpus=max(num_actors, os.cpu_count() or 1), include_dashboard=False, configure_logging=False)
+    else:
+        ray.init(address=address, include_dashboard=False, configure_logging=False)
+    reclaim_signals()  # ray.init made SIGTERM sys.exit(15): a stop must save last.ckpt first
+    return ray, True
+
+
+class RayPool(Pool):
     """Ray actors with two chunk calls in flight each (one runs while the learner reads the other);
     an actor's results are taken in call order with ``ray.wait`` over each actor's oldest call."""
 
-    def __init__(self, config: ActorConfig, module: nn.Module, num_actors: int, address: str | None) -> None:
-        try:
-            import ray
-        except ImportError:
-            raise ValueError('acting.backend: ray needs Ray; install the extra: pip install -e ".[ray]"') from None
-        self.ray = ray
-        self.owns_ray = not ray.is_initialized()
-        if self.owns_ray:
-            if address is None:  # a local instance, with room for every actor
-                ray.init(
-                    num_cpus=max(num_actors, os.cpu_count() or 1), include_dashboard=False, configure_logging=False
-                )
-            else:
-                ray.init(address=address, include_dashboard=False, configure_logging=False)
-            reclaim_signals()  # ray.init made SIGTERM sys.exit(15): a stop must save last.ckpt first
-        remote = ray.remote(num_cpus=1)(_RayWorker)
-        self.actors = [remote.remote(i, config, module) for i in range(num_actors)]
+    def __init__(self, job: ActingJob, module: nn.Module) -> None:
+        super().__init__(job.settings.timeout_s)
+        num_actors = job.settings.num_actors
+        self.ray, self.owns_ray = start_ray(job.settings.ray_address, num_actors)
+        remote = self.ray.remote(num_cpus=1)(_RayWorker)
+        self.actors = [remote.remote(i, job, module) for i in range(num_actors)]
         self.weights: Any = None
-        self.version = config.initial_version
-        self.sent = [config.initial_version] * num_actors  # newest version handed to each actor
+        self.version = job.version
+        self.sent = [job.version] * num_actors  # newest version handed to each actor
         self.calls: list[deque[tuple[Any, float]]] = [deque() for _ in range(num_actors)]  # (ref, submitted at)
         self.last_seen = [time.monotonic() + STARTUP_GRACE_S] * num_actors
-        self.closed = False
         for i in range(num_actors):
             for _ in range(2):
                 self._submit(i)
@@ -76,12 +83,14 @@ class RayBackend:
     def pids(self) -> list[int | None]:
         return list(self.ray.get([a.pid.remote() for a in self.actors], timeout=120))
 
-    def publish(self, weights: Mapping[str, Tensor] | nn.Module, version: int) -> None:
+    def publish(self, weights: Mapping[str, Tensor] | nn.Module | None, version: int) -> None:
+        if weights is None:
+            return
         state = weights.state_dict() if isinstance(weights, nn.Module) else weights
         self.weights = self.ray.put({k: v.detach().cpu().clone() for k, v in state.items()})
         self.version = int(version)
 
-    def get(self, timeout: float) -> Chunk | None:
+    def take(self, timeout: float) -> Chunk | None:
         oldest = self._oldest()
         ready, _ = self.ray.wait(list(oldest), num_returns=1, timeout=timeout)
         if not ready:
@@ -105,7 +114,8 @@ class RayBackend:
     def qsize(self) -> int:
         return len(self._ready())
 
-    def failure(self, timeout_s: float) -> str | None:
+    def failure(self) -> str | None:
+        timeout_s = self.timeout_s
         now = time.monotonic()
         ready = set(self._ready())
         for actor, calls in enumerate(self.calls):
@@ -120,10 +130,7 @@ class RayBackend:
                     )
         return None
 
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
+    def stop(self) -> None:
         for actor in self.actors:
             try:
                 self.ray.kill(actor)

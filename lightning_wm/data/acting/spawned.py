@@ -1,6 +1,4 @@
-"""Worker processes that send chunks: what the actor processes (policy copies,
-:mod:`lightning_wm.data.acting.local`) and central acting's env-group processes
-(:mod:`lightning_wm.data.acting.central_processes`) share.
+"""Worker processes that send chunks (actor processes, central env groups, the inference process).
 
 A worker is ``spawn``-ed, dies with the learner (``PR_SET_PDEATHSIG`` on Linux, a parent-pid watch
 as a fallback), ignores Ctrl-C (the learner shuts it down), beats a heartbeat, never blocks on a full
@@ -11,6 +9,7 @@ naming it, and stops them all (ask, wait, terminate, kill).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import queue as queue_lib
@@ -30,7 +29,7 @@ from lightning_wm.data.acting.base import Chunk
 from lightning_wm.data.acting.worker import STARTUP_GRACE_S, ActorWorker
 from lightning_wm.signals import ignore_stop_signals
 
-__all__ = ["SpawnedWorkers", "worker_process", "put_chunk", "heartbeat_of"]
+__all__ = ["SpawnedWorkers", "heartbeat_of", "hung", "put_chunk", "worker_process"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -55,14 +54,6 @@ def _die_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
-def _close_quietly(worker: ActorWorker | None) -> None:
-    if worker is not None:
-        try:
-            worker.close()
-        except Exception:  # noqa: BLE001 - shutting down
-            pass
-
-
 @contextmanager
 def worker_process(index: int, chunks: Any, errors: Any, parent_pid: int) -> Iterator[list[ActorWorker | None]]:
     """The frame of a worker process's body: dies with the learner, ignores Ctrl-C, never waits
@@ -73,15 +64,19 @@ def worker_process(index: int, chunks: Any, errors: Any, parent_pid: int) -> Ite
     ignore_stop_signals()  # Ctrl-C and Slurm's SIGUSR1 reach the whole process group: the learner decides
     chunks.cancel_join_thread()
     holder: list[ActorWorker | None] = [None]
+    failed = False
     try:
         yield holder
     except BaseException:  # noqa: BLE001 - reported to the learner, which raises it
         errors.put((index, traceback.format_exc()))
         errors.close()
         errors.join_thread()
-        _close_quietly(holder[0])
+        failed = True
+    if holder[0] is not None:
+        with contextlib.suppress(Exception):  # shutting down
+            holder[0].close()
+    if failed:
         os._exit(1)
-    _close_quietly(holder[0])
 
 
 def heartbeat_of(heartbeat: Any, index: int) -> Callable[[], None]:
@@ -105,6 +100,14 @@ def put_chunk(chunk: Chunk, chunks: Any, stop: Any, beat: Callable[[], None]) ->
             continue
 
 
+def hung(label: str, last: float, timeout_s: float) -> str | None:
+    """``label`` described as hung if its last sign of life ``last`` is over ``timeout_s`` seconds old."""
+    silent = time.monotonic() - last
+    if silent <= timeout_s:
+        return None
+    return f"{label} hung: no heartbeat for {silent:.1f} s (acting.timeout_s={timeout_s:g}); it may be stuck in env.step or in the policy"
+
+
 def _terminate(processes: list[Any], stop: Any) -> None:
     """Stop worker processes: ask, wait briefly, then terminate and kill what is left (the ones that
     started: a failed start leaves the rest unstarted)."""
@@ -125,15 +128,8 @@ def _terminate(processes: list[Any], stop: Any) -> None:
 
 class SpawnedWorkers:
     """``count`` spawned processes running ``target(index, *args, chunks, errors, stop, heartbeat,
-    parent_pid)``, with their chunk queue, error queue, stop event and heartbeats.
-
-    Args:
-        target: the process body (a module-level function: it is pickled by name).
-        args: what every worker gets before the shared objects (picklable; index first).
-        count: processes.
-        queue_size: chunks that may wait for the learner.
-        name: the label of worker ``i`` in errors and process names (``name.format(i)``).
-    """
+    parent_pid)`` (a module-level function; ``args`` picklable), with their chunk queue of
+    ``queue_size``, error queue, stop event and heartbeats; ``name.format(i)`` labels worker ``i``."""
 
     def __init__(self, target: Callable[..., None], args: tuple, count: int, queue_size: int, name: str) -> None:
         ctx = tmp.get_context("spawn")
@@ -185,7 +181,6 @@ class SpawnedWorkers:
         raised = self._raised(0.0)
         if raised is not None:
             return raised
-        now = time.monotonic()
         for i, proc in enumerate(self.processes):
             label = f"{self.name.format(i)} (pid {proc.pid})"
             if proc.exitcode is not None:
@@ -198,12 +193,8 @@ class SpawnedWorkers:
                     else f"exited with code {proc.exitcode}"
                 )
                 return f"{label} {how} without reporting an error"
-            silent = now - self.heartbeat[i]
-            if silent > timeout_s:
-                return (
-                    f"{label} hung: no heartbeat for {silent:.1f} s (acting.timeout_s={timeout_s:g}); it may be "
-                    "stuck in env.step or in the policy"
-                )
+            if (silent := hung(label, self.heartbeat[i], timeout_s)) is not None:
+                return silent
         return None
 
     def close(self) -> None:
