@@ -595,7 +595,7 @@ class RunCheckpoints(Checkpoint):
         replay buffers) at the step reached. A second Ctrl-C (:class:`~lightning_wm.signals.RunAborted`,
         anywhere in a step) and other errors save nothing (the state may be what went wrong; the
         previous checkpoints stay)."""
-        from lightning_wm.data.acting.worker import ActorError
+        from lightning_wm.data.acting import ActorError
 
         if isinstance(exception, RunAborted) or trainer.state.fn != "fit":
             return
