@@ -335,6 +335,25 @@ def test_cli_pipeline_carracing_configs(capsys):
     _run_pipeline("carracing", capsys, env=["--data.init_args.env.max_episode_steps", "12"], member_steps=12)
 
 
+@pytest.mark.slow
+def test_cli_pipeline_boxing_configs(capsys):
+    """HumbleRL's Boxing (ALE/Boxing-v5, cropped to the ring) runs record -> V -> convert -> M -> C
+    -> evaluate from the shipped configs, sizes shrunk and bouts cut at 12 steps; the random
+    policy's score comes from ``evaluate`` on record.yaml, as the controller config says."""
+    from pathlib import Path
+
+    from lightning_wm.cli import main
+
+    short = ["--data.init_args.env.max_episode_steps", "12"]
+    _run_pipeline("boxing", capsys, env=short, member_steps=12)
+    frames = EpisodeStore("data/worldmodels/boxing/frames")
+    assert next(frames.episodes())["obs"].shape[1:] == (64, 64, 3)
+    assert frames.read_metadata()["env"]["crop"] == [30, 28, 153, 103]
+    record = Path(__file__).resolve().parents[1] / "configs" / "worldmodels" / "boxing" / "record.yaml"
+    main(["evaluate", "--config", str(record), "--episodes", "2", *short])
+    assert "ALE/Boxing-v5: return" in capsys.readouterr().out
+
+
 @pytest.mark.slow  # worker processes
 def test_population_envs_in_worker_processes_matches_in_process_envs():
     """Stepping a subset of envs in 2 subprocesses gives what in-process envs give."""
