@@ -123,6 +123,32 @@ def test_one_generation_by_hand_evaluates_the_population_and_moves_the_search():
     assert model.cmaes.countiter == 1 and not np.array_equal(model.cmaes.mean, mean)
 
 
+def test_a_saved_and_restored_cma_es_asks_the_same_next_generation(tmp_path):
+    """The fast lane's resume check: after two generations told by hand, a checkpoint (through a
+    file, as ``fit --ckpt_path last`` reads it) restores a CMA-ES into a fresh controller that
+    asks exactly the population the original asks next, and tells it to the same mean."""
+    model, _ = _cartpole_controller(es={"popsize": 4})
+    for generation in range(2):
+        solutions = np.asarray(model.cmaes.ask())
+        model.cmaes.tell(list(solutions), list(np.arange(4.0) - generation))
+    checkpoint = {}
+    model.on_save_checkpoint(checkpoint)
+    torch.save(checkpoint, tmp_path / "cma.ckpt")
+    restored, _ = _cartpole_controller(es={"popsize": 4})
+    restored.on_load_checkpoint(torch.load(tmp_path / "cma.ckpt", weights_only=True))
+    assert restored.cmaes is not model.cmaes and restored.cmaes.countiter == 2
+    expected, got = np.asarray(model.cmaes.ask()), np.asarray(restored.cmaes.ask())
+    assert expected.shape == (4, model.num_params)
+    np.testing.assert_array_equal(got, expected)
+    fitness = [0.5, -1.0, 2.0, 0.0]
+    model.cmaes.tell(list(expected), fitness)
+    restored.cmaes.tell(list(got), fitness)
+    np.testing.assert_array_equal(restored.cmaes.mean, model.cmaes.mean)
+    assert restored.cmaes.sigma == model.cmaes.sigma
+    fresh, _ = _cartpole_controller(es={"popsize": 4})  # without the checkpoint: another population
+    assert not np.array_equal(np.asarray(fresh.cmaes.ask()), expected)
+
+
 @pytest.mark.slow
 def test_cma_es_learns_vector_cartpole_without_v_and_m():
     model, dm = _cartpole_controller()
@@ -333,6 +359,32 @@ def test_cli_pipeline_end_to_end_and_controller_resume(capsys):
 def test_cli_pipeline_carracing_configs(capsys):
     """The paper-sized CarRacing configs run end to end with shrunk sizes and short episodes."""
     _run_pipeline("carracing", capsys, env=["--data.init_args.env.max_episode_steps", "12"], member_steps=12)
+    from pathlib import Path
+
+    from lightning_wm.cli import main
+
+    cfg = Path(__file__).resolve().parents[1] / "configs" / "worldmodels" / "carracing"
+    dream = main(
+        [
+            "fit",
+            "--config",
+            str(cfg / "controller_dream.yaml"),
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.max_steps",
+            "1",
+            "--trainer.limit_val_batches",
+            "0",
+            "--model.init_args.es.popsize",
+            "3",
+            "--model.init_args.es.episodes_per_member",
+            "1",
+            "--model.init_args.dream.max_steps",
+            "12",
+        ]
+    )
+    assert dream.model.train_in == "dream" and dream.model.world_model.temperature == 1.15
+    assert dream.model.cmaes.countiter == 1
 
 
 @pytest.mark.slow
