@@ -682,3 +682,53 @@ def test_init_params_ckpt_starts_the_search_from_another_controllers_mean(tmp_pa
     torch.save({"state_dict": {"w": torch.zeros(1)}}, other)
     with pytest.raises(ValueError, match="not a Controller checkpoint"):
         Controller(env_spec=spec, es={"popsize": 4}, init_params_ckpt=str(other))
+
+
+def test_fitness_figure_draws_each_curve_by_generation():
+    from lightning_wm.agents.worldmodels.figures import FITNESS_CURVES, fitness_figure
+
+    history = np.array([[10.0, 5.0, 1.0, 9.5], [12.0, 7.0, 2.0, 11.5], [11.0, 8.0, 4.0, 11.5]])
+    (ax,) = fitness_figure(history).get_axes()
+    assert ax.get_xlabel() == "CMA-ES generation" and "return" in ax.get_ylabel()
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert set(lines) == set(FITNESS_CURVES)
+    for i, name in enumerate(FITNESS_CURVES):
+        assert lines[name].get_xdata().tolist() == [1, 2, 3]
+        assert lines[name].get_ydata().tolist() == history[:, i].tolist()
+    with pytest.raises(ValueError, match=r"\[G >= 1, 4\]"):
+        fitness_figure(np.zeros((0, 4)))
+
+
+@pytest.mark.slow
+def test_fitness_by_generation_is_logged_and_kept_in_the_checkpoint(tmp_path):
+    """Every validation logs the figure ``fitness/by_generation`` to TensorBoard, and the curve's
+    history (best, mean, worst, best ever per generation) is in the checkpoint: a resumed search
+    draws the whole curve."""
+    from pytorch_lightning.loggers import TensorBoardLogger
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    model, dm = _cartpole_controller(es={"popsize": 4, "episodes_per_member": 1})
+    logger = TensorBoardLogger(str(tmp_path), name="c")
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_steps=2,
+        val_check_interval=1,
+        limit_val_batches=1,
+        num_sanity_val_steps=0,
+        logger=logger,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(model, datamodule=dm)
+    assert len(model.fitness_history) == 2
+    for best, mean, worst, best_ever in model.fitness_history:
+        assert best >= mean >= worst >= 1 and best_ever <= 500
+    events = EventAccumulator(logger.log_dir, size_guidance={"images": 0})
+    events.Reload()
+    images = events.Images("fitness/by_generation")
+    assert [i.step for i in images] == [1, 2] and images[-1].width > 0
+    trainer.save_checkpoint(tmp_path / "c.ckpt")
+    restored, _ = _cartpole_controller(es={"popsize": 4, "episodes_per_member": 1})
+    restored.on_load_checkpoint(torch.load(tmp_path / "c.ckpt", weights_only=True))
+    assert restored.fitness_history == model.fitness_history

@@ -43,6 +43,7 @@ from torch import Tensor, nn
 from lightning_wm.actions import ActionCodec
 from lightning_wm.agents.base import RLModule
 from lightning_wm.agents.dreamer import Dreamer
+from lightning_wm.agents.worldmodels.figures import fitness_figure
 from lightning_wm.agents.worldmodels.memory import Memory
 from lightning_wm.agents.worldmodels.settings import ControllerDreamSettings, ESSettings
 from lightning_wm.agents.worldmodels.vision import Vision
@@ -51,6 +52,7 @@ from lightning_wm.checkpoints import CheckpointError, load_checkpoint, load_modu
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.dream_env import DreamEnv, start_states
 from lightning_wm.envs import EnvConfig, EnvSpec
+from lightning_wm.logging import log_figure
 from lightning_wm.population_envs import PopulationEnvs
 from lightning_wm.protocols import GenerationTask
 from lightning_wm.seeding import derive_seed
@@ -248,6 +250,9 @@ class Controller(RLModule):
             es.sigma0,
             {"popsize": es.popsize, "seed": np.nan, "randn": _Randn(derive_seed(es.seed, "cmaes")), "verbose": -9},
         )
+        # per generation: the population's best, mean, worst return and the best told fitness
+        # ([G, 4], in the checkpoint so a resumed search draws its whole curve)
+        self.fitness_history: list[list[float]] = []
         self._pool: PopulationEnvs | None = None
         self._dream: DreamEnv | None = None
         self._dream_bank: Any = None
@@ -510,8 +515,16 @@ class Controller(RLModule):
             prog_bar=False,
             rank_zero_only=True,
         )
+        self.fitness_history.append(
+            [float(gathered.max()), float(gathered.mean()), float(gathered.min()), float(self.best_fitness)]
+        )
         self.log("fitness", float(gathered.mean()), prog_bar=True, rank_zero_only=True)
         self.optimizers().step()  # a no-op step that advances global_step (one per generation)
+
+    def on_validation_epoch_end(self) -> None:
+        """The fitness curve so far as a TensorBoard figure, ``fitness/by_generation``."""
+        if self.fitness_history and self.trainer.is_global_zero and not self.trainer.sanity_checking:
+            log_figure(self, "fitness/by_generation", lambda: fitness_figure(self.fitness_history))
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         # CMA-ES updates the weights; this optimizer only lets Lightning count generations.
@@ -549,6 +562,7 @@ class Controller(RLModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["cma_es"] = torch.frombuffer(bytearray(pickle.dumps(self.cmaes)), dtype=torch.uint8)
+        checkpoint["fitness_history"] = torch.tensor(self.fitness_history, dtype=torch.float64).reshape(-1, 4)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if "cma_es" in checkpoint:
@@ -556,3 +570,5 @@ class Controller(RLModule):
             if es.N != self.num_params:
                 raise ValueError(f"checkpoint's CMA-ES has {es.N} parameters, this controller {self.num_params}")
             self.cmaes = es
+        if "fitness_history" in checkpoint:
+            self.fitness_history = checkpoint["fitness_history"].tolist()
