@@ -100,6 +100,7 @@ def fitness_figure(history: Tensor | np.ndarray) -> Any:
         the worst and the best shaded.
     """
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     values = np.asarray(history.detach().cpu() if isinstance(history, Tensor) else history, dtype=np.float64)
     if values.ndim != 2 or values.shape[1] != len(FITNESS_CURVES) or values.shape[0] == 0:
@@ -111,6 +112,7 @@ def fitness_figure(history: Tensor | np.ndarray) -> Any:
     styles = {"best": ":", "mean": "-", "worst": ":", "best_ever": "--"}
     for i, name in enumerate(FITNESS_CURVES):
         ax.plot(generations, values[:, i], styles[name], marker="." if len(generations) < 50 else None, label=name)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("CMA-ES generation")
     ax.set_ylabel("mean return per member")
     ax.set_title("controller fitness by generation")
