@@ -123,6 +123,32 @@ def test_one_generation_by_hand_evaluates_the_population_and_moves_the_search():
     assert model.cmaes.countiter == 1 and not np.array_equal(model.cmaes.mean, mean)
 
 
+def test_a_saved_and_restored_cma_es_asks_the_same_next_generation(tmp_path):
+    """The fast lane's resume check: after two generations told by hand, a checkpoint (through a
+    file, as ``fit --ckpt_path last`` reads it) restores a CMA-ES into a fresh controller that
+    asks exactly the population the original asks next, and tells it to the same mean."""
+    model, _ = _cartpole_controller(es={"popsize": 4})
+    for generation in range(2):
+        solutions = np.asarray(model.cmaes.ask())
+        model.cmaes.tell(list(solutions), list(np.arange(4.0) - generation))
+    checkpoint = {}
+    model.on_save_checkpoint(checkpoint)
+    torch.save(checkpoint, tmp_path / "cma.ckpt")
+    restored, _ = _cartpole_controller(es={"popsize": 4})
+    restored.on_load_checkpoint(torch.load(tmp_path / "cma.ckpt", weights_only=True))
+    assert restored.cmaes is not model.cmaes and restored.cmaes.countiter == 2
+    expected, got = np.asarray(model.cmaes.ask()), np.asarray(restored.cmaes.ask())
+    assert expected.shape == (4, model.num_params)
+    np.testing.assert_array_equal(got, expected)
+    fitness = [0.5, -1.0, 2.0, 0.0]
+    model.cmaes.tell(list(expected), fitness)
+    restored.cmaes.tell(list(got), fitness)
+    np.testing.assert_array_equal(restored.cmaes.mean, model.cmaes.mean)
+    assert restored.cmaes.sigma == model.cmaes.sigma
+    fresh, _ = _cartpole_controller(es={"popsize": 4})  # without the checkpoint: another population
+    assert not np.array_equal(np.asarray(fresh.cmaes.ask()), expected)
+
+
 @pytest.mark.slow
 def test_cma_es_learns_vector_cartpole_without_v_and_m():
     model, dm = _cartpole_controller()
@@ -333,6 +359,51 @@ def test_cli_pipeline_end_to_end_and_controller_resume(capsys):
 def test_cli_pipeline_carracing_configs(capsys):
     """The paper-sized CarRacing configs run end to end with shrunk sizes and short episodes."""
     _run_pipeline("carracing", capsys, env=["--data.init_args.env.max_episode_steps", "12"], member_steps=12)
+    from pathlib import Path
+
+    from lightning_wm.cli import main
+
+    cfg = Path(__file__).resolve().parents[1] / "configs" / "worldmodels" / "carracing"
+    dream = main(
+        [
+            "fit",
+            "--config",
+            str(cfg / "controller_dream.yaml"),
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.max_steps",
+            "1",
+            "--trainer.limit_val_batches",
+            "0",
+            "--model.init_args.es.popsize",
+            "3",
+            "--model.init_args.es.episodes_per_member",
+            "1",
+            "--model.init_args.dream.max_steps",
+            "12",
+        ]
+    )
+    assert dream.model.train_in == "dream" and dream.model.world_model.temperature == 1.15
+    assert dream.model.cmaes.countiter == 1
+
+
+@pytest.mark.slow
+def test_cli_pipeline_boxing_configs(capsys):
+    """HumbleRL's Boxing (ALE/Boxing-v5, cropped to the ring) runs record -> V -> convert -> M -> C
+    -> evaluate from the shipped configs, sizes shrunk and bouts cut at 12 steps; the random
+    policy's score comes from ``evaluate`` on record.yaml, as the controller config says."""
+    from pathlib import Path
+
+    from lightning_wm.cli import main
+
+    short = ["--data.init_args.env.max_episode_steps", "12"]
+    _run_pipeline("boxing", capsys, env=short, member_steps=12)
+    frames = EpisodeStore("data/worldmodels/boxing/frames")
+    assert next(frames.episodes())["obs"].shape[1:] == (64, 64, 3)
+    assert frames.read_metadata()["env"]["crop"] == [30, 28, 153, 103]
+    record = Path(__file__).resolve().parents[1] / "configs" / "worldmodels" / "boxing" / "record.yaml"
+    main(["evaluate", "--config", str(record), "--episodes", "2", *short])
+    assert "ALE/Boxing-v5: return" in capsys.readouterr().out
 
 
 @pytest.mark.slow  # worker processes
@@ -611,3 +682,53 @@ def test_init_params_ckpt_starts_the_search_from_another_controllers_mean(tmp_pa
     torch.save({"state_dict": {"w": torch.zeros(1)}}, other)
     with pytest.raises(ValueError, match="not a Controller checkpoint"):
         Controller(env_spec=spec, es={"popsize": 4}, init_params_ckpt=str(other))
+
+
+def test_fitness_figure_draws_each_curve_by_generation():
+    from lightning_wm.agents.worldmodels.figures import FITNESS_CURVES, fitness_figure
+
+    history = np.array([[10.0, 5.0, 1.0, 9.5], [12.0, 7.0, 2.0, 11.5], [11.0, 8.0, 4.0, 11.5]])
+    (ax,) = fitness_figure(history).get_axes()
+    assert ax.get_xlabel() == "CMA-ES generation" and "return" in ax.get_ylabel()
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert set(lines) == set(FITNESS_CURVES)
+    for i, name in enumerate(FITNESS_CURVES):
+        assert lines[name].get_xdata().tolist() == [1, 2, 3]
+        assert lines[name].get_ydata().tolist() == history[:, i].tolist()
+    with pytest.raises(ValueError, match=r"\[G >= 1, 4\]"):
+        fitness_figure(np.zeros((0, 4)))
+
+
+@pytest.mark.slow
+def test_fitness_by_generation_is_logged_and_kept_in_the_checkpoint(tmp_path):
+    """Every validation logs the figure ``fitness/by_generation`` to TensorBoard, and the curve's
+    history (best, mean, worst, best ever per generation) is in the checkpoint: a resumed search
+    draws the whole curve."""
+    from pytorch_lightning.loggers import TensorBoardLogger
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    model, dm = _cartpole_controller(es={"popsize": 4, "episodes_per_member": 1})
+    logger = TensorBoardLogger(str(tmp_path), name="c")
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_steps=2,
+        val_check_interval=1,
+        limit_val_batches=1,
+        num_sanity_val_steps=0,
+        logger=logger,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(model, datamodule=dm)
+    assert len(model.fitness_history) == 2
+    for best, mean, worst, best_ever in model.fitness_history:
+        assert best >= mean >= worst >= 1 and best_ever <= 500
+    events = EventAccumulator(logger.log_dir, size_guidance={"images": 0})
+    events.Reload()
+    images = events.Images("fitness/by_generation")
+    assert [i.step for i in images] == [1, 2] and images[-1].width > 0
+    trainer.save_checkpoint(tmp_path / "c.ckpt")
+    restored, _ = _cartpole_controller(es={"popsize": 4, "episodes_per_member": 1})
+    restored.on_load_checkpoint(torch.load(tmp_path / "c.ckpt", weights_only=True))
+    assert restored.fitness_history == model.fitness_history

@@ -71,6 +71,7 @@ def test_atari_options_map_to_envpools():
     [
         (EnvConfig("CartPole-v1", pixels=True), "cannot express pixels"),
         (EnvConfig("CartPole-v1", action_repeat=2), "cannot express action_repeat"),
+        (dataclasses.replace(PONG, crop=(30, 28, 153, 103)), "cannot express crop; drop it or use backend: gymnasium"),
         (EnvConfig("CartPole-v1", kwargs={"sutton_barto_reward": True}), "drop kwargs"),
         (EnvConfig("CartPole-v1", vectorization="async"), "vectorization: async does not apply"),
         (EnvConfig("CarRacing-v3"), "use backend: gymnasium"),
@@ -78,7 +79,7 @@ def test_atari_options_map_to_envpools():
         (dataclasses.replace(PONG, atari_preprocessing=AtariPreprocessingConfig(noop_max=0)), "noop_max >= 1"),
         (dataclasses.replace(PONG, kwargs={"frameskip": 1}), "got frameskip"),
     ],
-    ids=["pixels", "action-repeat", "kwargs", "async", "unsupported-id", "raw-ale", "no-noops", "ale-kwargs"],
+    ids=["pixels", "action-repeat", "crop", "kwargs", "async", "unsupported-id", "raw-ale", "no-noops", "ale-kwargs"],
 )
 def test_what_envpool_cannot_express_is_one_clear_line(config, words):
     with pytest.raises(EnvError, match=words) as info:

@@ -113,6 +113,37 @@ def test_crop_of_an_image_observation_and_grayscale():
     env.close()
 
 
+def test_crop_of_a_synthetic_frame_is_humblerls_crop_range():
+    """HumbleRL's ``crop_range "[30:183, 28:131, :]"`` is ``crop: [30, 28, 153, 103]``: on a
+    synthetic 210x160 frame whose pixels encode their own row and column, the kept frame
+    (at its own size: no resize) holds exactly rows 30..182 and columns 28..130."""
+    rows, cols = np.meshgrid(np.arange(210), np.arange(160), indexing="ij")
+    frame = np.stack([rows, cols, (rows + cols) % 256], -1).astype(np.uint8)
+
+    class FrameEnv(gym.Env):
+        observation_space = gym.spaces.Box(0, 255, (210, 160, 3), np.uint8)
+        action_space = gym.spaces.Discrete(2)
+
+        def reset(self, *, seed=None, options=None):
+            return frame, {}
+
+        def step(self, action):
+            return frame, 0.0, False, False, {}
+
+    from lightning_wm.envs import PixelObservation
+
+    env = PixelObservation(FrameEnv(), (153, 103), grayscale=False, render=False, crop=(30, 28, 153, 103))
+    obs, _ = env.reset()
+    assert obs.shape == (153, 103, 3) and env.observation_space.shape == (153, 103, 3)
+    np.testing.assert_array_equal(obs, frame[30:183, 28:131])
+    assert obs[0, 0, :2].tolist() == [30, 28] and obs[-1, -1, :2].tolist() == [182, 130]
+    small = PixelObservation(FrameEnv(), (64, 64), grayscale=False, render=False, crop=(30, 28, 153, 103))
+    expected = np.asarray(Image.fromarray(frame[30:183, 28:131]).resize((64, 64), Image.BILINEAR))
+    np.testing.assert_array_equal(small.reset()[0], expected)  # cropped, then resized
+    with pytest.raises(EnvError, match="outside the 210x160"):
+        PixelObservation(FrameEnv(), (64, 64), grayscale=False, render=False, crop=(30, 28, 181, 103))
+
+
 @pytest.mark.parametrize(
     "config, match",
     [

@@ -43,6 +43,7 @@ from torch import Tensor, nn
 from lightning_wm.actions import ActionCodec
 from lightning_wm.agents.base import RLModule
 from lightning_wm.agents.dreamer import Dreamer
+from lightning_wm.agents.worldmodels.figures import fitness_figure
 from lightning_wm.agents.worldmodels.memory import Memory
 from lightning_wm.agents.worldmodels.settings import ControllerDreamSettings, ESSettings
 from lightning_wm.agents.worldmodels.vision import Vision
@@ -51,6 +52,7 @@ from lightning_wm.checkpoints import CheckpointError, load_checkpoint, load_modu
 from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.dream_env import DreamEnv, start_states
 from lightning_wm.envs import EnvConfig, EnvSpec
+from lightning_wm.logging import log_figure
 from lightning_wm.population_envs import PopulationEnvs
 from lightning_wm.protocols import GenerationTask
 from lightning_wm.seeding import derive_seed
@@ -127,6 +129,35 @@ def l2_penalty(solutions: Tensor, l2_decay: float) -> Tensor:
     return l2_decay * solutions.double().square().mean(-1)
 
 
+def _check_controller_settings(
+    vision_ckpt: str | None,
+    memory_ckpt: str | None,
+    dreamer_ckpt: str | None,
+    train_in: str,
+    dream: ControllerDreamSettings,
+    use: str,
+    explore_noise: float,
+) -> None:
+    """One clear error for a controller setting that cannot work (see :class:`Controller`)."""
+    if memory_ckpt and not vision_ckpt:
+        raise ValueError("memory_ckpt needs vision_ckpt: M runs on V's latents")
+    if dreamer_ckpt and (vision_ckpt or memory_ckpt):
+        raise ValueError("give either dreamer_ckpt (Dreamer's RSSM) or vision_ckpt/memory_ckpt (V+M), not both")
+    if train_in not in ("real", "dream"):
+        raise ValueError(f"train_in must be 'real' or 'dream', got {train_in!r}")
+    if train_in == "dream" and not ((dreamer_ckpt or (vision_ckpt and memory_ckpt)) and dream.dir):
+        raise ValueError(
+            "train_in='dream' needs a world model (vision_ckpt and memory_ckpt, or dreamer_ckpt) and "
+            "dream.dir (recorded episodes whose states start dreams)"
+        )
+    if use not in ("mean", "best"):
+        raise ValueError(f"use must be 'mean' or 'best', got {use!r}")
+    if dream.ensemble and not memory_ckpt:
+        raise ValueError("dream.ensemble needs memory_ckpt (and vision_ckpt): its members dream beside M")
+    if not 0.0 <= explore_noise <= 1.0:
+        raise ValueError(f"explore_noise is a probability, got {explore_noise}")
+
+
 class Controller(RLModule):
     """World Models' controller, evolved by CMA-ES.
 
@@ -179,23 +210,7 @@ class Controller(RLModule):
         dream = self.dream = as_settings(ControllerDreamSettings, dream, "dream")
         if env_spec is None:
             raise ValueError("Controller needs the env spec (the CLI links it from the datamodule's env)")
-        if memory_ckpt and not vision_ckpt:
-            raise ValueError("memory_ckpt needs vision_ckpt: M runs on V's latents")
-        if dreamer_ckpt and (vision_ckpt or memory_ckpt):
-            raise ValueError("give either dreamer_ckpt (Dreamer's RSSM) or vision_ckpt/memory_ckpt (V+M), not both")
-        if train_in not in ("real", "dream"):
-            raise ValueError(f"train_in must be 'real' or 'dream', got {train_in!r}")
-        if train_in == "dream" and not ((dreamer_ckpt or (vision_ckpt and memory_ckpt)) and dream.dir):
-            raise ValueError(
-                "train_in='dream' needs a world model (vision_ckpt and memory_ckpt, or dreamer_ckpt) and "
-                "dream.dir (recorded episodes whose states start dreams)"
-            )
-        if use not in ("mean", "best"):
-            raise ValueError(f"use must be 'mean' or 'best', got {use!r}")
-        if dream.ensemble and not memory_ckpt:
-            raise ValueError("dream.ensemble needs memory_ckpt (and vision_ckpt): its members dream beside M")
-        if not 0.0 <= explore_noise <= 1.0:
-            raise ValueError(f"explore_noise is a probability, got {explore_noise}")
+        _check_controller_settings(vision_ckpt, memory_ckpt, dreamer_ckpt, train_in, dream, use, explore_noise)
         # `use` only picks which saved weights act and `init_params_ckpt` only where the search
         # starts: neither is a setting a checkpoint must agree with
         self.save_settings(ignore=["use", "init_params_ckpt"])
@@ -205,21 +220,7 @@ class Controller(RLModule):
         # numpy, not a torch.Generator: the module must pickle into spawned processes (DDP ranks)
         self._noise = np.random.default_rng(derive_seed(es.seed, "policy"))
 
-        # the frozen world model (V+M or Dreamer's RSSM), or V alone; kept in train mode like the
-        # rest (no dropout or batch norm in them)
-        self.world_model: WorldModel | None = None
-        self.vision: Vision | None = None
-        if dreamer_ckpt:
-            self.world_model = load_module(Dreamer, dreamer_ckpt, env_spec=env_spec).wm.train()
-        elif memory_ckpt:
-            self.world_model = VisionMemoryModel(
-                load_module(Vision, vision_ckpt),
-                load_module(Memory, memory_ckpt),
-                temperature=dream.temperature,
-                sample_z=sample_z,
-            ).train()
-        elif vision_ckpt:
-            self.vision = load_module(Vision, vision_ckpt).train()
+        self._load_models(vision_ckpt, memory_ckpt, dreamer_ckpt, sample_z)
         # the ensemble's further Ms: frozen copies of their own checkpoints, loaded again from
         # dream.ensemble at construction and left out of the state dict (state_dict below), so a
         # controller trained in an ensemble's dream evaluates and records with V and M alone
@@ -249,9 +250,31 @@ class Controller(RLModule):
             es.sigma0,
             {"popsize": es.popsize, "seed": np.nan, "randn": _Randn(derive_seed(es.seed, "cmaes")), "verbose": -9},
         )
+        # per generation: the population's best, mean, worst return and the best told fitness
+        # ([G, 4], in the checkpoint so a resumed search draws its whole curve)
+        self.fitness_history: list[list[float]] = []
         self._pool: PopulationEnvs | None = None
         self._dream: DreamEnv | None = None
         self._dream_bank: Any = None
+
+    def _load_models(
+        self, vision_ckpt: str | None, memory_ckpt: str | None, dreamer_ckpt: str | None, sample_z: bool
+    ) -> None:
+        """The frozen world model (V+M or Dreamer's RSSM), or V alone, from their checkpoints;
+        kept in train mode like the rest (no dropout or batch norm in them)."""
+        self.world_model: WorldModel | None = None
+        self.vision: Vision | None = None
+        if dreamer_ckpt:
+            self.world_model = load_module(Dreamer, dreamer_ckpt, env_spec=self.env_spec).wm.train()
+        elif memory_ckpt:
+            self.world_model = VisionMemoryModel(
+                load_module(Vision, vision_ckpt),
+                load_module(Memory, memory_ckpt),
+                temperature=self.dream.temperature,
+                sample_z=sample_z,
+            ).train()
+        elif vision_ckpt:
+            self.vision = load_module(Vision, vision_ckpt).train()
 
     def _start_params(self, path: str) -> np.ndarray:
         """The CMA-ES mean ``[P]`` saved in the controller checkpoint at ``path``."""
@@ -492,8 +515,16 @@ class Controller(RLModule):
             prog_bar=False,
             rank_zero_only=True,
         )
+        self.fitness_history.append(
+            [float(gathered.max()), float(gathered.mean()), float(gathered.min()), float(self.best_fitness)]
+        )
         self.log("fitness", float(gathered.mean()), prog_bar=True, rank_zero_only=True)
         self.optimizers().step()  # a no-op step that advances global_step (one per generation)
+
+    def on_validation_epoch_end(self) -> None:
+        """The fitness curve so far as a TensorBoard figure, ``fitness/by_generation``."""
+        if self.fitness_history and self.trainer.is_global_zero and not self.trainer.sanity_checking:
+            log_figure(self, "fitness/by_generation", lambda: fitness_figure(self.fitness_history))
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         # CMA-ES updates the weights; this optimizer only lets Lightning count generations.
@@ -531,6 +562,7 @@ class Controller(RLModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["cma_es"] = torch.frombuffer(bytearray(pickle.dumps(self.cmaes)), dtype=torch.uint8)
+        checkpoint["fitness_history"] = torch.tensor(self.fitness_history, dtype=torch.float64).reshape(-1, 4)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if "cma_es" in checkpoint:
@@ -538,3 +570,5 @@ class Controller(RLModule):
             if es.N != self.num_params:
                 raise ValueError(f"checkpoint's CMA-ES has {es.N} parameters, this controller {self.num_params}")
             self.cmaes = es
+        if "fitness_history" in checkpoint:
+            self.fitness_history = checkpoint["fitness_history"].tolist()

@@ -4,7 +4,9 @@
 * :func:`frames_figure` — labelled rows of frames: V's originals above its reconstructions, or
   real episodes above M's open-loop dreams decoded by V;
 * :func:`open_loop_error_figure` — how far M's open-loop dream drifts from the real latents, per
-  step, one curve per sequence and their mean.
+  step, one curve per sequence and their mean;
+* :func:`fitness_figure` — the controller's fitness by CMA-ES generation (the population's best,
+  mean and worst return, and the best ever told).
 
 Figures are built with ``matplotlib.figure.Figure`` (no pyplot state, no window) and rendered
 by TensorBoard's Agg canvas.
@@ -18,7 +20,7 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
-__all__ = ["frames_figure", "open_loop_error_figure"]
+__all__ = ["fitness_figure", "frames_figure", "open_loop_error_figure"]
 
 
 def frames_figure(rows: Sequence[tuple[str, Tensor]], title: str, column_label: str = "frame ") -> Any:
@@ -79,6 +81,41 @@ def open_loop_error_figure(error: Tensor, valid: Tensor) -> Any:
     ax.set_xlabel("open-loop step t (t = 0: the real start)")
     ax.set_ylabel("squared error of z (mean over dims)")
     ax.set_title("M's dream vs V's latents of the real frames")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
+
+
+FITNESS_CURVES = ("best", "mean", "worst", "best_ever")
+
+
+def fitness_figure(history: Tensor | np.ndarray) -> Any:
+    """The controller's fitness by generation.
+
+    Args:
+        history: ``[G, 4]``, one row per generation ``1..G``: the population's best, mean and worst
+            mean return and the best told fitness so far (columns in :data:`FITNESS_CURVES`).
+    Returns:
+        a ``matplotlib.figure.Figure``: the four curves against the generation, the band between
+        the worst and the best shaded.
+    """
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    values = np.asarray(history.detach().cpu() if isinstance(history, Tensor) else history, dtype=np.float64)
+    if values.ndim != 2 or values.shape[1] != len(FITNESS_CURVES) or values.shape[0] == 0:
+        raise ValueError(f"fitness history must be [G >= 1, {len(FITNESS_CURVES)}], got {list(values.shape)}")
+    generations = np.arange(1, values.shape[0] + 1)
+    fig = Figure(figsize=(6.0, 3.6), layout="constrained")
+    ax = fig.subplots()
+    ax.fill_between(generations, values[:, 2], values[:, 0], alpha=0.2, label="worst..best member")
+    styles = {"best": ":", "mean": "-", "worst": ":", "best_ever": "--"}
+    for i, name in enumerate(FITNESS_CURVES):
+        ax.plot(generations, values[:, i], styles[name], marker="." if len(generations) < 50 else None, label=name)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("CMA-ES generation")
+    ax.set_ylabel("mean return per member")
+    ax.set_title("controller fitness by generation")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     return fig
