@@ -24,7 +24,6 @@
 from __future__ import annotations
 
 import contextvars
-import dataclasses
 import math
 import os
 import shutil
@@ -40,7 +39,7 @@ from pytorch_lightning.callbacks import Checkpoint
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from lightning_wm.io import atomic_torch_save, atomic_write, clean_stale_temps
-from lightning_wm.settings import flatten
+from lightning_wm.settings import flatten, group_defaults
 from lightning_wm.signals import RunAborted, RunStopped
 
 __all__ = [
@@ -269,7 +268,7 @@ def _speed_only(key: str) -> bool:
 def hparam_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
     """``{key: (checkpoint value, config value)}`` for every hyperparameter that differs; settings
     groups are compared field by field (``search.num_simulations``); speed-only settings are not."""
-    defaults = _group_defaults(current)
+    defaults = group_defaults(current)
     saved, current = flatten(saved), flatten(current)
     missing = object()
     keys = {k for k in (set(saved) | set(current)) - _IGNORED_HPARAMS if not _speed_only(k)}
@@ -281,19 +280,6 @@ def hparam_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> 
         if (a is missing) != (b is missing) or _plain(a) != _plain(b):
             out[key] = (None if a is missing else a, None if b is missing else b)
     return out
-
-
-def _group_defaults(hparams: Mapping[str, Any]) -> dict[str, Any]:
-    """The flattened defaults of every settings group (dataclass) in ``hparams`` that builds without
-    arguments: ``{"behavior.reinforce_weight": 0.9, ...}``."""
-    groups = {}
-    for key, item in hparams.items():
-        if dataclasses.is_dataclass(item) and not isinstance(item, type):
-            try:
-                groups[key] = type(item)()
-            except (TypeError, ValueError):
-                continue
-    return flatten(groups)
 
 
 def check_compatible(

@@ -20,7 +20,7 @@ import dataclasses
 from collections.abc import Iterator, Mapping
 from typing import Any, TypeVar
 
-__all__ = ["as_settings", "plain", "flatten", "find_settings"]
+__all__ = ["as_settings", "plain", "flatten", "find_settings", "group_defaults"]
 
 T = TypeVar("T")
 
@@ -84,6 +84,19 @@ def flatten(value: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[name] = item
     return out
+
+
+def group_defaults(hparams: Mapping[str, Any]) -> dict[str, Any]:
+    """The flattened defaults of every settings group (dataclass) in ``hparams`` that builds without
+    arguments: ``{"behavior.reinforce_weight": 0.9, ...}``."""
+    groups = {}
+    for key, item in hparams.items():
+        if dataclasses.is_dataclass(item) and not isinstance(item, type):
+            try:
+                groups[key] = type(item)()
+            except (TypeError, ValueError):
+                continue
+    return flatten(groups)
 
 
 def find_settings(value: Any, cls: type[T]) -> Iterator[T]:
