@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_wm.agents.base import RLModule
-from lightning_wm.agents.impala.losses import ImpalaLoss, VTraceLossSettings, unroll_loss
+from lightning_wm.agents.impala.losses import ImpalaLoss, VTraceLossSettings, at_step, unroll_loss
 from lightning_wm.compiling import CompileSettings, ShapeCompiled, as_compile_settings
 from lightning_wm.envs import EnvSpec
 from lightning_wm.nn.actor_critic import ActorCritic, ActorCriticSettings, CoreState, Obs
@@ -169,7 +169,7 @@ class IMPALA(RLModule):
     ) -> tuple[ImpalaLoss, Tensor, dict[str, Tensor]]:
         """``(unroll_loss output, loss to minimise, encoder logs)``: the V-trace loss plus, where the
         injected encoder trains itself (``representation_loss``, e.g. MuZeroRepresentation), its loss."""
-        out = self._unroll_loss(self.net, batch, self.loss, weight)
+        out = self._unroll_loss(self.net, batch, at_step(self.loss, step), weight)
         loss, encoder_logs = out.total_loss, {}
         encoder_loss = getattr(self.net.encoder, "representation_loss", None)
         if encoder_loss is not None:

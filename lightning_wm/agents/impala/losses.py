@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -20,7 +20,7 @@ from torch import Tensor
 from lightning_wm.nn.actor_critic import ActorCritic
 from lightning_wm.returns import UnrollSteps, unroll_steps, vtrace
 
-__all__ = ["ImpalaLoss", "VTraceLossSettings", "impala_loss", "unroll_loss"]
+__all__ = ["ImpalaLoss", "VTraceLossSettings", "entropy_weight_at", "impala_loss", "normalized", "unroll_loss"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,12 @@ class VTraceLossSettings:
             ``reward_scale``; not in DI-engine): it keeps the value targets near unit scale where
             returns are large, so the value loss does not swamp the policy gradient under a
             gradient-norm clip. Values are then in scaled units.
+        normalize_advantage: scale the policy term's V-trace advantages to mean 0 and standard
+            deviation 1 over the batch's real steps (SB3's ``normalize_advantage``).
+        entropy_weight_end: with ``entropy_anneal_steps``, the entropy weight moves linearly from
+            ``entropy_weight`` at step 0 to this at that step and stays there
+            (:func:`entropy_weight_at`); ``None``: ``entropy_weight`` throughout.
+        entropy_anneal_steps: learner steps of that move.
     """
 
     value_weight: float = 0.5
@@ -50,6 +56,9 @@ class VTraceLossSettings:
     c_clip: float = 1.0
     rho_pg_clip: float = 1.0
     reward_scale: float = 1.0
+    normalize_advantage: bool = False
+    entropy_weight_end: float | None = None
+    entropy_anneal_steps: int = 0
 
     def __post_init__(self) -> None:
         for name in ("discount", "lambda_"):
@@ -61,6 +70,38 @@ class VTraceLossSettings:
         for name in ("rho_clip", "c_clip", "rho_pg_clip", "reward_scale"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"loss.{name} must be > 0, got {getattr(self, name)}")
+        if self.entropy_weight_end is not None and (self.entropy_weight_end < 0 or self.entropy_anneal_steps < 1):
+            raise ValueError(
+                f"loss.entropy_weight_end ({self.entropy_weight_end}) must be >= 0 and needs "
+                f"entropy_anneal_steps >= 1, got {self.entropy_anneal_steps}"
+            )
+
+
+def entropy_weight_at(settings: VTraceLossSettings, step: int) -> float:
+    """The entropy weight at learner step ``step``: ``entropy_weight`` moved linearly to
+    ``entropy_weight_end`` over ``entropy_anneal_steps`` steps, then held (``entropy_weight`` when
+    no end is set)."""
+    if settings.entropy_weight_end is None:
+        return settings.entropy_weight
+    fraction = min(max(step, 0) / settings.entropy_anneal_steps, 1.0)
+    return settings.entropy_weight + fraction * (settings.entropy_weight_end - settings.entropy_weight)
+
+
+def at_step(settings: VTraceLossSettings, step: int) -> VTraceLossSettings:
+    """``settings`` with the entropy weight of learner step ``step`` (the same object when it has
+    no entropy schedule)."""
+    if settings.entropy_weight_end is None:
+        return settings
+    return replace(settings, entropy_weight=entropy_weight_at(settings, step), entropy_weight_end=None)
+
+
+def normalized(advantage: Tensor, mask: Tensor) -> Tensor:
+    """``advantage [T, B]`` minus its mean, divided by its standard deviation (+1e-8), both over the
+    real steps (``mask [T, B]`` bool); masked steps are left as they are."""
+    count = mask.sum().clamp(min=1)
+    mean = torch.where(mask, advantage, 0.0).sum() / count
+    std = (torch.where(mask, advantage - mean, 0.0).square().sum() / count).sqrt()
+    return torch.where(mask, (advantage - mean) / (std + 1e-8), advantage)
 
 
 class ImpalaLoss(NamedTuple):
@@ -122,6 +163,8 @@ def impala_loss(
         cfg.lambda_,
         mask=mask,
     )
+    if cfg.normalize_advantage:
+        advantage = normalized(advantage, mask)
     w = mask.to(tlogp.dtype)
     if weight is not None:
         w = w * weight.to(w.dtype).unsqueeze(0)
