@@ -64,8 +64,15 @@ def _cell(values: list[float | None]) -> str:
 
 
 def _groups(records: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """The records by (variant, game), one per seed in seed order: of several runs of one seed
+    (a longer budget run again: in process its first points repeat) the one with most frames."""
+    longest: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for r in records:
+        key = (variant(r), r["game"], r["seed"])
+        if key not in longest or r["frames"] > longest[key]["frames"]:
+            longest[key] = r
     groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for r in sorted(records, key=lambda r: r["seed"]):  # per-seed values in seed order
+    for r in sorted(longest.values(), key=lambda r: r["seed"]):
         groups[(variant(r), r["game"])].append(r)
     return groups
 
@@ -162,7 +169,7 @@ def plot_game(records: list[dict[str, Any]], game: str, path: str) -> None:
     ax.set_title(f"MinAtar {game}; paper: {PAPER_SOURCE}", fontsize=7)
     ax.set_xlabel("frames")
     ax.set_ylabel("return")
-    ax.legend(fontsize=6, loc="upper left")
+    ax.legend(fontsize=6, loc="center right")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -120,6 +120,8 @@ def test_summary_has_both_metrics_per_point_the_papers_best_and_frames_to_reach(
     assert "| impala | breakout | 2 | 100 | 1.00 (0.50, 1.50) | 1.50 (1.00, 2.00) | – | 11 s |" in table
     assert "| impala | breakout | 2 | 200 | 3.00 (2.00, 4.00) | 4.50 (3.00, 6.00) | – | 21 s |" in table
     assert "| impala | breakout | 4 | 301, 240 |" in table
+    again = _run("impala", 0, [(101, 10.0, 1.0, 0.5)])  # a shorter run of seed 0: the longer one counts
+    assert bench.summary([*runs, again], every=100, targets=[]) == bench.summary(runs, every=100, targets=[])
     five_m = [_run("impala", 0, [(1_000_000, 1.0, 2.0, None)])]
     five_m[0]["eval_every"] = 1_000_000
     table = bench.summary(five_m, every=1_000_000, targets=[])
