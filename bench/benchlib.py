@@ -76,10 +76,13 @@ _WORKERS_LOCK = threading.Lock()
 _STOPPING = threading.Event()  # set by end_workers: no new worker starts
 
 
-def run_worker(cmd: list[str], env: dict[str, str], prefix: str = "bench_") -> dict[str, Any]:
+def run_worker(
+    cmd: list[str], env: dict[str, str], prefix: str = "bench_", timeout: float | None = None
+) -> dict[str, Any]:
     """Run ``cmd`` (a bench script with ``--worker``) in a scratch folder (what Lightning writes into
     the working directory goes there and is removed), return the JSON record it prints after
-    :data:`RESULT_PREFIX`. Interrupted or terminated, the worker is terminated and waited for."""
+    :data:`RESULT_PREFIX`. Interrupted, terminated or still running after ``timeout`` seconds, the
+    worker is terminated and waited for (past ``timeout``: an error naming the limit)."""
     with tempfile.TemporaryDirectory(prefix=prefix) as scratch:
         with _WORKERS_LOCK:  # started under the lock, so end_workers sees it or it never starts
             if _STOPPING.is_set():
@@ -87,7 +90,9 @@ def run_worker(cmd: list[str], env: dict[str, str], prefix: str = "bench_") -> d
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env, cwd=scratch)
             _WORKERS.add(proc)
         try:
-            stdout, _ = proc.communicate()
+            stdout, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise SystemExit(f"error: {' '.join(cmd[2:6])} still ran after {timeout:.0f} s; terminated") from None
         finally:  # interrupted or terminated: the worker shuts its actors / Ray down before we go
             if proc.poll() is None:
                 proc.terminate()

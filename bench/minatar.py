@@ -1,11 +1,13 @@
-"""MinAtar learning bench: per system, game and seed, the greedy evaluation return every fixed number
-of frames up to a frame budget, the training wall time, and a summary (mean over seeds at each
-budget; frames to reach a return).
+"""MinAtar learning bench: per system, game and seed, every fixed number of frames up to a frame
+budget, the paper's metric (the mean return of the last 100 training episodes, explore as trained)
+and a greedy evaluation, the trivial policies' greedy scores on the same episode seeds, the
+training wall time, and a summary (means over seeds at each budget, the paper's reference values
+beside them; frames to reach a return); ``--plot`` draws one PNG per game.
 
-    python bench/minatar.py --systems impala --games breakout --seeds 0 --frames 1000000 --eval-every 100000
+    python bench/minatar.py --systems impala --games all --seeds 0 1 2 --frames 5000000 --eval-every 500000
     python bench/minatar.py --systems muzero dreamer --games breakout --seeds 0 --frames 20000 --eval-every 5000
     python bench/minatar.py --systems rllib --games breakout --seeds 0 --frames 1000000 --eval-every 100000
-    python bench/minatar.py --report bench/minatar_runs.jsonl --target 10
+    python bench/minatar.py --report bench/minatar_runs.jsonl --target 10 --plot bench
 
 Systems: ``impala``, ``muzero``, ``dreamer``, ``dyna`` train ``configs/impala/minatar.yaml``,
 ``configs/muzero/minatar.yaml``, ``configs/dreamer/minatar.yaml``, ``configs/impala/minatar_dyna.yaml``
@@ -20,22 +22,35 @@ network in RLlib's ``DefaultModelConfig``; every other option RLlib's default) i
 plays the same env factory (``lightning_wm.envs.make_env``, gymnasium and numpy only), its
 frames scaled to float 0/1.
 
+Env settings: the run's own (``data.init_args.env``: minatar's gymnasium ids ``MinAtar/<Game>-v1``,
+minimal action sets, sticky actions 0.1 and the games' defaults, as the paper; minatar 1.0.15
+here, whose Seaquest has the 1.0.11 oxygen fix the paper's predates). The evaluation env is the
+run's ``eval.env`` (default: its ``env``) with a time limit: its ``max_episode_steps``, else
+:data:`EVAL_MAX_STEPS` (Seaquest has none: a submarine that stays at the surface never ends).
+
 Measurement rule: frames are training env steps (MinAtar has no frame skip: one agent step is
 one frame; evaluation episodes not counted). Whenever the frames cross a multiple of
-``--eval-every`` (and at the budget) the current weights play ``--eval-episodes`` greedy episodes
-(``explore=False``: argmax of the policy; MuZero: its search's most visited action) in fresh envs,
-the same episodes' seeds at every evaluation of a run; the clock stops meanwhile. Ours evaluate
-through ``lightning_wm.data.collector.run_evaluation`` (recurrent state reset per episode, as
-validation does); RLlib's module through ``benchlib.greedy_episodes``. RLlib evaluates after each
-training iteration (at least ``min_time_s_per_iteration``, its default 10 s): its evaluation points
-are the first iteration ends past each multiple. A run stops at ``--frames`` or ``--minutes`` of
-training wall time, whichever comes first. ``--out`` appends every record as one JSON line;
-``--report FILE ...`` prints the tables from such files (several runs together).
+``--eval-every`` (and at the end) the bench records the mean return of the last 100 training
+episodes finished so far (the paper's metric; the episodes the datamodule reports, acted with
+``explore=True`` as trained; RLlib: its ``episode_return_mean``, also over 100 episodes) and the
+current weights play ``--eval-episodes`` greedy episodes (``explore=False``: argmax of the policy;
+MuZero: its search's most visited action) in fresh envs, the same episodes' seeds at every
+evaluation of a run; the clock stops meanwhile. Ours evaluate through
+``lightning_wm.data.collector.run_evaluation``; RLlib's module through ``benchlib.greedy_episodes``.
+The trivial policies (uniform random, each constant action) play the same episodes the same way
+once per game, seed and env settings (kept in the records: ``trivial``; a later run with the same
+key reuses them). RLlib evaluates after each training iteration (at least
+``min_time_s_per_iteration``, its default 10 s). A run stops at ``--frames``, at ``--minutes`` of
+training wall time, or at ``--wall-minutes`` of wall time in all (evaluations included), whichever
+comes first; a worker still running ``--wall-minutes`` + 3 minutes after its start is killed (no
+record). ``--out`` appends every record as one JSON line; ``--report FILE ...`` prints the tables
+from such files (several runs together).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -43,7 +58,8 @@ import signal
 import statistics
 import sys
 import time
-from collections import defaultdict
+from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from benchlib import (
@@ -59,6 +75,7 @@ from benchlib import (
     quiet_fit_overrides,
     run_worker,
 )
+from minatar_report import plot_game, summary
 
 CONFIGS = {
     "impala": "configs/impala/minatar.yaml",
@@ -69,53 +86,163 @@ CONFIGS = {
 SYSTEMS = [*CONFIGS, "rllib"]
 GAMES = {
     "breakout": "MinAtar/Breakout-v1",
-    "asterix": "MinAtar/Asterix-v1",
     "space_invaders": "MinAtar/SpaceInvaders-v1",
+    "asterix": "MinAtar/Asterix-v1",
     "freeway": "MinAtar/Freeway-v1",
     "seaquest": "MinAtar/Seaquest-v1",
 }
 EVAL_SEED_OFFSET = 10_000  # evaluation episodes of seed s: seeds derived from EVAL_SEED_OFFSET + s
+EVAL_MAX_STEPS = 10_000  # evaluation episodes end here when the run's env sets no limit
+TRAINING_WINDOW = 100  # the paper's metric: the mean of the last 100 training episodes
+KILL_GRACE_S = 180.0  # a worker past its wall cap by this long is killed
+# MinAtar's action codes (minatar.Environment's action map) -> the trivial policies' names
+ACTION_NAMES = {0: "no-op", 1: "left", 2: "up", 3: "right", 4: "down", 5: "fire"}
 
 
 class EvalSchedule:
     """When to evaluate: each time the frames cross a multiple of ``every``, and once at the end
-    (``frames`` reached or ``seconds`` of training spent)."""
+    (``frames`` reached, ``seconds`` of training spent, or ``wall_seconds`` spent in all)."""
 
-    def __init__(self, every: int, frames: int, seconds: float) -> None:
+    def __init__(self, every: int, frames: int, seconds: float, wall_seconds: float = math.inf) -> None:
         if every < 1 or frames < 1:
             raise ValueError(f"--eval-every and --frames must be >= 1, got {every} and {frames}")
         self.every, self.frames, self.seconds, self.next = every, frames, seconds, every
+        self.wall_seconds = wall_seconds
 
-    def over(self, frames: int, seconds: float) -> bool:
-        return frames >= self.frames or seconds >= self.seconds
+    def over(self, frames: int, seconds: float, wall: float = 0.0) -> bool:
+        return frames >= self.frames or seconds >= self.seconds or wall >= self.wall_seconds
 
-    def due(self, frames: int, seconds: float) -> bool:
+    def due(self, frames: int, seconds: float, wall: float = 0.0) -> bool:
         """Whether to evaluate now; moves the next point past ``frames`` when it is."""
-        if frames < self.next and not self.over(frames, seconds):
+        if frames < self.next and not self.over(frames, seconds, wall):
             return False
         self.next = (frames // self.every + 1) * self.every
         return True
 
 
-def _row(frames: int, seconds: float, returns: list[float]) -> dict[str, float]:
+class TrainingReturns:
+    """The returns of the training episodes as they finish (acted as trained): the paper's metric
+    is the mean of the last ``window``. :meth:`tee` reads them from a datamodule's
+    ``pop_env_stats`` (whoever calls it: the CLI's env-stats callback or the bench)."""
+
+    def __init__(self, window: int = TRAINING_WINDOW) -> None:
+        self.recent: deque[float] = deque(maxlen=window)
+        self.count = 0
+
+    def add(self, episodes: list[dict[str, float]]) -> None:
+        for episode in episodes:
+            self.recent.append(float(episode["return"]))
+            self.count += 1
+
+    def mean(self) -> float:
+        """The mean of the last ``window`` returns (NaN before the first episode ends)."""
+        return statistics.fmean(self.recent) if self.recent else math.nan
+
+    def tee(self, datamodule: Any) -> None:
+        """Wrap ``datamodule.pop_env_stats`` so that every episode it hands out is added here."""
+        pop = datamodule.pop_env_stats
+
+        def pop_and_keep() -> Any:
+            stats = pop()
+            self.add(stats.episodes)
+            return stats
+
+        datamodule.pop_env_stats = pop_and_keep
+
+
+class TrivialPolicy:
+    """The Agent protocol for a policy that ignores its observations: ``action`` every step, or
+    uniformly random actions (``action`` None) from a numpy generator seeded ``seed``."""
+
+    def __init__(self, num_actions: int, action: int | None = None, seed: int = 0) -> None:
+        import numpy as np
+
+        self.num_actions, self.action, self.rng = num_actions, action, np.random.default_rng(seed)
+
+    def initial_state(self, batch_size: int) -> Any:
+        import torch
+
+        return torch.zeros(batch_size)
+
+    def act(self, obs: Any, state: Any, explore: bool) -> tuple[Any, Any, dict[str, Any]]:
+        """Actions ``int64 [N]`` for observations ``[N, ...]`` (a tensor or a numpy array)."""
+        import torch
+
+        n = len(obs)
+        if self.action is None:
+            return torch.from_numpy(self.rng.integers(self.num_actions, size=n)), state, {}
+        return torch.full((n,), self.action, dtype=torch.int64), state, {}
+
+    def __call__(self, obs: Any) -> Any:  # benchlib.greedy_episodes' policy: numpy in, numpy out
+        return self.act(obs, None, False)[0].numpy()
+
+
+def trivial_policies(env: Any, seed: int) -> dict[str, TrivialPolicy]:
+    """``{"random": ..., "always <action>": ...}`` for a MinAtar env (its minimal action set named)."""
+    action_set = getattr(env.unwrapped, "action_set", None)
+    action_set = list(range(env.action_space.n)) if action_set is None else list(action_set)
+    policies = {"random": TrivialPolicy(len(action_set), None, seed)}
+    for index, code in enumerate(action_set):
+        policies[f"always {ACTION_NAMES.get(int(code), index)}"] = TrivialPolicy(len(action_set), index)
+    return policies
+
+
+def trivial_scores(play: Callable[[Any], list[float]], make: Callable[[], Any], seed: int) -> dict[str, float]:
+    """The mean greedy-evaluation return of every trivial policy (:func:`trivial_policies` of an
+    env from ``make``); ``play(policy)`` plays the evaluation's episodes with it."""
+    env = make()
+    try:
+        policies = trivial_policies(env, seed)
+    finally:
+        env.close()
+    return {name: statistics.fmean(play(policy)) for name, policy in policies.items()}
+
+
+def trivial_key(evaluator: str, env: dict[str, Any], episodes: int, seed: int) -> str:
+    """What the trivial scores depend on, as one string (the records' cache key)."""
+    return json.dumps({"evaluator": evaluator, "env": env, "episodes": episodes, "seed": seed}, sort_keys=True)
+
+
+def cached_trivial(args: argparse.Namespace, key: str, compute: Callable[[], dict[str, float]]) -> dict[str, Any]:
+    """``{"key", "scores"}``: from ``--trivial-cache`` where it holds ``key``, else computed."""
+    cache = json.loads(args.trivial_cache) if args.trivial_cache else {}
+    scores = cache.get(key)
+    if scores is None:
+        start = time.perf_counter()
+        scores = compute()
+        print(
+            f"[trivial] {args.game} seed {args.seed}: {scores} ({time.perf_counter() - start:.1f} s)", file=sys.stderr
+        )
+    return {"key": key, "scores": scores}
+
+
+def _row(frames: int, seconds: float, wall: float, returns: list[float], training: TrainingReturns) -> dict[str, Any]:
     return {
         "frames": int(frames),
         "seconds": float(seconds),
+        "wall_seconds": float(wall),
         "eval_return": float(statistics.fmean(returns)),
         "eval_std": float(statistics.pstdev(returns)),
+        "train_return": None if math.isnan(training.mean()) else training.mean(),
+        "train_episodes": training.count,
     }
 
 
-def _log(system: str, row: dict[str, float]) -> None:
+def _log(system: str, row: dict[str, Any], trivial: dict[str, Any] | None = None) -> None:
+    trained = "–" if row["train_return"] is None else f"{row['train_return']:7.2f}"
+    best = max(trivial["scores"].items(), key=lambda kv: kv[1]) if trivial else None
     print(
-        f"[eval] {system} frames {row['frames']:9d}  {row['seconds']:7.1f} s  return {row['eval_return']:7.2f} "
-        f"(sd {row['eval_std']:.2f})",
+        f"[eval] {system} frames {row['frames']:9d}  {row['seconds']:7.1f} s  last 100 training {trained} "
+        f"({row['train_episodes']} episodes)  greedy {row['eval_return']:7.2f} (sd {row['eval_std']:.2f})"
+        + (f"  best trivial: {best[0]} {best[1]:.2f}" if best else ""),
         file=sys.stderr,
         flush=True,
     )
 
 
-def _record(args: argparse.Namespace, history: list[dict[str, float]], eval_seconds: float) -> dict[str, Any]:
+def _record(
+    args: argparse.Namespace, history: list[dict[str, Any]], eval_seconds: float, extra: dict[str, Any]
+) -> dict[str, Any]:
     last = history[-1] if history else {"frames": 0, "seconds": 0.0, "eval_return": math.nan}
     return {
         "system": args.system,
@@ -131,57 +258,79 @@ def _record(args: argparse.Namespace, history: list[dict[str, float]], eval_seco
         "frames_per_s": last["frames"] / max(last["seconds"], 1e-9),
         "sets": args.set or [],
         "load_average": load_average(),
+        **extra,
     }
 
 
 # -- ours ------------------------------------------------------------------------------------
+def evaluation_env(datamodule: Any) -> Any:
+    """The run's evaluation env settings: ``eval.env`` (default ``env``) with a time limit (its own
+    ``max_episode_steps``, else :data:`EVAL_MAX_STEPS`)."""
+    eval_settings = getattr(datamodule, "eval", None)
+    config = getattr(eval_settings, "env", None) or datamodule.env
+    return dataclasses.replace(config, max_episode_steps=config.max_episode_steps or EVAL_MAX_STEPS)
+
+
 def run_ours(args: argparse.Namespace) -> dict[str, Any]:
     """Train ``CONFIGS[args.system]`` on ``args.game`` to the frame budget, evaluating on the way."""
     import pytorch_lightning as pl
     import torch
 
     from lightning_wm.data.collector import run_evaluation
-    from lightning_wm.envs import EnvConfig
+    from lightning_wm.envs import make_env
 
+    wall_start = time.perf_counter()
     overrides = [*quiet_fit_overrides(args.seed), "--trainer.max_steps", "-1"]
     overrides += ["--data.init_args.env.id", GAMES[args.game]]
     for key, value in args.set or []:
         overrides += [f"--{key}", value]
     cli = build_cli(os.path.join(ROOT, CONFIGS[args.system]), overrides)
-    module, trainer = cli.model, cli.trainer
-    schedule = EvalSchedule(args.eval_every, args.frames, args.minutes * 60)
-    eval_env = EnvConfig(id=GAMES[args.game])
+    module, trainer, datamodule = cli.model, cli.trainer, cli.datamodule
+    schedule = EvalSchedule(args.eval_every, args.frames, args.minutes * 60, args.wall_minutes * 60)
+    eval_env = evaluation_env(datamodule)
+    eval_seed = EVAL_SEED_OFFSET + args.seed
+
+    def play(agent: Any) -> list[float]:
+        episodes = run_evaluation(eval_env, agent, args.eval_episodes, args.eval_episodes, eval_seed)
+        return [e["return"] for e in episodes]
+
+    env_settings = dataclasses.asdict(eval_env)
+    key = trivial_key("ours", {k: v for k, v in env_settings.items() if k not in ("num_envs", "seed")},
+                      args.eval_episodes, eval_seed)  # fmt: skip
+    trivial = cached_trivial(args, key, lambda: trivial_scores(play, lambda: make_env(eval_env), eval_seed))
+    training = TrainingReturns()
+    training.tee(datamodule)
 
     class Evaluate(pl.Callback):
         def __init__(self) -> None:
-            self.history: list[dict[str, float]] = []
+            self.history: list[dict[str, Any]] = []
             self.eval_time = 0.0
             self.start = time.perf_counter()
 
         def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+            datamodule.pop_env_stats()  # the episodes finished so far reach `training`
             frames, seconds = int(pl_module.env_steps), time.perf_counter() - self.start - self.eval_time
-            if not schedule.due(frames, seconds):
+            if not schedule.due(frames, seconds, time.perf_counter() - wall_start):
                 return
             start = time.perf_counter()
             modes = [(m, m.training) for m in pl_module.modules()]
             pl_module.eval()
             with torch.no_grad():
-                episodes = run_evaluation(
-                    eval_env, pl_module, args.eval_episodes, args.eval_episodes, EVAL_SEED_OFFSET + args.seed
-                )
-            for m, training in modes:
-                m.train(training)
+                returns = play(pl_module)
+            for m, was_training in modes:
+                m.train(was_training)
             self.eval_time += time.perf_counter() - start
-            self.history.append(_row(frames, seconds, [e["return"] for e in episodes]))
-            _log(args.system, self.history[-1])
-            if schedule.over(frames, seconds):
+            self.history.append(_row(frames, seconds, time.perf_counter() - wall_start, returns, training))
+            _log(args.system, self.history[-1], trivial)
+            if schedule.over(frames, seconds, time.perf_counter() - wall_start):
                 trainer.should_stop = True
 
     evaluate = Evaluate()
     trainer.callbacks.append(evaluate)
     evaluate.start = time.perf_counter()
-    trainer.fit(module, cli.datamodule)
-    return _record(args, evaluate.history, evaluate.eval_time)
+    trainer.fit(module, datamodule)
+    extra = {"trivial": trivial, "eval_env": env_settings, "wall_seconds": time.perf_counter() - wall_start}
+    return _record(args, evaluate.history, evaluate.eval_time, extra)
 
 
 # -- RLlib (runs inside the RLlib venv) -------------------------------------------------------
@@ -200,12 +349,14 @@ def run_rllib(args: argparse.Namespace) -> dict[str, Any]:
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
     from ray.tune.registry import register_env
 
-    env_id = GAMES[args.game]
+    from lightning_wm.envs import EnvConfig, make_env
 
-    def make(_config: Any = None) -> gym.Env:
-        from lightning_wm.envs import EnvConfig, make_env
+    wall_start = time.perf_counter()
+    env_config = EnvConfig(id=GAMES[args.game])
+    eval_config = dataclasses.replace(env_config, max_episode_steps=EVAL_MAX_STEPS)
 
-        env = make_env(EnvConfig(id=env_id))
+    def make(_config: Any = None, config: EnvConfig = env_config) -> gym.Env:
+        env = make_env(config)
         space = gym.spaces.Box(0.0, 1.0, env.observation_space.shape, np.float32)
         return gym.wrappers.TransformObservation(env, lambda o: o.astype(np.float32) / 255.0, space)
 
@@ -240,7 +391,18 @@ def run_rllib(args: argparse.Namespace) -> dict[str, Any]:
                     out = module.forward_inference({Columns.OBS: torch.from_numpy(obs)})
                 return out[Columns.ACTION_DIST_INPUTS].argmax(-1).numpy()
 
-            schedule = EvalSchedule(args.eval_every, args.frames, args.minutes * 60)
+            eval_seed = EVAL_SEED_OFFSET + args.seed
+
+            def play(act: Any) -> list[float]:
+                return greedy_episodes(act, args.eval_episodes, eval_seed, make=lambda: make(config=eval_config))
+
+            env_settings = dataclasses.asdict(eval_config)
+            key = trivial_key("rllib", env_settings, args.eval_episodes, eval_seed)
+            trivial = cached_trivial(
+                args, key, lambda: trivial_scores(play, lambda: make(config=eval_config), eval_seed)
+            )
+            training = TrainingReturns()
+            schedule = EvalSchedule(args.eval_every, args.frames, args.minutes * 60, args.wall_minutes * 60)
             history: list[dict[str, float]] = []
             train_time = eval_time = 0.0
             while True:
@@ -249,89 +411,47 @@ def run_rllib(args: argparse.Namespace) -> dict[str, Any]:
                 train_time += time.perf_counter() - start
                 runners = result.get("env_runners", {})
                 frames = int(runners.get("num_env_steps_sampled_lifetime", 0))
-                if not schedule.due(frames, train_time):
+                if not schedule.due(frames, train_time, time.perf_counter() - wall_start):
                     continue
+                training.recent.clear()  # RLlib's own mean over its last 100 episodes stands for ours
+                mean = runners.get("episode_return_mean")
+                if mean is not None and not math.isnan(float(mean)):
+                    training.recent.append(float(mean))
+                training.count = int(runners.get("num_episodes_lifetime", 0))
                 start = time.perf_counter()
-                returns = greedy_episodes(policy, args.eval_episodes, EVAL_SEED_OFFSET + args.seed, make=make)
+                returns = play(policy)
                 eval_time += time.perf_counter() - start
-                history.append(_row(frames, train_time, returns))
-                _log("rllib", history[-1])
-                if schedule.over(frames, train_time):
-                    return _record(args, history, eval_time)
+                history.append(_row(frames, train_time, time.perf_counter() - wall_start, returns, training))
+                _log("rllib", history[-1], trivial)
+                if schedule.over(frames, train_time, time.perf_counter() - wall_start):
+                    extra = {
+                        "trivial": trivial,
+                        "eval_env": env_settings,
+                        "wall_seconds": time.perf_counter() - wall_start,
+                    }
+                    return _record(args, history, eval_time, extra)
         finally:
             algo.stop()
     finally:
         ray.shutdown()
 
 
-# -- summary ---------------------------------------------------------------------------------
-def frames_to_reach(history: list[dict[str, float]], target: float) -> int | None:
-    """Frames of the first evaluation whose mean return is at least ``target`` (None: never)."""
-    return next((int(row["frames"]) for row in history if row["eval_return"] >= target), None)
-
-
-def value_at(history: list[dict[str, float]], frames: int, every: int, key: str = "eval_return") -> float | None:
-    """``key`` of the run's evaluation at ``frames``: the first one at or past it and before the
-    next point (``frames + every``); None where the run has none there."""
-    rows = [row for row in history if frames <= row["frames"] < frames + every]
-    return float(rows[0][key]) if rows else None
-
-
-def variant(record: dict[str, Any]) -> str:
-    """The system and the ``--set`` overrides a run was made with: ``dyna (imagination.real_ratio
-    0.125)`` (``init_args.`` left out of the keys); runs of one variant are the seeds of one row."""
-    sets = [f"{key.replace('init_args.', '').removeprefix('model.')} {value}" for key, value in record.get("sets", [])]
-    return f"{record['system']} ({'; '.join(sets)})" if sets else record["system"]
-
-
-def summary(records: list[dict[str, Any]], every: int, targets: list[float]) -> str:
-    """Markdown: per system variant (:func:`variant`) and game, the mean (over seeds) evaluation
-    return and training wall time at each multiple of the runs' evaluation spacing (their
-    ``eval_every``, else ``every``) where every seed has an evaluation (:func:`value_at`); then
-    frames to reach each target per seed."""
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for r in sorted(records, key=lambda r: r["seed"]):  # per-seed values in seed order
-        groups[(variant(r), r["game"])].append(r)
-    lines = [
-        "| system | game | seeds | frames | mean eval return (per seed) | mean wall time | frames/s |",
-        "| --- | --- | ---: | ---: | --- | ---: | ---: |",
-    ]
-    for (system, game), runs in sorted(groups.items()):
-        reached = min(r["frames"] for r in runs)
-        spacing = max(r.get("eval_every", every) for r in runs)
-        for point in range(spacing, reached + 1, spacing):
-            values = [value_at(r["history"], point, spacing) for r in runs]
-            seconds = [value_at(r["history"], point, spacing, "seconds") for r in runs]
-            if any(v is None for v in values):
-                continue
-            per_seed = ", ".join(f"{v:.2f}" for v in values)
-            lines.append(
-                f"| {system} | {game} | {len(runs)} | {point:,} | {statistics.fmean(values):.2f} ({per_seed}) | "
-                f"{statistics.fmean(seconds):.0f} s | {statistics.fmean(r['frames_per_s'] for r in runs):,.0f} |"
-            )
-    if targets:
-        lines += ["", "| system | game | target return | frames to reach it, per seed |", "| --- | --- | ---: | --- |"]
-        for (system, game), runs in sorted(groups.items()):
-            for target in targets:
-                reach = [frames_to_reach(r["history"], target) for r in runs]
-                cells = ", ".join(f"{f:,}" if f is not None else f"not in {r['frames']:,}" for f, r in zip(reach, runs))
-                lines.append(f"| {system} | {game} | {target:g} | {cells} |")
-    return "\n".join(lines)
-
-
 # -- driver ------------------------------------------------------------------------------------
-def run_one(args: argparse.Namespace, system: str, game: str, seed: int) -> dict[str, Any]:
-    """One run in its own process (the system's interpreter); its JSON record."""
+def run_one(args: argparse.Namespace, system: str, game: str, seed: int, trivial: dict[str, Any]) -> dict[str, Any]:
+    """One run in its own process (the system's interpreter; killed :data:`KILL_GRACE_S` past
+    ``--wall-minutes``); its JSON record. ``trivial``: the trivial scores known so far, by key."""
     cmd = [os.path.abspath(__file__), "--worker", "--system", system, "--game", game, "--seed", str(seed)]
     cmd += ["--frames", str(args.frames), "--eval-every", str(args.eval_every), "--minutes", str(args.minutes)]
     cmd += ["--eval-episodes", str(args.eval_episodes), "--num-cpus", str(args.num_cpus)]
+    cmd += ["--wall-minutes", str(args.wall_minutes), "--trivial-cache", json.dumps(trivial)]
     for key, value in args.set or []:
         cmd += ["--set", key, value]
+    timeout = args.wall_minutes * 60 + KILL_GRACE_S
     if system != "rllib":
-        return run_worker([sys.executable, *cmd], ours_env(), prefix="minatar_bench_")
+        return run_worker([sys.executable, *cmd], ours_env(), prefix="minatar_bench_", timeout=timeout)
     if not os.path.exists(args.rllib_python):
         raise SystemExit(f"error: no RLlib interpreter at {args.rllib_python}; create the venv as the docstring says")
-    return run_worker([args.rllib_python, *cmd], peer_env(), prefix="minatar_bench_")
+    return run_worker([args.rllib_python, *cmd], peer_env(), prefix="minatar_bench_", timeout=timeout)
 
 
 def unshadow_minatar() -> None:
@@ -341,27 +461,42 @@ def unshadow_minatar() -> None:
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
 
 
-def main() -> None:
-    unshadow_minatar()
+def known_trivial(records: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """The trivial scores the records hold, by key (what a new run with the same key reuses)."""
+    return {r["trivial"]["key"]: r["trivial"]["scores"] for r in records if r.get("trivial")}
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=["impala"])
-    parser.add_argument("--games", nargs="+", choices=sorted(GAMES), default=["breakout"])
+    parser.add_argument("--games", nargs="+", choices=[*GAMES, "all"], default=["breakout"], help="or all")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--frames", type=int, default=1_000_000, help="frame budget per run")
     parser.add_argument("--eval-every", type=int, default=100_000, help="frames between evaluations")
     parser.add_argument("--eval-episodes", type=int, default=20)
     parser.add_argument("--minutes", type=float, default=15.0, help="training wall-time cap per run")
+    parser.add_argument("--wall-minutes", type=float, default=20.0, help="wall-time cap per run, evaluations included")
     parser.add_argument("--target", type=float, nargs="*", default=[], help="returns for 'frames to reach'")
     parser.add_argument("--set", nargs=2, action="append", metavar=("KEY", "VALUE"), help="override a config option")
     parser.add_argument("--out", help="append every run's record to this JSON-lines file")
     parser.add_argument("--report", nargs="+", metavar="FILE", help="print the tables of saved records, run nothing")
+    parser.add_argument("--plot", metavar="DIR", help="write DIR/minatar_<game>.png for every game of the records")
     parser.add_argument("--rllib-python", default=RLLIB_PYTHON)
     parser.add_argument("--num-cpus", type=int, default=2, help="CPUs Ray may use")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--system", choices=SYSTEMS, default="impala", help=argparse.SUPPRESS)
     parser.add_argument("--game", choices=sorted(GAMES), default="breakout", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--trivial-cache", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if "all" in args.games:
+        args.games = list(GAMES)
+    return args
+
+
+def main() -> None:
+    unshadow_minatar()
+    args = parse_args()
     signal.signal(signal.SIGTERM, exit_on_signal)
     if args.worker:
         print_result(run_rllib(args) if args.system == "rllib" else run_ours(args))
@@ -371,16 +506,26 @@ def main() -> None:
     else:
         print(f"machine: {os.cpu_count()} CPUs, load average {load_average()} at start", flush=True)
         records = []
+        earlier = (
+            [json.loads(line) for line in open(args.out) if line.strip()]
+            if args.out and os.path.exists(args.out)
+            else []
+        )
         for system in args.systems:
             for game in args.games:
                 for seed in args.seeds:
-                    record = run_one(args, system, game, seed)
+                    record = run_one(args, system, game, seed, known_trivial(earlier + records))
                     records.append(record)
                     if args.out:
                         with open(args.out, "a") as f:
                             f.write(json.dumps(record) + "\n")
     print()
     print(summary(records, args.eval_every, args.target))
+    if args.plot:
+        for game in sorted({r["game"] for r in records}):
+            path = os.path.join(args.plot, f"minatar_{game}.png")
+            plot_game(records, game, path)
+            print(f"wrote {path}")
     print()
     print("load average:", load_average())
 

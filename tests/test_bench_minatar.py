@@ -1,15 +1,25 @@
-"""bench/minatar.py's pure parts: when it evaluates, and the summary it prints from run records."""
+"""bench/minatar.py's parts: when it evaluates, the paper's metric from the training episodes, the
+trivial policies, the evaluation env's time limit, the summary and the plot it makes from records."""
+
+import argparse
+import json
+import math
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 from support.bench_scripts import load_bench_script
 
 bench = load_bench_script("minatar.py")
+report = bench.summary.__globals__  # bench/minatar_report.py's names, as the bench imported them
 
 
-def _run(system, seed, points):
-    history = [{"frames": f, "seconds": s, "eval_return": r, "eval_std": 0.0} for f, s, r in points]
-    return {"system": system, "game": "breakout", "seed": seed, "history": history, "frames": history[-1]["frames"],
+def _run(system, seed, points, game="breakout"):
+    history = [{"frames": f, "seconds": s, "eval_return": r, "eval_std": 0.0} for f, s, r, *_ in points]
+    for row, point in zip(history, points):
+        row["train_return"] = point[3] if len(point) > 3 else None
+    return {"system": system, "game": game, "seed": seed, "history": history, "frames": history[-1]["frames"],
             "frames_per_s": 1000.0}  # fmt: skip
 
 
@@ -23,20 +33,100 @@ def test_eval_schedule_evaluates_past_each_multiple_and_at_the_end():
         bench.EvalSchedule(0, 10, 1.0)
 
 
-def test_summary_means_over_seeds_at_each_point_and_frames_to_reach():
+def test_eval_schedule_wall_cap_counts_evaluations_too():
+    schedule = bench.EvalSchedule(every=100, frames=1000, seconds=60.0, wall_seconds=90.0)
+    assert not schedule.due(50, 10.0, 89.0)
+    assert schedule.due(60, 10.0, 90.0) and schedule.over(60, 10.0, 90.0), "training 10 s, wall 90 s: over"
+
+
+def test_training_returns_keep_the_last_window_of_episodes_whoever_pops_them():
+    popped = [[{"return": 1.0, "length": 3}], [], [{"return": 2.0, "length": 3}, {"return": 6.0, "length": 3}]]
+    datamodule = SimpleNamespace(pop_env_stats=lambda: SimpleNamespace(episodes=popped.pop(0)))
+    training = bench.TrainingReturns(window=2)
+    assert math.isnan(training.mean())
+    training.tee(datamodule)
+    stats = datamodule.pop_env_stats()
+    assert stats.episodes == [{"return": 1.0, "length": 3}], "the caller still gets the episodes"
+    assert training.mean() == 1.0
+    datamodule.pop_env_stats(), datamodule.pop_env_stats()
+    assert training.mean() == 4.0 and training.count == 3  # the last two: (2 + 6) / 2
+
+
+def test_trivial_policies_act_constant_or_seeded_uniform():
+    env = SimpleNamespace(unwrapped=SimpleNamespace(action_set=[0, 2, 4]), action_space=None)  # Freeway's
+    policies = bench.trivial_policies(env, seed=3)
+    assert list(policies) == ["random", "always no-op", "always up", "always down"]
+    obs = torch.zeros(5, 10, 10, 7)
+    action, state, extras = policies["always up"].act(obs, policies["always up"].initial_state(5), False)
+    assert action.tolist() == [1] * 5 and state.shape == (5,) and extras == {}  # index into the action set
+    random_a = policies["random"].act(obs, None, False)[0]
+    random_b = bench.trivial_policies(env, seed=3)["random"].act(obs, None, False)[0]
+    assert torch.equal(random_a, random_b) and random_a.dtype == torch.int64
+    assert set(policies["random"](obs.numpy()).tolist()) <= {0, 1, 2}
+
+
+def test_trivial_scores_are_the_mean_return_of_each_policy_and_cached_by_key():
+    env = SimpleNamespace(unwrapped=SimpleNamespace(action_set=[0, 1, 3]), action_space=None, close=lambda: None)
+
+    def play(policy):  # returns: the constant action index taken on two observations
+        return [float(policy.act(torch.zeros(2), None, False)[0][0])] * 2 if policy.action is not None else [0.5]
+
+    scores = bench.trivial_scores(play, lambda: env, seed=0)
+    assert scores == {"random": 0.5, "always no-op": 0.0, "always left": 1.0, "always right": 2.0}
+    key = bench.trivial_key("ours", {"id": "MinAtar/Breakout-v1"}, 20, 10_000)
+    args = argparse.Namespace(trivial_cache=json.dumps({key: {"random": 9.0}}), game="breakout", seed=0)
+    assert bench.cached_trivial(args, key, lambda: pytest.fail("cached: not computed")) == {
+        "key": key,
+        "scores": {"random": 9.0},
+    }
+    assert bench.cached_trivial(args, key + " ", lambda: {"random": 1.0})["scores"] == {"random": 1.0}
+
+
+def test_evaluation_env_is_the_runs_env_with_a_time_limit():
+    from lightning_wm.envs import EnvConfig
+
+    env = EnvConfig(id="MinAtar/Seaquest-v1", num_envs=16, kwargs={"sticky_action_prob": 0.0})
+    datamodule = SimpleNamespace(env=env, eval=SimpleNamespace(env=None))
+    config = bench.evaluation_env(datamodule)
+    assert config.max_episode_steps == bench.EVAL_MAX_STEPS and config.kwargs == env.kwargs
+    limited = EnvConfig(id="MinAtar/Seaquest-v1", max_episode_steps=500)
+    assert bench.evaluation_env(SimpleNamespace(env=env, eval=SimpleNamespace(env=limited))).max_episode_steps == 500
+
+
+def test_seaquest_evaluation_ends_at_the_time_limit():
+    """The hang: a submarine that stays at the surface never ends an episode without the limit."""
+    pytest.importorskip("minatar")
+    from lightning_wm.data.collector import run_evaluation
+    from lightning_wm.envs import EnvConfig
+
+    config = bench.evaluation_env(
+        SimpleNamespace(env=EnvConfig(id="MinAtar/Seaquest-v1", max_episode_steps=60), eval=None)
+    )
+    policy = bench.TrivialPolicy(6, action=0)  # no-op: stays at the surface
+    episodes = run_evaluation(config, policy, 2, 2, 10_000)
+    assert [e["length"] for e in episodes] == [60.0, 60.0] and [e["return"] for e in episodes] == [0.0, 0.0]
+
+
+def test_summary_has_both_metrics_per_point_the_papers_best_and_frames_to_reach():
     runs = [
-        _run("impala", 1, [(150, 12.0, 2.0), (240, 22.0, 6.0), (390, 40.0, 8.0)]),  # RLlib-like: late points
-        _run("impala", 0, [(101, 10.0, 1.0), (205, 20.0, 3.0), (301, 30.0, 5.0)]),
+        _run("impala", 1, [(150, 12.0, 2.0, 1.5), (240, 22.0, 6.0, 4.0), (390, 40.0, 8.0, 5.0)]),  # late points
+        _run("impala", 0, [(101, 10.0, 1.0, 0.5), (205, 20.0, 3.0, 2.0), (301, 30.0, 5.0, 3.0)]),
     ]
-    assert bench.value_at(runs[0]["history"], 200, 100) == 6.0
-    assert bench.value_at(runs[1]["history"], 400, 100) is None
-    assert bench.frames_to_reach(runs[1]["history"], 3.0) == 205
-    assert bench.frames_to_reach(runs[1]["history"], 9.0) is None
+    assert report["value_at"](runs[0]["history"], 200, 100) == 6.0
+    assert report["value_at"](runs[1]["history"], 400, 100) is None
+    assert report["frames_to_reach"](runs[1]["history"], 3.0) == 205
+    assert report["frames_to_reach"](runs[1]["history"], 9.0) is None
     table = bench.summary(runs, every=100, targets=[4.0])  # per-seed values in seed order
-    assert "| impala | breakout | 2 | 100 | 1.50 (1.00, 2.00) | 11 s |" in table
-    assert "| impala | breakout | 2 | 200 | 4.50 (3.00, 6.00) | 21 s |" in table
-    assert "| impala | breakout | 2 | 300 | 6.50 (5.00, 8.00) | 35 s |" in table
+    assert "| impala | breakout | 2 | 100 | 1.00 (0.50, 1.50) | 1.50 (1.00, 2.00) | – | 11 s |" in table
+    assert "| impala | breakout | 2 | 200 | 3.00 (2.00, 4.00) | 4.50 (3.00, 6.00) | – | 21 s |" in table
     assert "| impala | breakout | 4 | 301, 240 |" in table
+    again = _run("impala", 0, [(101, 10.0, 1.0, 0.5)])  # a shorter run of seed 0: the longer one counts
+    assert bench.summary([*runs, again], every=100, targets=[]) == bench.summary(runs, every=100, targets=[])
+    five_m = [_run("impala", 0, [(1_000_000, 1.0, 2.0, None)])]
+    five_m[0]["eval_every"] = 1_000_000
+    table = bench.summary(five_m, every=1_000_000, targets=[])
+    assert "| impala | breakout | 1 | 1,000,000 | – | 2.00 (2.00) | 9.5 (DQN) |" in table, "no training episode: –"
+    assert report["paper_best"]("asterix", 5_000_000) == ("AC(λ=0)", 20.5)
 
 
 def test_runs_with_other_settings_are_summarised_apart():
@@ -46,5 +136,18 @@ def test_runs_with_other_settings_are_summarised_apart():
         "sets": [["model.init_args.policy.init_args.optim.lr", "0.002"]],
     }
     table = bench.summary([shipped, constant_lr], every=100, targets=[])
-    assert "| dyna | breakout | 1 | 100 | 1.00 (1.00) |" in table
-    assert "| dyna (policy.optim.lr 0.002) | breakout | 1 | 100 | 3.00 (3.00) |" in table
+    assert "| dyna | breakout | 1 | 100 | – | 1.00 (1.00) |" in table
+    assert "| dyna (policy.optim.lr 0.002) | breakout | 1 | 100 | – | 3.00 (3.00) |" in table
+
+
+def test_trivial_table_means_over_seed_sets_and_the_plot_is_written(tmp_path):
+    runs = [_run("impala", s, [(100, 1.0, 1.0, 0.5), (200, 2.0, 2.0, 1.0)], game="freeway") for s in (0, 1)]
+    for seed, run in enumerate(runs):
+        run["eval_every"] = 100
+        run["trivial"] = {"key": f"k{seed}", "scores": {"random": 0.5 + seed, "always up": 14.0 + seed}}
+    table = report["trivial_table"](runs)
+    assert "| freeway | random 1.00, always up 14.50 | 2 |" in table
+    assert table in bench.summary(runs, every=100, targets=[])
+    path = tmp_path / "minatar_freeway.png"
+    bench.plot_game(runs, "freeway", str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from lightning_wm.agents.impala import IMPALA, VTraceLossSettings, impala_loss, unroll_loss
+from lightning_wm.agents.impala.losses import at_step, entropy_weight_at, normalized
 from lightning_wm.data.collector import Collector
 from lightning_wm.envs import EnvConfig, EnvSpec, env_spec, make_vector_env
 from lightning_wm.nn.actor_critic import ActorCritic, ActorCriticSettings, CategoricalHead, GaussianHead
@@ -326,6 +327,57 @@ def test_reward_scale_scales_the_value_targets_and_the_advantages():
     assert not torch.allclose(a.value_loss, c.value_loss)
 
 
+def test_normalized_advantages_hand_values_and_masked_steps_left_alone():
+    """Real steps [1, 3]: mean 2, std 1 -> [-1, 1]; the masked step keeps its 100."""
+    advantage = torch.tensor([[1.0], [3.0], [100.0]])
+    mask = torch.tensor([[True], [True], [False]])
+    assert torch.allclose(normalized(advantage, mask), torch.tensor([[-1.0], [1.0], [100.0]]))
+
+
+def test_impala_loss_with_normalized_advantages_hand_values():
+    """The hand-values case: advantages [1.5, 1] (mean 1.25, std 0.25) become [1, -1]:
+    policy = -(log .5 * 1 + log .25 * -1) / 2; the value and entropy terms are unchanged."""
+    logp = torch.log(torch.tensor([[0.5], [0.25]]))
+    value = torch.tensor([[1.0], [2.0], [4.0]])
+    cfg = VTraceLossSettings(discount=0.5, lambda_=1.0, normalize_advantage=True)
+    out = impala_loss(logp, logp, torch.tensor([[0.7], [0.3]]), value, _steps([[1.0], [1.0]], [[0.5], [0.5]]), cfg)
+    assert math.isclose(out.policy_loss.item(), -(math.log(0.5) - math.log(0.25)) / 2, rel_tol=1e-6)
+    assert math.isclose(out.value_loss.item(), 1.625, rel_tol=1e-6)
+
+
+def test_entropy_weight_schedule_moves_linearly_then_holds():
+    cfg = VTraceLossSettings(entropy_weight=0.1, entropy_weight_end=0.01, entropy_anneal_steps=100)
+    assert [round(entropy_weight_at(cfg, s), 6) for s in (0, 50, 100, 200)] == [0.1, 0.055, 0.01, 0.01]
+    assert at_step(cfg, 50).entropy_weight == pytest.approx(0.055) and at_step(cfg, 50).entropy_weight_end is None
+    plain = VTraceLossSettings(entropy_weight=0.1)
+    assert at_step(plain, 10**6) is plain and entropy_weight_at(plain, 7) == 0.1
+    with pytest.raises(ValueError, match="entropy_anneal_steps >= 1"):
+        VTraceLossSettings(entropy_weight_end=0.01)
+
+
+def test_the_learner_uses_the_entropy_weight_of_its_step():
+    """total(step 0) - total(step 100) = -(0.1 - 0.01) * entropy: only the entropy weight moved."""
+    torch.manual_seed(0)
+    B, T = 2, 4
+    batch = {
+        "obs": torch.randn(B, T + 1, 4),
+        "reward": torch.rand(B, T + 1),
+        "is_first": torch.zeros(B, T + 1, dtype=torch.bool),
+        "is_last": torch.zeros(B, T + 1, dtype=torch.bool),
+        "is_terminal": torch.zeros(B, T + 1, dtype=torch.bool),
+        "action": torch.randint(0, 2, (B, T + 1)),
+        "logits": torch.randn(B, T + 1, 2),
+    }
+    model = IMPALA(
+        CARTPOLE,
+        net={"hidden": 8},
+        loss={"entropy_weight": 0.1, "entropy_weight_end": 0.01, "entropy_anneal_steps": 100},
+    )
+    early, _, _ = model._losses(batch, None, 0)
+    late, _, _ = model._losses(batch, None, 100)
+    assert torch.allclose(early.total_loss - late.total_loss, -0.09 * early.entropy_loss)
+
+
 # -- settings groups -----------------------------------------------------------------------
 def test_settings_groups_check_their_ranges_and_keep_the_defaults():
     """Each group refuses an out-of-range value in one line naming the option; IMPALA's defaults
@@ -351,7 +403,7 @@ def test_settings_groups_check_their_ranges_and_keep_the_defaults():
             ActorCriticSettings(**kwargs)
     model = IMPALA(CARTPOLE)
     assert model.optim == OptimSettings(lr=0.0005) and model.optim.clip.type is None
-    assert model.loss == VTraceLossSettings(0.5, 0.0001, 0.99, 0.95, 1.0, 1.0, 1.0, 1.0)
+    assert model.loss == VTraceLossSettings(0.5, 0.0001, 0.99, 0.95, 1.0, 1.0, 1.0, 1.0, False, None, 0)
     assert model.net_settings == ActorCriticSettings(hidden=64, layers=2)
     partial = IMPALA(CARTPOLE, net={"hidden": 8}, loss={"discount": 0.9}, optim={"eps": 0.01, "clip": {"value": 4.0}})
     assert partial.optim.lr == 0.0005 and partial.optim.eps == 0.01 and partial.optim.clip.value == 4.0

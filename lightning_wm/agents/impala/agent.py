@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_wm.agents.base import RLModule
-from lightning_wm.agents.impala.losses import ImpalaLoss, unroll_loss
+from lightning_wm.agents.impala.losses import ImpalaLoss, at_step, unroll_loss
 from lightning_wm.agents.impala.settings import IMPALA_LOSS, IMPALA_NET, IMPALA_OPTIM, VTraceLossSettings
 from lightning_wm.compiling import CompileSettings, ShapeCompiled, as_compile_settings
 from lightning_wm.envs import EnvSpec
@@ -167,7 +167,7 @@ class IMPALA(RLModule):
     ) -> tuple[ImpalaLoss, Tensor, dict[str, Tensor]]:
         """``(unroll_loss output, loss to minimise, encoder logs)``: the V-trace loss plus, where the
         injected encoder trains itself (``representation_loss``, e.g. MuZeroRepresentation), its loss."""
-        out = self._unroll_loss(self.net, batch, self.loss, weight)
+        out = self._unroll_loss(self.net, batch, at_step(self.loss, step), weight)
         loss, encoder_logs = out.total_loss, {}
         encoder_loss = getattr(self.net.encoder, "representation_loss", None)
         if encoder_loss is not None:

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -20,7 +21,34 @@ from lightning_wm.agents.impala.settings import VTraceLossSettings
 from lightning_wm.nn.actor_critic import ActorCritic
 from lightning_wm.returns import UnrollSteps, unroll_steps, vtrace
 
-__all__ = ["ImpalaLoss", "VTraceLossSettings", "impala_loss", "unroll_loss"]
+__all__ = ["ImpalaLoss", "VTraceLossSettings", "entropy_weight_at", "impala_loss", "normalized", "unroll_loss"]
+
+
+def entropy_weight_at(settings: VTraceLossSettings, step: int) -> float:
+    """The entropy weight at learner step ``step``: ``entropy_weight`` moved linearly to
+    ``entropy_weight_end`` over ``entropy_anneal_steps`` steps, then held (``entropy_weight`` when
+    no end is set)."""
+    if settings.entropy_weight_end is None:
+        return settings.entropy_weight
+    fraction = min(max(step, 0) / settings.entropy_anneal_steps, 1.0)
+    return settings.entropy_weight + fraction * (settings.entropy_weight_end - settings.entropy_weight)
+
+
+def at_step(settings: VTraceLossSettings, step: int) -> VTraceLossSettings:
+    """``settings`` with the entropy weight of learner step ``step`` (the same object when it has
+    no entropy schedule)."""
+    if settings.entropy_weight_end is None:
+        return settings
+    return replace(settings, entropy_weight=entropy_weight_at(settings, step), entropy_weight_end=None)
+
+
+def normalized(advantage: Tensor, mask: Tensor) -> Tensor:
+    """``advantage [T, B]`` minus its mean, divided by its standard deviation (+1e-8), both over the
+    real steps (``mask [T, B]`` bool); masked steps are left as they are."""
+    count = mask.sum().clamp(min=1)
+    mean = torch.where(mask, advantage, 0.0).sum() / count
+    std = (torch.where(mask, advantage - mean, 0.0).square().sum() / count).sqrt()
+    return torch.where(mask, (advantage - mean) / (std + 1e-8), advantage)
 
 
 class ImpalaLoss(NamedTuple):
@@ -82,6 +110,8 @@ def impala_loss(
         cfg.lambda_,
         mask=mask,
     )
+    if cfg.normalize_advantage:
+        advantage = normalized(advantage, mask)
     w = mask.to(tlogp.dtype)
     if weight is not None:
         w = w * weight.to(w.dtype).unsqueeze(0)

@@ -40,6 +40,12 @@ class VTraceLossSettings:
             ``reward_scale``; not in DI-engine): it keeps the value targets near unit scale where
             returns are large, so the value loss does not swamp the policy gradient under a
             gradient-norm clip. Values are then in scaled units.
+        normalize_advantage: scale the policy term's V-trace advantages to mean 0 and standard
+            deviation 1 over the batch's real steps (SB3's ``normalize_advantage``).
+        entropy_weight_end: with ``entropy_anneal_steps``, the entropy weight moves linearly from
+            ``entropy_weight`` at step 0 to this at that step and stays there
+            (:func:`entropy_weight_at`); ``None``: ``entropy_weight`` throughout.
+        entropy_anneal_steps: learner steps of that move.
     """
 
     value_weight: float = 0.5
@@ -50,6 +56,9 @@ class VTraceLossSettings:
     c_clip: float = 1.0
     rho_pg_clip: float = 1.0
     reward_scale: float = 1.0
+    normalize_advantage: bool = False
+    entropy_weight_end: float | None = None
+    entropy_anneal_steps: int = 0
 
     def __post_init__(self) -> None:
         for name in ("discount", "lambda_"):
@@ -61,6 +70,11 @@ class VTraceLossSettings:
         for name in ("rho_clip", "c_clip", "rho_pg_clip", "reward_scale"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"loss.{name} must be > 0, got {getattr(self, name)}")
+        if self.entropy_weight_end is not None and (self.entropy_weight_end < 0 or self.entropy_anneal_steps < 1):
+            raise ValueError(
+                f"loss.entropy_weight_end ({self.entropy_weight_end}) must be >= 0 and needs "
+                f"entropy_anneal_steps >= 1, got {self.entropy_anneal_steps}"
+            )
 
 
 # the defaults of the groups (DI-engine's IMPALA: Adam at 0.0005, no clipping)

@@ -1,0 +1,196 @@
+"""What ``bench/minatar.py`` prints and draws from its run records: the tables (both metrics per
+frame budget, the trivial policies, the paper's reference values) and one PNG per game.
+
+The paper's reference values (:data:`PAPER`) are read off the MinAtar repository's
+``img/learning_curves.gif`` (Young & Tian 2019, "MinAtar: An Atari-Inspired Testbed for Thorough
+and Reproducible Reinforcement Learning Experiments"; 30 seeds, the mean return of the last 100
+training episodes), about ±5%. The paper's Seaquest predates minatar 1.0.11's oxygen fix.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from typing import Any
+
+PAPER_SOURCE = "MinAtar repository, img/learning_curves.gif (Young & Tian 2019), read off the figure (±5%)"
+# game -> curve -> {frames: mean return of the last 100 training episodes}
+PAPER: dict[str, dict[str, dict[int, float]]] = {
+    "breakout": {"DQN": {1_000_000: 9.5, 5_000_000: 10.0}, "AC(λ=0.8)": {1_000_000: 9.0, 5_000_000: 17.5}},
+    "space_invaders": {"DQN": {1_000_000: 30.0, 5_000_000: 43.0}, "AC(λ=0.8)": {1_000_000: 50.0, 5_000_000: 185.0}},
+    "asterix": {
+        "DQN": {1_000_000: 10.0, 5_000_000: 17.0},
+        "AC(λ=0.8)": {1_000_000: 1.0, 5_000_000: 19.0},
+        "AC(λ=0)": {5_000_000: 20.5},
+    },
+    "freeway": {"DQN": {1_000_000: 48.0, 5_000_000: 50.0}, "AC(λ=0.8)": {1_000_000: 0.0, 5_000_000: 47.0}},
+    "seaquest": {"DQN": {1_000_000: 1.0, 5_000_000: 20.0}, "AC(λ=0.8)": {1_000_000: 1.0, 5_000_000: 15.0}},
+}
+
+
+def paper_best(game: str, frames: int) -> tuple[str, float] | None:
+    """The paper's best curve at ``frames`` on ``game`` and its value, or None where it has none."""
+    points = [(curve, values[frames]) for curve, values in PAPER.get(game, {}).items() if frames in values]
+    return max(points, key=lambda p: p[1]) if points else None
+
+
+def value_at(history: list[dict[str, float]], frames: int, every: int, key: str = "eval_return") -> float | None:
+    """``key`` of the run's evaluation at ``frames``: the first one at or past it and before the
+    next point (``frames + every``); None where the run has none there (or the row lacks ``key``)."""
+    rows = [row for row in history if frames <= row["frames"] < frames + every]
+    if not rows or rows[0].get(key) is None or math.isnan(float(rows[0][key])):
+        return None
+    return float(rows[0][key])
+
+
+def frames_to_reach(history: list[dict[str, float]], target: float, key: str = "eval_return") -> int | None:
+    """Frames of the first evaluation whose ``key`` is at least ``target`` (None: never)."""
+    return next((int(row["frames"]) for row in history if row.get(key) is not None and row[key] >= target), None)
+
+
+def variant(record: dict[str, Any]) -> str:
+    """The system and the ``--set`` overrides a run was made with: ``dyna (imagination.real_ratio
+    0.125)`` (``init_args.`` left out of the keys); runs of one variant are the seeds of one row."""
+    sets = [f"{key.replace('init_args.', '').removeprefix('model.')} {value}" for key, value in record.get("sets", [])]
+    return f"{record['system']} ({'; '.join(sets)})" if sets else record["system"]
+
+
+def _cell(values: list[float | None]) -> str:
+    """``mean (per seed)``, or ``–`` where a seed lacks the value."""
+    if any(v is None for v in values):
+        return "–"
+    return f"{statistics.fmean(values):.2f} ({', '.join(f'{v:.2f}' for v in values)})"
+
+
+def _groups(records: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """The records by (variant, game), one per seed in seed order: of several runs of one seed
+    (a longer budget run again: in process its first points repeat) the one with most frames."""
+    longest: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for r in records:
+        key = (variant(r), r["game"], r["seed"])
+        if key not in longest or r["frames"] > longest[key]["frames"]:
+            longest[key] = r
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in sorted(longest.values(), key=lambda r: r["seed"]):
+        groups[(variant(r), r["game"])].append(r)
+    return groups
+
+
+def summary(records: list[dict[str, Any]], every: int, targets: list[float]) -> str:
+    """Markdown: per system variant (:func:`variant`) and game, at each multiple of the runs'
+    evaluation spacing (their ``eval_every``, else ``every``) where every seed has an evaluation
+    (:func:`value_at`): the paper's metric (mean return of the last 100 training episodes) and the
+    greedy evaluation, means over seeds with the per-seed values, the training wall time and the
+    paper's best curve at that budget; then frames to reach each target (greedy) per seed; then
+    the trivial policies' greedy scores (:func:`trivial_table`)."""
+    groups = _groups(records)
+    lines = [
+        "| system | game | seeds | frames | last 100 training episodes (per seed) | greedy eval (per seed) "
+        "| paper's best | mean wall time | frames/s |",
+        "| --- | --- | ---: | ---: | --- | --- | --- | ---: | ---: |",
+    ]
+    for (system, game), runs in sorted(groups.items()):
+        reached = min(r["frames"] for r in runs)
+        spacing = max(r.get("eval_every", every) for r in runs)
+        for point in range(spacing, reached + 1, spacing):
+            greedy = [value_at(r["history"], point, spacing) for r in runs]
+            if any(v is None for v in greedy):
+                continue
+            trained = [value_at(r["history"], point, spacing, "train_return") for r in runs]
+            seconds = [value_at(r["history"], point, spacing, "seconds") for r in runs]
+            best = paper_best(game, point)
+            lines.append(
+                f"| {system} | {game} | {len(runs)} | {point:,} | {_cell(trained)} | {_cell(greedy)} | "
+                f"{f'{best[1]:g} ({best[0]})' if best else '–'} | {statistics.fmean(seconds):.0f} s | "
+                f"{statistics.fmean(r['frames_per_s'] for r in runs):,.0f} |"
+            )
+    if targets:
+        lines += ["", "| system | game | target return | frames to reach it, per seed |", "| --- | --- | ---: | --- |"]
+        for (system, game), runs in sorted(groups.items()):
+            for target in targets:
+                reach = [frames_to_reach(r["history"], target) for r in runs]
+                cells = ", ".join(f"{f:,}" if f is not None else f"not in {r['frames']:,}" for f, r in zip(reach, runs))
+                lines.append(f"| {system} | {game} | {target:g} | {cells} |")
+    trivial = trivial_table(records)
+    return "\n".join(lines + (["", trivial] if trivial else []))
+
+
+def trivial_table(records: list[dict[str, Any]]) -> str:
+    """Markdown: per game, the greedy evaluation's score of each trivial policy (uniform random,
+    each constant action) on the evaluation seeds of the runs, mean over the distinct seed sets
+    (records without ``trivial`` are left out); empty when no record has them."""
+    per_game: dict[str, dict[str, dict[str, float]]] = defaultdict(dict)
+    for r in records:
+        if r.get("trivial"):
+            per_game[r["game"]][r["trivial"]["key"]] = r["trivial"]["scores"]
+    if not per_game:
+        return ""
+    lines = [
+        "| game | trivial policies on the evaluation seeds (mean over seed sets) | seed sets |",
+        "| --- | --- | ---: |",
+    ]
+    for game, sets in sorted(per_game.items()):
+        names = list(next(iter(sets.values())))
+        means = {n: statistics.fmean(s[n] for s in sets.values() if n in s) for n in names}
+        lines.append(f"| {game} | {', '.join(f'{n} {v:.2f}' for n, v in means.items())} | {len(sets)} |")
+    return "\n".join(lines)
+
+
+def plot_game(records: list[dict[str, Any]], game: str, path: str) -> None:
+    """One PNG of ``game``: per system variant, the paper's metric per seed (thin) and its mean over
+    seeds (thick) against frames, the greedy evaluation's mean (dashed), the paper's reference
+    points (:data:`PAPER`, markers) and the best trivial policy's greedy score (dotted)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    runs_of = {v: runs for (v, g), runs in _groups(records).items() if g == game}
+    for i, (name, runs) in enumerate(sorted(runs_of.items())):
+        color = colors[i % len(colors)]
+        for r in runs:
+            rows = [h for h in r["history"] if h.get("train_return") is not None]
+            ax.plot([h["frames"] for h in rows], [h["train_return"] for h in rows], color=color, lw=0.7, alpha=0.4)
+        mean = _mean_curve(runs, "train_return")
+        if mean:
+            ax.plot(*zip(*mean), color=color, lw=2.2, label=f"{name}: last 100 training episodes ({len(runs)} seeds)")
+        greedy = _mean_curve(runs, "eval_return")
+        if greedy:
+            ax.plot(*zip(*greedy), color=color, lw=1.2, ls="--", label=f"{name}: greedy evaluation")
+    for (curve, points), marker in zip(PAPER.get(game, {}).items(), "os^"):
+        ax.scatter(list(points), list(points.values()), marker=marker, s=60, color="black", zorder=5,
+                   label=f"paper {curve}")  # fmt: skip
+    best = _best_trivial(records, game)
+    if best is not None:
+        ax.axhline(best[1], color="gray", ls=":", label=f"trivial: {best[0]} (greedy seeds)")
+    ax.set_title(f"MinAtar {game}; paper: {PAPER_SOURCE}", fontsize=7)
+    ax.set_xlabel("frames")
+    ax.set_ylabel("return")
+    ax.legend(fontsize=6, loc="center right")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _mean_curve(runs: list[dict[str, Any]], key: str) -> list[tuple[int, float]]:
+    """``(frames, mean over seeds)`` at each evaluation spacing point where every seed has ``key``."""
+    spacing = max(r.get("eval_every", 1) for r in runs)
+    reached = min(r["frames"] for r in runs)
+    out = []
+    for point in range(spacing, reached + 1, spacing):
+        values = [value_at(r["history"], point, spacing, key) for r in runs]
+        if all(v is not None for v in values):
+            out.append((point, statistics.fmean(values)))
+    return out
+
+
+def _best_trivial(records: list[dict[str, Any]], game: str) -> tuple[str, float] | None:
+    scores = [r["trivial"]["scores"] for r in records if r["game"] == game and r.get("trivial")]
+    if not scores:
+        return None
+    means = {n: statistics.fmean(s[n] for s in scores) for n in scores[0]}
+    return max(means.items(), key=lambda kv: kv[1])
