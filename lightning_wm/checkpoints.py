@@ -40,7 +40,7 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from lightning_wm.io import atomic_torch_save, atomic_write, clean_stale_temps
 from lightning_wm.settings import flatten, group_defaults
-from lightning_wm.signals import RunAborted, RunStopped
+from lightning_wm.signals import ActorError, RunAborted, RunStopped
 
 __all__ = [
     "AtomicCheckpointIO",
@@ -581,8 +581,6 @@ class RunCheckpoints(Checkpoint):
         replay buffers) at the step reached. A second Ctrl-C (:class:`~lightning_wm.signals.RunAborted`,
         anywhere in a step) and other errors save nothing (the state may be what went wrong; the
         previous checkpoints stay)."""
-        from lightning_wm.data.acting import ActorError
-
         if isinstance(exception, RunAborted) or trainer.state.fn != "fit":
             return
         if isinstance(exception, (RunStopped, SIGTERMException, ActorError)):

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 __all__ = [
+    "ActorError",
     "RunStopped",
     "check_stop_between_batches",
     "stop_on_signals",
@@ -60,6 +61,11 @@ HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
 _requested: int | None = None
 _active = False  # stop_on_signals is in force (our handlers are installed)
+
+
+class ActorError(RuntimeError):
+    """A source of rows (actor, env group, inference process) raised, died or hung; the message
+    names it and carries its traceback. A fit ended by it saves ``last.ckpt`` at the step reached."""
 
 
 class RunStopped(SystemExit):

@@ -387,7 +387,7 @@ class Dreamer(RLModule):
         """Three optimizers (:func:`~lightning_wm.optim.build_optimizer` of ``optim.model``,
         ``optim.actor``, ``optim.critic``) over the world model's, the actor's and the critic's parameters."""
         trainer = self._attached_trainer()
-        if trainer is not None and str(trainer.precision) in ("16-mixed", "16", "16-true"):
+        if str(getattr(trainer, "precision", None)) in ("16-mixed", "16", "16-true"):
             raise ValueError(
                 f"Dreamer does not support --trainer.precision {trainer.precision}: its actor and critic "
                 "step on gradients fp16 loss scaling would leave scaled; use bf16-mixed (or 32-true)"

@@ -26,7 +26,7 @@ import numpy as np
 from torch import Tensor, nn
 
 from lightning_wm.data.replay import RANDOM_POLICY_VERSION
-from lightning_wm.signals import check_stop
+from lightning_wm.signals import ActorError, check_stop  # ActorError: defined with the other ways a run ends
 
 NO_AGENT = (
     "no agent to act with: the AgentPublisher callback (lightning_wm.callbacks.AgentPublisher, in "
@@ -35,11 +35,6 @@ NO_AGENT = (
 )
 
 __all__ = ["Acting", "ActorError", "Chunk", "Pool", "RANDOM_POLICY_VERSION"]
-
-
-class ActorError(RuntimeError):
-    """A source (actor, env group, inference process) raised, died or hung; the message names it
-    and carries its traceback."""
 
 
 @dataclass
