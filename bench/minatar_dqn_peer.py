@@ -33,6 +33,7 @@ from typing import Any
 VENV_PYTHON = "/work/venvs/minatar_dqn/bin/python"
 CHECKPOINTS = (250_000, 500_000, 750_000, 1_000_000)
 WINDOW = 100  # training episodes in the paper's running mean
+CURVE_EVERY = 50_000  # frames between the points of the record's learning curve
 EPISODE_TAG = "peer_episode"
 CONFIG_TAG = "peer_config"
 PROGRESS_TAG = "peer_progress"
@@ -116,11 +117,14 @@ def mean_last_returns(episodes: list[tuple[int, float]], frame: int, window: int
 def summarize(lines: list[str], game: str, seed: int, frames_cap: int) -> dict[str, Any]:
     """One jsonl record from the child's raw output: the running mean of the last
     :data:`WINDOW` training returns at each of :data:`CHECKPOINTS` the run reached (None for
-    one it did not), frames reached and frames/s from the last progress mark."""
+    one it did not) and every :data:`CURVE_EVERY` frames reached, frames reached and frames/s
+    from the last progress mark."""
     config, episodes, progress = parse_output(lines)
     reached = max([f for f, _ in progress] + [e for e, _ in episodes] + [0])
     seconds = progress[-1][1] if progress else None
     at = {str(c): (mean_last_returns(episodes, c) if c <= reached else None) for c in CHECKPOINTS}
+    marks = range(CURVE_EVERY, reached + 1, CURVE_EVERY)
+    curve = {str(m): mean_last_returns(episodes, m) for m in marks}
     return {
         "system": "minatar_examples_dqn",
         "game": game,
@@ -130,6 +134,7 @@ def summarize(lines: list[str], game: str, seed: int, frames_cap: int) -> dict[s
         "episodes": len(episodes),
         f"mean_last{WINDOW}_return_at": at,
         "final_mean_last100_return": mean_last_returns(episodes, reached),
+        f"mean_last{WINDOW}_return_every_{CURVE_EVERY // 1000}k": curve,
         "train_seconds_at_last_mark": seconds,
         "frames_per_second": (progress[-1][0] / seconds) if progress and seconds else None,
         "sticky_action_prob": config.get("sticky_action_prob"),

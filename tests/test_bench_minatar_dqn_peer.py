@@ -46,6 +46,10 @@ def test_summarize_gives_checkpoints_reached_and_none_beyond():
     at = record["mean_last100_return_at"]
     assert at["250000"] == pytest.approx(2.0)  # episodes ending by 250k: returns 1 and 3
     assert at["500000"] is None and at["750000"] is None and at["1000000"] is None
+    curve = record["mean_last100_return_every_50k"]
+    assert list(curve) == ["50000", "100000", "150000", "200000", "250000"]
+    assert curve["50000"] is None and curve["150000"] == pytest.approx(1.0)
+    assert curve["200000"] == pytest.approx(2.0)
     assert record["frames_reached"] == 260000 and record["episodes"] == 3
     assert record["final_mean_last100_return"] == pytest.approx(3.0)
     assert record["frames_per_second"] == pytest.approx(200.0)  # 260000 frames / 1300 s
