@@ -53,9 +53,13 @@ peer.NUM_FRAMES = frames
 random.seed(seed); numpy.random.seed(seed); torch.manual_seed(seed)
 
 
+made = []
+
+
 class ObservedEnvironment(peer.Environment):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        made.append(self)
         self.seed(seed)
         self.frames, self.episode_return, self.start = 0, 0.0, time.time()
         print("%s %s" % ("__CONFIG__", json.dumps({
@@ -79,6 +83,8 @@ class ObservedEnvironment(peer.Environment):
 peer.Environment = ObservedEnvironment
 sys.argv = [dqn_path, "--game", game, "--output", out_prefix, "--verbose"]
 peer.main()
+for env in made:  # the last mark: frames at the cap (a cut episode prints no peer_episode line)
+    print("%s %d %.1f" % ("__PROGRESS__", env.frames, time.time() - env.start), flush=True)
 """
 CHILD = (
     CHILD.replace("__CONFIG__", CONFIG_TAG).replace("__EPISODE__", EPISODE_TAG).replace("__PROGRESS__", PROGRESS_TAG)
