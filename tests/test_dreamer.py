@@ -16,6 +16,7 @@ from lightning_wm.envs import EnvConfig, env_spec
 from lightning_wm.nn import dists
 from lightning_wm.world_model import RolloutSchedule
 
+from support.batches import pendulum_batch
 from support.presets import DREAMER_TINY, REPLAY_DATA_TINY, data_overrides
 from support.tb_scalars import logged_scalars
 
@@ -152,20 +153,6 @@ def _train(model: Dreamer, batch: dict[str, torch.Tensor], steps: int) -> list[d
         _, logs = model.gradient_step(batch, optimizers)
         history.append({k: float(v) for k, v in logs.items()})
     return history
-
-
-def pendulum_batch(B: int = 3, L: int = 8, seed: int = 0) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    is_first = torch.zeros(B, L, dtype=torch.bool)
-    is_first[:, 0] = True
-    return {
-        "obs": torch.randn(B, L, 3, generator=g),
-        "action": torch.rand(B, L, 1, generator=g) * 4 - 2,
-        "reward": -torch.rand(B, L, generator=g),
-        "is_first": is_first,
-        "is_last": torch.zeros(B, L, dtype=torch.bool),
-        "is_terminal": torch.zeros(B, L, dtype=torch.bool),
-    }
 
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"], ids=["reinforce", "dynamics-backprop"])

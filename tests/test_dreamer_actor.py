@@ -13,6 +13,7 @@ from lightning_wm.envs import EnvConfig, env_spec
 from lightning_wm.nn import dists
 from lightning_wm.returns import lambda_return
 
+from support.batches import pendulum_batch
 from support.presets import DREAMER_TINY
 
 torch.set_num_threads(1)
@@ -23,20 +24,6 @@ def tiny(env_id: str, seed: int = 0, net=None, **behavior) -> Dreamer:
     spec = env_spec(EnvConfig(id=env_id))
     net = {**DREAMER_TINY["net"], **(net or {})}
     return Dreamer(spec, net=net, behavior={**DREAMER_TINY["behavior"], **behavior})
-
-
-def pendulum_batch(B: int = 3, L: int = 6) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(0)
-    is_first = torch.zeros(B, L, dtype=torch.bool)
-    is_first[:, 0] = True
-    return {
-        "obs": torch.randn(B, L, 3, generator=g),
-        "action": torch.rand(B, L, 1, generator=g) * 4 - 2,
-        "reward": -torch.rand(B, L, generator=g),
-        "is_first": is_first,
-        "is_last": torch.zeros(B, L, dtype=torch.bool),
-        "is_terminal": torch.zeros(B, L, dtype=torch.bool),
-    }
 
 
 def cartpole_batch(B: int = 3, L: int = 6) -> dict[str, torch.Tensor]:
@@ -82,7 +69,7 @@ def test_the_score_of_the_bounded_normal_is_unbiased_for_the_clipped_action():
 
 def test_imagined_reinforce_log_probs_are_the_draws_not_the_clipped_actions():
     model = tiny("Pendulum-v1", actor_grad="reinforce")
-    traj = imagined(model, pendulum_batch())
+    traj = imagined(model, pendulum_batch(L=6))
     mean, std = model.actor_distribution.continuous(traj["raw"])
     draws, actions = traj["draws"], traj["actions"]
     clipped = draws.abs() > 1
@@ -115,7 +102,7 @@ def actor_grads(model: Dreamer, batch: dict[str, torch.Tensor]) -> list[torch.Te
 def test_the_mixture_gradient_is_the_weighted_sum_of_the_pure_gradients():
     """Same weights, same draws: the actor's gradient with ``actor_grad: mix`` and ρ = 0.3 is 0.3
     times REINFORCE's plus 0.7 times the dynamics'; ρ = 1 and ρ = 0 are those two themselves."""
-    batch = pendulum_batch()
+    batch = pendulum_batch(L=6)
     gaussian = {"latent": "gaussian"}  # no sparse one-hot path: both pure forms see the same values
     pure = {
         grad: actor_grads(tiny("Pendulum-v1", net=gaussian, actor_grad=grad), batch)
@@ -134,9 +121,9 @@ def test_the_mixture_gradient_is_the_weighted_sum_of_the_pure_gradients():
 
 def test_a_mixed_step_reaches_only_the_actor_and_its_loss_is_logged():
     model = tiny("Pendulum-v1", actor_grad="mix", reinforce_weight=0.5)
-    losses, logs = model.gradient_step(pendulum_batch(), model.configure_optimizers())
+    losses, logs = model.gradient_step(pendulum_batch(L=6), model.configure_optimizers())
     assert torch.isfinite(losses["actor"]) and torch.isfinite(logs["train/entropy"])
-    traj = imagined(model, pendulum_batch())
+    traj = imagined(model, pendulum_batch(L=6))
     assert {"log_prob", "entropy_reinforce", "entropy_dynamics"} <= traj.keys()
     feats = traj["features"]  # with the dynamics' gradient (the actions are reparameterised)
     (through_returns,) = torch.autograd.grad(traj["returns"].sum(), feats, retain_graph=True, allow_unused=True)
@@ -149,7 +136,7 @@ def test_a_mixed_step_reaches_only_the_actor_and_its_loss_is_logged():
 def test_returns_bootstrap_from_the_slow_critic_when_asked(env_id):
     """``bootstrap_critic: slow_critic``: the values (λ-return bootstrap, REINFORCE baseline) are the
     slow critic's, the critic's regulariser target too; the default keeps the critic's."""
-    batch = pendulum_batch() if env_id == "Pendulum-v1" else cartpole_batch()
+    batch = pendulum_batch(L=6) if env_id == "Pendulum-v1" else cartpole_batch()
     for source in ("critic", "slow_critic"):
         model = tiny(env_id, bootstrap_critic=source)
         with torch.no_grad():  # a slow critic that differs from the critic
