@@ -22,8 +22,8 @@ from torch import nn
 
 from lightning_wm.cli import main
 from lightning_wm.data.acting import ActorError
-from lightning_wm.data.acting.central import ChunkPermits
-from lightning_wm.data.acting.inference import SWITCH_INTERVAL_S, InferenceClient, Rounds, acting_view, make_slots
+from lightning_wm.data.acting.central import SWITCH_INTERVAL_S, ChunkPermits
+from lightning_wm.data.acting.inference import InferenceClient, Rounds, acting_view, make_slots
 from lightning_wm.data.collector import Collector
 from lightning_wm.data.settings import ActingSettings
 from lightning_wm.envs import EnvConfig, make_vector_env

@@ -1,21 +1,11 @@
-"""The one acting interface: what every way of making rows offers the batch side.
-
-An online datamodule (:class:`~lightning_wm.data.online.OnlineDataModule`) is an acting part
-(:class:`Acting`) plus a batch part (:mod:`lightning_wm.data.batches`). Every mode implements
-:class:`Acting` — start (:meth:`Acting.setup`, then the first :meth:`Acting.attach_agent`),
-publish weights (later :meth:`Acting.attach_agent` calls), take rows (:meth:`Acting.next_chunk`,
-:class:`Chunk` s), health (:meth:`Acting.check`) and stop (:meth:`Acting.close`):
-
-* :class:`~lightning_wm.data.acting.in_process.InProcessActing` — a Collector in the learner's
-  process acts with the live module inside the data fetch (deterministic);
-* :class:`~lightning_wm.data.acting.pools.PoolActing` — sources that act while the learner trains,
-  behind one :class:`Pool` interface: actor processes or Ray actors with policy copies
-  (:mod:`~lightning_wm.data.acting.local`, :mod:`~lightning_wm.data.acting.ray_backend`), or central
-  inference's env groups as threads or processes (:mod:`~lightning_wm.data.acting.central`).
+"""The one acting interface every way of making rows implements (:class:`Acting`: start, publish
+weights, take rows, health, stop; the modes are listed in :mod:`lightning_wm.data.acting`), the
+:class:`Pool` of sources that act while the learner trains, and the :class:`Chunk` they send.
 """
 
 from __future__ import annotations
 
+import queue as queue_lib
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -51,12 +41,6 @@ class Chunk:
     episodes: list[dict[str, float]] = field(default_factory=list)
     env_steps: int = 0
     collect_s: float = 0.0
-
-    def date_by_oldest_row(self) -> None:
-        """Set ``version`` to the oldest weights that acted in the chunk (central acting: rows carry
-        the learner's version of the moment); a random-prefill chunk keeps its version."""
-        if self.version != RANDOM_POLICY_VERSION:
-            self.version = int(self.rows["policy_version"].min())
 
 
 class Acting(ABC):
@@ -149,45 +133,56 @@ class Acting(ABC):
 
 class Pool(ABC):
     """Sources that act while the learner trains (actors, env groups), started by the constructor.
-    Each mode gives :meth:`take`, :meth:`failure`, :meth:`publish`, :meth:`qsize`, :meth:`pids` and
-    :meth:`stop`; :meth:`get` and :meth:`check` are shared (a failure closes the pool and raises
-    :class:`ActorError`).
+    :meth:`get` and :meth:`check` are shared (a failure closes the pool and raises :class:`ActorError`);
+    each mode gives :meth:`publish`; :meth:`take`, :meth:`failure`, :meth:`qsize`, :meth:`pids` and
+    :meth:`stop` work over :attr:`sources` unless a mode gives its own (Ray's actors).
 
     Attributes:
         copies_weights: the sources act with copies, published every ``acting.publish_every`` steps;
             ``False``: with the live module, so :meth:`publish` only moves the version on (every step).
         timeout_s: a source silent this long is reported as hung.
+        sources: sets of workers (:class:`~lightning_wm.data.acting.spawned.SpawnedWorkers`, central
+            acting's group threads), each with a ``chunks`` queue, ``failure(timeout_s)``, ``pids()``
+            and ``close()``; the first set sends the chunks.
     """
 
     copies_weights = True
 
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s, self.closed, self._last_check = float(timeout_s), False, 0.0
+        self.sources: list[Any] = []
 
-    @abstractmethod
     def take(self, timeout: float) -> Chunk | None:
         """The next chunk within ``timeout`` seconds, or ``None`` (may raise :class:`ActorError`)."""
+        try:
+            return self.sources[0].chunks.get(timeout=timeout)
+        except queue_lib.Empty:
+            return None
 
-    @abstractmethod
     def failure(self) -> str | None:
         """A description (traceback included) of the first source that raised, died or hung, or ``None``."""
+        return next((f for source in self.sources if (f := source.failure(self.timeout_s)) is not None), None)
 
     @abstractmethod
     def publish(self, weights: Mapping[str, Tensor] | nn.Module | None, version: int) -> None:
         """Make ``weights`` (an acting copy's ``state_dict`` or the copy; ``None`` without
         :attr:`copies_weights`) the newest, as ``version``."""
 
-    @abstractmethod
     def qsize(self) -> int:
-        """Chunks waiting for the learner."""
+        """Chunks waiting for the learner (``-1`` where the queue cannot tell)."""
+        try:
+            return self.sources[0].chunks.qsize()
+        except NotImplementedError:  # a process queue on macOS
+            return -1
 
-    @abstractmethod
     def pids(self) -> list[int | None]:
-        """Process ids of the sources (or of their env workers)."""
+        """Process ids of the sources (or of their env workers), set after set."""
+        return [pid for source in self.sources for pid in source.pids()]
 
-    @abstractmethod
     def stop(self) -> None:
         """Stop every source (once, from :meth:`close`)."""
+        for source in self.sources:
+            source.close()
 
     def taken(self, chunk: Chunk) -> None:  # noqa: B027 - an optional hook
         """The learner took ``chunk``."""

@@ -18,6 +18,7 @@ the inference process's exception, death or silence for ``acting.timeout_s`` bec
 from __future__ import annotations
 
 import queue as queue_lib
+import sys
 import threading
 import time
 import traceback
@@ -28,7 +29,7 @@ import torch
 import torch.multiprocessing as tmp
 from torch import Tensor, nn
 
-from lightning_wm.data.acting.base import Chunk, Pool
+from lightning_wm.data.acting.base import RANDOM_POLICY_VERSION, Chunk, Pool
 from lightning_wm.data.acting.inference import (
     InferenceClient,
     InferenceStopped,
@@ -36,16 +37,20 @@ from lightning_wm.data.acting.inference import (
     SharedSlots,
     acting_view,
     make_slots,
-    shorten_switch_interval,
 )
 from lightning_wm.data.acting.local import WeightStore, module_bytes, module_from_bytes
-from lightning_wm.data.acting.spawned import SpawnedWorkers, heartbeat_of, hung, put_chunk, worker_process
+from lightning_wm.data.acting.spawned import Link, SpawnedWorkers, heartbeat_of, hung, put_chunk, worker_process
 from lightning_wm.data.acting.worker import STARTUP_GRACE_S, ActingJob, ActorWorker, acting_copy_ready
 from lightning_wm.data.collector import agent_device
 from lightning_wm.envs import env_spec
 from lightning_wm.signals import stop_requested
 
-__all__ = ["CentralPool", "ChunkPermits", "GroupThreads"]
+__all__ = ["CentralPool", "ChunkPermits", "GroupThreads", "SWITCH_INTERVAL_S"]
+
+# The interpreter's thread switch interval while group threads act: a thread woken by an env, a
+# request or an answer waits for the GIL until the learner's thread drops it, at most this long
+# (Python's default, 5 ms, would be paid at nearly every env step while the learner computes).
+SWITCH_INTERVAL_S = 0.0002
 
 
 class ChunkPermits:
@@ -100,32 +105,27 @@ def _group_loop(worker: ActorWorker, client: InferenceClient, permit: Any, chunk
                     if stop.is_set():
                         return
             chunk = worker.chunk(version)
-            chunk.date_by_oldest_row()
+            if chunk.version != RANDOM_POLICY_VERSION:  # rows carry the version of their moment: date by the oldest
+                chunk.version = int(chunk.rows["policy_version"].min())
             put_chunk(chunk, chunks, stop, beat)
     except InferenceStopped:
         return
 
 
-def _group_main(
-    group: int, job: ActingJob, slots: SharedSlots, permits: list[Any], chunks: Any, errors: Any, stop: Any,
-    heartbeat: Any, parent_pid: int,
-) -> None:  # fmt: skip
+def _group_main(group: int, job: ActingJob, slots: SharedSlots, permits: list[Any], link: Link) -> None:
     """Body of env-group process ``group``."""
-    with worker_process(group, chunks, errors, parent_pid) as holder:
+    with worker_process(group, link) as (holder, beat):
         torch.set_num_threads(1)
-        beat = heartbeat_of(heartbeat, group)
-        client = InferenceClient(slots, group, stop, beat)
+        client = InferenceClient(slots, group, link.stop, beat)
         holder[0] = worker = ActorWorker(group, job, client)
-        _group_loop(worker, client, permits[group], chunks, stop, beat)
+        _group_loop(worker, client, permits[group], link.chunks, link.stop, beat)
 
 
 def _inference_main(
-    index: int, pickled: bytes, store: WeightStore, slots: SharedSlots, deadline_s: float, chunks: Any,
-    errors: Any, stop: Any, heartbeat: Any, parent_pid: int,
-) -> None:  # fmt: skip
+    index: int, pickled: bytes, store: WeightStore, slots: SharedSlots, deadline_s: float, link: Link
+) -> None:
     """Body of the inference process: answer the groups' rounds with the newest published weights."""
-    with worker_process(index, chunks, errors, parent_pid):
-        beat = heartbeat_of(heartbeat, index)
+    with worker_process(index, link) as (_, beat):
         module = acting_copy_ready(module_from_bytes(pickled))
         version = store.pull_into(module)
 
@@ -136,7 +136,7 @@ def _inference_main(
             beat()  # a policy call that hangs stops the beat
             return version
 
-        Rounds(module, slots, deadline_s, newest).serve(stop, beat)
+        Rounds(module, slots, deadline_s, newest).serve(link.stop, beat)
 
 
 class _Stop(threading.Event):
@@ -159,10 +159,13 @@ class GroupThreads:
         self.heartbeat = [time.monotonic() + STARTUP_GRACE_S] * count
         self.workers: list[ActorWorker] = []
         self.threads: list[threading.Thread] = []
-        self._restore_switch_interval = shorten_switch_interval()
+        self._switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(min(self._switch_interval, SWITCH_INTERVAL_S))
         try:
             for g in range(count):
-                self.workers.append(ActorWorker(g, job, InferenceClient(slots, g, self.stop, self._beat(g), rounds)))
+                self.workers.append(
+                    ActorWorker(g, job, InferenceClient(slots, g, self.stop, heartbeat_of(self.heartbeat, g), rounds))
+                )
         except BaseException:
             self.close()
             raise
@@ -172,31 +175,16 @@ class GroupThreads:
             self.threads.append(thread)
             thread.start()
 
-    def _beat(self, group: int) -> Callable[[], None]:
-        def beat() -> None:
-            self.heartbeat[group] = time.monotonic()
-
-        return beat
-
     def _run(self, group: int, worker: ActorWorker, permit: Any, device: torch.device) -> None:
         try:
             if device.type == "cuda":  # a thread starts on the first GPU: the one of this rank instead
                 torch.cuda.set_device(device)
-            _group_loop(worker, worker.module, permit, self.chunks, self.stop, self._beat(group))
+            _group_loop(worker, worker.module, permit, self.chunks, self.stop, heartbeat_of(self.heartbeat, group))
         except BaseException as error:  # noqa: BLE001 - reported to the learner by failure()
             # kept, not formatted here: Python 3.11's traceback parses source, and ast is not thread-safe
             if not self.stop.is_set():
                 self.errors.append((group, error))
             self.slots.active[group] = False  # the others are served without waiting for it
-
-    def get(self, timeout: float) -> Chunk | None:
-        try:
-            return self.chunks.get(timeout=timeout)
-        except queue_lib.Empty:
-            return None
-
-    def qsize(self) -> int:
-        return self.chunks.qsize()
 
     def failure(self, timeout_s: float) -> str | None:
         if self.errors:
@@ -213,7 +201,7 @@ class GroupThreads:
         self.stop.set()
         for thread in self.threads:
             thread.join(timeout=10.0)
-        self._restore_switch_interval()
+        sys.setswitchinterval(self._switch_interval)
         force = {group for group, thread in enumerate(self.threads) if thread.is_alive()}  # inside env.step
         force |= {group for group, _ in self.errors}  # e.g. a worker process died
         for group, worker in enumerate(self.workers):
@@ -238,7 +226,8 @@ def _end_workers(env: Any) -> None:
 
 class CentralPool(Pool):
     """``job``'s env groups (threads or processes, ``acting.central_groups``) acting through one batched
-    policy: ``agent`` (the module being trained) itself, or its acting copy in the inference process."""
+    policy: ``agent`` (the module being trained) itself, or its acting copy in the inference process.
+    Its :attr:`sources`: the groups, then the inference process (processes only)."""
 
     def __init__(self, job: ActingJob, agent: Any) -> None:
         settings, count = job.settings, job.settings.num_actors
@@ -259,21 +248,22 @@ class CentralPool(Pool):
         )
         self.permits = ChunkPermits(count, settings.queue_size or count, semaphore)
         self.groups: SpawnedWorkers | GroupThreads
-        self.inference: SpawnedWorkers | None = None
         if not processes:
             self.groups = GroupThreads(
                 job, self.slots, Rounds(acting, self.slots, deadline_s, lambda: self.version), self.permits.semaphores
             )
+            self.sources = [self.groups]
             return
         self.store = WeightStore(acting, job.version)
         args = (module_bytes(acting), self.store, self.slots, deadline_s)
-        self.inference = SpawnedWorkers(_inference_main, args, 1, 1, "central inference process")
+        inference = SpawnedWorkers(_inference_main, args, 1, 1, "central inference process")
         try:
             args = (job, self.slots, self.permits.semaphores)
             self.groups = SpawnedWorkers(_group_main, args, count, count, "env group {} (central acting)")
         except BaseException:
-            self.inference.close()
+            inference.close()
             raise
+        self.sources = [self.groups, inference]
 
     @property
     def groups_per_act(self) -> float | None:
@@ -281,30 +271,11 @@ class CentralPool(Pool):
         calls, requests = (int(x) for x in self.slots.served)
         return requests / calls if calls else None
 
-    def take(self, timeout: float) -> Chunk | None:
-        return self.groups.get(timeout)
-
     def taken(self, chunk: Chunk) -> None:
         self.permits.taken(chunk.actor)  # the next group in turn may start a chunk
-
-    def failure(self) -> str | None:
-        failure = self.inference.failure(self.timeout_s) if self.inference is not None else None
-        return failure or self.groups.failure(self.timeout_s)
 
     def publish(self, weights: Mapping[str, Tensor] | nn.Module | None, version: int) -> None:
         """The learner's version now; with groups in processes, the weights the next policy call takes."""
         self.version = int(version)
         if weights is not None and self.copies_weights:
             self.store.publish(weights, version)
-
-    def qsize(self) -> int:
-        return self.groups.qsize()
-
-    def pids(self) -> list[int | None]:
-        """The groups' (threads: their env workers'), then the inference process's."""
-        return self.groups.pids() + (self.inference.pids() if self.inference is not None else [])
-
-    def stop(self) -> None:
-        self.groups.close()
-        if self.inference is not None:
-            self.inference.close()

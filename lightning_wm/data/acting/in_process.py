@@ -69,34 +69,31 @@ class InProcessActing(Acting):
         """Keep the live ``agent`` (not a copy: it acts with the weights of the moment)."""
         self.agent, self.version = agent, int(version)
 
-    def _ready(self) -> Collector:
-        """The collector, acting with the attached agent (its recurrent state starts afresh
-        when it takes over, e.g. from the random prefill policy)."""
+    def _ready(self, agent: Any) -> Collector:
+        """The collector, acting with ``agent`` (its recurrent state starts afresh when it takes
+        over, e.g. from the random prefill policy)."""
         if not self._open or self.collector is None:
             raise RuntimeError("setup() was not called")
-        if self.agent is None:
+        if agent is None:
             raise RuntimeError(NO_AGENT)
-        if self.collector.agent is not self.agent:
-            self.collector.set_agent(self.agent)
+        if self.collector.agent is not agent:
+            self.collector.set_agent(agent)
         return self.collector
 
     def collect_random(self, steps: int) -> None:
         """``steps`` vector steps with a random policy (seeded afresh from ``prefill``): the prefill."""
-        if not self._open or self.collector is None:
-            raise RuntimeError("setup() was not called")
-        self.collector.set_agent(RandomAgent(self.spec, seed=self._prefill_seed))
-        self.collector.collect(steps)
+        self._ready(RandomAgent(self.spec, seed=self._prefill_seed)).collect(steps)
 
     def collect(self, steps: int) -> None:
         """``steps`` vector steps (``steps * num_envs`` rows) with the attached agent, exploring;
         the agent takes over even for 0 steps."""
-        collector = self._ready()
+        collector = self._ready(self.agent)
         if steps > 0:
             collector.collect(steps, explore=True)
 
     def next_chunk(self, timeout: float = 0.0) -> Chunk:
         """Act ``chunk_length`` steps now; the rows carry ``policy_version`` (the attached version)."""
-        collector = self._ready()
+        collector = self._ready(self.agent)
         collector.policy_version = self.version
         before = self.stats.env_steps
         rows = collector.collect_chunk(self.chunk_length, explore=True, overlap=self.overlap)

@@ -10,7 +10,6 @@ only observations, actions and per-step extras cross; the policy and its recurre
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -29,24 +28,10 @@ __all__ = [
     "InferenceClient",
     "InferenceStopped",
     "Rounds",
-    "SWITCH_INTERVAL_S",
     "SharedSlots",
     "acting_view",
     "make_slots",
-    "shorten_switch_interval",
 ]
-
-# The interpreter's thread switch interval while group threads act: a thread woken by an env, a
-# request or an answer waits for the GIL until the learner's thread drops it, at most this long
-# (Python's default, 5 ms, would be paid at nearly every env step while the learner computes).
-SWITCH_INTERVAL_S = 0.0002
-
-
-def shorten_switch_interval() -> Callable[[], None]:
-    """Make the interpreter's switch interval at most :data:`SWITCH_INTERVAL_S`; returns what restores it."""
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(min(before, SWITCH_INTERVAL_S))
-    return lambda: sys.setswitchinterval(before)
 
 
 class InferenceStopped(RuntimeError):

@@ -1,10 +1,6 @@
-"""Policy copies in ``spawn``-ed actor processes (``acting.backend: local``): weights in a shared-memory
-:class:`WeightStore` (seqlock: the learner never waits for an actor), chunks through a bounded queue.
-
-Robustness (:mod:`lightning_wm.data.acting.spawned`): actors die with the learner, ignore Ctrl-C,
-never block on a full queue without checking for shutdown and beat a heartbeat; the pool turns an
-actor's exception (with its traceback), an actor that died, or one whose heartbeat stopped into
-one error.
+"""Policy copies in ``spawn``-ed actor processes (``acting.backend: local``; what keeps them robust:
+:mod:`~lightning_wm.data.acting.spawned`): weights in a shared-memory :class:`WeightStore` (seqlock:
+the learner never waits for an actor), chunks through a bounded queue.
 """
 
 from __future__ import annotations
@@ -13,14 +9,13 @@ import ctypes
 import io
 import time
 from collections.abc import Mapping
-from typing import Any
 
 import torch
 import torch.multiprocessing as tmp
 from torch import Tensor, nn
 
-from lightning_wm.data.acting.base import Chunk, Pool
-from lightning_wm.data.acting.spawned import SpawnedWorkers, heartbeat_of, put_chunk, worker_process
+from lightning_wm.data.acting.base import Pool
+from lightning_wm.data.acting.spawned import Link, SpawnedWorkers, put_chunk, worker_process
 from lightning_wm.data.acting.worker import ActingJob, ActorWorker, acting_copy_ready
 
 __all__ = ["LocalPool", "WeightStore", "module_bytes", "module_from_bytes"]
@@ -111,28 +106,17 @@ def module_from_bytes(pickled: bytes) -> nn.Module:
     return torch.load(io.BytesIO(pickled), weights_only=False)
 
 
-def _actor_main(
-    actor: int,
-    job: ActingJob,
-    pickled: bytes,
-    store: WeightStore,
-    chunks: Any,
-    errors: Any,
-    stop: Any,
-    heartbeat: Any,
-    parent_pid: int,
-) -> None:
-    """Body of actor process ``actor``: chunks into ``chunks`` until ``stop`` is set."""
-    with worker_process(actor, chunks, errors, parent_pid) as holder:
-        beat = heartbeat_of(heartbeat, actor)
+def _actor_main(actor: int, job: ActingJob, pickled: bytes, store: WeightStore, link: Link) -> None:
+    """Body of actor process ``actor``: chunks into ``link.chunks`` until ``link.stop`` is set."""
+    with worker_process(actor, link) as (holder, beat):
         module = module_from_bytes(pickled)
         worker = holder[0] = ActorWorker(actor, job, acting_copy_ready(module))
         version = job.version  # the weights the actor was built with
-        while not stop.is_set():
+        while not link.stop.is_set():
             beat()
             if worker.random_left <= 0:
                 version = store.pull_into(module, known_version=version)
-            put_chunk(worker.chunk(version), chunks, stop, beat)
+            put_chunk(worker.chunk(version), link.chunks, link.stop, beat)
 
 
 class LocalPool(Pool):
@@ -143,29 +127,9 @@ class LocalPool(Pool):
         super().__init__(job.settings.timeout_s)
         count = job.settings.num_actors
         self.store = WeightStore(module, job.version)
-        self.workers = SpawnedWorkers(
-            _actor_main,
-            (job, module_bytes(module), self.store),
-            count,
-            job.settings.queue_size or 2 * count,
-            "actor {}",
-        )
-
-    def take(self, timeout: float) -> Chunk | None:
-        return self.workers.get(timeout)
-
-    def failure(self) -> str | None:
-        return self.workers.failure(self.timeout_s)
+        args = (job, module_bytes(module), self.store)
+        self.sources = [SpawnedWorkers(_actor_main, args, count, job.settings.queue_size or 2 * count, "actor {}")]
 
     def publish(self, weights: Mapping[str, Tensor] | nn.Module | None, version: int) -> None:
         if weights is not None:
             self.store.publish(weights, version)
-
-    def qsize(self) -> int:
-        return self.workers.qsize()
-
-    def pids(self) -> list[int | None]:
-        return self.workers.pids()
-
-    def stop(self) -> None:
-        self.workers.close()

@@ -1,10 +1,6 @@
-"""Acting with sources that run while the learner trains (``acting.num_actors > 0``): the datamodule's
-handle on a :class:`~lightning_wm.data.acting.base.Pool`, started at the first agent attached with
-the random prefill each source takes first: policy copies in actor processes
-(:class:`~lightning_wm.data.acting.local.LocalPool`) or Ray actors
-(:class:`~lightning_wm.data.acting.ray_backend.RayPool`), or central inference's env groups
-(:class:`~lightning_wm.data.acting.central.CentralPool`). Chunks used count as env steps and feed
-:class:`ActorMetrics` (``actors/*`` gauges).
+"""Acting with sources that run while the learner trains (``acting.num_actors > 0``): :class:`PoolActing`,
+the datamodule's handle on a :class:`~lightning_wm.data.acting.base.Pool`, and the ``actors/*`` gauges
+(:class:`ActorMetrics`).
 """
 
 from __future__ import annotations
@@ -13,6 +9,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -117,28 +114,26 @@ class PoolActing(Acting):
         super().__init__(chunk_length, overlap)
         if settings.num_actors < 1:
             raise ValueError(f"acting with actors needs acting.num_actors >= 1, got {settings.num_actors}")
-        self.env, self.settings = env, settings
-        self.num_actors = settings.num_actors
-        self.envs_per_actor = settings.envs_per_actor or env.num_envs
+        self.settings = settings
+        self.job = ActingJob(env, settings, self.chunk_length, self.overlap)  # rank, prefill, version: at start
         self.pool: Pool | None = None
         self.agent: Any = None  # the agent the pool was started with
         self.published: int | None = None  # newest version sent to the sources
         self.learner_version = 0  # newest version attached (the learner's optimizer steps)
-        self.rank = 0
         self.gauges = ActorMetrics()
         self._env_steps = 0
 
     @property
     def num_streams(self) -> int:
-        return self.num_actors * self.envs_per_actor
+        return self.settings.num_actors * self.job.envs_per_actor
 
     @property
     def concurrent_sources(self) -> int:
-        return self.num_actors
+        return self.settings.num_actors
 
     def setup(self, rank: int, rows: Any = None) -> None:
         """Remember the rank (the pool starts when an agent is attached; ``rows`` is not used)."""
-        self.rank = rank
+        self.job = replace(self.job, rank=rank)
 
     def attach_agent(self, agent: Any, version: int, random_rows: int = 0) -> None:
         """Start the sources (the first call, or a new agent for sources that act with the live
@@ -151,7 +146,7 @@ class PoolActing(Acting):
             self.close()
             self.agent = agent
             random_steps = math.ceil(max(0, random_rows) / self.num_streams)
-            job = ActingJob(self.env, self.settings, self.chunk_length, self.overlap, self.rank, random_steps, version)
+            job = replace(self.job, random_steps=random_steps, version=version)
             self.pool = (
                 CentralPool(job, agent) if self.settings.policy == "central" else actor_pool(job, agent.acting_copy())
             )
@@ -179,7 +174,7 @@ class PoolActing(Acting):
 
     def streams(self, chunk: Chunk) -> np.ndarray:
         """Source ``a``'s env ``j`` is stream ``a * envs_per_actor + j``."""
-        return np.arange(chunk.actor * self.envs_per_actor, (chunk.actor + 1) * self.envs_per_actor)
+        return np.arange(chunk.actor * self.job.envs_per_actor, (chunk.actor + 1) * self.job.envs_per_actor)
 
     def check(self) -> None:
         self.require_pool().check()

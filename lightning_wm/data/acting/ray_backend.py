@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_wm.data.acting.base import ActorError, Chunk, Pool
+from lightning_wm.data.acting.spawned import hung
 from lightning_wm.data.acting.worker import STARTUP_GRACE_S, ActingJob, ActorWorker, acting_copy_ready
 from lightning_wm.signals import reclaim_signals
 
@@ -115,19 +116,15 @@ class RayPool(Pool):
         return len(self._ready())
 
     def failure(self) -> str | None:
-        timeout_s = self.timeout_s
         now = time.monotonic()
         ready = set(self._ready())
         for actor, calls in enumerate(self.calls):
             if any(ref in ready for ref, _ in calls):
                 self.last_seen[actor] = now
             elif calls:
-                silent = now - max(calls[0][1], self.last_seen[actor])
-                if silent > timeout_s:
-                    return (
-                        f"ray actor {actor} hung: no chunk for {silent:.1f} s (acting.timeout_s={timeout_s:g}); "
-                        "it may be stuck in env.step or in the policy"
-                    )
+                last = max(calls[0][1], self.last_seen[actor])
+                if (silent := hung(f"ray actor {actor}", last, self.timeout_s, sign="chunk")) is not None:
+                    return silent
         return None
 
     def stop(self) -> None:

@@ -21,6 +21,7 @@ import traceback
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch.multiprocessing as tmp
@@ -29,7 +30,7 @@ from lightning_wm.data.acting.base import Chunk
 from lightning_wm.data.acting.worker import STARTUP_GRACE_S, ActorWorker
 from lightning_wm.signals import ignore_stop_signals
 
-__all__ = ["SpawnedWorkers", "heartbeat_of", "hung", "put_chunk", "worker_process"]
+__all__ = ["Link", "SpawnedWorkers", "heartbeat_of", "hung", "put_chunk", "worker_process"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -54,39 +55,53 @@ def _die_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
+@dataclass
+class Link:
+    """What a worker process shares with the learner (handed over at spawn): the ``chunks`` queue,
+    the ``errors`` queue, the ``stop`` event, every worker's ``heartbeat`` (its last sign of life,
+    ``time.monotonic()``) and the learner's pid."""
+
+    chunks: Any
+    errors: Any
+    stop: Any
+    heartbeat: Any
+    parent_pid: int
+
+
+def heartbeat_of(heartbeat: Any, index: int) -> Callable[[], None]:
+    """Worker ``index``'s beat: it records now as the worker's last sign of life."""
+
+    def beat() -> None:
+        heartbeat[index] = time.monotonic()
+
+    return beat
+
+
 @contextmanager
-def worker_process(index: int, chunks: Any, errors: Any, parent_pid: int) -> Iterator[list[ActorWorker | None]]:
+def worker_process(index: int, link: Link) -> Iterator[tuple[list[ActorWorker | None], Callable[[], None]]]:
     """The frame of a worker process's body: dies with the learner, ignores Ctrl-C, never waits
     at exit for a learner that stopped reading; yields a one-item list the body puts its
-    :class:`ActorWorker` in (closed at the end). An exception is put on ``errors`` with its
-    traceback and the process exits with code 1."""
-    _die_with_parent(parent_pid)
+    :class:`ActorWorker` in (closed at the end) and the worker's beat (beaten once here). An
+    exception is put on ``errors`` with its traceback and the process exits with code 1."""
+    _die_with_parent(link.parent_pid)
     ignore_stop_signals()  # Ctrl-C and Slurm's SIGUSR1 reach the whole process group: the learner decides
-    chunks.cancel_join_thread()
+    link.chunks.cancel_join_thread()
     holder: list[ActorWorker | None] = [None]
+    beat = heartbeat_of(link.heartbeat, index)
+    beat()
     failed = False
     try:
-        yield holder
+        yield holder, beat
     except BaseException:  # noqa: BLE001 - reported to the learner, which raises it
-        errors.put((index, traceback.format_exc()))
-        errors.close()
-        errors.join_thread()
+        link.errors.put((index, traceback.format_exc()))
+        link.errors.close()
+        link.errors.join_thread()
         failed = True
     if holder[0] is not None:
         with contextlib.suppress(Exception):  # shutting down
             holder[0].close()
     if failed:
         os._exit(1)
-
-
-def heartbeat_of(heartbeat: Any, index: int) -> Callable[[], None]:
-    """Worker ``index``'s beat (it records now as the worker's last sign of life), beaten once here."""
-
-    def beat() -> None:
-        heartbeat[index] = time.monotonic()
-
-    beat()
-    return beat
 
 
 def put_chunk(chunk: Chunk, chunks: Any, stop: Any, beat: Callable[[], None]) -> None:
@@ -100,12 +115,12 @@ def put_chunk(chunk: Chunk, chunks: Any, stop: Any, beat: Callable[[], None]) ->
             continue
 
 
-def hung(label: str, last: float, timeout_s: float) -> str | None:
-    """``label`` described as hung if its last sign of life ``last`` is over ``timeout_s`` seconds old."""
+def hung(label: str, last: float, timeout_s: float, sign: str = "heartbeat") -> str | None:
+    """``label`` described as hung if its last sign of life (a ``sign``) at ``last`` is over ``timeout_s`` seconds old."""
     silent = time.monotonic() - last
     if silent <= timeout_s:
         return None
-    return f"{label} hung: no heartbeat for {silent:.1f} s (acting.timeout_s={timeout_s:g}); it may be stuck in env.step or in the policy"
+    return f"{label} hung: no {sign} for {silent:.1f} s (acting.timeout_s={timeout_s:g}); it may be stuck in env.step or in the policy"
 
 
 def _terminate(processes: list[Any], stop: Any) -> None:
@@ -127,9 +142,9 @@ def _terminate(processes: list[Any], stop: Any) -> None:
 
 
 class SpawnedWorkers:
-    """``count`` spawned processes running ``target(index, *args, chunks, errors, stop, heartbeat,
-    parent_pid)`` (a module-level function; ``args`` picklable), with their chunk queue of
-    ``queue_size``, error queue, stop event and heartbeats; ``name.format(i)`` labels worker ``i``."""
+    """``count`` spawned processes running ``target(index, *args, link)`` (a module-level function;
+    ``args`` picklable; ``link`` their :class:`Link` with a chunk queue of ``queue_size``);
+    ``name.format(i)`` labels worker ``i``."""
 
     def __init__(self, target: Callable[..., None], args: tuple, count: int, queue_size: int, name: str) -> None:
         ctx = tmp.get_context("spawn")
@@ -140,13 +155,13 @@ class SpawnedWorkers:
         self.heartbeat = ctx.RawArray(ctypes.c_double, count)
         # the last sign of life of each worker; starting (spawn, imports, env construction) gets a grace
         self.heartbeat[:] = [time.monotonic() + STARTUP_GRACE_S] * count
-        shared = (self.chunks, self.errors, self.stop, self.heartbeat, os.getpid())
+        link = Link(self.chunks, self.errors, self.stop, self.heartbeat, os.getpid())
         self.processes = [
             ctx.Process(
                 target=target,
                 name="lightning_wm-" + name.format(i).split(" (")[0].replace(" ", "-"),
                 daemon=True,
-                args=(i, *args, *shared),
+                args=(i, *args, link),
             )
             for i in range(count)
         ]
@@ -156,18 +171,6 @@ class SpawnedWorkers:
 
     def pids(self) -> list[int | None]:
         return [p.pid for p in self.processes]
-
-    def get(self, timeout: float) -> Chunk | None:
-        try:
-            return self.chunks.get(timeout=timeout)
-        except queue_lib.Empty:
-            return None
-
-    def qsize(self) -> int:
-        try:
-            return self.chunks.qsize()
-        except NotImplementedError:  # macOS
-            return -1
 
     def _raised(self, timeout: float) -> str | None:
         try:
