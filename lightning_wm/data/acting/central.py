@@ -10,9 +10,8 @@ agent is an :class:`~lightning_wm.data.acting.inference.InferenceClient`. ``acti
   published weights (a :class:`~lightning_wm.data.acting.local.WeightStore`) before each call: nothing
   of acting shares the learner's interpreter (the fastest central mode on a CPU learner, 32+ envs a group).
 
-Both share the rounds, the chunk permits (:class:`ChunkPermits`) and the failure checks: a group's or
-the inference process's exception, death or silence for ``acting.timeout_s`` becomes one
-:class:`~lightning_wm.data.acting.base.ActorError` naming it; everything dies with the learner.
+Both share the rounds, the chunk permits (:class:`ChunkPermits`) and the failure checks
+(:class:`~lightning_wm.data.acting.base.Pool`); everything dies with the learner.
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ from lightning_wm.data.acting.inference import (
     acting_view,
     make_slots,
 )
-from lightning_wm.data.acting.local import WeightStore, module_bytes, module_from_bytes
+from lightning_wm.data.acting.local import WeightStore
 from lightning_wm.data.acting.spawned import Link, SpawnedWorkers, heartbeat_of, hung, put_chunk, worker_process
 from lightning_wm.data.acting.worker import STARTUP_GRACE_S, ActingJob, ActorWorker, acting_copy_ready
 from lightning_wm.data.collector import agent_device
@@ -86,9 +85,11 @@ class ChunkPermits:
         self._grant()
 
 
-def _group_loop(worker: ActorWorker, client: InferenceClient, permit: Any, chunks: Any, stop: Any, beat: Any) -> None:
-    """A group's body, thread or process: a chunk per permit into ``chunks`` until ``stop`` is set."""
-    version = worker.job.version
+def _group_loop(worker: ActorWorker, permit: Any, chunks: Any) -> None:
+    """A group's body, thread or process: a chunk per permit into ``chunks`` until its client's
+    ``stop`` is set (the client, ``worker.module``, also beats the group's heartbeat)."""
+    client: InferenceClient = worker.module
+    stop, beat, version = client.stop, client.beat, worker.job.version
 
     def on_act(answered: int) -> None:
         nonlocal version
@@ -116,17 +117,14 @@ def _group_main(group: int, job: ActingJob, slots: SharedSlots, permits: list[An
     """Body of env-group process ``group``."""
     with worker_process(group, link) as (holder, beat):
         torch.set_num_threads(1)
-        client = InferenceClient(slots, group, link.stop, beat)
-        holder[0] = worker = ActorWorker(group, job, client)
-        _group_loop(worker, client, permits[group], link.chunks, link.stop, beat)
+        holder[0] = worker = ActorWorker(group, job, InferenceClient(slots, group, link.stop, beat))
+        _group_loop(worker, permits[group], link.chunks)
 
 
-def _inference_main(
-    index: int, pickled: bytes, store: WeightStore, slots: SharedSlots, deadline_s: float, link: Link
-) -> None:
+def _inference_main(index: int, store: WeightStore, slots: SharedSlots, deadline_s: float, link: Link) -> None:
     """Body of the inference process: answer the groups' rounds with the newest published weights."""
     with worker_process(index, link) as (_, beat):
-        module = acting_copy_ready(module_from_bytes(pickled))
+        module = acting_copy_ready(store.new_module())
         version = store.pull_into(module)
 
         def newest() -> int:
@@ -163,9 +161,8 @@ class GroupThreads:
         sys.setswitchinterval(min(self._switch_interval, SWITCH_INTERVAL_S))
         try:
             for g in range(count):
-                self.workers.append(
-                    ActorWorker(g, job, InferenceClient(slots, g, self.stop, heartbeat_of(self.heartbeat, g), rounds))
-                )
+                client = InferenceClient(slots, g, self.stop, heartbeat_of(self.heartbeat, g), rounds)
+                self.workers.append(ActorWorker(g, job, client))
         except BaseException:
             self.close()
             raise
@@ -179,7 +176,7 @@ class GroupThreads:
         try:
             if device.type == "cuda":  # a thread starts on the first GPU: the one of this rank instead
                 torch.cuda.set_device(device)
-            _group_loop(worker, worker.module, permit, self.chunks, self.stop, heartbeat_of(self.heartbeat, group))
+            _group_loop(worker, permit, self.chunks)
         except BaseException as error:  # noqa: BLE001 - reported to the learner by failure()
             # kept, not formatted here: Python 3.11's traceback parses source, and ast is not thread-safe
             if not self.stop.is_set():
@@ -255,7 +252,7 @@ class CentralPool(Pool):
             self.sources = [self.groups]
             return
         self.store = WeightStore(acting, job.version)
-        args = (module_bytes(acting), self.store, self.slots, deadline_s)
+        args = (self.store, self.slots, deadline_s)
         inference = SpawnedWorkers(_inference_main, args, 1, 1, "central inference process")
         try:
             args = (job, self.slots, self.permits.semaphores)

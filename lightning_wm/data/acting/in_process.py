@@ -1,8 +1,4 @@
-"""Acting in the learner's process (``acting.num_actors: 0``): a Collector steps the training envs with
-the live module inside the data fetch. Deterministic: a seeded run makes the same rows and weights
-every time. Every row also goes to the batch side's buffer as it is made; the batch side asks for
-an exact number of steps (:meth:`InProcessActing.collect`, the replay ratio) or for chunks (unrolls).
-"""
+"""Acting in the learner's process (``acting.num_actors: 0``): :class:`InProcessActing`."""
 
 from __future__ import annotations
 
@@ -19,7 +15,10 @@ __all__ = ["InProcessActing"]
 
 
 class InProcessActing(Acting):
-    """A Collector over ``env.num_envs`` envs that acts with the attached module.
+    """A Collector steps the training envs (``env.num_envs``) with the live module inside the data
+    fetch. Deterministic: a seeded run makes the same rows and weights every time. Every row also goes
+    to the batch side's buffer as it is made; the batch side asks for an exact number of steps
+    (:meth:`collect`, the replay ratio) or for chunks (unrolls).
 
     Seeds (:mod:`lightning_wm.seeding`, per DDP rank): the envs' first resets from role
     ``train``, the random prefill policy from ``prefill``.

@@ -1,11 +1,6 @@
 """Central inference: one batched policy call per round acts for every env group (SEED RL's split:
 only observations, actions and per-step extras cross; the policy and its recurrent state stay here).
-
-* :class:`SharedSlots` — per group a slot of ``[G, B, ...]`` tensors in shared memory (groups may be
-  processes) that the group's :class:`InferenceClient` writes its request into and reads its answer from.
-* :class:`Rounds` — the one implementation of rounds, deadlines and the explore split. Groups as
-  threads drive it themselves (the group whose request closes a round answers it: no hand-off);
-  the inference process serves it (:meth:`Rounds.serve`).
+A group's :class:`InferenceClient` asks through the :class:`SharedSlots`; :class:`Rounds` answers.
 """
 
 from __future__ import annotations
@@ -24,14 +19,7 @@ from torch import Tensor, nn
 from lightning_wm.data.collector import agent_device
 from lightning_wm.tree import concat, tree_map, where
 
-__all__ = [
-    "InferenceClient",
-    "InferenceStopped",
-    "Rounds",
-    "SharedSlots",
-    "acting_view",
-    "make_slots",
-]
+__all__ = ["InferenceClient", "InferenceStopped", "Rounds", "SharedSlots", "acting_view", "make_slots"]
 
 
 class InferenceStopped(RuntimeError):

@@ -18,7 +18,7 @@ from lightning_wm.data.acting.base import Pool
 from lightning_wm.data.acting.spawned import Link, SpawnedWorkers, put_chunk, worker_process
 from lightning_wm.data.acting.worker import ActingJob, ActorWorker, acting_copy_ready
 
-__all__ = ["LocalPool", "WeightStore", "module_bytes", "module_from_bytes"]
+__all__ = ["LocalPool", "WeightStore"]
 
 
 class WeightStore:
@@ -32,7 +32,8 @@ class WeightStore:
 
     Args:
         module: the acting module whose ``state_dict`` layout (keys, shapes, dtypes) every
-            later :meth:`publish` must keep; its weights are the store's first version.
+            later :meth:`publish` must keep; its weights are the store's first version. The store
+            carries it to the processes (:meth:`new_module`).
         version: the version of those weights.
     """
 
@@ -42,6 +43,16 @@ class WeightStore:
         ctx = tmp.get_context("spawn")
         self._seq = ctx.RawValue(ctypes.c_int64, 0)
         self._version = ctx.RawValue(ctypes.c_int64, int(version))
+        # pickled by value: a tensor handed to a ``spawn`` child as it is would be moved to shared
+        # memory and stay shared with the learner's module, which keeps training
+        buffer = io.BytesIO()
+        torch.save(module, buffer)
+        self._module = buffer.getvalue()
+
+    def new_module(self) -> nn.Module:
+        """A copy of the module the store was made with, its first weights included (in the process
+        that acts with it)."""
+        return torch.load(io.BytesIO(self._module), weights_only=False)
 
     @property
     def version(self) -> int:
@@ -93,23 +104,10 @@ class WeightStore:
             time.sleep(0.0005)
 
 
-def module_bytes(module: nn.Module) -> bytes:
-    """``module`` pickled by value: a torch tensor handed to a ``spawn`` child as it is would be moved
-    to shared memory and stay shared with the learner's module, which keeps training."""
-    buffer = io.BytesIO()
-    torch.save(module, buffer)
-    return buffer.getvalue()
-
-
-def module_from_bytes(pickled: bytes) -> nn.Module:
-    """The module :func:`module_bytes` pickled (in the process that acts with it)."""
-    return torch.load(io.BytesIO(pickled), weights_only=False)
-
-
-def _actor_main(actor: int, job: ActingJob, pickled: bytes, store: WeightStore, link: Link) -> None:
+def _actor_main(actor: int, job: ActingJob, store: WeightStore, link: Link) -> None:
     """Body of actor process ``actor``: chunks into ``link.chunks`` until ``link.stop`` is set."""
     with worker_process(actor, link) as (holder, beat):
-        module = module_from_bytes(pickled)
+        module = store.new_module()
         worker = holder[0] = ActorWorker(actor, job, acting_copy_ready(module))
         version = job.version  # the weights the actor was built with
         while not link.stop.is_set():
@@ -127,7 +125,7 @@ class LocalPool(Pool):
         super().__init__(job.settings.timeout_s)
         count = job.settings.num_actors
         self.store = WeightStore(module, job.version)
-        args = (job, module_bytes(module), self.store)
+        args = (job, self.store)
         self.sources = [SpawnedWorkers(_actor_main, args, count, job.settings.queue_size or 2 * count, "actor {}")]
 
     def publish(self, weights: Mapping[str, Tensor] | nn.Module | None, version: int) -> None:

@@ -96,25 +96,17 @@ class ActorMetrics:
 def actor_pool(job: ActingJob, module: nn.Module) -> Pool:
     """Policy copies of ``module`` (a CPU acting copy) in ``acting.num_actors`` actors of the
     settings' backend (``local`` processes or ``ray`` actors)."""
-    settings = job.settings
-    if settings.num_actors < 1 or job.chunk_length < 1:
-        raise ValueError(
-            f"actors need acting.num_actors >= 1 and chunks of >= 1 step, got {settings.num_actors}, {job.chunk_length}"
-        )
-    check_splits(job.actor_env(), settings.splits)  # here: one clear line, before any actor starts
+    check_splits(job.actor_env(), job.settings.splits)  # here: one clear line, before any actor starts
     module = module.cpu().eval().requires_grad_(False)
-    return RayPool(job, module) if settings.backend == "ray" else LocalPool(job, module)
+    return RayPool(job, module) if job.settings.backend == "ray" else LocalPool(job, module)
 
 
 class PoolActing(Acting):
-    """``settings.num_actors`` sources of ``envs_per_actor`` envs each (default ``env.num_envs``), chunks
-    of ``chunk_length`` steps (``overlap``: unrolls of ``chunk_length + 1`` rows sharing one)."""
+    """``settings.num_actors`` sources, each built from :attr:`job` (:class:`ActingJob`: its envs,
+    chunks and seeds)."""
 
     def __init__(self, env: EnvConfig, settings: ActingSettings, chunk_length: int, overlap: bool = False) -> None:
         super().__init__(chunk_length, overlap)
-        if settings.num_actors < 1:
-            raise ValueError(f"acting with actors needs acting.num_actors >= 1, got {settings.num_actors}")
-        self.settings = settings
         self.job = ActingJob(env, settings, self.chunk_length, self.overlap)  # rank, prefill, version: at start
         self.pool: Pool | None = None
         self.agent: Any = None  # the agent the pool was started with
@@ -125,11 +117,11 @@ class PoolActing(Acting):
 
     @property
     def num_streams(self) -> int:
-        return self.settings.num_actors * self.job.envs_per_actor
+        return self.job.settings.num_actors * self.job.envs_per_actor
 
     @property
     def concurrent_sources(self) -> int:
-        return self.settings.num_actors
+        return self.job.settings.num_actors
 
     def setup(self, rank: int, rows: Any = None) -> None:
         """Remember the rank (the pool starts when an agent is attached; ``rows`` is not used)."""
@@ -148,7 +140,7 @@ class PoolActing(Acting):
             random_steps = math.ceil(max(0, random_rows) / self.num_streams)
             job = replace(self.job, random_steps=random_steps, version=version)
             self.pool = (
-                CentralPool(job, agent) if self.settings.policy == "central" else actor_pool(job, agent.acting_copy())
+                CentralPool(job, agent) if job.settings.policy == "central" else actor_pool(job, agent.acting_copy())
             )
         elif not pool.copies_weights:
             pool.publish(None, version)
@@ -162,7 +154,7 @@ class PoolActing(Acting):
         """``version`` goes out: none was sent yet, the learner went back (a resume), or
         ``acting.publish_every`` steps have passed since the last one sent."""
         published = self.published
-        return published is None or version < published or version - published >= self.settings.publish_every
+        return published is None or version < published or version - published >= self.job.settings.publish_every
 
     def require_pool(self) -> Pool:
         if self.pool is None:

@@ -78,9 +78,6 @@ class RayPool(Pool):
         self.sent[actor] = self.version
         self.calls[actor].append((self.actors[actor].chunk.remote(weights, self.version), time.monotonic()))
 
-    def _oldest(self) -> dict[Any, int]:
-        return {calls[0][0]: actor for actor, calls in enumerate(self.calls) if calls}
-
     def pids(self) -> list[int | None]:
         return list(self.ray.get([a.pid.remote() for a in self.actors], timeout=120))
 
@@ -92,7 +89,7 @@ class RayPool(Pool):
         self.version = int(version)
 
     def take(self, timeout: float) -> Chunk | None:
-        oldest = self._oldest()
+        oldest = {calls[0][0]: actor for actor, calls in enumerate(self.calls) if calls}  # ref -> actor
         ready, _ = self.ray.wait(list(oldest), num_returns=1, timeout=timeout)
         if not ready:
             return None

@@ -1,10 +1,7 @@
-"""Worker processes that send chunks (actor processes, central env groups, the inference process).
-
-A worker is ``spawn``-ed, dies with the learner (``PR_SET_PDEATHSIG`` on Linux, a parent-pid watch
-as a fallback), ignores Ctrl-C (the learner shuts it down), beats a heartbeat, never blocks on a full
-chunk queue without checking for shutdown, and reports its exception with its traceback before it
-exits. :class:`SpawnedWorkers` turns a worker's exception, death or silence into one description
-naming it, and stops them all (ask, wait, terminate, kill).
+"""Worker processes that send chunks (actor processes, central env groups, the inference process):
+a body runs inside :func:`worker_process` (dies with the learner, ignores Ctrl-C, reports its
+exception), beats a heartbeat and puts chunks with :func:`put_chunk` (never blocks past a shutdown);
+:class:`SpawnedWorkers` starts them, describes a worker's exception, death or silence, and stops them.
 """
 
 from __future__ import annotations

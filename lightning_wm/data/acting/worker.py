@@ -47,6 +47,13 @@ class ActingJob:
     random_steps: int = 0
     version: int = 0
 
+    def __post_init__(self) -> None:
+        if self.settings.num_actors < 1 or self.chunk_length < 1:
+            raise ValueError(
+                f"sources need acting.num_actors >= 1 and chunks of >= 1 step, got {self.settings.num_actors}, "
+                f"{self.chunk_length}"
+            )
+
     @property
     def envs_per_actor(self) -> int:
         """Envs of one source: ``acting.envs_per_actor``, default ``env.num_envs``."""
