@@ -11,8 +11,6 @@ import ctypes
 import os
 import queue as queue_lib
 import signal
-import sys
-import threading
 import time
 import traceback
 import weakref
@@ -25,31 +23,9 @@ import torch.multiprocessing as tmp
 
 from lightning_wm.data.acting.base import Chunk
 from lightning_wm.data.acting.worker import STARTUP_GRACE_S, ActorWorker
-from lightning_wm.signals import ignore_stop_signals
+from lightning_wm.signals import die_with_parent, ignore_stop_signals
 
 __all__ = ["Link", "SpawnedWorkers", "heartbeat_of", "hung", "put_chunk", "worker_process"]
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    """Be killed when the learner dies, even by ``kill -9``: the kernel's parent-death signal
-    (Linux) plus a thread that watches the parent pid (other systems, or a failed prctl)."""
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(0)
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(1.0)
-        os._exit(0)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 @dataclass
@@ -80,7 +56,7 @@ def worker_process(index: int, link: Link) -> Iterator[tuple[list[ActorWorker | 
     at exit for a learner that stopped reading; yields a one-item list the body puts its
     :class:`ActorWorker` in (closed at the end) and the worker's beat (beaten once here). An
     exception is put on ``errors`` with its traceback and the process exits with code 1."""
-    _die_with_parent(link.parent_pid)
+    die_with_parent(link.parent_pid)
     ignore_stop_signals()  # Ctrl-C and Slurm's SIGUSR1 reach the whole process group: the learner decides
     link.chunks.cancel_join_thread()
     holder: list[ActorWorker | None] = [None]
