@@ -228,13 +228,25 @@ def _row(frames: int, seconds: float, wall: float, returns: list[float], trainin
     }
 
 
+def learner_metrics(trainer: Any) -> dict[str, float]:
+    """The learner's last logged ``train/*`` values (losses, mean policy entropy as
+    ``entropy_loss``, learning rate; logged every ``log_every_n_steps`` even without a logger),
+    kept with each evaluation so a record shows e.g. a policy that went deterministic."""
+    return {
+        k.removeprefix("train/"): round(float(v), 5)
+        for k, v in trainer.callback_metrics.items()
+        if k.startswith("train/") and getattr(v, "numel", lambda: 1)() == 1
+    }
+
+
 def _log(system: str, row: dict[str, Any], trivial: dict[str, Any] | None = None) -> None:
     trained = "–" if row["train_return"] is None else f"{row['train_return']:7.2f}"
     best = max(trivial["scores"].items(), key=lambda kv: kv[1]) if trivial else None
     print(
         f"[eval] {system} frames {row['frames']:9d}  {row['seconds']:7.1f} s  last 100 training {trained} "
         f"({row['train_episodes']} episodes)  greedy {row['eval_return']:7.2f} (sd {row['eval_std']:.2f})"
-        + (f"  best trivial: {best[0]} {best[1]:.2f}" if best else ""),
+        + (f"  best trivial: {best[0]} {best[1]:.2f}" if best else "")
+        + (f"  entropy {row['learner']['entropy_loss']:.3f}" if "entropy_loss" in row.get("learner", {}) else ""),
         file=sys.stderr,
         flush=True,
     )
@@ -321,6 +333,7 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
                 m.train(was_training)
             self.eval_time += time.perf_counter() - start
             self.history.append(_row(frames, seconds, time.perf_counter() - wall_start, returns, training))
+            self.history[-1]["learner"] = learner_metrics(trainer)
             _log(args.system, self.history[-1], trivial)
             if schedule.over(frames, seconds, time.perf_counter() - wall_start):
                 trainer.should_stop = True

@@ -151,3 +151,15 @@ def test_trivial_table_means_over_seed_sets_and_the_plot_is_written(tmp_path):
     path = tmp_path / "minatar_freeway.png"
     bench.plot_game(runs, "freeway", str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_learner_metrics_keep_the_scalar_train_values_only():
+    class Trainer:
+        callback_metrics = {
+            "train/entropy_loss": torch.tensor(1.2345678),
+            "train/cur_lr": torch.tensor(0.002),
+            "val/return": torch.tensor(3.0),
+            "train/per_env": torch.ones(4),
+        }
+
+    assert bench.learner_metrics(Trainer()) == {"entropy_loss": 1.23457, "cur_lr": 0.002}
