@@ -61,6 +61,27 @@ def test_paper_carracing_controller_has_867_parameters(tmp_path):
     assert state2["model"]["h"].abs().sum() > 0  # M has read [z, a] of the first frame
 
 
+def test_carracing_action_map_clips_the_brake_like_the_paper(tmp_path):
+    """With ``action_map [linear, linear, clip]`` zero weights drive (gas 0.5, brake 0), as the
+    paper's controller does; the linear mapping presses gas and brake half each."""
+    vision = save_module(Vision(CARRACING, latent_dim=4), tmp_path / "v.ckpt")
+    obs = torch.randint(0, 256, (2, 64, 64, 3), dtype=torch.uint8)
+    linear = Controller(CARRACING, vision_ckpt=vision, es={"popsize": 4})
+    paper = Controller(CARRACING, vision_ckpt=vision, es={"popsize": 4}, action_map=("linear", "linear", "clip"))
+    torch.testing.assert_close(linear.act(obs, None)[0], torch.tensor([[0.0, 0.5, 0.5]] * 2))
+    torch.testing.assert_close(paper.act(obs, None)[0], torch.tensor([[0.0, 0.5, 0.0]] * 2))
+    bias = torch.tensor([-3.0, -3.0, 0.5])  # the last 3 of the (4 + 1) * 3 weights are the biases
+    with torch.no_grad():
+        paper.params[-3:] = bias
+    expected = torch.stack([torch.tanh(bias[0]), (torch.tanh(bias[1]) + 1) / 2, torch.tanh(bias[2])])
+    torch.testing.assert_close(paper.act(obs, None)[0], expected.expand(2, 3))
+    with torch.no_grad():
+        paper.params[-1] = -3.0
+    assert (paper.act(obs, None)[0][:, 2] == 0).all()  # a negative brake output is no brake
+    with pytest.raises(ValueError, match="action_map"):
+        Controller(CARRACING, vision_ckpt=vision, action_map=("linear", "clip"))
+
+
 def test_one_hidden_layer_parameter_count():
     assert controller_num_params(10, 2, hidden=4) == 11 * 4 + 5 * 2
 
@@ -385,6 +406,29 @@ def test_cli_pipeline_carracing_configs(capsys):
     )
     assert dream.model.train_in == "dream" and dream.model.world_model.temperature == 1.15
     assert dream.model.cmaes.countiter == 1
+    # the V-only controller (no M) with the paper's action mapping, and the road-following data agent
+    v_only = main(
+        [
+            "fit",
+            "--config",
+            str(cfg / "controller_v.yaml"),
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.max_steps",
+            "1",
+            "--trainer.limit_val_batches",
+            "0",
+            "--model.init_args.es.popsize",
+            "3",
+            "--model.init_args.max_episode_steps",
+            "12",
+        ]
+    )
+    assert v_only.model.world_model is None and v_only.model.num_params == (VISION_TINY["latent_dim"] + 1) * 3
+    assert v_only.model.clip_dims.tolist() == [False, False, True] and v_only.model.cmaes.countiter == 1
+    road = ["--episodes", "1", "--data.init_args.directory", "road", "--data.init_args.env.max_episode_steps", "30"]
+    main(["record", "--config", str(cfg / "record_road.yaml"), *road])
+    assert len(EpisodeStore("road").paths()) == 1
 
 
 @pytest.mark.slow

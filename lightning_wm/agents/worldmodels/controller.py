@@ -8,7 +8,8 @@ raw observation vector when no model is given (useful baselines):
 * one hidden layer (``hidden > 0``): ``y = W2 tanh(W1 f + b1) + b2``.
 
 Continuous actions are ``tanh(y)`` mapped linearly onto the action bounds (``[-1, 1]``
-stays as is); discrete actions are ``argmax(y)``.
+stays as is), or, per dimension with ``action_map``, clipped to them (``clip``: the paper's
+CarRacing brake ``clip(tanh(y), 0, 1)``, off at zero weights); discrete actions are ``argmax(y)``.
 
 One training step is one CMA-ES generation (manual optimization, the ``cma`` package): ask a
 population, evaluate every member's mean return over ``es.episodes_per_member`` episodes, tell
@@ -158,6 +159,18 @@ def _check_controller_settings(
         raise ValueError(f"explore_noise is a probability, got {explore_noise}")
 
 
+def _clip_dims(action_map: tuple[str, ...], actions: ActionCodec) -> Tensor:
+    """``bool [A]``: the action dimensions ``action_map`` clips (see :class:`Controller`)."""
+    if not action_map:
+        return torch.zeros(actions.dim, dtype=torch.bool)
+    if actions.discrete or len(action_map) != actions.dim or not set(action_map) <= {"linear", "clip"}:
+        raise ValueError(
+            f"action_map needs one of 'linear'/'clip' per continuous action dimension ({actions.dim}), "
+            f"got {list(action_map)}"
+        )
+    return torch.tensor([m == "clip" for m in action_map])
+
+
 class Controller(RLModule):
     """World Models' controller, evolved by CMA-ES.
 
@@ -183,6 +196,10 @@ class Controller(RLModule):
             (default: averaged over the population, steadier under noisy fitness) or the
             ``best`` member ever evaluated (HumbleRL's ``_best`` weights). Not a model setting:
             a checkpoint holds both, so ``evaluate`` may pick either whatever fit used.
+        action_map: per action dimension, how ``tanh(y)`` becomes the env action: ``linear``
+            onto the bounds, or ``clip`` (clipped to them); empty: all ``linear``. The paper's
+            CarRacing controller is ``[linear, linear, clip]``: steer ``tanh``, gas
+            ``(tanh + 1) / 2``, brake ``clip(tanh, 0, 1)``.
         init_params_ckpt: a Controller checkpoint whose CMA-ES mean starts this search instead
             of zeros (same features and action size; the step size starts at ``es.sigma0``
             again), e.g. the last round's controller in the paper's iterative training. Not a
@@ -203,6 +220,7 @@ class Controller(RLModule):
         sample_z: bool = False,
         explore_noise: float = 0.0,
         use: Literal["mean", "best"] = "mean",
+        action_map: tuple[Literal["linear", "clip"], ...] = (),
         init_params_ckpt: str | None = None,
     ) -> None:
         super().__init__(env_spec)
@@ -245,6 +263,7 @@ class Controller(RLModule):
         self.register_buffer("best_params", torch.zeros(self.num_params))
         self.register_buffer("best_fitness", torch.tensor(float("-inf")))
         self.actions = ActionCodec(env_spec)  # the controller's output -> env actions
+        self.register_buffer("clip_dims", _clip_dims(action_map, self.actions), persistent=False)
         self.cmaes = cma.CMAEvolutionStrategy(
             start,
             es.sigma0,
@@ -314,7 +333,10 @@ class Controller(RLModule):
     def _act(self, params: Tensor, features: Tensor) -> Tensor:
         """Env actions ``[B]`` int64 / ``[B, A]`` float from the features ``[B, F]``."""
         y = controller_forward(params, features, self.in_dim, self.out_dim, self.hidden)
-        return self.actions.decode(y) if self.actions.discrete else self.actions.from_unit(torch.tanh(y))
+        if self.actions.discrete:
+            return self.actions.decode(y)
+        u = torch.tanh(y)
+        return torch.where(self.clip_dims, self.actions.clip(u), self.actions.from_unit(u))
 
     @torch.no_grad()
     def policy_step(self, obs: Tensor, state: dict[str, Any] | None, params: Tensor) -> tuple[Tensor, Any]:
