@@ -14,7 +14,13 @@ from torch import Tensor
 from lightning_wm.actions import ActionCodec
 from lightning_wm.envs import EnvSpec
 
-__all__ = ["RandomAgent"]
+__all__ = ["RandomAgent", "ar1_step"]
+
+
+def ar1_step(x: Any, rho: float, noise: Any) -> Any:
+    """One step of a unit-variance AR(1) process: ``rho * x + sqrt(1 - rho²) * noise``, with
+    ``noise`` standard normal (tensors or arrays of one shape); N(0, 1) stays its stationary law."""
+    return rho * x + (1 - rho**2) ** 0.5 * noise
 
 
 class RandomAgent:
@@ -82,10 +88,10 @@ class RandomAgent:
             return action, action, {}
         noise = torch.randn(batch, self.spec.action_dim, generator=self.generator)
         if self.mean is not None:
-            x = rho * state + (1 - rho**2) ** 0.5 * noise
+            x = ar1_step(state, rho, noise)
             return self.actions.clip((self.mean + self.std * x).reshape(batch, *self.actions.shape)), x, {}
         u = (
-            (rho * state + (1 - rho**2) ** 0.5 * noise).clamp(-1, 1)
+            ar1_step(state, rho, noise).clamp(-1, 1)
             if rho > 0
             else torch.rand(batch, self.spec.action_dim, generator=self.generator) * 2 - 1
         )

@@ -385,45 +385,29 @@ def test_cli_pipeline_carracing_configs(capsys):
     from lightning_wm.cli import main
 
     cfg = Path(__file__).resolve().parents[1] / "configs" / "worldmodels" / "carracing"
-    dream = main(
-        [
-            "fit",
-            "--config",
-            str(cfg / "controller_dream.yaml"),
+
+    def fit_one_generation(config: str, *overrides: str):
+        quiet = [
             "--trainer.enable_progress_bar",
             "false",
             "--trainer.max_steps",
             "1",
             "--trainer.limit_val_batches",
             "0",
-            "--model.init_args.es.popsize",
-            "3",
-            "--model.init_args.es.episodes_per_member",
-            "1",
-            "--model.init_args.dream.max_steps",
-            "12",
         ]
+        return main(["fit", "--config", str(cfg / config), *quiet, "--model.init_args.es.popsize", "3", *overrides])
+
+    dream = fit_one_generation(
+        "controller_dream.yaml",
+        "--model.init_args.es.episodes_per_member",
+        "1",
+        "--model.init_args.dream.max_steps",
+        "12",
     )
     assert dream.model.train_in == "dream" and dream.model.world_model.temperature == 1.15
     assert dream.model.cmaes.countiter == 1
     # the V-only controller (no M) with the paper's action mapping, and the road-following data agent
-    v_only = main(
-        [
-            "fit",
-            "--config",
-            str(cfg / "controller_v.yaml"),
-            "--trainer.enable_progress_bar",
-            "false",
-            "--trainer.max_steps",
-            "1",
-            "--trainer.limit_val_batches",
-            "0",
-            "--model.init_args.es.popsize",
-            "3",
-            "--model.init_args.max_episode_steps",
-            "12",
-        ]
-    )
+    v_only = fit_one_generation("controller_v.yaml", "--model.init_args.max_episode_steps", "12")
     assert v_only.model.world_model is None and v_only.model.num_params == (VISION_TINY["latent_dim"] + 1) * 3
     assert v_only.model.clip_dims.tolist() == [False, False, True] and v_only.model.cmaes.countiter == 1
     road = ["--episodes", "1", "--data.init_args.directory", "road", "--data.init_args.env.max_episode_steps", "30"]

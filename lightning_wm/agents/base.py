@@ -19,7 +19,7 @@ from lightning_wm.optim import OptimSettings, anneal_outlasted
 from lightning_wm.protocols import EnvStepCounter, EvaluationRequest
 from lightning_wm.settings import find_settings, plain
 
-__all__ = ["RLModule"]
+__all__ = ["RLModule", "UntrainedPolicy"]
 
 
 class RLModule(pl.LightningModule):
@@ -129,3 +129,19 @@ class RLModule(pl.LightningModule):
         self.log("val/length", lengths.mean(), sync_dist=True, batch_size=len(episodes))
 
     test_step = validation_step
+
+
+class UntrainedPolicy(RLModule):
+    """Base of agents that act without training (``record``'s data agents, e.g.
+    :class:`~lightning_wm.agents.random.RandomPolicy`): ``fit`` refuses them in one line, and one
+    frozen placeholder parameter gives the module a device."""
+
+    def __init__(self, env_spec: EnvSpec | None = None) -> None:
+        super().__init__(env_spec)
+        self._dummy = nn.Parameter(torch.zeros(()), requires_grad=False)
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        raise RuntimeError(f"{type(self).__name__} does not train; use it with `record` or `evaluate`")
+
+    def configure_optimizers(self) -> Any:
+        return None

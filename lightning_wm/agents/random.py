@@ -5,15 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import Tensor
 
-from lightning_wm.agents.base import RLModule
+from lightning_wm.agents.base import UntrainedPolicy
 from lightning_wm.envs import EnvSpec
 from lightning_wm.policies import RandomAgent
 
 
-class RandomPolicy(RLModule):
+class RandomPolicy(UntrainedPolicy):
     """Random actions, optionally temporally correlated and biased (see :class:`RandomAgent`).
 
     Args:
@@ -40,7 +39,6 @@ class RandomPolicy(RLModule):
         self.sampler = RandomAgent(
             env_spec, correlation=correlation, seed=seed, action_mean=action_mean, action_std=action_std
         )
-        self._dummy = torch.nn.Parameter(torch.zeros(()), requires_grad=False)
 
     def initial_state(self, batch_size: int) -> Tensor:
         return self.sampler.initial_state(batch_size)
@@ -48,9 +46,3 @@ class RandomPolicy(RLModule):
     def act(self, obs: Any, state: Any, explore: bool) -> tuple[Tensor, Any, dict[str, Tensor]]:
         """Random actions for the batch of ``state``; ``obs`` (a tensor or a dict of them) is not read."""
         return self.sampler.act(obs, state.cpu(), explore)
-
-    def training_step(self, batch: Any, batch_idx: int) -> None:
-        raise RuntimeError("RandomPolicy does not train; use it with `record` or `evaluate`")
-
-    def configure_optimizers(self) -> Any:
-        return None

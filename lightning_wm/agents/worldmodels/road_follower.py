@@ -20,8 +20,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_wm.agents.base import RLModule
+from lightning_wm.agents.base import UntrainedPolicy
 from lightning_wm.envs import EnvSpec
+from lightning_wm.policies import ar1_step
 
 FAR_ROWS, NEAR_ROWS = (14, 26), (30, 42)  # bands of the road ahead of the car
 CAR_COLUMN = 31.5
@@ -59,7 +60,7 @@ def speed_bar(frames: np.ndarray) -> np.ndarray:
     return frames[:, SPEED_BAR[0], SPEED_BAR[1]].astype(np.float64).mean((1, 2, 3))
 
 
-class RoadFollower(RLModule):
+class RoadFollower(UntrainedPolicy):
     """Follows CarRacing's road from the 64x64 frame (see the module docstring).
 
     Args:
@@ -95,7 +96,6 @@ class RoadFollower(RLModule):
         self.steer_gain, self.speed, self.gas, self.brake = steer_gain, tuple(speed), gas, brake
         self.steer_noise, self.correlation = steer_noise, correlation
         self._rng = np.random.default_rng(seed)
-        self._dummy = torch.nn.Parameter(torch.zeros(()), requires_grad=False)
 
     def initial_state(self, batch_size: int) -> Tensor:
         """The AR(1) steering noise ``[B]``, drawn from its stationary distribution."""
@@ -107,7 +107,7 @@ class RoadFollower(RLModule):
         noise = state.cpu().numpy()
         if noise.shape[0] != frames.shape[0]:
             noise = self._rng.standard_normal(frames.shape[0])
-        noise = self.correlation * noise + np.sqrt(1 - self.correlation**2) * self._rng.standard_normal(noise.shape)
+        noise = ar1_step(noise, self.correlation, self._rng.standard_normal(noise.shape))
         far, near = road_offsets(frames)
         steer = self.steer_gain * (0.6 * far + 0.4 * near) + self.steer_noise * noise
         speed = speed_bar(frames)
@@ -121,9 +121,3 @@ class RoadFollower(RLModule):
             -1,
         )
         return torch.from_numpy(action.astype(np.float32)), torch.from_numpy(noise), {}
-
-    def training_step(self, batch: Any, batch_idx: int) -> None:
-        raise RuntimeError("RoadFollower does not train; use it with `record` or `evaluate`")
-
-    def configure_optimizers(self) -> Any:
-        return None
