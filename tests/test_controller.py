@@ -6,7 +6,12 @@ import pytest
 import pytorch_lightning as pl
 import torch
 
-from lightning_wm.agents.worldmodels.controller import Controller, controller_forward, controller_num_params
+from lightning_wm.agents.worldmodels.controller import Controller
+from lightning_wm.agents.worldmodels.controller_net import (
+    controller_forward,
+    controller_num_params,
+    widen_controller_params,
+)
 from lightning_wm.agents.worldmodels.memory import Memory
 from lightning_wm.agents.worldmodels.vision import Vision
 from lightning_wm.data.episodes import EpisodeStore
@@ -267,9 +272,10 @@ def test_ddp_splits_the_population_and_matches_one_process(tmp_path):
     np.testing.assert_allclose(restored.cmaes.mean, single.cmaes.mean, rtol=1e-12, atol=1e-12)
 
 
-def _run_pipeline(name: str, capsys, env: list[str] = (), member_steps: int = 30) -> None:
+def _run_pipeline(name: str, capsys, env: list[str] = (), member_steps: int = 30, controller: list[str] = ()) -> None:
     """record -> fit V -> convert -> fit M -> fit C (real; then resumed) -> evaluate, and C in the
-    dream, from the CLI with the configs of ``configs/worldmodels/<name>``, sizes shrunk."""
+    dream, from the CLI with the configs of ``configs/worldmodels/<name>``, sizes shrunk
+    (``controller``: further overrides of C's fits)."""
     from pathlib import Path
 
     from lightning_wm.cli import main
@@ -335,6 +341,7 @@ def _run_pipeline(name: str, capsys, env: list[str] = (), member_steps: int = 30
         "--trainer.val_check_interval",
         "2",
         *env,
+        *controller,
     ]
     first = main(["fit", "--config", str(cfg / "controller.yaml"), *c_args, "--trainer.max_steps", "2"])
     features = VISION_TINY["latent_dim"] + MEMORY_TINY["net"]["hidden"]  # z and h
@@ -348,7 +355,8 @@ def _run_pipeline(name: str, capsys, env: list[str] = (), member_steps: int = 30
     saved = torch.load(ckpt_dir / "last.ckpt", weights_only=False)
     assert saved["global_step"] == 3
     capsys.readouterr()
-    main(["evaluate", "--config", str(cfg / "controller.yaml"), "--ckpt_path", "last", "--episodes", "2", *env])
+    evaluate = ["evaluate", "--config", str(cfg / "controller.yaml"), "--ckpt_path", "last", "--episodes", "2"]
+    main([*evaluate, *env, *controller])
     assert "return" in capsys.readouterr().out
     dream = main(
         [
@@ -379,7 +387,13 @@ def test_cli_pipeline_end_to_end_and_controller_resume(capsys):
 @pytest.mark.slow
 def test_cli_pipeline_carracing_configs(capsys):
     """The paper-sized CarRacing configs run end to end with shrunk sizes and short episodes."""
-    _run_pipeline("carracing", capsys, env=["--data.init_args.env.max_episode_steps", "12"], member_steps=12)
+    _run_pipeline(
+        "carracing",
+        capsys,
+        env=["--data.init_args.env.max_episode_steps", "12"],
+        member_steps=12,
+        controller=["--model.init_args.init_params_ckpt", "null"],  # before controller_v.yaml has run
+    )
     from pathlib import Path
 
     from lightning_wm.cli import main
@@ -410,6 +424,26 @@ def test_cli_pipeline_carracing_configs(capsys):
     v_only = fit_one_generation("controller_v.yaml", "--model.init_args.max_episode_steps", "12")
     assert v_only.model.world_model is None and v_only.model.num_params == (VISION_TINY["latent_dim"] + 1) * 3
     assert v_only.model.clip_dims.tolist() == [False, False, True] and v_only.model.cmaes.countiter == 1
+    # controller.yaml starts from the V-only controller's mean: its weights on z, zeros on h
+    z_h = main(
+        [
+            "fit",
+            "--config",
+            str(cfg / "controller.yaml"),
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.max_steps",
+            "0",
+            "--model.init_args.es.popsize",
+            "3",
+            "--trainer.overwrite",
+            "true",
+        ]
+    )
+    z = VISION_TINY["latent_dim"]
+    start = z_h.model.cmaes.mean.reshape(-1)[: 3 * (z + MEMORY_TINY["net"]["hidden"])].reshape(3, -1)
+    np.testing.assert_allclose(start[:, :z].reshape(-1), v_only.model.params.detach()[: 3 * z].double(), atol=1e-7)
+    assert not start[:, z:].any()
     road = ["--episodes", "1", "--data.init_args.directory", "road", "--data.init_args.env.max_episode_steps", "30"]
     main(["record", "--config", str(cfg / "record_road.yaml"), *road])
     assert len(EpisodeStore("road").paths()) == 1
@@ -710,6 +744,35 @@ def test_init_params_ckpt_starts_the_search_from_another_controllers_mean(tmp_pa
     torch.save({"state_dict": {"w": torch.zeros(1)}}, other)
     with pytest.raises(ValueError, match="not a Controller checkpoint"):
         Controller(env_spec=spec, es={"popsize": 4}, init_params_ckpt=str(other))
+
+
+def test_widen_controller_params_appends_zero_weights_for_the_new_features():
+    # W [2 outputs, 2 features] = [[1, 2], [3, 4]], b = [5, 6] -> W [2, 3] with a zero third column
+    params = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    np.testing.assert_array_equal(widen_controller_params(params, 2, 3, 2), [1, 2, 0, 3, 4, 0, 5, 6])
+    with pytest.raises(ValueError, match="cannot widen"):
+        widen_controller_params(params, 2, 1, 2)
+    with pytest.raises(ValueError, match="cannot widen"):
+        widen_controller_params(params[:5], 2, 3, 2)
+
+
+def test_a_v_only_controller_starts_a_z_h_controller_that_acts_the_same(tmp_path):
+    vision = save_module(Vision(CARRACING, latent_dim=8), tmp_path / "v.ckpt")
+    memory = save_module(Memory(CARRACING, net={"latent_dim": 8, "hidden": 16}), tmp_path / "m.ckpt")
+    es = {"popsize": 4, "episodes_per_member": 1}
+    v_only = Controller(CARRACING, vision_ckpt=vision, es=es)
+    with torch.no_grad():
+        v_only.params.copy_(torch.randn(v_only.num_params, generator=torch.Generator().manual_seed(0)))
+    path = save_module(v_only, tmp_path / "c_v.ckpt")
+    z_h = Controller(CARRACING, vision_ckpt=vision, memory_ckpt=memory, es=es, init_params_ckpt=path)
+    assert (v_only.num_params, z_h.num_params) == ((8 + 1) * 3, (8 + 16 + 1) * 3)
+    z, h = torch.randn(5, 8), torch.randn(5, 16)
+    torch.testing.assert_close(
+        controller_forward(z_h.params.detach(), torch.cat([z, h], -1), 24, 3),
+        controller_forward(v_only.params.detach(), z, 8, 3),
+    )
+    with pytest.raises(ValueError, match="holds 27 controller weights"):  # a hidden layer is not widened
+        Controller(CARRACING, vision_ckpt=vision, memory_ckpt=memory, hidden=4, es=es, init_params_ckpt=path)
 
 
 def test_fitness_figure_draws_each_curve_by_generation():

@@ -44,6 +44,11 @@ from torch import Tensor, nn
 from lightning_wm.actions import ActionCodec
 from lightning_wm.agents.base import RLModule
 from lightning_wm.agents.dreamer import Dreamer
+from lightning_wm.agents.worldmodels.controller_net import (
+    controller_forward,
+    controller_num_params,
+    widen_controller_params,
+)
 from lightning_wm.agents.worldmodels.figures import fitness_figure
 from lightning_wm.agents.worldmodels.memory import Memory
 from lightning_wm.agents.worldmodels.settings import ControllerDreamSettings, ESSettings
@@ -69,43 +74,6 @@ with warnings.catch_warnings():
 # ---------------------------------------------------------------------------------------
 # the policy, batched over population members
 # ---------------------------------------------------------------------------------------
-
-
-def controller_num_params(in_dim: int, out_dim: int, hidden: int = 0) -> int:
-    """Parameters of the controller: ``(in+1)*out`` linear, ``(in+1)*hidden + (hidden+1)*out`` with a hidden layer."""
-    if hidden <= 0:
-        return (in_dim + 1) * out_dim
-    return (in_dim + 1) * hidden + (hidden + 1) * out_dim
-
-
-def controller_forward(params: Tensor, features: Tensor, in_dim: int, out_dim: int, hidden: int = 0) -> Tensor:
-    """The controller's pre-activation output, with one parameter vector per batch entry.
-
-    Args:
-        params: ``[B, P]`` flat parameters (layout: ``W [O, F]`` row-major, then ``b [O]``;
-            with a hidden layer ``W1 [H, F], b1 [H], W2 [O, H], b2 [O]``); ``[P]`` is broadcast.
-        features: ``[B, F]``.
-    Returns:
-        ``[B, O]``.
-    """
-    if params.dim() == 1:
-        params = params.unsqueeze(0).expand(features.shape[0], -1)
-    b = features.shape[0]
-    if params.shape[-1] != controller_num_params(in_dim, out_dim, hidden):
-        raise ValueError(
-            f"expected {controller_num_params(in_dim, out_dim, hidden)} parameters, got {params.shape[-1]}"
-        )
-    x, offset = features, 0
-    layers = [(in_dim, out_dim)] if hidden <= 0 else [(in_dim, hidden), (hidden, out_dim)]
-    for i, (fan_in, fan_out) in enumerate(layers):
-        w = params[:, offset : offset + fan_out * fan_in].reshape(b, fan_out, fan_in)
-        offset += fan_out * fan_in
-        bias = params[:, offset : offset + fan_out]
-        offset += fan_out
-        x = torch.einsum("bf,bof->bo", x, w) + bias
-        if i < len(layers) - 1:
-            x = torch.tanh(x)
-    return x
 
 
 class _Randn:
@@ -202,8 +170,10 @@ class Controller(RLModule):
             ``(tanh + 1) / 2``, brake ``clip(tanh, 0, 1)``.
         init_params_ckpt: a Controller checkpoint whose CMA-ES mean starts this search instead
             of zeros (same features and action size; the step size starts at ``es.sigma0``
-            again), e.g. the last round's controller in the paper's iterative training. Not a
-            model setting (not saved).
+            again), e.g. the last round's controller in the paper's iterative training. A linear
+            controller on fewer features (V's ``z`` alone) starts a linear one on ``[z, h]``
+            with zero weights on ``h``: it acts as the V-only controller did, and CMA-ES learns
+            what ``h`` adds. Not a model setting (not saved).
     """
 
     def __init__(
@@ -300,13 +270,18 @@ class Controller(RLModule):
         params = load_checkpoint(path)["state_dict"].get("params")
         if params is None:
             raise CheckpointError(f"init_params_ckpt {path!r} is not a Controller checkpoint (it holds no 'params')")
-        if params.numel() != self.num_params:
+        params = params.double().numpy()
+        old_in = params.size // self.out_dim - 1  # a linear controller's features
+        if params.size != self.num_params and self.hidden <= 0 and 0 < old_in < self.in_dim:
+            if params.size == controller_num_params(old_in, self.out_dim):  # e.g. z alone into [z, h]
+                return widen_controller_params(params, old_in, self.in_dim, self.out_dim)
+        if params.size != self.num_params:
             raise ValueError(
-                f"init_params_ckpt {path!r} holds {params.numel()} controller weights, this controller "
+                f"init_params_ckpt {path!r} holds {params.size} controller weights, this controller "
                 f"has {self.num_params} (features {self.in_dim}, actions {self.out_dim}, hidden "
-                f"{self.hidden}): start from a controller on the same V, M and env"
+                f"{self.hidden}): start from a controller on the same V, M and env (or a linear one on V alone)"
             )
-        return params.double().numpy()
+        return params
 
     # -- policy -----------------------------------------------------------------------
     @property
