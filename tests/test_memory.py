@@ -363,7 +363,7 @@ def test_dream_figures_label_the_real_and_dreamed_rows_and_the_error_curves(monk
 
 
 @pytest.mark.slow
-def test_patience_stops_training_when_the_validation_loss_stops_falling(tmp_path):
+def test_patience_stops_training_when_the_validation_loss_stops_falling(tmp_path, capsys):
     """HumbleRL's patience: Lightning's EarlyStopping on val/loss. With a learning rate too small
     to move a weight (and z = mu) the validation loss never falls after the first epoch: patience 2
     stops after epoch 3 of 20."""
@@ -413,6 +413,9 @@ def test_patience_stops_training_when_the_validation_loss_stops_falling(tmp_path
     stopper = next(c for c in trainer.callbacks if isinstance(c, EarlyStopping))
     assert (stopper.monitor, stopper.mode, stopper.patience) == ("val/loss", "min", 2)
     assert trainer.current_epoch == 3 and stopper.stopped_epoch == 2
+    # and says so: a fit cut short is never taken for a finished one
+    said = capsys.readouterr().err
+    assert "early stopping: val/loss has not gone below" in said and "stopped after epoch 3 of 20" in said
     # no patience: no early stopping; HumbleRL's defaults are 10 (M) and 5 (V)
     assert Memory(SPEC, net=NET, patience=None).configure_callbacks() == []
     assert Memory(SPEC, net=NET).patience == 10 and Vision(SPEC, **VISION_TINY).patience == 5

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
+import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import EarlyStopping
 from torch import Tensor
@@ -11,13 +13,28 @@ from torch import Tensor
 from lightning_wm.agents.base import RLModule
 from lightning_wm.optim import GradClipper, OptimSettings, build_optimizer, optimizer_beta, with_lr_schedule
 
-__all__ = ["OfflineModel", "check_patience"]
+__all__ = ["OfflineModel", "ReportedEarlyStopping", "check_patience"]
 
 
 def check_patience(patience: int | None) -> None:
     """Refuse a ``patience`` below one validation (None: no early stopping)."""
     if patience is not None and patience < 1:
         raise ValueError(f"patience must be >= 1 validations (or null: no early stopping), got {patience}")
+
+
+class ReportedEarlyStopping(EarlyStopping):
+    """Lightning's ``EarlyStopping`` that says so: a fit it ends before ``max_epochs`` prints one
+    line (to stderr, rank 0) with the best ``val/loss``, the patience and where it stopped, so a
+    short fit is never mistaken for a finished one."""
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.stopped_epoch > 0 and trainer.is_global_zero:
+            print(
+                f"early stopping: {self.monitor} has not gone below {float(self.best_score):.4g} for "
+                f"{self.patience} validations: stopped after epoch {self.stopped_epoch + 1} of "
+                f"{trainer.max_epochs} (model.init_args.patience; null trains to the end)",
+                file=sys.stderr,
+            )
 
 
 class OfflineModel(RLModule):
@@ -84,8 +101,8 @@ class OfflineModel(RLModule):
             self._clipper = clipper = GradClipper.from_settings(self.optim.clip, beta)
         clipper(self.parameters())
 
-    def configure_callbacks(self) -> list[EarlyStopping]:
+    def configure_callbacks(self) -> list[ReportedEarlyStopping]:
         if self.patience is None:
             return []
         # strict=False: a fit too short to validate (under one epoch) has no val/loss to compare
-        return [EarlyStopping(monitor="val/loss", mode="min", patience=self.patience, strict=False)]
+        return [ReportedEarlyStopping(monitor="val/loss", mode="min", patience=self.patience, strict=False)]
