@@ -345,6 +345,22 @@ def test_impala_loss_with_normalized_advantages_hand_values():
     assert math.isclose(out.value_loss.item(), 1.625, rel_tol=1e-6)
 
 
+def test_relative_entropy_weight_is_in_units_of_the_advantages_batch_std():
+    """The hand-values case above: advantages [1.5, 1], std 0.25; entropies [0.7, 0.3] (mean 0.5).
+    With entropy_relative the bonus is 0.2 * 0.25 * 0.5; the policy and value terms are unchanged."""
+    logp = torch.log(torch.tensor([[0.5], [0.25]]))
+    value = torch.tensor([[1.0], [2.0], [4.0]])
+    steps = _steps([[1.0], [1.0]], [[0.5], [0.5]])
+    entropy = torch.tensor([[0.7], [0.3]])
+    common = {"discount": 0.5, "lambda_": 1.0, "entropy_weight": 0.2}
+    plain = impala_loss(logp, logp, entropy, value, steps, VTraceLossSettings(**common))
+    relative = impala_loss(logp, logp, entropy, value, steps, VTraceLossSettings(**common, entropy_relative=True))
+    assert torch.equal(plain.policy_loss, relative.policy_loss) and torch.equal(plain.value_loss, relative.value_loss)
+    rest = plain.policy_loss + 0.5 * plain.value_loss
+    assert math.isclose((plain.total_loss - rest).item(), -0.2 * 0.5, abs_tol=1e-6)
+    assert math.isclose((relative.total_loss - rest).item(), -0.2 * 0.25 * 0.5, abs_tol=1e-6)
+
+
 def test_entropy_weight_schedule_moves_linearly_then_holds():
     cfg = VTraceLossSettings(entropy_weight=0.1, entropy_weight_end=0.01, entropy_anneal_steps=100)
     assert [round(entropy_weight_at(cfg, s), 6) for s in (0, 50, 100, 200)] == [0.1, 0.055, 0.01, 0.01]

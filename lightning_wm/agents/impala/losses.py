@@ -42,12 +42,24 @@ def at_step(settings: VTraceLossSettings, step: int) -> VTraceLossSettings:
     return replace(settings, entropy_weight=entropy_weight_at(settings, step), entropy_weight_end=None)
 
 
+def masked_mean_std(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """The mean and (population) standard deviation of ``x [T, B]`` over the real steps
+    (``mask [T, B]`` bool), as 0-d tensors without gradient."""
+    x = x.detach()
+    count = mask.sum().clamp(min=1)
+    mean = torch.where(mask, x, 0.0).sum() / count
+    return mean, (torch.where(mask, x - mean, 0.0).square().sum() / count).sqrt()
+
+
+def masked_std(x: Tensor, mask: Tensor) -> Tensor:
+    """The standard deviation of ``x [T, B]`` over the real steps (:func:`masked_mean_std`)."""
+    return masked_mean_std(x, mask)[1]
+
+
 def normalized(advantage: Tensor, mask: Tensor) -> Tensor:
     """``advantage [T, B]`` minus its mean, divided by its standard deviation (+1e-8), both over the
     real steps (``mask [T, B]`` bool); masked steps are left as they are."""
-    count = mask.sum().clamp(min=1)
-    mean = torch.where(mask, advantage, 0.0).sum() / count
-    std = (torch.where(mask, advantage - mean, 0.0).square().sum() / count).sqrt()
+    mean, std = masked_mean_std(advantage, mask)
     return torch.where(mask, (advantage - mean) / (std + 1e-8), advantage)
 
 
@@ -110,6 +122,9 @@ def impala_loss(
         cfg.lambda_,
         mask=mask,
     )
+    entropy_weight = cfg.entropy_weight
+    if cfg.entropy_relative:  # in units of the advantages' batch std
+        entropy_weight = entropy_weight * masked_std(advantage, mask)
     if cfg.normalize_advantage:
         advantage = normalized(advantage, mask)
     w = mask.to(tlogp.dtype)
@@ -120,7 +135,7 @@ def impala_loss(
     td = value[:-1] - vs
     value_loss = (w * td.square()).sum() / count
     entropy_loss = (w * torch.where(mask, entropy, zero)).sum() / count
-    total = policy_loss + cfg.value_weight * value_loss - cfg.entropy_weight * entropy_loss
+    total = policy_loss + cfg.value_weight * value_loss - entropy_weight * entropy_loss
     with torch.no_grad():
         valid = mask.to(tlogp.dtype)
         log_rho = tlogp.detach() - blogp

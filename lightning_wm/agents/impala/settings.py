@@ -46,6 +46,11 @@ class VTraceLossSettings:
             ``entropy_weight`` at step 0 to this at that step and stays there
             (:func:`entropy_weight_at`); ``None``: ``entropy_weight`` throughout.
         entropy_anneal_steps: learner steps of that move.
+        entropy_relative: the entropy bonus is ``entropy_weight`` times the standard deviation of
+            the batch's V-trace advantages (over its real steps, no gradient): it counts in units
+            of the advantage scale, so a game whose advantages are tiny (sparse rewards) is not
+            held near uniform by a bonus sized for one whose advantages are large. Before
+            ``normalize_advantage``.
     """
 
     value_weight: float = 0.5
@@ -59,6 +64,7 @@ class VTraceLossSettings:
     normalize_advantage: bool = False
     entropy_weight_end: float | None = None
     entropy_anneal_steps: int = 0
+    entropy_relative: bool = False
 
     def __post_init__(self) -> None:
         for name in ("discount", "lambda_"):
