@@ -51,11 +51,6 @@ def masked_mean_std(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     return mean, (torch.where(mask, x - mean, 0.0).square().sum() / count).sqrt()
 
 
-def masked_std(x: Tensor, mask: Tensor) -> Tensor:
-    """The standard deviation of ``x [T, B]`` over the real steps (:func:`masked_mean_std`)."""
-    return masked_mean_std(x, mask)[1]
-
-
 def normalized(advantage: Tensor, mask: Tensor) -> Tensor:
     """``advantage [T, B]`` minus its mean, divided by its standard deviation (+1e-8), both over the
     real steps (``mask [T, B]`` bool); masked steps are left as they are."""
@@ -124,7 +119,7 @@ def impala_loss(
     )
     entropy_weight = cfg.entropy_weight
     if cfg.entropy_relative:  # in units of the advantages' batch std
-        entropy_weight = entropy_weight * masked_std(advantage, mask)
+        entropy_weight = entropy_weight * masked_mean_std(advantage, mask)[1]
     if cfg.normalize_advantage:
         advantage = normalized(advantage, mask)
     w = mask.to(tlogp.dtype)

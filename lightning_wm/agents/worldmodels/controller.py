@@ -271,10 +271,10 @@ class Controller(RLModule):
         if params is None:
             raise CheckpointError(f"init_params_ckpt {path!r} is not a Controller checkpoint (it holds no 'params')")
         params = params.double().numpy()
-        old_in = params.size // self.out_dim - 1  # a linear controller's features
-        if params.size != self.num_params and self.hidden <= 0 and 0 < old_in < self.in_dim:
-            if params.size == controller_num_params(old_in, self.out_dim):  # e.g. z alone into [z, h]
-                return widen_controller_params(params, old_in, self.in_dim, self.out_dim)
+        old_in = params.size // self.out_dim - 1  # the features of a linear controller of this size
+        linear_on_fewer = 0 < old_in < self.in_dim and params.size == controller_num_params(old_in, self.out_dim)
+        if self.hidden <= 0 and linear_on_fewer:  # e.g. z alone into [z, h]
+            return widen_controller_params(params, old_in, self.in_dim, self.out_dim)
         if params.size != self.num_params:
             raise ValueError(
                 f"init_params_ckpt {path!r} holds {params.size} controller weights, this controller "
