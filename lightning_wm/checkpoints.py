@@ -294,7 +294,8 @@ def check_compatible(
     The checkpoint keeps its architecture: another model class is refused by name, and so are
     weights whose names or shapes do not match the model's. Model settings (hyperparameters)
     that differ between the checkpoint and the config are listed with both values and refused
-    (``settings="refuse"``: resuming, where the config would silently train another model) or
+    (``settings="refuse"``: resuming, where the config would silently train another model; those
+    the model lists in ``resume_may_change``, budgets such as episodes per fitness, are warned) or
     reported in one :class:`CheckpointWarning` (``settings="warn"``: evaluating or recording
     with trained weights, where e.g. a population size or an env-step budget of training does
     not matter).
@@ -315,7 +316,9 @@ def check_compatible(
     current = dict(model.hparams)
     differences = hparam_differences(saved, current) if saved and current else {}
     listed = "; ".join(f"{k}: checkpoint {a!r}, config {b!r}" for k, (a, b) in differences.items())
-    if differences and settings == "refuse":
+    free = set(getattr(model, "resume_may_change", ()))  # a budget, not the model: warned below
+    if set(differences) - free and settings == "refuse":
+        listed = "; ".join(f"{k}: checkpoint {a!r}, config {b!r}" for k, (a, b) in differences.items() if k not in free)
         raise CheckpointError(
             f"{action} refused: the config contradicts the model in {str(path)!r} ({listed}); a "
             "checkpoint keeps its architecture: use the config it was trained with or set these keys "

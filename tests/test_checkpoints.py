@@ -325,3 +325,25 @@ def test_resume_if_exists_resumes_from_last_else_the_newest_step_else_best(tmp_p
     assert resume_point(tmp_path) == (str(tmp_path / "step=1000.ckpt"), "the newest periodic checkpoint step=1000.ckpt")
     (tmp_path / "last.ckpt").write_bytes(b"x")
     assert resume_point(tmp_path) == ("last", "")
+
+
+class _Budgeted(torch.nn.Module):
+    """A model whose ``es.episodes`` is a budget a resume may change; ``width`` is not."""
+
+    resume_may_change = ("es.episodes",)
+
+    def __init__(self, width: int, episodes: int) -> None:
+        super().__init__()
+        self.hparams = {"width": width, "es": {"episodes": episodes}}
+        self.layer = torch.nn.Linear(2, width)
+
+
+def test_a_resume_may_change_the_budgets_a_model_lists_and_is_warned_naming_them():
+    from lightning_wm.checkpoints import CheckpointWarning, check_compatible
+
+    saved = _Budgeted(3, 1)
+    checkpoint = {"state_dict": saved.state_dict(), "hyper_parameters": dict(saved.hparams)}
+    with pytest.warns(CheckpointWarning, match=r"es\.episodes: checkpoint 1, config 2"):
+        check_compatible(checkpoint, _Budgeted(3, 2), "c.ckpt", "resume", "refuse")
+    with pytest.raises(CheckpointError, match=r"\(width: checkpoint 3, config 4\)"):  # the budget is not listed
+        check_compatible(checkpoint, _Budgeted(4, 2), "c.ckpt", "resume", "refuse")

@@ -539,6 +539,8 @@ class Controller(RLModule):
 
     # -- checkpoints ------------------------------------------------------------------
     _UNSAVED = "memory_ensemble."
+    # a run resumes with more or fewer episodes per fitness, or env workers (the search state stays)
+    resume_may_change = ("es.episodes_per_member", "es.env_workers")
     unsaved_state_prefixes = (_UNSAVED,)  # check_compatible accepts older checkpoints that hold them
 
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
