@@ -467,3 +467,39 @@ def test_optim_clip_bounds_the_gradient_norm_and_excludes_the_trainers():
     assert norm.item() == pytest.approx(1e-3, rel=1e-4)
     with pytest.raises(ValueError, match="gradient_clip_val"):
         m.configure_gradient_clipping(opt, gradient_clip_val=1.0)
+
+
+def test_episode_forward_mean_hand_checked_and_against_a_loop():
+    from lightning_wm.agents.worldmodels.losses import episode_forward_mean
+
+    reward = torch.tensor([[1.0, 2.0, 3.0, 10.0, 20.0]])
+    is_first = torch.tensor([[True, False, False, True, False]])  # a new episode at row 3
+    got = episode_forward_mean(reward, is_first, 3)
+    # row 0: (1+2+3)/3; row 1: (2+3)/2, row 3 is the next episode's; row 2: 3; row 3: (10+20)/2; row 4: 20
+    torch.testing.assert_close(got, torch.tensor([[2.0, 2.5, 3.0, 15.0, 20.0]]))
+    torch.testing.assert_close(episode_forward_mean(reward, is_first, 1), reward)
+    g = torch.Generator().manual_seed(0)
+    reward, is_first = torch.randn(4, 30, generator=g), torch.rand(4, 30, generator=g) < 0.1
+    for horizon in (2, 7, 40):
+        expected = torch.empty_like(reward)
+        for b in range(4):
+            for t in range(30):
+                end = t + 1
+                while end < min(t + horizon, 30) and not is_first[b, end]:
+                    end += 1
+                expected[b, t] = reward[b, t:end].mean()
+        torch.testing.assert_close(episode_forward_mean(reward, is_first, horizon), expected)
+
+
+def test_the_reward_head_is_scored_on_the_forward_mean_with_a_reward_horizon():
+    torch.manual_seed(0)
+    batch = _batch(b=2, length=5, border=2)
+    batch["reward"] = torch.randn(2, 5)
+    one = Memory(SPEC, net=NET, sample_z=False)
+    three = Memory(SPEC, net=NET, sample_z=False, loss={"reward_horizon": 3})
+    three.load_state_dict(one.state_dict())
+    from lightning_wm.agents.worldmodels.losses import episode_forward_mean
+
+    smoothed = {**batch, "reward": episode_forward_mean(batch["reward"], batch["is_first"].bool(), 3)}
+    assert three.losses(batch)["reward_loss"].item() == pytest.approx(one.losses(smoothed)["reward_loss"].item())
+    assert three.losses(batch)["reward_loss"].item() != pytest.approx(one.losses(batch)["reward_loss"].item())

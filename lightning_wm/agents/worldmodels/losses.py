@@ -88,3 +88,26 @@ def mdn_rnn_loss(
     done_acc = (((done_logit > 0).float() == done_target).float() * weight).sum() / count
     loss = nll + reward_weight * reward_loss + done_weight * done_loss
     return {"loss": loss, "nll": nll, "reward_loss": reward_loss, "done_loss": done_loss, "done_acc": done_acc}
+
+
+def episode_forward_mean(reward: Tensor, is_first: Tensor, horizon: int) -> Tensor:
+    """The mean of the next ``horizon`` rewards of the same episode, ``[B, L]``.
+
+    Row ``t`` becomes ``mean(reward[t : t + n])`` with ``n <= horizon`` the rows up to the end of
+    the window or the next episode's first row (``is_first``), whichever comes first. Over an
+    episode its sum differs from the rewards' only near the end (each reward is counted once,
+    spread over the ``horizon`` rows before it): a target for a reward head whose per-step
+    reward is mostly noise (CarRacing's tile bonus), with the same total.
+
+    Args:
+        reward: ``[B, L]``; is_first: bool ``[B, L]``; horizon: ``>= 1`` (1: ``reward`` itself).
+    """
+    length = reward.shape[1]
+    total, count = reward.clone(), torch.ones_like(reward)
+    alive = torch.ones_like(is_first, dtype=torch.bool)
+    for j in range(1, min(horizon, length)):
+        alive[:, : length - j] &= ~is_first[:, j:]
+        ahead = alive[:, : length - j]
+        total[:, : length - j] += torch.where(ahead, reward[:, j:], torch.zeros_like(reward[:, j:]))
+        count[:, : length - j] += ahead.to(reward.dtype)
+    return total / count

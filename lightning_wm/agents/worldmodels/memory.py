@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from lightning_wm.actions import ActionCodec
 from lightning_wm.agents.worldmodels.figures import frames_figure, open_loop_error_figure
-from lightning_wm.agents.worldmodels.losses import mdn_rnn_loss
+from lightning_wm.agents.worldmodels.losses import episode_forward_mean, mdn_rnn_loss
 from lightning_wm.agents.worldmodels.offline import OfflineModel, check_patience
 from lightning_wm.agents.worldmodels.settings import MemoryDreamSettings, MemoryLossSettings, MemoryNetSettings
 from lightning_wm.agents.worldmodels.vision import Vision
@@ -248,10 +248,11 @@ class Memory(OfflineModel):
         """:func:`mdn_rnn_loss` of the predictions ``heads`` ``[B, L-1, ...]`` (made at ``t``)
         against rows ``t+1`` of ``z [B, L, Z]`` and ``batch``, where ``valid [B, L-1]``."""
         log_prob = self.log_prob(heads, z[:, 1:])
+        reward = episode_forward_mean(batch["reward"].float(), batch["is_first"].bool(), self.loss.reward_horizon)
         return mdn_rnn_loss(
             log_prob,
             heads["reward"],
-            batch["reward"][:, 1:].float(),
+            reward[:, 1:],
             self.next_done_logit(heads, z[:, 1:]),
             batch["is_terminal"][:, 1:].float(),
             valid,

@@ -70,6 +70,9 @@ class MemoryLossSettings:
         done_weight: weight of the done loss (binary cross-entropy on ``is_terminal``); 0 switches it off.
         done_pos_weight: weight of the positive (terminal) class in the done loss.
         burn_in: first steps of every window that only warm the LSTM (no loss).
+        reward_horizon: the reward head's target at ``t+1`` is the mean of the episode's next
+            ``reward_horizon`` rewards from ``t+1`` (1: the reward itself, the reference); a
+            head for dreams where one step's reward is mostly noise (CarRacing's tiles).
         open_loop_weight: weight of the open-loop loss (0: off, the reference). M reads every
             window a second time feeding back its own predictions: after ``open_loop_warmup``
             real latents from each window or episode start, its input ``z_t`` is its draw from its
@@ -84,6 +87,7 @@ class MemoryLossSettings:
     done_weight: float = 1.0
     done_pos_weight: float = 1.0
     burn_in: int = 0
+    reward_horizon: int = 1
     open_loop_weight: float = 0.0
     open_loop_warmup: int = 8
     open_loop_input: Literal["sample", "mean"] = "sample"
@@ -92,6 +96,7 @@ class MemoryLossSettings:
         for name in ("reward_weight", "done_weight", "done_pos_weight", "burn_in", "open_loop_weight"):
             _at_least(f"loss.{name}", getattr(self, name), 0)
         _at_least("loss.open_loop_warmup", self.open_loop_warmup, 1)
+        _at_least("loss.reward_horizon", self.reward_horizon, 1)
         _one_of("loss.open_loop_input", self.open_loop_input, ("sample", "mean"))
 
 
