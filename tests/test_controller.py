@@ -19,6 +19,7 @@ from lightning_wm.data.generations import GenerationDataModule
 from lightning_wm.envs import EnvConfig, EnvSpec, env_spec
 
 from support.presets import DREAMER_TINY
+from support.worldmodels import save_module
 
 torch.set_num_threads(1)
 
@@ -27,19 +28,6 @@ CARRACING = EnvSpec(
     gym.spaces.Box(np.array([-1.0, 0.0, 0.0], np.float32), np.ones(3, np.float32)),
     "CarRacing-v3",
 )
-
-
-def save_module(module: pl.LightningModule, path) -> str:
-    """A minimal Lightning checkpoint of an (untrained) module, loadable by load_from_checkpoint."""
-    torch.save(
-        {
-            "state_dict": module.state_dict(),
-            "hyper_parameters": dict(module.hparams),
-            "pytorch-lightning_version": pl.__version__,
-        },
-        path,
-    )
-    return str(path)
 
 
 def test_paper_carracing_controller_has_867_parameters(tmp_path):

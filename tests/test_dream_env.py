@@ -1,7 +1,7 @@
 """DreamEnv over any WorldModel (V+M and Dreamer's RSSM): gymnasium's env checker on the one-env
 view, next-step autoreset, truncation, reproducibility, rendering, decoded observations; dream
 starts from recorded episodes (first rows or all rows); the models' filtering (observe_step,
-posterior_states); a controller trained inside the dream."""
+posterior_states); a controller trained inside the dream. Ensembles of Ms: test_dream_ensemble.py."""
 
 import warnings
 
@@ -25,21 +25,15 @@ from lightning_wm.policies import RandomAgent
 from lightning_wm.world_model import rollout
 
 from support.presets import DREAMER_TINY, MEMORY_TINY, VISION_TINY
+from support.worldmodels import DISCRETE, save_module, tiny_vision_memory
 
 torch.set_num_threads(1)
 
-DISCRETE = EnvSpec(gym.spaces.Box(0, 255, (64, 64, 3), np.uint8), gym.spaces.Discrete(2), "Synthetic")
 CONTINUOUS = EnvSpec(
     gym.spaces.Box(0, 255, (64, 64, 3), np.uint8),
     gym.spaces.Box(np.array([-1.0, 0.0], np.float32), np.ones(2, np.float32)),
     "SyntheticContinuous",
 )
-
-
-def _model(spec=DISCRETE, temperature=None) -> VisionMemoryModel:
-    """A tiny V+M (``VISION_TINY``, ``MEMORY_TINY``: z 4, LSTM 8, 2 Gaussians), seeded."""
-    torch.manual_seed(0)
-    return VisionMemoryModel(Vision(spec, **VISION_TINY), Memory(spec, **MEMORY_TINY), temperature=temperature)
 
 
 def _vm_starts(model: VisionMemoryModel, n: int = 5) -> dict[str, torch.Tensor]:
@@ -49,7 +43,7 @@ def _vm_starts(model: VisionMemoryModel, n: int = 5) -> dict[str, torch.Tensor]:
 
 
 def _dream(spec=DISCRETE, num_envs=3, temperature=None, **kwargs) -> DreamEnv:
-    model = _model(spec, temperature=temperature)
+    model = tiny_vision_memory(spec, temperature=temperature)
     return DreamEnv(model, spec.action_space, _vm_starts(model), num_envs=num_envs, **kwargs)
 
 
@@ -130,7 +124,7 @@ def test_truncation_after_max_episode_steps_and_survival_reward():
 def test_done_mode_sample_draws_termination_from_the_probability():
     """Sampled: about a fraction p of dreams end (p from the done head); thresholded at 0.5:
     all or none of them for one start state."""
-    model = _model()
+    model = tiny_vision_memory()
     starts = {**model.zero_state(1), "z": torch.zeros(1, 4)}
     with torch.no_grad():
         model.memory.done_head.bias.fill_(0.0)
@@ -157,7 +151,7 @@ def test_seeded_dreams_are_reproducible_and_temperature_matters():
     assert not np.array_equal(trajectory(7), trajectory(8))
 
     def one_start(seed, temperature):  # every dream starts from the same latent
-        model = _model(temperature=temperature)
+        model = tiny_vision_memory(temperature=temperature)
         starts = {**model.zero_state(1), "z": torch.ones(1, 4)}
         env = DreamEnv(model, DISCRETE.action_space, starts, num_envs=2)
         out = [env.reset(seed=seed)[0]]
@@ -180,7 +174,7 @@ def test_collector_records_dream_rows():
 
 
 def test_bad_starts_are_refused():
-    model = _model()
+    model = tiny_vision_memory()
     with pytest.raises(ValueError, match="starts must be"):
         DreamEnv(model, DISCRETE.action_space, {"z": torch.zeros(0, 4), "h": torch.zeros(0, 8), "c": torch.zeros(0, 8)})
     with pytest.raises(ValueError, match="'first' or 'all'"):
@@ -210,7 +204,7 @@ def _latent_episode(length: int, seed: int) -> dict[str, np.ndarray]:
 
 
 def test_vision_memory_model_is_a_world_model():
-    model = _model()
+    model = tiny_vision_memory()
     obs = torch.randint(0, 256, (3, 64, 64, 3), dtype=torch.uint8)
     start = model.initial_state(obs)
     assert model.features(start).shape == (3, 12)
@@ -237,7 +231,7 @@ def test_dream_ends_from_the_drawn_latent_with_done_input_latent():
 def test_vision_memory_filtering_matches_m_over_the_episode():
     """posterior_states: z_t = V's mean of row t, h_t = M's LSTM output after reading rows < t
     (what Memory.unroll gives); observe_step reproduces it row by row and restarts at is_first."""
-    model = _model()
+    model = tiny_vision_memory()
     episode = _latent_episode(6, seed=1)
     states = model.posterior_states(episode)
     mu = torch.as_tensor(episode["mu"])
@@ -255,7 +249,7 @@ def test_vision_memory_filtering_matches_m_over_the_episode():
 
 
 def test_start_states_first_rows_or_all_rows():
-    model = _model()
+    model = tiny_vision_memory()
     episodes = [_latent_episode(5, seed=s) for s in range(3)]
     first = start_states(model, episodes, where="first")
     torch.testing.assert_close(first["z"], torch.as_tensor(np.stack([e["mu"][0] for e in episodes])))
@@ -268,22 +262,10 @@ def test_start_states_first_rows_or_all_rows():
     assert all(any(torch.equal(z, e) for e in every["z"]) for z in few["z"])
 
 
-def _save(module, path):
-    torch.save(
-        {
-            "state_dict": module.state_dict(),
-            "hyper_parameters": dict(module.hparams),
-            "pytorch-lightning_version": pl.__version__,
-        },
-        path,
-    )
-    return str(path)
-
-
 @pytest.mark.slow
 def test_controller_trains_inside_the_dream(tmp_path):
-    model = _model()
-    v, m = _save(model.vision, tmp_path / "v.ckpt"), _save(model.memory, tmp_path / "m.ckpt")
+    model = tiny_vision_memory()
+    v, m = save_module(model.vision, tmp_path / "v.ckpt"), save_module(model.memory, tmp_path / "m.ckpt")
     store = EpisodeStore(tmp_path / "latents")
     for i in range(3):
         store.add(
@@ -329,8 +311,8 @@ def test_controller_trains_inside_the_dream(tmp_path):
 def test_load_dream_env_from_checkpoints_matches_the_models(tmp_path):
     from lightning_wm.agents.worldmodels.vm_model import load_dream_env
 
-    model = _model()
-    v, m = _save(model.vision, tmp_path / "v.ckpt"), _save(model.memory, tmp_path / "m.ckpt")
+    model = tiny_vision_memory()
+    v, m = save_module(model.vision, tmp_path / "v.ckpt"), save_module(model.memory, tmp_path / "m.ckpt")
     store = EpisodeStore(tmp_path / "latents")
     for i in range(2):
         store.add(
@@ -561,144 +543,3 @@ def test_impala_in_dream_config_fits_in_the_dream_and_evaluates_in_the_real_env(
     assert float(logged["env/steps"]) >= 3 * 2 * 4 and "val/return" in logged
     main(args=["evaluate", *args, "--ckpt_path", "last", "--episodes", "2"])
     assert "return" in capsys.readouterr().out
-
-
-def _member(spec=DISCRETE, seed=1, z_offset=0.0) -> Memory:
-    """An M like ``_model``'s with other weights; with ``z_offset`` every mixture mean sits there
-    (and sigma is tiny), so its draws are recognisable."""
-    torch.manual_seed(seed)
-    member = Memory(spec, **MEMORY_TINY)
-    z = member.latent_dim
-    with torch.no_grad():
-        if z_offset:
-            member.mdn_head.weight.zero_()
-            member.mdn_head.bias.zero_()
-            member.mdn_head.bias.view(z, 3, 2)[:, 1] = z_offset  # per_dim layout: (pi, mu, log_sigma) x K per dim
-            member.mdn_head.bias.view(z, 3, 2)[:, 2] = -7.0
-    return member
-
-
-def test_ensemble_members_read_the_same_steps_and_the_primary_gives_the_features():
-    base = _model()
-    twin = Memory(DISCRETE, **MEMORY_TINY)
-    twin.load_state_dict(base.memory.state_dict())
-    model = VisionMemoryModel(
-        base.vision, base.memory, ensemble=[twin, _member()], ensemble_next="primary", ensemble_done="mean"
-    )
-    state = {**model.zero_state(3), "z": torch.randn(3, 4)}
-    assert state["eh"].shape == state["ec"].shape == (3, 2, 8)
-    action = torch.nn.functional.one_hot(torch.tensor([0, 1, 1]), 2).float()
-    alone = base.step({k: state[k] for k in ("z", "h", "c")}, action, generator=torch.Generator().manual_seed(5))
-    reward, nxt, done = model.step(state, action, generator=torch.Generator().manual_seed(5))
-    # the twin's LSTM state follows M's exactly; primary: z' is M's own draw
-    torch.testing.assert_close(nxt["eh"][:, 0], nxt["h"])
-    torch.testing.assert_close(nxt["h"], alone[1]["h"])
-    torch.testing.assert_close(nxt["z"], alone[1]["z"])
-    torch.testing.assert_close(model.features(nxt), torch.cat([nxt["z"], nxt["h"]], -1))
-    # reward and done: the mean over M, the twin and the other member
-    other = VisionMemoryModel(base.vision, model.ensemble[1])
-    o_reward, _, o_done = other.step({"z": state["z"], "h": state["eh"][:, 1], "c": state["ec"][:, 1]}, action)
-    torch.testing.assert_close(done, (2 * alone[2] + o_done) / 3)
-    torch.testing.assert_close(reward, (2 * alone[0] + o_reward) / 3)
-    # filtering a recorded episode fills every member's memory; is_first resets them all
-    episode = {
-        "mu": np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32),
-        "action": np.array([0, 1, 0, 1, 0]),
-    }
-    rows = model.posterior_states(episode)
-    assert rows["eh"].shape == (5, 2, 8)
-    torch.testing.assert_close(rows["eh"][:, 0], rows["h"])
-    torch.testing.assert_close(rows["h"], base.posterior_states(episode)["h"])
-    reset = model.observe_step(
-        state, action, torch.zeros(3, 64, 64, 3, dtype=torch.uint8), is_first=torch.tensor([True, False, True])
-    )
-    assert reset["eh"][[0, 2]].abs().sum() == 0 and reset["eh"][1].abs().sum() > 0
-
-
-def test_ensemble_random_next_draws_from_every_member_and_done_takes_the_max():
-    base = _model()
-    far = _member(z_offset=100.0)
-    model = VisionMemoryModel(base.vision, base.memory, ensemble=[far], ensemble_next="random", ensemble_done="max")
-    n = 400
-    state = {**model.zero_state(n), "z": torch.zeros(n, 4)}
-    action = torch.nn.functional.one_hot(torch.zeros(n, dtype=torch.long), 2).float()
-    _, nxt, done = model.step(state, action, generator=torch.Generator().manual_seed(0))
-    from_far = (nxt["z"] > 50).all(-1)
-    assert 0.4 < from_far.float().mean() < 0.6  # about half the dreams stepped with each member
-    assert (nxt["z"][~from_far].abs() < 50).all()
-    _, _, d_base = base.step({k: state[k] for k in ("z", "h", "c")}, action)
-    _, _, d_far = VisionMemoryModel(base.vision, far).step({k: state[k] for k in ("z", "h", "c")}, action)
-    torch.testing.assert_close(done, torch.maximum(d_base, d_far))
-    # the same generator seed repeats the dream; primary never uses the far member's z
-    _, again, _ = model.step(state, action, generator=torch.Generator().manual_seed(0))
-    torch.testing.assert_close(again["z"], nxt["z"])
-    model.ensemble_next = "primary"
-    assert (model.step(state, action)[1]["z"].abs() < 50).all()
-
-
-def test_ensemble_refuses_a_mismatched_member_and_unknown_rules():
-    base = _model()
-    with pytest.raises(ValueError, match="ensemble member 0 has latent_dim 4, hidden 16"):
-        VisionMemoryModel(base.vision, base.memory, ensemble=[Memory(DISCRETE, net={"latent_dim": 4, "hidden": 16})])
-    with pytest.raises(ValueError, match="ensemble_next must be"):
-        VisionMemoryModel(base.vision, base.memory, ensemble=[_member()], ensemble_next="vote")
-    with pytest.raises(ValueError, match="ensemble_done must be"):
-        VisionMemoryModel(base.vision, base.memory, ensemble=[_member()], ensemble_done="min")
-    with pytest.raises(ValueError, match="dream.ensemble needs memory_ckpt"):
-        Controller(DISCRETE, dream={"ensemble": ["m2.ckpt"]})
-
-
-def test_controller_dreams_with_an_ensemble_and_acts_with_m_alone(tmp_path):
-    model = _model()
-    v, m = _save(model.vision, tmp_path / "v.ckpt"), _save(model.memory, tmp_path / "m.ckpt")
-    m2 = _save(_member(), tmp_path / "m2.ckpt")
-    store = EpisodeStore(tmp_path / "latents")
-    for i in range(3):
-        store.add(
-            {
-                "mu": np.full((4, 4), i, np.float32),
-                "logvar": np.zeros((4, 4), np.float32),
-                "action": np.zeros(4, np.int64),
-                "is_first": np.eye(1, 4, dtype=bool)[0],
-            }
-        )
-    controller = Controller(
-        DISCRETE,
-        vision_ckpt=v,
-        memory_ckpt=m,
-        es={"popsize": 4, "episodes_per_member": 2},
-        train_in="dream",
-        dream={
-            "dir": str(tmp_path / "latents"),
-            "max_steps": 7,
-            "done_threshold": 2.0,
-            "reward": "survival",
-            "ensemble": [m2],
-        },
-    )
-    assert len(controller.dream_model.ensemble) == 1 and not len(controller.world_model.ensemble)
-    assert not any(k.startswith("world_model.ensemble") or "dream_model" in k for k in controller.state_dict())
-    assert controller.dream_starts_bank()["eh"].shape == (3, 1, 8)
-    assert "eh" not in controller.initial_state(2)["model"]  # the real env runs M alone
-    fitness = controller.evaluate_population(torch.randn(4, controller.num_params), 2, seed=0)
-    torch.testing.assert_close(fitness, torch.full((4,), 7.0))
-    # the ensemble's Ms are not saved: V and M alone load the dream-trained controller (evaluate,
-    # record), and a controller built with the ensemble loads it with its members' own weights
-    with torch.no_grad():
-        controller.params.normal_()
-    state = controller.state_dict()
-    assert not any(k.startswith("memory_ensemble") for k in state)
-    alone = Controller(DISCRETE, vision_ckpt=v, memory_ckpt=m, es={"popsize": 4})
-    alone.load_state_dict(state)
-    torch.testing.assert_close(alone.params, controller.params)
-    member = {k: t.clone() for k, t in controller.memory_ensemble.state_dict().items()}
-    controller.load_state_dict(state)
-    for k, t in controller.memory_ensemble.state_dict().items():
-        torch.testing.assert_close(t, member[k])
-    # checkpoints saved before the members were left out still load, with or without the ensemble
-    from lightning_wm.checkpoints import check_compatible
-
-    older = {"state_dict": {**state, **{"memory_ensemble." + k: t for k, t in member.items()}}}
-    for target in (alone, controller):
-        check_compatible(older, target, "older.ckpt", "evaluation", "warn")
-        target.load_state_dict(older["state_dict"])
