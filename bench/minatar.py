@@ -414,39 +414,44 @@ def run_rllib(args: argparse.Namespace) -> dict[str, Any]:
             trivial = cached_trivial(
                 args, key, lambda: trivial_scores(play, lambda: make(config=eval_config), eval_seed)
             )
-            training = TrainingReturns()
-            schedule = EvalSchedule(args.eval_every, args.frames, args.minutes * 60, args.wall_minutes * 60)
-            history: list[dict[str, float]] = []
-            train_time = eval_time = 0.0
-            while True:
-                start = time.perf_counter()
-                result = algo.train()
-                train_time += time.perf_counter() - start
-                runners = result.get("env_runners", {})
-                frames = int(runners.get("num_env_steps_sampled_lifetime", 0))
-                if not schedule.due(frames, train_time, time.perf_counter() - wall_start):
-                    continue
-                training.recent.clear()  # RLlib's own mean over its last 100 episodes stands for ours
-                mean = runners.get("episode_return_mean")
-                if mean is not None and not math.isnan(float(mean)):
-                    training.recent.append(float(mean))
-                training.count = int(runners.get("num_episodes_lifetime", 0))
-                start = time.perf_counter()
-                returns = play(policy)
-                eval_time += time.perf_counter() - start
-                history.append(_row(frames, train_time, time.perf_counter() - wall_start, returns, training))
-                _log("rllib", history[-1], trivial)
-                if schedule.over(frames, train_time, time.perf_counter() - wall_start):
-                    extra = {
-                        "trivial": trivial,
-                        "eval_env": env_settings,
-                        "wall_seconds": time.perf_counter() - wall_start,
-                    }
-                    return _record(args, history, eval_time, extra)
+            extra = {"trivial": trivial, "eval_env": env_settings}
+            return _rllib_train_and_evaluate(algo, args, lambda: play(policy), trivial, extra, wall_start)
         finally:
             algo.stop()
     finally:
         ray.shutdown()
+
+
+def _rllib_train_and_evaluate(
+    algo: Any, args: argparse.Namespace, evaluate: Any, trivial: dict, extra: dict, wall_start: float
+) -> dict[str, Any]:
+    """RLlib's training iterations until the frame budget or a time cap, ``evaluate()`` (greedy
+    returns) after each one that crosses a multiple of ``--eval-every``; the run's record."""
+    training = TrainingReturns()
+    schedule = EvalSchedule(args.eval_every, args.frames, args.minutes * 60, args.wall_minutes * 60)
+    history: list[dict[str, float]] = []
+    train_time = eval_time = 0.0
+    while True:
+        start = time.perf_counter()
+        result = algo.train()
+        train_time += time.perf_counter() - start
+        runners = result.get("env_runners", {})
+        frames = int(runners.get("num_env_steps_sampled_lifetime", 0))
+        if not schedule.due(frames, train_time, time.perf_counter() - wall_start):
+            continue
+        training.recent.clear()  # RLlib's own mean over its last 100 episodes stands for ours
+        mean = runners.get("episode_return_mean")
+        if mean is not None and not math.isnan(float(mean)):
+            training.recent.append(float(mean))
+        training.count = int(runners.get("num_episodes_lifetime", 0))
+        start = time.perf_counter()
+        returns = evaluate()
+        eval_time += time.perf_counter() - start
+        history.append(_row(frames, train_time, time.perf_counter() - wall_start, returns, training))
+        _log("rllib", history[-1], trivial)
+        if schedule.over(frames, train_time, time.perf_counter() - wall_start):
+            extra = {**extra, "wall_seconds": time.perf_counter() - wall_start}
+            return _record(args, history, eval_time, extra)
 
 
 # -- driver ------------------------------------------------------------------------------------
