@@ -70,6 +70,10 @@ class RoadFollower(UntrainedPolicy):
         gas, brake: pedal values below the target, and above 1.3 x the target.
         steer_noise: std of the AR(1) noise added to the steering (0: deterministic).
         correlation: the noise's AR(1) coefficient (its variance stays 1).
+        pedal_noise: scale of a second AR(1) noise ``n`` on the pedals: ``pedal_noise * max(n, 0)``
+            added to the gas, ``pedal_noise * max(-n, 0)`` to the brake, clipped to [0, 1] (0: off).
+            Data for a dream-trained controller: M must see what full gas and hard braking do.
+        pedal_correlation: that noise's AR(1) coefficient (0.97: pushes that last ~30 steps).
         seed: seed of the noise.
     """
 
@@ -82,6 +86,8 @@ class RoadFollower(UntrainedPolicy):
         brake: float = 0.3,
         steer_noise: float = 0.0,
         correlation: float = 0.9,
+        pedal_noise: float = 0.0,
+        pedal_correlation: float = 0.97,
         seed: int | None = None,
     ) -> None:
         super().__init__(env_spec)
@@ -90,33 +96,47 @@ class RoadFollower(UntrainedPolicy):
             raise ValueError(
                 f"RoadFollower drives CarRacing from uint8 [64, 64, 3] frames (size: [64, 64]); got {shape}"
             )
-        if not 0.0 <= correlation < 1.0 or steer_noise < 0:
-            raise ValueError(f"need 0 <= correlation < 1 and steer_noise >= 0, got {correlation}, {steer_noise}")
+        if not (0.0 <= correlation < 1.0 and 0.0 <= pedal_correlation < 1.0) or min(steer_noise, pedal_noise) < 0:
+            raise ValueError(
+                "need 0 <= correlation, pedal_correlation < 1 and steer_noise, pedal_noise >= 0, got "
+                f"{correlation}, {pedal_correlation}, {steer_noise}, {pedal_noise}"
+            )
         self.save_settings()
         self.steer_gain, self.speed, self.gas, self.brake = steer_gain, tuple(speed), gas, brake
         self.steer_noise, self.correlation = steer_noise, correlation
+        self.pedal_noise, self.pedal_correlation = pedal_noise, pedal_correlation
         self._rng = np.random.default_rng(seed)
 
     def initial_state(self, batch_size: int) -> Tensor:
-        """The AR(1) steering noise ``[B]``, drawn from its stationary distribution."""
-        return torch.from_numpy(self._rng.standard_normal(batch_size))
+        """The AR(1) noises ``[B, 2]`` (steering, pedals) from their stationary distribution (the
+        pedals' stays 0 and draws nothing with ``pedal_noise`` 0)."""
+        return torch.from_numpy(self._draw_noise(batch_size))
+
+    def _draw_noise(self, batch_size: int) -> np.ndarray:
+        steer = self._rng.standard_normal(batch_size)
+        pedal = self._rng.standard_normal(batch_size) if self.pedal_noise else np.zeros(batch_size)
+        return np.stack([steer, pedal], -1)
 
     def act(self, obs: Any, state: Tensor, explore: bool = True) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         """``uint8 [B, 64, 64, 3]`` frames -> actions ``float32 [B, 3]`` (steer, gas, brake)."""
         frames = torch.as_tensor(obs).cpu().numpy()
         noise = state.cpu().numpy()
         if noise.shape[0] != frames.shape[0]:
-            noise = self._rng.standard_normal(frames.shape[0])
-        noise = ar1_step(noise, self.correlation, self._rng.standard_normal(noise.shape))
+            noise = self._draw_noise(frames.shape[0])
+        noise = noise.copy()
+        noise[:, 0] = ar1_step(noise[:, 0], self.correlation, self._rng.standard_normal(len(noise)))
+        if self.pedal_noise:
+            noise[:, 1] = ar1_step(noise[:, 1], self.pedal_correlation, self._rng.standard_normal(len(noise)))
+        push = self.pedal_noise * noise[:, 1]
         far, near = road_offsets(frames)
-        steer = self.steer_gain * (0.6 * far + 0.4 * near) + self.steer_noise * noise
+        steer = self.steer_gain * (0.6 * far + 0.4 * near) + self.steer_noise * noise[:, 0]
         speed = speed_bar(frames)
         target = np.where(np.abs(far) > TURN_ERROR, self.speed[1], self.speed[0])
         action = np.stack(
             [
                 np.clip(steer, -1.0, 1.0),
-                np.where(speed < target, self.gas, 0.0),
-                np.where(speed > 1.3 * target, self.brake, 0.0),
+                np.clip(np.where(speed < target, self.gas, 0.0) + np.maximum(push, 0.0), 0.0, 1.0),
+                np.clip(np.where(speed > 1.3 * target, self.brake, 0.0) + np.maximum(-push, 0.0), 0.0, 1.0),
             ],
             -1,
         )
