@@ -290,7 +290,7 @@ def with_actors(
     return {"fps": rows / wall, "steps_per_s": (learner.steps - steps0) / wall, "wait": waited / wall}
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--envs", default="cartpole,pong", help="comma-separated: cartpole, pong")
     p.add_argument("--actors", default="0,1,2,4", help="comma-separated actor counts")
@@ -330,7 +330,11 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.envs, args.actors, args.seconds, args.prefill = "cartpole", "0,2", 4.0, 1000
-    torch.set_num_threads(1)
+    return args
+
+
+def measure_ceilings(args: argparse.Namespace) -> dict:
+    """Print the machine line, then measure and print the ceiling of every env (``bench/ceiling.py``)."""
     load = os.getloadavg()[0]
     print(
         f"machine: {os.cpu_count()} CPUs, load average {load:.2f} at start; learner on {args.device}; torch threads 1 "
@@ -338,12 +342,22 @@ def main() -> None:
     )
     ceilings = {name: ceiling.measure(name, args.seconds) for name in args.envs.split(",")}
     print(ceiling.table([row for rows in ceilings.values() for row in rows]) + "\n")
+    return ceilings
+
+
+def print_table_header() -> None:
+    """The header of the markdown table of acting modes."""
     print(
         "| env | actors | acting | envs/actor | chunk | frames/s, of ceiling (flat out) | learner steps/s "
         "| frames/s, of ceiling (keep up) "
         "| learner wait (keep up) |"
     )
     print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+
+
+def acting_modes(args: argparse.Namespace) -> tuple[list[tuple[str, str, int]], list[tuple[str, str, int]]]:
+    """(row label, acting mode, acting.splits) of the actors (policy copies at every ``--splits``,
+    central with 1) and of 0 actors (in process at every ``--splits``)."""
     splits = [int(k) for k in args.splits.split(",")]
     # (row label, acting mode, acting.splits): policy copies at every --splits, central with 1
     modes = [("copies" if k == 1 else f"copies, {k} splits", "copies", k) for k in splits if "copies" in args.policies]
@@ -353,62 +367,91 @@ def main() -> None:
         if "processes" in groups:
             modes += [("central-processes, inference process", "central-processes", 1)]
     in_process_modes = [("in process" if k == 1 else f"in process, {k} splits", "in process", k) for k in splits]
+    return modes, in_process_modes
+
+
+def fps_text(s: dict, best: float, value: float) -> str:
+    """Agent steps per second (and emulator frames with frame skip), % of ceiling."""
+    frames = f" ({s['skip'] * value:,.0f} emulator)" if s["skip"] > 1 else ""
+    return f"{value:,.0f}{frames}, {100 * value / best:.0f}%"
+
+
+def report(name: str, s: dict, best: float, actors: int, mode: str, runs: list[dict]) -> None:
+    """One table row: the medians of ``runs`` of one env, actor count and mode."""
+    med = {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
+    keep_fps = fps_text(s, best, med["keep_fps"]) if "keep_fps" in med else "-"
+    wait = f"{100 * med['wait']:.0f}% acting" if actors == 0 else f"{100 * med['wait']:.1f}%"
+    print(
+        f"| {name} | {actors} | {mode} | {s['envs_per_actor']} | {s['chunk_length']} | {fps_text(s, best, med['fps'])} "
+        f"| {med['steps_per_s']:.1f} | {keep_fps} | {wait} |",
+        flush=True,
+    )
+
+
+def measure(args: argparse.Namespace, s: dict, actors: int, mode: str, k: int) -> dict:
+    """One setting: in process (0 actors), acting alone (``--acting-only``), or flat out and then
+    keeping up at half the rows per gradient step that flat out delivered."""
+    if actors == 0:
+        r = in_process(s, args.seconds, args.prefill, k)
+    elif args.acting_only:
+        r = with_actors(
+            s,
+            actors,
+            args.seconds,
+            args.prefill,
+            None,
+            mode,
+            learn=False,
+            splits=k,
+            deadline_ms=args.deadline_ms,
+        )
+    else:
+        flat = with_actors(s, actors, args.seconds, args.prefill, None, mode, splits=k, deadline_ms=args.deadline_ms)
+        rows_per_step = 0.5 * flat["fps"] / max(flat["steps_per_s"], 1e-9)
+        keep = with_actors(
+            s,
+            actors,
+            args.seconds,
+            args.prefill,
+            rows_per_step,
+            mode,
+            splits=k,
+            deadline_ms=args.deadline_ms,
+        )
+        r = {**flat, "keep_fps": keep["fps"], "wait": keep["wait"]}
+    return r
+
+
+def bench_env(
+    args: argparse.Namespace,
+    name: str,
+    ceilings: dict,
+    modes: list[tuple[str, str, int]],
+    in_process_modes: list[tuple[str, str, int]],
+) -> None:
+    """Every actor count and mode of env ``name``, ``--repeats`` times; each row printed once complete."""
+    s = settings(name, args.backend, args.device, args.envs_per_actor)
+
+    best = ceiling.ceiling(ceilings[name])
+
+    rows: dict[tuple[int, str], list[dict]] = {}
+    for repeat in range(args.repeats):  # the settings back to back, each repeat in turn
+        for actors in [int(a) for a in args.actors.split(",")]:
+            for label, mode, k in in_process_modes if actors == 0 else modes:
+                r = measure(args, s, actors, mode, k)
+                rows.setdefault((actors, label), []).append(r)
+                if repeat == args.repeats - 1:  # each row as soon as it is complete: a cut run keeps it
+                    report(name, s, best, actors, label, rows[(actors, label)])
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(1)
+    ceilings = measure_ceilings(args)
+    print_table_header()
+    modes, in_process_modes = acting_modes(args)
     for name in args.envs.split(","):
-        s = settings(name, args.backend, args.device, args.envs_per_actor)
-
-        best = ceiling.ceiling(ceilings[name])
-
-        def fps(value: float) -> str:  # agent steps per second (and emulator frames with frame skip), % of ceiling
-            frames = f" ({s['skip'] * value:,.0f} emulator)" if s["skip"] > 1 else ""
-            return f"{value:,.0f}{frames}, {100 * value / best:.0f}%"
-
-        def report(actors: int, mode: str, runs: list[dict]) -> None:
-            med = {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
-            keep_fps = fps(med["keep_fps"]) if "keep_fps" in med else "-"
-            wait = f"{100 * med['wait']:.0f}% acting" if actors == 0 else f"{100 * med['wait']:.1f}%"
-            print(
-                f"| {name} | {actors} | {mode} | {s['envs_per_actor']} | {s['chunk_length']} | {fps(med['fps'])} "
-                f"| {med['steps_per_s']:.1f} | {keep_fps} | {wait} |",
-                flush=True,
-            )
-
-        rows: dict[tuple[int, str], list[dict]] = {}
-        for repeat in range(args.repeats):  # the settings back to back, each repeat in turn
-            for actors in [int(a) for a in args.actors.split(",")]:
-                for label, mode, k in in_process_modes if actors == 0 else modes:
-                    if actors == 0:
-                        r = in_process(s, args.seconds, args.prefill, k)
-                    elif args.acting_only:
-                        r = with_actors(
-                            s,
-                            actors,
-                            args.seconds,
-                            args.prefill,
-                            None,
-                            mode,
-                            learn=False,
-                            splits=k,
-                            deadline_ms=args.deadline_ms,
-                        )
-                    else:
-                        flat = with_actors(
-                            s, actors, args.seconds, args.prefill, None, mode, splits=k, deadline_ms=args.deadline_ms
-                        )
-                        rows_per_step = 0.5 * flat["fps"] / max(flat["steps_per_s"], 1e-9)
-                        keep = with_actors(
-                            s,
-                            actors,
-                            args.seconds,
-                            args.prefill,
-                            rows_per_step,
-                            mode,
-                            splits=k,
-                            deadline_ms=args.deadline_ms,
-                        )
-                        r = {**flat, "keep_fps": keep["fps"], "wait": keep["wait"]}
-                    rows.setdefault((actors, label), []).append(r)
-                    if repeat == args.repeats - 1:  # each row as soon as it is complete: a cut run keeps it
-                        report(actors, label, rows[(actors, label)])
+        bench_env(args, name, ceilings, modes, in_process_modes)
     print(f"\nload average {os.getloadavg()[0]:.2f} at the end")
 
 

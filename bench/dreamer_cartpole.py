@@ -154,8 +154,8 @@ def _overrides(base: dict[str, Any], items: list[str]) -> dict[str, Any]:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_budget_args(parser: argparse.ArgumentParser) -> None:
+    """The config, the budget, the evaluations and the target, and what to do at each evaluation."""
     default_config = os.path.join(os.path.dirname(__file__), "..", "configs/dreamer/cartpole.yaml")
     parser.add_argument("--config", default=default_config)
     parser.add_argument(
@@ -196,6 +196,10 @@ def main() -> None:
         help="at every evaluation also play the episodes with this eval_policy (the "
         "actor's mode or its samples) and print both returns and both verdicts",
     )
+
+
+def add_settings_args(parser: argparse.ArgumentParser) -> None:
+    """The seed, threads, precision and action repeat, and overrides of the config's settings."""
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--precision", default="32-true", help="e.g. bf16-mixed")
@@ -225,28 +229,33 @@ def main() -> None:
         metavar="KEY=VALUE",
         help="override model init_args, e.g. --set optim.actor.lr=3e-4 net.deter=256 behavior.discount=0.997",
     )
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    keep_freed_memory()
-    pl.seed_everything(args.seed, workers=True)
 
-    with open(args.config) as f:
-        config = yaml.safe_load(f)
-    model_args = _overrides(config["model"].get("init_args", {}), args.set)
-    data_args = _overrides(config["data"]["init_args"], args.data_set)
-    env = EnvConfig(
-        **{
-            **data_args.pop("env"),
-            "seed": args.seed,
-            **({"action_repeat": args.action_repeat} if args.action_repeat else {}),
-        }
-    )
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (kept for ``parser.error`` on settings that only the config can rule out)."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_budget_args(parser)
+    add_settings_args(parser)
+    return parser
+
+
+def fill_defaults(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, config: dict[str, Any], env: EnvConfig
+) -> None:
+    """``--target`` (the env's solved return) and ``--eval-every`` (the config's) where not given."""
     if args.target is None:
         if env.id not in TARGETS:
             parser.error(f"no default --target for {env.id}; pass one")
         args.target = TARGETS[env.id]
     if args.eval_every is None:
         args.eval_every = int(config["trainer"].get("val_check_interval", 250))
+
+
+def build_datamodule(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, data_args: dict[str, Any], env: EnvConfig
+) -> ReplayDataModule:
+    """The config's ReplayDataModule with the evaluation settings, its sampler built as the CLI
+    would, and ``--terminal-fraction``'s windows."""
     data_args["eval"] = {"episodes": args.eval_episodes, "envs": min(args.eval_episodes, 5)}
     sampler = data_args.get("sampler")
     if isinstance(sampler, dict):  # the config's class_path / init_args, built as the CLI would
@@ -260,8 +269,13 @@ def main() -> None:
         datamodule.sampler = SequenceSampler(
             windows.length, windows.cross_episodes, terminal_fraction=args.terminal_fraction
         )
-    model = Dreamer(datamodule.spec, **model_args)
+    return datamodule
 
+
+def build_trainer(
+    args: argparse.Namespace, config: dict[str, Any], datamodule: ReplayDataModule, env: EnvConfig
+) -> tuple[pl.Trainer, StopAtReturn]:
+    """The Trainer for the budget (``--env-steps``, or the config's own run) and its stopper."""
     if args.env_steps is None:  # the config's own run (what `main.py fit --config ...` trains)
         budget_steps = int(config["trainer"]["max_steps"])
         args.env_steps = datamodule.prefill + math.ceil(budget_steps / datamodule.replay_ratio)
@@ -285,11 +299,13 @@ def main() -> None:
         logger=pl.loggers.TensorBoardLogger("lightning_logs", name=f"bench-dreamer-{env.id}"),
         precision=args.precision,
     )
-    start = time.perf_counter()
-    trainer.fit(model, datamodule)
-    wall = time.perf_counter() - start
-    env_steps = stopper._env_steps(trainer)
+    return trainer, stopper
 
+
+def print_outcome(
+    args: argparse.Namespace, env: EnvConfig, stopper: StopAtReturn, trainer: pl.Trainer, wall: float, env_steps: int
+) -> None:
+    """The run's settings and the markdown table of its outcome (solved, end of run, or not solved)."""
     print()
     print(
         f"Dreamer on {env.id} (vector), config {os.path.relpath(args.config)}, seed {args.seed}, "
@@ -315,6 +331,10 @@ def main() -> None:
             f"| not solved within {args.env_steps} env steps / {args.minutes:g} min | {env_steps} | "
             f"{trainer.global_step} | {wall / 60:.1f} min | {best:.1f} |"
         )
+
+
+def print_evaluations(args: argparse.Namespace, env: EnvConfig, model: Dreamer, stopper: StopAtReturn) -> None:
+    """Every evaluation, the stability verdict of each policy's curve, and the load average."""
     print()
     print(f"evaluations (gradient steps, env steps, frames = env steps x {env.action_repeat}, return, minutes):")
     for i, (g, e, r, s) in enumerate(stopper.history):
@@ -335,6 +355,38 @@ def main() -> None:
         else:
             print(f"stability (eval_policy {policy}): not assessed ({verdict['reason']})")
     print("load average:", " ".join(f"{x:.2f}" for x in os.getloadavg()))
+
+
+def main() -> None:
+    parser = build_parser()
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    keep_freed_memory()
+    pl.seed_everything(args.seed, workers=True)
+
+    with open(args.config) as f:
+        config = yaml.safe_load(f)
+    model_args = _overrides(config["model"].get("init_args", {}), args.set)
+    data_args = _overrides(config["data"]["init_args"], args.data_set)
+    env = EnvConfig(
+        **{
+            **data_args.pop("env"),
+            "seed": args.seed,
+            **({"action_repeat": args.action_repeat} if args.action_repeat else {}),
+        }
+    )
+    fill_defaults(parser, args, config, env)
+    datamodule = build_datamodule(parser, args, data_args, env)
+    model = Dreamer(datamodule.spec, **model_args)
+
+    trainer, stopper = build_trainer(args, config, datamodule, env)
+    start = time.perf_counter()
+    trainer.fit(model, datamodule)
+    wall = time.perf_counter() - start
+    env_steps = stopper._env_steps(trainer)
+
+    print_outcome(args, env, stopper, trainer, wall, env_steps)
+    print_evaluations(args, env, model, stopper)
 
 
 if __name__ == "__main__":

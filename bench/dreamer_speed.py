@@ -21,6 +21,7 @@ import os
 import statistics
 import sys
 import time
+from typing import Any
 
 import torch
 
@@ -34,7 +35,7 @@ from lightning_wm.envs import EnvConfig, env_spec, make_vector_env  # noqa: E402
 from lightning_wm.runtime import keep_freed_memory  # noqa: E402
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--steps", type=int, default=7, help="timed gradient steps (after 2 warm-up steps)")
@@ -63,56 +64,63 @@ def main() -> None:
         action="store_true",
         help="leave glibc's malloc defaults (large freed blocks go back to the OS)",
     )
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    if not args.no_malloc_tuning:
-        keep_freed_memory()
-    torch.manual_seed(0)
+    return parser.parse_args()
 
-    cfg = EnvConfig(id="CartPole-v1", num_envs=args.num_envs, seed=0)
-    spec = env_spec(cfg)
-    net = DreamerNet(
-        deter=args.deter, hidden=args.hidden, layers=args.layers, stoch=args.stoch, classes=args.classes, bins=args.bins
-    )
-    behavior = BehaviorSettings(horizon=args.horizon, replay_critic_weight=args.replay_critic)
-    model = Dreamer(spec, net=net, behavior=behavior, compile={"mode": args.compile})
-    optimizers = model.configure_optimizers()
-    batch = dreamer_batch(cfg, args.batch, args.length)
 
+def time_steps(
+    model: Dreamer, batch: Any, optimizers: Any, steps: int, autocast: torch.autocast
+) -> tuple[list[float], list[float]]:
+    """Wall-clock and process CPU seconds of ``steps`` gradient steps, after 2 warm-up steps."""
     wall, cpu = [], []
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16)
-    for i in range(args.steps + 2):
+    for i in range(steps + 2):
         w0, c0 = time.perf_counter(), time.process_time()
         with autocast:
             model.gradient_step(batch, optimizers)
         if i >= 2:
             wall.append(time.perf_counter() - w0)
             cpu.append(time.process_time() - c0)
+    return wall, cpu
 
-    profile = ""
-    args.no_profile = args.no_profile or args.compile != "none"  # compiled steps: bench/learner_speed.py
-    if not args.no_profile:  # ops dispatched by one step, its FLOPs (an eager step) and the sgemm floor
-        with autocast:
-            ops, _ = dispatched_ops(lambda: model.gradient_step(batch, optimizers))
-            flops, shapes = step_flops(lambda: model.gradient_step(batch, optimizers))
-        floor, cpu_floor, _ = matmul_floor(shapes, flops, torch.bfloat16 if args.bf16 else torch.float32)
-        wall_median, cpu_median = statistics.median(wall), statistics.median(cpu)
-        profile = (
-            f"| {ops} | {flops / 1e9:.1f} | {flops / 1e9 / wall_median:.0f} | {floor:.3f} "
-            f"| {100 * floor / wall_median:.0f}% ({100 * cpu_floor / cpu_median:.0f}% of CPU s) "
-        )
 
-    # acting: the collector's path (posterior filter + actor) on a real vector env
+def profile_columns(
+    model: Dreamer,
+    batch: Any,
+    optimizers: Any,
+    autocast: torch.autocast,
+    bf16: bool,
+    wall: list[float],
+    cpu: list[float],
+) -> str:
+    """The table's profile columns: the ops one eager step dispatches, its FLOPs and the sgemm floor."""
+    with autocast:
+        ops, _ = dispatched_ops(lambda: model.gradient_step(batch, optimizers))
+        flops, shapes = step_flops(lambda: model.gradient_step(batch, optimizers))
+    floor, cpu_floor, _ = matmul_floor(shapes, flops, torch.bfloat16 if bf16 else torch.float32)
+    wall_median, cpu_median = statistics.median(wall), statistics.median(cpu)
+    return (
+        f"| {ops} | {flops / 1e9:.1f} | {flops / 1e9 / wall_median:.0f} | {floor:.3f} "
+        f"| {100 * floor / wall_median:.0f}% ({100 * cpu_floor / cpu_median:.0f}% of CPU s) "
+    )
+
+
+def acting_rate(model: Dreamer, cfg: EnvConfig, num_envs: int, act_steps: int) -> float:
+    """Env steps per second on the collector's path (posterior filter + actor) on a real vector env."""
     env = make_vector_env(cfg)
     obs, _ = env.reset(seed=0)
-    state = model.initial_state(args.num_envs)
+    state = model.initial_state(num_envs)
     t0 = time.perf_counter()
-    for _ in range(args.act_steps):
+    for _ in range(act_steps):
         action, state, _ = model.act(torch.as_tensor(obs), state, explore=True)
         obs, *_ = env.step(action.numpy())
-    act_rate = args.act_steps * args.num_envs / (time.perf_counter() - t0)
+    act_rate = act_steps * num_envs / (time.perf_counter() - t0)
     env.close()
+    return act_rate
 
+
+def print_table(
+    args: argparse.Namespace, model: Dreamer, wall: list[float], cpu: list[float], profile: str, act_rate: float
+) -> None:
+    """The settings line, the markdown table, each step's wall time and the load average."""
     params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     print(
         f"Dreamer speed on CartPole-v1 vector obs, torch {torch.__version__}, {args.threads} thread(s), "
@@ -135,6 +143,36 @@ def main() -> None:
     print()
     print("wall per step:", " ".join(f"{w:.2f}" for w in wall))
     print("load average:", " ".join(f"{x:.2f}" for x in os.getloadavg()))
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    if not args.no_malloc_tuning:
+        keep_freed_memory()
+    torch.manual_seed(0)
+
+    cfg = EnvConfig(id="CartPole-v1", num_envs=args.num_envs, seed=0)
+    spec = env_spec(cfg)
+    net = DreamerNet(
+        deter=args.deter, hidden=args.hidden, layers=args.layers, stoch=args.stoch, classes=args.classes, bins=args.bins
+    )
+    behavior = BehaviorSettings(horizon=args.horizon, replay_critic_weight=args.replay_critic)
+    model = Dreamer(spec, net=net, behavior=behavior, compile={"mode": args.compile})
+    optimizers = model.configure_optimizers()
+    batch = dreamer_batch(cfg, args.batch, args.length)
+
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16)
+    wall, cpu = time_steps(model, batch, optimizers, args.steps, autocast)
+
+    profile = ""
+    args.no_profile = args.no_profile or args.compile != "none"  # compiled steps: bench/learner_speed.py
+    if not args.no_profile:  # ops dispatched by one step, its FLOPs (an eager step) and the sgemm floor
+        profile = profile_columns(model, batch, optimizers, autocast, args.bf16, wall, cpu)
+
+    # acting: the collector's path (posterior filter + actor) on a real vector env
+    act_rate = acting_rate(model, cfg, args.num_envs, args.act_steps)
+    print_table(args, model, wall, cpu, profile, act_rate)
 
 
 if __name__ == "__main__":

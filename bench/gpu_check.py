@@ -465,7 +465,7 @@ def actors_part(device: str, quick: bool, limit: float) -> list[str]:
     return [*lines, *table]
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--quick", action="store_true", help="the same checks, shrunk (minutes on a CPU)")
@@ -486,25 +486,32 @@ def main() -> None:
     parser.add_argument("--step-run", help=argparse.SUPPRESS)
     parser.add_argument("--search-run", help=argparse.SUPPRESS)
     parser.add_argument("--size-run", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def child_run(args: argparse.Namespace) -> bool:
+    """In a child process of a part (``--step-run``, ``--search-run``, ``--size-run``): measure and
+    print its record; True if this was one."""
     if args.step_run:  # a child process of part 2
         p = json.loads(args.step_run)
         print_result(step_times(p["config"], p["extra"], p["device"], p["steps"]))
-        return
+        return True
     if args.search_run:  # a child process of part 3
         p = json.loads(args.search_run)
         print_result(
             search_times(p["device"], p["batches"], p["simulations"], p["repeats"], p["cuda_graphs"], p["compile"])
         )
-        return
+        return True
     if args.size_run:  # a child process of part 2's Dreamer sizes
         p = json.loads(args.size_run)
         # prints its record once per precision (fp32's survives a cut bf16 compile)
         dreamer_size_times(p["device"], p["size"], p["mode"], p["steps"], p["quick"])
-        return
-    if args.device == "cuda":
-        if not torch.cuda.is_available():
-            raise SystemExit("error: --device cuda but torch sees no CUDA device; use --device cpu")
+        return True
+    return False
+
+
+def part_limits(args: argparse.Namespace) -> dict[str, float]:
+    """Time limits (seconds) per part: the defaults, ``--sizes-seconds`` and ``--limits``."""
     # time limits (seconds) per part: the default parts fit one 10-minute device call (<= 9.5 min; the
     # timings of H100 runs: tests 76 s, capture 69 s for 6 tests and over 120 s for 7, search 35 s; the
     # Dreamer step's capture needs minutes of compiling), --device cpu --quick <= 6 min here
@@ -517,11 +524,28 @@ def main() -> None:
         if part not in limits or not seconds.replace(".", "", 1).isdigit():
             raise SystemExit(f"error: --limits takes part=seconds pairs for parts {sorted(limits)}, got {item!r}")
         limits[part] = float(seconds)
+    return limits
+
+
+def select_parts(args: argparse.Namespace, limits: dict[str, float]) -> list[str]:
+    """The parts to run, in order: ``--parts`` or the default for ``--quick`` or not."""
     default = "tests,capture,steps,sizes,search,actors" if args.quick else "tests,capture,search,actors,sizes"
     parts = (args.parts or default).split(",")
     unknown = sorted(set(parts) - set(limits))
     if unknown:
         raise SystemExit(f"error: unknown part(s) {unknown}; choose from {sorted(limits)}")
+    return parts
+
+
+def main() -> None:
+    args = parse_args()
+    if child_run(args):
+        return
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit("error: --device cuda but torch sees no CUDA device; use --device cpu")
+    limits = part_limits(args)
+    parts = select_parts(args, limits)
     start = time.monotonic()
     report = [
         f"# lightning_wm GPU check ({args.device}{', quick' if args.quick else ''})",

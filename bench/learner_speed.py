@@ -325,7 +325,7 @@ def matmul_floor(
     return wall, cpu, described
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--family", choices=sorted(FAMILIES), default="dreamer")
     parser.add_argument("--size", choices=sorted(DREAMER_SIZES), default="XS", help="Dreamer's size")
@@ -348,6 +348,11 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda (the profile counts CPU-side ops either way)")
     args = parser.parse_args()
     args.batch = args.batch or {"dreamer": 16, "muzero": 256, "impala": 16}[args.family]
+    return args
+
+
+def configure_torch(args: argparse.Namespace) -> None:
+    """Threads, malloc tuning, the inductor cache, and (compiled) kernels in the profile's op count."""
     torch.set_num_threads(args.threads)
     keep_freed_memory()
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_lightning_wm")
@@ -356,51 +361,62 @@ def main() -> None:
 
         inductor_config.cpp.enable_kernel_profile = True  # compiled kernels show up in the op count
 
-    step, label, _ = FAMILIES[args.family](args, CompileSettings(mode=args.compile))
-    autocast = torch.autocast(torch.device(args.device).type, dtype=torch.bfloat16, enabled=args.bf16)
 
-    def timed() -> tuple[float, float]:
-        synchronize(args.device)
-        wall, cpu = time.perf_counter(), time.process_time()
-        with autocast:
-            step()
-        synchronize(args.device)
-        return time.perf_counter() - wall, time.process_time() - cpu
+def timed_step(step: Step, device: str, autocast: torch.autocast) -> tuple[float, float]:
+    """Wall and process CPU seconds of one step (the device synchronized before and after)."""
+    synchronize(device)
+    wall, cpu = time.perf_counter(), time.process_time()
+    with autocast:
+        step()
+    synchronize(device)
+    return time.perf_counter() - wall, time.process_time() - cpu
 
-    if args.bf16_ratio:  # interleaved, so that both see the same load
-        times: dict[bool, list[float]] = {False: [], True: []}
-        for i in range(args.steps + 1):
-            for bf16 in (False, True):
-                start = time.process_time()
-                with torch.autocast(torch.device(args.device).type, dtype=torch.bfloat16, enabled=bf16):
-                    step()
-                if i:
-                    times[bf16].append(time.process_time() - start)
-        fp32, bf16 = statistics.median(times[False]), statistics.median(times[True])
-        print(
-            f"{label}; {args.threads} thread(s): CPU s/step fp32 {fp32:.3f}, bf16 autocast {bf16:.3f}: {fp32 / bf16:.2f}×"
-        )
-        return
 
-    first = timed()[0]
-    for _ in range(args.warmup - 1):
-        timed()
-    times = [timed() for _ in range(args.steps)]
-    wall, cpu = [w for w, _ in times], [c for _, c in times]
-    median, cpu_median = statistics.median(wall), statistics.median(cpu)
+def print_bf16_ratio(args: argparse.Namespace, step: Step, label: str) -> None:
+    """CPU seconds per step in fp32 and under bf16 autocast, interleaved so that both see the same load."""
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for i in range(args.steps + 1):
+        for bf16 in (False, True):
+            start = time.process_time()
+            with torch.autocast(torch.device(args.device).type, dtype=torch.bfloat16, enabled=bf16):
+                step()
+            if i:
+                times[bf16].append(time.process_time() - start)
+    fp32, bf16 = statistics.median(times[False]), statistics.median(times[True])
+    print(
+        f"{label}; {args.threads} thread(s): CPU s/step fp32 {fp32:.3f}, bf16 autocast {bf16:.3f}: {fp32 / bf16:.2f}×"
+    )
+
+
+#: the profile of one step: ops and aten ops dispatched, FLOPs, the matmul floor (wall and CPU s),
+#: the dominant multiplies and the kernels by name (None and zeros with ``--no-profile``)
+Profile = tuple[Any, Any, Any, float, float, list[str], collections.Counter | None]
+
+
+def profile_step(args: argparse.Namespace, step: Step, autocast: torch.autocast) -> Profile:
+    """The ops one step dispatches, the FLOPs of one eager step, and the matmul floor."""
+    names: collections.Counter | None = None
     ops = aten = flops = None
     floor = cpu_floor = 0.0
     shapes_text: list[str] = []
     if not args.no_profile:
         with autocast:
-            names: collections.Counter = collections.Counter()
+            names = collections.Counter()
             ops, aten = dispatched_ops(step, names)
         eager_step = step if args.compile == "none" else FAMILIES[args.family](args, CompileSettings())[0]
         with autocast:
             flops, shapes = step_flops(eager_step)
         dtype = torch.bfloat16 if args.bf16 else torch.float32
         floor, cpu_floor, shapes_text = matmul_floor(shapes, flops, dtype, device=args.device)
+    return ops, aten, flops, floor, cpu_floor, shapes_text, names
 
+
+def print_table(
+    args: argparse.Namespace, label: str, first: float, wall: list[float], cpu: list[float], profile: Profile
+) -> None:
+    """The settings line, the markdown row, the dominant multiplies (and kernels), and the per-step times."""
+    ops, aten, flops, floor, cpu_floor, shapes_text, names = profile
+    median, cpu_median = statistics.median(wall), statistics.median(cpu)
     name = f"{args.family} {args.size if args.family == 'dreamer' else ''}".strip()
     print(
         f"{label}; torch {torch.__version__}, {args.threads} thread(s), {os.cpu_count()} CPUs, "
@@ -426,6 +442,26 @@ def main() -> None:
             print("kernels by name:", "; ".join(f"{n} {name}" for name, n in names.most_common(args.top)))
     print("wall per step:", " ".join(f"{w:.3f}" for w in wall), "| CPU per step:", " ".join(f"{c:.3f}" for c in cpu))
     print("load average:", " ".join(f"{x:.2f}" for x in os.getloadavg()))
+
+
+def main() -> None:
+    args = parse_args()
+    configure_torch(args)
+
+    step, label, _ = FAMILIES[args.family](args, CompileSettings(mode=args.compile))
+    autocast = torch.autocast(torch.device(args.device).type, dtype=torch.bfloat16, enabled=args.bf16)
+
+    if args.bf16_ratio:  # interleaved, so that both see the same load
+        print_bf16_ratio(args, step, label)
+        return
+
+    first = timed_step(step, args.device, autocast)[0]
+    for _ in range(args.warmup - 1):
+        timed_step(step, args.device, autocast)
+    times = [timed_step(step, args.device, autocast) for _ in range(args.steps)]
+    wall, cpu = [w for w, _ in times], [c for _, c in times]
+    profile = profile_step(args, step, autocast)
+    print_table(args, label, first, wall, cpu, profile)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ wall time runs from the start of ``fit``. Both systems write the same JSON recor
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import math
@@ -42,6 +43,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 TARGET = 475.0
@@ -152,24 +154,10 @@ def print_runs(paths: list[str]) -> None:
 
 
 # -- lightning_wm ------------------------------------------------------------------------------
-def run_lightning_wm(
-    seed: int, max_env_steps: int, out_dir: str, config: str, eval_every: int, overrides: list[str]
-) -> str:
-    """One run of our MuZero config; returns the path of its JSON record."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+def _recorder(record: dict[str, Any], path: str, seed: int, max_env_steps: int) -> Any:
+    """A callback that appends every evaluation to ``record`` (and writes it to ``path``), and stops
+    the run at the env-step budget."""
     import pytorch_lightning as pl
-
-    from lightning_wm.cli import CLI, Trainer
-
-    path = os.path.join(out_dir, f"lightning_wm_seed{seed}.json")
-    record: dict[str, Any] = {
-        "system": "lightning_wm",
-        "seed": seed,
-        "max_env_steps": max_env_steps,
-        "config": config,
-        "overrides": overrides,
-        "evaluations": [],
-    }
 
     class Recorder(pl.Callback):
         """Every evaluation's returns, env steps, games and wall time; stop at the env-step budget."""
@@ -218,7 +206,13 @@ def run_lightning_wm(
             if frames >= max_env_steps:
                 trainer.should_stop = True
 
-    args = [
+    return Recorder()
+
+
+def _cli_args(config: str, seed: int, eval_every: int, overrides: list[str]) -> list[str]:
+    """The command line of one lightning_wm run: the config, the seed, evaluation every ``eval_every``
+    steps, no logger, checkpoints, progress bar or sanity check, then ``overrides``."""
+    return [
         "--config",
         config,
         "--seed_everything",
@@ -239,6 +233,24 @@ def run_lightning_wm(
         "0",
         *overrides,
     ]
+
+
+def run_lightning_wm(
+    seed: int, max_env_steps: int, out_dir: str, config: str, eval_every: int, overrides: list[str]
+) -> str:
+    """One run of our MuZero config; returns the path of its JSON record."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    from lightning_wm.cli import CLI, Trainer
+
+    path = os.path.join(out_dir, f"lightning_wm_seed{seed}.json")
+    record: dict[str, Any] = {
+        "system": "lightning_wm",
+        "seed": seed,
+        "max_env_steps": max_env_steps,
+        "config": config,
+        "overrides": overrides,
+        "evaluations": [],
+    }
     cli = CLI(
         model_class=None,
         datamodule_class=None,
@@ -247,10 +259,10 @@ def run_lightning_wm(
         trainer_class=Trainer,
         save_config_callback=None,
         parser_kwargs={"allow_abbrev": False},
-        args=args,
+        args=_cli_args(config, seed, eval_every, overrides),
         run=False,
     )
-    recorder = Recorder()
+    recorder = _recorder(record, path, seed, max_env_steps)
     cli.trainer.callbacks.append(recorder)
     start = time.perf_counter()
     cli.trainer.fit(cli.model, cli.datamodule)
@@ -261,20 +273,9 @@ def run_lightning_wm(
 
 
 # -- LightZero ---------------------------------------------------------------------------------
-def run_lightzero(seed: int, max_env_steps: int, out_dir: str) -> str:
-    """One LightZero CartPole MuZero run; returns the path of its JSON record."""
-    import lzero.worker.muzero_collector as collector_mod
-    import lzero.worker.muzero_evaluator as evaluator_mod
-    import torch
-    from lzero.entry import train_muzero
-    from zoo.classic_control.cartpole.config.cartpole_muzero_config import create_config, main_config
-
-    torch.set_num_threads(1)
-    out_dir = os.path.abspath(out_dir)
-    os.makedirs(out_dir, exist_ok=True)
-    os.chdir(
-        out_dir
-    )  # DI-engine puts "./" before exp_name: its logs and checkpoints land here, not in the caller's folder
+def _lightzero_config(main_config: Any, create_config: Any, seed: int) -> tuple[Any, Any]:
+    """Copies of LightZero's CartPole MuZero configs with what CPU and this comparison need:
+    CartPole-v1, no stop value, 10 evaluation episodes in 10 envs, no CUDA, the base env manager."""
     cfg, create = copy.deepcopy(main_config), copy.deepcopy(create_config)
     cfg.exp_name = f"lightzero_seed{seed}"
     cfg.env.env_id = "CartPole-v1"
@@ -283,16 +284,15 @@ def run_lightzero(seed: int, max_env_steps: int, out_dir: str) -> str:
     cfg.env.n_evaluator_episode = 10
     cfg.policy.cuda = False
     create.env_manager.type = "base"
+    return cfg, create
 
-    start = time.perf_counter()
-    record: dict[str, Any] = {
-        "system": "lightzero",
-        "seed": seed,
-        "max_env_steps": max_env_steps,
-        "config": "zoo/classic_control/cartpole/config/cartpole_muzero_config.py",
-        "evaluations": [],
-    }
-    path = os.path.join(out_dir, f"lightzero_seed{seed}.json")
+
+@contextlib.contextmanager
+def _recording_evaluations(
+    collector_mod: Any, evaluator_mod: Any, record: dict[str, Any], path: str, seed: int, start: float
+) -> Iterator[None]:
+    """While inside: LightZero's evaluator appends every evaluation to ``record`` (and writes it to
+    ``path``), with the games of its first collector; its methods are restored on the way out."""
     returns: list[list[float]] = []
     collectors: list[Any] = []
 
@@ -339,11 +339,40 @@ def run_lightzero(seed: int, max_env_steps: int, out_dir: str) -> str:
     evaluator_mod.MuZeroEvaluator.eval = recorded_eval
     collector_mod.MuZeroCollector.__init__ = remembered_init
     try:
-        train_muzero([cfg, create], seed=seed, max_env_step=max_env_steps)
+        yield
     finally:
         evaluator_mod.VectorEvalMonitor.get_episode_return = get_returns
         evaluator_mod.MuZeroEvaluator.eval = evaluate
         collector_mod.MuZeroCollector.__init__ = init
+
+
+def run_lightzero(seed: int, max_env_steps: int, out_dir: str) -> str:
+    """One LightZero CartPole MuZero run; returns the path of its JSON record."""
+    import lzero.worker.muzero_collector as collector_mod
+    import lzero.worker.muzero_evaluator as evaluator_mod
+    import torch
+    from lzero.entry import train_muzero
+    from zoo.classic_control.cartpole.config.cartpole_muzero_config import create_config, main_config
+
+    torch.set_num_threads(1)
+    out_dir = os.path.abspath(out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    os.chdir(
+        out_dir
+    )  # DI-engine puts "./" before exp_name: its logs and checkpoints land here, not in the caller's folder
+    cfg, create = _lightzero_config(main_config, create_config, seed)
+
+    start = time.perf_counter()
+    record: dict[str, Any] = {
+        "system": "lightzero",
+        "seed": seed,
+        "max_env_steps": max_env_steps,
+        "config": "zoo/classic_control/cartpole/config/cartpole_muzero_config.py",
+        "evaluations": [],
+    }
+    path = os.path.join(out_dir, f"lightzero_seed{seed}.json")
+    with _recording_evaluations(collector_mod, evaluator_mod, record, path, seed, start):
+        train_muzero([cfg, create], seed=seed, max_env_step=max_env_steps)
     record["total_wall_s"] = time.perf_counter() - start
     with open(path, "w") as f:
         json.dump(record, f, indent=1)

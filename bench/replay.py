@@ -52,6 +52,119 @@ def median_ms(fn, repeats: int, warmup: int = 5) -> float:
     return statistics.median(times) * 1e3
 
 
+Row = tuple[str, str, str]
+
+
+def measure_adds(buf: ReplayBuffer, pool: np.ndarray, actions: np.ndarray, E: int) -> list[Row]:
+    """Time adding rows: a first fill of the buffer, 8 rows per call into the full ring, and chunks of 64 x 8 rows."""
+    steps = buf.cap_per_stream
+    zeros_f, ones_b = np.zeros(E, np.float32), np.ones(E, bool)
+    zeros_b = np.zeros(E, bool)
+
+    def add(t: int) -> None:
+        first = ones_b if t % 500 == 0 else zeros_b
+        buf.add(
+            {
+                "obs": pool[t % len(pool)],
+                "reward": zeros_f,
+                "is_first": first,
+                "is_last": zeros_b,
+                "is_terminal": zeros_b,
+                "action": actions[t % steps],
+            }
+        )
+
+    start = time.perf_counter()
+    for t in range(steps):  # first fill: every page is touched for the first time
+        add(t)
+    buf.flush()
+    add_s = time.perf_counter() - start
+    again = min(steps, 5000)
+    start = time.perf_counter()
+    for t in range(steps, steps + again):  # ring full: overwrite the oldest rows
+        add(t)
+    again_s = time.perf_counter() - start
+    T = 64  # chunks of T rows per stream, as actors deliver them
+    chunk = {
+        "obs": pool[np.arange(T) % len(pool)],
+        "reward": np.zeros((T, E), np.float32),
+        "is_first": np.zeros((T, E), bool),
+        "is_last": np.zeros((T, E), bool),
+        "is_terminal": np.zeros((T, E), bool),
+        "action": actions[:T],
+    }
+    chunks = max(1, min(steps, 5000) // T)
+    start = time.perf_counter()
+    for _ in range(chunks):
+        buf.add_many(chunk)
+    chunk_s = time.perf_counter() - start
+    return [
+        ("add 8 rows/call, first fill", f"{len(buf) / add_s:,.0f} rows/s", f"{add_s / steps * 1e3:.3f}"),
+        ("add 8 rows/call, ring full", f"{again * E / again_s:,.0f} rows/s", f"{again_s / again * 1e3:.3f}"),
+        (
+            f"add_many {T}x{E} rows/call, ring full",
+            f"{chunks * T * E / chunk_s:,.0f} rows/s",
+            f"{chunk_s / chunks * 1e3:.3f}",
+        ),
+    ]
+
+
+def spread_priorities(buf: ReplayBuffer, rng: np.random.Generator, E: int) -> None:
+    """Give every row of the buffer a non-trivial priority, in blocks of 2**18 rows."""
+    n = E * buf.cap_per_stream
+    for lo in range(0, n, 1 << 18):
+        idx = np.arange(lo, min(n, lo + (1 << 18)))
+        buf.update_priorities(idx, rng.uniform(0.1, 10.0, size=idx.size))
+
+
+def uniform_view(buf: ReplayBuffer) -> ReplayBuffer:
+    """The same storage, sampled uniformly: a shallow copy without the sum tree."""
+    uniform = copy.copy(buf)
+    uniform._tree, uniform.prioritized = None, False
+    return uniform
+
+
+def measure_sampling(buf: ReplayBuffer, uniform: ReplayBuffer, B: int, L: int, repeats: int) -> list[Row]:
+    """Time the samplers (sequences, rows, unroll windows) and priority updates, as median ms per call."""
+    rows = []
+    for name, b, cross in [
+        ("uniform", uniform, True),
+        ("prioritized", buf, True),
+        ("uniform, no episode crossing", uniform, False),
+        ("prioritized, no episode crossing", buf, False),
+    ]:
+        sampler = SequenceSampler(L, cross_episodes=cross)
+        ms = median_ms(lambda: sampler.sample(b, B), repeats)
+        rows.append((f"SequenceSampler {B}x{L}, {name}", f"{1e3 / ms:,.0f} batches/s", f"{ms:.2f}"))
+    ms = median_ms(lambda: RowSampler().sample(buf, 256), repeats)
+    rows.append(("RowSampler 256 rows, prioritized", f"{1e3 / ms:,.0f} batches/s", f"{ms:.2f}"))
+    windows = WindowSampler(num_unroll_steps=5, td_steps=5)
+    ms = median_ms(lambda: windows.sample(buf, 4 * B), repeats)
+    rows.append(
+        (
+            f"WindowSampler {4 * B}x{windows.window} (K=5, td=5), prioritized",
+            f"{1e3 / ms:,.0f} batches/s",
+            f"{ms:.2f}",
+        )
+    )
+    batch = SequenceSampler(L).sample(buf, B)
+    idx, gen = batch["index"], batch["generation"]
+    ms = median_ms(lambda: buf.update_priorities(idx, np.random.uniform(0.1, 10.0, B), gen), repeats)
+    rows.append((f"update_priorities {B} (generation-checked)", f"{1e3 / ms:,.0f} calls/s", f"{ms:.3f}"))
+    return rows
+
+
+def print_table(buf: ReplayBuffer, S: int, E: int, storage: Path | None, rows: list[Row]) -> None:
+    """Print the buffer's size and mode, then the markdown table of measurements."""
+    mode = "in memory" if storage is None else "memory-mapped"
+    gb = len(buf) * S * S * 3 / 1e9
+    print(f"\nReplayBuffer: {len(buf):,} rows of {S}x{S}x3 uint8 ({gb:.1f} GB), {E} streams, {mode}\n")
+    print("| operation (prioritized buffer unless noted) | throughput | ms per call (median for sampling) |")
+    print("| --- | ---: | ---: |")
+    for op, thr, ms in rows:
+        print(f"| {op} | {thr} | {ms} |")
+
+
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(1)
@@ -64,103 +177,12 @@ def main() -> None:
     buf = uniform = None
     try:
         buf = ReplayBuffer(args.rows, E, prioritized=True, storage_dir=storage, seed=args.seed)
-        steps = buf.cap_per_stream
-        zeros_f, ones_b = np.zeros(E, np.float32), np.ones(E, bool)
-        zeros_b = np.zeros(E, bool)
-        actions = rng.integers(0, 6, size=(steps, E))
-
-        def add(t: int) -> None:
-            first = ones_b if t % 500 == 0 else zeros_b
-            buf.add(
-                {
-                    "obs": pool[t % len(pool)],
-                    "reward": zeros_f,
-                    "is_first": first,
-                    "is_last": zeros_b,
-                    "is_terminal": zeros_b,
-                    "action": actions[t % steps],
-                }
-            )
-
-        start = time.perf_counter()
-        for t in range(steps):  # first fill: every page is touched for the first time
-            add(t)
-        buf.flush()
-        add_s = time.perf_counter() - start
-        again = min(steps, 5000)
-        start = time.perf_counter()
-        for t in range(steps, steps + again):  # ring full: overwrite the oldest rows
-            add(t)
-        again_s = time.perf_counter() - start
-        T = 64  # chunks of T rows per stream, as actors deliver them
-        chunk = {
-            "obs": pool[np.arange(T) % len(pool)],
-            "reward": np.zeros((T, E), np.float32),
-            "is_first": np.zeros((T, E), bool),
-            "is_last": np.zeros((T, E), bool),
-            "is_terminal": np.zeros((T, E), bool),
-            "action": actions[:T],
-        }
-        chunks = max(1, min(steps, 5000) // T)
-        start = time.perf_counter()
-        for _ in range(chunks):
-            buf.add_many(chunk)
-        chunk_s = time.perf_counter() - start
-        # non-trivial priorities over the whole buffer
-        n = E * steps
-        for lo in range(0, n, 1 << 18):
-            idx = np.arange(lo, min(n, lo + (1 << 18)))
-            buf.update_priorities(idx, rng.uniform(0.1, 10.0, size=idx.size))
-
-        # same storage, uniform sampling: a shallow copy without the sum tree
-        uniform = copy.copy(buf)
-        uniform._tree, uniform.prioritized = None, False
-
-        B, L = args.batch, args.length
-        rows = []
-        rows.append(("add 8 rows/call, first fill", f"{len(buf) / add_s:,.0f} rows/s", f"{add_s / steps * 1e3:.3f}"))
-        rows.append(
-            ("add 8 rows/call, ring full", f"{again * E / again_s:,.0f} rows/s", f"{again_s / again * 1e3:.3f}")
-        )
-        rows.append(
-            (
-                f"add_many {T}x{E} rows/call, ring full",
-                f"{chunks * T * E / chunk_s:,.0f} rows/s",
-                f"{chunk_s / chunks * 1e3:.3f}",
-            )
-        )
-        for name, b, cross in [
-            ("uniform", uniform, True),
-            ("prioritized", buf, True),
-            ("uniform, no episode crossing", uniform, False),
-            ("prioritized, no episode crossing", buf, False),
-        ]:
-            sampler = SequenceSampler(L, cross_episodes=cross)
-            ms = median_ms(lambda: sampler.sample(b, B), args.repeats)
-            rows.append((f"SequenceSampler {B}x{L}, {name}", f"{1e3 / ms:,.0f} batches/s", f"{ms:.2f}"))
-        ms = median_ms(lambda: RowSampler().sample(buf, 256), args.repeats)
-        rows.append(("RowSampler 256 rows, prioritized", f"{1e3 / ms:,.0f} batches/s", f"{ms:.2f}"))
-        windows = WindowSampler(num_unroll_steps=5, td_steps=5)
-        ms = median_ms(lambda: windows.sample(buf, 4 * B), args.repeats)
-        rows.append(
-            (
-                f"WindowSampler {4 * B}x{windows.window} (K=5, td=5), prioritized",
-                f"{1e3 / ms:,.0f} batches/s",
-                f"{ms:.2f}",
-            )
-        )
-        batch = SequenceSampler(L).sample(buf, B)
-        idx, gen = batch["index"], batch["generation"]
-        ms = median_ms(lambda: buf.update_priorities(idx, np.random.uniform(0.1, 10.0, B), gen), args.repeats)
-        rows.append((f"update_priorities {B} (generation-checked)", f"{1e3 / ms:,.0f} calls/s", f"{ms:.3f}"))
-
-        mode = "in memory" if storage is None else "memory-mapped"
-        gb = len(buf) * S * S * 3 / 1e9
-        print(f"\nReplayBuffer: {len(buf):,} rows of {S}x{S}x3 uint8 ({gb:.1f} GB), {E} streams, {mode}\n")
-        print("| operation (prioritized buffer unless noted) | throughput | ms per call (median for sampling) |")
-        print("| --- | ---: | ---: |")
-        for op, thr, ms in rows:
-            print(f"| {op} | {thr} | {ms} |")
+        actions = rng.integers(0, 6, size=(buf.cap_per_stream, E))
+        rows = measure_adds(buf, pool, actions, E)
+        spread_priorities(buf, rng, E)
+        uniform = uniform_view(buf)
+        rows += measure_sampling(buf, uniform, args.batch, args.length, args.repeats)
+        print_table(buf, S, E, storage, rows)
     finally:
         if tmp is not None:
             del buf, uniform

@@ -41,8 +41,8 @@ CONFIGS = ROOT / "configs" / "worldmodels" / "cartpole_pixels"
 STAGES = ("record", "vision", "convert", "memory", "controller", "dream", "iterate")
 
 
-def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_pipeline_args(p: argparse.ArgumentParser) -> None:
+    """The work folder and stages; the sizes of the recording, V and M; the real-env controller's budget and CMA-ES."""
     p.add_argument("--workdir", default="bench_runs/worldmodels_cartpole")
     p.add_argument("--stages", default=",".join(STAGES), help="comma-separated subset of " + ",".join(STAGES))
     p.add_argument("--episodes", type=int, default=600, help="random episodes recorded")
@@ -82,6 +82,10 @@ def parse_args() -> argparse.Namespace:
         default=1,
         help="real episodes per member (1: more generations for the time; all members share the seed)",
     )
+
+
+def add_dream_args(p: argparse.ArgumentParser) -> None:
+    """The controller trained inside M's dream: CMA-ES and the dream's episodes, ends, starts and run folder."""
     p.add_argument("--dream-episodes-per-member", type=int, default=8)
     p.add_argument("--dream-temperature", type=float, default=1.0)
     p.add_argument(
@@ -121,6 +125,10 @@ def parse_args() -> argparse.Namespace:
         help="run folder of the dream stage (several dream experiments side by side)",
     )
     p.add_argument("--dream-seed", type=int, default=0, help="CMA-ES seed of the dream stage")
+
+
+def add_memory_args(p: argparse.ArgumentParser) -> None:
+    """M's window, batch size and extra settings, the dream-trained controller's extra settings, and ensembles of Ms."""
     p.add_argument(
         "--memory-sequence-length",
         type=int,
@@ -171,6 +179,10 @@ def parse_args() -> argparse.Namespace:
         default="max",
         help="with --ensemble: a dream step ends with the members' largest or mean done probability",
     )
+
+
+def add_iterate_args(p: argparse.ArgumentParser) -> None:
+    """The iterative training, the evaluation, the env's crop and action repeat, torch threads and --quick."""
     p.add_argument("--rounds", type=int, default=2, help="iterate: rounds of record -> M -> dream controller")
     p.add_argument("--round-episodes", type=int, default=100, help="iterate: episodes recorded per round")
     p.add_argument(
@@ -204,6 +216,14 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for these small nets)")
     p.add_argument("--quick", action="store_true", help="tiny sizes: checks the pipeline, not the figures")
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_pipeline_args(p)
+    add_dream_args(p)
+    add_memory_args(p)
+    add_iterate_args(p)
     args = p.parse_args()
     if args.quick:
         args.episodes, args.vision_epochs, args.memory_epochs, args.memory_batches = 40, 1, 1, 20
@@ -263,16 +283,17 @@ def evaluate_real(model, env, episodes: int, seed: int = 900_000, use: str = "me
     return float(returns.mean()), float(returns.std(unbiased=False))
 
 
-def main() -> None:
-    args = parse_args()
-    import torch
-
-    torch.set_num_threads(args.threads)
-    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+def select_stages(args: argparse.Namespace) -> list[str]:
+    """The stages of ``--stages``, in the order given; an unknown one ends the run."""
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
     unknown = set(stages) - set(STAGES)
     if unknown:
         raise SystemExit(f"unknown stages {sorted(unknown)}; choose from {STAGES}")
+    return stages
+
+
+def prepare_workdir(args: argparse.Namespace, stages: list[str]) -> Path:
+    """Create ``--workdir``, change into it, and clear the outputs of the stages that run again."""
     work = Path(args.workdir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     os.chdir(work)
@@ -290,6 +311,264 @@ def main() -> None:
     for name, run_name in runs.items():  # a re-run stage starts from scratch, not from its last checkpoint
         if name in stages:
             shutil.rmtree(work / "lightning_logs" / run_name, ignore_errors=True)
+    return work
+
+
+def record(args: argparse.Namespace) -> str:
+    """Stage 1: random-policy episodes."""
+    run(["record", "--config", str(CONFIGS / "record.yaml"), "--episodes", str(args.episodes), *env_settings(args)])
+    from lightning_wm.data.episodes import EpisodeStore
+
+    store = EpisodeStore("data/worldmodels/cartpole_pixels/frames")
+    return f"{len(store)} episodes, {store.total_steps()} frames"
+
+
+def vision(args: argparse.Namespace) -> str:
+    """Stage 2: fit V, the VAE."""
+    cli = run(
+        ["fit", "--config", str(CONFIGS / "vision.yaml"), *QUIET, "--trainer.max_epochs", str(args.vision_epochs)]
+    )
+    m = cli.trainer.callback_metrics
+    return f"val recon MSE {float(m['val/mse']):.5f} per pixel value, KL {float(m['val/kl']):.1f} nats"
+
+
+def convert(target: str = LATENTS) -> str:
+    """Stage 3: every episode into V's latents, in ``target``."""
+    run(["convert", "--config", str(CONFIGS / "vision.yaml"), "--ckpt_path", "last", "--target", target])
+    return "latent store written"
+
+
+def memory(args: argparse.Namespace, work: Path, latents: str = LATENTS, run_name: str = MEMORY_RUN) -> str:
+    """Stage 4: fit M on ``latents`` (and ``--ensemble``'s further members, other seeds)."""
+    figures = []
+    for k in range(args.ensemble):  # M, then the ensemble's further members (other seeds)
+        name = run_name if k == 0 else f"{run_name}-s{k}"
+        if k:
+            shutil.rmtree(work / "lightning_logs" / name, ignore_errors=True)
+        cli = run(
+            [
+                "fit",
+                "--config",
+                str(CONFIGS / "memory.yaml"),
+                *QUIET,
+                "--seed_everything",
+                str(k),
+                "--trainer.max_epochs",
+                str(args.memory_epochs),
+                "--trainer.run_name",
+                name,
+                "--data.init_args.directory",
+                latents,
+                "--data.init_args.train_batches",
+                str(args.memory_batches),
+                *(
+                    ["--data.init_args.sequence_length", str(args.memory_sequence_length)]
+                    if args.memory_sequence_length
+                    else []
+                ),
+                *(["--data.init_args.batch_size", str(args.memory_batch_size)] if args.memory_batch_size else []),
+                *settings(args.memory_set),
+            ]
+        )
+        m = cli.trainer.callback_metrics
+        figures.append(
+            f"val NLL {float(m['val/nll']):.3f} nats/dim, done BCE {float(m['val/done_loss']):.3f} "
+            f"(acc {float(m['val/done_acc']):.3f})"
+        )
+    return figures[0] if len(figures) == 1 else "; ".join(f"M{k}: {f}" for k, f in enumerate(figures))
+
+
+def real_env_limit(args: argparse.Namespace, total: float) -> tuple[int, str]:
+    """The real-env controller's generations and its time limit (Lightning's ``max_time``, "" for
+    none): ``--controller-minutes``, or what the budget leaves since ``total`` (the pipeline's start)."""
+    limit = ""
+    minutes = args.controller_minutes
+    if minutes is None and args.generations is None and args.budget_minutes > 0:
+        minutes = args.budget_minutes - (time.time() - total) / 60 - args.reserve_minutes
+    generations = args.generations or 1000
+    if minutes is not None:
+        if minutes <= 0:
+            raise SystemExit(f"no time left for the controller in a {args.budget_minutes}-minute budget")
+        seconds = int(minutes * 60)
+        limit = f"00:{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+    return generations, limit
+
+
+def dream_settings(
+    args: argparse.Namespace, memory_run: str, latents: str, run_name: str | None, members: list[str] | None
+) -> list[str]:
+    """The overrides of a controller trained in M's dream (with ``members`` dreaming beside
+    ``memory_run``; default: ``--ensemble``'s seeds)."""
+    command = [
+        "--trainer.run_name",
+        run_name or args.dream_run_name,
+        "--model.init_args.train_in",
+        "dream",
+        "--model.init_args.dream.starts",
+        args.dream_starts,
+        "--model.init_args.dream.max_steps",
+        str(args.dream_max_steps),
+        "--model.init_args.dream.done_mode",
+        args.dream_done_mode,
+        "--model.init_args.es.seed",
+        str(args.dream_seed),
+        "--model.init_args.dream.dir",
+        latents,
+        "--model.init_args.dream.temperature",
+        str(args.dream_temperature),
+        "--model.init_args.dream.done_threshold",
+        str(args.dream_done_threshold),
+        "--model.init_args.sample_z",
+        str(args.dream_sample_z).lower(),
+        "--model.init_args.es.episodes_per_member",
+        str(args.dream_episodes_per_member),
+        *settings(args.dream_set),
+    ]
+    if members is None:
+        members = [f"{memory_run}-s{k}" for k in range(1, args.ensemble)]
+    if members:
+        paths = [f"lightning_logs/{name}/checkpoints/last.ckpt" for name in members]
+        command += [
+            "--model.init_args.dream.ensemble",
+            "[" + ",".join(paths) + "]",
+            "--model.init_args.dream.ensemble_next",
+            args.dream_ensemble_next,
+            "--model.init_args.dream.ensemble_done",
+            args.dream_ensemble_done,
+        ]
+    return command
+
+
+def controller(
+    args: argparse.Namespace,
+    total: float,
+    dream: bool,
+    memory_run: str = MEMORY_RUN,
+    latents: str = LATENTS,
+    run_name: str | None = None,
+    start_from: str | None = None,
+    members: list[str] | None = None,
+) -> str:
+    """Stages 5 and 6: fit C with CMA-ES in the real env or in M's dream, then evaluate it in the real env.
+    ``members``: memory runs that dream beside ``memory_run`` (default: ``--ensemble``'s seeds)."""
+    if dream:
+        generations, limit = args.dream_generations, ""
+    else:
+        generations, limit = real_env_limit(args, total)
+    command = [
+        "fit",
+        "--config",
+        str(CONFIGS / "controller.yaml"),
+        *QUIET,
+        *env_settings(args),
+        "--trainer.max_steps",
+        str(generations),
+        "--trainer.val_check_interval",
+        str(10**6),
+        "--model.init_args.es.popsize",
+        str(args.popsize),
+        "--model.init_args.memory_ckpt",
+        f"lightning_logs/{memory_run}/checkpoints/last.ckpt",
+    ]
+    if limit:
+        command += ["--trainer.max_time", limit]
+    if start_from:
+        command += ["--model.init_args.init_params_ckpt", start_from]
+    if dream:
+        command += dream_settings(args, memory_run, latents, run_name, members)
+    else:
+        command += ["--model.init_args.es.episodes_per_member", str(args.episodes_per_member)]
+    fit_start = time.time()
+    cli = run(command)
+    m = cli.trainer.callback_metrics
+    fit_seconds = time.time() - fit_start
+    mean, std = evaluate_real(cli.model, cli.datamodule.env, args.eval_episodes)
+    best_mean, best_std = evaluate_real(cli.model, cli.datamodule.env, args.eval_episodes, use="best")
+    where = "dream" if dream else "real-env"
+    return (
+        f"{cli.trainer.global_step} generations{' (time limit ' + limit + ')' if limit else ''}; "
+        f"last generation {where} fitness mean {float(m['fitness/mean']):.1f} best "
+        f"{float(m['fitness/best']):.1f}; fit {fit_seconds:.0f} s; real return {mean:.1f} ± {std:.1f} "
+        f"(CMA-ES mean), {best_mean:.1f} ± {best_std:.1f} (best member) over {args.eval_episodes} episodes"
+    )
+
+
+def iterate(args: argparse.Namespace, work: Path, total: float) -> str:
+    """Stage 7: ``--rounds`` rounds of recording with the latest dream-trained controller, converting,
+    fitting M on the whole store and fitting C inside the new M's dream."""
+    from lightning_wm.data.episodes import EpisodeStore
+
+    dream_run, memory_run = args.dream_run_name, MEMORY_RUN
+    memory_runs = [MEMORY_RUN]  # round 0's M, then each round's
+    figures = []
+    for r in range(1, args.rounds + 1):
+        run(
+            [
+                "record",
+                "--config",
+                str(CONFIGS / "record.yaml"),
+                "--episodes",
+                str(args.round_episodes),
+                *env_settings(args),
+                "--data.init_args.env.seed",
+                str(1000 + r),
+                "--model",
+                "lightning_wm.agents.worldmodels.controller.Controller",
+                "--model.init_args.vision_ckpt",
+                VISION_CKPT,
+                "--model.init_args.memory_ckpt",
+                f"lightning_logs/{memory_run}/checkpoints/last.ckpt",
+                "--model.init_args.explore_noise",
+                str(args.explore_noise),
+                "--ckpt_path",
+                f"lightning_logs/{dream_run}/checkpoints/last.ckpt",
+            ]
+        )
+        latents = f"{LATENTS}-round{r}"
+        shutil.rmtree(latents, ignore_errors=True)
+        convert(latents)
+        last_controller = f"lightning_logs/{dream_run}/checkpoints/last.ckpt"
+        memory_run, dream_run = f"{MEMORY_RUN}-round{r}", f"{args.dream_run_name}-round{r}"
+        for name in (memory_run, dream_run):
+            shutil.rmtree(work / "lightning_logs" / name, ignore_errors=True)
+        m_figure = memory(args, work, latents, memory_run)
+        earlier = memory_runs[::-1][: args.round_ensemble] if args.round_ensemble > 0 else None
+        memory_runs.append(memory_run)
+        c_figure = controller(
+            args,
+            total,
+            True,
+            memory_run,
+            latents,
+            dream_run,
+            start_from=last_controller if args.warm_start else None,
+            members=earlier,
+        )
+        store = EpisodeStore(FRAMES)
+        figures.append(f"round {r}: {len(store)} episodes, {store.total_steps()} frames; M {m_figure}; C {c_figure}")
+        print(f"\n--- {figures[-1]}\n", flush=True)
+    return " || ".join(figures)
+
+
+def print_table(args: argparse.Namespace, rows: list[tuple[str, float, str]], elapsed: float) -> None:
+    """The markdown table: each stage's wall time and figure, then the total."""
+    print("\n| stage | wall time (s) | figure |\n| --- | ---: | --- |")
+    for name, seconds, figure in rows:
+        print(f"| {name} | {seconds:.0f} | {figure} |")
+    print(
+        f"| total | {elapsed:.0f} | {'quick smoke settings' if args.quick else 'full settings'}, "
+        f"{args.threads} torch thread(s) |"
+    )
+
+
+def main() -> None:
+    args = parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    stages = select_stages(args)
+    work = prepare_workdir(args, stages)
 
     rows: list[tuple[str, float, str]] = []
     total = time.time()
@@ -300,232 +579,20 @@ def main() -> None:
         rows.append((name, time.time() - start, figure))
         print(f"\n=== {name}: {rows[-1][1]:.0f} s  {figure}\n", flush=True)
 
-    def record() -> str:
-        run(["record", "--config", str(CONFIGS / "record.yaml"), "--episodes", str(args.episodes), *env_settings(args)])
-        from lightning_wm.data.episodes import EpisodeStore
-
-        store = EpisodeStore("data/worldmodels/cartpole_pixels/frames")
-        return f"{len(store)} episodes, {store.total_steps()} frames"
-
-    def vision() -> str:
-        cli = run(
-            ["fit", "--config", str(CONFIGS / "vision.yaml"), *QUIET, "--trainer.max_epochs", str(args.vision_epochs)]
-        )
-        m = cli.trainer.callback_metrics
-        return f"val recon MSE {float(m['val/mse']):.5f} per pixel value, KL {float(m['val/kl']):.1f} nats"
-
-    def convert(target: str = LATENTS) -> str:
-        run(["convert", "--config", str(CONFIGS / "vision.yaml"), "--ckpt_path", "last", "--target", target])
-        return "latent store written"
-
-    def memory(latents: str = LATENTS, run_name: str = MEMORY_RUN) -> str:
-        figures = []
-        for k in range(args.ensemble):  # M, then the ensemble's further members (other seeds)
-            name = run_name if k == 0 else f"{run_name}-s{k}"
-            if k:
-                shutil.rmtree(work / "lightning_logs" / name, ignore_errors=True)
-            cli = run(
-                [
-                    "fit",
-                    "--config",
-                    str(CONFIGS / "memory.yaml"),
-                    *QUIET,
-                    "--seed_everything",
-                    str(k),
-                    "--trainer.max_epochs",
-                    str(args.memory_epochs),
-                    "--trainer.run_name",
-                    name,
-                    "--data.init_args.directory",
-                    latents,
-                    "--data.init_args.train_batches",
-                    str(args.memory_batches),
-                    *(
-                        ["--data.init_args.sequence_length", str(args.memory_sequence_length)]
-                        if args.memory_sequence_length
-                        else []
-                    ),
-                    *(["--data.init_args.batch_size", str(args.memory_batch_size)] if args.memory_batch_size else []),
-                    *settings(args.memory_set),
-                ]
-            )
-            m = cli.trainer.callback_metrics
-            figures.append(
-                f"val NLL {float(m['val/nll']):.3f} nats/dim, done BCE {float(m['val/done_loss']):.3f} "
-                f"(acc {float(m['val/done_acc']):.3f})"
-            )
-        return figures[0] if len(figures) == 1 else "; ".join(f"M{k}: {f}" for k, f in enumerate(figures))
-
-    def controller(
-        dream: bool,
-        memory_run: str = MEMORY_RUN,
-        latents: str = LATENTS,
-        run_name: str | None = None,
-        start_from: str | None = None,
-        members: list[str] | None = None,
-    ) -> str:
-        """``members``: memory runs that dream beside ``memory_run`` (default: ``--ensemble``'s seeds)."""
-        limit = ""
-        if dream:
-            generations = args.dream_generations
-        else:
-            minutes = args.controller_minutes
-            if minutes is None and args.generations is None and args.budget_minutes > 0:
-                minutes = args.budget_minutes - (time.time() - total) / 60 - args.reserve_minutes
-            generations = args.generations or 1000
-            if minutes is not None:
-                if minutes <= 0:
-                    raise SystemExit(f"no time left for the controller in a {args.budget_minutes}-minute budget")
-                seconds = int(minutes * 60)
-                limit = f"00:{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
-        command = [
-            "fit",
-            "--config",
-            str(CONFIGS / "controller.yaml"),
-            *QUIET,
-            *env_settings(args),
-            "--trainer.max_steps",
-            str(generations),
-            "--trainer.val_check_interval",
-            str(10**6),
-            "--model.init_args.es.popsize",
-            str(args.popsize),
-            "--model.init_args.memory_ckpt",
-            f"lightning_logs/{memory_run}/checkpoints/last.ckpt",
-        ]
-        if limit:
-            command += ["--trainer.max_time", limit]
-        if start_from:
-            command += ["--model.init_args.init_params_ckpt", start_from]
-        if dream:
-            command += [
-                "--trainer.run_name",
-                run_name or args.dream_run_name,
-                "--model.init_args.train_in",
-                "dream",
-                "--model.init_args.dream.starts",
-                args.dream_starts,
-                "--model.init_args.dream.max_steps",
-                str(args.dream_max_steps),
-                "--model.init_args.dream.done_mode",
-                args.dream_done_mode,
-                "--model.init_args.es.seed",
-                str(args.dream_seed),
-                "--model.init_args.dream.dir",
-                latents,
-                "--model.init_args.dream.temperature",
-                str(args.dream_temperature),
-                "--model.init_args.dream.done_threshold",
-                str(args.dream_done_threshold),
-                "--model.init_args.sample_z",
-                str(args.dream_sample_z).lower(),
-                "--model.init_args.es.episodes_per_member",
-                str(args.dream_episodes_per_member),
-                *settings(args.dream_set),
-            ]
-            if members is None:
-                members = [f"{memory_run}-s{k}" for k in range(1, args.ensemble)]
-            if members:
-                paths = [f"lightning_logs/{name}/checkpoints/last.ckpt" for name in members]
-                command += [
-                    "--model.init_args.dream.ensemble",
-                    "[" + ",".join(paths) + "]",
-                    "--model.init_args.dream.ensemble_next",
-                    args.dream_ensemble_next,
-                    "--model.init_args.dream.ensemble_done",
-                    args.dream_ensemble_done,
-                ]
-        else:
-            command += ["--model.init_args.es.episodes_per_member", str(args.episodes_per_member)]
-        fit_start = time.time()
-        cli = run(command)
-        m = cli.trainer.callback_metrics
-        fit_seconds = time.time() - fit_start
-        mean, std = evaluate_real(cli.model, cli.datamodule.env, args.eval_episodes)
-        best_mean, best_std = evaluate_real(cli.model, cli.datamodule.env, args.eval_episodes, use="best")
-        where = "dream" if dream else "real-env"
-        return (
-            f"{cli.trainer.global_step} generations{' (time limit ' + limit + ')' if limit else ''}; "
-            f"last generation {where} fitness mean {float(m['fitness/mean']):.1f} best "
-            f"{float(m['fitness/best']):.1f}; fit {fit_seconds:.0f} s; real return {mean:.1f} ± {std:.1f} "
-            f"(CMA-ES mean), {best_mean:.1f} ± {best_std:.1f} (best member) over {args.eval_episodes} episodes"
-        )
-
-    def iterate() -> str:
-        from lightning_wm.data.episodes import EpisodeStore
-
-        dream_run, memory_run = args.dream_run_name, MEMORY_RUN
-        memory_runs = [MEMORY_RUN]  # round 0's M, then each round's
-        figures = []
-        for r in range(1, args.rounds + 1):
-            run(
-                [
-                    "record",
-                    "--config",
-                    str(CONFIGS / "record.yaml"),
-                    "--episodes",
-                    str(args.round_episodes),
-                    *env_settings(args),
-                    "--data.init_args.env.seed",
-                    str(1000 + r),
-                    "--model",
-                    "lightning_wm.agents.worldmodels.controller.Controller",
-                    "--model.init_args.vision_ckpt",
-                    VISION_CKPT,
-                    "--model.init_args.memory_ckpt",
-                    f"lightning_logs/{memory_run}/checkpoints/last.ckpt",
-                    "--model.init_args.explore_noise",
-                    str(args.explore_noise),
-                    "--ckpt_path",
-                    f"lightning_logs/{dream_run}/checkpoints/last.ckpt",
-                ]
-            )
-            latents = f"{LATENTS}-round{r}"
-            shutil.rmtree(latents, ignore_errors=True)
-            convert(latents)
-            last_controller = f"lightning_logs/{dream_run}/checkpoints/last.ckpt"
-            memory_run, dream_run = f"{MEMORY_RUN}-round{r}", f"{args.dream_run_name}-round{r}"
-            for name in (memory_run, dream_run):
-                shutil.rmtree(work / "lightning_logs" / name, ignore_errors=True)
-            m_figure = memory(latents, memory_run)
-            earlier = memory_runs[::-1][: args.round_ensemble] if args.round_ensemble > 0 else None
-            memory_runs.append(memory_run)
-            c_figure = controller(
-                True,
-                memory_run,
-                latents,
-                dream_run,
-                start_from=last_controller if args.warm_start else None,
-                members=earlier,
-            )
-            store = EpisodeStore(FRAMES)
-            figures.append(
-                f"round {r}: {len(store)} episodes, {store.total_steps()} frames; M {m_figure}; C {c_figure}"
-            )
-            print(f"\n--- {figures[-1]}\n", flush=True)
-        return " || ".join(figures)
-
     plan = {
-        "record": record,
-        "vision": vision,
+        "record": lambda: record(args),
+        "vision": lambda: vision(args),
         "convert": convert,
-        "memory": memory,
-        "controller": lambda: controller(False),
-        "dream": lambda: controller(True),
-        "iterate": iterate,
+        "memory": lambda: memory(args, work),
+        "controller": lambda: controller(args, total, False),
+        "dream": lambda: controller(args, total, True),
+        "iterate": lambda: iterate(args, work, total),
     }
     for name in STAGES:
         if name in stages:
             stage(name, plan[name])
 
-    elapsed = time.time() - total
-    print("\n| stage | wall time (s) | figure |\n| --- | ---: | --- |")
-    for name, seconds, figure in rows:
-        print(f"| {name} | {seconds:.0f} | {figure} |")
-    print(
-        f"| total | {elapsed:.0f} | {'quick smoke settings' if args.quick else 'full settings'}, "
-        f"{args.threads} torch thread(s) |"
-    )
+    print_table(args, rows, time.time() - total)
 
 
 if __name__ == "__main__":

@@ -41,12 +41,17 @@ import os
 import pickle
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.append(str(Path(__file__).resolve().parent))  # last: bench/minatar.py must not shadow minatar
+from worldmodels_disagreement import build_ensemble, dream_disagreement, ensemble_section  # noqa: E402
+
 DEFAULT_CROP = (160, 0, 160, 600)
 THETA_LIMIT, X_LIMIT = 12 * 2 * np.pi / 360, 2.4  # CartPole-v1's termination
 
@@ -167,26 +172,13 @@ def r2(pred: np.ndarray, y: np.ndarray) -> np.ndarray:
 # -- measurements -------------------------------------------------------------------------
 
 
-def main() -> None:
-    args = parse_args()
-    import torch
+def cat(es: list[dict], k: str) -> np.ndarray:
+    """Key ``k`` of the episodes ``es``, concatenated."""
+    return np.concatenate([e[k] for e in es])
 
-    from lightning_wm.agents.worldmodels.vision import encode_frames
-    from lightning_wm.agents.worldmodels.vm_model import VisionMemoryModel
 
-    torch.set_num_threads(1)
-    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
-    os.chdir(Path(args.workdir).resolve())
-    report: dict = {
-        "vision": args.vision,
-        "memory": args.memory,
-        "temperature": args.temperature,
-        "ensemble": args.ensemble,
-    }
-    model = VisionMemoryModel.from_checkpoints(args.vision, args.memory, temperature=args.temperature)
-    mem = model.memory
-    t0 = time.time()
-    crop = tuple(args.crop)
+def truth_episodes(args: argparse.Namespace, crop: tuple[int, ...]) -> list[dict]:
+    """The real episodes with the true state: the workdir's cache of them, or recorded (and cached)."""
     cache = Path(
         f"truth_{args.random_episodes}_{args.balancer_episodes}_{args.seed}"
         f"{'' if crop == DEFAULT_CROP else '_crop' + '_'.join(map(str, crop))}.pkl"
@@ -196,6 +188,13 @@ def main() -> None:
     else:
         episodes = record_truth(args.random_episodes, args.balancer_episodes, args.seed, crop)
         cache.write_bytes(pickle.dumps(episodes))
+    return episodes
+
+
+def encode_episodes(model: Any, episodes: list[dict], t0: float) -> None:
+    """V's posterior of every frame and M's memory along every episode; print the episodes' lengths."""
+    from lightning_wm.agents.worldmodels.vision import encode_frames
+
     for e in episodes:
         mu, logvar = encode_frames(model.vision, e["obs"])
         e["mu"], e["logvar"] = mu.numpy(), logvar.numpy()
@@ -206,10 +205,13 @@ def main() -> None:
         f"{np.mean(lengths['random']):.1f}, balancer mean {np.mean(lengths['balancer']):.1f}"
     )
 
+
+def fit_state_probe(args: argparse.Namespace, episodes: list[dict], report: dict) -> tuple[Callable, float]:
+    """1. probe: V's z -> (x, theta), scored on held-out episodes; returns the probe (the episodes'
+    ``probed`` set) and the total variance of V's mean."""
     # 1. probe: mu -> (x, theta), fit on half the episodes of each policy, scored on the rest
     train = [e for i, e in enumerate(episodes) if i % 2 == 0]
     test = [e for i, e in enumerate(episodes) if i % 2 == 1]
-    cat = lambda es, k: np.concatenate([e[k] for e in es])  # noqa: E731
     # fit on z drawn from V's posterior (what M is trained to predict), so that the probe reads the
     # dimensions that carry the frame and ignores those that are only posterior noise
     rng = np.random.default_rng(args.seed)
@@ -234,8 +236,15 @@ def main() -> None:
     for e in episodes:
         e["probed"] = probe(e["mu"])
     z_var = float(cat(episodes, "mu").var(0).sum())
+    return probe, z_var
 
-    # 2. open-loop prediction error per horizon
+
+def open_loop_section(
+    args: argparse.Namespace, model: Any, episodes: list[dict], probe: Callable, z_var: float, report: dict
+) -> None:
+    """2. open-loop prediction error per horizon, per policy, M's memory (warm or zero) and temperature."""
+    import torch
+
     K = args.horizon
     gen = torch.Generator().manual_seed(args.seed)
 
@@ -298,10 +307,13 @@ def main() -> None:
             f"{r['theta_err_deg']:.2f} | {r['x_err']:.3f} | {r['theta_err_if_frozen_deg']:.2f} |"
         )
 
-    # 3. action response: always-left vs always-right for k steps, dream (mode) vs physics
+
+def action_response(model: Any, episodes: list[dict], probe: Callable, report: dict) -> None:
+    """3. action response: always-left vs always-right for k steps, dream (mode) vs physics."""
     import warnings
 
     import gymnasium as gym
+    import torch
 
     warnings.filterwarnings("ignore", message=".*already returned terminated.*")  # physics past the limits
     physics = gym.make("CartPole-v1").unwrapped
@@ -339,7 +351,12 @@ def main() -> None:
         )
         print(f"| {k} | {np.degrees(np.mean(dream)):.2f} | {np.degrees(np.mean(real)):.2f} | {corr:.2f} |")
 
-    # 4. done head on real rows: p(done at t+1) from M after reading rows <= t
+
+def done_head(mem: Any, episodes: list[dict], report: dict) -> None:
+    """4. done head on real rows: p(done at t+1) from M after reading rows <= t; calibration, recall
+    and false alarms by M's memory's age."""
+    import torch
+
     probs, targets, ages = [], [], []
     for e in episodes:
         states = e["post"]
@@ -378,88 +395,76 @@ def main() -> None:
             report["done_false_alarm_by_age"].append({"rows": [lo, hi], "n": int(m.sum()), "false_alarm": rate})
             print(f"| {lo}-{hi} | {m.sum()} | {rate:.3f} |")
 
-    from lightning_wm.agents.worldmodels.memory import Memory
-    from lightning_wm.checkpoints import load_module
 
-    ensemble = VisionMemoryModel(
-        model.vision, mem, temperature=args.temperature, ensemble=[load_module(Memory, path) for path in args.ensemble]
-    )
-    members = [mem, *ensemble.ensemble]
+def real_ends(controller: Any, episodes: int, crop: tuple[int, ...]) -> dict:
+    """Play ``episodes`` real episodes with the true state kept: how each one ended."""
+    import torch
 
-    def member_heads(outs: list) -> list[dict]:
-        return [member.heads(out) for member, out in zip(members, outs)]
+    from lightning_wm.envs import EnvConfig, make_env
 
-    def disagreement(heads: list[dict]) -> np.ndarray:
-        """Std over members of each member's mixture mean, averaged over z's dimensions: ``[B]``."""
-        means = [member.mean_next(h) for member, h in zip(members, heads)]
-        return torch.stack(means).std(0).mean(-1).numpy()
+    real_env = make_env(EnvConfig(id="CartPole-v1", pixels=True, size=(64, 64), crop=crop, keep_state=True))
+    ends = {"angle": 0, "edge": 0, "limit": 0}
+    lengths, max_x, theta_end = [], [], []
+    for i in range(episodes):
+        obs, _ = real_env.reset(seed=900_000 + i)
+        state, xs, t, done = controller.initial_state(1), [], 0, False
+        while not done:
+            with torch.no_grad():
+                action, state = controller.policy_step(
+                    torch.as_tensor(obs["image"])[None], state, controller.params.detach()
+                )
+            obs, _, term, trunc, _ = real_env.step(int(action[0]))
+            x, _, theta, _ = obs["state"]
+            xs.append(abs(x))
+            t += 1
+            done = term or trunc
+        ends["edge" if abs(x) > X_LIMIT else "angle" if term else "limit"] += 1
+        lengths.append(t)
+        max_x.append(max(xs))
+        theta_end.append(abs(theta))
+    real_env.close()
+    return {
+        **ends,
+        "mean_length": float(np.mean(lengths)),
+        "max_abs_x": float(np.max(max_x)),
+        "mean_abs_theta_end": float(np.mean(theta_end)),
+    }
 
-    @torch.no_grad()
-    def teacher_forced_disagreement(e: dict) -> np.ndarray:
-        z = torch.as_tensor(e["mu"])
-        actions = mem.action_input(torch.as_tensor(e["action"]))
-        state, out = ensemble.zero_state(1), []
-        for t in range(len(z) - 1):
-            outs, state = ensemble.read_step({**state, "z": z[t : t + 1]}, actions[t : t + 1])
-            out.append(disagreement(member_heads(outs))[0])
-        return np.asarray(out)
 
-    @torch.no_grad()
-    def dream_disagreement(controller, act, steps: int = 300) -> list[float]:
-        """Disagreement at every step of ``args.dreams`` dreams from the controller's (ensemble)
-        starts, ends ignored (a dream runs on for ``steps`` from a first-row start); ``z'`` is
-        drawn from M's mixture, every member reading it."""
-        bank = controller.dream_starts_bank()  # the controller dreams with the ensemble (dream.ensemble)
-        g = torch.Generator().manual_seed(args.seed)
-        pick = torch.randint(len(bank["z"]), (args.dreams,), generator=g)
-        state = {k: v[pick] for k, v in bank.items()}
-        out = []
-        for _ in range(steps):
-            action = act(ensemble.features(state))
-            outs, new = ensemble.read_step(state, mem.action_input(action))
-            heads = member_heads(outs)
-            out.extend(disagreement(heads).tolist())
-            new["z"] = mem.sample_next(heads[0], args.temperature, g)
-            state = new
-        return out
+def dream_steps_past_limits(controller: Any, probe: Callable, dreams: int) -> float:
+    """Along ``dreams`` dreams of the controller: the share of steps with the probed angle or position
+    past the real limits while the dream runs on."""
+    import torch
 
-    def real_ends(controller, episodes: int) -> dict:
-        """Play ``episodes`` real episodes with the true state kept: how each one ended."""
-        from lightning_wm.envs import make_env
+    dream = controller._dream_env(dreams)
+    feats = dream.reset_tensor(2)
+    past, steps = 0, 0
+    active = torch.ones(dreams, dtype=torch.bool)
+    for _ in range(500):
+        feats, _, term, trunc = dream.step_tensor(controller._act(controller.params.detach(), feats))
+        x, theta = probe(dream.state["z"].numpy()).T
+        out = (np.abs(theta) > THETA_LIMIT) | (np.abs(x) > X_LIMIT)
+        live = active.numpy() & ~(term | trunc).numpy()
+        past += int((out & live).sum())
+        steps += int(live.sum())
+        active &= ~(term | trunc)
+        if not active.any():
+            break
+    return past / max(steps, 1)
 
-        real_env = make_env(EnvConfig(id="CartPole-v1", pixels=True, size=(64, 64), crop=crop, keep_state=True))
-        ends = {"angle": 0, "edge": 0, "limit": 0}
-        lengths, max_x, theta_end = [], [], []
-        for i in range(episodes):
-            obs, _ = real_env.reset(seed=900_000 + i)
-            state, xs, t, done = controller.initial_state(1), [], 0, False
-            while not done:
-                with torch.no_grad():
-                    action, state = controller.policy_step(
-                        torch.as_tensor(obs["image"])[None], state, controller.params.detach()
-                    )
-                obs, _, term, trunc, _ = real_env.step(int(action[0]))
-                x, _, theta, _ = obs["state"]
-                xs.append(abs(x))
-                t += 1
-                done = term or trunc
-            ends["edge" if abs(x) > X_LIMIT else "angle" if term else "limit"] += 1
-            lengths.append(t)
-            max_x.append(max(xs))
-            theta_end.append(abs(theta))
-        real_env.close()
-        return {
-            **ends,
-            "mean_length": float(np.mean(lengths)),
-            "max_abs_x": float(np.max(max_x)),
-            "mean_abs_theta_end": float(np.mean(theta_end)),
-        }
 
-    # 5. controllers: real return, dream return (first / all starts), what the dream lets pass
+def score_controllers(
+    args: argparse.Namespace, crop: tuple[int, ...], probe: Callable, ensemble: Any, members: list, report: dict
+) -> Any:
+    """5. controllers: real return, dream return (first / all starts), what the dream lets pass;
+    returns the last controller built (None without ``--controller``)."""
+    import torch
+
     from lightning_wm.agents.worldmodels.controller import Controller
     from lightning_wm.data.generations import GenerationDataModule
     from lightning_wm.envs import EnvConfig
 
+    controller = None
     report["controllers"] = []
     env = EnvConfig(id="CartPole-v1", pixels=True, size=(64, 64), crop=crop, seed=100)
     spec = GenerationDataModule(env).spec
@@ -485,28 +490,18 @@ def main() -> None:
                         controller.params.detach()[None], args.real_episodes, seed=900_000, where="real", config=env
                     ).mean()
                 )
-                # along dreams: probed angle / position past the real limits while the dream runs on
-                dream = controller._dream_env(args.dreams)
-                feats = dream.reset_tensor(2)
-                past, steps = 0, 0
-                active = torch.ones(args.dreams, dtype=torch.bool)
-                for _ in range(500):
-                    feats, _, term, trunc = dream.step_tensor(controller._act(controller.params.detach(), feats))
-                    x, theta = probe(dream.state["z"].numpy()).T
-                    out = (np.abs(theta) > THETA_LIMIT) | (np.abs(x) > X_LIMIT)
-                    live = active.numpy() & ~(term | trunc).numpy()
-                    past += int((out & live).sum())
-                    steps += int(live.sum())
-                    active &= ~(term | trunc)
-                    if not active.any():
-                        break
-                entry["dream_steps_past_limits"] = past / max(steps, 1)
-                entry["real_ends"] = real_ends(controller, args.real_episodes)
+                entry["dream_steps_past_limits"] = dream_steps_past_limits(controller, probe, args.dreams)
+                entry["real_ends"] = real_ends(controller, args.real_episodes, crop)
                 if args.ensemble:
                     entry["dream_disagreement"] = dream_disagreement(
-                        controller, lambda f: controller._act(controller.params.detach(), f)
+                        args, ensemble, members, controller, lambda f: controller._act(controller.params.detach(), f)
                     )
         report["controllers"].append(entry)
+    return controller
+
+
+def print_controllers(report: dict) -> None:
+    """5. the controllers' tables: returns and dream steps past the limits, and how the real episodes end."""
     if report["controllers"]:
         print("\n5. controllers: real return vs dream return; share of dream steps beyond the real limits")
         print("| checkpoint | real | dream (first-frame starts) | dream (all-row starts) | dream steps past limits |")
@@ -528,39 +523,37 @@ def main() -> None:
                 f"{e['max_abs_x']:.2f} | {e['mean_abs_theta_end']:.3f} |"
             )
 
+
+def main() -> None:
+    args = parse_args()
+    import torch
+
+    from lightning_wm.agents.worldmodels.vm_model import VisionMemoryModel
+
+    torch.set_num_threads(1)
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    os.chdir(Path(args.workdir).resolve())
+    report: dict = {
+        "vision": args.vision,
+        "memory": args.memory,
+        "temperature": args.temperature,
+        "ensemble": args.ensemble,
+    }
+    model = VisionMemoryModel.from_checkpoints(args.vision, args.memory, temperature=args.temperature)
+    t0 = time.time()
+    crop = tuple(args.crop)
+    episodes = truth_episodes(args, crop)
+    encode_episodes(model, episodes, t0)
+    probe, z_var = fit_state_probe(args, episodes, report)
+    open_loop_section(args, model, episodes, probe, z_var, report)
+    action_response(model, episodes, probe, report)
+    done_head(model.memory, episodes, report)
+    ensemble, members = build_ensemble(args, model)
+    controller = score_controllers(args, crop, probe, ensemble, members, report)
+    print_controllers(report)
     # 6. ensemble disagreement: real episodes (teacher-forced), controllers' dreams, random-action dreams
     if args.ensemble:
-        real = {}
-        for e in episodes:
-            real.setdefault(e["policy"], []).append(teacher_forced_disagreement(e))
-        rows = [(f"real {policy} episodes, teacher-forced", np.concatenate(v)) for policy, v in real.items()]
-        rows += [
-            (f"dreams of {c['checkpoint']}", np.asarray(c["dream_disagreement"]))
-            for c in report["controllers"]
-            if "dream_disagreement" in c
-        ]
-        if args.controller:
-            gen_random = torch.Generator().manual_seed(args.seed)
-            rows.append(
-                (
-                    "dreams under random actions",
-                    np.asarray(
-                        dream_disagreement(controller, lambda f: torch.randint(2, (f.shape[0],), generator=gen_random))
-                    ),
-                )
-            )
-        report["ensemble_disagreement"] = {
-            name: [float(q) for q in np.quantile(v, [0.5, 0.9, 0.99])] for name, v in rows
-        }
-        print(
-            f"\n6. ensemble of {1 + len(args.ensemble)} Ms: disagreement per step (std over members of the "
-            "mixture mean, mean over z's dimensions)"
-        )
-        print("| where | median | 90% | 99% | steps |")
-        print("| --- | ---: | ---: | ---: | ---: |")
-        for name, v in rows:
-            q = np.quantile(v, [0.5, 0.9, 0.99])
-            print(f"| {name} | {q[0]:.4f} | {q[1]:.4f} | {q[2]:.4f} | {len(v)} |")
+        ensemble_section(args, episodes, ensemble, members, controller, report)
     Path("diagnostics.json").write_text(json.dumps(report, indent=1))
     print(f"\nwrote {Path('diagnostics.json').resolve()} ({time.time() - t0:.0f} s)")
 
