@@ -317,10 +317,11 @@ def check_compatible(
     differences = hparam_differences(saved, current) if saved and current else {}
     listed = "; ".join(f"{k}: checkpoint {a!r}, config {b!r}" for k, (a, b) in differences.items())
     free = set(getattr(model, "resume_may_change", ()))  # a budget, not the model: warned below
-    if set(differences) - free and settings == "refuse":
-        listed = "; ".join(f"{k}: checkpoint {a!r}, config {b!r}" for k, (a, b) in differences.items() if k not in free)
+    refused = {k: pair for k, pair in differences.items() if k not in free}
+    if refused and settings == "refuse":
+        named = "; ".join(f"{k}: checkpoint {a!r}, config {b!r}" for k, (a, b) in refused.items())
         raise CheckpointError(
-            f"{action} refused: the config contradicts the model in {str(path)!r} ({listed}); a "
+            f"{action} refused: the config contradicts the model in {str(path)!r} ({named}); a "
             "checkpoint keeps its architecture: use the config it was trained with or set these keys "
             "to its values (another model is a new run: another --trainer.run_name)"
         )
