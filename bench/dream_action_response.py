@@ -6,6 +6,8 @@ never braked hard).
 
     python bench/dream_action_response.py --vision V.ckpt --memory M.ckpt --latents DIR \\
         --controller C.ckpt --actions "0,1,0" "0,0,1" "0,0,0"
+
+The controller acts as in training (its own action mapping, the env's bounds from the store).
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lightning_wm.agents.worldmodels.controller_net import controller_forward
+from lightning_wm.agents.worldmodels.controller import Controller
 from lightning_wm.agents.worldmodels.vm_model import VisionMemoryModel
+from lightning_wm.checkpoints import load_module
+from lightning_wm.data.offline import EpisodeDataModule
 
 
 def start_states(model: VisionMemoryModel, directory: Path, episodes: int, at: int) -> dict[str, torch.Tensor]:
@@ -48,17 +52,10 @@ def _floats(text: str) -> torch.Tensor:
     return torch.tensor([float(x) for x in text.split(",")])
 
 
-def linear_controller(params: torch.Tensor, action_map: list[str], low: torch.Tensor, high: torch.Tensor):
-    """``features [N, F] -> actions [N, A]`` of a linear controller: ``u = tanh(W f + b)``, then per
-    dimension ``linear`` (``u`` onto ``[low, high]``) or ``clip`` (``u`` clipped to it), as the
-    Controller's ``action_map`` does."""
-    clip = torch.tensor([m == "clip" for m in action_map])
-
-    def act(features: torch.Tensor) -> torch.Tensor:
-        u = torch.tanh(controller_forward(params, features, features.shape[-1], len(action_map)))
-        return torch.where(clip, torch.maximum(torch.minimum(u, high), low), low + (u + 1) / 2 * (high - low))
-
-    return act
+def load_controller(path: str, vision: str, memory: str, latents: Path) -> Controller:
+    """The controller at ``path`` on these V and M, for the env the latent store was recorded in."""
+    spec = EpisodeDataModule(directory=str(latents)).spec
+    return load_module(Controller, path, env_spec=spec, vision_ckpt=vision, memory_ckpt=memory, train_in="real")
 
 
 def main() -> None:
@@ -66,17 +63,15 @@ def main() -> None:
     parser.add_argument("--vision", required=True)
     parser.add_argument("--memory", required=True)
     parser.add_argument("--latents", type=Path, required=True, help="the latent store M was trained on")
-    parser.add_argument("--controller", help="a linear controller's checkpoint on [z, h] (its `params`)")
-    parser.add_argument("--action-map", default="linear,linear,clip", help="the controller's action_map")
-    parser.add_argument("--low", default="-1,0,0", help="the action space's lower bounds (CarRacing's)")
-    parser.add_argument("--high", default="1,1,1", help="the action space's upper bounds")
+    parser.add_argument("--controller", help="a controller's checkpoint on V and M's features")
     parser.add_argument("--actions", nargs="+", default=["0,1,0", "0,0.3,0", "0,0,1", "0,0,0", "0,1,1"])
     parser.add_argument("--episodes", type=int, default=8)
     parser.add_argument("--at", type=int, default=100, help="the row of each episode the dreams start from")
     parser.add_argument("--steps", type=int, default=50)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    model = VisionMemoryModel.from_checkpoints(args.vision, args.memory, "cpu")
+    controller = load_controller(args.controller, args.vision, args.memory, args.latents) if args.controller else None
+    model = VisionMemoryModel.from_checkpoints(args.vision, args.memory)  # M's own temperature, 1.0
     state = start_states(model, args.latents, args.episodes, args.at)
     recorded = np.concatenate([np.load(p)["action"] for p in sorted(args.latents.glob("*.npz"))])
     print(f"recorded actions: mean {np.round(recorded.mean(0), 3)}, std {np.round(recorded.std(0), 3)}")
@@ -84,10 +79,11 @@ def main() -> None:
     for text in args.actions:
         action = _floats(text).expand(len(state["z"]), -1)
         print(f"| {text} | {mean_dream_reward(model, state, lambda s, a=action: a, args.steps, 0)[0]:.3f} |")
-    if args.controller:
-        params = torch.load(args.controller, map_location="cpu", weights_only=False)["state_dict"]["params"]
-        act = linear_controller(params, args.action_map.split(","), _floats(args.low), _floats(args.high))
-        reward, mean = mean_dream_reward(model, state, lambda s: act(model.features(s)), args.steps, 0)
+    if controller:
+        params = controller.params.detach()
+        reward, mean = mean_dream_reward(
+            model, state, lambda s: controller._act(params, model.features(s)), args.steps, 0
+        )
         print(f"| the controller | {reward:.3f} (its mean action {np.round(mean.numpy(), 3)}) |")
 
 
