@@ -222,10 +222,14 @@ class Memory(OfflineModel):
 
         The output at ``t`` is scored on row ``t+1`` unless ``is_first[t+1]`` (new episode) or
         ``t < loss.burn_in``. Returns ``loss``, ``nll`` (per latent dimension), ``reward_loss``
-        (squared error), ``done_loss`` (BCE on ``is_terminal``) and ``done_acc``; with
+        (squared error; its target the forward mean of ``loss.reward_horizon`` rewards),
+        ``done_loss`` (BCE on ``is_terminal``) and ``done_acc``; with
         ``loss.open_loop_weight > 0`` also ``open_loop_nll``, ``open_loop_reward_loss``,
         ``open_loop_done_loss`` (see :meth:`open_loop_heads`), added to ``loss`` with that weight.
         """
+        if self.loss.reward_horizon > 1:  # the reward head's target, once for both passes
+            reward = episode_forward_mean(batch["reward"].float(), batch["is_first"].bool(), self.loss.reward_horizon)
+            batch = {**batch, "reward": reward}
         mu, logvar = batch["mu"].float(), batch["logvar"].float()
         z = mu + (0.5 * logvar).exp() * torch.randn_like(mu) if self.sample_z else mu
         is_first = batch["is_first"].bool()
@@ -248,11 +252,10 @@ class Memory(OfflineModel):
         """:func:`mdn_rnn_loss` of the predictions ``heads`` ``[B, L-1, ...]`` (made at ``t``)
         against rows ``t+1`` of ``z [B, L, Z]`` and ``batch``, where ``valid [B, L-1]``."""
         log_prob = self.log_prob(heads, z[:, 1:])
-        reward = episode_forward_mean(batch["reward"].float(), batch["is_first"].bool(), self.loss.reward_horizon)
         return mdn_rnn_loss(
             log_prob,
             heads["reward"],
-            reward[:, 1:],
+            batch["reward"][:, 1:].float(),
             self.next_done_logit(heads, z[:, 1:]),
             batch["is_terminal"][:, 1:].float(),
             valid,
