@@ -282,6 +282,11 @@ def hparam_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> 
     return out
 
 
+def _listing(differences: Mapping[str, tuple[Any, Any]]) -> str:
+    """``key: checkpoint A, config B; ...`` of :func:`hparam_differences`' output."""
+    return "; ".join(f"{k}: checkpoint {a!r}, config {b!r}" for k, (a, b) in differences.items())
+
+
 def check_compatible(
     checkpoint: Mapping[str, Any],
     model: pl.LightningModule,
@@ -315,13 +320,12 @@ def check_compatible(
     saved = checkpoint.get("hyper_parameters") or {}
     current = dict(model.hparams)
     differences = hparam_differences(saved, current) if saved and current else {}
-    listed = "; ".join(f"{k}: checkpoint {a!r}, config {b!r}" for k, (a, b) in differences.items())
+    listed = _listing(differences)
     free = set(getattr(model, "resume_may_change", ()))  # a budget, not the model: warned below
     refused = {k: pair for k, pair in differences.items() if k not in free}
     if refused and settings == "refuse":
-        named = "; ".join(f"{k}: checkpoint {a!r}, config {b!r}" for k, (a, b) in refused.items())
         raise CheckpointError(
-            f"{action} refused: the config contradicts the model in {str(path)!r} ({named}); a "
+            f"{action} refused: the config contradicts the model in {str(path)!r} ({_listing(refused)}); a "
             "checkpoint keeps its architecture: use the config it was trained with or set these keys "
             "to its values (another model is a new run: another --trainer.run_name)"
         )
