@@ -9,10 +9,9 @@ import torch
 from lightning_wm.agents.worldmodels.controller import Controller
 from lightning_wm.agents.worldmodels.memory import Memory
 from lightning_wm.agents.worldmodels.vm_model import VisionMemoryModel
-from lightning_wm.data.episodes import EpisodeStore
 
 from support.presets import MEMORY_TINY
-from support.worldmodels import DISCRETE, save_module, tiny_vision_memory
+from support.worldmodels import DISCRETE, constant_latent_store, save_module, tiny_vision_memory
 
 torch.set_num_threads(1)
 
@@ -106,16 +105,7 @@ def test_controller_dreams_with_an_ensemble_and_acts_with_m_alone(tmp_path):
     model = tiny_vision_memory()
     v, m = save_module(model.vision, tmp_path / "v.ckpt"), save_module(model.memory, tmp_path / "m.ckpt")
     m2 = save_module(_member(), tmp_path / "m2.ckpt")
-    store = EpisodeStore(tmp_path / "latents")
-    for i in range(3):
-        store.add(
-            {
-                "mu": np.full((4, 4), i, np.float32),
-                "logvar": np.zeros((4, 4), np.float32),
-                "action": np.zeros(4, np.int64),
-                "is_first": np.eye(1, 4, dtype=bool)[0],
-            }
-        )
+    constant_latent_store(tmp_path / "latents")
     controller = Controller(
         DISCRETE,
         vision_ckpt=v,

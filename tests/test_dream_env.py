@@ -25,7 +25,7 @@ from lightning_wm.policies import RandomAgent
 from lightning_wm.world_model import rollout
 
 from support.presets import DREAMER_TINY, MEMORY_TINY, VISION_TINY
-from support.worldmodels import DISCRETE, save_module, tiny_vision_memory
+from support.worldmodels import DISCRETE, constant_latent_store, save_module, tiny_vision_memory
 
 torch.set_num_threads(1)
 
@@ -266,16 +266,7 @@ def test_start_states_first_rows_or_all_rows():
 def test_controller_trains_inside_the_dream(tmp_path):
     model = tiny_vision_memory()
     v, m = save_module(model.vision, tmp_path / "v.ckpt"), save_module(model.memory, tmp_path / "m.ckpt")
-    store = EpisodeStore(tmp_path / "latents")
-    for i in range(3):
-        store.add(
-            {
-                "mu": np.full((4, 4), i, np.float32),
-                "logvar": np.zeros((4, 4), np.float32),
-                "action": np.zeros(4, np.int64),
-                "is_first": np.eye(1, 4, dtype=bool)[0],
-            }
-        )
+    constant_latent_store(tmp_path / "latents")
     controller = Controller(
         DISCRETE,
         vision_ckpt=v,

@@ -1,5 +1,5 @@
-"""Shared pieces of the World Models tests: a synthetic pixel spec, a tiny seeded V+M and a
-minimal checkpoint writer."""
+"""Shared pieces of the World Models tests: a synthetic pixel spec, a tiny seeded V+M, a minimal
+checkpoint writer and a latent store of constant episodes."""
 
 import gymnasium as gym
 import numpy as np
@@ -9,6 +9,7 @@ import torch
 from lightning_wm.agents.worldmodels.memory import Memory
 from lightning_wm.agents.worldmodels.vision import Vision
 from lightning_wm.agents.worldmodels.vm_model import VisionMemoryModel
+from lightning_wm.data.episodes import EpisodeStore
 from lightning_wm.envs import EnvSpec
 
 from support.presets import MEMORY_TINY, VISION_TINY
@@ -33,3 +34,19 @@ def save_module(module: pl.LightningModule, path) -> str:
         path,
     )
     return str(path)
+
+
+def constant_latent_store(directory, episodes: int = 3, length: int = 4, latent_dim: int = 4) -> str:
+    """A latent store of ``episodes`` episodes of ``length`` rows whose ``mu`` is the episode's
+    index everywhere (action 0, ``is_first`` on row 0); its path."""
+    store = EpisodeStore(directory)
+    for i in range(episodes):
+        store.add(
+            {
+                "mu": np.full((length, latent_dim), i, np.float32),
+                "logvar": np.zeros((length, latent_dim), np.float32),
+                "action": np.zeros(length, np.int64),
+                "is_first": np.eye(1, length, dtype=bool)[0],
+            }
+        )
+    return str(directory)
