@@ -473,10 +473,11 @@ def run_one(args: argparse.Namespace, system: str, game: str, seed: int, trivial
 
 
 def unshadow_minatar() -> None:
-    """Take this script's folder off ``sys.path``: Python put it first, and this file's name would
-    shadow the ``minatar`` package (``benchlib`` is imported by then)."""
+    """Move this script's folder from the front of ``sys.path`` to its end: first, this file's name
+    would shadow the ``minatar`` package; kept, a spawned actor process (which re-runs this file)
+    still finds ``benchlib``."""
     here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here] + [here]
 
 
 def known_trivial(records: list[dict[str, Any]]) -> dict[str, dict[str, float]]:

@@ -163,3 +163,24 @@ def test_learner_metrics_keep_the_scalar_train_values_only():
         }
 
     assert bench.learner_metrics(Trainer()) == {"entropy_loss": 1.23457, "cur_lr": 0.002}
+
+
+def test_unshadow_moves_the_bench_folder_to_the_end_of_the_path(monkeypatch):
+    here = str(bench.ROOT) + "/bench"
+    monkeypatch.setattr(bench.sys, "path", [here, "/site", "/other"])
+    bench.unshadow_minatar()
+    assert bench.sys.path == ["/site", "/other", here]  # `minatar` is the package; a spawned re-run finds benchlib
+
+
+@pytest.mark.slow
+def test_a_run_with_actor_processes_records(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "runs.jsonl"
+    command = [sys.executable, f"{bench.ROOT}/bench/minatar.py", "--systems", "impala", "--games", "breakout",
+               "--seeds", "0", "--frames", "2000", "--eval-every", "1000", "--eval-episodes", "1",
+               "--wall-minutes", "3", "--set", "data.init_args.acting.num_actors", "1", "--out", str(out)]  # fmt: skip
+    subprocess.run(command, check=True, timeout=300, cwd=tmp_path, capture_output=True)
+    (record,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert record["frames"] >= 2000 and record["history"][-1]["train_return"] is not None

@@ -11,6 +11,7 @@ import ctypes
 import os
 import queue as queue_lib
 import signal
+import threading
 import time
 import traceback
 import weakref
@@ -25,7 +26,7 @@ from lightning_wm.data.acting.base import Chunk
 from lightning_wm.data.acting.worker import STARTUP_GRACE_S, ActorWorker
 from lightning_wm.signals import die_with_parent, ignore_stop_signals
 
-__all__ = ["Link", "SpawnedWorkers", "heartbeat_of", "hung", "put_chunk", "worker_process"]
+__all__ = ["Link", "SpawnedWorkers", "heartbeat_of", "hung", "put_chunk", "start_watched", "worker_process"]
 
 
 @dataclass
@@ -96,9 +97,9 @@ def hung(label: str, last: float, timeout_s: float, sign: str = "heartbeat") -> 
     return f"{label} hung: no {sign} for {silent:.1f} s (acting.timeout_s={timeout_s:g}); it may be stuck in env.step or in the policy"
 
 
-def _terminate(processes: list[Any], stop: Any) -> None:
+def _terminate(processes: list[Any], stop: Any, release: threading.Event | None = None) -> None:
     """Stop worker processes: ask, wait briefly, then terminate and kill what is left (the ones that
-    started: a failed start leaves the rest unstarted)."""
+    started: a failed start leaves the rest unstarted); then set ``release`` (their starter thread ends)."""
     stop.set()
     processes = [proc for proc in processes if proc.pid is not None]
     deadline = time.monotonic() + 2.0
@@ -112,6 +113,58 @@ def _terminate(processes: list[Any], stop: Any) -> None:
         if proc.is_alive():
             proc.kill()
             proc.join(timeout=1.0)
+    if release is not None:
+        release.set()
+
+
+def _exited_children(parent: int) -> set[int]:
+    """The pids of ``parent``'s children that have exited and are not yet reaped (Linux ``/proc``;
+    an empty set elsewhere)."""
+    exited = set()
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
+        except (OSError, IndexError, ValueError):  # gone meanwhile, or not ours to read
+            continue
+        if state == "Z" and int(ppid) == parent:
+            exited.add(int(entry))
+    return exited
+
+
+def start_watched(processes: list[Any], name: str, release: threading.Event, poll_s: float = 0.5) -> None:
+    """Start ``processes`` (worker ``i`` labelled ``name.format(i)``) from a thread that then waits
+    for ``release``: a worker dies with the thread that started it (``PR_SET_PDEATHSIG``), so that
+    thread lives until the workers are stopped. Raises if a child exits before it has started: a
+    spawned child reads its start data (the target and its arguments) from a pipe the parent writes
+    while also holding the reading end, so a child that exits before reading it all (its re-import
+    of the main module failed, say) would leave ``start()`` blocked for good once the data pass the
+    pipe's buffer."""
+    before = _exited_children(os.getpid())
+    started, failed, current = threading.Event(), [], [0]
+
+    def start_then_wait() -> None:
+        try:
+            for current[0], proc in enumerate(processes):
+                proc.start()
+        except BaseException as error:  # noqa: BLE001 - raised below, in the caller's thread
+            failed.append(error)
+        finally:
+            started.set()
+        release.wait()
+
+    threading.Thread(target=start_then_wait, name=f"start {name.format('')}", daemon=True).start()
+    while not started.wait(poll_s):
+        if dead := _exited_children(os.getpid()) - before:
+            raise RuntimeError(
+                f"{name.format(current[0])} (pid {min(dead)}) exited while starting, before it read its start "
+                "data: its error is printed above (a spawned process re-imports the main module: it must "
+                "import in a fresh interpreter, from the same sys.path)"
+            )
+    if failed:
+        raise failed[0]
 
 
 class SpawnedWorkers:
@@ -138,9 +191,9 @@ class SpawnedWorkers:
             )
             for i in range(count)
         ]
-        self._finalizer = weakref.finalize(self, _terminate, self.processes, self.stop)
-        for proc in self.processes:
-            proc.start()
+        release = threading.Event()  # lets the thread that started the processes end once they are stopped
+        self._finalizer = weakref.finalize(self, _terminate, self.processes, self.stop, release)
+        start_watched(self.processes, name, release)
 
     def pids(self) -> list[int | None]:
         return [p.pid for p in self.processes]
