@@ -261,26 +261,32 @@ class MuZero(RLModule):
         window: Window,
         reanalysed: Reanalysed,
     ) -> dict[str, Any]:
-        """Log the step (``loss/*``, ``train/*``, ``replay/*``, ``reanalyse/*``, ``search/*``) and
-        return what Lightning and the feedback callback take: ``loss``, ``priority [B]`` (with
-        importance weights), ``write`` (reanalysed rows)."""
+        """Return what Lightning and the feedback callback take: ``loss``, ``priority [B]`` (with
+        importance weights), ``write`` (reanalysed rows); log the step (``loss/*``, ``train/*``,
+        ``replay/*``, ``reanalyse/*``, ``search/*``) on the steps the logger writes (each
+        ``self.log`` call costs ~1-2 ms of Lightning's bookkeeping on this CPU: 14% of a MinAtar
+        step when all 16 were logged every step)."""
         B = window.mask.shape[0]
         result: dict[str, Any] = {"loss": loss}
+        new_priority = priority(out, targets) if window.weight is not None else None
+        if new_priority is not None:
+            result["priority"] = new_priority.detach().cpu()
+        if reanalysed.write is not None:
+            result["write"] = reanalysed.write
+        if not self.logs_step(self.global_step + 1):
+            return result
         logs: dict[str, Any] = {f"loss/{name}": part.detach().mean() for name, part in parts.items()}
         logs["train/value_target"] = targets.value[:, 0].mean()
         logs["train/value_pred"] = out.value0.mean()
         if window.age is not None:
             logs["replay/age"] = window.age.float().mean()
-        if window.weight is not None:
-            new_priority = priority(out, targets)
-            result["priority"] = new_priority.detach().cpu()
+        if new_priority is not None:
             logs["replay/priority_mean"] = new_priority.mean()
             logs["replay/priority_max"] = new_priority.max()
             logs["replay/weight_mean"] = window.weight.mean()
         if self.reanalyse.ratio > 0:
             logs["reanalyse/fraction"] = reanalysed.count / B
         if reanalysed.write is not None:
-            result["write"] = reanalysed.write
             logs["reanalyse/rows"] = float(len(reanalysed.write["index"]))
         if self.search_stats.count:
             logs.update(self.search_stats.means())
