@@ -45,6 +45,12 @@ training wall time, or at ``--wall-minutes`` of wall time in all (evaluations in
 comes first; a worker still running ``--wall-minutes`` + 3 minutes after its start is killed (no
 record). ``--out`` appends every record as one JSON line; ``--report FILE ...`` prints the tables
 from such files (several runs together).
+
+Runs longer than a session: ``--run-dir DIR`` (ours, not RLlib) keeps a checkpoint of each run in
+``DIR/<system>-<game>-seed<seed>/`` after every evaluation (weights, optimizer, replay buffer, loop
+state and the bench's own rows and clocks); the same command run again resumes a cut run from its
+last evaluation, ``--minutes`` and ``--wall-minutes`` counting over all its sessions, and skips a
+finished one (``record.json`` there; its record was appended to ``--out`` when it finished).
 """
 
 from __future__ import annotations
@@ -60,6 +66,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from benchlib import (
@@ -91,6 +98,12 @@ GAMES = {
     "freeway": "MinAtar/Freeway-v1",
     "seaquest": "MinAtar/Seaquest-v1",
 }
+# what a run with --run-dir adds for its checkpoints to hold everything: the replay's rows (Dyna's
+# world-model replay has no saving: a resumed Dyna run refills it as it acts)
+RESUMABLE_SETS = {
+    "muzero": ["--data.init_args.replay.save", "true"],
+    "dreamer": ["--data.init_args.replay.save", "true"],
+}
 EVAL_SEED_OFFSET = 10_000  # evaluation episodes of seed s: seeds derived from EVAL_SEED_OFFSET + s
 EVAL_MAX_STEPS = 10_000  # evaluation episodes end here when the run's env sets no limit
 TRAINING_WINDOW = 100  # the paper's metric: the mean of the last 100 training episodes
@@ -116,8 +129,12 @@ class EvalSchedule:
         """Whether to evaluate now; moves the next point past ``frames`` when it is."""
         if frames < self.next and not self.over(frames, seconds, wall):
             return False
-        self.next = (frames // self.every + 1) * self.every
+        self.resume_after(frames)
         return True
+
+    def resume_after(self, frames: int) -> None:
+        """The next point is the first multiple of ``every`` past ``frames`` (an evaluation there)."""
+        self.next = (frames // self.every + 1) * self.every
 
 
 class TrainingReturns:
@@ -274,6 +291,30 @@ def _record(
     }
 
 
+class RunFolder:
+    """``<run-dir>/<system>-<game>-seed<seed>/``: ``bench.ckpt`` (the checkpoint written after every
+    evaluation) and ``record.json`` (the finished run's record; such a run is not run again)."""
+
+    def __init__(self, run_dir: str | os.PathLike, system: str, game: str, seed: int) -> None:
+        self.path = Path(run_dir) / f"{system}-{game}-seed{seed}"
+        self.checkpoint = self.path / "bench.ckpt"
+        self.record = self.path / "record.json"
+
+    def finished(self) -> dict[str, Any] | None:
+        """The record of a run that finished here earlier, else None."""
+        return json.loads(self.record.read_text()) if self.record.exists() else None
+
+    def resume_from(self) -> str | None:
+        """The checkpoint to resume from (None: a new run)."""
+        return str(self.checkpoint) if self.checkpoint.exists() else None
+
+    def keep_record(self, record: dict[str, Any]) -> None:
+        from lightning_wm.io import atomic_write
+
+        self.path.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.record, lambda f: f.write(json.dumps(record)), binary=False)
+
+
 # -- ours ------------------------------------------------------------------------------------
 def evaluation_env(datamodule: Any) -> Any:
     """The run's evaluation env settings: ``eval.env`` (default ``env``) with a time limit (its own
@@ -284,21 +325,23 @@ def evaluation_env(datamodule: Any) -> Any:
 
 
 def run_ours(args: argparse.Namespace) -> dict[str, Any]:
-    """Train ``CONFIGS[args.system]`` on ``args.game`` to the frame budget, evaluating on the way."""
-    import pytorch_lightning as pl
-    import torch
+    """Train ``CONFIGS[args.system]`` on ``args.game`` to the frame budget, evaluating on the way
+    (with ``--run-dir``: a checkpoint after every evaluation, and a cut run resumed from it)."""
+    from minatar_evaluation import BenchEvaluation
 
     from lightning_wm.data.collector import run_evaluation
     from lightning_wm.envs import make_env
 
     wall_start = time.perf_counter()
+    folder = RunFolder(args.run_dir, args.system, args.game, args.seed) if args.run_dir else None
     overrides = [*quiet_fit_overrides(args.seed), "--trainer.max_steps", "-1"]
     overrides += ["--data.init_args.env.id", GAMES[args.game]]
+    if folder is not None:
+        overrides += ["--trainer.default_root_dir", str(folder.path), *RESUMABLE_SETS.get(args.system, [])]
     for key, value in args.set or []:
         overrides += [f"--{key}", value]
     cli = build_cli(os.path.join(ROOT, CONFIGS[args.system]), overrides)
     module, trainer, datamodule = cli.model, cli.trainer, cli.datamodule
-    schedule = EvalSchedule(args.eval_every, args.frames, args.minutes * 60, args.wall_minutes * 60)
     eval_env = evaluation_env(datamodule)
     eval_seed = EVAL_SEED_OFFSET + args.seed
 
@@ -313,37 +356,24 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
     training = TrainingReturns()
     training.tee(datamodule)
 
-    class Evaluate(pl.Callback):
-        def __init__(self) -> None:
-            self.history: list[dict[str, Any]] = []
-            self.eval_time = 0.0
-            self.start = time.perf_counter()
+    def make_row(trainer: Any, frames: int, seconds: float, wall: float, returns: list[float]) -> dict[str, Any]:
+        return {**_row(frames, seconds, wall, returns, training), "learner": learner_metrics(trainer)}
 
-        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-            datamodule.pop_env_stats()  # the episodes finished so far reach `training`
-            frames, seconds = int(pl_module.env_steps), time.perf_counter() - self.start - self.eval_time
-            if not schedule.due(frames, seconds, time.perf_counter() - wall_start):
-                return
-            start = time.perf_counter()
-            modes = [(m, m.training) for m in pl_module.modules()]
-            pl_module.eval()
-            with torch.no_grad():
-                returns = play(pl_module)
-            for m, was_training in modes:
-                m.train(was_training)
-            self.eval_time += time.perf_counter() - start
-            self.history.append(_row(frames, seconds, time.perf_counter() - wall_start, returns, training))
-            self.history[-1]["learner"] = learner_metrics(trainer)
-            _log(args.system, self.history[-1], trivial)
-            if schedule.over(frames, seconds, time.perf_counter() - wall_start):
-                trainer.should_stop = True
-
-    evaluate = Evaluate()
+    identity = {"system": args.system, "game": args.game, "seed": args.seed, "sets": args.set or [],
+                "frames": args.frames, "eval_every": args.eval_every, "eval_episodes": args.eval_episodes}  # fmt: skip
+    evaluate = BenchEvaluation(
+        EvalSchedule(args.eval_every, args.frames, args.minutes * 60, args.wall_minutes * 60),
+        play, training, make_row, lambda row: _log(args.system, row, trivial), identity,
+        folder.checkpoint if folder else None,
+    )  # fmt: skip
     trainer.callbacks.append(evaluate)
-    evaluate.start = time.perf_counter()
-    trainer.fit(module, datamodule)
-    extra = {"trivial": trivial, "eval_env": env_settings, "wall_seconds": time.perf_counter() - wall_start}
-    return _record(args, evaluate.history, evaluate.eval_time, extra)
+    evaluate.restart_clocks(wall_start)
+    trainer.fit(module, datamodule, ckpt_path=folder.resume_from() if folder else None)
+    extra = {"trivial": trivial, "eval_env": env_settings, "wall_seconds": evaluate.wall()}
+    record = _record(args, evaluate.history, evaluate.eval_time, extra)
+    if folder is not None:
+        folder.keep_record(record)
+    return record
 
 
 # -- RLlib (runs inside the RLlib venv) -------------------------------------------------------
@@ -462,6 +492,8 @@ def run_one(args: argparse.Namespace, system: str, game: str, seed: int, trivial
     cmd += ["--frames", str(args.frames), "--eval-every", str(args.eval_every), "--minutes", str(args.minutes)]
     cmd += ["--eval-episodes", str(args.eval_episodes), "--num-cpus", str(args.num_cpus)]
     cmd += ["--wall-minutes", str(args.wall_minutes), "--trivial-cache", json.dumps(trivial)]
+    if args.run_dir and system != "rllib":
+        cmd += ["--run-dir", os.path.abspath(args.run_dir)]
     for key, value in args.set or []:
         cmd += ["--set", key, value]
     timeout = args.wall_minutes * 60 + KILL_GRACE_S
@@ -498,6 +530,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--target", type=float, nargs="*", default=[], help="returns for 'frames to reach'")
     parser.add_argument("--set", nargs=2, action="append", metavar=("KEY", "VALUE"), help="override a config option")
     parser.add_argument("--out", help="append every run's record to this JSON-lines file")
+    parser.add_argument("--run-dir", help="keep each run's checkpoint here; a cut run resumes (ours, not rllib)")
     parser.add_argument("--report", nargs="+", metavar="FILE", help="print the tables of saved records, run nothing")
     parser.add_argument("--plot", metavar="DIR", help="write DIR/minatar_<game>.png for every game of the records")
     parser.add_argument("--rllib-python", default=RLLIB_PYTHON)
@@ -533,6 +566,11 @@ def main() -> None:
         for system in args.systems:
             for game in args.games:
                 for seed in args.seeds:
+                    folder = RunFolder(args.run_dir, system, game, seed) if args.run_dir else None
+                    if folder is not None and folder.finished() is not None:
+                        print(f"finished earlier (its record was appended then): {folder.record}", flush=True)
+                        records.append(folder.finished())
+                        continue
                     record = run_one(args, system, game, seed, known_trivial(earlier + records))
                     records.append(record)
                     if args.out:

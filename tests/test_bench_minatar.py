@@ -184,3 +184,75 @@ def test_a_run_with_actor_processes_records(tmp_path):
     subprocess.run(command, check=True, timeout=300, cwd=tmp_path, capture_output=True)
     (record,) = [json.loads(line) for line in out.read_text().splitlines()]
     assert record["frames"] >= 2000 and record["history"][-1]["train_return"] is not None
+
+
+def _evaluation(identity, schedule=None, training=None):
+    from minatar_evaluation import BenchEvaluation
+
+    schedule = schedule or bench.EvalSchedule(every=100, frames=1000, seconds=600.0)
+    return BenchEvaluation(schedule, lambda module: [1.0], training or bench.TrainingReturns(window=3),
+                           lambda *row: {}, lambda row: None, identity)  # fmt: skip
+
+
+def test_the_evaluation_state_rides_in_a_checkpoint_and_resumes_the_record():
+    identity = {"system": "muzero", "game": "breakout", "seed": 0, "sets": []}
+    first = _evaluation(identity)
+    first.history = [{"frames": 120}, {"frames": 230}]
+    first.eval_time, first.seconds_before = 4.0, 50.0
+    first.training.add([{"return": r} for r in (1.0, 2.0, 3.0, 4.0)])
+    state = first.state_dict()
+    assert state["seconds"] >= 50.0 and state["training"] == {"recent": [2.0, 3.0, 4.0], "count": 4}
+
+    schedule = bench.EvalSchedule(every=100, frames=1000, seconds=600.0)
+    resumed = _evaluation(identity, schedule)
+    resumed.load_state_dict(state)
+    assert resumed.history == first.history and resumed.eval_time == 4.0
+    assert resumed.training.mean() == 3.0 and resumed.training.count == 4
+    assert resumed.seconds() >= state["seconds"], "training time goes on from the saved clock"
+    assert not schedule.due(260, 1.0) and schedule.due(301, 1.0), "the next point is past the last row's frames"
+
+
+def test_a_checkpoint_of_another_run_is_refused_by_name():
+    state = _evaluation({"system": "muzero", "game": "breakout", "seed": 0, "sets": []}).state_dict()
+    other = _evaluation({"system": "muzero", "game": "breakout", "seed": 1, "sets": []})
+    with pytest.raises(SystemExit, match="'seed': 0.*give another --run-dir"):
+        other.load_state_dict(state)
+
+
+@pytest.mark.slow
+def test_a_cut_run_resumes_from_its_run_folder_and_a_finished_one_is_not_run_again(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out, run_dir = tmp_path / "runs.jsonl", tmp_path / "runs"
+    command = [sys.executable, f"{bench.ROOT}/bench/minatar.py", "--systems", "muzero", "--games", "breakout",
+               "--seeds", "0", "--frames", "3000", "--eval-every", "1000", "--eval-episodes", "1",
+               "--wall-minutes", "4", "--set", "model.init_args.search.num_simulations", "4",
+               "--set", "data.init_args.batch_size", "16", "--run-dir", str(run_dir), "--out", str(out)]  # fmt: skip
+    checkpoint = run_dir / "muzero-breakout-seed0" / "bench.ckpt"
+    first = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        while not checkpoint.exists() and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)  # the first evaluation's checkpoint: then cut the run
+        assert checkpoint.exists(), "no checkpoint after the first evaluation"
+        os.kill(first.pid, signal.SIGTERM)
+        first.wait(timeout=60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert not out.exists() or not out.read_text().strip(), "a cut run records nothing"
+
+    resumed = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=True)
+    assert "[resume] muzero breakout seed 0: 1008 frames" in resumed.stderr
+    (record,) = [json.loads(line) for line in out.read_text().splitlines()]
+    frames = [row["frames"] for row in record["history"]]
+    assert frames[0] == 1008 and frames[-1] >= 3000 and frames == sorted(frames) and len(frames) == 3
+    seconds = [row["seconds"] for row in record["history"]]
+    assert seconds == sorted(seconds), "the clocks go on over the cut"
+
+    again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=True)
+    assert "finished earlier" in again.stdout and len(out.read_text().splitlines()) == 1

@@ -1,0 +1,129 @@
+"""The MinAtar bench's evaluation callback, and the run folder that lets one of its runs span sessions.
+
+* :class:`BenchEvaluation` — a Lightning callback: at every point the bench's schedule says, it
+  plays the greedy episodes and appends a row (both metrics, the clocks, the learner's values) to
+  ``history``. Its state (the rows, the clocks, the training returns, what the run was started
+  with) is part of every checkpoint the trainer writes, so a resumed run continues its record.
+
+With ``--run-dir`` the bench's ``RunFolder`` gets a checkpoint after every evaluation (weights,
+optimizer, replay, loops and this callback's state, through the CLI's atomic checkpoint writer):
+a cut run (a session's end, a signal, the kill past ``--wall-minutes``) loses at most the frames
+since its last evaluation, and the same command resumes it. ``--minutes`` and ``--wall-minutes``
+count over all the sessions of a run.
+
+Imported by the bench's workers of our systems only (it imports Lightning; the RLlib worker's venv
+has none).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+
+__all__ = ["BenchEvaluation"]
+
+
+class BenchEvaluation(pl.Callback):
+    """Evaluate whenever ``schedule`` says so; keep the rows; stop the trainer at the schedule's end.
+
+    Args:
+        schedule: the bench's ``EvalSchedule`` (``due`` / ``over`` / ``resume_after``).
+        play: plays the evaluation episodes with the module, returns their returns.
+        training: the bench's ``TrainingReturns`` (teed from the datamodule).
+        make_row: ``(trainer, frames, seconds, wall, returns) -> row`` (both metrics, the learner's values).
+        report: prints a row.
+        identity: what the run was started with (system, game, seed, overrides, budget): a
+            checkpoint of another run is refused by name.
+        checkpoint: where to save after each evaluation (None: no checkpoints).
+    """
+
+    def __init__(
+        self,
+        schedule: Any,
+        play: Callable[[Any], list[float]],
+        training: Any,
+        make_row: Callable[..., dict[str, Any]],
+        report: Callable[[dict[str, Any]], None],
+        identity: dict[str, Any],
+        checkpoint: Path | None = None,
+    ) -> None:
+        self.schedule, self.play, self.training, self.make_row, self.report = schedule, play, training, make_row, report
+        self.identity, self.checkpoint = identity, checkpoint
+        self.history: list[dict[str, Any]] = []
+        self.eval_time = 0.0  # over every session of the run
+        self.seconds_before = self.wall_before = 0.0  # training / wall seconds of earlier sessions
+        self.wall_start = self.start = time.perf_counter()
+        self._eval_here = 0.0  # evaluation seconds of this session
+
+    def restart_clocks(self, wall_start: float) -> None:
+        """Training time counts from now, wall time from ``wall_start`` (this session's start)."""
+        self.wall_start, self.start, self._eval_here = wall_start, time.perf_counter(), 0.0
+
+    def seconds(self) -> float:
+        return self.seconds_before + time.perf_counter() - self.start - self._eval_here
+
+    def wall(self) -> float:
+        return self.wall_before + time.perf_counter() - self.wall_start
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        trainer.datamodule.pop_env_stats()  # the episodes finished so far reach `training`
+        frames = int(pl_module.env_steps)
+        if not self.schedule.due(frames, self.seconds(), self.wall()):
+            return
+        start = time.perf_counter()
+        modes = [(m, m.training) for m in pl_module.modules()]
+        pl_module.eval()
+        with torch.no_grad():
+            returns = self.play(pl_module)
+        for m, was_training in modes:
+            m.train(was_training)
+        spent = time.perf_counter() - start
+        self.eval_time += spent
+        self._eval_here += spent
+        row = self.make_row(trainer, frames, self.seconds(), self.wall(), returns)
+        self.history.append(row)
+        self.report(row)
+        if self.checkpoint is not None:
+            self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
+            trainer.save_checkpoint(self.checkpoint)
+        if self.schedule.over(frames, self.seconds(), self.wall()):
+            trainer.should_stop = True
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "identity": self.identity,
+            "history": self.history,
+            "eval_time": self.eval_time,
+            "seconds": self.seconds(),
+            "wall": self.wall(),
+            "training": {"recent": list(self.training.recent), "count": self.training.count},
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict["identity"] != self.identity:
+            raise SystemExit(
+                f"error: {self.checkpoint} is a run started with {state_dict['identity']}, not "
+                f"{self.identity}; give another --run-dir or remove {self.checkpoint.parent if self.checkpoint else 'it'}"
+            )
+        self.history = list(state_dict["history"])
+        self.eval_time = float(state_dict["eval_time"])
+        self.seconds_before, self.wall_before = float(state_dict["seconds"]), float(state_dict["wall"])
+        self.start, self._eval_here = time.perf_counter(), 0.0
+        self.training.recent.extend(state_dict["training"]["recent"])
+        self.training.count = int(state_dict["training"]["count"])
+        if self.history:
+            self.schedule.resume_after(self.history[-1]["frames"])
+        print(
+            f"[resume] {self.identity['system']} {self.identity['game']} seed {self.identity['seed']}: "
+            f"{self.history[-1]['frames'] if self.history else 0} frames, {self.seconds_before:.0f} s of training "
+            f"and {len(self.history)} evaluations so far",
+            file=sys.stderr,
+            flush=True,
+        )
