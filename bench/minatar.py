@@ -98,11 +98,12 @@ GAMES = {
     "freeway": "MinAtar/Freeway-v1",
     "seaquest": "MinAtar/Seaquest-v1",
 }
-# what a run with --run-dir adds for its checkpoints to hold everything: the replay's rows (Dyna's
-# world-model replay has no saving: a resumed Dyna run refills it as it acts)
+# what a run with --run-dir adds for its checkpoints to hold everything: the replay's rows (Dyna:
+# its world model's)
 RESUMABLE_SETS = {
     "muzero": ["--data.init_args.replay.save", "true"],
     "dreamer": ["--data.init_args.replay.save", "true"],
+    "dyna": ["--data.init_args.model_replay.save", "true"],
 }
 EVAL_SEED_OFFSET = 10_000  # evaluation episodes of seed s: seeds derived from EVAL_SEED_OFFSET + s
 EVAL_MAX_STEPS = 10_000  # evaluation episodes end here when the run's env sets no limit

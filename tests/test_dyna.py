@@ -276,3 +276,26 @@ def test_seeded_dyna_fits_repeat_exactly(tmp_path, monkeypatch):
     # the same weights: evaluating the model changes nothing about training
     assert all(torch.equal(runs[0][k], runs[1][k]) for k in runs[0])
     assert not all(torch.equal(runs[0][k], runs[2][k]) for k in runs[0])
+
+
+@pytest.mark.slow
+def test_the_world_models_rows_resume_with_model_replay_save(tmp_path, monkeypatch):
+    """``model_replay.save``: the world model's real rows are saved beside the checkpoint and a
+    resumed fit goes on with them (without it they start empty and refill as it acts)."""
+    monkeypatch.chdir(tmp_path)
+    args = [
+        "fit",
+        "--config",
+        CONFIG,
+        *SHRINK,
+        "--data.init_args.model_replay.save",
+        "true",
+        "--trainer.logger",
+        "false",
+    ]
+    first = main(args=args)
+    saved_rows, saved_steps = len(first.datamodule.model_buffer), int(first.model.env_steps)
+    assert saved_rows > 0 and list(tmp_path.rglob("model_rank0_step10.pt")), "the rows are saved beside the checkpoint"
+    resumed = main(args=[*args, "--trainer.max_steps", "12", "--ckpt_path", "last"])
+    acted_since = int(resumed.model.env_steps) - saved_steps
+    assert 0 < acted_since < len(resumed.datamodule.model_buffer) <= saved_rows + acted_since

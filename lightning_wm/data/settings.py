@@ -251,11 +251,14 @@ class ModelReplaySettings:
             Acting in process only (``acting.num_actors: 0``).
         batch_size: sequences per ``"model"`` batch.
         sequence_length: rows per sequence.
+        save: save these rows beside every checkpoint (``BufferCheckpoint``, as ``replay.save``),
+            so that ``fit --ckpt_path last`` resumes the world model's training on the same rows.
     """
 
     capacity: int = 0
     batch_size: int = 16
     sequence_length: int = 32
+    save: bool = False
 
     def __post_init__(self) -> None:
         _at_least(

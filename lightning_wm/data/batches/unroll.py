@@ -67,7 +67,7 @@ class UnrollBatches(BatchSide):
         self.acting = acting
         if self.model_replay.capacity > 0 and self.model_buffer is None:
             self.model_buffer = ReplayBuffer(
-                self.model_replay.capacity, acting.num_streams, checkpoint=False, seed=seed
+                self.model_replay.capacity, acting.num_streams, checkpoint=self.model_replay.save, seed=seed
             )
 
     @property
@@ -169,5 +169,5 @@ class UnrollBatches(BatchSide):
         return batch
 
     def replay_buffers(self) -> dict[str, ReplayBuffer]:
-        """The world model's real rows and the imagination (neither is checkpointed)."""
+        """The world model's real rows (checkpointed with ``model_replay.save``) and the imagination (never)."""
         return {k: v for k, v in (("model", self.model_buffer), ("imagination", self.imagination)) if v is not None}
