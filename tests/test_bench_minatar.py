@@ -229,7 +229,7 @@ def test_a_cut_run_resumes_from_its_run_folder_and_a_finished_one_is_not_run_aga
 
     out, run_dir = tmp_path / "runs.jsonl", tmp_path / "runs"
     command = [sys.executable, f"{bench.ROOT}/bench/minatar.py", "--systems", "muzero", "--games", "breakout",
-               "--seeds", "0", "--frames", "3000", "--eval-every", "1000", "--eval-episodes", "1",
+               "--seeds", "0", "--frames", "2000", "--eval-every", "1000", "--eval-episodes", "1",
                "--wall-minutes", "4", "--set", "model.init_args.search.num_simulations", "4",
                "--set", "data.init_args.batch_size", "16", "--run-dir", str(run_dir), "--out", str(out)]  # fmt: skip
     checkpoint = run_dir / "muzero-breakout-seed0" / "bench.ckpt"
@@ -250,7 +250,7 @@ def test_a_cut_run_resumes_from_its_run_folder_and_a_finished_one_is_not_run_aga
     assert "[resume] muzero breakout seed 0: 1008 frames" in resumed.stderr
     (record,) = [json.loads(line) for line in out.read_text().splitlines()]
     frames = [row["frames"] for row in record["history"]]
-    assert frames[0] == 1008 and frames[-1] >= 3000 and frames == sorted(frames) and len(frames) == 3
+    assert frames[0] == 1008 and frames[-1] >= 2000 and len(frames) == 2, "the cut run's row, then the resumed run's"
     seconds = [row["seconds"] for row in record["history"]]
     assert seconds == sorted(seconds), "the clocks go on over the cut"
 
