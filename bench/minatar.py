@@ -365,10 +365,9 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
     evaluate = BenchEvaluation(
         EvalSchedule(args.eval_every, args.frames, args.minutes * 60, args.wall_minutes * 60),
         play, training, make_row, lambda row: _log(args.system, row, trivial), identity,
-        folder.checkpoint if folder else None,
+        folder.checkpoint if folder else None, wall_start,
     )  # fmt: skip
     trainer.callbacks.append(evaluate)
-    evaluate.restart_clocks(wall_start)
     trainer.fit(module, datamodule, ckpt_path=folder.resume_from() if folder else None)
     extra = {"trivial": trivial, "eval_env": env_settings, "wall_seconds": evaluate.wall()}
     record = _record(args, evaluate.history, evaluate.eval_time, extra)
@@ -568,9 +567,10 @@ def main() -> None:
             for game in args.games:
                 for seed in args.seeds:
                     folder = RunFolder(args.run_dir, system, game, seed) if args.run_dir else None
-                    if folder is not None and folder.finished() is not None:
+                    finished = folder.finished() if folder is not None else None
+                    if finished is not None:
                         print(f"finished earlier (its record was appended then): {folder.record}", flush=True)
-                        records.append(folder.finished())
+                        records.append(finished)
                         continue
                     record = run_one(args, system, game, seed, known_trivial(earlier + records))
                     records.append(record)

@@ -41,6 +41,8 @@ class BenchEvaluation(pl.Callback):
         identity: what the run was started with (system, game, seed, overrides, budget): a
             checkpoint of another run is refused by name.
         checkpoint: where to save after each evaluation (None: no checkpoints).
+        wall_start: when this session of the run started (``time.perf_counter()``; default now):
+            wall time counts from there, training time from the construction.
     """
 
     def __init__(
@@ -52,18 +54,16 @@ class BenchEvaluation(pl.Callback):
         report: Callable[[dict[str, Any]], None],
         identity: dict[str, Any],
         checkpoint: Path | None = None,
+        wall_start: float | None = None,
     ) -> None:
         self.schedule, self.play, self.training, self.make_row, self.report = schedule, play, training, make_row, report
         self.identity, self.checkpoint = identity, checkpoint
         self.history: list[dict[str, Any]] = []
         self.eval_time = 0.0  # over every session of the run
         self.seconds_before = self.wall_before = 0.0  # training / wall seconds of earlier sessions
-        self.wall_start = self.start = time.perf_counter()
+        self.start = time.perf_counter()
+        self.wall_start = self.start if wall_start is None else wall_start
         self._eval_here = 0.0  # evaluation seconds of this session
-
-    def restart_clocks(self, wall_start: float) -> None:
-        """Training time counts from now, wall time from ``wall_start`` (this session's start)."""
-        self.wall_start, self.start, self._eval_here = wall_start, time.perf_counter(), 0.0
 
     def seconds(self) -> float:
         return self.seconds_before + time.perf_counter() - self.start - self._eval_here
