@@ -25,6 +25,14 @@ def exit_on_signal(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
+def unshadow_minatar(script: str) -> None:
+    """Move the folder of ``script`` (a bench script's ``__file__``) from the front of ``sys.path``
+    to its end: first, this folder's ``minatar.py`` would shadow the ``minatar`` package; kept, a
+    spawned actor process (which re-runs the script) still finds ``benchlib``."""
+    here = os.path.dirname(os.path.abspath(script))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here] + [here]
+
+
 def load_average() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 

@@ -81,6 +81,7 @@ from benchlib import (
     print_result,
     quiet_fit_overrides,
     run_worker,
+    unshadow_minatar,
 )
 from minatar_report import plot_game, summary
 
@@ -504,14 +505,6 @@ def run_one(args: argparse.Namespace, system: str, game: str, seed: int, trivial
     return run_worker([args.rllib_python, *cmd], peer_env(), prefix="minatar_bench_", timeout=timeout)
 
 
-def unshadow_minatar() -> None:
-    """Move this script's folder from the front of ``sys.path`` to its end: first, this file's name
-    would shadow the ``minatar`` package; kept, a spawned actor process (which re-runs this file)
-    still finds ``benchlib``."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here] + [here]
-
-
 def known_trivial(records: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """The trivial scores the records hold, by key (what a new run with the same key reuses)."""
     return {r["trivial"]["key"]: r["trivial"]["scores"] for r in records if r.get("trivial")}
@@ -547,7 +540,7 @@ def parse_args() -> argparse.Namespace:
 
 
 def main() -> None:
-    unshadow_minatar()
+    unshadow_minatar(__file__)
     args = parse_args()
     signal.signal(signal.SIGTERM, exit_on_signal)
     if args.worker:

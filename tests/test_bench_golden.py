@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from support.bench_scripts import load_bench_script
 
-from golden import RUNS, _tensor_hashes  # noqa: E402
+golden = load_bench_script("golden.py")  # bench/ goes last on sys.path: its minatar.py shadows nothing
+RUNS, _tensor_hashes = golden.RUNS, golden._tensor_hashes
 
 
 def _hashes(value: object) -> dict[str, str]:

@@ -168,7 +168,7 @@ def test_learner_metrics_keep_the_scalar_train_values_only():
 def test_unshadow_moves_the_bench_folder_to_the_end_of_the_path(monkeypatch):
     here = str(bench.ROOT) + "/bench"
     monkeypatch.setattr(bench.sys, "path", [here, "/site", "/other"])
-    bench.unshadow_minatar()
+    bench.unshadow_minatar(f"{here}/minatar.py")
     assert bench.sys.path == ["/site", "/other", here]  # `minatar` is the package; a spawned re-run finds benchlib
 
 

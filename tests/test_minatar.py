@@ -110,6 +110,20 @@ def test_each_family_takes_10x10_frames_with_the_small_conv():
     assert codec.decode(torch.zeros(1, 5, 24)).shape == (1, 5, 10, 10, 4)
 
 
+def test_pixel_range_unit_feeds_binary_channels_as_0_and_1():
+    frames = torch.randint(0, 2, (5, 10, 10, 4), dtype=torch.uint8) * 255
+    centered = FrameEncoder((10, 10, 4), "small", (16,), 128)
+    unit = FrameEncoder((10, 10, 4), "small", (16,), 128, pixel_range="unit")
+    unit.load_state_dict(centered.state_dict())
+    seen = {}
+    for name, encoder in (("centered", centered), ("unit", unit)):
+        encoder.stack.conv.register_forward_hook(lambda m, args, out, name=name: seen.update({name: args[0]}))
+        encoder(frames)
+    channels_first = frames.permute(0, 3, 1, 2).float()
+    assert torch.equal(seen["unit"], channels_first / 255)  # an empty cell is 0, a set one 1
+    assert torch.equal(seen["centered"], channels_first / 255 - 0.5)
+
+
 def test_small_conv_options_are_checked():
     from lightning_wm.agents.dreamer.settings import DreamerNet
     from lightning_wm.agents.muzero.settings import MuZeroNet
@@ -117,6 +131,8 @@ def test_small_conv_options_are_checked():
 
     with pytest.raises(ValueError, match="'deep', 'shallow' or 'small'"):
         ActorCriticSettings(conv="tiny")
+    with pytest.raises(ValueError, match="pixel_range must be 'centered' or 'unit'"):
+        ActorCriticSettings(pixel_range="binary")
     with pytest.raises(ValueError, match="'resnet' or 'small'"):
         MuZeroNet(conv="tiny")
     with pytest.raises(ValueError, match="strided or small"):

@@ -52,6 +52,10 @@ class ActorCriticSettings:
             10x10) for frame observations (``uint8 [H, W, C]``).
         conv_channels: channels of the deep stack's stages; ``small`` uses the first (16).
         fc_size: features after the conv stack (one linear layer and a ReLU; MinAtar: 128).
+        pixel_range: frames (``uint8``) enter the conv stack scaled to ``[-0.5, 0.5]``
+            (``centered``, the pixel convention of every encoder here) or to ``[0, 1]`` (``unit``:
+            an empty cell is 0, as the MinAtar paper feeds its binary channels; on mostly-empty
+            frames the input's mean stays near 0 instead of near -0.5).
         lstm_size: 0 for a feed-forward network, else the size of an LSTM core between the
             encoder and the heads (reset where ``is_first``; acting stores its state in every row
             as ``core_h`` / ``core_c``).
@@ -72,6 +76,7 @@ class ActorCriticSettings:
     conv: Literal["deep", "shallow", "small"] = "deep"
     conv_channels: tuple[int, ...] = (16, 32, 32)
     fc_size: int = 256
+    pixel_range: Literal["centered", "unit"] = "centered"
     lstm_size: int = 0
     sigma_type: Literal["independent", "conditioned"] = "independent"
     bound_type: Literal["tanh"] | None = None
@@ -87,6 +92,8 @@ class ActorCriticSettings:
         activation_class(self.activation)  # an unknown name is one clear error
         if self.conv not in ("deep", "shallow", "small"):
             raise ValueError(f"conv must be 'deep', 'shallow' or 'small', got {self.conv!r}")
+        if self.pixel_range not in ("centered", "unit"):
+            raise ValueError(f"net.pixel_range must be 'centered' or 'unit', got {self.pixel_range!r}")
         if not self.conv_channels or min(self.conv_channels) < 1:
             raise ValueError(f"net.conv_channels must be channel counts >= 1, got {list(self.conv_channels)}")
         if self.sigma_type not in ("independent", "conditioned"):
@@ -295,7 +302,8 @@ def impala_shallow_stack(in_channels: int) -> nn.Sequential:
 
 
 class FrameEncoder(nn.Module):
-    """``uint8 [N, H, W, C]`` frames -> ``[N, fc_size]``: a conv stack, flatten, linear, ReLU
+    """``uint8 [N, H, W, C]`` frames -> ``[N, fc_size]``: the frames scaled (``pixel_range``:
+    ``centered`` to ``[-0.5, 0.5]``, ``unit`` to ``[0, 1]``), a conv stack, flatten, linear, ReLU
     (``small``: :class:`~lightning_wm.nn.blocks.SmallConvEncoder`, which is all of that)."""
 
     def __init__(
@@ -304,9 +312,11 @@ class FrameEncoder(nn.Module):
         conv: str = "deep",
         channels: tuple[int, ...] = (16, 32, 32),
         fc_size: int = 256,
+        pixel_range: str = "centered",
     ) -> None:
         super().__init__()
         h, w, c = shape
+        self.offset = 0.5 if pixel_range == "unit" else 0.0  # added to the centered pixels
         self.fc: nn.Linear | None = None
         self.out_dim = fc_size
         if conv == "small":
@@ -323,7 +333,8 @@ class FrameEncoder(nn.Module):
         self.fc = nn.Linear(flat, fc_size)
 
     def forward(self, frames: Tensor) -> Tensor:
-        x = self.stack(preprocess_pixels(frames))
+        x = preprocess_pixels(frames)
+        x = self.stack(x + self.offset if self.offset else x)
         return x if self.fc is None else torch.relu(self.fc(x.flatten(1)))
 
 
@@ -341,6 +352,7 @@ class ObservationEncoder(nn.Module):
         conv: str,
         conv_channels: tuple[int, ...],
         fc_size: int,
+        pixel_range: str = "centered",
     ) -> None:
         super().__init__()
         self.is_dict = spec.is_dict
@@ -348,7 +360,7 @@ class ObservationEncoder(nn.Module):
         self.out_dim = 0
         for key, space in spec.obs_spaces.items():
             if is_image_space(space):
-                encoder = FrameEncoder(tuple(space.shape), conv, conv_channels, fc_size)
+                encoder = FrameEncoder(tuple(space.shape), conv, conv_channels, fc_size, pixel_range)
                 self.parts[key], self.out_dim = encoder, self.out_dim + encoder.out_dim
             else:
                 mlp = MLP(int(np.prod(space.shape)), None, hidden, layers, act, norm=False)
@@ -415,7 +427,9 @@ class ActorCritic(nn.Module):
         self.spec = spec
 
         def built_in() -> ObservationEncoder:
-            return ObservationEncoder(spec, s.hidden, s.layers, s.activation, s.conv, tuple(s.conv_channels), s.fc_size)
+            return ObservationEncoder(
+                spec, s.hidden, s.layers, s.activation, s.conv, tuple(s.conv_channels), s.fc_size, s.pixel_range
+            )
 
         if encoder is None:
             self.encoder: nn.Module = built_in()
