@@ -316,7 +316,7 @@ class FrameEncoder(nn.Module):
     ) -> None:
         super().__init__()
         h, w, c = shape
-        self.offset = 0.5 if pixel_range == "unit" else 0.0  # added to the centered pixels
+        self.centered = pixel_range == "centered"
         self.fc: nn.Linear | None = None
         self.out_dim = fc_size
         if conv == "small":
@@ -333,8 +333,7 @@ class FrameEncoder(nn.Module):
         self.fc = nn.Linear(flat, fc_size)
 
     def forward(self, frames: Tensor) -> Tensor:
-        x = preprocess_pixels(frames)
-        x = self.stack(x + self.offset if self.offset else x)
+        x = self.stack(preprocess_pixels(frames, self.centered))
         return x if self.fc is None else torch.relu(self.fc(x.flatten(1)))
 
 

@@ -22,9 +22,11 @@ def activation(name: str) -> type[nn.Module]:
     return table[name.lower()]
 
 
-def preprocess_pixels(obs: Tensor) -> Tensor:
-    """``uint8 [..., H, W, C]`` -> ``float32 [..., C, H, W]`` in ``[-0.5, 0.5]``."""
-    return obs.movedim(-1, -3).float().div_(255.0).sub_(0.5)
+def preprocess_pixels(obs: Tensor, centered: bool = True) -> Tensor:
+    """``uint8 [..., H, W, C]`` -> ``float32 [..., C, H, W]`` in ``[-0.5, 0.5]`` (``centered``, the
+    pixel convention of the encoders and decoders here) or in ``[0, 1]``."""
+    x = obs.movedim(-1, -3).float().div_(255.0)
+    return x.sub_(0.5) if centered else x
 
 
 def postprocess_pixels(image: Tensor) -> Tensor:

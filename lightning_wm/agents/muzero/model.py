@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from lightning_wm.agents.muzero.settings import MuZeroNet
 from lightning_wm.envs import is_image_space
 from lightning_wm.nn import dists
-from lightning_wm.nn.blocks import MLP, BatchNormLast, ChannelNorm, SmallConvEncoder, activation
+from lightning_wm.nn.blocks import MLP, BatchNormLast, ChannelNorm, SmallConvEncoder, activation, preprocess_pixels
 from lightning_wm.settings import as_settings
 from lightning_wm.world_model import WorldModel
 
@@ -248,11 +248,9 @@ class MuZeroModel(nn.Module, WorldModel):
                 f"MuZeroModel expects observations [B, {', '.join(map(str, self.obs_shape))}], got {list(obs.shape)}"
             )
         if self.is_image:
-            x = obs.float().div(255.0)
-            if self.frame_stack > 1:  # [B, K, H, W, C] -> [B, K*C, H, W]
-                x = x.permute(0, 1, 4, 2, 3).flatten(1, 2)
-            else:
-                x = x.permute(0, 3, 1, 2)
+            x = preprocess_pixels(obs, centered=False)  # [B, (K,) C, H, W] in [0, 1]
+            if self.frame_stack > 1:  # [B, K, C, H, W] -> [B, K*C, H, W]
+                x = x.flatten(1, 2)
             return self._scale(self.repr_net(x))
         return self._scale(self.repr_net(obs.float()))
 
