@@ -44,7 +44,8 @@ key reuses them). RLlib evaluates after each training iteration (at least
 training wall time, or at ``--wall-minutes`` of wall time in all (evaluations included), whichever
 comes first; a worker still running ``--wall-minutes`` + 3 minutes after its start is killed (no
 record). ``--out`` appends every record as one JSON line; ``--report FILE ...`` prints the tables
-from such files (several runs together).
+from such files (several runs together), one row per variant: the record's ``sets`` are the
+overrides that change the config file (one that repeats its value goes to ``sets_same_as_config``).
 
 Runs longer than a session: ``--run-dir DIR`` (ours, not RLlib) keeps a checkpoint of each run in
 ``DIR/<system>-<game>-seed<seed>/`` after every evaluation (weights, optimizer, replay buffer, loop
@@ -83,7 +84,7 @@ from benchlib import (
     run_worker,
     unshadow_minatar,
 )
-from minatar_report import plot_game, summary
+from minatar_report import plot_game, split_sets, summary
 
 CONFIGS = {
     "impala": "configs/impala/minatar.yaml",
@@ -275,6 +276,8 @@ def _record(
     args: argparse.Namespace, history: list[dict[str, Any]], eval_seconds: float, extra: dict[str, Any]
 ) -> dict[str, Any]:
     last = history[-1] if history else {"frames": 0, "seconds": 0.0, "eval_return": math.nan}
+    config = CONFIGS.get(args.system)
+    sets, same = split_sets(os.path.join(ROOT, config), args.set or []) if config else (args.set or [], [])
     return {
         "system": args.system,
         "game": args.game,
@@ -287,7 +290,8 @@ def _record(
         "train_seconds": last["seconds"],
         "eval_seconds": eval_seconds,
         "frames_per_s": last["frames"] / max(last["seconds"], 1e-9),
-        "sets": args.set or [],
+        "sets": sets,
+        "sets_same_as_config": same,
         "load_average": load_average(),
         **extra,
     }

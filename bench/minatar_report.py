@@ -12,7 +12,10 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 PAPER_SOURCE = "MinAtar repository, img/learning_curves.gif (Young & Tian 2019), read off the figure (±5%)"
 # game -> curve -> {frames: mean return of the last 100 training episodes}
@@ -47,6 +50,23 @@ def value_at(history: list[dict[str, float]], frames: int, every: int, key: str 
 def frames_to_reach(history: list[dict[str, float]], target: float, key: str = "eval_return") -> int | None:
     """Frames of the first evaluation whose ``key`` is at least ``target`` (None: never)."""
     return next((int(row["frames"]) for row in history if row.get(key) is not None and row[key] >= target), None)
+
+
+def split_sets(config: str | Path, sets: list[list[str]]) -> tuple[list[list[str]], list[list[str]]]:
+    """The ``--set KEY VALUE`` pairs of a run split against the config file it overrides: (those
+    that change it, those that give its own value again). A value counts as the same when its YAML
+    reading equals the file's at that dotted key (``2.0`` and ``2`` alike); a key the file leaves to
+    a default counts as a change. The record's ``sets`` are the first: equal settings given two
+    ways make one :func:`variant`."""
+    missing = object()
+    tree = yaml.safe_load(Path(config).read_text())
+    changed, same = [], []
+    for key, value in sets:
+        node: Any = tree
+        for part in key.split("."):
+            node = node.get(part, missing) if isinstance(node, dict) else missing
+        (same if node is not missing and node == yaml.safe_load(value) else changed).append([key, value])
+    return changed, same
 
 
 def variant(record: dict[str, Any]) -> str:

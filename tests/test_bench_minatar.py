@@ -140,6 +140,16 @@ def test_runs_with_other_settings_are_summarised_apart():
     assert "| dyna (policy.optim.lr 0.002) | breakout | 1 | 100 | – | 3.00 (3.00) |" in table
 
 
+def test_sets_that_repeat_the_configs_own_value_are_not_a_variant(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("model:\n  init_args:\n    loss:\n      value_weight: 2.0\n      lambda_: 0.8\n")
+    sets = [["model.init_args.loss.value_weight", "2"], ["model.init_args.loss.lambda_", "1.0"],
+            ["model.init_args.loss.entropy_weight_end", "0.002"], ["model.init_args.loss.value_weight.x", "1"]]  # fmt: skip
+    changed, same = report["split_sets"](config, sets)
+    assert same == [["model.init_args.loss.value_weight", "2"]]
+    assert changed == sets[1:]
+
+
 def test_trivial_table_means_over_seed_sets_and_the_plot_is_written(tmp_path):
     runs = [_run("impala", s, [(100, 1.0, 1.0, 0.5), (200, 2.0, 2.0, 1.0)], game="freeway") for s in (0, 1)]
     for seed, run in enumerate(runs):
