@@ -25,12 +25,12 @@ __all__ = ["ImpalaLoss", "VTraceLossSettings", "entropy_weight_at", "impala_loss
 
 
 def entropy_weight_at(settings: VTraceLossSettings, step: int) -> float:
-    """The entropy weight at learner step ``step``: ``entropy_weight`` moved linearly to
-    ``entropy_weight_end`` over ``entropy_anneal_steps`` steps, then held (``entropy_weight`` when
-    no end is set)."""
+    """The entropy weight at learner step ``step``: ``entropy_weight`` held to
+    ``entropy_anneal_start``, then moved linearly to ``entropy_weight_end`` over
+    ``entropy_anneal_steps`` steps, then held (``entropy_weight`` when no end is set)."""
     if settings.entropy_weight_end is None:
         return settings.entropy_weight
-    fraction = min(max(step, 0) / settings.entropy_anneal_steps, 1.0)
+    fraction = min(max(step - settings.entropy_anneal_start, 0) / settings.entropy_anneal_steps, 1.0)
     return settings.entropy_weight + fraction * (settings.entropy_weight_end - settings.entropy_weight)
 
 

@@ -43,9 +43,10 @@ class VTraceLossSettings:
         normalize_advantage: scale the policy term's V-trace advantages to mean 0 and standard
             deviation 1 over the batch's real steps (SB3's ``normalize_advantage``).
         entropy_weight_end: with ``entropy_anneal_steps``, the entropy weight moves linearly from
-            ``entropy_weight`` at step 0 to this at that step and stays there
+            ``entropy_weight`` at ``entropy_anneal_start`` to this that many steps later and stays there
             (:func:`entropy_weight_at`); ``None``: ``entropy_weight`` throughout.
         entropy_anneal_steps: learner steps of that move.
+        entropy_anneal_start: learner step where the move starts (``entropy_weight`` until then).
         entropy_relative: the entropy bonus is ``entropy_weight`` times the standard deviation of
             the batch's V-trace advantages (over its real steps, no gradient): it counts in units
             of the advantage scale, so a game whose advantages are tiny (sparse rewards) is not
@@ -64,6 +65,7 @@ class VTraceLossSettings:
     normalize_advantage: bool = False
     entropy_weight_end: float | None = None
     entropy_anneal_steps: int = 0
+    entropy_anneal_start: int = 0
     entropy_relative: bool = False
 
     def __post_init__(self) -> None:
@@ -76,6 +78,8 @@ class VTraceLossSettings:
         for name in ("rho_clip", "c_clip", "rho_pg_clip", "reward_scale"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"loss.{name} must be > 0, got {getattr(self, name)}")
+        if self.entropy_anneal_start < 0:
+            raise ValueError(f"loss.entropy_anneal_start must be >= 0, got {self.entropy_anneal_start}")
         if self.entropy_weight_end is not None and (self.entropy_weight_end < 0 or self.entropy_anneal_steps < 1):
             raise ValueError(
                 f"loss.entropy_weight_end ({self.entropy_weight_end}) must be >= 0 and needs "
