@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
 import tempfile
@@ -35,6 +36,17 @@ def unshadow_minatar(script: str) -> None:
 
 def load_average() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; ``platform.processor()`` elsewhere): runs repeat
+    bit for bit on one machine only, so a record says which it ran on."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+    except OSError:
+        names = []
+    return f"{names[0]} x {len(names)}" if names else platform.processor() or "unknown"
 
 
 def build_cli(config: str, overrides: list[str]) -> Any:

@@ -74,6 +74,7 @@ from benchlib import (
     RLLIB_PYTHON,
     ROOT,
     build_cli,
+    cpu_model,
     exit_on_signal,
     greedy_episodes,
     load_average,
@@ -293,6 +294,7 @@ def _record(
         "sets": sets,
         "sets_same_as_config": same,
         "load_average": load_average(),
+        "cpu": cpu_model(),
         **extra,
     }
 

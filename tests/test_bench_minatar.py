@@ -194,6 +194,8 @@ def test_a_run_with_actor_processes_records(tmp_path):
     subprocess.run(command, check=True, timeout=300, cwd=tmp_path, capture_output=True)
     (record,) = [json.loads(line) for line in out.read_text().splitlines()]
     assert record["frames"] >= 2000 and record["history"][-1]["train_return"] is not None
+    assert record["cpu"] == bench.cpu_model() and record["cpu"] != "unknown"  # which machine it ran on
+    assert record["sets"] == [["data.init_args.acting.num_actors", "1"]] and record["sets_same_as_config"] == []
 
 
 def _evaluation(identity, schedule=None, training=None):
