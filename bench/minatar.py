@@ -274,11 +274,16 @@ def _log(system: str, row: dict[str, Any], trivial: dict[str, Any] | None = None
 
 
 def _record(
-    args: argparse.Namespace, history: list[dict[str, Any]], eval_seconds: float, extra: dict[str, Any]
+    args: argparse.Namespace,
+    history: list[dict[str, Any]],
+    eval_seconds: float,
+    extra: dict[str, Any],
+    sets: tuple[list[list[str]], list[list[str]]] | None = None,
 ) -> dict[str, Any]:
+    """The run's JSON record; ``sets``: the ``--set`` pairs split against the config the run
+    trained on (:func:`split_sets`; default: all of them count as changes)."""
     last = history[-1] if history else {"frames": 0, "seconds": 0.0, "eval_return": math.nan}
-    config = CONFIGS.get(args.system)
-    sets, same = split_sets(os.path.join(ROOT, config), args.set or []) if config else (args.set or [], [])
+    changed, same = sets if sets is not None else (args.set or [], [])
     return {
         "system": args.system,
         "game": args.game,
@@ -291,7 +296,7 @@ def _record(
         "train_seconds": last["seconds"],
         "eval_seconds": eval_seconds,
         "frames_per_s": last["frames"] / max(last["seconds"], 1e-9),
-        "sets": sets,
+        "sets": changed,
         "sets_same_as_config": same,
         "load_average": load_average(),
         "cpu": cpu_model(),
@@ -348,7 +353,9 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
         overrides += ["--trainer.default_root_dir", str(folder.path), *RESUMABLE_SETS.get(args.system, [])]
     for key, value in args.set or []:
         overrides += [f"--{key}", value]
-    cli = build_cli(os.path.join(ROOT, CONFIGS[args.system]), overrides)
+    config = os.path.join(ROOT, CONFIGS[args.system])
+    sets = split_sets(config, args.set or [])  # against the file as this run reads it
+    cli = build_cli(config, overrides)
     module, trainer, datamodule = cli.model, cli.trainer, cli.datamodule
     eval_env = evaluation_env(datamodule)
     eval_seed = EVAL_SEED_OFFSET + args.seed
@@ -377,7 +384,7 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
     trainer.callbacks.append(evaluate)
     trainer.fit(module, datamodule, ckpt_path=folder.resume_from() if folder else None)
     extra = {"trivial": trivial, "eval_env": env_settings, "wall_seconds": evaluate.wall()}
-    record = _record(args, evaluate.history, evaluate.eval_time, extra)
+    record = _record(args, evaluate.history, evaluate.eval_time, extra, sets)
     if folder is not None:
         folder.keep_record(record)
     return record

@@ -15,8 +15,6 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 PAPER_SOURCE = "MinAtar repository, img/learning_curves.gif (Young & Tian 2019), read off the figure (±5%)"
 # game -> curve -> {frames: mean return of the last 100 training episodes}
 PAPER: dict[str, dict[str, dict[int, float]]] = {
@@ -58,14 +56,16 @@ def split_sets(config: str | Path, sets: list[list[str]]) -> tuple[list[list[str
     reading equals the file's at that dotted key (``2.0`` and ``2`` alike); a key the file leaves to
     a default counts as a change. The record's ``sets`` are the first: equal settings given two
     ways make one :func:`variant`."""
+    import yaml  # not at the top: RLlib's venv imports this module too
+
+    from lightning_wm.settings import flatten
+
     missing = object()
-    tree = yaml.safe_load(Path(config).read_text())
+    values = flatten(yaml.safe_load(Path(config).read_text()))
     changed, same = [], []
     for key, value in sets:
-        node: Any = tree
-        for part in key.split("."):
-            node = node.get(part, missing) if isinstance(node, dict) else missing
-        (same if node is not missing and node == yaml.safe_load(value) else changed).append([key, value])
+        given = values.get(key, missing)
+        (same if given is not missing and given == yaml.safe_load(value) else changed).append([key, value])
     return changed, same
 
 
