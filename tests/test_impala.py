@@ -369,7 +369,9 @@ def test_entropy_weight_schedule_moves_linearly_then_holds():
     assert at_step(plain, 10**6) is plain and entropy_weight_at(plain, 7) == 0.1
     with pytest.raises(ValueError, match="entropy_anneal_steps >= 1"):
         VTraceLossSettings(entropy_weight_end=0.01)
-    late = VTraceLossSettings(entropy_weight=0.1, entropy_weight_end=0.01, entropy_anneal_steps=100, entropy_anneal_start=300)
+    late = VTraceLossSettings(
+        entropy_weight=0.1, entropy_weight_end=0.01, entropy_anneal_steps=100, entropy_anneal_start=300
+    )
     assert [round(entropy_weight_at(late, s), 6) for s in (0, 300, 350, 400, 10**6)] == [0.1, 0.1, 0.055, 0.01, 0.01]
     with pytest.raises(ValueError, match="entropy_anneal_start must be >= 0"):
         VTraceLossSettings(entropy_anneal_start=-1)
