@@ -2,12 +2,12 @@
 
 * :class:`OptimSettings` — every agent's ``optim`` group (or one per network): optimizer
   ``name`` (``adam``, ``rmsprop``, ``sgd``), ``lr``, the optimizer's constants, the schedule
-  (``lr_warmup_steps``, ``lr_anneal_steps``), ``clip`` (:class:`GradClipSettings`) and the
+  (``lr_warmup_steps``, ``lr_anneal_steps``, ``lr_end``), ``clip`` (:class:`GradClipSettings`) and the
   kernels (``implementation``: ``auto``, ``for_loop``, ``foreach``, ``fused``).
 * :func:`build_optimizer` — the one place an optimizer is built from :class:`OptimSettings`.
-* :func:`lr_factor` / :func:`with_lr_schedule` — linear warm-up and linear annealing to 0 of
-  the learning rate over optimizer steps; :func:`anneal_outlasted` says when a run would
-  outlast its anneal (warned at the start of ``fit``).
+* :func:`lr_factor` / :func:`with_lr_schedule` — linear warm-up and linear annealing of the
+  learning rate over optimizer steps, to 0 or to ``lr_end`` (held after); :func:`anneal_outlasted`
+  says when a run would outlast an anneal to 0 (warned at the start of ``fit``).
 * :class:`GradClipper` — DI-engine's ``grad_clip_type`` (``clip_value``, ``clip_norm``,
   ``clip_momentum``, ``clip_momentum_norm``; here ``clip.type``) with its bound, coefficient,
   norm type and momentum timestep, applied to the gradients between
@@ -93,7 +93,10 @@ class OptimSettings:
         momentum: RMSProp's / SGD's momentum.
         weight_decay: L2 penalty added to the gradients (torch's ``weight_decay``).
         lr_warmup_steps: linear warm-up from ``lr / lr_warmup_steps`` over this many optimizer steps.
-        lr_anneal_steps: linear anneal to 0 at this optimizer step (``None``: constant).
+        lr_anneal_steps: the optimizer step at which a linear anneal from ``lr`` reaches ``lr_end``
+            (``None``: constant).
+        lr_end: the rate the anneal ends at and holds after ``lr_anneal_steps`` (0: the IMPALA
+            paper's anneal to 0; e.g. ``lr / 2`` to halve the rate over the run).
         clip: gradient clipping (:class:`GradClipSettings`).
         implementation: the optimizer's kernels: ``auto`` (torch's choice: one multi-tensor
             ``foreach`` kernel per operation on CUDA, a loop over the parameters on the CPU),
@@ -110,6 +113,7 @@ class OptimSettings:
     weight_decay: float = 0.0
     lr_warmup_steps: int = 0
     lr_anneal_steps: int | None = None
+    lr_end: float = 0.0
     clip: GradClipSettings = field(default_factory=GradClipSettings)
     implementation: OptimImplementation = "auto"
 
@@ -129,6 +133,18 @@ class OptimSettings:
                 f"optim lr_warmup_steps must be >= 0 and lr_anneal_steps >= 1 or null, got {self.lr_warmup_steps}, "
                 f"{self.lr_anneal_steps}"
             )
+        if not 0.0 <= self.lr_end <= self.lr:
+            raise ValueError(f"optim lr_end must be in [0, lr={self.lr}], got {self.lr_end}")
+        if self.lr_end > 0 and self.lr_anneal_steps is None:
+            raise ValueError(
+                f"optim lr_end={self.lr_end} needs lr_anneal_steps (the step the anneal reaches it); "
+                "set lr_anneal_steps, or lr_end 0 for a constant rate"
+            )
+
+    @property
+    def lr_end_factor(self) -> float:
+        """``lr_end`` as a fraction of ``lr`` (what :func:`lr_factor` takes)."""
+        return self.lr_end / self.lr
 
 
 def build_optimizer(params: Iterable[nn.Parameter], settings: OptimSettings) -> torch.optim.Optimizer:
@@ -167,39 +183,40 @@ def optimizer_beta(optimizer: torch.optim.Optimizer) -> float:
     raise ValueError(f"{type(optimizer).__name__} has neither betas nor alpha; pass beta to GradClipper")
 
 
-def lr_factor(step: int, warmup_steps: int = 0, anneal_steps: int | None = None) -> float:
+def lr_factor(step: int, warmup_steps: int = 0, anneal_steps: int | None = None, end_factor: float = 0.0) -> float:
     """The learning-rate multiplier after ``step`` optimizer steps: ``(step + 1) / warmup_steps``
-    while warming up (capped at 1), times ``1 - step / anneal_steps`` (floored at 0) when
-    annealing; 1 without either."""
+    while warming up (capped at 1), times ``1 - (1 - end_factor) * min(1, step / anneal_steps)``
+    when annealing (linear from 1 to ``end_factor`` at ``anneal_steps``, held there after); 1
+    without either."""
     factor = 1.0
     if warmup_steps > 0:
         factor = min(1.0, (step + 1) / warmup_steps)
     if anneal_steps is not None:
-        factor *= max(0.0, 1.0 - step / anneal_steps)
+        factor *= 1.0 - (1.0 - end_factor) * min(1.0, step / anneal_steps)
     return factor
 
 
-def anneal_outlasted(anneal_steps: int | None, max_steps: int) -> str | None:
+def anneal_outlasted(anneal_steps: int | None, max_steps: int, end_factor: float = 0.0) -> str | None:
     """Why a run of ``max_steps`` optimizer steps (``-1``: no step limit) would go on learning
     nothing after a linear anneal to 0 over ``anneal_steps`` (the message to warn with), or None
-    when the anneal ends at or after the run's end or there is none."""
-    if anneal_steps is None or 0 <= max_steps <= anneal_steps:
+    when the anneal ends at or after the run's end, ends above 0 (``end_factor``) or there is none."""
+    if anneal_steps is None or end_factor > 0 or 0 <= max_steps <= anneal_steps:
         return None
     run = "has no step limit" if max_steps < 0 else f"runs {max_steps} optimizer steps"
     return (
         f"the learning rate anneals to 0 at lr_anneal_steps={anneal_steps} but the trainer {run}: every "
         f"step after {anneal_steps} changes nothing. Set lr_anneal_steps to the trainer's max_steps (they go "
-        "together), or null for a constant learning rate"
+        "together), lr_end above 0 to hold a rate after the anneal, or null for a constant learning rate"
     )
 
 
 def with_lr_schedule(optimizer: torch.optim.Optimizer, settings: OptimSettings) -> Any:
     """What ``configure_optimizers`` returns for one optimizer: the optimizer alone, or with a
     per-step :func:`lr_factor` schedule when ``settings`` warm up or anneal."""
-    warmup, anneal = settings.lr_warmup_steps, settings.lr_anneal_steps
+    warmup, anneal, end = settings.lr_warmup_steps, settings.lr_anneal_steps, settings.lr_end_factor
     if warmup <= 0 and anneal is None:
         return optimizer
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, warmup, anneal))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, warmup, anneal, end))
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
 

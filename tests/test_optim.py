@@ -217,6 +217,42 @@ def test_with_lr_schedule_steps_the_optimizers_learning_rate() -> None:
     assert seen == [0.5, 0.75, 0.5, 0.25, 0.0]
 
 
+def test_lr_end_anneals_to_it_and_holds_it() -> None:
+    """With ``lr_end`` the anneal goes linearly from ``lr`` to ``lr_end`` at ``lr_anneal_steps`` and
+    stays there: 1.0 to 0.5 over 4 steps is 1.0, 0.875, 0.75, 0.625, then 0.5 for good."""
+    from lightning_wm.optim import lr_factor, with_lr_schedule
+
+    assert [lr_factor(s, anneal_steps=4, end_factor=0.5) for s in range(7)] == [1.0, 0.875, 0.75, 0.625, 0.5, 0.5, 0.5]
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    schedule = with_lr_schedule(opt, OptimSettings("sgd", 1.0, lr_anneal_steps=4, lr_end=0.5))["lr_scheduler"]
+    seen = []
+    for _ in range(6):
+        seen.append(opt.param_groups[0]["lr"])
+        opt.step()
+        schedule["scheduler"].step()
+    assert seen == [1.0, 0.875, 0.75, 0.625, 0.5, 0.5]
+
+
+def test_lr_end_is_the_anneal_to_zero_over_a_longer_run_to_the_bit() -> None:
+    """The IMPALA MinAtar config halves its rate over the run: ``lr_end = lr / 2`` at 31,250 steps
+    gives the same float at every step as the anneal to 0 at 62,500 it replaced (its records keep
+    their meaning)."""
+    from lightning_wm.optim import lr_factor
+
+    settings = OptimSettings(lr=0.002, lr_anneal_steps=31250, lr_end=0.001)
+    for step in range(0, 31251, 7):
+        assert 0.002 * lr_factor(step, 0, 31250, settings.lr_end_factor) == 0.002 * lr_factor(step, 0, 62500)
+
+
+def test_lr_end_out_of_range_or_without_an_anneal_is_refused() -> None:
+    with pytest.raises(ValueError, match="lr_end must be in"):
+        OptimSettings(lr=0.001, lr_anneal_steps=10, lr_end=0.002)
+    with pytest.raises(ValueError, match="lr_end must be in"):
+        OptimSettings(lr=0.001, lr_anneal_steps=10, lr_end=-1.0)
+    with pytest.raises(ValueError, match="needs lr_anneal_steps"):
+        OptimSettings(lr=0.001, lr_end=0.0005)
+
+
 def test_muzero_lr_anneal_steps_reaches_zero_and_bad_values_are_refused() -> None:
     from lightning_wm.agents.muzero import MuZero
     from lightning_wm.envs import EnvConfig, env_spec
@@ -257,6 +293,7 @@ def test_anneal_outlasted_only_when_the_run_goes_past_the_anneal() -> None:
     assert "every step after 3000 changes nothing" in anneal_outlasted(3000, 6000)
     assert "6000 optimizer steps" in anneal_outlasted(3000, 6000)
     assert "no step limit" in anneal_outlasted(3000, -1)
+    assert anneal_outlasted(3000, 6000, end_factor=0.5) is None  # the rate holds at lr_end: still learning
 
 
 def test_fit_warns_when_max_steps_outlasts_lr_anneal_steps() -> None:

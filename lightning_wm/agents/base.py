@@ -36,7 +36,7 @@ class RLModule(pl.LightningModule):
       checkpoint can hold and ``--ckpt_path`` compares key by key);
     * at the start of ``fit`` it warns when the trainer's ``max_steps`` outlasts an
       ``lr_anneal_steps`` of an :class:`~lightning_wm.optim.OptimSettings` of this module or of
-      an agent inside it (the learning rate would sit at 0 for the rest of the run).
+      an agent inside it that anneals to 0 (the learning rate would sit at 0 for the rest of the run).
     """
 
     def __init__(self, env_spec: EnvSpec | None = None) -> None:
@@ -106,10 +106,11 @@ class RLModule(pl.LightningModule):
     def on_fit_start(self) -> None:
         for module in self.modules():
             if isinstance(module, RLModule):
-                anneals = [s.lr_anneal_steps for s in module.optim_settings()]
+                anneals = [(s.lr_anneal_steps, s.lr_end_factor) for s in module.optim_settings()]
                 if not anneals and module.hparams.get("lr_anneal_steps") is not None:  # not yet grouped
-                    anneals = [module.hparams["lr_anneal_steps"]]
-                why = next((w for a in anneals if (w := anneal_outlasted(a, self.trainer.max_steps))), None)
+                    anneals = [(module.hparams["lr_anneal_steps"], 0.0)]
+                max_steps = self.trainer.max_steps
+                why = next((w for a, end in anneals if (w := anneal_outlasted(a, max_steps, end))), None)
                 if why is not None:
                     warnings.warn(f"{type(module).__name__}: {why}", UserWarning, stacklevel=2)
                     return

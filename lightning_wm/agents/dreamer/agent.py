@@ -409,7 +409,10 @@ class Dreamer(RLModule):
         logs = {}
         for name, opt in zip(NETWORKS, optimizers):
             settings = getattr(self.optim, name)
-            lr = settings.lr * lr_factor(self.global_step, settings.lr_warmup_steps, settings.lr_anneal_steps)
+            factor = lr_factor(
+                self.global_step, settings.lr_warmup_steps, settings.lr_anneal_steps, settings.lr_end_factor
+            )
+            lr = settings.lr * factor
             for group in getattr(opt, "optimizer", opt).param_groups:
                 set_learning_rate(group, lr)
             if settings.lr_warmup_steps > 0 or settings.lr_anneal_steps is not None:
