@@ -190,12 +190,23 @@ def _flat(tree: dict, prefix: str = "") -> dict[str, object]:
     "gpu, cpu, allowed",
     [
         ("dreamer/minatar_gpu.yaml", "dreamer/minatar.yaml", {"model.init_args.compile.mode"}),
-        ("muzero/minatar_gpu.yaml", "muzero/minatar.yaml", {"model.init_args.search.cuda_graphs"}),
+        # the GPU job runs 100k frames, the length of the CPU runs' 3-seed reference, with their
+        # temperature schedule; the CPU config runs 200k with the schedule stretched to its length
+        (
+            "muzero/minatar_gpu.yaml",
+            "muzero/minatar.yaml",
+            {
+                "model.init_args.search.cuda_graphs",
+                "trainer.max_steps",
+                "model.init_args.search.temperature.boundaries",
+            },
+        ),
     ],
 )
 def test_minatar_gpu_configs_learn_as_their_cpu_configs(gpu, cpu, allowed):
     """The MinAtar goals compare with the CPU configs' 3-seed returns: the GPU configs may differ only
-    in where and how fast they run (device, compile, captured search) and how often they validate."""
+    in where and how fast they run (device, compile, captured search), how often they validate and
+    (MuZero) the run's length with the schedule sized to it."""
     import yaml
 
     a, b = (_flat(yaml.safe_load((ROOT / "configs" / name).read_text())) for name in (gpu, cpu))
