@@ -146,6 +146,15 @@ class OptimSettings:
         """``lr_end`` as a fraction of ``lr`` (what :func:`lr_factor` takes)."""
         return self.lr_end / self.lr
 
+    @property
+    def scheduled(self) -> bool:
+        """Whether the rate changes during the run (a warm-up or an anneal)."""
+        return self.lr_warmup_steps > 0 or self.lr_anneal_steps is not None
+
+    def lr_factor_at(self, step: int) -> float:
+        """:func:`lr_factor` of these settings after ``step`` optimizer steps."""
+        return lr_factor(step, self.lr_warmup_steps, self.lr_anneal_steps, self.lr_end_factor)
+
 
 def build_optimizer(params: Iterable[nn.Parameter], settings: OptimSettings) -> torch.optim.Optimizer:
     """The one optimizer builder: ``torch.optim.Adam`` (``betas``, ``eps``), ``RMSprop``
@@ -213,10 +222,9 @@ def anneal_outlasted(anneal_steps: int | None, max_steps: int, end_factor: float
 def with_lr_schedule(optimizer: torch.optim.Optimizer, settings: OptimSettings) -> Any:
     """What ``configure_optimizers`` returns for one optimizer: the optimizer alone, or with a
     per-step :func:`lr_factor` schedule when ``settings`` warm up or anneal."""
-    warmup, anneal, end = settings.lr_warmup_steps, settings.lr_anneal_steps, settings.lr_end_factor
-    if warmup <= 0 and anneal is None:
+    if not settings.scheduled:
         return optimizer
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, warmup, anneal, end))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: settings.lr_factor_at(step))
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
 

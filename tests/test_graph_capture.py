@@ -110,21 +110,25 @@ def test_the_replayed_dreamer_step_gives_the_eager_steps_on_cuda():
     _compare_steps("cuda", steps=5)
 
 
-@pytest.mark.skipif(not CUDA, reason="CUDA graphs need a CUDA device")
-def test_a_replayed_step_reads_the_learning_rate_written_outside_the_graph(monkeypatch):
-    from lightning_wm.agents.dreamer import agent as dreamer_agent
+@pytest.mark.parametrize(
+    "device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not CUDA, reason="CUDA graphs need a CUDA device"))]
+)
+def test_a_replayed_step_reads_the_learning_rate_written_outside_the_graph(monkeypatch, device):
+    """On CUDA the replayed graph must read the rate written in place before it (off CUDA the
+    same protocol without a graph)."""
+    from lightning_wm.optim import OptimSettings
 
-    _, model = _dreamer_pair("cuda")
+    _, model = _dreamer_pair(device)
     opts = model.configure_optimizers()
     for i in range(3):  # two warm-up steps, then the recording
-        model.gradient_step(_batch("cuda", i), opts)
+        model.gradient_step(_batch(device, i), opts, recorded=True)
     before = [p.detach().clone() for p in model.wm.parameters()]
-    monkeypatch.setattr(dreamer_agent, "lr_factor", lambda *args: 0.0)  # a schedule at zero
-    model.gradient_step(_batch("cuda", 3), opts)
+    monkeypatch.setattr(OptimSettings, "lr_factor_at", lambda self, step: 0.0)  # a schedule at zero
+    model.gradient_step(_batch(device, 3), opts, recorded=True)
     assert model._captured.calls["replayed"] == 2
     assert all(torch.equal(a, b) for a, b in zip(before, model.wm.parameters()))
     monkeypatch.undo()
-    model.gradient_step(_batch("cuda", 4), opts)
+    model.gradient_step(_batch(device, 4), opts, recorded=True)
     assert not all(torch.equal(a, b) for a, b in zip(before, model.wm.parameters()))
 
 

@@ -40,7 +40,7 @@ from lightning_wm.graph_capture import (
 from lightning_wm.logging import log_figure, log_gif, log_image
 from lightning_wm.nn.blocks import MLP, soft_update
 from lightning_wm.nn.codec import Obs
-from lightning_wm.optim import GradClipper, build_optimizer, clip_groups, lr_factor, optimizer_beta
+from lightning_wm.optim import GradClipper, build_optimizer, clip_groups, optimizer_beta
 from lightning_wm.returns import lambda_return, replay_lambda_return
 from lightning_wm.settings import as_settings
 from lightning_wm.tree import first_leaf, tree_map
@@ -409,13 +409,10 @@ class Dreamer(RLModule):
         logs = {}
         for name, opt in zip(NETWORKS, optimizers):
             settings = getattr(self.optim, name)
-            factor = lr_factor(
-                self.global_step, settings.lr_warmup_steps, settings.lr_anneal_steps, settings.lr_end_factor
-            )
-            lr = settings.lr * factor
+            lr = settings.lr * settings.lr_factor_at(self.global_step)
             for group in getattr(opt, "optimizer", opt).param_groups:
                 set_learning_rate(group, lr)
-            if settings.lr_warmup_steps > 0 or settings.lr_anneal_steps is not None:
+            if settings.scheduled:
                 logs[f"train/lr_{name}"] = torch.tensor(lr)
         return logs
 
