@@ -175,25 +175,49 @@ def plot_game(records: list[dict[str, Any]], game: str, path: str) -> None:
             rows = [h for h in r["history"] if h.get("train_return") is not None]
             ax.plot([h["frames"] for h in rows], [h["train_return"] for h in rows], color=color, lw=0.7, alpha=0.4)
         mean = _mean_curve(runs, "train_return")
+        name = legend_name(name)
         if mean:
             ax.plot(*zip(*mean), color=color, lw=2.2, label=f"{name}: last 100 training episodes ({len(runs)} seeds)")
         greedy = _mean_curve(runs, "eval_return")
         if greedy:
             ax.plot(*zip(*greedy), color=color, lw=1.2, ls="--", label=f"{name}: greedy evaluation")
-    for (curve, points), marker in zip(PAPER.get(game, {}).items(), "os^"):
-        ax.scatter(list(points), list(points.values()), marker=marker, s=60, color="black", zorder=5,
-                   label=f"paper {curve}")  # fmt: skip
+    _paper_references(ax, game, max(r["frames"] for runs in runs_of.values() for r in runs))
     best = _best_trivial(records, game)
     if best is not None:
         ax.axhline(best[1], color="gray", ls=":", label=f"trivial: {best[0]} (greedy seeds)")
     ax.set_title(f"MinAtar {game}; paper: {PAPER_SOURCE}", fontsize=7)
     ax.set_xlabel("frames")
     ax.set_ylabel("return")
-    ax.legend(fontsize=6, loc="center right")
+    ax.legend(fontsize=6, loc="best")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# --set keys that change a run's speed, not what it learns: left out of a plot's legend
+SPEED_ONLY_SETS = ("compile", "search.compile", "optim.implementation")
+
+
+def legend_name(name: str) -> str:
+    """:func:`variant`'s name without its speed-only overrides (:data:`SPEED_ONLY_SETS`)."""
+    system, _, sets = name.partition(" (")
+    kept = [s for s in sets.removesuffix(")").split("; ") if s and s.split(" ")[0] not in SPEED_ONLY_SETS]
+    return f"{system} ({'; '.join(kept)})" if kept else system
+
+
+def _paper_references(ax: Any, game: str, last_frames: int) -> None:
+    """The paper's points (:data:`PAPER`) within the runs' frames as markers; where the runs end
+    before a curve's first point (a 200k-frame run against DQN at 1M) that point as a level line."""
+    for (curve, points), marker in zip(PAPER.get(game, {}).items(), "os^"):
+        inside = {f: v for f, v in points.items() if f <= 1.05 * last_frames}
+        if inside:
+            ax.scatter(list(inside), list(inside.values()), marker=marker, s=60, color="black", zorder=5,
+                       label=f"paper {curve}")  # fmt: skip
+        else:
+            first = min(points)
+            ax.axhline(points[first], color="black", lw=1.0, ls="-." if marker == "o" else (0, (1, 3)),
+                       label=f"paper {curve} at {first / 1e6:g}M frames")  # fmt: skip
 
 
 def _mean_curve(runs: list[dict[str, Any]], key: str) -> list[tuple[int, float]]:

@@ -163,6 +163,34 @@ def test_trivial_table_means_over_seed_sets_and_the_plot_is_written(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_the_legend_leaves_out_speed_only_overrides():
+    name = "muzero (compile {mode: step}; search.compile true; search.temperature.boundaries [12500, 20000])"
+    assert report["legend_name"](name) == "muzero (search.temperature.boundaries [12500, 20000])"
+    assert report["legend_name"]("muzero (compile {mode: step}; optim.implementation fused)") == "muzero"
+    assert report["legend_name"]("impala") == "impala"
+
+
+def test_a_run_that_ends_before_the_papers_points_gets_their_first_as_a_level_line():
+    class Axes:
+        def __init__(self):
+            self.points, self.levels = [], []
+
+        def scatter(self, xs, ys, **kwargs):
+            self.points.append((kwargs["label"], list(xs), list(ys)))
+
+        def axhline(self, y, **kwargs):
+            self.levels.append((kwargs["label"], y))
+
+    short, long = Axes(), Axes()
+    report["_paper_references"](short, "breakout", 200_000)
+    report["_paper_references"](long, "breakout", 5_000_000)
+    assert short.points == [] and short.levels == [
+        ("paper DQN at 1M frames", 9.5),
+        ("paper AC(λ=0.8) at 1M frames", 9.0),
+    ]
+    assert long.levels == [] and long.points[0] == ("paper DQN", [1_000_000, 5_000_000], [9.5, 10.0])
+
+
 def test_learner_metrics_keep_the_scalar_train_values_only():
     class Trainer:
         callback_metrics = {
