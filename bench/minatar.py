@@ -85,7 +85,7 @@ from benchlib import (
     run_worker,
     unshadow_minatar,
 )
-from minatar_report import plot_game, split_sets, summary
+from minatar_report import plot_games, split_sets, summary
 
 CONFIGS = {
     "impala": "configs/impala/minatar.yaml",
@@ -539,11 +539,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--run-dir", help="keep each run's checkpoint here; a cut run resumes (ours, not rllib)")
     parser.add_argument("--report", nargs="+", metavar="FILE", help="print the tables of saved records, run nothing")
     parser.add_argument("--plot", metavar="DIR", help="write DIR/minatar_<game>.png for every game of the records")
-    parser.add_argument(
-        "--plot-suffix",
-        default="",
-        help="added to the plots' names: --plot-suffix _200k writes minatar_<game>_200k.png",
-    )
+    parser.add_argument("--plot-suffix", default="", help="_200k: the plots are minatar_<game>_200k.png")
     parser.add_argument("--rllib-python", default=RLLIB_PYTHON)
     parser.add_argument("--num-cpus", type=int, default=2, help="CPUs Ray may use")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -591,9 +587,7 @@ def main() -> None:
     print()
     print(summary(records, args.eval_every, args.target))
     if args.plot:
-        for game in sorted({r["game"] for r in records}):
-            path = os.path.join(args.plot, f"minatar_{game}{args.plot_suffix}.png")
-            plot_game(records, game, path)
+        for path in plot_games(records, args.plot, args.plot_suffix):
             print(f"wrote {path}")
     print()
     print("load average:", load_average())

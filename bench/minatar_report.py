@@ -157,6 +157,16 @@ def trivial_table(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def plot_games(records: list[dict[str, Any]], folder: str, suffix: str = "") -> list[str]:
+    """:func:`plot_game` for every game of ``records`` into ``folder/minatar_<game><suffix>.png``;
+    the paths written."""
+    paths = []
+    for game in sorted({r["game"] for r in records}):
+        paths.append(str(Path(folder) / f"minatar_{game}{suffix}.png"))
+        plot_game(records, game, paths[-1])
+    return paths
+
+
 def plot_game(records: list[dict[str, Any]], game: str, path: str) -> None:
     """One PNG of ``game``: per system variant, the paper's metric per seed (thin) and its mean over
     seeds (thick) against frames, the greedy evaluation's mean (dashed), the paper's reference

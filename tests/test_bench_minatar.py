@@ -158,8 +158,8 @@ def test_trivial_table_means_over_seed_sets_and_the_plot_is_written(tmp_path):
     table = report["trivial_table"](runs)
     assert "| freeway | random 1.00, always up 14.50 | 2 |" in table
     assert table in bench.summary(runs, every=100, targets=[])
-    path = tmp_path / "minatar_freeway.png"
-    bench.plot_game(runs, "freeway", str(path))
+    path = tmp_path / "minatar_freeway_1k.png"
+    assert report["plot_games"](runs, str(tmp_path), "_1k") == [str(path)]
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
