@@ -1,0 +1,62 @@
+"""Configs that pair with another config and must learn as it does: the GPU configs against the CPU
+configs whose measured returns are their goals, the actor-process config against the in-process
+one it is compared with. Each may differ only in the keys listed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def flat_config(tree: dict, prefix: str = "") -> dict[str, object]:
+    """A config's YAML tree as ``{'a.b.c': value}``."""
+    out: dict[str, object] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out |= flat_config(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+@pytest.mark.parametrize(
+    "gpu, cpu, allowed",
+    [
+        ("dreamer/minatar_gpu.yaml", "dreamer/minatar.yaml", {"model.init_args.compile.mode"}),
+        # the GPU job runs 100k frames, the length of the CPU runs' 3-seed reference, with their
+        # temperature schedule; the CPU config runs 200k with the schedule stretched to its length
+        (
+            "muzero/minatar_gpu.yaml",
+            "muzero/minatar.yaml",
+            {
+                "model.init_args.search.cuda_graphs",
+                "trainer.max_steps",
+                "model.init_args.search.temperature.boundaries",
+            },
+        ),
+    ],
+)
+def test_minatar_gpu_configs_learn_as_their_cpu_configs(gpu, cpu, allowed):
+    """The MinAtar goals compare with the CPU configs' 3-seed returns: the GPU configs may differ only
+    in where and how fast they run (device, compile, captured search), how often they validate and
+    (MuZero) the run's length with the schedule sized to it."""
+    a, b = (flat_config(yaml.safe_load((ROOT / "configs" / name).read_text())) for name in (gpu, cpu))
+    differ = {key for key in a.keys() | b.keys() if a.get(key) != b.get(key)}
+    when = {"trainer.accelerator", "trainer.devices", "trainer.val_check_interval", "trainer.checkpoint_every_n_steps"}
+    assert differ <= allowed | when, sorted(differ - allowed - when)
+    assert a["trainer.accelerator"] == "gpu" and differ & allowed == allowed
+
+
+def test_the_dreamer_actors_config_is_the_in_process_config_with_actors():
+    """The actor-process run is compared with cartpole.yaml's measured figures: only ``acting``."""
+    a, b = (
+        flat_config(yaml.safe_load((ROOT / "configs/dreamer" / name).read_text()))
+        for name in ("cartpole_actors.yaml", "cartpole.yaml")
+    )
+    differ = {key for key in a.keys() | b.keys() if a.get(key) != b.get(key)}
+    assert differ and all(key.startswith("data.init_args.acting.") for key in differ), sorted(differ)
+    assert a["data.init_args.acting.num_actors"] == 1
