@@ -76,11 +76,16 @@ def variant(record: dict[str, Any]) -> str:
     return f"{record['system']} ({'; '.join(sets)})" if sets else record["system"]
 
 
-def _cell(values: list[float | None]) -> str:
-    """``mean (per seed)``, or ``–`` where a seed lacks the value."""
+PARTIAL_MARK = "†"  # a training-return window that holds fewer than 100 episodes
+
+
+def _cell(values: list[float | None], episodes: list[float | None] | None = None) -> str:
+    """``mean (per seed)``, or ``–`` where a seed lacks the value; a seed's value marked
+    :data:`PARTIAL_MARK` where its ``episodes`` (training episodes ended so far) are fewer than 100."""
     if any(v is None for v in values):
         return "–"
-    return f"{statistics.fmean(values):.2f} ({', '.join(f'{v:.2f}' for v in values)})"
+    marks = [PARTIAL_MARK if n is not None and n < 100 else "" for n in (episodes or [None] * len(values))]
+    return f"{statistics.fmean(values):.2f} ({', '.join(f'{v:.2f}{m}' for v, m in zip(values, marks))})"
 
 
 def _groups(records: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
@@ -105,6 +110,7 @@ def summary(records: list[dict[str, Any]], every: int, targets: list[float]) -> 
     paper's best curve at that budget; then frames to reach each target (greedy) per seed; then
     the trivial policies' greedy scores (:func:`trivial_table`)."""
     groups = _groups(records)
+    partial = False
     lines = [
         "| system | game | seeds | frames | last 100 training episodes (per seed) | greedy eval (per seed) "
         "| paper's best | mean wall time | frames/s |",
@@ -118,13 +124,20 @@ def summary(records: list[dict[str, Any]], every: int, targets: list[float]) -> 
             if any(v is None for v in greedy):
                 continue
             trained = [value_at(r["history"], point, spacing, "train_return") for r in runs]
+            episodes = [value_at(r["history"], point, spacing, "train_episodes") for r in runs]
+            partial |= any(n is not None and n < 100 for n in episodes)
             seconds = [value_at(r["history"], point, spacing, "seconds") for r in runs]
             best = paper_best(game, point)
             lines.append(
-                f"| {system} | {game} | {len(runs)} | {point:,} | {_cell(trained)} | {_cell(greedy)} | "
+                f"| {system} | {game} | {len(runs)} | {point:,} | {_cell(trained, episodes)} | {_cell(greedy)} | "
                 f"{f'{best[1]:g} ({best[0]})' if best else '–'} | {statistics.fmean(seconds):.0f} s | "
                 f"{statistics.fmean(r['frames_per_s'] for r in runs):,.0f} |"
             )
+    if partial:
+        lines += [
+            "",
+            f"{PARTIAL_MARK} fewer than 100 training episodes had ended: the mean of all of the run's episodes so far",
+        ]
     if targets:
         lines += ["", "| system | game | target return | frames to reach it, per seed |", "| --- | --- | ---: | --- |"]
         for (system, game), runs in sorted(groups.items()):

@@ -163,6 +163,17 @@ def test_trivial_table_means_over_seed_sets_and_the_plot_is_written(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_training_window_of_fewer_than_100_episodes_is_marked():
+    runs = [_run("muzero", s, [(100, 1.0, 14.3, 0.5), (200, 2.0, 14.3, 9.5)], game="freeway") for s in (0, 1)]
+    for run, ended in zip(runs, ([16, 72], [60, 140])):
+        for row, n in zip(run["history"], ended):
+            row["train_episodes"] = n
+    table = bench.summary(runs, every=100, targets=[])
+    assert "| 0.50 (0.50†, 0.50†) |" in table and "| 9.50 (9.50†, 9.50) |" in table
+    assert "† fewer than 100 training episodes had ended" in table
+    assert "†" not in bench.summary([_run("impala", 0, [(100, 1.0, 1.0, 0.5)])], every=100, targets=[])
+
+
 def test_the_legend_leaves_out_speed_only_overrides():
     name = "muzero (compile {mode: step}; search.compile true; search.temperature.boundaries [12500, 20000])"
     assert report["legend_name"](name) == "muzero (search.temperature.boundaries [12500, 20000])"
