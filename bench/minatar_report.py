@@ -211,10 +211,13 @@ def plot_game(records: list[dict[str, Any]], game: str, path: str) -> None:
     ax.set_title(f"MinAtar {game}; paper: {PAPER_SOURCE}", fontsize=7)
     ax.set_xlabel("frames")
     ax.set_ylabel("return")
-    ax.legend(fontsize=6, loc="best")
+    if max(len(name) for name in runs_of) > 60:  # long override lists: the legend under the axes
+        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(0.0, -0.2))
+    else:
+        ax.legend(fontsize=6, loc="best")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
