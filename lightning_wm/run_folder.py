@@ -404,11 +404,15 @@ def clear_run(checkpoint_dir: str | os.PathLike) -> list[Path]:
 
 
 def derive_run_name(config: Any) -> str:
-    """``configs/dreamer/cartpole.yaml`` -> ``dreamer-cartpole``; else the model class name."""
+    """``configs/dreamer/cartpole.yaml`` -> ``dreamer-cartpole`` (the path after its last
+    ``configs`` folder, from wherever it is given: the configs that read another run's checkpoint
+    name it so); a config outside a ``configs`` folder: its last parts; else the model class name."""
     paths = [str(p) for p in (config.get("config") or []) if p is not None]
     if paths:
-        path = Path(os.path.relpath(os.path.abspath(str(paths[0]))))
-        parts = [p for p in path.with_suffix("").parts if p not in ("configs", "..", ".")]
+        parts = list(Path(os.path.relpath(os.path.abspath(str(paths[0])))).with_suffix("").parts)
+        if "configs" in parts:
+            parts = parts[len(parts) - parts[::-1].index("configs") :]
+        parts = [p for p in parts if p not in ("..", ".")]
         return "-".join(parts[-3:]) or "default"
     class_path = str(config.model.get("class_path", "model")) if config.get("model") else "model"
     return class_path.rsplit(".", 1)[-1].lower()

@@ -20,6 +20,7 @@ from lightning_wm.run_folder import (
     RunFolderLock,
     RunFolderWarning,
     check_new_run,
+    derive_run_name,
     is_rank_zero,
     stale_reason,
 )
@@ -259,3 +260,20 @@ def test_a_full_disk_is_one_line_naming_the_file_and_the_free_bytes(tmp_path):
     assert "\n" not in message and "enforce fail" not in message
     assert target.read_bytes() == b"the previous checkpoint"
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"], "the temp file was removed"
+
+
+def test_the_run_name_is_the_config_path_after_configs_from_any_working_folder(tmp_path, monkeypatch):
+    from jsonargparse import Namespace
+
+    def name(path):
+        return derive_run_name(Namespace(config=[path], model=None))
+
+    config = ROOT / "configs/dreamer/cartpole.yaml"
+    monkeypatch.chdir(ROOT)
+    assert name("configs/dreamer/cartpole.yaml") == name(str(config)) == "dreamer-cartpole"
+    assert name("configs/worldmodels/cartpole_dreamer/controller.yaml") == "worldmodels-cartpole_dreamer-controller"
+    monkeypatch.chdir(tmp_path)  # run from elsewhere, the config given by its absolute path
+    assert name(str(config)) == "dreamer-cartpole"
+    (tmp_path / "my.yaml").write_text("{}")
+    assert name("my.yaml") == "my"  # outside any configs folder: the file's name
+    assert derive_run_name(Namespace(config=None, model=Namespace(class_path="a.b.Dreamer"))) == "dreamer"
