@@ -163,7 +163,6 @@ def test_cli_controller_in_dreamers_dream_end_to_end(capsys):
     cfg = CONFIGS / "cartpole_dreamer"
     dreamer = {
         "trainer.max_steps": 2,
-        "trainer.run_name": "dreamer-cartpole",  # what the config's path gives from the repository root
         "trainer.val_check_interval": 2,
         "data.init_args.batch_size": 2,
         "data.init_args.sampler.init_args.length": 8,
@@ -177,7 +176,7 @@ def test_cli_controller_in_dreamers_dream_end_to_end(capsys):
         "--config",
         str(root / "configs/dreamer/presets/debug.yaml"),
     ]
-    main(["fit", *presets, *QUIET, *flags(dreamer)])
+    main(["fit", *presets, *QUIET, *flags(dreamer)])  # from a scratch folder: named as from the repository
     assert Path("lightning_logs/dreamer-cartpole/checkpoints/last.ckpt").is_file()
     main(["record", "--config", str(cfg / "record.yaml"), "--episodes", "3"])
     assert len(EpisodeStore("data/worldmodels/cartpole_dreamer/episodes")) == 3
