@@ -9,18 +9,15 @@ from pathlib import Path
 import pytest
 import yaml
 
+from lightning_wm.settings import flatten
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def flat_config(tree: dict, prefix: str = "") -> dict[str, object]:
-    """A config's YAML tree as ``{'a.b.c': value}``."""
-    out: dict[str, object] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out |= flat_config(value, f"{prefix}{key}.")
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
+def differing_keys(a: str, b: str) -> tuple[set[str], dict[str, object]]:
+    """The dotted keys where ``configs/<a>`` and ``configs/<b>`` differ, and ``a`` flattened."""
+    flat_a, flat_b = (flatten(yaml.safe_load((ROOT / "configs" / name).read_text())) for name in (a, b))
+    return {key for key in flat_a.keys() | flat_b.keys() if flat_a.get(key) != flat_b.get(key)}, flat_a
 
 
 @pytest.mark.parametrize(
@@ -44,8 +41,7 @@ def test_minatar_gpu_configs_learn_as_their_cpu_configs(gpu, cpu, allowed):
     """The MinAtar goals compare with the CPU configs' 3-seed returns: the GPU configs may differ only
     in where and how fast they run (device, compile, captured search), how often they validate and
     (MuZero) the run's length with the schedule sized to it."""
-    a, b = (flat_config(yaml.safe_load((ROOT / "configs" / name).read_text())) for name in (gpu, cpu))
-    differ = {key for key in a.keys() | b.keys() if a.get(key) != b.get(key)}
+    differ, a = differing_keys(gpu, cpu)
     when = {"trainer.accelerator", "trainer.devices", "trainer.val_check_interval", "trainer.checkpoint_every_n_steps"}
     assert differ <= allowed | when, sorted(differ - allowed - when)
     assert a["trainer.accelerator"] == "gpu" and differ & allowed == allowed
@@ -53,10 +49,6 @@ def test_minatar_gpu_configs_learn_as_their_cpu_configs(gpu, cpu, allowed):
 
 def test_the_dreamer_actors_config_is_the_in_process_config_with_actors():
     """The actor-process run is compared with cartpole.yaml's measured figures: only ``acting``."""
-    a, b = (
-        flat_config(yaml.safe_load((ROOT / "configs/dreamer" / name).read_text()))
-        for name in ("cartpole_actors.yaml", "cartpole.yaml")
-    )
-    differ = {key for key in a.keys() | b.keys() if a.get(key) != b.get(key)}
+    differ, a = differing_keys("dreamer/cartpole_actors.yaml", "dreamer/cartpole.yaml")
     assert differ and all(key.startswith("data.init_args.acting.") for key in differ), sorted(differ)
     assert a["data.init_args.acting.num_actors"] == 1
