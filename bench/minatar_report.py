@@ -79,12 +79,18 @@ def variant(record: dict[str, Any]) -> str:
 PARTIAL_MARK = "†"  # a training-return window that holds fewer than 100 episodes
 
 
+def partial_window(episodes: float | None) -> bool:
+    """Whether fewer than the paper's 100 training episodes had ended (``episodes``; None: unknown)."""
+    return episodes is not None and episodes < 100
+
+
 def _cell(values: list[float | None], episodes: list[float | None] | None = None) -> str:
     """``mean (per seed)``, or ``–`` where a seed lacks the value; a seed's value marked
-    :data:`PARTIAL_MARK` where its ``episodes`` (training episodes ended so far) are fewer than 100."""
+    :data:`PARTIAL_MARK` where its ``episodes`` (training episodes ended so far) are a
+    :func:`partial_window`."""
     if any(v is None for v in values):
         return "–"
-    marks = [PARTIAL_MARK if n is not None and n < 100 else "" for n in (episodes or [None] * len(values))]
+    marks = [PARTIAL_MARK if partial_window(n) else "" for n in (episodes or [None] * len(values))]
     return f"{statistics.fmean(values):.2f} ({', '.join(f'{v:.2f}{m}' for v, m in zip(values, marks))})"
 
 
@@ -125,7 +131,7 @@ def summary(records: list[dict[str, Any]], every: int, targets: list[float]) -> 
                 continue
             trained = [value_at(r["history"], point, spacing, "train_return") for r in runs]
             episodes = [value_at(r["history"], point, spacing, "train_episodes") for r in runs]
-            partial |= any(n is not None and n < 100 for n in episodes)
+            partial |= any(partial_window(n) for n in episodes)
             seconds = [value_at(r["history"], point, spacing, "seconds") for r in runs]
             best = paper_best(game, point)
             lines.append(
@@ -192,13 +198,14 @@ def plot_game(records: list[dict[str, Any]], game: str, path: str) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     runs_of = {v: runs for (v, g), runs in _groups(records).items() if g == game}
+    labels = {name: legend_name(name) for name in runs_of}
     for i, (name, runs) in enumerate(sorted(runs_of.items())):
         color = colors[i % len(colors)]
         for r in runs:
             rows = [h for h in r["history"] if h.get("train_return") is not None]
             ax.plot([h["frames"] for h in rows], [h["train_return"] for h in rows], color=color, lw=0.7, alpha=0.4)
         mean = _mean_curve(runs, "train_return")
-        name = legend_name(name)
+        name = labels[name]
         if mean:
             ax.plot(*zip(*mean), color=color, lw=2.2, label=f"{name}: last 100 training episodes ({len(runs)} seeds)")
         greedy = _mean_curve(runs, "eval_return")
@@ -211,7 +218,7 @@ def plot_game(records: list[dict[str, Any]], game: str, path: str) -> None:
     ax.set_title(f"MinAtar {game}; paper: {PAPER_SOURCE}", fontsize=7)
     ax.set_xlabel("frames")
     ax.set_ylabel("return")
-    if max(len(name) for name in runs_of) > 60:  # long override lists: the legend under the axes
+    if max(len(label) for label in labels.values()) > 60:  # long override lists: the legend under the axes
         ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(0.0, -0.2))
     else:
         ax.legend(fontsize=6, loc="best")
