@@ -17,6 +17,7 @@ import dataclasses
 import os
 import signal
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -290,10 +291,7 @@ class Trainer(pl.Trainer):
         datamodule: pl.LightningDataModule | None = None,
     ) -> Any:
         """Lightning's ``validate``; ``ckpt_path``: ``last``, ``best`` or a checkpoint file."""
-        path = self._checkpoint_for(model, ckpt_path, "validation")
-        self._check_log_folder()
-        with nothing_to_save("validate"):
-            return super().validate(model, dataloaders, path, verbose, datamodule, weights_only=True)
+        return self._checked_loop(super().validate, "validate", model, dataloaders, ckpt_path, verbose, datamodule)
 
     def test(
         self,
@@ -304,10 +302,24 @@ class Trainer(pl.Trainer):
         datamodule: pl.LightningDataModule | None = None,
     ) -> Any:
         """Lightning's ``test``; ``ckpt_path``: ``last``, ``best`` or a checkpoint file."""
-        path = self._checkpoint_for(model, ckpt_path, "test")
+        return self._checked_loop(super().test, "test", model, dataloaders, ckpt_path, verbose, datamodule)
+
+    def _checked_loop(
+        self,
+        loop: Callable[..., Any],
+        command: str,
+        model: pl.LightningModule | None,
+        dataloaders: Any,
+        ckpt_path: str | None,
+        verbose: bool,
+        datamodule: pl.LightningDataModule | None,
+    ) -> Any:
+        """Lightning's ``validate`` or ``test`` (``loop``, the ``command``) on the checkpoint
+        ``ckpt_path`` names, after the log folder's check; a stop meanwhile says that nothing was lost."""
+        path = self._checkpoint_for(model, ckpt_path, "validation" if command == "validate" else command)
         self._check_log_folder()
-        with nothing_to_save("test"):
-            return super().test(model, dataloaders, path, verbose, datamodule, weights_only=True)
+        with nothing_to_save(command):
+            return loop(model, dataloaders, path, verbose, datamodule, weights_only=True)
 
     def _check_log_folder(self) -> None:
         """The logger writes into the run folder: a read-only one is one line before any work."""

@@ -88,3 +88,21 @@ def test_the_resource_tracker_survives_a_sigusr1_to_the_whole_group():
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split("\n")[:2] == ["ignores SIGUSR1 True", "tracker True"], out.stdout
     assert "died unexpectedly" not in out.stderr and "leak" not in out.stderr
+
+
+@pytest.mark.parametrize("command", ["validate", "test"])
+def test_a_stop_during_validate_or_test_says_that_it_writes_nothing(command, tmp_path, monkeypatch):
+    """``validate`` and ``test`` are Lightning's loops behind one checked runner: a stop inside
+    either is the one line that names the command."""
+    import pytorch_lightning as pl
+
+    from lightning_wm.cli import Trainer
+
+    def stopped(*args, **kwargs):
+        raise signals.RunStopped(signal.SIGTERM)
+
+    monkeypatch.setattr(pl.Trainer, command, stopped)
+    trainer = Trainer(logger=False, default_root_dir=str(tmp_path), enable_progress_bar=False)
+    with pytest.raises(signals.RunStopped) as stop:
+        getattr(trainer, command)(None, ckpt_path=None)
+    assert str(stop.value) == f"stopped by SIGTERM during {command}; it writes nothing, so nothing was lost"
