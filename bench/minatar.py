@@ -344,6 +344,7 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
 
     from lightning_wm.data.collector import run_evaluation
     from lightning_wm.envs import make_env
+    from lightning_wm.signals import RunStopped, signal_name
 
     wall_start = time.perf_counter()
     folder = RunFolder(args.run_dir, args.system, args.game, args.seed) if args.run_dir else None
@@ -382,7 +383,14 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
         folder.checkpoint if folder else None, wall_start,
     )  # fmt: skip
     trainer.callbacks.append(evaluate)
-    trainer.fit(module, datamodule, ckpt_path=folder.resume_from() if folder else None)
+    try:
+        trainer.fit(module, datamodule, ckpt_path=folder.resume_from() if folder else None)
+    except RunStopped as stop:
+        if evaluate.saved_on_stop:
+            print(f"[stopped] {args.system} {args.game} seed {args.seed} by {signal_name(stop.signum)} at "
+                  f"{evaluate.frames} frames: {folder.checkpoint} holds the run, the same command resumes it",
+                  file=sys.stderr, flush=True)  # fmt: skip
+        raise
     extra = {"trivial": trivial, "eval_env": env_settings, "wall_seconds": evaluate.wall()}
     record = _record(args, evaluate.history, evaluate.eval_time, extra, sets)
     if folder is not None:

@@ -5,10 +5,11 @@
   ``history``. Its state (the rows, the clocks, the training returns, what the run was started
   with) is part of every checkpoint the trainer writes, so a resumed run continues its record.
 
-With ``--run-dir`` the bench's ``RunFolder`` gets a checkpoint after every evaluation (weights,
-optimizer, replay, loops and this callback's state, through the CLI's atomic checkpoint writer):
-a cut run (a session's end, a signal, the kill past ``--wall-minutes``) loses at most the frames
-since its last evaluation, and the same command resumes it. ``--minutes`` and ``--wall-minutes``
+With ``--run-dir`` the bench's ``RunFolder`` gets a checkpoint after every evaluation and when a
+stop request (SIGTERM, SIGUSR1, Ctrl-C) ends the run between two steps (weights, optimizer,
+replay, loops and this callback's state, through the CLI's atomic checkpoint writer): a run
+stopped so loses nothing, one killed outright (SIGKILL, the kill past ``--wall-minutes``) at most
+the frames since its last evaluation, and the same command resumes it. ``--minutes`` and ``--wall-minutes``
 count over all the sessions of a run.
 
 Imported by the bench's workers of our systems only (it imports Lightning; the RLlib worker's venv
@@ -25,6 +26,9 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.utilities.exceptions import SIGTERMException
+
+from lightning_wm.signals import RunAborted, RunStopped
 
 __all__ = ["BenchEvaluation"]
 
@@ -40,7 +44,7 @@ class BenchEvaluation(pl.Callback):
         report: prints a row.
         identity: what the run was started with (system, game, seed, overrides, budget): a
             checkpoint of another run is refused by name.
-        checkpoint: where to save after each evaluation (None: no checkpoints).
+        checkpoint: where to save after each evaluation and on a stop request (None: no checkpoints).
         wall_start: when this session of the run started (``time.perf_counter()``; default now):
             wall time counts from there, training time from the construction.
     """
@@ -59,6 +63,8 @@ class BenchEvaluation(pl.Callback):
         self.schedule, self.play, self.training, self.make_row, self.report = schedule, play, training, make_row, report
         self.identity, self.checkpoint = identity, checkpoint
         self.history: list[dict[str, Any]] = []
+        self.frames = 0  # the frames of the last training step seen (over every session of the run)
+        self.saved_on_stop = False
         self.eval_time = 0.0  # over every session of the run
         self.seconds_before = self.wall_before = 0.0  # training / wall seconds of earlier sessions
         self.start = time.perf_counter()
@@ -73,7 +79,7 @@ class BenchEvaluation(pl.Callback):
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         trainer.datamodule.pop_env_stats()  # the episodes finished so far reach `training`
-        frames = int(pl_module.env_steps)
+        frames = self.frames = int(pl_module.env_steps)
         if not self.schedule.due(frames, self.seconds(), self.wall()):
             return
         start = time.perf_counter()
@@ -89,16 +95,33 @@ class BenchEvaluation(pl.Callback):
         row = self.make_row(trainer, frames, self.seconds(), self.wall(), returns)
         self.history.append(row)
         self.report(row)
-        if self.checkpoint is not None:
-            self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
-            trainer.save_checkpoint(self.checkpoint)
+        self._save(trainer)
         if self.schedule.over(frames, self.seconds(), self.wall()):
             trainer.should_stop = True
 
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        """A stop request ends a fit between two steps (:class:`~lightning_wm.signals.RunStopped`,
+        or Lightning's own SIGTERM check): the run's checkpoint at the step reached, so that a
+        session's end costs no frames. A second Ctrl-C and errors save nothing (the state may be
+        what went wrong; the checkpoint of the last evaluation stays)."""
+        if isinstance(exception, RunAborted) or not isinstance(exception, (RunStopped, SIGTERMException)):
+            return
+        trainer.datamodule.pop_env_stats()  # the episodes that ended since the last step count too
+        self.saved_on_stop = self._save(trainer)
+
     # -- checkpoints ---------------------------------------------------------------------
+    def _save(self, trainer: Any) -> bool:
+        """Write the run's checkpoint (if it has one); whether one was written."""
+        if self.checkpoint is None:
+            return False
+        self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
+        trainer.save_checkpoint(self.checkpoint)
+        return True
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "identity": self.identity,
+            "frames": self.frames,
             "history": self.history,
             "eval_time": self.eval_time,
             "seconds": self.seconds(),
@@ -113,6 +136,8 @@ class BenchEvaluation(pl.Callback):
                 f"{self.identity}; give another --run-dir or remove {self.checkpoint.parent if self.checkpoint else 'it'}"
             )
         self.history = list(state_dict["history"])
+        last_evaluated = self.history[-1]["frames"] if self.history else 0
+        self.frames = int(state_dict.get("frames", last_evaluated))  # checkpoints before 2026-11-30: none
         self.eval_time = float(state_dict["eval_time"])
         self.seconds_before, self.wall_before = float(state_dict["seconds"]), float(state_dict["wall"])
         self.start, self._eval_here = time.perf_counter(), 0.0
@@ -122,8 +147,8 @@ class BenchEvaluation(pl.Callback):
             self.schedule.resume_after(self.history[-1]["frames"])
         print(
             f"[resume] {self.identity['system']} {self.identity['game']} seed {self.identity['seed']}: "
-            f"{self.history[-1]['frames'] if self.history else 0} frames, {self.seconds_before:.0f} s of training "
-            f"and {len(self.history)} evaluations so far",
+            f"{self.frames} frames, {self.seconds_before:.0f} s of training and {len(self.history)} evaluations "
+            f"so far (the last at {last_evaluated} frames)",
             file=sys.stderr,
             flush=True,
         )

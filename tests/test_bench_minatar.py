@@ -4,6 +4,8 @@ trivial policies, the evaluation env's time limit, the summary and the plot it m
 import argparse
 import json
 import math
+import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -263,6 +265,51 @@ def test_the_evaluation_state_rides_in_a_checkpoint_and_resumes_the_record():
     assert not schedule.due(260, 1.0) and schedule.due(301, 1.0), "the next point is past the last row's frames"
 
 
+def test_a_stop_request_saves_the_runs_checkpoint_and_an_error_does_not():
+    from pytorch_lightning.utilities.exceptions import SIGTERMException
+
+    from lightning_wm.signals import RunAborted, RunStopped
+
+    class Trainer:
+        def __init__(self):
+            self.saved, self.popped = [], 0
+            self.datamodule = self
+
+        def save_checkpoint(self, path):
+            self.saved.append(path)
+
+        def pop_env_stats(self):
+            self.popped += 1
+
+    identity = {"system": "muzero", "game": "breakout", "seed": 0, "sets": []}
+    for stop in (RunStopped(15), SIGTERMException()):
+        evaluation, trainer = _evaluation(identity), Trainer()
+        evaluation.checkpoint = Path("run/bench.ckpt")
+        evaluation.on_exception(trainer, None, stop)
+        assert trainer.saved == [evaluation.checkpoint] and trainer.popped == 1 and evaluation.saved_on_stop
+    for failure in (RunAborted(2), ValueError("nan")):
+        evaluation, trainer = _evaluation(identity), Trainer()
+        evaluation.checkpoint = Path("run/bench.ckpt")
+        evaluation.on_exception(trainer, None, failure)
+        assert trainer.saved == [] and not evaluation.saved_on_stop, "the last evaluation's checkpoint stays"
+    unsaved, trainer = _evaluation(identity), Trainer()
+    unsaved.on_exception(trainer, None, RunStopped(15))
+    assert trainer.saved == [] and not unsaved.saved_on_stop, "no --run-dir: nothing to save"
+
+
+def test_the_frames_of_the_saved_step_ride_in_the_state_and_older_states_fall_back_to_the_last_row():
+    identity = {"system": "muzero", "game": "breakout", "seed": 0, "sets": []}
+    first = _evaluation(identity)
+    first.history, first.frames = [{"frames": 120}], 164
+    state = first.state_dict()
+    resumed = _evaluation(identity)
+    resumed.load_state_dict(state)
+    assert resumed.frames == 164
+    older = _evaluation(identity)
+    older.load_state_dict({k: v for k, v in state.items() if k != "frames"})
+    assert older.frames == 120
+
+
 def test_a_checkpoint_of_another_run_is_refused_by_name():
     state = _evaluation({"system": "muzero", "game": "breakout", "seed": 0, "sets": []}).state_dict()
     other = _evaluation({"system": "muzero", "game": "breakout", "seed": 1, "sets": []})
@@ -284,7 +331,9 @@ def test_a_cut_run_resumes_from_its_run_folder_and_a_finished_one_is_not_run_aga
                "--wall-minutes", "4", "--set", "model.init_args.search.num_simulations", "4",
                "--set", "data.init_args.batch_size", "16", "--run-dir", str(run_dir), "--out", str(out)]  # fmt: skip
     checkpoint = run_dir / "muzero-breakout-seed0" / "bench.ckpt"
-    first = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = tmp_path / "first.err"
+    with open(log, "w") as err:
+        first = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=err)
     try:
         deadline = time.monotonic() + 240
         while not checkpoint.exists() and first.poll() is None and time.monotonic() < deadline:
@@ -296,9 +345,13 @@ def test_a_cut_run_resumes_from_its_run_folder_and_a_finished_one_is_not_run_aga
         if first.poll() is None:
             first.kill()
     assert not out.exists() or not out.read_text().strip(), "a cut run records nothing"
+    stopped = re.search(r"\[stopped\] muzero breakout seed 0 by SIGTERM at (\d+) frames: .*bench.ckpt holds the run",
+                        log.read_text())  # fmt: skip
+    assert stopped and int(stopped.group(1)) >= 1008, "the stop saved the run at the step it reached"
 
     resumed = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=True)
-    assert "[resume] muzero breakout seed 0: 1008 frames" in resumed.stderr
+    assert f"[resume] muzero breakout seed 0: {stopped.group(1)} frames" in resumed.stderr
+    assert "(the last at 1008 frames)" in resumed.stderr
     (record,) = [json.loads(line) for line in out.read_text().splitlines()]
     frames = [row["frames"] for row in record["history"]]
     assert frames[0] == 1008 and frames[-1] >= 2000 and len(frames) == 2, "the cut run's row, then the resumed run's"
