@@ -48,9 +48,9 @@ from such files (several runs together), one row per variant: the record's ``set
 overrides that change the config file (one that repeats its value goes to ``sets_same_as_config``).
 
 Runs longer than a session: ``--run-dir DIR`` (ours, not RLlib) keeps a checkpoint of each run in
-``DIR/<system>-<game>-seed<seed>/`` after every evaluation (weights, optimizer, replay buffer, loop
-state and the bench's own rows and clocks); the same command run again resumes a cut run from its
-last evaluation, ``--minutes`` and ``--wall-minutes`` counting over all its sessions, and skips a
+``DIR/<system>-<game>-seed<seed>/`` after every evaluation and when a stop request (SIGTERM, SIGUSR1,
+Ctrl-C) ends it (weights, optimizer, replay buffer, loop state and the bench's own rows and clocks);
+the same command run again resumes a cut run from that checkpoint, ``--minutes`` and ``--wall-minutes`` counting over all its sessions, and skips a
 finished one (``record.json`` there; its record was appended to ``--out`` when it finished).
 """
 
