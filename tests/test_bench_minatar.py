@@ -15,6 +15,7 @@ from support.bench_scripts import load_bench_script
 
 bench = load_bench_script("minatar.py")
 report = bench.summary.__globals__  # bench/minatar_report.py's names, as the bench imported them
+trivial = bench.trivial_scores.__globals__  # bench/minatar_trivial.py's
 
 
 def _run(system, seed, points, game="breakout"):
@@ -56,13 +57,13 @@ def test_training_returns_keep_the_last_window_of_episodes_whoever_pops_them():
 
 def test_trivial_policies_act_constant_or_seeded_uniform():
     env = SimpleNamespace(unwrapped=SimpleNamespace(action_set=[0, 2, 4]), action_space=None)  # Freeway's
-    policies = bench.trivial_policies(env, seed=3)
+    policies = trivial["trivial_policies"](env, seed=3)
     assert list(policies) == ["random", "always no-op", "always up", "always down"]
     obs = torch.zeros(5, 10, 10, 7)
     action, state, extras = policies["always up"].act(obs, policies["always up"].initial_state(5), False)
     assert action.tolist() == [1] * 5 and state.shape == (5,) and extras == {}  # index into the action set
     random_a = policies["random"].act(obs, None, False)[0]
-    random_b = bench.trivial_policies(env, seed=3)["random"].act(obs, None, False)[0]
+    random_b = trivial["trivial_policies"](env, seed=3)["random"].act(obs, None, False)[0]
     assert torch.equal(random_a, random_b) and random_a.dtype == torch.int64
     assert set(policies["random"](obs.numpy()).tolist()) <= {0, 1, 2}
 
@@ -73,15 +74,15 @@ def test_trivial_scores_are_the_mean_return_of_each_policy_and_cached_by_key():
     def play(policy):  # returns: the constant action index taken on two observations
         return [float(policy.act(torch.zeros(2), None, False)[0][0])] * 2 if policy.action is not None else [0.5]
 
-    scores = bench.trivial_scores(play, lambda: env, seed=0)
+    scores = trivial["trivial_scores"](play, lambda: env, seed=0)
     assert scores == {"random": 0.5, "always no-op": 0.0, "always left": 1.0, "always right": 2.0}
-    key = bench.trivial_key("ours", {"id": "MinAtar/Breakout-v1"}, 20, 10_000)
+    key = trivial["trivial_key"]("ours", {"id": "MinAtar/Breakout-v1"}, 20, 10_000)
     args = argparse.Namespace(trivial_cache=json.dumps({key: {"random": 9.0}}), game="breakout", seed=0)
-    assert bench.cached_trivial(args, key, lambda: pytest.fail("cached: not computed")) == {
+    assert trivial["cached_trivial"](args, key, lambda: pytest.fail("cached: not computed")) == {
         "key": key,
         "scores": {"random": 9.0},
     }
-    assert bench.cached_trivial(args, key + " ", lambda: {"random": 1.0})["scores"] == {"random": 1.0}
+    assert trivial["cached_trivial"](args, key + " ", lambda: {"random": 1.0})["scores"] == {"random": 1.0}
 
 
 def test_evaluation_env_is_the_runs_env_with_a_time_limit():
@@ -104,7 +105,7 @@ def test_seaquest_evaluation_ends_at_the_time_limit():
     config = bench.evaluation_env(
         SimpleNamespace(env=EnvConfig(id="MinAtar/Seaquest-v1", max_episode_steps=60), eval=None)
     )
-    policy = bench.TrivialPolicy(6, action=0)  # no-op: stays at the surface
+    policy = trivial["TrivialPolicy"](6, action=0)  # no-op: stays at the surface
     episodes = run_evaluation(config, policy, 2, 2, 10_000)
     assert [e["length"] for e in episodes] == [60.0, 60.0] and [e["return"] for e in episodes] == [0.0, 0.0]
 
