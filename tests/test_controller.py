@@ -19,6 +19,7 @@ from lightning_wm.data.generations import GenerationDataModule
 from lightning_wm.envs import EnvConfig, EnvSpec, env_spec
 
 from support.presets import DREAMER_TINY
+from support.unit_fit import quiet_trainer
 from support.worldmodels import save_module
 
 torch.set_num_threads(1)
@@ -104,12 +105,8 @@ def test_batched_policy_matches_a_per_member_loop(hidden):
 
 
 def _fit(model, datamodule, steps, ckpt_path=None):
-    trainer = pl.Trainer(
+    trainer = quiet_trainer(
         max_steps=steps,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         num_sanity_val_steps=0,
         limit_val_batches=0,
     )
@@ -518,16 +515,13 @@ def test_fitness_by_generation_is_logged_and_kept_in_the_checkpoint(tmp_path):
 
     model, dm = _cartpole_controller(es={"popsize": 4, "episodes_per_member": 1})
     logger = TensorBoardLogger(str(tmp_path), name="c")
-    trainer = pl.Trainer(
+    trainer = quiet_trainer(
         accelerator="cpu",
         max_steps=2,
         val_check_interval=1,
         limit_val_batches=1,
         num_sanity_val_steps=0,
         logger=logger,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
     )
     trainer.fit(model, datamodule=dm)
     assert len(model.fitness_history) == 2

@@ -25,6 +25,7 @@ from lightning_wm.policies import RandomAgent
 from lightning_wm.world_model import rollout
 
 from support.presets import DREAMER_TINY, MEMORY_TINY, VISION_TINY
+from support.unit_fit import quiet_trainer
 from support.worldmodels import DISCRETE, constant_latent_store, save_module, tiny_vision_memory
 
 torch.set_num_threads(1)
@@ -286,12 +287,8 @@ def test_controller_trains_inside_the_dream(tmp_path):
             pl.LightningDataModule.__init__(self)
             self.env, self.spec = None, DISCRETE
 
-    trainer = pl.Trainer(
+    trainer = quiet_trainer(
         max_steps=2,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         num_sanity_val_steps=0,
         limit_val_batches=0,
     )

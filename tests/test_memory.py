@@ -14,6 +14,7 @@ from lightning_wm.envs import EnvSpec
 from lightning_wm.optim import OptimSettings
 
 from support.presets import MEMORY_TINY, VISION_TINY
+from support.unit_fit import quiet_trainer
 
 torch.set_num_threads(1)
 
@@ -321,12 +322,9 @@ def test_fit_on_a_converted_store_logs_losses_and_a_dream_image(tmp_path):
         vision_ckpt=vision_ckpt,
     )
     logger = TensorBoardLogger(str(tmp_path / "logs"), name="m")
-    trainer = pl.Trainer(
+    trainer = quiet_trainer(
         max_epochs=1,
         logger=logger,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         num_sanity_val_steps=0,
         log_every_n_steps=1,
     )
@@ -401,12 +399,8 @@ def test_patience_stops_training_when_the_validation_loss_stops_falling(tmp_path
     model = Memory(
         SPEC, net={"latent_dim": 4, "hidden": 8, "num_mixtures": 2}, optim=frozen, sample_z=False, patience=2
     )
-    trainer = pl.Trainer(
+    trainer = quiet_trainer(
         max_epochs=20,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         num_sanity_val_steps=0,
     )
     trainer.fit(model, datamodule=dm)

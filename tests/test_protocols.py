@@ -24,6 +24,7 @@ from lightning_wm.protocols import (
 )
 
 from support.tiny_agent import TinyAgent
+from support.unit_fit import quiet_trainer
 
 SPEC = env_spec(EnvConfig("CartPole-v1"))
 
@@ -65,12 +66,8 @@ class _Stats(pl.LightningDataModule):
 
 
 def _fit(model, datamodule, steps, callbacks):
-    trainer = pl.Trainer(
+    trainer = quiet_trainer(
         max_steps=steps,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         log_every_n_steps=2,
         callbacks=callbacks,
         limit_val_batches=0,

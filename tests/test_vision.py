@@ -6,7 +6,6 @@ import math
 import gymnasium as gym
 import numpy as np
 import pytest
-import pytorch_lightning as pl
 import torch
 from pytorch_lightning.loggers import TensorBoardLogger
 
@@ -18,6 +17,7 @@ from lightning_wm.logging import image_grid
 from lightning_wm.optim import OptimSettings
 
 from support.presets import VISION_TINY
+from support.unit_fit import quiet_trainer
 
 torch.set_num_threads(1)
 
@@ -144,12 +144,9 @@ def test_tiny_fit_lowers_reconstruction_and_logs_image_grid(tmp_path):
     )
     model = Vision(PIXELS, latent_dim=8, depth=8, optim=OptimSettings(lr=2e-3))
     logger = TensorBoardLogger(str(tmp_path / "logs"), name="v")
-    trainer = pl.Trainer(
+    trainer = quiet_trainer(
         max_epochs=1,
         logger=logger,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         num_sanity_val_steps=0,
         log_every_n_steps=1,
     )

@@ -6,15 +6,26 @@ import pytorch_lightning as pl
 from lightning_wm.callbacks import default_callbacks
 
 
+def quiet_trainer(**settings: object) -> pl.Trainer:
+    """A Lightning Trainer that writes and prints nothing of its own: no logger, checkpoints,
+    progress bar or model summary; ``settings`` add to (or replace) those."""
+    return pl.Trainer(
+        **{
+            "logger": False,
+            "enable_checkpointing": False,
+            "enable_progress_bar": False,
+            "enable_model_summary": False,
+            **settings,
+        }
+    )
+
+
 def fit_quietly(
     model: pl.LightningModule, datamodule: pl.LightningDataModule, steps: int, *callbacks: pl.Callback
 ) -> pl.Trainer:
     """Train ``model`` on ``datamodule`` for ``steps`` optimizer steps; returns the trainer."""
-    trainer = pl.Trainer(
+    trainer = quiet_trainer(
         max_steps=steps,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
         limit_val_batches=0,
         num_sanity_val_steps=0,
         callbacks=[*default_callbacks(), *callbacks],
