@@ -50,7 +50,9 @@ overrides that change the config file (one that repeats its value goes to ``sets
 Runs longer than a session: ``--run-dir DIR`` (ours, not RLlib) keeps a checkpoint of each run in
 ``DIR/<system>-<game>-seed<seed>/`` after every evaluation and when a stop request (SIGTERM, SIGUSR1,
 Ctrl-C) ends it (weights, optimizer, replay buffer, loop state and the bench's own rows and clocks);
-the same command run again resumes a cut run from that checkpoint, ``--minutes`` and ``--wall-minutes`` counting over all its sessions, and skips a
+a stopped run's record so far (``"finished": false``, its last evaluation's frames; the summary
+marks it ‡) is appended to ``--out`` as the bench stops; the same command run again resumes a cut
+run from that checkpoint, ``--minutes`` and ``--wall-minutes`` counting over all its sessions, and skips a
 finished one (``record.json`` there; its record was appended to ``--out`` when it finished).
 """
 
@@ -238,12 +240,15 @@ def _record(
 
 class RunFolder:
     """``<run-dir>/<system>-<game>-seed<seed>/``: ``bench.ckpt`` (the checkpoint written after every
-    evaluation) and ``record.json`` (the finished run's record; such a run is not run again)."""
+    evaluation and on a stop), ``record.json`` (the finished run's record; such a run is not run
+    again) and ``partial.json`` (a stopped run's record so far, ``"finished": false``, until the
+    bench that started the run appends it to its ``--out``)."""
 
     def __init__(self, run_dir: str | os.PathLike, system: str, game: str, seed: int) -> None:
         self.path = Path(run_dir) / f"{system}-{game}-seed{seed}"
         self.checkpoint = self.path / "bench.ckpt"
         self.record = self.path / "record.json"
+        self.partial = self.path / "partial.json"
 
     def finished(self) -> dict[str, Any] | None:
         """The record of a run that finished here earlier, else None."""
@@ -254,10 +259,25 @@ class RunFolder:
         return str(self.checkpoint) if self.checkpoint.exists() else None
 
     def keep_record(self, record: dict[str, Any]) -> None:
+        self._write(self.record, record)
+        self.partial.unlink(missing_ok=True)
+
+    def keep_partial(self, record: dict[str, Any]) -> None:
+        self._write(self.partial, record)
+
+    def take_partial(self) -> dict[str, Any] | None:
+        """A stopped run's record so far (removed here: it is appended once), else None."""
+        if not self.partial.exists():
+            return None
+        record = json.loads(self.partial.read_text())
+        self.partial.unlink()
+        return record
+
+    def _write(self, path: Path, record: dict[str, Any]) -> None:
         from lightning_wm.io import atomic_write
 
         self.path.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.record, lambda f: f.write(json.dumps(record)), binary=False)
+        atomic_write(path, lambda f: f.write(json.dumps(record)), binary=False)
 
 
 # -- ours ------------------------------------------------------------------------------------
@@ -315,19 +335,24 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
         folder.checkpoint if folder else None, wall_start,
     )  # fmt: skip
     trainer.callbacks.append(evaluate)
+
+    def record(finished: bool) -> dict[str, Any]:
+        extra = {"trivial": trivial, "eval_env": env_settings, "wall_seconds": evaluate.wall(), "finished": finished}
+        return _record(args, evaluate.history, evaluate.eval_time, extra, sets)
+
     try:
         trainer.fit(module, datamodule, ckpt_path=folder.resume_from() if folder else None)
     except RunStopped as stop:
-        if evaluate.saved_on_stop:
+        if folder is not None and evaluate.saved_on_stop:
+            folder.keep_partial({**record(finished=False), "stopped_at_frames": evaluate.frames})
             print(f"[stopped] {args.system} {args.game} seed {args.seed} by {signal_name(stop.signum)} at "
                   f"{evaluate.frames} frames: {folder.checkpoint} holds the run, the same command resumes it",
                   file=sys.stderr, flush=True)  # fmt: skip
         raise
-    extra = {"trivial": trivial, "eval_env": env_settings, "wall_seconds": evaluate.wall()}
-    record = _record(args, evaluate.history, evaluate.eval_time, extra, sets)
+    final = record(finished=True)
     if folder is not None:
-        folder.keep_record(record)
-    return record
+        folder.keep_record(final)
+    return final
 
 
 # -- RLlib (runs inside the RLlib venv) -------------------------------------------------------
@@ -493,6 +518,22 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
+def _append(out: str | None, record: dict[str, Any]) -> None:
+    if out:
+        with open(out, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def _append_partial(out: str | None, folder: RunFolder | None) -> None:
+    """A stopped run's record so far (``"finished": false``) from its run folder to ``out``: what a
+    run longer than a session measured is kept with the others; the summary marks it."""
+    partial = folder.take_partial() if folder is not None and out else None
+    if partial is not None:
+        _append(out, partial)
+        print(f"stopped: its record so far ({len(partial['history'])} evaluations, the last at "
+              f"{partial['frames']:,} frames; \"finished\": false) appended to {out}", file=sys.stderr, flush=True)  # fmt: skip
+
+
 def main() -> None:
     unshadow_minatar(__file__)
     args = parse_args()
@@ -519,11 +560,13 @@ def main() -> None:
                         print(f"finished earlier (its record was appended then): {folder.record}", flush=True)
                         records.append(finished)
                         continue
-                    record = run_one(args, system, game, seed, known_trivial(earlier + records))
+                    try:
+                        record = run_one(args, system, game, seed, known_trivial(earlier + records))
+                    except (SystemExit, KeyboardInterrupt):  # stopped: its worker kept the record so far
+                        _append_partial(args.out, folder)
+                        raise
                     records.append(record)
-                    if args.out:
-                        with open(args.out, "a") as f:
-                            f.write(json.dumps(record) + "\n")
+                    _append(args.out, record)
     print()
     print(summary(records, args.eval_every, args.target))
     if args.plot:

@@ -77,6 +77,12 @@ def variant(record: dict[str, Any]) -> str:
 
 
 PARTIAL_MARK = "†"  # a training-return window that holds fewer than 100 episodes
+CUT_MARK = "‡"  # a run stopped before its budget: its record so far
+
+
+def finished(record: dict[str, Any]) -> bool:
+    """Whether the run reached its budget (records before 2026-11-30 have no ``finished``: they did)."""
+    return bool(record.get("finished", True))
 
 
 def partial_window(episodes: float | None) -> bool:
@@ -96,11 +102,12 @@ def _cell(values: list[float | None], episodes: list[float | None] | None = None
 
 def _groups(records: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
     """The records by (variant, game), one per seed in seed order: of several runs of one seed
-    (a longer budget run again: in process its first points repeat) the one with most frames."""
+    (a longer budget run again: in process its first points repeat; a stopped run's record so far,
+    then its finished one) the one with most frames, a finished one before a stopped one."""
     longest: dict[tuple[str, str, int], dict[str, Any]] = {}
     for r in records:
         key = (variant(r), r["game"], r["seed"])
-        if key not in longest or r["frames"] > longest[key]["frames"]:
+        if key not in longest or (r["frames"], finished(r)) > (longest[key]["frames"], finished(longest[key])):
             longest[key] = r
     groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in sorted(longest.values(), key=lambda r: r["seed"]):
@@ -116,7 +123,7 @@ def summary(records: list[dict[str, Any]], every: int, targets: list[float]) -> 
     paper's best curve at that budget; then frames to reach each target (greedy) per seed; then
     the trivial policies' greedy scores (:func:`trivial_table`)."""
     groups = _groups(records)
-    partial = False
+    partial = cut = False
     lines = [
         "| system | game | seeds | frames | last 100 training episodes (per seed) | greedy eval (per seed) "
         "| paper's best | mean wall time | frames/s |",
@@ -134,8 +141,10 @@ def summary(records: list[dict[str, Any]], every: int, targets: list[float]) -> 
             partial |= any(partial_window(n) for n in episodes)
             seconds = [value_at(r["history"], point, spacing, "seconds") for r in runs]
             best = paper_best(game, point)
+            stopped = not all(finished(r) for r in runs)
+            cut |= stopped
             lines.append(
-                f"| {system} | {game} | {len(runs)} | {point:,} | {_cell(trained, episodes)} | {_cell(greedy)} | "
+                f"| {system}{CUT_MARK if stopped else ''} | {game} | {len(runs)} | {point:,} | {_cell(trained, episodes)} | {_cell(greedy)} | "
                 f"{f'{best[1]:g} ({best[0]})' if best else '–'} | {statistics.fmean(seconds):.0f} s | "
                 f"{statistics.fmean(r['frames_per_s'] for r in runs):,.0f} |"
             )
@@ -143,6 +152,12 @@ def summary(records: list[dict[str, Any]], every: int, targets: list[float]) -> 
         lines += [
             "",
             f"{PARTIAL_MARK} fewer than 100 training episodes had ended: the mean of all of the run's episodes so far",
+        ]
+    if cut:
+        lines += [
+            "",
+            f"{CUT_MARK} a seed's run was stopped before its frame budget: its record so far (`finished: false`); "
+            "the same command with its `--run-dir` resumes it",
         ]
     if targets:
         lines += ["", "| system | game | target return | frames to reach it, per seed |", "| --- | --- | ---: | --- |"]
@@ -206,8 +221,10 @@ def plot_game(records: list[dict[str, Any]], game: str, path: str) -> None:
             ax.plot([h["frames"] for h in rows], [h["train_return"] for h in rows], color=color, lw=0.7, alpha=0.4)
         mean = _mean_curve(runs, "train_return")
         name = labels[name]
+        so_far = "" if all(finished(r) for r in runs) else f", {CUT_MARK} stopped before its budget"
         if mean:
-            ax.plot(*zip(*mean), color=color, lw=2.2, label=f"{name}: last 100 training episodes ({len(runs)} seeds)")
+            ax.plot(*zip(*mean), color=color, lw=2.2,
+                    label=f"{name}: last 100 training episodes ({len(runs)} seeds{so_far})")  # fmt: skip
         greedy = _mean_curve(runs, "eval_return")
         if greedy:
             ax.plot(*zip(*greedy), color=color, lw=1.2, ls="--", label=f"{name}: greedy evaluation")

@@ -177,6 +177,21 @@ def test_a_training_window_of_fewer_than_100_episodes_is_marked():
     assert "†" not in bench.summary([_run("impala", 0, [(100, 1.0, 1.0, 0.5)])], every=100, targets=[])
 
 
+def test_a_stopped_runs_record_so_far_is_marked_until_its_finished_record_comes(tmp_path):
+    so_far = {**_run("dreamer", 0, [(100, 1.0, 3.0, 2.5)]), "finished": False, "stopped_at_frames": 140}
+    table = bench.summary([so_far], every=100, targets=[])
+    assert (
+        "| dreamer‡ | breakout | 1 | 100 |" in table and "‡ a seed's run was stopped before its frame budget" in table
+    )
+    done = {**_run("dreamer", 0, [(100, 1.0, 3.0, 2.5), (200, 2.0, 5.0, 4.5)]), "finished": True}
+    table = bench.summary([so_far, done], every=100, targets=[])
+    assert "| dreamer | breakout | 1 | 200 |" in table and "‡" not in table, "the finished record supersedes it"
+    old = _run("dreamer", 0, [(100, 1.0, 3.0, 2.5)])  # records before `finished` existed: finished runs
+    assert "‡" not in bench.summary([old], every=100, targets=[])
+    (path,) = report["plot_games"]([so_far], str(tmp_path))
+    assert path.endswith("minatar_breakout.png")
+
+
 def test_the_legend_leaves_out_speed_only_overrides():
     name = "muzero (compile {mode: step}; search.compile true; search.temperature.boundaries [12500, 20000])"
     assert report["legend_name"](name) == "muzero (search.temperature.boundaries [12500, 20000])"
@@ -345,19 +360,22 @@ def test_a_cut_run_resumes_from_its_run_folder_and_a_finished_one_is_not_run_aga
     finally:
         if first.poll() is None:
             first.kill()
-    assert not out.exists() or not out.read_text().strip(), "a cut run records nothing"
     stopped = re.search(r"\[stopped\] muzero breakout seed 0 by SIGTERM at (\d+) frames: .*bench.ckpt holds the run",
                         log.read_text())  # fmt: skip
     assert stopped and int(stopped.group(1)) >= 1008, "the stop saved the run at the step it reached"
+    (so_far,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert so_far["finished"] is False and so_far["stopped_at_frames"] == int(stopped.group(1))
+    assert [row["frames"] for row in so_far["history"]] == [1008], "a stopped run's record so far, marked"
 
     resumed = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=True)
     assert f"[resume] muzero breakout seed 0: {stopped.group(1)} frames" in resumed.stderr
     assert "(the last at 1008 frames)" in resumed.stderr
-    (record,) = [json.loads(line) for line in out.read_text().splitlines()]
+    _, record = [json.loads(line) for line in out.read_text().splitlines()]
+    assert record["finished"] is True and "‡" not in bench.summary([so_far, record], 1000, []), "it supersedes"
     frames = [row["frames"] for row in record["history"]]
     assert frames[0] == 1008 and frames[-1] >= 2000 and len(frames) == 2, "the cut run's row, then the resumed run's"
     seconds = [row["seconds"] for row in record["history"]]
     assert seconds == sorted(seconds), "the clocks go on over the cut"
 
     again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=True)
-    assert "finished earlier" in again.stdout and len(out.read_text().splitlines()) == 1
+    assert "finished earlier" in again.stdout and len(out.read_text().splitlines()) == 2
