@@ -12,6 +12,9 @@ loading reads no classes), and :func:`as_settings` turns either form back into t
   that name one setting.
 * :func:`find_settings` — every instance of a settings class inside a value (e.g. each
   :class:`~lightning_wm.optim.OptimSettings` of an agent with several optimizers).
+* :func:`check_at_least`, :func:`check_positive`, :func:`check_in_range`, :func:`check_one_of` —
+  the groups' ``__post_init__`` checks: a bad value is one ``ValueError`` that names the setting
+  (``es.popsize must be >= 2, got 1``).
 """
 
 from __future__ import annotations
@@ -20,7 +23,17 @@ import dataclasses
 from collections.abc import Iterator, Mapping
 from typing import Any, TypeVar
 
-__all__ = ["as_settings", "plain", "flatten", "find_settings", "group_defaults"]
+__all__ = [
+    "as_settings",
+    "plain",
+    "flatten",
+    "find_settings",
+    "group_defaults",
+    "check_at_least",
+    "check_positive",
+    "check_in_range",
+    "check_one_of",
+]
 
 T = TypeVar("T")
 
@@ -112,3 +125,29 @@ def find_settings(value: Any, cls: type[T]) -> Iterator[T]:
     elif isinstance(value, (list, tuple)):
         for item in value:
             yield from find_settings(item, cls)
+
+
+# -- the groups' checks ----------------------------------------------------------------------------
+def check_at_least(name: str, value: float | None, least: float) -> None:
+    """``ValueError`` naming the setting ``name`` (``group.field``) when ``value < least``; ``None``
+    (a setting left unset) passes."""
+    if value is not None and value < least:
+        raise ValueError(f"{name} must be >= {least}, got {value}")
+
+
+def check_positive(name: str, value: float) -> None:
+    """``ValueError`` naming ``name`` unless ``value > 0``."""
+    if not value > 0:
+        raise ValueError(f"{name} must be > 0, got {value}")
+
+
+def check_in_range(name: str, value: float, low: float, high: float) -> None:
+    """``ValueError`` naming ``name`` unless ``low <= value <= high``."""
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
+
+
+def check_one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    """``ValueError`` naming ``name`` and the allowed values unless ``value`` is one of them."""
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")

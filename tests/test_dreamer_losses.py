@@ -243,7 +243,7 @@ def test_defaults_are_dreamerv3s():
         (lambda: BehaviorSettings(slow_critic_every=0), "behavior.slow_critic_every must be >= 1, got 0"),
         (lambda: WorldModelLoss(free_nats=-1.0), "loss.free_nats must be >= 0, got -1.0"),
         (lambda: DreamerNet(activation="swish"), "net.activation must be one of"),
-        (lambda: DreamerNet(latent="vq"), "net.latent must be categorical or gaussian"),
+        (lambda: DreamerNet(latent="vq"), "net.latent must be one of ['categorical', 'gaussian'], got 'vq'"),
         (lambda: DreamerNet(deter=0), "net.deter must be >= 1, got 0"),
     ],
 )

@@ -135,7 +135,7 @@ def test_small_conv_options_are_checked():
         ActorCriticSettings(pixel_range="binary")
     with pytest.raises(ValueError, match="'resnet' or 'small'"):
         MuZeroNet(conv="tiny")
-    with pytest.raises(ValueError, match="strided or small"):
+    with pytest.raises(ValueError, match=r"net\.conv must be one of \['strided', 'small'\], got 'tiny'"):
         DreamerNet(conv="tiny")
     with pytest.raises(ValueError, match="at least 3x3"):
         SmallConvEncoder(1, (2, 10))

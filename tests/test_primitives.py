@@ -98,3 +98,18 @@ def test_seeds_are_deterministic_distinct_and_in_range():
     torch.Generator().manual_seed(a)  # usable as a torch seed
     with pytest.raises(ValueError):
         seeding.derive_seed(-1)
+
+
+def test_the_settings_checks_name_the_setting_and_what_it_needs():
+    from lightning_wm.settings import check_at_least, check_in_range, check_one_of, check_positive
+
+    check_at_least("replay.capacity", None, 1)  # unset passes
+    check_at_least("es.popsize", 2, 2)
+    with pytest.raises(ValueError, match=r"^es\.popsize must be >= 2, got 1$"):
+        check_at_least("es.popsize", 1, 2)
+    with pytest.raises(ValueError, match=r"^es\.sigma0 must be > 0, got 0\.0$"):
+        check_positive("es.sigma0", 0.0)
+    with pytest.raises(ValueError, match=r"^behavior\.discount must be in \[0\.0, 1\.0\], got 1\.5$"):
+        check_in_range("behavior.discount", 1.5, 0.0, 1.0)
+    with pytest.raises(ValueError, match=r"^dream\.starts must be one of \['first', 'all'\], got 'some'$"):
+        check_one_of("dream.starts", "some", ("first", "all"))

@@ -15,15 +15,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from lightning_wm.envs import EnvConfig
+from lightning_wm.settings import check_at_least
 
 __all__ = ["ActingSettings", "EvalSettings", "ReplaySettings", "UnrollReplaySettings", "ModelReplaySettings"]
-
-
-def _at_least(group: str, **values: tuple[float | None, float]) -> None:
-    """Raise ``ValueError`` naming ``group.name`` for the first ``value < least`` (``None`` passes)."""
-    for name, (value, least) in values.items():
-        if value is not None and value < least:
-            raise ValueError(f"{group}.{name} must be >= {least}, got {value}")
 
 
 @dataclass(frozen=True)
@@ -107,16 +101,13 @@ class ActingSettings:
     fetch_ahead: bool = True
 
     def __post_init__(self) -> None:
-        _at_least(
-            "acting",
-            num_actors=(self.num_actors, 0),
-            envs_per_actor=(self.envs_per_actor, 1),
-            chunk_length=(self.chunk_length, 1),
-            publish_every=(self.publish_every, 1),
-            queue_size=(self.queue_size, 1),
-            ratio_slack=(self.ratio_slack, 0),
-            splits=(self.splits, 1),
-        )
+        check_at_least("acting.num_actors", self.num_actors, 0)
+        check_at_least("acting.envs_per_actor", self.envs_per_actor, 1)
+        check_at_least("acting.chunk_length", self.chunk_length, 1)
+        check_at_least("acting.publish_every", self.publish_every, 1)
+        check_at_least("acting.queue_size", self.queue_size, 1)
+        check_at_least("acting.ratio_slack", self.ratio_slack, 0)
+        check_at_least("acting.splits", self.splits, 1)
         if self.backend not in ("local", "ray"):
             raise ValueError(f"acting.backend must be 'local' or 'ray', got {self.backend!r}")
         if not self.timeout_s > 0:
@@ -170,7 +161,8 @@ class EvalSettings:
     env: EnvConfig | None = None
 
     def __post_init__(self) -> None:
-        _at_least("eval", episodes=(self.episodes, 1), envs=(self.envs, 1))
+        check_at_least("eval.episodes", self.episodes, 1)
+        check_at_least("eval.envs", self.envs, 1)
 
 
 def _check_priorities(group: str, alpha: float, beta: float) -> None:
@@ -205,7 +197,7 @@ class ReplaySettings:
     save: bool = False
 
     def __post_init__(self) -> None:
-        _at_least("replay", capacity=(self.capacity, 1))
+        check_at_least("replay.capacity", self.capacity, 1)
         _check_priorities("replay", self.alpha, self.beta)
 
 
@@ -232,7 +224,8 @@ class UnrollReplaySettings:
     beta: float = 0.4
 
     def __post_init__(self) -> None:
-        _at_least("replay", capacity=(self.capacity, 0), max_use=(self.max_use, 1))
+        check_at_least("replay.capacity", self.capacity, 0)
+        check_at_least("replay.max_use", self.max_use, 1)
         _check_priorities("replay", self.alpha, self.beta)
         if self.prioritized and self.capacity == 0:
             raise ValueError(
@@ -261,9 +254,6 @@ class ModelReplaySettings:
     save: bool = False
 
     def __post_init__(self) -> None:
-        _at_least(
-            "model_replay",
-            capacity=(self.capacity, 0),
-            batch_size=(self.batch_size, 1),
-            sequence_length=(self.sequence_length, 1),
-        )
+        check_at_least("model_replay.capacity", self.capacity, 0)
+        check_at_least("model_replay.batch_size", self.batch_size, 1)
+        check_at_least("model_replay.sequence_length", self.sequence_length, 1)

@@ -19,21 +19,12 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from lightning_wm.optim import GradClipSettings, OptimSettings
+from lightning_wm.settings import check_at_least, check_in_range, check_one_of, check_positive
 from lightning_wm.world_model import RolloutSchedule
 
 __all__ = ["BehaviorSettings", "DreamerNet", "DreamerOptim", "WorldModelLoss"]
 
 ACTIVATIONS = ("relu", "silu", "elu", "tanh", "gelu")
-
-
-def _check_range(name: str, value: float, low: float, high: float) -> None:
-    if not low <= value <= high:
-        raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
-
-
-def _check_positive(name: str, value: float, strict: bool = True) -> None:
-    if (value <= 0) if strict else (value < 0):
-        raise ValueError(f"{name} must be {'>' if strict else '>='} 0, got {value}")
 
 
 @dataclass(frozen=True)
@@ -79,17 +70,12 @@ class DreamerNet:
 
     def __post_init__(self) -> None:
         for name in ("deter", "stoch", "classes", "hidden", "cnn_depth"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"net.{name} must be >= 1, got {getattr(self, name)}")
-        if self.layers < 0:
-            raise ValueError(f"net.layers must be >= 0, got {self.layers}")
-        if self.conv not in ("strided", "small"):
-            raise ValueError(f"net.conv must be strided or small, got {self.conv!r}")
-        if self.latent not in ("categorical", "gaussian"):
-            raise ValueError(f"net.latent must be categorical or gaussian, got {self.latent!r}")
-        if self.activation.lower() not in ACTIVATIONS:
-            raise ValueError(f"net.activation must be one of {list(ACTIVATIONS)}, got {self.activation!r}")
-        _check_range("net.unimix", self.unimix, 0.0, 1.0)
+            check_at_least(f"net.{name}", getattr(self, name), 1)
+        check_at_least("net.layers", self.layers, 0)
+        check_one_of("net.conv", self.conv, ("strided", "small"))
+        check_one_of("net.latent", self.latent, ("categorical", "gaussian"))
+        check_one_of("net.activation", self.activation.lower(), ACTIVATIONS)
+        check_in_range("net.unimix", self.unimix, 0.0, 1.0)
         if self.twohot and self.bins < 2:
             raise ValueError(f"net.bins must be >= 2 with twohot heads, got {self.bins}")
 
@@ -123,9 +109,9 @@ class WorldModelLoss:
 
     def __post_init__(self) -> None:
         for name in ("kl_dyn_weight", "kl_rep_weight", "free_nats", "decoder_weight", "reward_weight"):
-            _check_positive(f"loss.{name}", getattr(self, name), strict=False)
-        _check_positive("loss.continue_weight", self.continue_weight, strict=False)
-        _check_positive("loss.continue_terminal_weight", self.continue_terminal_weight)
+            check_at_least(f"loss.{name}", getattr(self, name), 0)
+        check_at_least("loss.continue_weight", self.continue_weight, 0)
+        check_positive("loss.continue_terminal_weight", self.continue_terminal_weight)
 
 
 @dataclass(frozen=True)
@@ -190,18 +176,15 @@ class BehaviorSettings:
     def __post_init__(self) -> None:
         if isinstance(self.horizon_schedule, Mapping):  # from a checkpoint's plain dict
             object.__setattr__(self, "horizon_schedule", RolloutSchedule(**self.horizon_schedule))
-        if self.horizon < 1:
-            raise ValueError(f"behavior.horizon must be >= 1, got {self.horizon}")
-        if self.horizon_schedule is not None and self.horizon_schedule.min_length < 1:
-            raise ValueError(
-                f"behavior.horizon_schedule.min_length must be >= 1, got {self.horizon_schedule.min_length}"
-            )
-        _check_range("behavior.discount", self.discount, 0.0, 1.0)
-        _check_range("behavior.lambda_", self.lambda_, 0.0, 1.0)
-        _check_positive("behavior.entropy_weight", self.entropy_weight, strict=False)
+        check_at_least("behavior.horizon", self.horizon, 1)
+        if self.horizon_schedule is not None:
+            check_at_least("behavior.horizon_schedule.min_length", self.horizon_schedule.min_length, 1)
+        check_in_range("behavior.discount", self.discount, 0.0, 1.0)
+        check_in_range("behavior.lambda_", self.lambda_, 0.0, 1.0)
+        check_at_least("behavior.entropy_weight", self.entropy_weight, 0)
         if self.actor_grad not in ("auto", "reinforce", "dynamics", "mix"):
             raise ValueError(f"behavior.actor_grad must be auto, reinforce, dynamics or mix, got {self.actor_grad!r}")
-        _check_range("behavior.reinforce_weight", self.reinforce_weight, 0.0, 1.0)
+        check_in_range("behavior.reinforce_weight", self.reinforce_weight, 0.0, 1.0)
         if self.bootstrap_critic not in ("critic", "slow_critic"):
             raise ValueError(f"behavior.bootstrap_critic must be critic or slow_critic, got {self.bootstrap_critic!r}")
         if self.actor_dist not in ("bounded_normal", "tanh_normal"):
@@ -211,12 +194,11 @@ class BehaviorSettings:
                 "behavior.action_min_std and action_max_std need 0 < min <= max, got "
                 f"{self.action_min_std} and {self.action_max_std}"
             )
-        _check_positive("behavior.replay_critic_weight", self.replay_critic_weight, strict=False)
-        _check_range("behavior.slow_critic_tau", self.slow_critic_tau, 0.0, 1.0)
-        if self.slow_critic_every < 1:
-            raise ValueError(f"behavior.slow_critic_every must be >= 1, got {self.slow_critic_every}")
-        _check_positive("behavior.slow_critic_weight", self.slow_critic_weight, strict=False)
-        _check_range("behavior.return_norm_decay", self.return_norm_decay, 0.0, 1.0)
+        check_at_least("behavior.replay_critic_weight", self.replay_critic_weight, 0)
+        check_in_range("behavior.slow_critic_tau", self.slow_critic_tau, 0.0, 1.0)
+        check_at_least("behavior.slow_critic_every", self.slow_critic_every, 1)
+        check_at_least("behavior.slow_critic_weight", self.slow_critic_weight, 0)
+        check_in_range("behavior.return_norm_decay", self.return_norm_decay, 0.0, 1.0)
         if not 0.0 <= self.return_norm_low < self.return_norm_high <= 1.0:
             raise ValueError(
                 "behavior.return_norm_low and return_norm_high need 0 <= low < high <= 1, got "

@@ -15,19 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from lightning_wm.settings import check_at_least, check_one_of, check_positive
 from lightning_wm.world_model import check_done_mode
 
 __all__ = ["MemoryNetSettings", "MemoryLossSettings", "MemoryDreamSettings", "ESSettings", "ControllerDreamSettings"]
-
-
-def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
-
-
-def _at_least(name: str, value: float, low: float) -> None:
-    if value < low:
-        raise ValueError(f"{name} must be >= {low}, got {value}")
 
 
 @dataclass(frozen=True)
@@ -54,9 +45,9 @@ class MemoryNetSettings:
 
     def __post_init__(self) -> None:
         for name in ("latent_dim", "hidden", "num_mixtures"):
-            _at_least(f"net.{name}", getattr(self, name), 1)
-        _one_of("net.mixture", self.mixture, ("per_dim", "joint"))
-        _one_of("net.done_input", self.done_input, ("hidden", "latent"))
+            check_at_least(f"net.{name}", getattr(self, name), 1)
+        check_one_of("net.mixture", self.mixture, ("per_dim", "joint"))
+        check_one_of("net.done_input", self.done_input, ("hidden", "latent"))
 
 
 @dataclass(frozen=True)
@@ -94,10 +85,10 @@ class MemoryLossSettings:
 
     def __post_init__(self) -> None:
         for name in ("reward_weight", "done_weight", "done_pos_weight", "burn_in", "open_loop_weight"):
-            _at_least(f"loss.{name}", getattr(self, name), 0)
-        _at_least("loss.open_loop_warmup", self.open_loop_warmup, 1)
-        _at_least("loss.reward_horizon", self.reward_horizon, 1)
-        _one_of("loss.open_loop_input", self.open_loop_input, ("sample", "mean"))
+            check_at_least(f"loss.{name}", getattr(self, name), 0)
+        check_at_least("loss.open_loop_warmup", self.open_loop_warmup, 1)
+        check_at_least("loss.reward_horizon", self.reward_horizon, 1)
+        check_one_of("loss.open_loop_input", self.open_loop_input, ("sample", "mean"))
 
 
 @dataclass(frozen=True)
@@ -116,9 +107,9 @@ class MemoryDreamSettings:
     sequences: int = 4
 
     def __post_init__(self) -> None:
-        _at_least("dream.temperature", self.temperature, 0)
-        _at_least("dream.length", self.length, 1)
-        _at_least("dream.sequences", self.sequences, 1)
+        check_at_least("dream.temperature", self.temperature, 0)
+        check_at_least("dream.length", self.length, 1)
+        check_at_least("dream.sequences", self.sequences, 1)
 
 
 @dataclass(frozen=True)
@@ -145,12 +136,11 @@ class ESSettings:
     env_workers: int = 0
 
     def __post_init__(self) -> None:
-        _at_least("es.popsize", self.popsize, 2)
-        _at_least("es.episodes_per_member", self.episodes_per_member, 1)
-        if not self.sigma0 > 0:
-            raise ValueError(f"es.sigma0 must be > 0, got {self.sigma0}")
-        _at_least("es.l2_decay", self.l2_decay, 0)
-        _at_least("es.env_workers", self.env_workers, 0)
+        check_at_least("es.popsize", self.popsize, 2)
+        check_at_least("es.episodes_per_member", self.episodes_per_member, 1)
+        check_positive("es.sigma0", self.sigma0)
+        check_at_least("es.l2_decay", self.l2_decay, 0)
+        check_at_least("es.env_workers", self.env_workers, 0)
 
 
 @dataclass(frozen=True)
@@ -190,11 +180,11 @@ class ControllerDreamSettings:
     ensemble_done: Literal["max", "mean"] = "max"
 
     def __post_init__(self) -> None:
-        _one_of("dream.starts", self.starts, ("first", "all"))
-        _at_least("dream.max_starts", self.max_starts, 1)
-        _at_least("dream.temperature", self.temperature, 0)
-        _at_least("dream.max_steps", self.max_steps, 1)
+        check_one_of("dream.starts", self.starts, ("first", "all"))
+        check_at_least("dream.max_starts", self.max_starts, 1)
+        check_at_least("dream.temperature", self.temperature, 0)
+        check_at_least("dream.max_steps", self.max_steps, 1)
         check_done_mode(self.done_mode, "dream.done_mode")
-        _one_of("dream.reward", self.reward, ("head", "survival"))
-        _one_of("dream.ensemble_next", self.ensemble_next, ("random", "primary"))
-        _one_of("dream.ensemble_done", self.ensemble_done, ("max", "mean"))
+        check_one_of("dream.reward", self.reward, ("head", "survival"))
+        check_one_of("dream.ensemble_next", self.ensemble_next, ("random", "primary"))
+        check_one_of("dream.ensemble_done", self.ensemble_done, ("max", "mean"))
