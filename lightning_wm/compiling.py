@@ -25,7 +25,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from lightning_wm.settings import as_settings
+from lightning_wm.settings import as_settings, check_at_least
 
 CompileMode = Literal["none", "cells", "step", "graph"]
 COMPILE_MODES = ("none", "cells", "step", "graph")
@@ -59,8 +59,7 @@ class CompileSettings:
     def __post_init__(self) -> None:
         if self.mode not in COMPILE_MODES:
             raise ValueError(f"compile.mode must be one of {list(COMPILE_MODES)}, got {self.mode!r}")
-        if self.max_shapes < 1:
-            raise ValueError(f"compile.max_shapes must be >= 1, got {self.max_shapes}")
+        check_at_least("compile.max_shapes", self.max_shapes, 1)
 
 
 def as_compile_settings(value: CompileSettings | Mapping[str, Any] | bool | None) -> CompileSettings:

@@ -129,9 +129,9 @@ def find_settings(value: Any, cls: type[T]) -> Iterator[T]:
 
 # -- the groups' checks ----------------------------------------------------------------------------
 def check_at_least(name: str, value: float | None, least: float) -> None:
-    """``ValueError`` naming the setting ``name`` (``group.field``) when ``value < least``; ``None``
-    (a setting left unset) passes."""
-    if value is not None and value < least:
+    """``ValueError`` naming the setting ``name`` (``group.field``) unless ``value >= least`` (NaN
+    fails); ``None`` (a setting left unset) passes."""
+    if value is not None and not value >= least:
         raise ValueError(f"{name} must be >= {least}, got {value}")
 
 

@@ -129,8 +129,7 @@ class ActingSettings:
                 "measurement, bench/actors_log.md): use central_groups: processes alone (the policy in a process of "
                 "its own, CPU learner) or central_groups: threads (GPU learner)"
             )
-        if not self.deadline_ms >= 0:
-            raise ValueError(f"acting.deadline_ms must be >= 0, got {self.deadline_ms}")
+        check_at_least("acting.deadline_ms", self.deadline_ms, 0)
         if self.splits > 1 and self.num_actors > 0 and self.policy == "central":
             raise ValueError(
                 f"acting.splits={self.splits} applies in process and to actors with policy: copies; central groups "

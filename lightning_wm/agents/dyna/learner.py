@@ -43,7 +43,7 @@ from lightning_wm.envs import EnvSpec
 from lightning_wm.optim import GradClipper, GradClipSettings, OptimSettings, build_optimizer, optimizer_beta
 from lightning_wm.protocols import acting_weights
 from lightning_wm.seeding import derive_seed
-from lightning_wm.settings import as_settings, plain
+from lightning_wm.settings import as_settings, check_at_least, plain
 from lightning_wm.tree import tree_map
 from lightning_wm.world_model import RolloutSchedule, WorldModel
 
@@ -84,10 +84,8 @@ class DreamSettings:
     batch_size: int = 16
 
     def __post_init__(self) -> None:
-        if self.weight < 0:
-            raise ValueError(f"dream.weight must be >= 0, got {self.weight}")
-        if self.batch_size < 1:
-            raise ValueError(f"dream.batch_size must be >= 1, got {self.batch_size}")
+        check_at_least("dream.weight", self.weight, 0)
+        check_at_least("dream.batch_size", self.batch_size, 1)
 
 
 DYNA_ROLLOUT = RolloutSchedule()  # DI-engine's rollout_length_scheduler defaults

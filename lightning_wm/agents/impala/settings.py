@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from lightning_wm.nn.actor_critic import ActorCriticSettings
 from lightning_wm.optim import OptimSettings
+from lightning_wm.settings import check_at_least
 
 __all__ = ["IMPALA_LOSS", "IMPALA_NET", "IMPALA_OPTIM", "ActorCriticSettings", "VTraceLossSettings"]
 
@@ -78,8 +79,7 @@ class VTraceLossSettings:
         for name in ("rho_clip", "c_clip", "rho_pg_clip", "reward_scale"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"loss.{name} must be > 0, got {getattr(self, name)}")
-        if self.entropy_anneal_start < 0:
-            raise ValueError(f"loss.entropy_anneal_start must be >= 0, got {self.entropy_anneal_start}")
+        check_at_least("loss.entropy_anneal_start", self.entropy_anneal_start, 0)
         if self.entropy_weight_end is not None and (self.entropy_weight_end < 0 or self.entropy_anneal_steps < 1):
             raise ValueError(
                 f"loss.entropy_weight_end ({self.entropy_weight_end}) must be >= 0 and needs "

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from lightning_wm.settings import check_at_least
+
 __all__ = ["MuZeroNet", "UnrollSettings", "MuZeroLossSettings", "ReanalyseSettings", "TargetSettings"]
 
 NORMS = ("layer", "batch", "none")
@@ -119,8 +121,7 @@ class UnrollSettings:
     random_action_after_episode_end: bool = False
 
     def __post_init__(self) -> None:
-        if self.num_unroll_steps < 1:
-            raise ValueError(f"num_unroll_steps must be >= 1, got {self.num_unroll_steps}")
+        check_at_least("num_unroll_steps", self.num_unroll_steps, 1)
         if self.td_steps == 0 or self.td_steps < -1:
             raise ValueError(f"td_steps must be >= 1 or -1, got {self.td_steps}")
         if self.bootstrap_value not in ("target_network", "stored"):
