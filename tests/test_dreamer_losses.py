@@ -238,7 +238,10 @@ def test_defaults_are_dreamerv3s():
         (lambda: BehaviorSettings(horizon=0), "behavior.horizon must be >= 1, got 0"),
         (lambda: BehaviorSettings(actor_grad="backprop"), "behavior.actor_grad must be"),
         (lambda: BehaviorSettings(reinforce_weight=1.5), "behavior.reinforce_weight must be in [0.0, 1.0], got 1.5"),
-        (lambda: BehaviorSettings(bootstrap_critic="target"), "behavior.bootstrap_critic must be critic or slow"),
+        (
+            lambda: BehaviorSettings(bootstrap_critic="target"),
+            "behavior.bootstrap_critic must be one of ['critic', 'slow_critic'], got 'target'",
+        ),
         (lambda: BehaviorSettings(return_norm_low=0.9, return_norm_high=0.1), "return_norm_low and return_norm_high"),
         (lambda: BehaviorSettings(slow_critic_every=0), "behavior.slow_critic_every must be >= 1, got 0"),
         (lambda: WorldModelLoss(free_nats=-1.0), "loss.free_nats must be >= 0, got -1.0"),

@@ -129,11 +129,11 @@ def test_small_conv_options_are_checked():
     from lightning_wm.agents.muzero.settings import MuZeroNet
     from lightning_wm.nn.actor_critic import ActorCriticSettings
 
-    with pytest.raises(ValueError, match="'deep', 'shallow' or 'small'"):
+    with pytest.raises(ValueError, match=r"net\.conv must be one of \['deep', 'shallow', 'small'\], got 'tiny'"):
         ActorCriticSettings(conv="tiny")
-    with pytest.raises(ValueError, match="pixel_range must be 'centered' or 'unit'"):
+    with pytest.raises(ValueError, match=r"net\.pixel_range must be one of \['centered', 'unit'\], got 'binary'"):
         ActorCriticSettings(pixel_range="binary")
-    with pytest.raises(ValueError, match="'resnet' or 'small'"):
+    with pytest.raises(ValueError, match=r"net\.conv must be one of \['resnet', 'small'\], got 'tiny'"):
         MuZeroNet(conv="tiny")
     with pytest.raises(ValueError, match=r"net\.conv must be one of \['strided', 'small'\], got 'tiny'"):
         DreamerNet(conv="tiny")

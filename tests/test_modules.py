@@ -149,7 +149,7 @@ def test_the_acting_part_follows_the_settings():
     "make, message",
     [
         (lambda: ActingSettings(num_actors=-1), r"acting.num_actors must be >= 0, got -1"),
-        (lambda: ActingSettings(backend="mpi"), r"acting.backend must be 'local' or 'ray', got 'mpi'"),
+        (lambda: ActingSettings(backend="mpi"), r"acting\.backend must be one of \['local', 'ray'\], got 'mpi'"),
         (lambda: ActingSettings(timeout_s=0), r"acting.timeout_s must be > 0, got 0"),
         (lambda: ActingSettings(publish_every=0), r"acting.publish_every must be >= 1, got 0"),
         (lambda: EvalSettings(episodes=0), r"eval.episodes must be >= 1, got 0"),

@@ -196,7 +196,7 @@ def test_frame_stack_acting_state():
 
 # -- settings and the sampler -------------------------------------------------------------------------
 def test_bad_settings_are_refused_naming_the_option():
-    with pytest.raises(ValueError, match="unroll_step_weights must be 'pseudocode' or 'equal'"):
+    with pytest.raises(ValueError, match=r"loss\.unroll_step_weights must be one of \['pseudocode', 'equal'\]"):
         small(loss={"unroll_step_weights": "mean"})
     with pytest.raises(ValueError, match="td_steps must be >= 1 or -1"):
         small(unroll={"td_steps": 0})

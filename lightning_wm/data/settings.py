@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from lightning_wm.envs import EnvConfig
-from lightning_wm.settings import check_at_least
+from lightning_wm.settings import check_at_least, check_one_of
 
 __all__ = ["ActingSettings", "EvalSettings", "ReplaySettings", "UnrollReplaySettings", "ModelReplaySettings"]
 
@@ -108,14 +108,11 @@ class ActingSettings:
         check_at_least("acting.queue_size", self.queue_size, 1)
         check_at_least("acting.ratio_slack", self.ratio_slack, 0)
         check_at_least("acting.splits", self.splits, 1)
-        if self.backend not in ("local", "ray"):
-            raise ValueError(f"acting.backend must be 'local' or 'ray', got {self.backend!r}")
+        check_one_of("acting.backend", self.backend, ("local", "ray"))
         if not self.timeout_s > 0:
             raise ValueError(f"acting.timeout_s must be > 0, got {self.timeout_s}")
-        if self.policy not in ("copies", "central"):
-            raise ValueError(f"acting.policy must be 'copies' or 'central', got {self.policy!r}")
-        if self.central_groups not in ("threads", "processes"):
-            raise ValueError(f"acting.central_groups must be 'threads' or 'processes', got {self.central_groups!r}")
+        check_one_of("acting.policy", self.policy, ("copies", "central"))
+        check_one_of("acting.central_groups", self.central_groups, ("threads", "processes"))
         if self.central_inference not in (None, "thread", "process"):
             raise ValueError(f"acting.central_inference must be 'thread' or 'process', got {self.central_inference!r}")
         if self.central_inference == "process" and self.central_groups != "processes":

@@ -33,6 +33,7 @@ from lightning_wm.envs import EnvSpec, is_image_space
 from lightning_wm.nn import dists
 from lightning_wm.nn.blocks import MLP, SmallConvEncoder, preprocess_pixels
 from lightning_wm.nn.blocks import activation as activation_class
+from lightning_wm.settings import check_one_of
 
 Obs = Tensor | dict[str, Tensor]
 CoreState = tuple[Tensor, Tensor] | None  # LSTM (h, c), each [B, H]; None without a core
@@ -90,14 +91,11 @@ class ActorCriticSettings:
                 f"{self.layers}, {self.fc_size} and {self.lstm_size}"
             )
         activation_class(self.activation)  # an unknown name is one clear error
-        if self.conv not in ("deep", "shallow", "small"):
-            raise ValueError(f"conv must be 'deep', 'shallow' or 'small', got {self.conv!r}")
-        if self.pixel_range not in ("centered", "unit"):
-            raise ValueError(f"net.pixel_range must be 'centered' or 'unit', got {self.pixel_range!r}")
+        check_one_of("net.conv", self.conv, ("deep", "shallow", "small"))
+        check_one_of("net.pixel_range", self.pixel_range, ("centered", "unit"))
         if not self.conv_channels or min(self.conv_channels) < 1:
             raise ValueError(f"net.conv_channels must be channel counts >= 1, got {list(self.conv_channels)}")
-        if self.sigma_type not in ("independent", "conditioned"):
-            raise ValueError(f"sigma_type must be 'independent' or 'conditioned', got {self.sigma_type!r}")
+        check_one_of("net.sigma_type", self.sigma_type, ("independent", "conditioned"))
         if self.bound_type not in (None, "tanh"):
             raise ValueError(f"bound_type must be None or 'tanh', got {self.bound_type!r}")
         if not self.init_sigma > 0:

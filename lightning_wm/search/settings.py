@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from lightning_wm.settings import check_at_least, check_in_range, check_one_of, check_positive
+
 __all__ = ["SearchSettings", "TemperatureSchedule"]
 
 
@@ -86,13 +88,8 @@ class SearchSettings:
     temperature: TemperatureSchedule = field(default_factory=TemperatureSchedule)
 
     def __post_init__(self) -> None:
-        if self.num_simulations < 1:
-            raise ValueError(f"search num_simulations must be >= 1, got {self.num_simulations}")
-        if self.unvisited_q not in ("zero", "mean"):
-            raise ValueError(f"unvisited_q must be 'zero' or 'mean', got {self.unvisited_q!r}")
-        if not 0.0 <= self.exploration_fraction <= 1.0:
-            raise ValueError(f"search exploration_fraction must be in [0, 1], got {self.exploration_fraction}")
-        if not self.dirichlet_alpha > 0:
-            raise ValueError(f"search dirichlet_alpha must be > 0, got {self.dirichlet_alpha}")
-        if self.max_num_considered_actions < 1:
-            raise ValueError(f"search max_num_considered_actions must be >= 1, got {self.max_num_considered_actions}")
+        check_at_least("search.num_simulations", self.num_simulations, 1)
+        check_one_of("search.unvisited_q", self.unvisited_q, ("zero", "mean"))
+        check_in_range("search.exploration_fraction", self.exploration_fraction, 0.0, 1.0)
+        check_positive("search.dirichlet_alpha", self.dirichlet_alpha)
+        check_at_least("search.max_num_considered_actions", self.max_num_considered_actions, 1)

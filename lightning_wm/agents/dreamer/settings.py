@@ -182,13 +182,10 @@ class BehaviorSettings:
         check_in_range("behavior.discount", self.discount, 0.0, 1.0)
         check_in_range("behavior.lambda_", self.lambda_, 0.0, 1.0)
         check_at_least("behavior.entropy_weight", self.entropy_weight, 0)
-        if self.actor_grad not in ("auto", "reinforce", "dynamics", "mix"):
-            raise ValueError(f"behavior.actor_grad must be auto, reinforce, dynamics or mix, got {self.actor_grad!r}")
+        check_one_of("behavior.actor_grad", self.actor_grad, ("auto", "reinforce", "dynamics", "mix"))
         check_in_range("behavior.reinforce_weight", self.reinforce_weight, 0.0, 1.0)
-        if self.bootstrap_critic not in ("critic", "slow_critic"):
-            raise ValueError(f"behavior.bootstrap_critic must be critic or slow_critic, got {self.bootstrap_critic!r}")
-        if self.actor_dist not in ("bounded_normal", "tanh_normal"):
-            raise ValueError(f"behavior.actor_dist must be bounded_normal or tanh_normal, got {self.actor_dist!r}")
+        check_one_of("behavior.bootstrap_critic", self.bootstrap_critic, ("critic", "slow_critic"))
+        check_one_of("behavior.actor_dist", self.actor_dist, ("bounded_normal", "tanh_normal"))
         if not 0 < self.action_min_std <= self.action_max_std:
             raise ValueError(
                 "behavior.action_min_std and action_max_std need 0 < min <= max, got "

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from lightning_wm.settings import check_at_least
+from lightning_wm.settings import check_at_least, check_one_of
 
 __all__ = ["MuZeroNet", "UnrollSettings", "MuZeroLossSettings", "ReanalyseSettings", "TargetSettings"]
 
@@ -92,8 +92,7 @@ class MuZeroNet:
             raise ValueError(f"net layers and blocks must be >= 0, got {self.layers}, {self.blocks}")
         if self.reward_support_size is not None and self.reward_support_size < 1:
             raise ValueError(f"net reward_support_size must be >= 1 or null, got {self.reward_support_size}")
-        if self.conv not in ("resnet", "small"):
-            raise ValueError(f"net conv must be 'resnet' or 'small', got {self.conv!r}")
+        check_one_of("net.conv", self.conv, ("resnet", "small"))
         if self.norm not in NORMS:
             raise ValueError(f"unknown norm {self.norm!r}; choose 'layer', 'batch' or 'none'")
 
@@ -121,13 +120,11 @@ class UnrollSettings:
     random_action_after_episode_end: bool = False
 
     def __post_init__(self) -> None:
-        check_at_least("num_unroll_steps", self.num_unroll_steps, 1)
+        check_at_least("unroll.num_unroll_steps", self.num_unroll_steps, 1)
         if self.td_steps == 0 or self.td_steps < -1:
             raise ValueError(f"td_steps must be >= 1 or -1, got {self.td_steps}")
-        if self.bootstrap_value not in ("target_network", "stored"):
-            raise ValueError(f"bootstrap_value must be 'target_network' or 'stored', got {self.bootstrap_value!r}")
-        if self.policy_after_end not in ("uniform", "mask"):
-            raise ValueError(f"policy_after_end must be 'uniform' or 'mask', got {self.policy_after_end!r}")
+        check_one_of("unroll.bootstrap_value", self.bootstrap_value, ("target_network", "stored"))
+        check_one_of("unroll.policy_after_end", self.policy_after_end, ("uniform", "mask"))
 
 
 @dataclass(frozen=True)
@@ -165,8 +162,7 @@ class MuZeroLossSettings:
     unroll_step_weights: Literal["pseudocode", "equal"] = "pseudocode"
 
     def __post_init__(self) -> None:
-        if self.unroll_step_weights not in ("pseudocode", "equal"):
-            raise ValueError(f"unroll_step_weights must be 'pseudocode' or 'equal', got {self.unroll_step_weights!r}")
+        check_one_of("loss.unroll_step_weights", self.unroll_step_weights, ("pseudocode", "equal"))
         weights = {
             "value_weight": self.value_weight,
             "reward_weight": self.reward_weight,
