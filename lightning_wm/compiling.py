@@ -25,7 +25,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from lightning_wm.settings import as_settings, check_at_least
+from lightning_wm.settings import as_settings, check_at_least, check_one_of
 
 CompileMode = Literal["none", "cells", "step", "graph"]
 COMPILE_MODES = ("none", "cells", "step", "graph")
@@ -57,8 +57,7 @@ class CompileSettings:
     max_shapes: int = 2
 
     def __post_init__(self) -> None:
-        if self.mode not in COMPILE_MODES:
-            raise ValueError(f"compile.mode must be one of {list(COMPILE_MODES)}, got {self.mode!r}")
+        check_one_of("compile.mode", self.mode, COMPILE_MODES)
         check_at_least("compile.max_shapes", self.max_shapes, 1)
 
 

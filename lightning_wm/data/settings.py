@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from lightning_wm.envs import EnvConfig
-from lightning_wm.settings import check_at_least, check_one_of
+from lightning_wm.settings import check_at_least, check_one_of, check_positive
 
 __all__ = ["ActingSettings", "EvalSettings", "ReplaySettings", "UnrollReplaySettings", "ModelReplaySettings"]
 
@@ -109,8 +109,7 @@ class ActingSettings:
         check_at_least("acting.ratio_slack", self.ratio_slack, 0)
         check_at_least("acting.splits", self.splits, 1)
         check_one_of("acting.backend", self.backend, ("local", "ray"))
-        if not self.timeout_s > 0:
-            raise ValueError(f"acting.timeout_s must be > 0, got {self.timeout_s}")
+        check_positive("acting.timeout_s", self.timeout_s)
         check_one_of("acting.policy", self.policy, ("copies", "central"))
         check_one_of("acting.central_groups", self.central_groups, ("threads", "processes"))
         if self.central_inference not in (None, "thread", "process"):

@@ -33,7 +33,7 @@ from lightning_wm.envs import EnvSpec, is_image_space
 from lightning_wm.nn import dists
 from lightning_wm.nn.blocks import MLP, SmallConvEncoder, preprocess_pixels
 from lightning_wm.nn.blocks import activation as activation_class
-from lightning_wm.settings import check_one_of
+from lightning_wm.settings import check_one_of, check_positive
 
 Obs = Tensor | dict[str, Tensor]
 CoreState = tuple[Tensor, Tensor] | None  # LSTM (h, c), each [B, H]; None without a core
@@ -98,8 +98,7 @@ class ActorCriticSettings:
         check_one_of("net.sigma_type", self.sigma_type, ("independent", "conditioned"))
         if self.bound_type not in (None, "tanh"):
             raise ValueError(f"bound_type must be None or 'tanh', got {self.bound_type!r}")
-        if not self.init_sigma > 0:
-            raise ValueError(f"init_sigma must be > 0, got {self.init_sigma}")
+        check_positive("net.init_sigma", self.init_sigma)
         if not self.share_encoder and self.lstm_size > 0:
             raise ValueError(
                 "net.share_encoder: false needs a feed-forward network (lstm_size 0): the LSTM core sits "
