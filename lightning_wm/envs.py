@@ -24,6 +24,7 @@ from gymnasium import (
 
 from lightning_wm.env_config import AtariPreprocessingConfig, EnvConfig, EnvError, atari_options
 from lightning_wm.env_ids import DREAM_ENV_ID  # a Dreamer's dream as an env: registered there, named here
+from lightning_wm.minatar_vector import MinAtarVectorEnv
 
 PIXEL_KEY = "pixels"
 _ATARI_REGISTERED = False
@@ -437,10 +438,23 @@ def _check_dream_config(config: EnvConfig) -> None:
         )
 
 
+def minatar_in_one_loop(config: EnvConfig) -> bool:
+    """Whether :func:`make_vector_env` steps ``config``'s envs in one loop
+    (:class:`~lightning_wm.minatar_vector.MinAtarVectorEnv`): MinAtar ids in sync, one frame a step."""
+    return (
+        config.id.startswith(MINATAR_PREFIX)
+        and config.backend == "gymnasium"
+        and config.vectorization == "sync"
+        and config.action_repeat == 1
+        and config.frame_stack == 1
+    )
+
+
 def make_vector_env(config: EnvConfig) -> gym.vector.VectorEnv:
     """``config.num_envs`` envs with next-step autoreset (unseeded: the caller seeds the first
     reset, e.g. ``env.reset(seed=lightning_wm.seeding.env_seeds(config.seed, n, role))``); with
-    ``backend: envpool`` an :class:`~lightning_wm.envpool_backend.EnvPoolVectorEnv`."""
+    ``backend: envpool`` an :class:`~lightning_wm.envpool_backend.EnvPoolVectorEnv`; MinAtar ids
+    stepped in sync, a :class:`~lightning_wm.minatar_vector.MinAtarVectorEnv`."""
     if config.backend == "envpool":
         from lightning_wm.envpool_backend import EnvPoolVectorEnv  # only where asked for (gymnasium 1.x vector API)
 
@@ -453,6 +467,8 @@ def make_vector_env(config: EnvConfig) -> gym.vector.VectorEnv:
         if config.max_episode_steps is not None:
             kwargs["max_episode_steps"] = config.max_episode_steps
         return gym.make_vec(DREAM_ENV_ID, config.num_envs, vectorization_mode="vector_entry_point", **kwargs)
+    if minatar_in_one_loop(config):  # the sync vector env bit for bit, in less time a step
+        return MinAtarVectorEnv([make_env(config) for _ in range(config.num_envs)], config.max_episode_steps)
     fns = [lambda: make_env(config) for _ in range(config.num_envs)]
     kwargs = dict(autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
     if config.vectorization == "async":
