@@ -37,6 +37,7 @@ import gymnasium as gym
 import numpy as np
 
 from lightning_wm.env_config import EnvConfig, EnvError, atari_options
+from lightning_wm.seeding import reset_seeds
 
 CLASSIC_CONTROL = (
     "CartPole-v0",
@@ -225,13 +226,9 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
         if seed is None and self._pool is None:
             seed = self.config.seed
         if seed is not None:
-            seeds = (
-                [int(s) for s in seed]
-                if isinstance(seed, (list, tuple))
-                else [int(seed) + i for i in range(self.num_envs)]
-            )
-            if len(seeds) != self.num_envs:
-                raise EnvError(f"got {len(seeds)} seeds for {self.num_envs} envs; give one per env")
+            seeds = reset_seeds(seed, self.num_envs)
+            if None in seeds:
+                raise EnvError("EnvPoolVectorEnv.reset: give a seed for every env (EnvPool seeds all envs at once)")
             self._build([s % 2**31 for s in seeds])  # EnvPool takes int32 seeds; ours are 64-bit
         obs, info = self._pool.reset()
         return self._obs(obs), info

@@ -26,6 +26,7 @@ import gymnasium as gym
 import numpy as np
 
 from lightning_wm.env_config import EnvError
+from lightning_wm.seeding import reset_seeds
 
 #: the per-step wrappers of make_env's MinAtar envs whose work this env does itself
 SKIPPED_WRAPPERS = {"BinaryFrames", "LegacySeed", "OrderEnforcing", "PassiveEnvChecker", "TimeLimit"}
@@ -37,18 +38,6 @@ def _wrapper_names(env: gym.Env) -> list[str]:
         names.append(type(env).__name__)
         env = env.env
     return names
-
-
-def reset_seeds(seed: int | list[int] | tuple[int, ...] | None, num_envs: int) -> list[int | None]:
-    """One reset seed per env, as gymnasium's vector envs read ``seed``: a list (one per env), an
-    int (env ``i`` gets ``seed + i``) or None (no env is reseeded)."""
-    if seed is None:
-        return [None] * num_envs
-    if isinstance(seed, (list, tuple)):
-        if len(seed) != num_envs:
-            raise EnvError(f"got {len(seed)} seeds for {num_envs} envs; give one per env")
-        return [None if s is None else int(s) for s in seed]
-    return [int(seed) + i for i in range(num_envs)]
 
 
 class MinAtarVectorEnv(gym.vector.VectorEnv):
@@ -98,7 +87,7 @@ class MinAtarVectorEnv(gym.vector.VectorEnv):
     def reset(
         self, *, seed: int | list[int] | None = None, options: dict[str, Any] | None = None
     ) -> tuple[np.ndarray, dict[str, Any]]:
-        """Reset every game, reseeding those given a seed (see :func:`reset_seeds`)."""
+        """Reset every game, reseeding those given a seed (see :func:`~lightning_wm.seeding.reset_seeds`)."""
         for i, (game, s) in enumerate(zip(self._games, reset_seeds(seed, self.num_envs))):
             if s is not None:
                 game.seed(s % 2**32)

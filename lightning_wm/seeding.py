@@ -14,7 +14,7 @@ import zlib
 
 import numpy as np
 
-__all__ = ["derive_seed", "env_seeds"]
+__all__ = ["derive_seed", "env_seeds", "reset_seeds"]
 
 
 def _role_key(role: str) -> int:
@@ -36,3 +36,15 @@ def derive_seed(seed: int, role: str = "train", rank: int = 0, actor: int = 0, i
 def env_seeds(seed: int, num_envs: int, role: str = "train", rank: int = 0, actor: int = 0) -> list[int]:
     """One seed per env of a vector env (for ``VectorEnv.reset(seed=[...])``)."""
     return [derive_seed(seed, role, rank, actor, index=i) for i in range(num_envs)]
+
+
+def reset_seeds(seed: int | list[int] | tuple[int, ...] | None, num_envs: int) -> list[int | None]:
+    """One reset seed per env, as gymnasium's vector envs read ``seed``: a list (one per env), an
+    int (env ``i`` gets ``seed + i``) or None (no env is reseeded)."""
+    if seed is None:
+        return [None] * num_envs
+    if isinstance(seed, (list, tuple)):
+        if len(seed) != num_envs:
+            raise ValueError(f"got {len(seed)} seeds for {num_envs} envs; give one per env")
+        return [None if s is None else int(s) for s in seed]
+    return [int(seed) + i for i in range(num_envs)]

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from lightning_wm.envs import EnvConfig, EnvError, make_env, make_vector_env, minatar_in_one_loop
-from lightning_wm.minatar_vector import MinAtarVectorEnv, reset_seeds
+from lightning_wm.minatar_vector import MinAtarVectorEnv
+from lightning_wm.seeding import reset_seeds
 
 pytest.importorskip("minatar.gym", reason='MinAtar is the optional extra: pip install -e ".[minatar]"')
 
@@ -91,5 +92,5 @@ def test_reset_seeds_read_as_gymnasium_reads_them():
     assert reset_seeds(None, 2) == [None, None]
     assert reset_seeds(5, 3) == [5, 6, 7]
     assert reset_seeds([9, 4], 2) == [9, 4]
-    with pytest.raises(EnvError, match="got 1 seeds for 2 envs"):
+    with pytest.raises(ValueError, match="got 1 seeds for 2 envs"):
         reset_seeds([1], 2)
