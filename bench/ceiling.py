@@ -1,11 +1,15 @@
 """The env's own ceiling: random actions, no learner, on every core the run may use; prints a
 markdown table.
 
-For each env -- CartPole-v1, and ALE/Pong-v5 through the Atari options ``atari_preprocessing: {}``
-(84x84 gray, frame skip 4, up to 30 no-ops, sticky actions 0.25) and ``frame_stack: 4`` -- and each
-engine, as ``lightning_wm.envs.make_vector_env`` builds it:
+For each env -- CartPole-v1, ALE/Pong-v5 through the Atari options ``atari_preprocessing: {}``
+(84x84 gray, frame skip 4, up to 30 no-ops, sticky actions 0.25) and ``frame_stack: 4``, and
+MinAtar's SpaceInvaders (its slowest game) and Breakout with IMPALA's 16 envs (``--envs
+minatar,minatar_breakout``; ``pip install -e ".[minatar]"``) -- and each engine, as
+``lightning_wm.envs.make_vector_env`` builds it:
 
-* **gymnasium sync**: ``SyncVectorEnv``, every env in this one process (one core);
+* **gymnasium sync**: ``SyncVectorEnv``, every env in this one process (one core); for MinAtar the
+  one-loop ``MinAtarVectorEnv`` (the same results), with gymnasium's **SyncVectorEnv** over the
+  wrapped envs measured beside it;
 * **gymnasium async**: ``AsyncVectorEnv``, one process per env, as many envs as cores;
 * **EnvPool**: ``env.backend: envpool``, ``num_threads`` = cores (``pip install -e ".[envpool]"``);
 * **EnvPool async**: the same envs in EnvPool's asynchronous mode (``send``/``recv`` of half the
@@ -16,7 +20,8 @@ and reports agent steps/s and frames/s (agent steps x frame skip: emulator frame
 ceiling of an env is the best engine's rate; ``bench/actors.py`` prints each acting mode's rate as a
 share of it.
 
-    python bench/ceiling.py                     # both envs, 10 s per engine
+    python bench/ceiling.py                     # CartPole and Pong, 10 s per engine
+    python bench/ceiling.py --envs minatar,minatar_breakout --seconds 5
     python bench/ceiling.py --repeats 3         # the median of 3 rounds (a loaded machine)
     python bench/ceiling.py --envs pong --seconds 20
     python bench/ceiling.py --quick             # CartPole, 2 s per engine (a smoke run)
@@ -35,22 +40,33 @@ import warnings
 from pathlib import Path
 
 import gymnasium as gym
+from benchlib import unshadow_minatar  # noqa: E402  (this folder is first on the path when run as a script)
 
+unshadow_minatar(__file__)  # bench/minatar.py must not shadow the minatar package
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lightning_wm.envpool_backend import envpool_options, usable_cores  # noqa: E402
-from lightning_wm.envs import AtariPreprocessingConfig, EnvConfig, make_vector_env  # noqa: E402
+from lightning_wm.envs import AtariPreprocessingConfig, EnvConfig, make_env, make_vector_env  # noqa: E402
 
 #: env name -> (env settings, frames per agent step, envs of the one-process and EnvPool engines)
 ENVS: dict[str, tuple[EnvConfig, int, int]] = {
     "cartpole": (EnvConfig("CartPole-v1"), 1, 64),
     "pong": (EnvConfig("ALE/Pong-v5", atari_preprocessing=AtariPreprocessingConfig(), frame_stack=4), 4, 16),
+    "minatar": (EnvConfig("MinAtar/SpaceInvaders-v1"), 1, 16),  # the slowest MinAtar game; IMPALA's 16 envs
+    "minatar_breakout": (EnvConfig("MinAtar/Breakout-v1"), 1, 16),
 }
-ENGINES = ("gymnasium sync", "gymnasium async", "EnvPool", "EnvPool async")
+ENGINES = ("gymnasium sync", "gymnasium async", "EnvPool", "EnvPool async", "SyncVectorEnv")
+#: the engines each env is measured with where not all but the last: EnvPool has no MinAtar, and for
+#: MinAtar ``gymnasium sync`` is the one-loop MinAtarVectorEnv, so gymnasium's own SyncVectorEnv over
+#: the wrapped envs is measured beside it
+ENV_ENGINES = {
+    "minatar": ("gymnasium sync", "gymnasium async", "SyncVectorEnv"),
+    "minatar_breakout": ("gymnasium sync", "gymnasium async", "SyncVectorEnv"),
+}
 
 
 def engine_config(env: EnvConfig, engine: str, num_envs: int, cores: int) -> EnvConfig:
     """``env`` as ``engine`` steps it: the backend, the vectorization and the number of envs."""
-    if engine == "gymnasium sync":
+    if engine in ("gymnasium sync", "SyncVectorEnv"):
         return dataclasses.replace(env, num_envs=num_envs, vectorization="sync")
     if engine == "gymnasium async":
         return dataclasses.replace(env, num_envs=cores, vectorization="async")
@@ -59,9 +75,16 @@ def engine_config(env: EnvConfig, engine: str, num_envs: int, cores: int) -> Env
     raise ValueError(f"unknown engine {engine!r}; choose one of {ENGINES}")
 
 
-def steps_per_second(config: EnvConfig, seconds: float, warmup: int = 20) -> float:
-    """Agent steps per second (summed over envs) of ``config``'s vector env under random actions."""
-    env = make_vector_env(config)
+def wrapped_sync_vector_env(config: EnvConfig) -> gym.vector.VectorEnv:
+    """Gymnasium's ``SyncVectorEnv`` over ``make_env``'s wrapped envs, whatever ``make_vector_env`` gives."""
+    fns = [lambda: make_env(config) for _ in range(config.num_envs)]
+    return gym.vector.SyncVectorEnv(fns, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
+
+
+def steps_per_second(config: EnvConfig, seconds: float, warmup: int = 20, wrapped: bool = False) -> float:
+    """Agent steps per second (summed over envs) of ``config``'s vector env under random actions
+    (``wrapped``: :func:`wrapped_sync_vector_env`'s)."""
+    env = wrapped_sync_vector_env(config) if wrapped else make_vector_env(config)
     try:
         env.reset(seed=[config.seed + i for i in range(config.num_envs)])
         env.action_space.seed(config.seed)
@@ -121,7 +144,11 @@ def measure(name: str, seconds: float, cores: int | None = None, repeats: int = 
     turns in each round), ``frames_per_s``. EnvPool is left out when it is not installed."""
     env, skip, num_envs = ENVS[name]
     cores = cores or usable_cores()
-    engines = [e for e in ENGINES if "EnvPool" not in e or importlib.util.find_spec("envpool") is not None]
+    engines = [
+        e
+        for e in ENV_ENGINES.get(name, ENGINES[:-1])
+        if "EnvPool" not in e or importlib.util.find_spec("envpool") is not None
+    ]
     configs = {engine: engine_config(env, engine, num_envs, cores) for engine in engines}
     rates: dict[str, list[float]] = {engine: [] for engine in engines}
     for _ in range(repeats):
@@ -129,13 +156,13 @@ def measure(name: str, seconds: float, cores: int | None = None, repeats: int = 
             if engine == "EnvPool async":
                 rates[engine].append(envpool_async_steps_per_second(configs[engine], cores, seconds))
             else:
-                rates[engine].append(steps_per_second(configs[engine], seconds))
+                wrapped = engine == "SyncVectorEnv"
+                rates[engine].append(steps_per_second(configs[engine], seconds, wrapped=wrapped))
     rows = []
     for engine in engines:
         rate = float(statistics.median(rates[engine]))
-        workers = {"gymnasium sync": "1 process", "gymnasium async": f"{cores} processes"}.get(
-            engine, f"{min(configs[engine].num_envs, cores)} threads"
-        )
+        workers = {"gymnasium sync": "1 process", "gymnasium async": f"{cores} processes", "SyncVectorEnv": "1 process"}
+        workers = workers.get(engine, f"{min(configs[engine].num_envs, cores)} threads")
         rows.append(
             {
                 "env": name,

@@ -1,5 +1,8 @@
 """bench/ceiling.py's pure parts: the engines' env settings and the table; one short measurement."""
 
+import gymnasium as gym
+import pytest
+
 from lightning_wm.envs import EnvConfig
 
 from support.bench_scripts import load_bench_script
@@ -32,6 +35,16 @@ def test_table_gives_each_row_its_share_of_its_envs_best_engine():
     assert lines[2] == "| a | gymnasium sync | 4 | 1 process | 50 | 200 | 25% |"
     assert lines[3] == "| a | **EnvPool** | 4 | 2 threads | 200 | 800 | 100% |"
     assert lines[4] == "| b | **gymnasium sync** | 4 | 1 process | 30 | 120 | 100% |"
+
+
+def test_minatar_is_measured_without_envpool_and_beside_the_wrapped_sync_vector_env():
+    pytest.importorskip("minatar.gym", reason='MinAtar is the optional extra: pip install -e ".[minatar]"')
+    rows = ceiling.measure("minatar_breakout", seconds=0.05, cores=2)
+    assert [r["engine"] for r in rows] == ["gymnasium sync", "gymnasium async", "SyncVectorEnv"]
+    assert rows[0]["envs"] == rows[2]["envs"] == 16 and all(r["steps_per_s"] > 0 for r in rows)
+    wrapped = ceiling.wrapped_sync_vector_env(EnvConfig("MinAtar/Breakout-v1", num_envs=2))
+    assert isinstance(wrapped, gym.vector.SyncVectorEnv)
+    wrapped.close()
 
 
 def test_a_short_measurement_counts_agent_steps():
