@@ -24,7 +24,6 @@ from gymnasium import (
 
 from lightning_wm.env_config import AtariPreprocessingConfig, EnvConfig, EnvError, atari_options
 from lightning_wm.env_ids import DREAM_ENV_ID  # a Dreamer's dream as an env: registered there, named here
-from lightning_wm.minatar_vector import MinAtarVectorEnv
 
 PIXEL_KEY = "pixels"
 _ATARI_REGISTERED = False
@@ -468,6 +467,8 @@ def make_vector_env(config: EnvConfig) -> gym.vector.VectorEnv:
             kwargs["max_episode_steps"] = config.max_episode_steps
         return gym.make_vec(DREAM_ENV_ID, config.num_envs, vectorization_mode="vector_entry_point", **kwargs)
     if minatar_in_one_loop(config):  # the sync vector env bit for bit, in less time a step
+        from lightning_wm.minatar_vector import MinAtarVectorEnv  # gymnasium 1.x's vector API, as EnvPool's
+
         return MinAtarVectorEnv([make_env(config) for _ in range(config.num_envs)], config.max_episode_steps)
     fns = [lambda: make_env(config) for _ in range(config.num_envs)]
     kwargs = dict(autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)

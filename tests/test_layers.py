@@ -19,9 +19,10 @@ AGENTS_MAY_IMPORT_DATA = {
 }
 # the modules a file may import inside a function (the command line, cli.py, sits on top of everything
 # and is not checked: its subcommands load what they need). An optional backend written against a
-# newer API of a third-party package (gymnasium 1.x's vector envs) loads only where a config asks for
-# it, so the package imports beside older gymnasiums (LightZero's 0.28, where bench/mcts_speed.py runs)
-LAZY_IMPORTS_ALLOWED = {"envs.py": {"lightning_wm.envpool_backend"}}
+# newer API of a third-party package (gymnasium 1.x's vector envs: EnvPool's and MinAtar's one-loop
+# vector envs) loads only where a config asks for it, so the package imports beside older gymnasiums
+# (LightZero's 0.28, where bench/mcts_speed.py runs)
+LAZY_IMPORTS_ALLOWED = {"envs.py": {"lightning_wm.envpool_backend", "lightning_wm.minatar_vector"}}
 
 
 def _imports(path: Path) -> list[tuple[str, bool]]:
