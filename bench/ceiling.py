@@ -45,7 +45,7 @@ from benchlib import unshadow_minatar  # noqa: E402  (this folder is first on th
 unshadow_minatar(__file__)  # bench/minatar.py must not shadow the minatar package
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lightning_wm.envpool_backend import envpool_options, usable_cores  # noqa: E402
-from lightning_wm.envs import AtariPreprocessingConfig, EnvConfig, make_env, make_vector_env  # noqa: E402
+from lightning_wm.envs import AtariPreprocessingConfig, EnvConfig, gymnasium_vector_env, make_vector_env  # noqa: E402
 
 #: env name -> (env settings, frames per agent step, envs of the one-process and EnvPool engines)
 ENVS: dict[str, tuple[EnvConfig, int, int]] = {
@@ -54,37 +54,33 @@ ENVS: dict[str, tuple[EnvConfig, int, int]] = {
     "minatar": (EnvConfig("MinAtar/SpaceInvaders-v1"), 1, 16),  # the slowest MinAtar game; IMPALA's 16 envs
     "minatar_breakout": (EnvConfig("MinAtar/Breakout-v1"), 1, 16),
 }
-ENGINES = ("gymnasium sync", "gymnasium async", "EnvPool", "EnvPool async", "SyncVectorEnv")
-#: the engines each env is measured with where not all but the last: EnvPool has no MinAtar, and for
-#: MinAtar ``gymnasium sync`` is the one-loop MinAtarVectorEnv, so gymnasium's own SyncVectorEnv over
-#: the wrapped envs is measured beside it
+ENGINES = ("gymnasium sync", "gymnasium async", "EnvPool", "EnvPool async")
+WRAPPED_SYNC = "SyncVectorEnv"  # gymnasium's own over the wrapped envs, where make_vector_env has its own engine
+#: the engines of the envs not measured with ENGINES: EnvPool has no MinAtar, and for MinAtar
+#: ``gymnasium sync`` is the one-loop MinAtarVectorEnv, so gymnasium's own SyncVectorEnv over the
+#: wrapped envs is measured beside it
 ENV_ENGINES = {
-    "minatar": ("gymnasium sync", "gymnasium async", "SyncVectorEnv"),
-    "minatar_breakout": ("gymnasium sync", "gymnasium async", "SyncVectorEnv"),
+    "minatar": ("gymnasium sync", "gymnasium async", WRAPPED_SYNC),
+    "minatar_breakout": ("gymnasium sync", "gymnasium async", WRAPPED_SYNC),
 }
 
 
 def engine_config(env: EnvConfig, engine: str, num_envs: int, cores: int) -> EnvConfig:
     """``env`` as ``engine`` steps it: the backend, the vectorization and the number of envs."""
-    if engine in ("gymnasium sync", "SyncVectorEnv"):
+    if engine in ("gymnasium sync", WRAPPED_SYNC):
         return dataclasses.replace(env, num_envs=num_envs, vectorization="sync")
     if engine == "gymnasium async":
         return dataclasses.replace(env, num_envs=cores, vectorization="async")
     if engine in ("EnvPool", "EnvPool async"):
         return dataclasses.replace(env, num_envs=max(num_envs, 2 * cores), backend="envpool")
-    raise ValueError(f"unknown engine {engine!r}; choose one of {ENGINES}")
-
-
-def wrapped_sync_vector_env(config: EnvConfig) -> gym.vector.VectorEnv:
-    """Gymnasium's ``SyncVectorEnv`` over ``make_env``'s wrapped envs, whatever ``make_vector_env`` gives."""
-    fns = [lambda: make_env(config) for _ in range(config.num_envs)]
-    return gym.vector.SyncVectorEnv(fns, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
+    raise ValueError(f"unknown engine {engine!r}; choose one of {(*ENGINES, WRAPPED_SYNC)}")
 
 
 def steps_per_second(config: EnvConfig, seconds: float, warmup: int = 20, wrapped: bool = False) -> float:
     """Agent steps per second (summed over envs) of ``config``'s vector env under random actions
-    (``wrapped``: :func:`wrapped_sync_vector_env`'s)."""
-    env = wrapped_sync_vector_env(config) if wrapped else make_vector_env(config)
+    (``wrapped``: gymnasium's own over the wrapped envs, ``gymnasium_vector_env``, whatever
+    ``make_vector_env`` gives)."""
+    env = gymnasium_vector_env(config) if wrapped else make_vector_env(config)
     try:
         env.reset(seed=[config.seed + i for i in range(config.num_envs)])
         env.action_space.seed(config.seed)
@@ -146,7 +142,7 @@ def measure(name: str, seconds: float, cores: int | None = None, repeats: int = 
     cores = cores or usable_cores()
     engines = [
         e
-        for e in ENV_ENGINES.get(name, ENGINES[:-1])
+        for e in ENV_ENGINES.get(name, ENGINES)
         if "EnvPool" not in e or importlib.util.find_spec("envpool") is not None
     ]
     configs = {engine: engine_config(env, engine, num_envs, cores) for engine in engines}
@@ -156,12 +152,12 @@ def measure(name: str, seconds: float, cores: int | None = None, repeats: int = 
             if engine == "EnvPool async":
                 rates[engine].append(envpool_async_steps_per_second(configs[engine], cores, seconds))
             else:
-                wrapped = engine == "SyncVectorEnv"
+                wrapped = engine == WRAPPED_SYNC
                 rates[engine].append(steps_per_second(configs[engine], seconds, wrapped=wrapped))
     rows = []
     for engine in engines:
         rate = float(statistics.median(rates[engine]))
-        workers = {"gymnasium sync": "1 process", "gymnasium async": f"{cores} processes", "SyncVectorEnv": "1 process"}
+        workers = {"gymnasium sync": "1 process", "gymnasium async": f"{cores} processes", WRAPPED_SYNC: "1 process"}
         workers = workers.get(engine, f"{min(configs[engine].num_envs, cores)} threads")
         rows.append(
             {

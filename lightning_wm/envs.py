@@ -470,6 +470,13 @@ def make_vector_env(config: EnvConfig) -> gym.vector.VectorEnv:
         from lightning_wm.minatar_vector import MinAtarVectorEnv  # gymnasium 1.x's vector API, as EnvPool's
 
         return MinAtarVectorEnv([make_env(config) for _ in range(config.num_envs)], config.max_episode_steps)
+    return gymnasium_vector_env(config)
+
+
+def gymnasium_vector_env(config: EnvConfig) -> gym.vector.VectorEnv:
+    """Gymnasium's own vector env (``SyncVectorEnv`` or ``AsyncVectorEnv`` by ``config.vectorization``,
+    next-step autoreset) over :func:`make_env`'s envs: what :func:`make_vector_env` gives where no
+    engine of its own applies, and the reference the MinAtar loop is held to."""
     fns = [lambda: make_env(config) for _ in range(config.num_envs)]
     kwargs = dict(autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
     if config.vectorization == "async":

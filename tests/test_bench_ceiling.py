@@ -1,6 +1,5 @@
 """bench/ceiling.py's pure parts: the engines' env settings and the table; one short measurement."""
 
-import gymnasium as gym
 import pytest
 
 from lightning_wm.envs import EnvConfig
@@ -42,9 +41,6 @@ def test_minatar_is_measured_without_envpool_and_beside_the_wrapped_sync_vector_
     rows = ceiling.measure("minatar_breakout", seconds=0.05, cores=2)
     assert [r["engine"] for r in rows] == ["gymnasium sync", "gymnasium async", "SyncVectorEnv"]
     assert rows[0]["envs"] == rows[2]["envs"] == 16 and all(r["steps_per_s"] > 0 for r in rows)
-    wrapped = ceiling.wrapped_sync_vector_env(EnvConfig("MinAtar/Breakout-v1", num_envs=2))
-    assert isinstance(wrapped, gym.vector.SyncVectorEnv)
-    wrapped.close()
 
 
 def test_a_short_measurement_counts_agent_steps():

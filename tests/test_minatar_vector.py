@@ -7,17 +7,11 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from lightning_wm.envs import EnvConfig, EnvError, make_env, make_vector_env, minatar_in_one_loop
+from lightning_wm.envs import EnvConfig, EnvError, gymnasium_vector_env, make_env, make_vector_env, minatar_in_one_loop
 from lightning_wm.minatar_vector import MinAtarVectorEnv
 from lightning_wm.seeding import reset_seeds
 
 pytest.importorskip("minatar.gym", reason='MinAtar is the optional extra: pip install -e ".[minatar]"')
-
-
-def sync_vector_env(config: EnvConfig) -> gym.vector.SyncVectorEnv:
-    """The reference: gymnasium's sync vector env over the factory's wrapped envs."""
-    fns = [lambda: make_env(config) for _ in range(config.num_envs)]
-    return gym.vector.SyncVectorEnv(fns, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
 
 
 def assert_same_results(ours: tuple, theirs: tuple, step: int) -> None:
@@ -32,8 +26,8 @@ def assert_same_results(ours: tuple, theirs: tuple, step: int) -> None:
 )
 def test_steps_as_the_sync_vector_env_does_bit_for_bit(env_id, limit):
     config = EnvConfig(id=env_id, num_envs=3, seed=0, max_episode_steps=limit)
-    ours, theirs = make_vector_env(config), sync_vector_env(config)
-    assert isinstance(ours, MinAtarVectorEnv)
+    ours, theirs = make_vector_env(config), gymnasium_vector_env(config)  # the reference: gymnasium's own
+    assert isinstance(ours, MinAtarVectorEnv) and isinstance(theirs, gym.vector.SyncVectorEnv)
     assert ours.single_observation_space == theirs.single_observation_space
     assert ours.single_action_space == theirs.single_action_space
     assert ours.observation_space == theirs.observation_space
