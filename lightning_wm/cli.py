@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -53,9 +54,10 @@ from lightning_wm.command_line import (
 from lightning_wm.data.acting.base import ActorError
 from lightning_wm.data.collector import Collector, run_evaluation
 from lightning_wm.data.episodes import EpisodeStore
+from lightning_wm.data.evaluation import evaluation_record, film_episode
 from lightning_wm.data.offline import EpisodeDataModule
-from lightning_wm.envs import EnvConfig, make_env, make_vector_env
-from lightning_wm.io import DiskFullError, check_writable
+from lightning_wm.envs import EnvConfig, make_vector_env
+from lightning_wm.io import DiskFullError, append_json_line, check_writable
 from lightning_wm.protocols import EnvHolder
 from lightning_wm.run_folder import RunFolderLock, check_new_run, derive_run_name, is_rank_zero, lease_s
 from lightning_wm.seeding import derive_seed
@@ -67,7 +69,7 @@ from lightning_wm.signals import (
     stop_on_signals,
     stop_requested,
 )
-from lightning_wm.video import check_video_path, write_video
+from lightning_wm.video import check_video_path
 
 
 def _env_of(datamodule: Any) -> EnvConfig:
@@ -326,10 +328,12 @@ class Trainer(pl.Trainer):
         if isinstance(self.logger, TensorBoardLogger):
             check_writable(self.run_dir, "log folder", hint="(or write no logs: --trainer.logger false)")
 
-    def _load_weights(self, model: pl.LightningModule, ckpt_path: str | None, action: str) -> None:
+    def _load_weights(self, model: pl.LightningModule, ckpt_path: str | None, action: str) -> Path | None:
+        """Load ``--ckpt_path``'s weights into ``model``; returns the file read (``None``: none)."""
         found = open_checkpoint(ckpt_path, self.checkpoint_dir)
         if found is not None:
             load_weights(model, found[1], found[0], action=action)
+        return None if found is None else found[0]
 
     # -- extra subcommands -------------------------------------------------------------
     def record(
@@ -384,22 +388,26 @@ class Trainer(pl.Trainer):
         episodes: int = 10,
         video: str | None = None,
         explore: bool = False,
+        out: str | None = None,
     ) -> dict[str, float]:
         """Run ``episodes`` episodes (``explore=False``), print mean ± std return; with
         ``video=path.gif`` or ``path.mp4`` the first of them is filmed (MP4 needs the ``video``
-        extra, imageio-ffmpeg)."""
+        extra, imageio-ffmpeg); with ``out=path.jsonl`` the result, every episode's return, the
+        checkpoint and the model's settings are appended to that file as one JSON line."""
         if episodes < 1:
             raise ValueError(f"--episodes must be >= 1, got {episodes}")
         if video:
             check_video_path(video)  # before the episodes, not after
+        if out:
+            check_writable(Path(out).resolve().parent, "folder of --out")
         env = _env_of(datamodule)
-        self._load_weights(model, ckpt_path, "evaluation")
+        loaded = self._load_weights(model, ckpt_path, "evaluation")
         model.eval()
         seed = derive_seed(env.seed, "evaluate")
         finished: list[dict[str, float]] = []
         with console.progress(episodes, f"evaluate {env.id}", unit="ep") as bar, nothing_to_save("evaluate"):
             if video:  # episode 1 in a rendering env, the others as usual
-                finished.append(self._film_episode(model, env, seed, video, explore))
+                finished.append(film_episode(model, env, seed, video, explore))
                 bar.update(1)
             if episodes > len(finished):
                 finished += run_evaluation(
@@ -419,28 +427,10 @@ class Trainer(pl.Trainer):
         )
         if video:
             print(f"wrote {video} (episode 1, return {finished[0]['return']:.2f})")
+        if out:
+            record = evaluation_record(model, env, seed, loaded, self.run_dir, result, returns)
+            print(f"appended the result to {append_json_line(out, record)}")
         return result
-
-    @staticmethod
-    def _film_episode(model: Any, config: EnvConfig, seed: int, path: str, explore: bool) -> dict[str, float]:
-        """One episode in an env that also renders full frames; writes them to ``path``."""
-        import gymnasium as gym
-
-        one = EnvConfig(**{**vars(config), "num_envs": 1, "seed": seed})
-        env = gym.vector.SyncVectorEnv(
-            [lambda: make_env(one, render_mode="rgb_array")], autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP
-        )
-        try:
-            collector = Collector(env, model, seeds=seed)
-            frames: list[np.ndarray] = []
-            collector.reset()
-            frames.append(env.envs[0].render())
-            while not (done := collector.collect(1, explore)):
-                frames.append(env.envs[0].render())
-        finally:
-            env.close()
-        write_video(frames, path)
-        return done[0]
 
     def convert(
         self,

@@ -20,6 +20,7 @@ from typing import IO, Any
 __all__ = [
     "atomic_write",
     "atomic_torch_save",
+    "append_json_line",
     "check_writable",
     "fsync_dir",
     "clean_stale_temps",
@@ -104,6 +105,29 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> Path:
     import torch
 
     return atomic_write(path, lambda f: torch.save(obj, f))
+
+
+def append_json_line(path: str | os.PathLike, record: dict[str, Any]) -> Path:
+    """Append ``record`` as one JSON line to ``path`` (created with its folder if missing) and
+    fsync it: earlier lines are never rewritten, and a line is on disk when this returns. Values
+    JSON does not know (paths, tuples of them) are written as their ``str``."""
+    import json
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = json.dumps(record, default=str) + "\n"
+    try:
+        with open(path, "a") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as err:
+        if _disk_full(err):
+            raise DiskFullError(
+                errno.ENOSPC, f"no space left on the device appending to {str(path)!r}; free some space"
+            ) from None
+        raise
+    return path
 
 
 def clean_stale_temps(directory: str | os.PathLike, older_than_s: float = 60.0) -> list[Path]:

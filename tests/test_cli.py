@@ -1,5 +1,6 @@
 """The command line end to end: help, config errors, fit/resume, record, evaluate."""
 
+import json
 import os
 import subprocess
 import sys
@@ -480,3 +481,28 @@ def test_a_dreamer_horizon_of_zero_is_refused_at_construction():
             ["fit", "--config", str(ROOT / "configs/dreamer/cartpole.yaml"), "--model.init_args.behavior.horizon", "0"]
         )
     assert not Path("lightning_logs").exists()
+
+
+def test_evaluate_out_appends_one_json_line_a_run(capsys):
+    args = ["evaluate", *RANDOM_CARTPOLE, "--data.env", '{"id": "CartPole-v1", "seed": 3}', "--episodes", "3"]
+    run_cli([*args, "--out", "records/evals.jsonl"])
+    run_cli([*args, "--out", "records/evals.jsonl", "--episodes", "2"])
+    lines = Path("records/evals.jsonl").read_text().splitlines()
+    assert len(lines) == 2
+    one, two = (json.loads(line) for line in lines)
+    assert len(one["returns"]) == 3 and len(two["returns"]) == 2
+    assert one["return_mean"] == pytest.approx(np.mean(one["returns"]))
+    assert one["return_std"] == pytest.approx(np.std(one["returns"]))
+    assert one["env"]["id"] == "CartPole-v1" and one["checkpoint"] is None
+    assert one["model"].endswith("RandomPolicy") and one["run"]
+    printed = capsys.readouterr().out
+    assert f"return {one['return_mean']:.2f} ± {one['return_std']:.2f} over 3 episodes" in printed
+    assert "appended the result to records/evals.jsonl" in printed
+
+
+def test_evaluate_out_into_a_folder_that_cannot_be_written_fails_before_the_episodes(tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    with pytest.raises(OSError):
+        run_cli(["evaluate", *RANDOM_CARTPOLE, "--data.env", '{"id": "CartPole-v1"}', "--out", f"{blocker}/x.jsonl"])
+    assert "return" not in capsys.readouterr().out

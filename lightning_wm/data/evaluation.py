@@ -1,21 +1,37 @@
-"""Validation episodes of the datamodules that act in envs (online and generation datamodules):
-an :class:`~lightning_wm.protocols.EvaluationRequest` loader and the episodes it plays."""
+"""Evaluation episodes: the validation of the datamodules that act in envs (online and generation
+datamodules; an :class:`~lightning_wm.protocols.EvaluationRequest` loader and the episodes it
+plays), and what the ``evaluate`` command writes beside its printed line: the filmed first episode
+(``--video``) and the record ``--out`` appends (one JSON line a run: the result, every episode's
+return, the checkpoint read and the model's settings), so tables of evaluations are printed from
+files, not copied from a terminal."""
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pytorch_lightning as pl
 from torch.utils.data import DataLoader
 
-from lightning_wm.data.collector import run_evaluation
+from lightning_wm.data.collector import Collector, run_evaluation
 from lightning_wm.data.settings import EvalSettings
-from lightning_wm.envs import EnvConfig, EnvSpec, env_spec
+from lightning_wm.envs import EnvConfig, EnvSpec, env_spec, make_env
 from lightning_wm.protocols import Agent, EvaluationRequest
 from lightning_wm.seeding import derive_seed
 from lightning_wm.settings import as_settings, plain
+from lightning_wm.video import write_video
 
-__all__ = ["evaluation_loader", "eval_settings", "check_eval_env", "play_evaluation"]
+__all__ = [
+    "evaluation_loader",
+    "eval_settings",
+    "check_eval_env",
+    "play_evaluation",
+    "film_episode",
+    "evaluation_record",
+]
 
 
 def evaluation_loader(evaluate: Callable[[Agent, int | None], list[dict[str, float]]]) -> DataLoader:
@@ -61,3 +77,57 @@ def play_evaluation(
         derive_seed(config.seed, "eval", rank),
         spec=spec if settings.env is None else env_spec(config),
     )
+
+
+def film_episode(model: Any, config: EnvConfig, seed: int, path: str, explore: bool) -> dict[str, float]:
+    """One episode in an env that also renders full frames; writes them to ``path`` (GIF or MP4).
+    Returns the episode's ``{"return", "length"}`` as the collector reports it."""
+    import gymnasium as gym
+
+    one = EnvConfig(**{**vars(config), "num_envs": 1, "seed": seed})
+    env = gym.vector.SyncVectorEnv(
+        [lambda: make_env(one, render_mode="rgb_array")], autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP
+    )
+    try:
+        collector = Collector(env, model, seeds=seed)
+        frames: list[np.ndarray] = []
+        collector.reset()
+        frames.append(env.envs[0].render())
+        while not (done := collector.collect(1, explore)):
+            frames.append(env.envs[0].render())
+    finally:
+        env.close()
+    write_video(frames, path)
+    return done[0]
+
+
+def evaluation_record(
+    model: pl.LightningModule,
+    env: EnvConfig,
+    seed: int,
+    checkpoint: Path | None,
+    run_dir: str,
+    result: dict[str, float],
+    returns: np.ndarray,
+) -> dict[str, Any]:
+    """The JSON record of one ``evaluate`` run.
+
+    Args:
+        model: the evaluated model; its class and saved hyperparameters (``model.hparams``) go in.
+        env: the evaluation env's settings; ``seed`` the first episode's seed.
+        checkpoint: the file the weights were read from (``None``: the model as built).
+        run_dir: the run folder of the config (``lightning_logs/<run_name>``).
+        result: ``evaluate``'s summary (``return_mean``, ``return_std``, ``length_mean``, ``episodes``).
+        returns: ``[episodes]`` every episode's return, in episode order.
+    """
+    hparams = plain({k: v for k, v in dict(getattr(model, "hparams", {})).items() if k != "env_spec"})
+    return {
+        "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "run": Path(run_dir).name,
+        "checkpoint": None if checkpoint is None else str(Path(checkpoint).resolve()),
+        "model": f"{type(model).__module__}.{type(model).__name__}",
+        "hparams": hparams,
+        "env": {"id": env.id, "seed": seed, **({"kwargs": env.kwargs} if getattr(env, "kwargs", None) else {})},
+        **result,
+        "returns": [float(r) for r in returns],
+    }
