@@ -1,6 +1,7 @@
 """Print a markdown table of ``evaluate --out`` records (one JSON line an evaluation).
 
-Each row is one record: its run, the checkpoint file, the model settings asked for with
+Each row is one record: its run, the checkpoint file (and the training step it was saved at: a
+generation for CMA-ES), the model settings asked for with
 ``--columns`` (dotted names into the record's ``hparams``; a path shows its last folder or file
 name), the evaluation env's first seed and the return over the episodes (mean ± std, median).
 ``--runs`` keeps the records whose run name contains any of the given strings; the file's order
@@ -46,6 +47,11 @@ def show(value: Any) -> str:
     return "—" if value is None else str(value)
 
 
+def step(record: dict[str, Any]) -> str:
+    """`` (step N)`` where the record names the training step its checkpoint was saved at."""
+    return "" if record.get("checkpoint_step") is None else f" (step {record['checkpoint_step']})"
+
+
 def table(records: list[dict[str, Any]], columns: list[str]) -> str:
     """The markdown table of ``records`` with the settings ``columns``."""
     head = ["run", "checkpoint", *columns, "env seed", "episodes", "return (mean ± std)", "median"]
@@ -54,7 +60,7 @@ def table(records: list[dict[str, Any]], columns: list[str]) -> str:
         returns = record["returns"]
         cells = [
             record["run"],
-            show(record.get("checkpoint")),
+            show(record.get("checkpoint")) + step(record),
             *(show(setting(record, name)) for name in columns),
             str(record["env"]["seed"]),
             str(len(returns)),

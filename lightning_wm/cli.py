@@ -328,12 +328,16 @@ class Trainer(pl.Trainer):
         if isinstance(self.logger, TensorBoardLogger):
             check_writable(self.run_dir, "log folder", hint="(or write no logs: --trainer.logger false)")
 
-    def _load_weights(self, model: pl.LightningModule, ckpt_path: str | None, action: str) -> Path | None:
-        """Load ``--ckpt_path``'s weights into ``model``; returns the file read (``None``: none)."""
+    def _load_weights(
+        self, model: pl.LightningModule, ckpt_path: str | None, action: str
+    ) -> tuple[Path, int | None] | None:
+        """Load ``--ckpt_path``'s weights into ``model``; returns the file read and the training
+        step it was saved at (``None``: no checkpoint)."""
         found = open_checkpoint(ckpt_path, self.checkpoint_dir)
-        if found is not None:
-            load_weights(model, found[1], found[0], action=action)
-        return None if found is None else found[0]
+        if found is None:
+            return None
+        load_weights(model, found[1], found[0], action=action)
+        return found[0], found[1].get("global_step")
 
     # -- extra subcommands -------------------------------------------------------------
     def record(

@@ -11,6 +11,7 @@ evaluations = load_bench_script("evaluations.py")
 RECORD = {
     "run": "worldmodels-carracing-controller_dream_320",
     "checkpoint": "/runs/lightning_logs/worldmodels-carracing-controller_dream_320/checkpoints/best.ckpt",
+    "checkpoint_step": 15,
     "hparams": {"memory_ckpt": "lightning_logs/m_320/checkpoints/last.ckpt", "dream": {"dir": "d/latents_320"}},
     "env": {"id": "CarRacing-v3", "seed": 7},
     "return_mean": 2.0,
@@ -26,7 +27,7 @@ def test_a_row_shows_the_run_the_checkpoint_the_settings_and_the_returns():
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells == [
         "worldmodels-carracing-controller_dream_320",
-        "worldmodels-carracing-controller_dream_320/best.ckpt",
+        "worldmodels-carracing-controller_dream_320/best.ckpt (step 15)",
         "m_320/last.ckpt",
         "latents_320",
         "—",  # not a setting of this record

@@ -1,6 +1,7 @@
 """Checkpoints: one reader (weights_only, one-line errors), atomic writes, the resume rule,
 ``last`` / ``best`` resolution with a fallback for a corrupt ``last.ckpt``."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -290,8 +291,11 @@ def test_best_ckpt_holds_the_highest_validation_return_and_evaluate_takes_it(mon
     state = next(v for k, v in best["callbacks"].items() if k.startswith("RunCheckpoints"))
     assert state == {"best": 7.0, "best_step": 8}
     assert load_checkpoint("lightning_logs/tiny/checkpoints/last.ckpt")["global_step"] == 12
-    main(args=["evaluate", *TINY, "--ckpt_path", "best", "--episodes", "1"])
+    main(args=["evaluate", *TINY, "--ckpt_path", "best", "--episodes", "1", "--out", "evals.jsonl"])
     assert "return" in capsys.readouterr().out
+    record = json.loads(Path("evals.jsonl").read_text())  # the record names the file and its step
+    assert record["checkpoint"] == str(Path("lightning_logs/tiny/checkpoints/best.ckpt").resolve())
+    assert record["checkpoint_step"] == 8
 
 
 def test_a_setting_added_after_the_checkpoint_resumes_at_its_default_only():

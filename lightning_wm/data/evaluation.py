@@ -105,7 +105,7 @@ def evaluation_record(
     model: pl.LightningModule,
     env: EnvConfig,
     seed: int,
-    checkpoint: Path | None,
+    checkpoint: tuple[Path, int | None] | None,
     run_dir: str,
     result: dict[str, float],
     returns: np.ndarray,
@@ -115,7 +115,8 @@ def evaluation_record(
     Args:
         model: the evaluated model; its class and saved hyperparameters (``model.hparams``) go in.
         env: the evaluation env's settings; ``seed`` the first episode's seed.
-        checkpoint: the file the weights were read from (``None``: the model as built).
+        checkpoint: the file the weights were read from and the training step it was saved at
+            (``None``: the model as built).
         run_dir: the run folder of the config (``lightning_logs/<run_name>``).
         result: ``evaluate``'s summary (``return_mean``, ``return_std``, ``length_mean``, ``episodes``).
         returns: ``[episodes]`` every episode's return, in episode order.
@@ -124,7 +125,8 @@ def evaluation_record(
     return {
         "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "run": Path(run_dir).name,
-        "checkpoint": None if checkpoint is None else str(Path(checkpoint).resolve()),
+        "checkpoint": None if checkpoint is None else str(Path(checkpoint[0]).resolve()),
+        "checkpoint_step": None if checkpoint is None else checkpoint[1],
         "model": f"{type(model).__module__}.{type(model).__name__}",
         "hparams": hparams,
         "env": {"id": env.id, "seed": seed, **({"kwargs": env.kwargs} if getattr(env, "kwargs", None) else {})},
