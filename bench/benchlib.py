@@ -21,6 +21,12 @@ RLLIB_PYTHON = "/work/venvs/rllib/bin/python"  # the RLlib venv (its own gymnasi
 RESULT_PREFIX = "RESULT "
 
 
+def read_json_lines(path: str) -> list[dict[str, Any]]:
+    """The records of a JSON-lines file (``--out`` of the benches, ``evaluate --out``), in file order."""
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
 def exit_on_signal(signum: int, frame: Any) -> None:
     """SIGTERM handler: leave through ``finally`` blocks (Ray shut down, worker processes ended)."""
     raise SystemExit(128 + signum)

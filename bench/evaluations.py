@@ -14,16 +14,11 @@ is kept.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 from typing import Any
 
-
-def read_records(path: str | Path) -> list[dict[str, Any]]:
-    """The records of one ``evaluate --out`` file, in the order they were appended."""
-    lines = Path(path).read_text().splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
+from benchlib import read_json_lines
 
 
 def setting(record: dict[str, Any], dotted: str) -> Any:
@@ -77,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--columns", nargs="*", default=[], help="model settings to show, dotted (dream.dir)")
     parser.add_argument("--runs", nargs="*", default=[], help="keep runs whose name contains one of these")
     args = parser.parse_args(argv)
-    records = [r for path in args.records for r in read_records(path)]
+    records = [r for path in args.records for r in read_json_lines(path)]
     if args.runs:
         records = [r for r in records if any(part in r["run"] for part in args.runs)]
     if not records:

@@ -83,6 +83,7 @@ from benchlib import (
     peer_env,
     print_result,
     quiet_fit_overrides,
+    read_json_lines,
     run_worker,
     unshadow_minatar,
 )
@@ -520,8 +521,9 @@ def parse_args() -> argparse.Namespace:
 
 def _append(out: str | None, record: dict[str, Any]) -> None:
     if out:
-        with open(out, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        from lightning_wm.io import append_json_line
+
+        append_json_line(out, record)
 
 
 def _append_partial(out: str | None, folder: RunFolder | None) -> None:
@@ -542,15 +544,11 @@ def main() -> None:
         print_result(run_rllib(args) if args.system == "rllib" else run_ours(args))
         return
     if args.report:
-        records = [json.loads(line) for path in args.report for line in open(path) if line.strip()]
+        records = [r for path in args.report for r in read_json_lines(path)]
     else:
         print(f"machine: {os.cpu_count()} CPUs, load average {load_average()} at start", flush=True)
         records = []
-        earlier = (
-            [json.loads(line) for line in open(args.out) if line.strip()]
-            if args.out and os.path.exists(args.out)
-            else []
-        )
+        earlier = read_json_lines(args.out) if args.out and os.path.exists(args.out) else []
         for system in args.systems:
             for game in args.games:
                 for seed in args.seeds:

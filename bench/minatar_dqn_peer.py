@@ -229,8 +229,9 @@ def main() -> None:
     line = json.dumps(record)
     print(line)
     if args.out:
-        with open(args.out, "a") as f:
-            f.write(line + "\n")
+        from lightning_wm.io import append_json_line
+
+        append_json_line(args.out, record)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ temp names are unique per process and call (two writers never share one) and sta
 from __future__ import annotations
 
 import errno
+import json
 import os
 import secrets
 import shutil
@@ -111,8 +112,6 @@ def append_json_line(path: str | os.PathLike, record: dict[str, Any]) -> Path:
     """Append ``record`` as one JSON line to ``path`` (created with its folder if missing) and
     fsync it: earlier lines are never rewritten, and a line is on disk when this returns. Values
     JSON does not know (paths, tuples of them) are written as their ``str``."""
-    import json
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     line = json.dumps(record, default=str) + "\n"

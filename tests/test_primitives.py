@@ -1,5 +1,7 @@
 """The shared primitives: tree utilities, atomic writes, seed derivation."""
 
+import errno
+import json
 import os
 import time
 
@@ -67,6 +69,20 @@ def test_atomic_write_replaces_whole_file_and_cleans_up_on_error(tmp_path):
         io.atomic_write(target, fail)
     assert target.read_bytes() == b"one"
     assert [p.name for p in tmp_path.iterdir()] == ["x.bin"]
+
+
+def test_append_json_line_keeps_earlier_lines_and_names_a_full_disk(tmp_path, monkeypatch):
+    path = tmp_path / "new_folder" / "records.jsonl"
+    io.append_json_line(path, {"a": 1})
+    io.append_json_line(path, {"b": tmp_path})  # a path is written as its str
+    assert path.read_text().splitlines() == ['{"a": 1}', json.dumps({"b": str(tmp_path)})]
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(io.os, "fsync", full)
+    with pytest.raises(io.DiskFullError, match="no space left on the device appending to"):
+        io.append_json_line(path, {"c": 3})
 
 
 def test_atomic_torch_save_and_stale_temp_cleanup(tmp_path):

@@ -129,7 +129,7 @@ def evaluation_record(
         "checkpoint_step": None if checkpoint is None else checkpoint[1],
         "model": f"{type(model).__module__}.{type(model).__name__}",
         "hparams": hparams,
-        "env": {"id": env.id, "seed": seed, **({"kwargs": env.kwargs} if getattr(env, "kwargs", None) else {})},
+        "env": {"id": env.id, "seed": seed, **({"kwargs": env.kwargs} if env.kwargs else {})},
         **result,
         "returns": [float(r) for r in returns],
     }
