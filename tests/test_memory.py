@@ -497,3 +497,14 @@ def test_the_reward_head_is_scored_on_the_forward_mean_with_a_reward_horizon():
     smoothed = {**batch, "reward": episode_forward_mean(batch["reward"], batch["is_first"].bool(), 3)}
     assert three.losses(batch)["reward_loss"].item() == pytest.approx(one.losses(smoothed)["reward_loss"].item())
     assert three.losses(batch)["reward_loss"].item() != pytest.approx(one.losses(batch)["reward_loss"].item())
+
+
+def test_a_folder_without_its_env_is_named_in_the_error(tmp_path):
+    """Episodes copied into a new folder without meta.json: the one-line error says what to copy."""
+    from lightning_wm.data.offline import EpisodeDataModule
+
+    store = EpisodeStore(tmp_path / "merged")
+    store.add({"z": np.zeros((3, 2), np.float32), "action": np.zeros((3, 1), np.float32)})
+    data = EpisodeDataModule(str(tmp_path / "merged"), mode="sequences")
+    with pytest.raises(ValueError, match="no meta.json"):
+        Memory(data.spec, **MEMORY_TINY)

@@ -81,7 +81,9 @@ class Memory(OfflineModel):
             action_dim, discrete = env_spec.action_dim, env_spec.discrete
         if action_dim is None or discrete is None:
             raise ValueError(
-                "Memory needs the action space: pass env_spec (the CLI links it) or action_dim and discrete"
+                "Memory needs the action space and the data names no env: the episode folder has no meta.json "
+                "(record and convert write it; copy it beside episodes merged by hand), or set "
+                "data.init_args.env, or pass action_dim and discrete"
             )
         check_patience(patience)
         self.net = as_settings(MemoryNetSettings, net, "net")
