@@ -10,6 +10,7 @@ from pytorch_lightning.loggers import TensorBoardLogger
 from lightning_wm.agents.worldmodels.memory import Memory
 from lightning_wm.agents.worldmodels.vision import Vision, convert_episodes
 from lightning_wm.data.episodes import EpisodeStore
+from lightning_wm.data.offline import EpisodeDataModule
 from lightning_wm.envs import EnvSpec
 from lightning_wm.optim import OptimSettings
 
@@ -501,8 +502,6 @@ def test_the_reward_head_is_scored_on_the_forward_mean_with_a_reward_horizon():
 
 def test_a_folder_without_its_env_is_named_in_the_error(tmp_path):
     """Episodes copied into a new folder without meta.json: the one-line error says what to copy."""
-    from lightning_wm.data.offline import EpisodeDataModule
-
     store = EpisodeStore(tmp_path / "merged")
     store.add({"z": np.zeros((3, 2), np.float32), "action": np.zeros((3, 1), np.float32)})
     data = EpisodeDataModule(str(tmp_path / "merged"), mode="sequences")
