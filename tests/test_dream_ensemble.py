@@ -99,6 +99,28 @@ def test_ensemble_refuses_a_mismatched_member_and_unknown_rules():
         VisionMemoryModel(base.vision, base.memory, ensemble=[_member()], ensemble_done="min")
     with pytest.raises(ValueError, match="dream.ensemble needs memory_ckpt"):
         Controller(DISCRETE, dream={"ensemble": ["m2.ckpt"]})
+    with pytest.raises(ValueError, match="ensemble_penalty must be >= 0 and needs an ensemble"):
+        VisionMemoryModel(base.vision, base.memory, ensemble_penalty=0.5)
+    with pytest.raises(ValueError, match="dream.ensemble_penalty needs dream.ensemble"):
+        Controller(DISCRETE, dream={"ensemble_penalty": 0.5})
+
+
+def test_ensemble_penalty_takes_the_members_disagreement_off_the_reward():
+    """Two members: the std over them of their mean next latent is half the gap between the
+    two means; the far member predicts exactly 100 in every dimension, so the gap is known."""
+    base = tiny_vision_memory()
+    far = _member(z_offset=100.0)
+    plain = VisionMemoryModel(base.vision, base.memory, ensemble=[far])
+    penalised = VisionMemoryModel(base.vision, base.memory, ensemble=[far], ensemble_penalty=0.01)
+    state = {**plain.zero_state(3), "z": torch.randn(3, 4)}
+    action = torch.nn.functional.one_hot(torch.tensor([0, 1, 1]), 2).float()
+    reward, _, _ = plain.step(state, action, generator=torch.Generator().manual_seed(1))
+    reward_pen, _, _ = penalised.step(state, action, generator=torch.Generator().manual_seed(1))
+    out, _ = base.memory.step(state["z"], base.memory.action_input(action), (state["h"], state["c"]))
+    m_base = base.memory.mean_next(base.memory.heads(out))  # [3, 4]
+    gap = (m_base - 100.0).abs().mean(-1) / 2  # two members: population std = |a - b| / 2
+    assert (gap > 40).all()
+    torch.testing.assert_close(reward_pen, reward - 0.01 * gap)
 
 
 def test_controller_dreams_with_an_ensemble_and_acts_with_m_alone(tmp_path):

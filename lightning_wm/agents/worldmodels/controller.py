@@ -384,6 +384,7 @@ class Controller(RLModule):
                 ensemble=list(self.memory_ensemble),
                 ensemble_next=self.dream.ensemble_next,
                 ensemble_done=self.dream.ensemble_done,
+                ensemble_penalty=self.dream.ensemble_penalty,
             )
         return self.__dict__["_dream_model"]
 

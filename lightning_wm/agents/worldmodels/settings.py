@@ -165,6 +165,9 @@ class ControllerDreamSettings:
         ensemble_next: whose mixture gives ``z'``: a member drawn per step (``random``) or M
             (``primary``).
         ensemble_done: a dream step ends with the members' ``max`` or ``mean`` done probability.
+        ensemble_penalty: the dream's reward less this times the members' disagreement (the std
+            over members of their mean next latent, averaged over its dimensions; MOPO's
+            penalty); 0: none.
     """
 
     dir: str | None = None
@@ -178,6 +181,7 @@ class ControllerDreamSettings:
     ensemble: tuple[str, ...] = ()
     ensemble_next: Literal["random", "primary"] = "random"
     ensemble_done: Literal["max", "mean"] = "max"
+    ensemble_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         check_one_of("dream.starts", self.starts, ("first", "all"))
@@ -188,3 +192,6 @@ class ControllerDreamSettings:
         check_one_of("dream.reward", self.reward, ("head", "survival"))
         check_one_of("dream.ensemble_next", self.ensemble_next, ("random", "primary"))
         check_one_of("dream.ensemble_done", self.ensemble_done, ("max", "mean"))
+        check_at_least("dream.ensemble_penalty", self.ensemble_penalty, 0)
+        if self.ensemble_penalty and not self.ensemble:
+            raise ValueError("dream.ensemble_penalty needs dream.ensemble (the members whose disagreement it costs)")

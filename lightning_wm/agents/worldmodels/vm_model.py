@@ -17,10 +17,12 @@ the dream harder to exploit, the remedy of ME-TRPO / PETS / MOPO for a policy th
 one model is wrong. Every member reads the same ``[z, a]`` with its own LSTM state (the state
 gains ``eh``/``ec`` ``[B, K-1, H]``); the first M stays the controller's memory (``features`` =
 ``[z, h]`` of ``memory``, as in the real env). Each dream step draws ``z'`` from one member
-chosen at random per dream (``ensemble_next="random"``: trajectory sampling, so a controller
-must do well under every member) or from ``memory`` alone (``"primary"``), and the episode ends
+chosen at random for that step and env (``ensemble_next="random"``: PETS's TS-1 sampling, so a
+controller must do well under every member) or from ``memory`` alone (``"primary"``), and the episode ends
 with the members' largest done probability (``ensemble_done="max"``: a state any member thinks
-is terminal is terminal) or their mean (``"mean"``). The reward is the members' mean.
+is terminal is terminal) or their mean (``"mean"``). The reward is the members' mean, less
+``ensemble_penalty`` times their disagreement (MOPO's uncertainty-penalised reward): the std over
+members of the mean next latent each predicts, averaged over the latent's dimensions.
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ class VisionMemoryModel(nn.Module, WorldModel):
         ensemble_next: whose mixture gives ``z'``: a member drawn per dream step and env
             (``random``) or ``memory`` (``primary``).
         ensemble_done: the done probability of a step: the members' ``max`` or ``mean``.
+        ensemble_penalty: the step's reward less this times the members' disagreement
+            (:meth:`disagreement`); 0: the members' mean reward alone.
     """
 
     def __init__(
@@ -69,6 +73,7 @@ class VisionMemoryModel(nn.Module, WorldModel):
         ensemble: Sequence[Memory] = (),
         ensemble_next: Literal["random", "primary"] = "random",
         ensemble_done: Literal["max", "mean"] = "max",
+        ensemble_penalty: float = 0.0,
     ) -> None:
         super().__init__()
         if vision.latent_dim != memory.latent_dim:
@@ -88,9 +93,12 @@ class VisionMemoryModel(nn.Module, WorldModel):
             raise ValueError(f"ensemble_next must be 'random' or 'primary', got {ensemble_next!r}")
         if ensemble_done not in ("max", "mean"):
             raise ValueError(f"ensemble_done must be 'max' or 'mean', got {ensemble_done!r}")
+        if ensemble_penalty < 0 or (ensemble_penalty and not ensemble):
+            raise ValueError(f"ensemble_penalty must be >= 0 and needs an ensemble, got {ensemble_penalty}")
         self.vision, self.memory = vision, memory
         self.ensemble = nn.ModuleList(ensemble)
         self.ensemble_next, self.ensemble_done = ensemble_next, ensemble_done
+        self.ensemble_penalty = ensemble_penalty
         self.actions = memory.actions  # env actions <-> M's action input (one-hot / env values)
         self.temperature = memory.temperature if temperature is None else temperature
         self.sample_z = sample_z
@@ -209,7 +217,16 @@ class VisionMemoryModel(nn.Module, WorldModel):
         done = torch.stack([torch.sigmoid(m.next_done_logit(h, new["z"])) for m, h in zip(members, heads)])  # [K, B]
         done = done.max(0).values if self.ensemble_done == "max" else done.mean(0)
         reward = torch.stack([h["reward"] for h in heads]).mean(0)
+        if self.ensemble_penalty:
+            reward = reward - self.ensemble_penalty * self.disagreement(members, heads)
         return reward, new, done
+
+    @staticmethod
+    def disagreement(members: Sequence[Memory], heads: Sequence[dict[str, Tensor]]) -> Tensor:
+        """The members' disagreement on a step, ``[B]``: the std over members (population std)
+        of each one's mean next latent ``[K, B, Z]``, averaged over the ``Z`` dimensions."""
+        means = torch.stack([m.mean_next(h) for m, h in zip(members, heads)])
+        return means.std(0, correction=0).mean(-1)
 
     def features(self, state: VMState) -> Tensor:
         """``[B, Z + H]``: ``[z, h]``."""
