@@ -504,7 +504,7 @@ class RunCheckpoints(Checkpoint):
         if every_n_train_steps < 0:
             raise ValueError(f"checkpoint_every_n_steps must be >= 0 (0: only at the end), got {every_n_train_steps}")
         if keep < 1:
-            raise ValueError(f"keep must be >= 1, got {keep}")
+            raise ValueError(f"trainer.checkpoint_keep must be >= 1, got {keep}")
         self.dirpath = Path(dirpath)
         self.every_n_train_steps, self.keep = every_n_train_steps, keep
         self.best: float | None = None

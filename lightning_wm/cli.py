@@ -99,6 +99,8 @@ class Trainer(pl.Trainer):
             from the config file's path when not given).
         checkpoint_every_n_steps: periodic checkpoints (``last.ckpt`` and ``step=N.ckpt``); 0:
             only at the end of fit.
+        checkpoint_keep: how many of the newest ``step=N.ckpt`` files stay (the older are deleted);
+            e.g. a controller run with ``checkpoint_every_n_steps: 1`` keeps every generation.
         torch_threads: ``torch.set_num_threads`` for this process (``None`` keeps torch's
             default). Small networks on a few CPU cores train several times faster with 1.
         float32_matmul_precision: ``torch.set_float32_matmul_precision`` (``highest``, ``high``:
@@ -117,6 +119,7 @@ class Trainer(pl.Trainer):
         *args: Any,
         run_name: str | None = None,
         checkpoint_every_n_steps: int = 1000,
+        checkpoint_keep: int = 2,
         torch_threads: int | None = None,
         float32_matmul_precision: str | None = None,
         keep_freed_memory: bool = True,
@@ -148,7 +151,7 @@ class Trainer(pl.Trainer):
             if own:  # the user's ModelCheckpoint decides where checkpoints go
                 self.checkpoint_dir = own[0].dirpath or self.checkpoint_dir
             else:  # (Lightning adds no ModelCheckpoint of its own beside it)
-                callbacks.append(RunCheckpoints(self.checkpoint_dir, checkpoint_every_n_steps))
+                callbacks.append(RunCheckpoints(self.checkpoint_dir, checkpoint_every_n_steps, checkpoint_keep))
         callbacks.append(NonFiniteLossGuard())
         callbacks += [c for c in cli_callbacks() if not any(type(x) is type(c) for x in callbacks)]
         if kwargs.get("enable_progress_bar", True) is not False and not any(

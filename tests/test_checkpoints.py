@@ -331,6 +331,23 @@ def test_resume_if_exists_resumes_from_last_else_the_newest_step_else_best(tmp_p
     assert resume_point(tmp_path) == ("last", "")
 
 
+def test_checkpoint_keep_sets_how_many_periodic_checkpoints_stay(tmp_path):
+    from lightning_wm.checkpoints import RunCheckpoints
+    from lightning_wm.cli import Trainer
+
+    trainer = Trainer(logger=False, default_root_dir=str(tmp_path), checkpoint_every_n_steps=1, checkpoint_keep=3)
+    (callback,) = [c for c in trainer.callbacks if isinstance(c, RunCheckpoints)]
+    assert callback.keep == 3
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    for step in (1, 2, 10, 3, 20):  # pruned by step number, not by name
+        (folder / f"step={step}.ckpt").write_bytes(b"x")
+    RunCheckpoints(folder, 1, keep=3)._prune()
+    assert sorted(p.name for p in folder.iterdir()) == ["step=10.ckpt", "step=20.ckpt", "step=3.ckpt"]
+    with pytest.raises(ValueError, match="trainer.checkpoint_keep must be >= 1, got 0"):
+        Trainer(logger=False, default_root_dir=str(tmp_path), checkpoint_keep=0)
+
+
 class _Budgeted(torch.nn.Module):
     """A model whose ``es.episodes`` is a budget a resume may change; ``width`` is not."""
 
