@@ -188,6 +188,14 @@ def open_checkpoint(
         raise CheckpointError(f"{err}; no intact checkpoint is beside it to resume from") from None
 
 
+def step_of(path: Path) -> int:
+    """The step ``N`` of a periodic checkpoint ``step=N.ckpt``; -1 for any other name."""
+    try:
+        return int(path.stem.split("=", 1)[1])
+    except (IndexError, ValueError):
+        return -1
+
+
 def resume_point(checkpoint_dir: str | os.PathLike) -> tuple[str, str] | None:
     """What ``--resume_if_exists`` resumes from: ``last.ckpt``; else the newest ``step=N.ckpt`` (a
     run preempted between its periodic save and the copy to ``last.ckpt``); else ``best.ckpt`` (a
@@ -196,12 +204,6 @@ def resume_point(checkpoint_dir: str | os.PathLike) -> tuple[str, str] | None:
     folder = Path(checkpoint_dir)
     if (folder / LAST).is_file():
         return "last", ""
-
-    def step_of(path: Path) -> int:
-        try:
-            return int(path.stem.split("=", 1)[1])
-        except (IndexError, ValueError):
-            return -1
 
     steps = sorted((p for p in folder.glob("step=*.ckpt") if step_of(p) >= 0), key=step_of)
     if steps:
@@ -552,12 +554,6 @@ class RunCheckpoints(Checkpoint):
             self._prune()
 
     def _prune(self) -> None:
-        def step_of(p: Path) -> int:
-            try:
-                return int(p.stem.split("=", 1)[1])
-            except (IndexError, ValueError):
-                return -1
-
         periodic = sorted(self.dirpath.glob("step=*.ckpt"), key=step_of)
         for old in periodic[: -self.keep]:
             old.unlink(missing_ok=True)
