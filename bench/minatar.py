@@ -52,8 +52,10 @@ Runs longer than a session: ``--run-dir DIR`` (ours, not RLlib) keeps a checkpoi
 Ctrl-C) ends it (weights, optimizer, replay buffer, loop state and the bench's own rows and clocks);
 a stopped run's record so far (``"finished": false``, its last evaluation's frames; the summary
 marks it ‡) is appended to ``--out`` as the bench stops; the same command run again resumes a cut
-run from that checkpoint, ``--minutes`` and ``--wall-minutes`` counting over all its sessions, and skips a
-finished one (``record.json`` there; its record was appended to ``--out`` when it finished).
+run from that checkpoint, ``--minutes`` and ``--wall-minutes`` counting over all its sessions (give
+caps that cover the whole run: one resumed past them is refused with a line saying so, not recorded
+as finished), and skips a finished one (``record.json`` there; its record was appended to ``--out``
+when it finished).
 """
 
 from __future__ import annotations

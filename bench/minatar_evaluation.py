@@ -109,6 +109,21 @@ class BenchEvaluation(pl.Callback):
         trainer.datamodule.pop_env_stats()  # the episodes that ended since the last step count too
         self.saved_on_stop = self._save(trainer)
 
+    def _refuse_if_past_the_caps(self) -> None:
+        """A run short of its frames whose earlier sessions already spent this call's ``--minutes``
+        or ``--wall-minutes`` (they count over all sessions) would stop at its first step and be
+        recorded as finished there: say so and stop instead, the run folder untouched."""
+        schedule = self.schedule
+        if self.frames >= schedule.frames or not schedule.over(self.frames, self.seconds_before, self.wall_before):
+            return
+        raise SystemExit(
+            f"error: {self.identity['system']} {self.identity['game']} seed {self.identity['seed']} in "
+            f"{self.checkpoint.parent if self.checkpoint else 'its run folder'} has {self.frames} of {schedule.frames} "
+            f"frames after {self.seconds_before / 60:.1f} min of training and {self.wall_before / 60:.1f} min of wall "
+            f"over its sessions, past --minutes {schedule.seconds / 60:g} / --wall-minutes {schedule.wall_seconds / 60:g} "
+            "(they count over all sessions); run it again with larger caps to go on"
+        )
+
     # -- checkpoints ---------------------------------------------------------------------
     def _save(self, trainer: Any) -> bool:
         """Write the run's checkpoint (if it has one); whether one was written."""
@@ -141,6 +156,7 @@ class BenchEvaluation(pl.Callback):
         self.eval_time = float(state_dict["eval_time"])
         self.seconds_before, self.wall_before = float(state_dict["seconds"]), float(state_dict["wall"])
         self.start, self._eval_here = time.perf_counter(), 0.0
+        self._refuse_if_past_the_caps()
         self.training.recent.extend(state_dict["training"]["recent"])
         self.training.count = int(state_dict["training"]["count"])
         if self.history:

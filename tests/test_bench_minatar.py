@@ -333,6 +333,19 @@ def test_a_checkpoint_of_another_run_is_refused_by_name():
         other.load_state_dict(state)
 
 
+def test_a_run_resumed_past_its_time_caps_is_refused_not_recorded_as_finished():
+    identity = {"system": "dreamer", "game": "asterix", "seed": 0, "sets": []}
+    first = _evaluation(identity)
+    first.history, first.frames, first.seconds_before = [{"frames": 75}], 96, 6120.0
+    state = first.state_dict()
+    short = _evaluation(identity, bench.EvalSchedule(every=25, frames=200, seconds=15 * 60.0))
+    with pytest.raises(SystemExit, match=r"96 of 200 frames after 102\.0 min of training.*--minutes 15 .*larger caps"):
+        short.load_state_dict(state)
+    longer = _evaluation(identity, bench.EvalSchedule(every=25, frames=200, seconds=1000 * 60.0))
+    longer.load_state_dict(state)
+    assert longer.frames == 96 and longer.history == [{"frames": 75}]
+
+
 @pytest.mark.slow
 def test_a_cut_run_resumes_from_its_run_folder_and_a_finished_one_is_not_run_again(tmp_path):
     import os
