@@ -89,7 +89,7 @@ from benchlib import (
     run_worker,
     unshadow_minatar,
 )
-from minatar_report import plot_games, split_sets, summary
+from minatar_report import frames_ratio_table, plot_games, split_sets, summary
 from minatar_trivial import cached_trivial, trivial_key, trivial_scores
 
 CONFIGS = {
@@ -569,6 +569,10 @@ def main() -> None:
                     _append(args.out, record)
     print()
     print(summary(records, args.eval_every, args.target))
+    ratios = frames_ratio_table(records)
+    if ratios:
+        print("\nFrames to the same return (the paper's metric, mean over seeds), each variant against the config:\n")
+        print(ratios)
     if args.plot:
         for path in plot_games(records, args.plot, args.plot_suffix):
             print(f"wrote {path}")

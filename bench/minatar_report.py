@@ -270,6 +270,55 @@ def _paper_references(ax: Any, game: str, last_frames: int) -> None:
                        label=f"paper {curve} at {first / 1e6:g}M frames")  # fmt: skip
 
 
+RATIO_FRACTIONS = (0.5, 0.75, 0.9, 1.0)
+
+
+def frames_ratio_table(records: list[dict[str, Any]], fractions: tuple[float, ...] = RATIO_FRACTIONS) -> str:
+    """Markdown: for every variant of a system with ``--set`` overrides, the frames its mean curve
+    over seeds (the paper's metric) needs to each level against the frames the config's own runs
+    (no overrides) need, and their ratio. The levels are ``fractions`` of the lower of the two
+    final means, so both curves reach them; a curve crosses a level between two evaluations
+    (linear interpolation) or at one; a level already passed at the first evaluation is left out
+    (no earlier point to place it)."""
+    groups = _groups(records)
+    lines = []
+    for (name, game), runs in sorted(groups.items()):
+        config = groups.get((runs[0]["system"], game))
+        if name == runs[0]["system"] or config is None:
+            continue
+        ours, theirs = _mean_curve(config, "train_return"), _mean_curve(runs, "train_return")
+        if not ours or not theirs:
+            continue
+        top = min(ours[-1][1], theirs[-1][1])
+        for fraction in fractions:
+            level = fraction * top
+            base, other = frames_at_level(ours, level), frames_at_level(theirs, level)
+            if base is None or other is None:
+                continue
+            lines.append(
+                f"| {name} | {game} | {len(config)} / {len(runs)} | {fraction:g} × {top:.2f} = {level:.2f} | "
+                f"{base:,.0f} | {other:,.0f} | {other / base:.2f} |"
+            )
+    if not lines:
+        return ""
+    head = [
+        "| variant | game | seeds (config / variant) | level: the lower final mean × | frames, config | frames, variant | ratio |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    return "\n".join(head + lines)
+
+
+def frames_at_level(curve: list[tuple[int, float]], level: float) -> float | None:
+    """Frames where ``curve`` ``[(frames, value)]`` first reaches ``level``, linearly between the
+    two evaluations around the crossing; None where it never does or does at its first point."""
+    if not curve or curve[0][1] >= level:
+        return None
+    for (f0, v0), (f1, v1) in zip(curve, curve[1:]):
+        if v1 >= level > v0:
+            return f0 + (f1 - f0) * (level - v0) / (v1 - v0)
+    return None
+
+
 def _mean_curve(runs: list[dict[str, Any]], key: str) -> list[tuple[int, float]]:
     """``(frames, mean over seeds)`` at each evaluation spacing point where every seed has ``key``."""
     spacing = max(r.get("eval_every", 1) for r in runs)

@@ -132,6 +132,24 @@ def test_summary_has_both_metrics_per_point_the_papers_best_and_frames_to_reach(
     assert report["paper_best"]("asterix", 5_000_000) == ("AC(λ=0)", 20.5)
 
 
+def test_frames_to_the_same_return_interpolate_between_evaluations_against_the_config():
+    curve = [(100, 10.0), (200, 20.0), (300, 40.0)]
+    assert report["frames_at_level"](curve, 30.0) == 250.0 and report["frames_at_level"](curve, 20.0) == 200.0
+    assert report["frames_at_level"](curve, 10.0) is None, "reached at the first point: no earlier point to place it"
+    assert report["frames_at_level"](curve, 41.0) is None
+    config = [
+        _run("impala", s, [(100, 1.0, 0.0, 10.0 + s), (200, 2.0, 0.0, 20.0 + s), (300, 3.0, 0.0, 40.0 + s)])
+        for s in (0, 2)
+    ]
+    actors = [_run("impala", 0, [(100, 1.0, 0.0, 5.0), (200, 2.0, 0.0, 15.0), (300, 3.0, 0.0, 35.0)])]
+    actors[0]["sets"] = [["data.init_args.acting.num_actors", "1"]]
+    table = bench.frames_ratio_table(config + actors, fractions=(0.5, 1.0))
+    # config mean 11 / 21 / 41, variant 5 / 15 / 35: levels 17.5 and 35 of the lower final mean
+    assert "| impala (data.acting.num_actors 1) | breakout | 2 / 1 | 0.5 × 35.00 = 17.50 | 165 | 212 | 1.29 |" in table
+    assert "| 1 × 35.00 = 35.00 | 270 | 300 | 1.11 |" in table
+    assert bench.frames_ratio_table(config, fractions=(0.5,)) == "", "no variant: no table"
+
+
 def test_runs_with_other_settings_are_summarised_apart():
     shipped = _run("dyna", 0, [(101, 10.0, 1.0)])
     constant_lr = {
