@@ -88,7 +88,19 @@ def _seen(name: str, predicted: torch.Tensor, reward: torch.Tensor, rewarded: to
         f"{name}: real on rewarded rows": float(reward[rewarded].mean()),
         f"{name}: predicted elsewhere": float(predicted[~rewarded].mean()),
         f"{name}: rewards seen (>= half)": float(hit.float().mean()),
+        f"{name}: AUC, rewarded rows above the others": auc(predicted, rewarded),
     }
+
+
+def auc(score: torch.Tensor, positive: torch.Tensor) -> float:
+    """The probability that a positive row's ``score`` is above a negative one's (Mann-Whitney;
+    ties count half): 0.5 is a head that tells them apart no better than chance."""
+    score, positive = score.flatten().double(), positive.flatten()
+    pos, neg = score[positive], score[~positive]
+    if not len(pos) or not len(neg):
+        return math.nan
+    above = (pos[:, None] > neg[None]).double().mean() + 0.5 * (pos[:, None] == neg[None]).double().mean()
+    return float(above)
 
 
 def _action_shares(raw: torch.Tensor, action: torch.Tensor) -> dict[str, float]:

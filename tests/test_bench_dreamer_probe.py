@@ -53,3 +53,11 @@ def test_the_figures_on_a_tiny_dreamers_windows():
     shares = [float(x) for x in figures["replay's actions, share per action"].split(" / ")]
     assert len(shares) == 2 and sum(shares) == pytest.approx(1.0, abs=0.01)
     assert all(isinstance(v, str) or v == v for v in figures.values()), "no NaN"
+
+
+def test_auc_is_the_share_of_positive_negative_pairs_in_order():
+    score = torch.tensor([0.9, 0.1, 0.5, 0.5, 0.2])
+    positive = torch.tensor([True, False, True, False, False])
+    # pairs (pos, neg): 0.9 beats 0.1, 0.5, 0.2; 0.5 beats 0.1, 0.2 and ties 0.5: (3 + 2 + 0.5) / 6
+    assert probe.auc(score, positive) == pytest.approx(5.5 / 6)
+    assert probe.auc(score, torch.zeros(5, dtype=torch.bool)) != probe.auc(score, torch.zeros(5, dtype=torch.bool))
