@@ -52,3 +52,10 @@ def test_the_dreamer_actors_config_is_the_in_process_config_with_actors():
     differ, a = differing_keys("dreamer/cartpole_actors.yaml", "dreamer/cartpole.yaml")
     assert differ and all(key.startswith("data.init_args.acting.") for key in differ), sorted(differ)
     assert a["data.init_args.acting.num_actors"] == 1
+
+
+def test_the_impala_minatar_actors_config_is_the_in_process_config_with_actors():
+    """Its runs are compared frame for frame with minatar.yaml's in-process figures: only ``acting``."""
+    differ, a = differing_keys("impala/minatar_actors.yaml", "impala/minatar.yaml")
+    assert differ and all(key.startswith("data.init_args.acting.") for key in differ), sorted(differ)
+    assert a["data.init_args.acting.num_actors"] == 2 and a["data.init_args.acting.fetch_ahead"] is False

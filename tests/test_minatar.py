@@ -168,6 +168,17 @@ def test_impala_minatar_config_fits():
 
 
 @pytest.mark.slow
+def test_impala_minatar_actors_config_fits_with_two_actor_processes():
+    cli = _fit(
+        "impala/minatar_actors.yaml",
+        *data_overrides(UNROLL_DATA_TINY),
+        *"--data.init_args.acting.envs_per_actor 2".split(),  # one batch (2 unrolls) a chunk, as 8 of 8 there
+    )
+    assert cli.trainer.global_step == 3 and "val/return" in cli.trainer.logged_metrics
+    assert cli.datamodule.acting.num_streams == 4 and cli.datamodule.fetch_ahead is False  # 2 actors x 2 envs
+
+
+@pytest.mark.slow
 def test_muzero_minatar_config_fits():
     tiny = {**MUZERO_TINY, "net": {**MUZERO_TINY["net"], "channels": 4}}
     cli = _fit("muzero/minatar.yaml", *model_overrides(tiny), *data_overrides(MUZERO_DATA_TINY))
