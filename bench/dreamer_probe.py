@@ -7,7 +7,7 @@ against the real discounted returns. For a run that does not learn, it says whic
 
 ``RUN`` is a ``bench/minatar.py --run-dir`` run folder (``config.yaml``, ``bench.ckpt`` and the
 replay file the checkpoint names) or any folder holding a Dreamer checkpoint (``--checkpoint``),
-its ``config.yaml`` and a ``replay_rank0_step<N>.pt``. Windows of ``--length`` rows are drawn
+its ``config.yaml`` and the replay file saved with that checkpoint. Windows of ``--length`` rows are drawn
 uniformly from the replay (seeded); a reward counts as seen where the prediction is at least half
 of it.
 """
@@ -25,21 +25,30 @@ import yaml
 from benchlib import unshadow_minatar
 
 from lightning_wm.agents.dreamer import Dreamer
-from lightning_wm.checkpoints import load_module, step_of
+from lightning_wm.callbacks import BufferCheckpoint
+from lightning_wm.checkpoints import load_checkpoint, load_module
 from lightning_wm.data.replay import ReplayBuffer
 from lightning_wm.env_config import EnvConfig
 from lightning_wm.envs import env_spec
 
 
 def load_run(run: Path, checkpoint: Path | None) -> tuple[Dreamer, ReplayBuffer]:
-    """The run's Dreamer (frozen, eval mode) and its newest saved replay."""
+    """The run's Dreamer (frozen, eval mode) and the replay its checkpoint names (the file
+    :class:`~lightning_wm.callbacks.BufferCheckpoint` wrote at the checkpoint's step, beside it)."""
+    checkpoint = checkpoint or run / "bench.ckpt"
     config = yaml.safe_load((run / "config.yaml").read_text())
     spec = env_spec(EnvConfig(**config["data"]["init_args"]["env"]))
-    module = load_module(Dreamer, checkpoint or run / "bench.ckpt", env_spec=spec)
-    replays = sorted(run.glob("replay_rank0_step*.pt"), key=lambda p: step_of(p) or -1)
-    if not replays:
-        raise SystemExit(f"error: no replay_rank0_step*.pt in {run}; give the folder a Dreamer run saved into")
-    return module, ReplayBuffer.load(replays[-1], seed=0)
+    module = load_module(Dreamer, checkpoint, env_spec=spec)
+    record = load_checkpoint(checkpoint).get("replay_buffers") or {}
+    name = BufferCheckpoint.filename("replay", 0, record["step"]) if record else None
+    folders = (checkpoint.parent, Path(record.get("dir", checkpoint.parent)))  # where the resume looks too
+    replay = next((folder / name for folder in folders if name and (folder / name).is_file()), None)
+    if replay is None:
+        raise SystemExit(
+            f"error: {checkpoint} names no replay file that exists ({name or 'no replay_buffers record'}); "
+            "give a Dreamer run folder saved with its replay (bench/minatar.py --run-dir)"
+        )
+    return module, ReplayBuffer.load(replay, seed=0)
 
 
 def windows(buffer: ReplayBuffer, n: int, length: int) -> dict[str, torch.Tensor]:
