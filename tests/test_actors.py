@@ -18,7 +18,7 @@ import torch
 from lightning_wm.data.acting import ActingJob, ActorError, WeightStore, actor_pool
 from lightning_wm.data.settings import ActingSettings
 from lightning_wm.envs import EnvConfig
-from lightning_wm.seeding import env_seeds
+from lightning_wm.seeding import derive_seed, env_seeds
 
 from support.actor_agents import FaultyPolicy, MarkedPolicy
 from support.processes import descendants, wait_gone
@@ -98,6 +98,32 @@ def test_pool_weights_versions_and_seeds():
     for actor, obs in firsts.items():
         for j, s in enumerate(env_seeds(seed, envs, "train", rank, actor)):
             np.testing.assert_array_equal(obs[j], gym.make("CartPole-v1").reset(seed=s)[0])
+
+
+def _first_chunks(seed: int, num_actors: int = 2, envs: int = 2, steps: int = 6) -> dict[int, np.ndarray]:
+    """Each actor's first chunk of actions (``[T, B]``) from a fresh pool of MarkedPolicy copies."""
+    firsts: dict[int, np.ndarray] = {}
+    with _pool(
+        EnvConfig("CartPole-v1", seed=seed), MarkedPolicy(), steps, num_actors=num_actors, envs_per_actor=envs
+    ) as pool:
+        while len(firsts) < num_actors:
+            chunk = pool.get(timeout=120)
+            assert chunk is not None, "no chunk within 120 s"
+            firsts.setdefault(chunk.actor, np.asarray(chunk.rows["action"]))
+    return firsts
+
+
+@pytest.mark.slow
+def test_actor_action_draws_derive_from_the_run_seed():
+    """An actor process samples from torch's generator seeded with ``derive_seed(seed, "policy",
+    rank, actor)``: the same run seed gives the same draws, each actor its own stream."""
+    first, again = _first_chunks(3), _first_chunks(3)
+    for actor in (0, 1):
+        generator = torch.Generator().manual_seed(derive_seed(3, "policy", 0, actor))
+        expected = torch.stack([torch.randint(2, (2,), generator=generator) for _ in range(6)]).numpy()
+        np.testing.assert_array_equal(first[actor], expected)
+        np.testing.assert_array_equal(again[actor], expected)
+    assert not np.array_equal(first[0], first[1])
 
 
 @pytest.mark.slow

@@ -39,7 +39,13 @@ from lightning_wm.data.acting.inference import (
 )
 from lightning_wm.data.acting.local import WeightStore
 from lightning_wm.data.acting.spawned import Link, SpawnedWorkers, heartbeat_of, hung, put_chunk, worker_process
-from lightning_wm.data.acting.worker import STARTUP_GRACE_S, ActingJob, ActorWorker, acting_copy_ready
+from lightning_wm.data.acting.worker import (
+    STARTUP_GRACE_S,
+    ActingJob,
+    ActorWorker,
+    acting_copy_ready,
+    seed_policy_draws,
+)
 from lightning_wm.data.collector import agent_device
 from lightning_wm.envs import env_spec
 from lightning_wm.signals import stop_requested
@@ -121,9 +127,13 @@ def _group_main(group: int, job: ActingJob, slots: SharedSlots, permits: list[An
         _group_loop(worker, permits[group], link.chunks)
 
 
-def _inference_main(index: int, store: WeightStore, slots: SharedSlots, deadline_s: float, link: Link) -> None:
-    """Body of the inference process: answer the groups' rounds with the newest published weights."""
+def _inference_main(
+    index: int, job: ActingJob, store: WeightStore, slots: SharedSlots, deadline_s: float, link: Link
+) -> None:
+    """Body of the inference process: answer the groups' rounds with the newest published weights
+    (its action draws seeded under the role ``"central policy"``)."""
     with worker_process(index, link) as (_, beat):
+        seed_policy_draws(job, index, role="central policy")
         module = acting_copy_ready(store.new_module())
         version = store.pull_into(module)
 
@@ -252,7 +262,7 @@ class CentralPool(Pool):
             self.sources = [self.groups]
             return
         self.store = WeightStore(acting, job.version)
-        args = (self.store, self.slots, deadline_s)
+        args = (job, self.store, self.slots, deadline_s)
         inference = SpawnedWorkers(_inference_main, args, 1, 1, "central inference process")
         try:
             args = (job, self.slots, self.permits.semaphores)

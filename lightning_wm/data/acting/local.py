@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from lightning_wm.data.acting.base import Pool
 from lightning_wm.data.acting.spawned import Link, SpawnedWorkers, put_chunk, worker_process
-from lightning_wm.data.acting.worker import ActingJob, ActorWorker, acting_copy_ready
+from lightning_wm.data.acting.worker import ActingJob, ActorWorker, acting_copy_ready, seed_policy_draws
 
 __all__ = ["LocalPool", "WeightStore"]
 
@@ -107,6 +107,7 @@ class WeightStore:
 def _actor_main(actor: int, job: ActingJob, store: WeightStore, link: Link) -> None:
     """Body of actor process ``actor``: chunks into ``link.chunks`` until ``link.stop`` is set."""
     with worker_process(actor, link) as (holder, beat):
+        seed_policy_draws(job, actor)
         module = store.new_module()
         worker = holder[0] = ActorWorker(actor, job, acting_copy_ready(module))
         version = job.version  # the weights the actor was built with

@@ -16,7 +16,13 @@ from torch import Tensor, nn
 
 from lightning_wm.data.acting.base import ActorError, Chunk, Pool
 from lightning_wm.data.acting.spawned import hung
-from lightning_wm.data.acting.worker import STARTUP_GRACE_S, ActingJob, ActorWorker, acting_copy_ready
+from lightning_wm.data.acting.worker import (
+    STARTUP_GRACE_S,
+    ActingJob,
+    ActorWorker,
+    acting_copy_ready,
+    seed_policy_draws,
+)
 from lightning_wm.signals import reclaim_signals
 
 __all__ = ["RayPool", "start_ray"]
@@ -26,6 +32,7 @@ class _RayWorker:
     """The Ray actor: a :class:`ActorWorker` that loads the weights it is handed, chunk by chunk."""
 
     def __init__(self, actor: int, job: ActingJob, module: nn.Module) -> None:
+        seed_policy_draws(job, actor)
         self.worker = ActorWorker(actor, job, acting_copy_ready(module))
 
     def pid(self) -> int:

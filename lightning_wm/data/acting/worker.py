@@ -20,7 +20,7 @@ from lightning_wm.envs import EnvConfig, EnvSpec, env_spec
 from lightning_wm.policies import RandomAgent
 from lightning_wm.seeding import derive_seed, env_seeds
 
-__all__ = ["ActingJob", "ActorWorker", "STARTUP_GRACE_S", "acting_copy_ready"]
+__all__ = ["ActingJob", "ActorWorker", "STARTUP_GRACE_S", "acting_copy_ready", "seed_policy_draws"]
 
 STARTUP_GRACE_S = 60.0  # seconds a source may take to start (spawn, imports, envs) on top of timeout_s
 
@@ -30,6 +30,14 @@ def acting_copy_ready(module: nn.Module) -> nn.Module:
     runtime.flush_denormals()
     torch.set_num_threads(1)
     return module.requires_grad_(False).eval()
+
+
+def seed_policy_draws(job: ActingJob, source: int, role: str = "policy") -> None:
+    """Seed this process's torch generator, which the policy copy samples its actions from, with
+    ``derive_seed(env.seed, role, rank, source)``: each actor process draws its own stream, derived
+    from the run's seed like its envs' (without it every process started from a random seed). Call
+    it in a source's own process only: env groups as threads share the learner's generator."""
+    torch.manual_seed(derive_seed(job.env.seed, role, job.rank, source))
 
 
 @dataclass(frozen=True)
