@@ -90,6 +90,46 @@ def partial_window(episodes: float | None) -> bool:
     return episodes is not None and episodes < 100
 
 
+def since_previous(history: list[dict[str, float]], frames: int) -> tuple[int, float] | None:
+    """The training episodes that ended between the evaluation before ``frames`` and the one at it,
+    and their mean return: ``(count, mean)``, exact where both windows are partial (fewer than 100
+    episodes, so each mean is over every episode so far); None otherwise or without any."""
+    at = [i for i, row in enumerate(history) if row["frames"] == frames]
+    if not at:
+        return None
+    row = history[at[0]]
+    before = history[at[0] - 1] if at[0] > 0 else {"train_episodes": 0, "train_return": 0.0}
+    n, m = row.get("train_episodes"), row.get("train_return")
+    n0, m0 = before.get("train_episodes"), before.get("train_return")
+    if None in (n, m, n0, m0) or not partial_window(n) or n <= n0:
+        return None
+    return int(n - n0), (m * n - m0 * n0) / (n - n0)
+
+
+def partial_last_table(groups: dict[tuple[str, str], list[dict[str, Any]]]) -> list[str]:
+    """Markdown lines: for each (variant, game) whose runs end on a partial window (:data:`PARTIAL_MARK`),
+    the episodes of each seed's last interval (:func:`since_previous`): how the run plays at its end,
+    which the mean over all of its episodes hides; empty when none."""
+    lines: list[str] = []
+    for (system, game), runs in sorted(groups.items()):
+        last = [since_previous(r["history"], r["history"][-1]["frames"]) if r["history"] else None for r in runs]
+        if all(x is None for x in last):
+            continue
+        cells = ", ".join("–" if x is None else f"{x[1]:.2f} ({x[0]})" for x in last)
+        frames = ", ".join(f"{r['frames']:,}" for r in runs)
+        lines.append(f"| {system} | {game} | {frames} | {cells} |")
+    if not lines:
+        return []
+    return [
+        "",
+        f"{PARTIAL_MARK} windows at the runs' last evaluations: the training episodes ended since the evaluation before",
+        "",
+        "| system | game | frames (per seed) | their mean return (episodes), per seed |",
+        "| --- | --- | --- | --- |",
+        *lines,
+    ]
+
+
 def _cell(values: list[float | None], episodes: list[float | None] | None = None) -> str:
     """``mean (per seed)``, or ``–`` where a seed lacks the value; a seed's value marked
     :data:`PARTIAL_MARK` where its ``episodes`` (training episodes ended so far) are a
@@ -152,6 +192,7 @@ def summary(records: list[dict[str, Any]], every: int, targets: list[float]) -> 
         lines += [
             "",
             f"{PARTIAL_MARK} fewer than 100 training episodes had ended: the mean of all of the run's episodes so far",
+            *partial_last_table(groups),
         ]
     if cut:
         lines += [
