@@ -348,6 +348,36 @@ def test_reanalyse_targets_come_from_the_target_network_search():
     torch.testing.assert_close(out["write"]["columns"]["visit_probs"][order], fresh.visit_probs[want].float())
 
 
+def test_reanalyse_searches_one_root_count_however_many_rows_a_batch_searches(monkeypatch):
+    """A compiled search compiles, and a CUDA graph is captured, per root count: reanalyse pads its
+    roots to the batch's largest possible count, and the padding changes no real root's result."""
+    from lightning_wm.agents.muzero import reanalyse as module
+
+    torch.manual_seed(5)
+    K = 2
+    model = quiet(small(unroll=UnrollSettings(K, 2), reanalyse=ReanalyseSettings(ratio=0.5, td_steps=2)))
+    dm = filled_datamodule(model, rows=40, sampler=WindowSampler(K, 2))
+    sizes: list[int] = []
+    real_search = module.search
+
+    def counted(net, settings, discount, obs, explore):
+        sizes.append(obs.shape[0])
+        return real_search(net, settings, discount, obs, explore)
+
+    monkeypatch.setattr(module, "search", counted)
+    searched_rows = []
+    for _ in range(4):
+        batch = dm.sample_batch()
+        searched_rows.append(int((batch["mask"] & ~batch["is_last"])[:4, : K + 1].sum()))
+        model.training_step(batch, 0)
+    assert sizes == [4 * (K + 1)] * 4, f"root counts {sizes} for {searched_rows} searched rows"
+    roots = batch["obs"][:3, 0]  # three rows [3, 4]
+    value, probs = module.search_fixed_shape(model.target_model, model.search, model.discount, roots, 8)
+    alone = real_search(model.target_model, model.search, model.discount, roots, explore=False)
+    torch.testing.assert_close(value, alone.root_value.float())
+    torch.testing.assert_close(probs, alone.visit_probs)
+
+
 def test_target_network_follows_every_period_by_tau():
     model = small(target=TargetSettings(update_tau=0.5, update_period=3))
     with torch.no_grad():

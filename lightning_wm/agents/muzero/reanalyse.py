@@ -19,7 +19,7 @@ from lightning_wm.agents.muzero.targets import bootstrap_rows
 from lightning_wm.agents.muzero.windows import Window
 from lightning_wm.search import SearchSettings
 
-__all__ = ["reanalyse_td_steps", "Reanalysed", "reanalyse", "bootstrap_values", "target_values"]
+__all__ = ["reanalyse_td_steps", "Reanalysed", "reanalyse", "search_fixed_shape", "bootstrap_values", "target_values"]
 
 
 @torch.no_grad()
@@ -64,6 +64,23 @@ class Reanalysed:
     write: dict[str, Any] | None
 
 
+def search_fixed_shape(
+    model: MuZeroModel, settings: SearchSettings, discount: float, roots: Tensor, size: int
+) -> tuple[Tensor, Tensor]:
+    """Noise-free searches from ``roots [N, ...]`` in calls of exactly ``size`` roots, the last
+    padded with copies of the first root (whose results are dropped): the root values ``[N]``
+    (float32) and visit distributions ``[N, A]``. A compiled search compiles once per shape and a
+    CUDA graph is captured per shape, so the number of rows a batch happens to search must not
+    reach the search (the trees of a batch are independent: padding changes no real root's)."""
+    n = roots.shape[0]
+    pad = (-n) % size
+    if pad:
+        roots = torch.cat([roots, roots[:1].expand(pad, *roots.shape[1:])])
+    outs = [search(model, settings, discount, chunk, explore=False) for chunk in roots.split(size)]
+    root_value = torch.cat([o.root_value for o in outs])[:n].float()
+    return root_value, torch.cat([o.visit_probs for o in outs])[:n]
+
+
 def reanalyse(
     target_model: MuZeroModel,
     search_settings: SearchSettings,
@@ -95,13 +112,11 @@ def reanalyse(
     later = bootstrap_rows(valid, td, unroll.num_unroll_steps + 1) & head & ~searched & ~window.is_terminal.bool()
     write = None
     if searched.any():
-        roots = window.obs[searched]
-        outs = [
-            search(target_model, search_settings, discount, chunk, explore=False)
-            for chunk in roots.split(settings.batch_size or roots.shape[0])
-        ]
-        root_value = torch.cat([o.root_value for o in outs]).float()
-        new_probs = torch.cat([o.visit_probs for o in outs]).to(probs.dtype)
+        most = count * (W if settings.full else min(W, unroll.num_unroll_steps + 1))  # roots at most
+        root_value, new_probs = search_fixed_shape(
+            target_model, search_settings, discount, window.obs[searched], settings.batch_size or most
+        )
+        new_probs = new_probs.to(probs.dtype)
         where = searched.nonzero(as_tuple=True)
         value = value.index_put(where, root_value)
         probs = probs.index_put(where, new_probs)
