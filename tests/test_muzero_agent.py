@@ -378,6 +378,25 @@ def test_reanalyse_searches_one_root_count_however_many_rows_a_batch_searches(mo
     torch.testing.assert_close(probs, alone.visit_probs)
 
 
+def test_reanalyse_root_noise_searches_as_acting_does():
+    """``reanalyse.root_noise``: the reanalysing search draws the acting search's root noise."""
+    from lightning_wm.agents.muzero.reanalyse import search_fixed_shape
+    from lightning_wm.agents.muzero.search_policy import search
+
+    torch.manual_seed(6)
+    model = quiet(small())
+    roots = torch.randn(5, 4)
+    quiet_probs = search_fixed_shape(model.target_model, model.search, model.discount, roots, 5)[1]
+    torch.manual_seed(7)
+    noisy = search_fixed_shape(model.target_model, model.search, model.discount, roots, 5, noise=True)
+    torch.manual_seed(7)
+    acting = search(model.target_model, model.search, model.discount, roots, explore=True)
+    torch.testing.assert_close(noisy[1], acting.visit_probs)
+    torch.testing.assert_close(noisy[0], acting.root_value.float())
+    assert not torch.equal(noisy[1], quiet_probs), "the noise moved no visit"
+    assert ReanalyseSettings().root_noise is False and ReanalyseSettings(root_noise=True).root_noise
+
+
 def test_target_network_follows_every_period_by_tau():
     model = small(target=TargetSettings(update_tau=0.5, update_period=3))
     with torch.no_grad():

@@ -65,9 +65,9 @@ class Reanalysed:
 
 
 def search_fixed_shape(
-    model: MuZeroModel, settings: SearchSettings, discount: float, roots: Tensor, size: int
+    model: MuZeroModel, settings: SearchSettings, discount: float, roots: Tensor, size: int, noise: bool = False
 ) -> tuple[Tensor, Tensor]:
-    """Noise-free searches from ``roots [N, ...]`` in calls of exactly ``size`` roots, the last
+    """Searches (with the acting search's root noise if ``noise``) from ``roots [N, ...]`` in calls of exactly ``size`` roots, the last
     padded with copies of the first root (whose results are dropped): the root values ``[N]``
     (float32) and visit distributions ``[N, A]``. A compiled search compiles once per shape and a
     CUDA graph is captured per shape, so the number of rows a batch happens to search must not
@@ -76,7 +76,7 @@ def search_fixed_shape(
     pad = (-n) % size
     if pad:
         roots = torch.cat([roots, roots[:1].expand(pad, *roots.shape[1:])])
-    outs = [search(model, settings, discount, chunk, explore=False) for chunk in roots.split(size)]
+    outs = [search(model, settings, discount, chunk, explore=noise) for chunk in roots.split(size)]
     root_value = torch.cat([o.root_value for o in outs])[:n].float()
     return root_value, torch.cat([o.visit_probs for o in outs])[:n]
 
@@ -90,7 +90,7 @@ def reanalyse(
     settings: ReanalyseSettings,
 ) -> Reanalysed:
     """New targets for the first ``round(settings.ratio * B)`` samples of ``window``: a search with
-    ``target_model`` (no noise) at unroll rows ``0..K`` where an action was taken (every such
+    ``target_model`` (root noise with ``settings.root_noise``) at unroll rows ``0..K`` where an action was taken (every such
     row with ``settings.full``), the later bootstrap rows valued by ``target_model`` directly,
     bootstrapping ``settings.td_steps`` ahead (by age with ``settings.td_steps_schedule``); the
     other samples keep their stored values and ``unroll.td_steps``."""
@@ -114,7 +114,12 @@ def reanalyse(
     if searched.any():
         most = count * (W if settings.full else min(W, unroll.num_unroll_steps + 1))  # roots at most
         root_value, new_probs = search_fixed_shape(
-            target_model, search_settings, discount, window.obs[searched], settings.batch_size or most
+            target_model,
+            search_settings,
+            discount,
+            window.obs[searched],
+            settings.batch_size or most,
+            settings.root_noise,
         )
         new_probs = new_probs.to(probs.dtype)
         where = searched.nonzero(as_tuple=True)

@@ -191,6 +191,10 @@ class ReanalyseSettings:
         batch_size: roots per search call (null: all the possible roots at once; calls are padded to one shape).
         full: search at every row of the window (else at unroll rows ``0..K``; later rows are
             valued by the target network).
+        root_noise: the acting search's root noise in the reanalysing search too (Dirichlet for
+            PUCT, Gumbel for Gumbel MuZero; LightZero's ``reanalyze_noise``, EfficientZero's
+            reanalyse): without it the policy targets are the noise-free visits of the policy's
+            own prior, which the policy then sharpens towards.
     """
 
     ratio: float = 0.0
@@ -198,6 +202,7 @@ class ReanalyseSettings:
     td_steps_schedule: tuple[int, int] | None = None
     batch_size: int | None = None
     full: bool = False
+    root_noise: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.ratio <= 1.0:
