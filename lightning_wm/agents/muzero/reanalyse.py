@@ -67,11 +67,12 @@ class Reanalysed:
 def search_fixed_shape(
     model: MuZeroModel, settings: SearchSettings, discount: float, roots: Tensor, size: int, noise: bool = False
 ) -> tuple[Tensor, Tensor]:
-    """Searches (with the acting search's root noise if ``noise``) from ``roots [N, ...]`` in calls of exactly ``size`` roots, the last
-    padded with copies of the first root (whose results are dropped): the root values ``[N]``
-    (float32) and visit distributions ``[N, A]``. A compiled search compiles once per shape and a
-    CUDA graph is captured per shape, so the number of rows a batch happens to search must not
-    reach the search (the trees of a batch are independent: padding changes no real root's)."""
+    """Searches from ``roots [N, ...]`` (with the acting search's root noise if ``noise``) in calls
+    of exactly ``size`` roots, the last padded with copies of the first root (whose results are
+    dropped): the root values ``[N]`` (float32) and visit distributions ``[N, A]``. A compiled
+    search compiles once per shape and a CUDA graph is captured per shape, so the number of rows a
+    batch happens to search must not reach the search (the trees of a batch are independent:
+    padding changes no real root's)."""
     n = roots.shape[0]
     pad = (-n) % size
     if pad:
@@ -90,10 +91,11 @@ def reanalyse(
     settings: ReanalyseSettings,
 ) -> Reanalysed:
     """New targets for the first ``round(settings.ratio * B)`` samples of ``window``: a search with
-    ``target_model`` (root noise with ``settings.root_noise``) at unroll rows ``0..K`` where an action was taken (every such
-    row with ``settings.full``), the later bootstrap rows valued by ``target_model`` directly,
-    bootstrapping ``settings.td_steps`` ahead (by age with ``settings.td_steps_schedule``); the
-    other samples keep their stored values and ``unroll.td_steps``."""
+    ``target_model`` (root noise with ``settings.root_noise``) at unroll rows ``0..K`` where an
+    action was taken (every such row with ``settings.full``), the later bootstrap rows valued by
+    ``target_model`` directly, bootstrapping ``settings.td_steps`` ahead (by age with
+    ``settings.td_steps_schedule``); the other samples keep their stored values and
+    ``unroll.td_steps``."""
     B, W = window.mask.shape
     device = window.mask.device
     count = round(settings.ratio * B)

@@ -188,7 +188,8 @@ class ReanalyseSettings:
             (rows written to its stream since) from ``td_steps`` to ``min_td_steps`` at
             ``max_age`` (ALF's ``LinearTdStepFunc``, EfficientZero's "dynamic horizon"); null: n
             is ``td_steps``.
-        batch_size: roots per search call (null: all the possible roots at once; calls are padded to one shape).
+        batch_size: roots per search call (null: all the possible roots at once); every call is
+            padded to this one shape.
         full: search at every row of the window (else at unroll rows ``0..K``; later rows are
             valued by the target network).
         root_noise: the acting search's root noise in the reanalysing search too (Dirichlet for
