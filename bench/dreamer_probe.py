@@ -39,13 +39,12 @@ def load_run(run: Path, checkpoint: Path | None) -> tuple[Dreamer, ReplayBuffer]
     config = yaml.safe_load((run / "config.yaml").read_text())
     spec = env_spec(EnvConfig(**config["data"]["init_args"]["env"]))
     module = load_module(Dreamer, checkpoint, env_spec=spec)
-    record = load_checkpoint(checkpoint).get("replay_buffers") or {}
-    name = BufferCheckpoint.filename("replay", 0, record["step"]) if record else None
-    folders = (checkpoint.parent, Path(record.get("dir", checkpoint.parent)))  # where the resume looks too
-    replay = next((folder / name for folder in folders if name and (folder / name).is_file()), None)
+    record = load_checkpoint(checkpoint).get("replay_buffers")
+    replay = BufferCheckpoint.saved_file(record, "replay", 0, checkpoint)[0] if record else None  # as a resume looks
     if replay is None:
+        name = BufferCheckpoint.filename("replay", 0, record["step"]) if record else "no replay_buffers record"
         raise SystemExit(
-            f"error: {checkpoint} names no replay file that exists ({name or 'no replay_buffers record'}); "
+            f"error: {checkpoint} names no replay file that exists ({name}); "
             "give a Dreamer run folder saved with its replay (bench/minatar.py --run-dir)"
         )
     return module, ReplayBuffer.load(replay, seed=0)

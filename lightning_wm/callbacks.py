@@ -205,6 +205,20 @@ class BufferCheckpoint(Callback):
     def filename(name: str, rank: int, step: int) -> str:
         return f"{name}_rank{rank}_step{step}.pt"
 
+    @classmethod
+    def saved_file(
+        cls, record: dict[str, Any], name: str, rank: int, ckpt_path: str | os.PathLike | None
+    ) -> tuple[Path | None, list[Path]]:
+        """The file buffer ``name`` of ``rank`` was saved to for a checkpoint whose
+        ``replay_buffers`` entry is ``record``, looked for beside the checkpoint file
+        (``ckpt_path``, if given) and then in the folder it was written to (``record["dir"]``):
+        ``(path or None, the folders looked in)``."""
+        folders = [Path(record["dir"])]
+        if ckpt_path:
+            folders.insert(0, Path(os.path.dirname(os.path.abspath(ckpt_path))))
+        filename = cls.filename(name, rank, int(record["step"]))
+        return next((f / filename for f in folders if (f / filename).is_file()), None), folders
+
     @staticmethod
     def _buffers(trainer: pl.Trainer) -> dict[str, Any]:
         holder = _datamodule(trainer)
@@ -246,17 +260,13 @@ class BufferCheckpoint(Callback):
         if record is None:
             return
         rank, step = int(trainer.global_rank), int(record["step"])
-        folders = [Path(record["dir"])]
-        if trainer.ckpt_path:
-            folders.insert(0, Path(os.path.dirname(os.path.abspath(trainer.ckpt_path))))
         for name, buffer in self._buffers(trainer).items():
             if name not in record["names"]:
                 continue
-            filename = self.filename(name, rank, step)
-            path = next((f / filename for f in folders if (f / filename).is_file()), None)
+            path, folders = self.saved_file(record, name, rank, trainer.ckpt_path)
             if path is None:
                 warnings.warn(
-                    f"rank {rank}: no replay file {filename} for this checkpoint (looked in "
+                    f"rank {rank}: no replay file {self.filename(name, rank, step)} for this checkpoint (looked in "
                     f"{', '.join(map(str, folders))}); buffer {name!r} starts empty and prefills again",
                     stacklevel=2,
                 )
