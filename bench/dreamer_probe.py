@@ -80,7 +80,7 @@ def _imagined(module: Dreamer, post: dict[str, Any]) -> dict[str, float]:
 def main() -> None:
     parser = probe_parser(__doc__)
     args = parser.parse_args()
-    module, batch = run_windows(Dreamer, args, __file__)
+    module, _, batch = run_windows(Dreamer, args, __file__)
     print_figures(args.run.name, probe(module, batch))
 
 

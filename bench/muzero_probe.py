@@ -126,7 +126,7 @@ def main() -> None:
     parser = probe_parser(__doc__)
     parser.add_argument("--horizon", type=int, default=10, help="rows ahead a reward counts as coming")
     args = parser.parse_args()
-    module, batch = run_windows(MuZero, args, __file__)
+    module, _, batch = run_windows(MuZero, args, __file__)
     print_figures(args.run.name, probe(module, batch, args.horizon))
 
 

@@ -54,14 +54,14 @@ def probe_parser(description: str) -> argparse.ArgumentParser:
     return parser
 
 
-def run_windows(cls: type[M], args: argparse.Namespace, script: str) -> tuple[M, dict[str, torch.Tensor]]:
-    """The run's module (:func:`load_run`) and ``args.windows`` seeded windows of its replay, on one
-    thread; ``script`` (the probe's ``__file__``) must not shadow the ``minatar`` package."""
+def run_windows(cls: type[M], args: argparse.Namespace, script: str) -> tuple[M, ReplayBuffer, dict[str, torch.Tensor]]:
+    """The run's module and replay (:func:`load_run`) and ``args.windows`` seeded windows of it, on
+    one thread; ``script`` (the probe's ``__file__``) must not shadow the ``minatar`` package."""
     unshadow_minatar(script)
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
     module, buffer = load_run(cls, args.run, args.checkpoint)
-    return module, windows(buffer, args.windows, args.length)
+    return module, buffer, windows(buffer, args.windows, args.length)
 
 
 def windows(buffer: ReplayBuffer, n: int, length: int) -> dict[str, torch.Tensor]:

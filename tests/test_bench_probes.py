@@ -131,3 +131,21 @@ def test_asterix_rewards_come_mostly_from_the_players_step_onto_visible_gold():
     counts = sources.reward_sources(episodes=60, seed=0)
     assert counts["steps"] > 60 * 10
     assert counts["by the player's step"] > counts["by gold moving"] > 0
+
+
+def test_the_offline_fit_changes_only_the_named_settings_and_trains_and_reports():
+    from support.muzero_helpers import filled_datamodule
+
+    fit_script = load_bench_script("muzero_offline_fit.py")
+    torch.manual_seed(0)
+    model = quiet(small())
+    fit_script.apply_settings(model, ["loss.reward_weight=4", "optim.weight_decay=0"])
+    assert model.loss.reward_weight == 4.0 and model.optim.weight_decay == 0.0
+    with pytest.raises(SystemExit, match="GROUP.FIELD=VALUE"):
+        fit_script.apply_settings(model, ["net.latent_dim=3"])
+    dm = filled_datamodule(model, rows=40)
+    before = [p.detach().clone() for p in model.model.parameters()]
+    reported: list[int] = []
+    seconds = fit_script.fit(model, dm.sample_batch, steps=4, every=2, report=reported.append)
+    assert reported == [0, 2, 4] and seconds > 0
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.model.parameters())), "no step was taken"
