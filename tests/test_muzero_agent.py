@@ -394,7 +394,7 @@ def test_reanalyse_root_noise_searches_as_acting_does():
     torch.testing.assert_close(noisy[1], acting.visit_probs)
     torch.testing.assert_close(noisy[0], acting.root_value.float())
     assert not torch.equal(noisy[1], quiet_probs), "the noise moved no visit"
-    assert ReanalyseSettings().root_noise is False and ReanalyseSettings(root_noise=True).root_noise
+    assert ReanalyseSettings().root_noise is True and not ReanalyseSettings(root_noise=False).root_noise
 
 
 def test_target_network_follows_every_period_by_tau():

@@ -195,7 +195,8 @@ class ReanalyseSettings:
         root_noise: the acting search's root noise in the reanalysing search too (Dirichlet for
             PUCT, Gumbel for Gumbel MuZero; LightZero's ``reanalyze_noise``, EfficientZero's
             reanalyse): without it the policy targets are the noise-free visits of the policy's
-            own prior, which the policy then sharpens towards.
+            own prior, which the policy then sharpens towards (on MinAtar SpaceInvaders it
+            collapsed; bench/RESULTS.md).
     """
 
     ratio: float = 0.0
@@ -203,7 +204,7 @@ class ReanalyseSettings:
     td_steps_schedule: tuple[int, int] | None = None
     batch_size: int | None = None
     full: bool = False
-    root_noise: bool = False
+    root_noise: bool = True
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.ratio <= 1.0:
