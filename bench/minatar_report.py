@@ -90,15 +90,16 @@ def partial_window(episodes: float | None) -> bool:
     return episodes is not None and episodes < 100
 
 
-def since_previous(history: list[dict[str, float]], frames: int) -> tuple[int, float] | None:
-    """The training episodes that ended between the evaluation before ``frames`` and the one at it,
-    and their mean return: ``(count, mean)``, exact where both windows are partial (fewer than 100
-    episodes, so each mean is over every episode so far); None otherwise or without any."""
-    at = [i for i, row in enumerate(history) if row["frames"] == frames]
-    if not at:
+def since_previous(history: list[dict[str, float]], index: int) -> tuple[int, float] | None:
+    """The training episodes that ended between the evaluation before ``history[index]`` (negative
+    indices count from the end) and that one, and their mean return: ``(count, mean)``, exact where
+    both windows are partial (fewer than 100 episodes, so each mean is over every episode so far);
+    None otherwise or without any."""
+    if not -len(history) <= index < len(history):
         return None
-    row = history[at[0]]
-    before = history[at[0] - 1] if at[0] > 0 else {"train_episodes": 0, "train_return": 0.0}
+    index %= len(history)
+    row = history[index]
+    before = history[index - 1] if index > 0 else {"train_episodes": 0, "train_return": 0.0}
     n, m = row.get("train_episodes"), row.get("train_return")
     n0, m0 = before.get("train_episodes"), before.get("train_return")
     if None in (n, m, n0, m0) or not partial_window(n) or n <= n0:
@@ -112,7 +113,7 @@ def partial_last_table(groups: dict[tuple[str, str], list[dict[str, Any]]]) -> l
     which the mean over all of its episodes hides; empty when none."""
     lines: list[str] = []
     for (system, game), runs in sorted(groups.items()):
-        last = [since_previous(r["history"], r["history"][-1]["frames"]) if r["history"] else None for r in runs]
+        last = [since_previous(r["history"], -1) for r in runs]
         if all(x is None for x in last):
             continue
         cells = ", ".join("–" if x is None else f"{x[1]:.2f} ({x[0]})" for x in last)

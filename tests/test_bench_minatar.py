@@ -194,7 +194,9 @@ def test_a_training_window_of_fewer_than_100_episodes_is_marked():
     assert "† fewer than 100 training episodes had ended" in table
     # seed 0's last 56 episodes (16 -> 72): (9.5 * 72 - 0.5 * 16) / 56 = 12.07; seed 1 ends past 100
     assert "| muzero | freeway | 200, 200 | 12.07 (56), – |" in table
-    assert report["since_previous"](runs[0]["history"], 100) == (16, 0.5), "the first interval starts at 0"
+    assert report["since_previous"](runs[0]["history"], 0) == (16, 0.5), "the first interval starts at 0"
+    assert report["since_previous"](runs[0]["history"], -1) == report["since_previous"](runs[0]["history"], 1)
+    assert report["since_previous"]([], -1) is None
     assert "†" not in bench.summary([_run("impala", 0, [(100, 1.0, 1.0, 0.5)])], every=100, targets=[])
 
 
