@@ -40,12 +40,14 @@ def apply_settings(module: MuZero, changes: list[str]) -> None:
 def fit(
     module: MuZero, buffer_batch: Callable[[], dict[str, Any]], steps: int, every: int, report: Callable[[int], None]
 ) -> float:
-    """``steps`` gradient steps on batches ``buffer_batch()``; ``report(step)`` at 0 and every
-    ``every``; returns the seconds a step took."""
+    """``steps`` gradient steps on batches ``buffer_batch()`` with the module's own optimizer,
+    gradient clipping and learning-rate schedule (the schedule counts from this fit's first step);
+    ``report(step)`` at 0 and every ``every``; returns the seconds a step took."""
     module.reanalyse = dataclasses.replace(module.reanalyse, ratio=0.0)
     module._unroll_loss = module.unroll_loss  # eager: the compiled step is not needed here
-    optimizer = module.configure_optimizers()
-    optimizer = optimizer[0][0] if isinstance(optimizer, tuple) else optimizer
+    configured = module.configure_optimizers()  # the optimizer, or {"optimizer", "lr_scheduler"} (with_lr_schedule)
+    optimizer = configured["optimizer"] if isinstance(configured, dict) else configured
+    schedule = configured["lr_scheduler"]["scheduler"] if isinstance(configured, dict) else None
     report(0)
     start = time.perf_counter()
     for step in range(1, steps + 1):
@@ -53,7 +55,10 @@ def fit(
         loss = module.training_step(buffer_batch(), step)["loss"]
         optimizer.zero_grad()
         loss.backward()
+        module.configure_gradient_clipping(optimizer)
         optimizer.step()
+        if schedule is not None:
+            schedule.step()
         module.update_target(step)
         if step % every == 0:
             report(step)

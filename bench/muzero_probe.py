@@ -42,7 +42,14 @@ def probe(module: MuZero, batch: dict[str, torch.Tensor], horizon: int = 10) -> 
         "rows": float(reward.numel()),
         "real reward a row": float(reward.mean()),
         "rewarded rows": float(rewarded.float().mean()),
-        **_unrolled_rewards(model, root["state"].view(N, L, *root["state"].shape[1:]), action, reward, last, module),
+        **_unrolled_rewards(
+            model,
+            root["state"].view(N, L, *root["state"].shape[1:]),
+            action,
+            reward,
+            last,
+            module.unroll.num_unroll_steps,
+        ),
         **_value_sees_rewards(value, reward, last, horizon),
     }
     entropy = -(logits.log_softmax(-1) * logits.softmax(-1)).sum(-1)
@@ -62,14 +69,15 @@ def _unrolled_rewards(
     action: torch.Tensor,
     reward: torch.Tensor,
     last: torch.Tensor,
-    module: MuZero,
+    K: int,
 ) -> dict[str, float]:
     """The dynamics' reward ``k`` steps into an unroll from every row ``s`` (``state [N, L, ...]``
     the representation of each row) along the replay's actions, against the real reward entering
-    row ``s + k`` (``reward [N, L]``), for ``k`` = 1, the middle and ``num_unroll_steps``; only
-    unrolls that stay in one episode (no last row among ``s .. s + k - 1``) count."""
-    K = module.unroll.num_unroll_steps
+    row ``s + k`` (``reward [N, L]``), for ``k`` = 1, the middle and ``K`` (the run's
+    ``num_unroll_steps``); only unrolls that stay in one episode (no last row among
+    ``s .. s + k - 1``) count."""
     N, L = reward.shape
+    shown = {1, (K + 1) // 2, K}
     starts = L - K
     current = state[:, :starts].flatten(0, 1)
     ended = torch.zeros(N, starts, dtype=torch.bool)
@@ -78,7 +86,7 @@ def _unrolled_rewards(
         ended |= last[:, k - 1 : starts + k - 1]
         step = model.recurrent_inference(current, action[:, k - 1 : starts + k - 1].flatten())
         current = step["state"]
-        if k in sorted({1, (K + 1) // 2, K}):
+        if k in shown:
             real = reward[:, k : starts + k]
             inside = ~ended
             predicted = step["reward"].view(N, starts).float()

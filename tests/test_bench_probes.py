@@ -114,14 +114,13 @@ def test_the_unrolled_reward_k_steps_in_is_set_against_the_reward_entering_row_s
     reward = torch.tensor([[0.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0]])
     action = torch.cat([reward[:, 1:], torch.zeros(1, 1)], 1).long()
     dynamics = SimpleNamespace(recurrent_inference=lambda s, a: {"state": s, "reward": a.float()})
-    module = SimpleNamespace(unroll=SimpleNamespace(num_unroll_steps=3))
     state = torch.zeros(1, 10, 2)
     none = torch.zeros(1, 10, dtype=torch.bool)
-    figures = muzero_probe._unrolled_rewards(dynamics, state, action, reward, none, module)
+    figures = muzero_probe._unrolled_rewards(dynamics, state, action, reward, none, 3)
     for k in (1, 2, 3):
         assert figures[f"dynamics, {k} step(s) in: rewards seen (>= half)"] == 1.0
         assert figures[f"dynamics, {k} step(s) in: AUC, rewarded rows above the others"] == 1.0
-    shifted = muzero_probe._unrolled_rewards(dynamics, state, torch.roll(action, 1, 1), reward, none, module)
+    shifted = muzero_probe._unrolled_rewards(dynamics, state, torch.roll(action, 1, 1), reward, none, 3)
     assert shifted["dynamics, 1 step(s) in: AUC, rewarded rows above the others"] < 1.0
 
 
@@ -149,3 +148,33 @@ def test_the_offline_fit_changes_only_the_named_settings_and_trains_and_reports(
     seconds = fit_script.fit(model, dm.sample_batch, steps=4, every=2, report=reported.append)
     assert reported == [0, 2, 4] and seconds > 0
     assert any(not torch.equal(a, b) for a, b in zip(before, model.model.parameters())), "no step was taken"
+
+
+def test_the_offline_fit_follows_the_modules_lr_schedule_and_clipping():
+    """A warm-up returns ``{"optimizer", "lr_scheduler"}`` from configure_optimizers: the fit steps
+    the schedule, and the module's clipping bounds the gradients it steps with."""
+    from lightning_wm.optim import GradClipSettings, OptimSettings
+
+    from support.muzero_helpers import filled_datamodule
+
+    fit_script = load_bench_script("muzero_offline_fit.py")
+    torch.manual_seed(0)
+    optim = OptimSettings(lr=1e-3, lr_warmup_steps=10, clip=GradClipSettings(type="clip_norm", value=1e-3))
+    model = quiet(small(optim=optim))
+    dm = filled_datamodule(model, rows=40)
+    norms: list[float] = []
+    clip = model.configure_gradient_clipping
+
+    def clipped(optimizer):
+        clip(optimizer)
+        norms.append(float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.model.parameters()]))))
+
+    model.configure_gradient_clipping = clipped
+    configured: list = []
+    configure = model.configure_optimizers
+    model.configure_optimizers = lambda: configured.append(configure()) or configured[-1]
+    fit_script.fit(model, dm.sample_batch, steps=4, every=4, report=lambda step: None)
+    assert len(norms) == 4 and max(norms) <= 1e-3 * (1 + 1e-3)
+    optimizer = configured[0]["optimizer"]
+    assert optim.lr_factor_at(4) < 1.0, "still warming up after 4 steps"
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * optim.lr_factor_at(4))
