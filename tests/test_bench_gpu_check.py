@@ -115,6 +115,12 @@ def test_verdicts_read_the_goal_off_the_evaluations():
     assert gpu_learn.verdict(minatar, [(50_000, 200, 6.0)], 600).startswith("not at 100,000 frames yet")
 
 
+def test_the_report_lists_every_evaluation_with_its_env_steps_and_fit_minutes():
+    gpu_learn = load_bench_script("gpu_learn.py")
+    listed = gpu_learn.evaluation_list([(1000.0, 546.0, 35.64), (5000.0, 2130.0, 500.0)])
+    assert listed == "1,000: 35.6 (9.1 min), 5,000: 500.0 (35.5 min)"
+
+
 def test_fit_wall_adds_up_the_segments_before_an_event():
     gpu_learn = load_bench_script("gpu_learn.py")
     segments = [{"start": 1000.0, "wall_s": 100.0}, {"start": 5000.0, "wall_s": 50.0}]
@@ -140,6 +146,7 @@ def test_gpu_learn_runs_every_job_shrunk_on_the_cpu(tmp_path):
         assert _step_of(checkpoint) == 4  # --quick: 4 steps
         assert (tmp_path / f"out/{job}.tar").exists()
     assert report.count("Goal: ") == len(gpu_learn.JOBS)
+    assert report.count("Evaluations (env steps: return, fit minutes): ") == len(gpu_learn.JOBS)
 
 
 @pytest.mark.slow

@@ -24,6 +24,12 @@ def differing_keys(a: str, b: str) -> tuple[set[str], dict[str, object]]:
     "gpu, cpu, allowed",
     [
         ("dreamer/minatar_gpu.yaml", "dreamer/minatar.yaml", {"model.init_args.compile.mode"}),
+        # the pixel job's CPU form, measured at full length on the CPU: one thread there, eager
+        (
+            "dreamer/cartpole_pixels_gpu.yaml",
+            "dreamer/cartpole_pixels.yaml",
+            {"model.init_args.compile.mode", "trainer.torch_threads"},
+        ),
         # the GPU job runs 100k frames, the length of the CPU runs' 3-seed reference, with their
         # temperature schedule; the CPU config runs 200k with the schedule stretched to its length
         (
@@ -37,10 +43,10 @@ def differing_keys(a: str, b: str) -> tuple[set[str], dict[str, object]]:
         ),
     ],
 )
-def test_minatar_gpu_configs_learn_as_their_cpu_configs(gpu, cpu, allowed):
-    """The MinAtar goals compare with the CPU configs' 3-seed returns: the GPU configs may differ only
-    in where and how fast they run (device, compile, captured search), how often they validate and
-    (MuZero) the run's length with the schedule sized to it."""
+def test_gpu_configs_learn_as_their_cpu_configs(gpu, cpu, allowed):
+    """The GPU goals compare with the CPU configs' measured returns: the GPU configs may differ only
+    in where and how fast they run (device, threads, compile, captured search), how often they
+    validate and (MuZero) the run's length with the schedule sized to it."""
     differ, a = differing_keys(gpu, cpu)
     when = {"trainer.accelerator", "trainer.devices", "trainer.val_check_interval", "trainer.checkpoint_every_n_steps"}
     assert differ <= allowed | when, sorted(differ - allowed - when)

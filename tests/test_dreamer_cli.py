@@ -174,9 +174,10 @@ def test_cli_fit_cartpole_pixels_losses_fall_and_logs_openloop_image_and_gif():
     assert gif.is_file(), sorted(p.name for p in version.rglob("*"))
     with Image.open(gif) as image:
         assert image.n_frames == 8  # one frame per step of the (8-step) sequences
-        assert image.size == (2 * 64 + 2, 4 * (3 + 64 + 2))  # 4 sequences of [bar, frame, gap]
+        rows = cli.model.openloop_sequences * (3 + 64 + 2)  # one [bar, frame, gap] per sequence
+        assert image.size == (2 * 64 + 2, rows)
         image.seek(6)  # open-loop (after the 5 context steps): the model half differs from the real half
-        frame = torch.tensor(list(image.convert("RGB").getdata()), dtype=torch.float32).reshape(276, 130, 3)
+        frame = torch.tensor(list(image.convert("RGB").getdata()), dtype=torch.float32).reshape(rows, 130, 3)
     assert frame[3:67, :64].std() > 0 and frame[3:67, 66:].std() > 0
 
 
