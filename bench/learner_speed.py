@@ -46,6 +46,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from lightning_wm.compiling import CompileSettings  # noqa: E402
 from lightning_wm.envs import EnvConfig, env_spec  # noqa: E402
+from lightning_wm.optim import split_lr_schedule  # noqa: E402
 from lightning_wm.runtime import keep_freed_memory  # noqa: E402
 
 #: Dreamer sizes (deter, hidden, layers) of the issue's table.
@@ -107,8 +108,7 @@ def dreamer_step(args: argparse.Namespace, compile: CompileSettings) -> tuple[St
 def training_step(model: Any, batch: Any, after: Callable[[], None] | None = None) -> Step:
     """One optimizer step as the learner's ``training_step`` runs it (loss, backward, the module's
     gradient clipping, the step) on a fixed ``batch``; ``after`` runs once the weights changed."""
-    optimizer = model.configure_optimizers()
-    optimizer = optimizer["optimizer"] if isinstance(optimizer, dict) else optimizer
+    optimizer, _ = split_lr_schedule(model.configure_optimizers())
 
     def step() -> None:
         loss = model.training_step(batch, 0)["loss"]

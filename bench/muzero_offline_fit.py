@@ -23,6 +23,7 @@ from muzero_probe import probe
 from probelib import probe_parser, run_windows
 
 from lightning_wm.agents.muzero import MuZero
+from lightning_wm.optim import split_lr_schedule
 
 GROUPS = ("loss", "optim")
 
@@ -45,9 +46,7 @@ def fit(
     ``report(step)`` at 0 and every ``every``; returns the seconds a step took."""
     module.reanalyse = dataclasses.replace(module.reanalyse, ratio=0.0)
     module._unroll_loss = module.unroll_loss  # eager: the compiled step is not needed here
-    configured = module.configure_optimizers()  # the optimizer, or {"optimizer", "lr_scheduler"} (with_lr_schedule)
-    optimizer = configured["optimizer"] if isinstance(configured, dict) else configured
-    schedule = configured["lr_scheduler"]["scheduler"] if isinstance(configured, dict) else None
+    optimizer, schedule = split_lr_schedule(module.configure_optimizers())
     report(0)
     start = time.perf_counter()
     for step in range(1, steps + 1):
@@ -58,7 +57,7 @@ def fit(
         module.configure_gradient_clipping(optimizer)
         optimizer.step()
         if schedule is not None:
-            schedule.step()
+            schedule["scheduler"].step()
         module.update_target(step)
         if step % every == 0:
             report(step)

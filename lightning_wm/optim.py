@@ -228,6 +228,14 @@ def with_lr_schedule(optimizer: torch.optim.Optimizer, settings: OptimSettings) 
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
 
+def split_lr_schedule(configured: Any) -> tuple[torch.optim.Optimizer, dict[str, Any] | None]:
+    """:func:`with_lr_schedule`'s result taken apart: ``(optimizer, lr_scheduler config or None)``;
+    the config's ``"scheduler"`` is the per-step schedule to step after each optimizer step."""
+    if isinstance(configured, dict):
+        return configured["optimizer"], configured["lr_scheduler"]
+    return configured, None
+
+
 class GradClipper:
     """Clip the gradients of a fixed list of parameters in place (see the module docstring).
 

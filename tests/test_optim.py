@@ -217,6 +217,17 @@ def test_with_lr_schedule_steps_the_optimizers_learning_rate() -> None:
     assert seen == [0.5, 0.75, 0.5, 0.25, 0.0]
 
 
+def test_split_lr_schedule_takes_with_lr_schedules_result_apart() -> None:
+    from lightning_wm.optim import split_lr_schedule, with_lr_schedule
+
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    assert split_lr_schedule(with_lr_schedule(opt, OptimSettings("sgd", 1.0))) == (opt, None)
+    config = with_lr_schedule(opt, OptimSettings("sgd", 1.0, lr_warmup_steps=2))
+    optimizer, schedule = split_lr_schedule(config)
+    assert optimizer is opt and schedule is config["lr_scheduler"]
+    assert isinstance(schedule["scheduler"], torch.optim.lr_scheduler.LambdaLR)
+
+
 def test_lr_end_anneals_to_it_and_holds_it() -> None:
     """With ``lr_end`` the anneal goes linearly from ``lr`` to ``lr_end`` at ``lr_anneal_steps`` and
     stays there: 1.0 to 0.5 over 4 steps is 1.0, 0.875, 0.75, 0.625, then 0.5 for good."""

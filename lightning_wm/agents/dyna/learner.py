@@ -40,7 +40,14 @@ from lightning_wm.agents.base import RLModule
 from lightning_wm.agents.dyna.imagination import DynaWorldModel, HybridWorldModel, ImaginationSettings
 from lightning_wm.agents.dyna.losses import dream_loss
 from lightning_wm.envs import EnvSpec
-from lightning_wm.optim import GradClipper, GradClipSettings, OptimSettings, build_optimizer, optimizer_beta
+from lightning_wm.optim import (
+    GradClipper,
+    GradClipSettings,
+    OptimSettings,
+    build_optimizer,
+    optimizer_beta,
+    split_lr_schedule,
+)
 from lightning_wm.protocols import acting_weights
 from lightning_wm.seeding import derive_seed
 from lightning_wm.settings import as_settings, check_at_least, plain
@@ -212,10 +219,8 @@ class DynaLearner(RLModule):
 
     # -- training ---------------------------------------------------------------------------
     def configure_optimizers(self) -> Any:
-        config = self.policy.configure_optimizers()
-        policy_opt, schedulers = (
-            (config["optimizer"], [config["lr_scheduler"]]) if isinstance(config, dict) else (config, [])
-        )
+        policy_opt, schedule = split_lr_schedule(self.policy.configure_optimizers())
+        schedulers = [schedule] if schedule is not None else []
         model_opt = build_optimizer(self.world_model.wm.parameters(), self.optim.model)
         self.model_clipper.beta = optimizer_beta(model_opt)
         return [policy_opt, model_opt], schedulers
