@@ -65,3 +65,9 @@ def test_the_impala_minatar_actors_config_is_the_in_process_config_with_actors()
     differ, a = differing_keys("impala/minatar_actors.yaml", "impala/minatar.yaml")
     assert differ and all(key.startswith("data.init_args.acting.") for key in differ), sorted(differ)
     assert a["data.init_args.acting.num_actors"] == 2 and a["data.init_args.acting.fetch_ahead"] is False
+
+
+def test_the_frame_and_state_config_is_the_pixel_config_with_the_state_vector():
+    """Its runs are set beside cartpole_pixels.yaml's: what the state vector adds, nothing else."""
+    differ, a = differing_keys("dreamer/cartpole_pixels_state.yaml", "dreamer/cartpole_pixels.yaml")
+    assert differ == {"data.init_args.env.keep_state"} and a["data.init_args.env.keep_state"] is True
