@@ -14,6 +14,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -201,3 +202,27 @@ def greedy_episodes(
     finally:
         for env in envs:
             env.close()
+
+
+def version_folders(run_dir: Path) -> list[Path]:
+    """A run folder's ``version_*`` folders (one per fit, a resumed run adds one), in order."""
+    return sorted(Path(run_dir).glob("version_*"), key=lambda p: int(p.name.split("_")[-1]))
+
+
+def read_version_scalars(version: Path, tags: Iterable[str]) -> dict[str, list[tuple[float, int, float]]]:
+    """``(wall_time, step, value)`` of each of ``tags`` that one ``version_*`` folder logged."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(version), size_guidance={"scalars": 0})
+    acc.Reload()
+    logged = set(acc.Tags()["scalars"])
+    return {tag: [(e.wall_time, e.step, e.value) for e in acc.Scalars(tag)] if tag in logged else [] for tag in tags}
+
+
+def read_scalars(run_dir: Path, tags: tuple[str, ...]) -> dict[str, list[tuple[float, int, float]]]:
+    """``(wall_time, step, value)`` of each tag over the run's ``version_*`` folders, in order."""
+    out: dict[str, list[tuple[float, int, float]]] = {tag: [] for tag in tags}
+    for version in version_folders(run_dir):
+        for tag, events in read_version_scalars(version, tags).items():
+            out[tag] += events
+    return out

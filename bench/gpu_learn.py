@@ -67,6 +67,7 @@ ROOT = BENCH.parent
 sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != BENCH] + [str(BENCH)]
 
 import pytorch_lightning as pl  # noqa: E402
+from benchlib import read_scalars  # noqa: E402
 
 PART_BYTES = 15 * 2**20  # a returned file is at most 16 MiB
 FIT_GRACE_S = 30  # SIGTERM to SIGKILL: a fit saves its checkpoint and stops its actors in this time
@@ -285,20 +286,6 @@ def pack(name: str, folder: Path, out: Path) -> list[str]:
         names.append(f"{name}.tar.{i // PART_BYTES}")
         (out / names[-1]).write_bytes(data[i : i + PART_BYTES])
     return names
-
-
-def read_scalars(run_dir: Path, tags: tuple[str, ...]) -> dict[str, list[tuple[float, int, float]]]:
-    """``(wall_time, step, value)`` of each tag over the run's ``version_*`` folders, in order."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    out: dict[str, list[tuple[float, int, float]]] = {tag: [] for tag in tags}
-    for version in sorted(run_dir.glob("version_*"), key=lambda p: int(p.name.split("_")[-1])):
-        acc = EventAccumulator(str(version), size_guidance={"scalars": 0})
-        acc.Reload()
-        for tag in tags:
-            if tag in acc.Tags()["scalars"]:
-                out[tag] += [(e.wall_time, e.step, e.value) for e in acc.Scalars(tag)]
-    return out
 
 
 TAGS = ("env/steps", "env/episode_return", "val/return", "actors/frames_per_s", "actors/wait_fraction")
