@@ -226,3 +226,9 @@ def read_scalars(run_dir: Path, tags: tuple[str, ...]) -> dict[str, list[tuple[f
         for tag, events in read_version_scalars(version, tags).items():
             out[tag] += events
     return out
+
+
+def env_steps_at(env_steps: list[tuple[float, int, float]], step: int) -> float:
+    """The env steps a run had logged (``env/steps`` events ``(wall_time, step, value)``) by global
+    ``step``: the largest value logged at or before it, 0 before the first."""
+    return max((value for _, at, value in env_steps if at <= step), default=0.0)

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
-from benchlib import read_version_scalars, version_folders
+from benchlib import env_steps_at, read_version_scalars, version_folders
 
 
 class Evaluation(NamedTuple):
@@ -59,12 +59,16 @@ def evaluations(run_dir: Path) -> list[Evaluation]:
         start = fit_started(version)
         if not events or start is None:
             continue
-        env_steps = sorted((step, value) for _, step, value in scalars["env/steps"])
         for wall, step, value in scalars["val/return"]:
-            agent = max((v for s, v in env_steps if s <= step), default=0.0)
+            agent = env_steps_at(scalars["env/steps"], step)
             out.append(Evaluation(step + 1, agent, earlier_fits_s + wall - start, value))
         earlier_fits_s += max(wall for wall, _, _ in events) - start
     return out
+
+
+def group_of(label: str) -> str:
+    """A run label's group: its part before ``/`` (``frame+state/0`` -> ``frame+state``)."""
+    return label.split("/")[0]
 
 
 class Summary(NamedTuple):
@@ -105,7 +109,7 @@ def medians(summaries: list[Summary], target: float, frames_per_step: float) -> 
     """Per group (a label's part before ``/``): the median frames and fit minutes to the target."""
     groups: dict[str, list[Summary]] = {}
     for s in summaries:
-        groups.setdefault(s.label.split("/")[0], []).append(s)
+        groups.setdefault(group_of(s.label), []).append(s)
     lines = []
     for group, members in groups.items():
         reached = [s.first for s in members if s.first is not None]
@@ -132,7 +136,7 @@ def plot(summaries: list[Summary], target: float, frames_per_step: float, path: 
     fig, ax = plt.subplots(figsize=(7, 4))
     colours: dict[str, str] = {}
     for s in summaries:
-        group = s.label.split("/")[0]
+        group = group_of(s.label)
         new = group not in colours
         colour = colours.setdefault(group, f"C{len(colours)}")
         xs = [e.agent_steps * frames_per_step for e in s.evaluations]

@@ -67,7 +67,7 @@ ROOT = BENCH.parent
 sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != BENCH] + [str(BENCH)]
 
 import pytorch_lightning as pl  # noqa: E402
-from benchlib import read_scalars  # noqa: E402
+from benchlib import env_steps_at, read_scalars  # noqa: E402
 
 PART_BYTES = 15 * 2**20  # a returned file is at most 16 MiB
 FIT_GRACE_S = 30  # SIGTERM to SIGKILL: a fit saves its checkpoint and stops its actors in this time
@@ -306,12 +306,10 @@ def curve_points(
     scalars: dict[str, list], segments: list[dict[str, Any]], tag: str
 ) -> list[tuple[float, float, float]]:
     """``(env steps, fit wall s, value)`` of ``tag``, env steps read at the event's global step."""
-    steps = sorted((s, v) for _, s, v in scalars["env/steps"])
-    points = []
-    for wall_time, step, value in scalars[tag]:
-        env = max((v for s, v in steps if s <= step), default=0.0)
-        points.append((env, fit_wall(segments, wall_time), value))
-    return points
+    return [
+        (env_steps_at(scalars["env/steps"], step), fit_wall(segments, wall_time), value)
+        for wall_time, step, value in scalars[tag]
+    ]
 
 
 def verdict(job: Job, val: list[tuple[float, float, float]], limit_s: float) -> str:
