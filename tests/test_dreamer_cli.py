@@ -137,6 +137,31 @@ def test_cli_fit_pendulum_continuous():
 
 
 @pytest.mark.slow
+def test_cli_fit_carracing_frames_with_continuous_actions():
+    """configs/dreamer/carracing.yaml shrunk (50-step episodes): 64x64 CarRacing frames, a
+    bounded-Normal actor trained through the dynamics; the actions it takes stay inside the
+    env's box (steering in [-1, 1], gas and brake in [0, 1])."""
+    cli = main(
+        args=_fit_args(
+            "carracing.yaml",
+            10,
+            ["--data.init_args.sampler.init_args.length", "8", "--data.init_args.env.max_episode_steps", "50"],
+        )
+    )
+    assert cli.model.wm.pixels and cli.model.actor_grad == "dynamics"
+    actions = cli.datamodule.sample_batch()["action"].reshape(-1, 3)
+    assert (actions[:, 0].abs() <= 1).all() and (actions[:, 1:] >= 0).all() and (actions[:, 1:] <= 1).all()
+    with torch.no_grad():  # the trained actor's own actions on 64 frames, exploring
+        frames = torch.randint(0, 256, (64, 64, 64, 3), dtype=torch.uint8)
+        taken, _, _ = cli.model.act(frames, None, explore=True)
+    assert taken.shape == (64, 3) and (taken[:, 0].abs() <= 1).all()
+    assert (taken[:, 1:] >= 0).all() and (taken[:, 1:] <= 1).all()
+    losses = logged_scalars(Path("lightning_logs/run"), "train/loss_recon")
+    assert len(losses) == 10 and sum(losses[-3:]) / 3 < sum(losses[:3]) / 3
+    assert logged_scalars(Path("lightning_logs/run"), "val/return")
+
+
+@pytest.mark.slow
 def test_cli_fit_on_dict_observations_frame_and_state():
     """{"image", "state"} observations: both parts are encoded and reconstructed, replay keeps
     the frame uint8, acting and the open-loop video work on the dict."""
