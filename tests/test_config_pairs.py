@@ -71,3 +71,16 @@ def test_the_frame_and_state_config_is_the_pixel_config_with_the_state_vector():
     """Its runs are set beside cartpole_pixels.yaml's: what the state vector adds, nothing else."""
     differ, a = differing_keys("dreamer/cartpole_pixels_state.yaml", "dreamer/cartpole_pixels.yaml")
     assert differ == {"data.init_args.env.keep_state"} and a["data.init_args.env.keep_state"] is True
+
+
+def test_the_carracing_config_is_the_pixel_config_on_another_task():
+    """Its header says it learns with cartpole_pixels.yaml's networks and DreamerV3 options: it may
+    differ only in the task (env, run length, prefill, replay size, evaluation episodes), the
+    continuous actor, and CartPole's extra weight on terminal steps, which it leaves out."""
+    differ, a = differing_keys("dreamer/carracing.yaml", "dreamer/cartpole_pixels.yaml")
+    task = {"trainer.max_steps", "data.init_args.prefill", "data.init_args.replay.capacity"}
+    task |= {"data.init_args.eval.episodes", "model.init_args.loss.continue_terminal_weight"}
+    actor = {"model.init_args.behavior.actor_grad", "model.init_args.behavior.actor_dist"}
+    env = {key for key in differ if key.startswith("data.init_args.env.")}
+    assert differ - env <= task | actor, sorted(differ - env - task - actor)
+    assert a["data.init_args.env.id"] == "CarRacing-v3" and a["model.init_args.behavior.actor_dist"] == "bounded_normal"
