@@ -384,7 +384,9 @@ def test_reanalyse_root_noise_searches_as_acting_does():
     from lightning_wm.agents.muzero.search_policy import search
 
     torch.manual_seed(6)
-    model = quiet(small())
+    # 16 simulations: at the tiny preset's 4, on one machine the untrained net's 2 actions got 2 visits
+    # each with and without the noise on every seed 0-19 (the last check failed on that tie)
+    model = quiet(small(search=SearchSettings(num_simulations=16)))
     roots = torch.randn(5, 4)
     quiet_probs = search_fixed_shape(model.target_model, model.search, model.discount, roots, 5)[1]
     torch.manual_seed(7)
