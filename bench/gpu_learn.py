@@ -3,6 +3,7 @@ and the open GPU speed goals measured in the same call; one markdown report.
 
     python bench/gpu_learn.py --jobs impala_pong --budget 540 --out $OUT    # speed (<= 240 s), then the job
     python bench/gpu_learn.py --parts learn --jobs impala_pong --resume-from .gpu/resume --out $OUT
+    python bench/gpu_learn.py --parts learn --jobs dreamer_pixels,muzero_minatar --side-by-side --out $OUT
     python bench/gpu_learn.py --device cpu --quick --out /tmp/gl --work /tmp/gl_work   # every job shrunk, CPU
 
 On the device the packages it lacks come as wheels (``bench/gpu_wheels.py``; README, "Learning on a
@@ -28,6 +29,10 @@ returns at most 8 files, 16 MiB each):
   ``checkpoints/last.ckpt``, its TensorBoard ``version_*`` folders, ``learn.json`` (the segments:
   wall, exit, steps) and the fit's log.
 
+**Side by side** (``--side-by-side``): the jobs' fits run at once, one device and the cores shared
+out among them (``OMP_NUM_THREADS``), each with the call's time left: more jobs a call, each slower
+than alone; every job's note in the report says what ran beside it, and its goal is judged the same.
+
 **Resume across calls**: copy the returned ``<job>.tar*`` into an ignored folder of the checkout
 (``.gpu/resume``), carry it with the next call, and pass ``--resume-from .gpu/resume``: the job
 folder is unpacked from it and the fit resumes from ``last.ckpt`` (replay buffers do not travel: a
@@ -46,16 +51,15 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import io
 import json
 import os
 import signal
-import subprocess
 import sys
-import tarfile
 import tempfile
+import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -68,11 +72,12 @@ sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != 
 
 import pytorch_lightning as pl  # noqa: E402
 from benchlib import env_steps_at, read_scalars  # noqa: E402
+from device_call import Children, pack, run_limited, unpack  # noqa: E402
 
-PART_BYTES = 15 * 2**20  # a returned file is at most 16 MiB
 FIT_GRACE_S = 30  # SIGTERM to SIGKILL: a fit saves its checkpoint and stops its actors in this time
 PACK_MARGIN_S = 20  # per job: reading the logs, the curve, the tar
 GOAL_SECONDS = 600  # every goal: within 10 minutes of fit wall, all segments together
+PLOT_LOCK = threading.Lock()
 
 
 class Job(NamedTuple):
@@ -157,45 +162,6 @@ JOBS: dict[str, Job] = {
 }
 
 
-# -- running children under a limit; signals passed on ------------------------------------------------
-class Children:
-    """The running child (a ``timeout`` process leading its own process group) and the signal that
-    stops this script: the first SIGTERM/SIGINT/SIGHUP is passed to the child's group (a fit saves
-    and exits), a second one kills the group."""
-
-    proc: subprocess.Popen | None = None
-    stopped: int = 0
-
-    @classmethod
-    def handle(cls, signum: int, frame: Any) -> None:
-        again = cls.stopped != 0
-        cls.stopped = cls.stopped or signum
-        if cls.proc is not None and cls.proc.poll() is None:
-            try:
-                os.killpg(cls.proc.pid, signal.SIGKILL if again else signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-
-
-def run_limited(
-    cmd: list[str], limit: float, env: dict[str, str] | None = None, cwd: str | None = None, grace: int = 5
-) -> tuple[int, str, float]:
-    """``timeout -k grace limit cmd``, its output captured: exit status, the output, wall seconds.
-    (The same signature as ``gpu_check.run``, which the speed part's children go through too.)"""
-    start = time.monotonic()
-    if Children.stopped:
-        return 143, "not started: this script was stopped", 0.0
-    with tempfile.TemporaryFile("w+") as log:
-        Children.proc = subprocess.Popen(
-            ["timeout", "-k", str(grace), str(max(1, int(limit))), *cmd], stdout=log, stderr=subprocess.STDOUT,
-            env=env, cwd=cwd, text=True,
-        )  # fmt: skip
-        status = Children.proc.wait()
-        Children.proc = None
-        log.seek(0)
-        return status, log.read(), time.monotonic() - start
-
-
 # -- the learn part ------------------------------------------------------------------------------------
 class LearnClock(pl.Callback):
     """Logs ``learn/fetch_share``: the share of the fit's host time between optimizer steps, less
@@ -243,49 +209,6 @@ def fit_args(name: str, job: Job, folder: Path, device: str, quick: bool, sets: 
         key, _, value = item.partition("=")
         args += [f"--{key}", value]
     return args
-
-
-def unpack(name: str, resume_from: Path, folder: Path) -> bool:
-    """Unpack ``<name>.tar`` (or its parts ``<name>.tar.0``, ``.1``, ...) from ``resume_from`` into
-    ``folder`` (emptied first); False when there is none."""
-    parts = sorted(resume_from.glob(f"{name}.tar.*"), key=lambda p: int(p.suffix[1:]) if p.suffix[1:].isdigit() else -1)
-    parts = [p for p in parts if p.suffix[1:].isdigit()] or [p for p in [resume_from / f"{name}.tar"] if p.exists()]
-    if not parts:
-        return False
-    if folder.exists():
-        import shutil
-
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True)
-    data = b"".join(p.read_bytes() for p in parts)
-    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        tar.extractall(folder, filter="data")
-    return True
-
-
-def pack(name: str, folder: Path, out: Path) -> list[str]:
-    """The job folder (``last.ckpt``, the TensorBoard runs, ``learn.json``, the fit's log; no other
-    checkpoints, no lock) as ``out/<name>.tar``, split in :data:`PART_BYTES` parts when larger."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for path in sorted(folder.rglob("*")):
-            rel = path.relative_to(folder)
-            if path.is_dir() or path.name == "fit.lock" or (path.suffix == ".ckpt" and path.name != "last.ckpt"):
-                continue
-            if path.name.startswith("replay_"):  # the buffers stay behind (too large to travel)
-                continue
-            tar.add(path, arcname=str(rel))
-    data = buffer.getvalue()
-    for old in out.glob(f"{name}.tar*"):
-        old.unlink()
-    if len(data) <= PART_BYTES:
-        (out / f"{name}.tar").write_bytes(data)
-        return [f"{name}.tar"]
-    names = []
-    for i in range(0, len(data), PART_BYTES):
-        names.append(f"{name}.tar.{i // PART_BYTES}")
-        (out / names[-1]).write_bytes(data[i : i + PART_BYTES])
-    return names
 
 
 TAGS = ("env/steps", "env/episode_return", "val/return", "actors/frames_per_s", "actors/wait_fraction")
@@ -400,9 +323,11 @@ def segment_rows(name: str, job: Job, scalars: dict[str, list], segments: list[d
     return rows
 
 
-def run_job(name: str, args: argparse.Namespace, limit: float) -> list[str]:
+def run_job(name: str, args: argparse.Namespace, limit: float, beside: tuple[str, ...] = ()) -> list[str]:
     """One segment of job ``name`` within ``limit`` seconds (resumed from ``--resume-from`` or the
-    work folder), then its report rows, curve and packed folder under ``--out``."""
+    work folder), then its report rows, curve and packed folder under ``--out``. ``beside``: the jobs
+    running at the same time (``--side-by-side``), said in the report; the machine's cores are
+    shared out among them (``OMP_NUM_THREADS``, unless set)."""
     job, out, folder = JOBS[name], Path(args.out), Path(args.work) / name
     if args.resume_from and unpack(name, Path(args.resume_from), folder):
         note = f"resumed from `{args.resume_from}`"
@@ -424,10 +349,14 @@ def run_job(name: str, args: argparse.Namespace, limit: float) -> list[str]:
         fit = fit_args(name, job, folder, args.device, args.quick, args.set)
         if "--data.init_args.env.backend" in fit:
             note += "; EnvPool is not installed: its envs ran on gymnasium"
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if beside:
+            note += f"; side by side with {', '.join(f'`{b}`' for b in beside)}, sharing the device and the cores"
+            env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // (1 + len(beside)))))
         cmd = [sys.executable, str(Path(__file__).resolve()), "--fit-run", json.dumps(fit)]
         start, ran = time.time(), True
         print(f"[gpu_learn] {name}: fit for up to {left:.0f} s ({note})", flush=True)
-        status, output, wall = run_limited(cmd, left, env={**os.environ, "PYTHONUNBUFFERED": "1"}, grace=FIT_GRACE_S)
+        status, output, wall = run_limited(cmd, left, env=env, grace=FIT_GRACE_S)
         (folder / "fit.log").write_text(output[-200_000:])
         what = {0: "finished", 124: "cut at its limit", 143: "stopped (SIGTERM)", 137: "KILLED (no save)"}
         segments.append({"start": start, "wall_s": wall, "status": what.get(status, f"FAILED (exit {status})")})
@@ -446,9 +375,51 @@ def run_job(name: str, args: argparse.Namespace, limit: float) -> list[str]:
     if val:
         lines += ["", "Evaluations (env steps: return, fit minutes): " + evaluation_list(val)]
     if ran:  # (a device call returns at most 8 files: a job not run keeps the files it came with)
-        plot(name, job, scalars, segments, out / f"{name}.png")
+        with PLOT_LOCK:  # (pyplot's state is global: one figure at a time across threads)
+            plot(name, job, scalars, segments, out / f"{name}.png")
         lines += [f"Files: `{name}.png`, " + ", ".join(f"`{n}`" for n in pack(name, folder, out))]
     return lines
+
+
+def learn_in_turn(
+    jobs: list[str], args: argparse.Namespace, left: Callable[[], float], save: Callable[[list[str]], Any]
+) -> list[str]:
+    """The jobs one after the other, each with the call's time ``left()`` less the later jobs'
+    margins; the report's sections, ``save``d after each job."""
+    lines: list[str] = []
+    pending = deque(jobs)
+    while pending:
+        name = pending.popleft()
+        lines += [*run_job(name, args, left() - FIT_GRACE_S - PACK_MARGIN_S * (1 + len(pending))), ""]
+        save(lines)
+    return lines
+
+
+def learn_side_by_side(
+    jobs: list[str], args: argparse.Namespace, left: Callable[[], float], save: Callable[[list[str]], Any]
+) -> list[str]:
+    """The jobs at once (``--side-by-side``: one thread each, sharing the device and the cores), each
+    with the call's time ``left()`` less every job's margin; the report's sections in ``jobs``' order,
+    ``save``d as each job ends."""
+    limit = left() - FIT_GRACE_S - PACK_MARGIN_S * len(jobs)
+    sections: dict[str, list[str]] = {}
+    lock = threading.Lock()
+
+    def one(name: str) -> None:
+        try:
+            lines = run_job(name, args, limit, beside=tuple(j for j in jobs if j != name))
+        except Exception as error:  # (a thread's exception would only be printed: the report says it)
+            lines = [f"### `{name}`: FAILED in this script: {error!r}"]
+        with lock:
+            sections[name] = [*lines, ""]
+            save([line for job in jobs for line in sections.get(job, [])])
+
+    threads = [threading.Thread(target=one, args=(name,), name=name) for name in jobs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()  # (a signal's handler still runs in this thread meanwhile)
+    return [line for job in jobs for line in sections[job]]
 
 
 # -- the speed part -----------------------------------------------------------------------------------
@@ -512,6 +483,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="every job and measure shrunk (the CPU dry run)")
     parser.add_argument("--parts", default="speed,learn", help="comma-separated, in order: speed, learn")
     parser.add_argument("--jobs", default=",".join(JOBS), help=f"comma-separated, run in order: {', '.join(JOBS)}")
+    parser.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="run the jobs at once, sharing the device and the cores (the report says so beside each job)",
+    )
     parser.add_argument("--budget", type=float, default=540, help="seconds for the whole call (default 540)")
     parser.add_argument("--speed-seconds", type=float, default=240, help="limit of the speed part (default 240)")
     parser.add_argument("--job-seconds", type=float, default=600, help="fit wall a job may spend (600)")
@@ -556,12 +532,8 @@ def write_report(args: argparse.Namespace, parts: list[str], jobs: list[str], ou
             report += [*speed_part(args.device, args.quick, min(args.speed_seconds, left() - 10)), ""]
         else:
             report += ["## Learning", ""]
-            pending = deque(jobs)
-            while pending:
-                name = pending.popleft()
-                limit = left() - FIT_GRACE_S - PACK_MARGIN_S * (1 + len(pending))
-                report += [*run_job(name, args, limit), ""]
-                (out / "report.md").write_text("\n".join(report) + "\n")
+            learn = learn_side_by_side if args.side_by_side else learn_in_turn
+            report += learn(jobs, args, left, lambda done: (out / "report.md").write_text("\n".join(report + done)))
         (out / "report.md").write_text("\n".join(report) + "\n")
     report.append(f"({time.monotonic() - start:.0f} s in all; `python bench/gpu_learn.py {' '.join(sys.argv[1:])}`)")
     (out / "report.md").write_text("\n".join(report) + "\n")

@@ -1,6 +1,7 @@
 """``bench/gpu_check.py --device cpu --quick``: the GPU machine's one command, shrunk on the CPU, runs
 every part (the family tests on the CPU, gradient steps, search, actors) and writes its report."""
 
+import json
 import os
 import signal
 import subprocess
@@ -66,8 +67,8 @@ def _step_of(checkpoint: Path) -> int:
 
 
 def test_pack_splits_the_job_folder_in_parts_and_unpack_restores_it(tmp_path, monkeypatch):
-    gpu_learn = load_bench_script("gpu_learn.py")
-    monkeypatch.setattr(gpu_learn, "PART_BYTES", 4000)
+    device_call = load_bench_script("device_call.py")
+    monkeypatch.setattr(device_call, "PART_BYTES", 4000)
     folder = tmp_path / "job"
     checkpoints = folder / "lightning_logs/job/checkpoints"
     checkpoints.mkdir(parents=True)
@@ -79,11 +80,11 @@ def test_pack_splits_the_job_folder_in_parts_and_unpack_restores_it(tmp_path, mo
     (folder / "learn.json").write_text('{"segments": []}')
     out = tmp_path / "out"
     out.mkdir()
-    names = gpu_learn.pack("job", folder, out)
+    names = device_call.pack("job", folder, out)
     assert len(names) >= 3 and names == [f"job.tar.{i}" for i in range(len(names))]  # 9000 bytes and headers
     assert all((out / n).stat().st_size <= 4000 for n in names)
     restored = tmp_path / "restored"
-    assert gpu_learn.unpack("job", out, restored)
+    assert device_call.unpack("job", out, restored)
     files = sorted(str(p.relative_to(restored)) for p in restored.rglob("*") if p.is_file())
     assert files == [
         "learn.json",
@@ -93,7 +94,7 @@ def test_pack_splits_the_job_folder_in_parts_and_unpack_restores_it(tmp_path, mo
     assert (restored / "lightning_logs/job/checkpoints/last.ckpt").read_bytes() == (
         checkpoints / "last.ckpt"
     ).read_bytes()
-    assert not gpu_learn.unpack("other", out, tmp_path / "other")
+    assert not device_call.unpack("other", out, tmp_path / "other")
 
 
 def test_verdicts_read_the_goal_off_the_evaluations():
@@ -181,3 +182,32 @@ def test_a_job_cut_at_its_limit_resumes_in_the_next_call_and_a_stopped_script_sa
     assert "resumed from" in report and "| dreamer_minatar | 2 | stopped (SIGTERM) |" in report, report
     assert _step_of(run_dir / "checkpoints/last.ckpt") >= cut_at
     assert "Restored all states from the checkpoint" in (tmp_path / "work2/dreamer_minatar/fit.log").read_text()
+
+
+@pytest.mark.slow
+def test_jobs_side_by_side_run_at_once_and_a_stopped_script_saves_every_one(tmp_path):
+    """``--side-by-side``: both jobs' fits train at the same time (each note names the other); SIGTERM
+    to the script reaches both fits, each saves ``last.ckpt`` past its first checkpoint, the report
+    has a stopped row per job, and the script exits 143."""
+    pytest.importorskip("minatar", reason="the MinAtar jobs need the minatar extra")
+    jobs = ("dreamer_minatar", "muzero_minatar")
+    command = _gpu_learn(tmp_path, "--parts", "learn", "--jobs", ",".join(jobs), "--side-by-side")
+    command += ["--set", "trainer.max_steps=100000", "--job-seconds", "300"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    checkpoints = {job: tmp_path / f"work/{job}/lightning_logs/{job}/checkpoints/last.ckpt" for job in jobs}
+    deadline = time.monotonic() + 150
+    while not all(c.exists() for c in checkpoints.values()) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)  # polling for both fits' first checkpoints (step 4): both are training
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 143, output[-3000:]
+    report = (tmp_path / "out/report.md").read_text()
+    for job, other in (jobs, jobs[::-1]):
+        assert f"| {job} | 1 | stopped (SIGTERM) |" in report, report
+        assert f"side by side with `{other}`" in report
+        assert _step_of(checkpoints[job]) >= 4
+        assert (tmp_path / f"out/{job}.tar").exists() and (tmp_path / f"out/{job}.png").exists()
+    assert report.index("### `dreamer_minatar`") < report.index("### `muzero_minatar`")  # the --jobs order
+    (a,), (b,) = (json.loads((tmp_path / f"work/{job}/learn.json").read_text())["segments"] for job in jobs)
+    assert a["start"] < b["start"] + b["wall_s"] and b["start"] < a["start"] + a["wall_s"]  # at the same time
