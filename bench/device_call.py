@@ -14,10 +14,12 @@ import tarfile
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 PART_BYTES = 15 * 2**20  # a returned file is at most 16 MiB
+COMPRESS_LEVEL = 6  # gzip: replay rows of frames and 0/1 planes shrink many times
 
 
 class Children:
@@ -86,16 +88,34 @@ def unpack(name: str, resume_from: Path, folder: Path) -> bool:
     return True
 
 
-def pack(name: str, folder: Path, out: Path) -> list[str]:
-    """The job folder (``last.ckpt``, the TensorBoard runs, ``learn.json``, the fit's log; no other
-    checkpoints, no lock) as ``out/<name>.tar``, split in :data:`PART_BYTES` parts when larger."""
+def replay_of(checkpoint: Path) -> list[Path]:
+    """The replay files saved with ``checkpoint`` (``BufferCheckpoint``'s files of rank 0 at its
+    recorded step, beside it); none when it saved no buffer or the files are gone."""
+    import torch
+
+    from lightning_wm.callbacks import BufferCheckpoint
+
+    if not checkpoint.is_file():
+        return []
+    record = torch.load(checkpoint, map_location="cpu", weights_only=True).get("replay_buffers")
+    if not record:
+        return []
+    files = [checkpoint.parent / BufferCheckpoint.filename(name, 0, int(record["step"])) for name in record["names"]]
+    return [f for f in files if f.is_file()]
+
+
+def pack(name: str, folder: Path, out: Path, replay: Sequence[Path] = ()) -> list[str]:
+    """The job folder (``last.ckpt``, the TensorBoard runs, ``learn.json``, the fit's log, the
+    ``replay`` files given; no other checkpoints or replay files, no lock) as a gzip-compressed tar
+    ``out/<name>.tar``, split in :data:`PART_BYTES` parts when larger."""
     buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
+    keep = {path.resolve() for path in replay}
+    with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=COMPRESS_LEVEL) as tar:
         for path in sorted(folder.rglob("*")):
             rel = path.relative_to(folder)
             if path.is_dir() or path.name == "fit.lock" or (path.suffix == ".ckpt" and path.name != "last.ckpt"):
                 continue
-            if path.name.startswith("replay_"):  # the buffers stay behind (too large to travel)
+            if path.name.startswith("replay_") and path.resolve() not in keep:
                 continue
             tar.add(path, arcname=str(rel))
     data = buffer.getvalue()

@@ -35,9 +35,10 @@ than alone; every job's note in the report says what ran beside it, and its goal
 
 **Resume across calls**: copy the returned ``<job>.tar*`` into an ignored folder of the checkout
 (``.gpu/resume``), carry it with the next call, and pass ``--resume-from .gpu/resume``: the job
-folder is unpacked from it and the fit resumes from ``last.ckpt`` (replay buffers do not travel: a
-resumed replay learner refills ``prefill`` random rows). A job whose fit ended (``max_steps``) or
-whose wall budget is spent is reported, not run again.
+folder is unpacked from it and the fit resumes from ``last.ckpt`` and, for the replay jobs, the
+buffer saved with it (``replay.save``; the tar is gzip-compressed; a buffer that would take the
+job's file past one part stays behind, and that resumed fit prefills anew). A job whose fit ended
+(``max_steps``) or whose wall budget is spent is reported, not run again.
 
 **speed** (``gpu_check.py``'s children): Dreamer L's recorded step (``compile.mode: graph``) with
 TF32 matrix multiplies, fp32 and bf16 (goal <= 0.06 s); a batch-64 50-simulation captured search,
@@ -72,7 +73,7 @@ sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != 
 
 import pytorch_lightning as pl  # noqa: E402
 from benchlib import env_steps_at, read_scalars  # noqa: E402
-from device_call import Children, pack, run_limited, unpack  # noqa: E402
+from device_call import Children, pack, replay_of, run_limited, unpack  # noqa: E402
 
 FIT_GRACE_S = 30  # SIGTERM to SIGKILL: a fit saves its checkpoint and stops its actors in this time
 PACK_MARGIN_S = 20  # per job: reading the logs, the curve, the tar
@@ -84,7 +85,10 @@ class Job(NamedTuple):
     """A learning proof: its config, its goal (``metric`` reaching ``target``) and its CPU shrink.
 
     ``frames_per_step``: emulator frames per env step (Atari's frame skip); ``until_frames``: the
-    goal is the return at this many frames (MinAtar), else the first time the target is reached.
+    goal is the return at this many frames (MinAtar), else the first time the target is reached;
+    ``replay``: the job learns from a replay buffer, saved with its checkpoints (``replay.save``) and
+    packed with ``last.ckpt`` while the job's file stays within one part, so that a resumed fit goes
+    on with its rows instead of prefilling anew.
     """
 
     config: str
@@ -94,6 +98,7 @@ class Job(NamedTuple):
     frames_per_step: int = 1
     until_frames: int = 0
     hold: bool = False
+    replay: bool = False
     quick: tuple[str, ...] = ()
 
 
@@ -130,6 +135,7 @@ JOBS: dict[str, Job] = {
         475.0,
         frames_per_step=2,  # action repeat 2
         hold=True,
+        replay=True,
         quick=_flags(
             trainer=QUICK_TRAINER,
             model={**DREAMER_QUICK, "net.cnn_depth": 4, "behavior.horizon": 4, "openloop_sequences": 1},
@@ -141,6 +147,7 @@ JOBS: dict[str, Job] = {
         "100k frames within 10 min, greedy return >= 7.07 (the CPU runs' 3-seed mean)",
         7.07,
         until_frames=100_000,
+        replay=True,
         quick=_flags(
             trainer=QUICK_TRAINER,
             model={**DREAMER_QUICK, "net.cnn_depth": 4, "behavior.horizon": 4},
@@ -152,6 +159,7 @@ JOBS: dict[str, Job] = {
         "100k frames within 10 min, greedy return >= 5.57 (the CPU runs' 3-seed mean)",
         5.57,
         until_frames=100_000,
+        replay=True,
         quick=_flags(
             trainer=QUICK_TRAINER,
             model={"net.channels": 4, "net.latent_dim": 16, "net.hidden": 16, "net.head_hidden": 8}
@@ -203,6 +211,8 @@ def fit_args(name: str, job: Job, folder: Path, device: str, quick: bool, sets: 
     args += ["--trainer.callbacks+=gpu_learn.LearnClock"]
     if "envpool" in (ROOT / job.config).read_text() and importlib.util.find_spec("envpool") is None:
         args += ["--data.init_args.env.backend", "gymnasium"]  # (said in the report)
+    if job.replay:
+        args += ["--data.init_args.replay.save", "true"]
     if quick:
         args += list(job.quick)
     for item in sets:
@@ -377,8 +387,19 @@ def run_job(name: str, args: argparse.Namespace, limit: float, beside: tuple[str
     if ran:  # (a device call returns at most 8 files: a job not run keeps the files it came with)
         with PLOT_LOCK:  # (pyplot's state is global: one figure at a time across threads)
             plot(name, job, scalars, segments, out / f"{name}.png")
-        lines += [f"Files: `{name}.png`, " + ", ".join(f"`{n}`" for n in pack(name, folder, out))]
+        lines.append(pack_job(name, job, folder, out))
     return lines
+
+
+def pack_job(name: str, job: Job, folder: Path, out: Path) -> str:
+    """:func:`device_call.pack` of the job folder, with the replay files of ``last.ckpt``
+    (``job.replay``) where the packed job stays one file, else without them (a resumed fit then
+    prefills anew); the report's line naming the files."""
+    replay = replay_of(folder / "lightning_logs" / name / "checkpoints" / "last.ckpt") if job.replay else []
+    names, said = pack(name, folder, out, replay), " (with its replay buffer)" if replay else ""
+    if replay and len(names) > 1:
+        names, said = pack(name, folder, out), " (its replay buffer stays behind: with it, over one file)"
+    return f"Files: `{name}.png`, " + ", ".join(f"`{n}`" for n in names) + said
 
 
 def learn_in_turn(

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -80,8 +81,8 @@ def test_pack_splits_the_job_folder_in_parts_and_unpack_restores_it(tmp_path, mo
     (folder / "learn.json").write_text('{"segments": []}')
     out = tmp_path / "out"
     out.mkdir()
-    names = device_call.pack("job", folder, out)
-    assert len(names) >= 3 and names == [f"job.tar.{i}" for i in range(len(names))]  # 9000 bytes and headers
+    names = device_call.pack("job", folder, out, replay=[checkpoints / "replay_rank0_step4.pt"])
+    assert len(names) >= 3 and names == [f"job.tar.{i}" for i in range(len(names))]  # 9000 random bytes, gzip
     assert all((out / n).stat().st_size <= 4000 for n in names)
     restored = tmp_path / "restored"
     assert device_call.unpack("job", out, restored)
@@ -89,12 +90,28 @@ def test_pack_splits_the_job_folder_in_parts_and_unpack_restores_it(tmp_path, mo
     assert files == [
         "learn.json",
         "lightning_logs/job/checkpoints/last.ckpt",
+        "lightning_logs/job/checkpoints/replay_rank0_step4.pt",  # the replay named, no other
         "lightning_logs/job/version_0/events.out",
     ]
     assert (restored / "lightning_logs/job/checkpoints/last.ckpt").read_bytes() == (
         checkpoints / "last.ckpt"
     ).read_bytes()
     assert not device_call.unpack("other", out, tmp_path / "other")
+
+
+def test_replay_of_names_the_buffer_files_a_checkpoint_recorded(tmp_path):
+    import torch
+
+    device_call = load_bench_script("device_call.py")
+    checkpoint = tmp_path / "last.ckpt"
+    assert device_call.replay_of(checkpoint) == []  # no checkpoint
+    torch.save({"global_step": 8}, checkpoint)
+    assert device_call.replay_of(checkpoint) == []  # no buffer saved with it
+    torch.save({"replay_buffers": {"step": 8, "dir": str(tmp_path), "names": ["replay"]}}, checkpoint)
+    assert device_call.replay_of(checkpoint) == []  # its file is gone
+    for step in (4, 8):
+        (tmp_path / f"replay_rank0_step{step}.pt").write_bytes(b"rows")
+    assert device_call.replay_of(checkpoint) == [tmp_path / "replay_rank0_step8.pt"]
 
 
 def test_verdicts_read_the_goal_off_the_evaluations():
@@ -152,9 +169,10 @@ def test_gpu_learn_runs_every_job_shrunk_on_the_cpu(tmp_path):
 
 @pytest.mark.slow
 def test_a_job_cut_at_its_limit_resumes_in_the_next_call_and_a_stopped_script_saves(tmp_path):
-    """Call 1: the job's wall budget cuts the fit (SIGTERM: last.ckpt saved, packed). Call 2, in a
-    fresh work folder from call 1's files: the fit resumes from that checkpoint; SIGTERM to the script
-    stops the fit, which saves again; the script reports and exits 143."""
+    """Call 1: the job's wall budget cuts the fit (SIGTERM: last.ckpt and its replay buffer saved,
+    packed). Call 2, in a fresh work folder from call 1's files: the fit resumes from that checkpoint
+    with those rows; SIGTERM to the script stops the fit, which saves again; the script reports and
+    exits 143."""
     pytest.importorskip("minatar", reason="the MinAtar jobs need the minatar extra")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     first = [
@@ -181,7 +199,12 @@ def test_a_job_cut_at_its_limit_resumes_in_the_next_call_and_a_stopped_script_sa
     report = (tmp_path / "out/report.md").read_text()
     assert "resumed from" in report and "| dreamer_minatar | 2 | stopped (SIGTERM) |" in report, report
     assert _step_of(run_dir / "checkpoints/last.ckpt") >= cut_at
-    assert "Restored all states from the checkpoint" in (tmp_path / "work2/dreamer_minatar/fit.log").read_text()
+    log = (tmp_path / "work2/dreamer_minatar/fit.log").read_text()
+    assert "Restored all states from the checkpoint" in log
+    # the replay buffer travelled with last.ckpt and the resumed fit loaded it (no prefilling anew)
+    assert "(with its replay buffer)" in report and "no replay file" not in log
+    with tarfile.open(carried / "dreamer_minatar.tar") as tar:
+        assert f"lightning_logs/dreamer_minatar/checkpoints/replay_rank0_step{cut_at}.pt" in tar.getnames()
 
 
 @pytest.mark.slow
