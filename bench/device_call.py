@@ -37,10 +37,11 @@ class Children:
         again = cls.stopped != 0
         cls.stopped = cls.stopped or signum
         for proc in list(cls.procs):
-            cls.signal(proc, signal.SIGKILL if again else signal.SIGTERM)
+            cls.signal_group(proc, signal.SIGKILL if again else signal.SIGTERM)
 
     @staticmethod
-    def signal(proc: subprocess.Popen, signum: int) -> None:
+    def signal_group(proc: subprocess.Popen, signum: int) -> None:
+        """``signum`` to the process group ``proc`` leads, while it runs."""
         if proc.poll() is None:
             try:
                 os.killpg(proc.pid, signum)
@@ -65,7 +66,7 @@ def run_limited(
             )  # fmt: skip
             Children.procs.add(proc)
         if Children.stopped:
-            Children.signal(proc, signal.SIGTERM)
+            Children.signal_group(proc, signal.SIGTERM)
         status = proc.wait()
         Children.procs.discard(proc)
         log.seek(0)
@@ -89,8 +90,8 @@ def unpack(name: str, resume_from: Path, folder: Path) -> bool:
 
 
 def replay_of(checkpoint: Path) -> list[Path]:
-    """The replay files saved with ``checkpoint`` (``BufferCheckpoint``'s files of rank 0 at its
-    recorded step, beside it); none when it saved no buffer or the files are gone."""
+    """The replay files saved with ``checkpoint`` (rank 0's, found as a resumed fit finds them:
+    ``BufferCheckpoint.saved_file``); none when it saved no buffer or the files are gone."""
     import torch
 
     from lightning_wm.callbacks import BufferCheckpoint
@@ -100,14 +101,18 @@ def replay_of(checkpoint: Path) -> list[Path]:
     record = torch.load(checkpoint, map_location="cpu", weights_only=True).get("replay_buffers")
     if not record:
         return []
-    files = [checkpoint.parent / BufferCheckpoint.filename(name, 0, int(record["step"])) for name in record["names"]]
-    return [f for f in files if f.is_file()]
+    files = [BufferCheckpoint.saved_file(record, name, 0, checkpoint)[0] for name in record["names"]]
+    return [f for f in files if f is not None]
 
 
 def pack(name: str, folder: Path, out: Path, replay: Sequence[Path] = ()) -> list[str]:
+    """:func:`packed` ``folder`` written as ``out/<name>.tar`` (:func:`write_parts`)."""
+    return write_parts(name, packed(folder, replay), out)
+
+
+def packed(folder: Path, replay: Sequence[Path] = ()) -> bytes:
     """The job folder (``last.ckpt``, the TensorBoard runs, ``learn.json``, the fit's log, the
-    ``replay`` files given; no other checkpoints or replay files, no lock) as a gzip-compressed tar
-    ``out/<name>.tar``, split in :data:`PART_BYTES` parts when larger."""
+    ``replay`` files given; no other checkpoints or replay files, no lock) as a gzip-compressed tar."""
     buffer = io.BytesIO()
     keep = {path.resolve() for path in replay}
     with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=COMPRESS_LEVEL) as tar:
@@ -118,7 +123,12 @@ def pack(name: str, folder: Path, out: Path, replay: Sequence[Path] = ()) -> lis
             if path.name.startswith("replay_") and path.resolve() not in keep:
                 continue
             tar.add(path, arcname=str(rel))
-    data = buffer.getvalue()
+    return buffer.getvalue()
+
+
+def write_parts(name: str, data: bytes, out: Path) -> list[str]:
+    """``data`` as ``out/<name>.tar``, or in :data:`PART_BYTES` parts ``<name>.tar.0``, ``.1``, ...
+    when larger (earlier files of ``name`` removed); the names written."""
     for old in out.glob(f"{name}.tar*"):
         old.unlink()
     if len(data) <= PART_BYTES:

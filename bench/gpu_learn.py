@@ -73,7 +73,7 @@ sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != 
 
 import pytorch_lightning as pl  # noqa: E402
 from benchlib import env_steps_at, read_scalars  # noqa: E402
-from device_call import Children, pack, replay_of, run_limited, unpack  # noqa: E402
+from device_call import PART_BYTES, Children, packed, replay_of, run_limited, unpack, write_parts  # noqa: E402
 
 FIT_GRACE_S = 30  # SIGTERM to SIGKILL: a fit saves its checkpoint and stops its actors in this time
 PACK_MARGIN_S = 20  # per job: reading the logs, the curve, the tar
@@ -396,10 +396,10 @@ def pack_job(name: str, job: Job, folder: Path, out: Path) -> str:
     (``job.replay``) where the packed job stays one file, else without them (a resumed fit then
     prefills anew); the report's line naming the files."""
     replay = replay_of(folder / "lightning_logs" / name / "checkpoints" / "last.ckpt") if job.replay else []
-    names, said = pack(name, folder, out, replay), " (with its replay buffer)" if replay else ""
-    if replay and len(names) > 1:
-        names, said = pack(name, folder, out), " (its replay buffer stays behind: with it, over one file)"
-    return f"Files: `{name}.png`, " + ", ".join(f"`{n}`" for n in names) + said
+    data, said = packed(folder, replay), " (with its replay buffer)" if replay else ""
+    if replay and len(data) > PART_BYTES:
+        data, said = packed(folder), " (its replay buffer stays behind: with it, over one file)"
+    return f"Files: `{name}.png`, " + ", ".join(f"`{n}`" for n in write_parts(name, data, out)) + said
 
 
 def learn_in_turn(

@@ -234,3 +234,23 @@ def test_jobs_side_by_side_run_at_once_and_a_stopped_script_saves_every_one(tmp_
     assert report.index("### `dreamer_minatar`") < report.index("### `muzero_minatar`")  # the --jobs order
     (a,), (b,) = (json.loads((tmp_path / f"work/{job}/learn.json").read_text())["segments"] for job in jobs)
     assert a["start"] < b["start"] + b["wall_s"] and b["start"] < a["start"] + a["wall_s"]  # at the same time
+
+
+def test_a_replay_that_would_take_the_job_past_one_file_stays_behind(tmp_path, monkeypatch):
+    import torch
+
+    gpu_learn = load_bench_script("gpu_learn.py")
+    checkpoints = tmp_path / "job/lightning_logs/dreamer_minatar/checkpoints"
+    checkpoints.mkdir(parents=True)
+    torch.save({"replay_buffers": {"step": 4, "dir": str(checkpoints), "names": ["replay"]}}, checkpoints / "last.ckpt")
+    (checkpoints / "replay_rank0_step4.pt").write_bytes(os.urandom(6000))  # random bytes: gzip cannot shrink them
+    out = tmp_path / "out"
+    out.mkdir()
+    job = gpu_learn.JOBS["dreamer_minatar"]
+    line = gpu_learn.pack_job("dreamer_minatar", job, tmp_path / "job", out)
+    assert line.endswith("`dreamer_minatar.tar` (with its replay buffer)")
+    monkeypatch.setattr(gpu_learn, "PART_BYTES", 4000)
+    line = gpu_learn.pack_job("dreamer_minatar", job, tmp_path / "job", out)
+    assert line.endswith("`dreamer_minatar.tar` (its replay buffer stays behind: with it, over one file)")
+    with tarfile.open(out / "dreamer_minatar.tar") as tar:
+        assert tar.getnames() == ["lightning_logs/dreamer_minatar/checkpoints/last.ckpt"]
