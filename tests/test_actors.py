@@ -210,6 +210,7 @@ def test_no_orphans_when_the_learner_dies(how, tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+@pytest.mark.xdist_group("ray")  # one local Ray instance at a time: under -n, on one worker
 @pytest.mark.slow
 def test_ray_backend_on_a_local_instance(monkeypatch):
     """The same pool as Ray actors: chunks, versions through the object store, errors with tracebacks."""

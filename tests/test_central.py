@@ -41,7 +41,7 @@ from support.presets import (
     data_overrides,
     model_overrides,
 )
-from support.processes import alive, wait_gone, wait_until
+from support.processes import alive, shm_left_behind, wait_gone, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 CENTRAL = ["--data.init_args.acting.num_actors", "2", "--data.init_args.acting.policy", "central"]
@@ -375,6 +375,23 @@ LEARNER = textwrap.dedent(
 )
 
 
+def test_shm_left_behind_counts_an_unmapped_new_entry_but_not_one_a_live_process_maps():
+    import mmap
+
+    before = set(os.listdir("/dev/shm"))
+    held, dropped = Path(f"/dev/shm/lwm_test_held_{os.getpid()}"), Path(f"/dev/shm/lwm_test_dropped_{os.getpid()}")
+    try:
+        for path in (held, dropped):
+            path.write_bytes(b"\0" * 4096)
+        with held.open("r+b") as f, mmap.mmap(f.fileno(), 4096):
+            assert shm_left_behind(before) == {dropped.name}
+        assert shm_left_behind(before) == {held.name, dropped.name}
+    finally:
+        held.unlink(missing_ok=True)
+        dropped.unlink(missing_ok=True)
+    assert shm_left_behind(before) == set()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "groups, vectorization, inference, processes",
@@ -411,8 +428,8 @@ def test_kill_9_of_the_learner_leaves_no_process_and_nothing_in_dev_shm(
             proc.kill()
             proc.wait()
     # gymnasium unlinks its shared memory at creation; multiprocessing's resource tracker unlinks the
-    # semaphores' names once the learner is gone
-    wait_until(lambda: set(os.listdir("/dev/shm")) <= shm_before, 30, what="nothing new in /dev/shm")
+    # semaphores' names once the learner is gone (entries a parallel test's live processes map are not ours)
+    wait_until(lambda: not shm_left_behind(shm_before), 30, what="nothing left behind in /dev/shm")
 
 
 # -- tiny CLI fits ---------------------------------------------------------------------------------

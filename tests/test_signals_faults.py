@@ -198,6 +198,7 @@ def test_case1_pixel_env_workers_keep_default_sigterm_after_rendering(tmp_path):
 
 
 # -- case 2 ----------------------------------------------------------------------------------------
+@pytest.mark.xdist_group("ray")  # one local Ray instance at a time: under -n, on one worker
 def test_case2_ray_actors_sigterm_saves_and_exits_143(tmp_path):
     pytest.importorskip("ray")
     job = Job(

@@ -68,3 +68,27 @@ def wait_gone(pids: Iterable[int], seconds: float = 10.0) -> list[int]:
     except TimeoutError:
         pass
     return [p for p in pids if alive(p)]
+
+
+def shm_mapped() -> set[str]:
+    """The /dev/shm entries some live process maps (from every readable ``/proc/<pid>/maps``)."""
+    mapped = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/maps") as f:
+                    mapped.update(line.rsplit("/dev/shm/", 1)[1].strip() for line in f if "/dev/shm/" in line)
+            except (FileNotFoundError, ProcessLookupError, PermissionError):
+                continue
+    return {name.removesuffix(" (deleted)") for name in mapped}
+
+
+def shm_left_behind(before: set[str]) -> set[str]:
+    """The /dev/shm entries created since ``before`` that no live process maps: what the processes
+    that ended left behind. Entries that other running work (a parallel test) holds are not counted;
+    one that was just unmapped and is about to be unlinked is, so wait on this coming back empty."""
+    try:
+        new = set(os.listdir("/dev/shm")) - before
+    except FileNotFoundError:
+        return set()
+    return new - shm_mapped() if new else set()
