@@ -229,9 +229,10 @@ class _SaveAtEnd(pl.Callback):
 
 
 @pytest.mark.slow
-def test_ddp_splits_the_population_and_matches_one_process(tmp_path):
+def test_ddp_splits_the_population_and_matches_one_process(tmp_path, monkeypatch):
     """2 ranks (gloo, spawn): each evaluates half the population; the gathered fitness makes the
     same CMA-ES update as one process evaluating everyone (common episode seeds per member)."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # Lightning's spawn launcher leaves an empty mkdtemp folder
     single, dm = _cartpole_controller(es={"popsize": 5, "episodes_per_member": 2})
     _fit(single, dm, 2)
 

@@ -1,5 +1,6 @@
 """Two-process CPU DDP (gloo): identical weights at the end, distinct env seeds per rank."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -97,6 +98,7 @@ def test_two_nodes_from_torchrun_share_weights_but_not_envs(tmp_path):
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            env={**os.environ, "TMPDIR": str(tmp_path)},  # torchrun's agent leaves its log folder in the temp dir
         )  # fmt: skip
         for rank in (0, 1)
     ]

@@ -4,6 +4,7 @@ return-normalisation buffers, MuZero's target network included) and optimizer st
 rank acts into its own buffer from envs seeded apart (MuZero also samples, reanalyses and
 prioritizes on its own)."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +31,7 @@ def test_two_ranks_share_weights_but_not_envs(tmp_path, family):
         capture_output=True,
         text=True,
         timeout=300,
+        env={**os.environ, "TMPDIR": str(tmp_path)},  # Lightning's fork launcher leaves an empty mkdtemp folder
     )
     assert out.returncode == 0, out.stderr[-4000:]
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
