@@ -1,6 +1,7 @@
 """IMPALA networks, action heads, settings groups and loss (lightning_wm.agents.impala)."""
 
 import math
+import warnings
 
 import gymnasium as gym
 import numpy as np
@@ -435,3 +436,13 @@ def test_settings_groups_check_their_ranges_and_keep_the_defaults():
         IMPALA(CARTPOLE, loss={"discount_factor": 0.9})
     with pytest.raises(ValueError, match="'adam' or 'rmsprop'"):
         IMPALA(CARTPOLE, optim=OptimSettings(name="sgd"))
+
+
+def test_rmsprop_eps_of_a_summed_loss_is_warned_about_and_of_a_mean_loss_is_not():
+    """The paper's eps 0.01 belongs to a loss summed over T x B steps; the mean loss takes 0.01 / (T x B)."""
+    with pytest.warns(UserWarning, match=r"optim.eps 0.01 with rmsprop: .*0.01 / \(batch_size x unroll_length\)"):
+        IMPALA(CARTPOLE, optim={"name": "rmsprop", "eps": 0.01})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        IMPALA(CARTPOLE, optim={"name": "rmsprop", "eps": 1.5625e-5, "clip": {"type": "clip_norm", "value": 0.0625}})
+        IMPALA(CARTPOLE, optim={"eps": 0.01})  # Adam's eps is not the paper's constant

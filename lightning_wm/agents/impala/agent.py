@@ -25,7 +25,13 @@ from torch import Tensor, nn
 
 from lightning_wm.agents.base import RLModule
 from lightning_wm.agents.impala.losses import ImpalaLoss, at_step, unroll_loss
-from lightning_wm.agents.impala.settings import IMPALA_LOSS, IMPALA_NET, IMPALA_OPTIM, VTraceLossSettings
+from lightning_wm.agents.impala.settings import (
+    IMPALA_LOSS,
+    IMPALA_NET,
+    IMPALA_OPTIM,
+    VTraceLossSettings,
+    warn_summed_loss_eps,
+)
 from lightning_wm.compiling import CompileSettings, ShapeCompiled, as_compile_settings
 from lightning_wm.envs import EnvSpec
 from lightning_wm.nn.actor_critic import ActorCritic, ActorCriticSettings, CoreState, Obs
@@ -92,6 +98,7 @@ class IMPALA(RLModule):
         optim = self.optim = as_settings(OptimSettings, optim, "optim", IMPALA_OPTIM)
         if self.optim.name not in ("adam", "rmsprop"):
             raise ValueError(f"IMPALA's optim.name must be 'adam' or 'rmsprop', got {self.optim.name!r}")
+        warn_summed_loss_eps(self.optim)
         self.priority, self.priority_is_weight = bool(priority), bool(priority_is_weight)
         self.save_settings(ignore=["encoder"])
         self.net = ActorCritic(env_spec, self.net_settings, encoder=encoder(env_spec) if encoder is not None else None)

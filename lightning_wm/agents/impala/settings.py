@@ -15,13 +15,21 @@ DI-engine's name.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 from lightning_wm.nn.actor_critic import ActorCriticSettings
 from lightning_wm.optim import OptimSettings
 from lightning_wm.settings import check_at_least
 
-__all__ = ["IMPALA_LOSS", "IMPALA_NET", "IMPALA_OPTIM", "ActorCriticSettings", "VTraceLossSettings"]
+__all__ = [
+    "IMPALA_LOSS",
+    "IMPALA_NET",
+    "IMPALA_OPTIM",
+    "ActorCriticSettings",
+    "VTraceLossSettings",
+    "warn_summed_loss_eps",
+]
 
 
 @dataclass(frozen=True)
@@ -91,3 +99,28 @@ class VTraceLossSettings:
 IMPALA_NET = ActorCriticSettings()
 IMPALA_LOSS = VTraceLossSettings()
 IMPALA_OPTIM = OptimSettings(lr=0.0005)
+
+
+# RMSProp's eps at or above this is a constant meant for a loss summed over the batch's steps
+SUMMED_LOSS_EPS = 1e-3
+
+
+def warn_summed_loss_eps(optim: OptimSettings) -> None:
+    """Warn when RMSProp's ``eps`` is a summed loss's constant (the IMPALA paper's 0.01).
+
+    The paper's loss is summed over the ``T x B`` steps of a batch; this one is their mean, so its
+    gradients are ``T x B`` times smaller. RMSProp divides by ``sqrt(v) + eps``: with ``eps = 0.01``
+    almost every element has ``sqrt(v) < eps`` (99.9% after 2,900 steps of a Pong run with
+    ``impala/pong_cpu.yaml``'s network), which makes it plain SGD at ``lr / eps``: that run's policy
+    stayed uniform. The paper's
+    update for this loss is ``eps = 0.01 / (T x B)`` and a clip norm of ``40 / (T x B)``.
+    """
+    if optim.name == "rmsprop" and optim.eps >= SUMMED_LOSS_EPS:
+        warnings.warn(
+            f"optim.eps {optim.eps:g} with rmsprop: IMPALA's loss is the mean over a batch's steps, and an eps "
+            "this large (the paper's 0.01, for a loss summed over them) turns RMSProp into SGD at lr/eps, "
+            "so the policy hardly learns; use eps = 0.01 / (batch_size x unroll_length) and clip.value = "
+            "40 / (batch_size x unroll_length) for the paper's update (1.6e-5 and 0.0625 for 32 x 20)",
+            UserWarning,
+            stacklevel=3,
+        )
