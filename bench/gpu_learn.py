@@ -124,7 +124,7 @@ JOBS: dict[str, Job] = {
         frames_per_step=4,
         quick=_flags(
             trainer=QUICK_TRAINER,
-            model={"net.fc_size": 16, "net.conv_channels": [4, 8, 8]},
+            model={"net.fc_size": 16},
             data={"env.num_envs": 2, "env.max_episode_steps": 50, "unroll_length": 4, "batch_size": 2}
             | {"acting.num_actors": 1, "eval.episodes": 1, "eval.envs": 1},  # one actor process
         ),

@@ -39,12 +39,14 @@ SHRINK = [
 
 @pytest.mark.slow
 @pytest.mark.parametrize("num_actors", [0, 2])
-@pytest.mark.parametrize("name", ["cartpole", "pendulum", "pong"])
+@pytest.mark.parametrize("name", ["cartpole", "pendulum", "pong", "pong_cpu"])
 def test_config_fits_and_evaluates_from_the_cli(name, num_actors, capsys):
     if name == "pong":
         pytest.importorskip("cv2", reason="Pong goes through AtariPreprocessing, which needs opencv (.[atari])")
+    if name == "pong_cpu":
+        pytest.importorskip("envpool", reason="pong_cpu.yaml steps EnvPool's envs (.[envpool])")
     config = str(ROOT / f"configs/impala/{name}.yaml")
-    extra = ["--trainer.accelerator", "cpu", "--model.init_args.net.fc_size", "32"] if name == "pong" else []
+    extra = ["--trainer.accelerator", "cpu", "--model.init_args.net.fc_size", "32"] if name.startswith("pong") else []
     cli = main(args=["fit", "--config", config, *SHRINK, *extra, "--data.init_args.acting.num_actors", str(num_actors)])
     assert cli.trainer.global_step == 3
     logged = cli.trainer.logged_metrics
