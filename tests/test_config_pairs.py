@@ -53,6 +53,19 @@ def test_gpu_configs_learn_as_their_cpu_configs(gpu, cpu, allowed):
     assert a["trainer.accelerator"] == "gpu" and differ & allowed == allowed
 
 
+def test_the_pong_gpu_job_makes_the_cpu_configs_updates_on_twice_the_rows():
+    """pong_gpu.yaml's header: pong_cpu.yaml's network, loss, optimizer and number of updates, each
+    update on twice the unrolls, acted by policy-copy actors; nothing else may differ."""
+    differ, gpu = differing_keys("impala/pong_gpu.yaml", "impala/pong_cpu.yaml")
+    _, cpu = differing_keys("impala/pong_cpu.yaml", "impala/pong_gpu.yaml")
+    device = {"trainer.accelerator", "trainer.devices", "trainer.torch_threads"}
+    when = {"trainer.val_check_interval", "trainer.checkpoint_every_n_steps"}
+    rest = differ - device - when - {"data.init_args.batch_size"}
+    assert all(key.startswith("data.init_args.acting.") for key in rest), sorted(rest)
+    assert gpu["data.init_args.batch_size"] == 2 * cpu["data.init_args.batch_size"]
+    assert gpu["trainer.max_steps"] == cpu["trainer.max_steps"] and gpu["data.init_args.acting.policy"] == "copies"
+
+
 def test_the_dreamer_actors_config_is_the_in_process_config_with_actors():
     """The actor-process run is compared with cartpole.yaml's measured figures: only ``acting``."""
     differ, a = differing_keys("dreamer/cartpole_actors.yaml", "dreamer/cartpole.yaml")

@@ -112,8 +112,8 @@ def warn_summed_loss_eps(optim: OptimSettings) -> None:
     gradients are ``T x B`` times smaller. RMSProp divides by ``sqrt(v) + eps``: with ``eps = 0.01``
     almost every element has ``sqrt(v) < eps`` (99.9% after 2,900 steps of a Pong run with
     ``impala/pong_cpu.yaml``'s network), which makes it plain SGD at ``lr / eps``: that run's policy
-    stayed uniform. The paper's
-    update for this loss is ``eps = 0.01 / (T x B)`` and a clip norm of ``40 / (T x B)``.
+    stayed uniform. The paper's update for this loss is ``eps = 0.01 / (T x B)`` and a clip norm of
+    ``40 / (T x B)``.
     """
     if optim.name == "rmsprop" and optim.eps >= SUMMED_LOSS_EPS:
         warnings.warn(
