@@ -360,6 +360,8 @@ def test_relative_entropy_weight_is_in_units_of_the_advantages_batch_std():
     rest = plain.policy_loss + 0.5 * plain.value_loss
     assert math.isclose((plain.total_loss - rest).item(), -0.2 * 0.5, abs_tol=1e-6)
     assert math.isclose((relative.total_loss - rest).item(), -0.2 * 0.25 * 0.5, abs_tol=1e-6)
+    assert math.isclose(plain.stats["entropy_weight"].item(), 0.2, rel_tol=1e-6)
+    assert math.isclose(relative.stats["entropy_weight"].item(), 0.2 * 0.25, rel_tol=1e-6)
 
 
 def test_entropy_weight_schedule_moves_linearly_then_holds():
@@ -399,6 +401,8 @@ def test_the_learner_uses_the_entropy_weight_of_its_step():
     early, _, _ = model._losses(batch, None, 0)
     late, _, _ = model._losses(batch, None, 100)
     assert torch.allclose(early.total_loss - late.total_loss, -0.09 * early.entropy_loss)
+    assert early.stats["entropy_weight"].item() == pytest.approx(0.1)
+    assert late.stats["entropy_weight"].item() == pytest.approx(0.01)
 
 
 # -- settings groups -----------------------------------------------------------------------

@@ -195,6 +195,7 @@ class IMPALA(RLModule):
             "train/cur_lr": torch.tensor(self._current_lr()),
             "train/rho_mean": out.stats["rho_mean"],
             "train/rho_clipped_fraction": out.stats["rho_clipped_fraction"],
+            "train/entropy_weight": out.stats["entropy_weight"],
         }
         if "policy_version" in batch:  # rows of the random prefill policy carry -1
             version = batch["policy_version"][:, :-1]

@@ -140,6 +140,8 @@ def impala_loss(
             "rho_clipped_fraction": ((log_rho > np.log(cfg.rho_clip) + 1e-4).to(valid.dtype) * valid).sum() / count,
             "vs_mean": (vs * valid).sum() / count,
             "advantage_mean": (advantage * valid).sum() / count,
+            # the weight in effect: the step's (schedule) and, with entropy_relative, times the std
+            "entropy_weight": torch.as_tensor(entropy_weight, dtype=total.dtype, device=total.device),
         }
         per_unroll = valid.sum(0).clamp(min=1)
         priority = (td.detach().abs() * valid).sum(0) / per_unroll
