@@ -89,7 +89,7 @@ def table(summaries: list[Summary], target: float, frames_per_step: float) -> st
     """The markdown table: one row a run."""
     rows = [
         f"| run | evaluations (gradient steps: return) | first ≥ {target:g} | frames then | fit min then "
-        "| lowest after | last evaluation |",
+        "| lowest after | last evaluated at (steps) |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for s in summaries:

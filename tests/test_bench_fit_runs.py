@@ -36,7 +36,8 @@ def test_evaluations_read_steps_frames_and_fit_time_across_a_resumed_run(tmp_pat
 
     summary = fit_runs.summarize("frame/0", evals, target=475)
     assert summary.first.gradient_steps == 1000 and summary.lowest_after == 470.0
-    row = fit_runs.table([summary], 475, frames_per_step=2).splitlines()[2]
+    header, _, row = fit_runs.table([summary], 475, frames_per_step=2).splitlines()
+    assert header.endswith("| lowest after | last evaluated at (steps) |")
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[0] == "frame/0" and cells[1].startswith("500: 40.0, 1,000: 480.0")
     assert cells[2:] == ["1,000", "6,000", "16.7", "470.0", "2,000"]
