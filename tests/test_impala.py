@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from lightning_wm.agents.impala import IMPALA, VTraceLossSettings, impala_loss, unroll_loss
+from lightning_wm.agents.impala.agent import policy_lag_sums
 from lightning_wm.agents.impala.losses import at_step, entropy_weight_at, normalized
 from lightning_wm.data.collector import Collector
 from lightning_wm.envs import EnvConfig, EnvSpec, env_spec, make_vector_env
@@ -403,6 +404,46 @@ def test_the_learner_uses_the_entropy_weight_of_its_step():
     assert torch.allclose(early.total_loss - late.total_loss, -0.09 * early.entropy_loss)
     assert early.stats["entropy_weight"].item() == pytest.approx(0.1)
     assert late.stats["entropy_weight"].item() == pytest.approx(0.01)
+
+
+def test_policy_lag_sums_hand_values():
+    """Trained at step 10: rows of versions 9 and 7 lag 1 and 3; the bootstrap column and the
+    random prefill's -1 are left out."""
+    version = torch.tensor([[9, 9, 9, 0], [7, 7, -1, 5]])
+    assert policy_lag_sums(version, 10).tolist() == [1 + 1 + 1 + 3 + 3, 5]
+    assert policy_lag_sums(torch.full((2, 3), -1), 10).tolist() == [0, 0]
+
+
+def test_logged_policy_lag_is_the_mean_over_the_steps_since_the_last_written_one(monkeypatch):
+    """A chunk that feeds two batches is trained at steps 10 and 11 (lags 2 and 3); the logger
+    writes step 11 alone, and ``train/policy_lag`` reads 2.5, not the one step's 3."""
+    torch.manual_seed(0)
+    B, T = 2, 4
+    batch = {
+        "obs": torch.randn(B, T + 1, 4),
+        "reward": torch.rand(B, T + 1),
+        "is_first": torch.zeros(B, T + 1, dtype=torch.bool),
+        "is_last": torch.zeros(B, T + 1, dtype=torch.bool),
+        "is_terminal": torch.zeros(B, T + 1, dtype=torch.bool),
+        "action": torch.randint(0, 2, (B, T + 1)),
+        "logits": torch.randn(B, T + 1, 2),
+        "policy_version": torch.full((B, T + 1), 8),
+    }
+    model = IMPALA(CARTPOLE, net={"hidden": 8})
+    step = [10]
+    logged = []
+    monkeypatch.setattr(IMPALA, "global_step", property(lambda self: step[0]))
+    monkeypatch.setattr(model, "logs_step", lambda s: s == 12)
+    monkeypatch.setattr(model, "log_dict", lambda logs, **kw: logged.append(logs))
+    monkeypatch.setattr(model, "log", lambda *a, **kw: None)
+    model.training_step(batch, 0)
+    assert logged == []
+    step[0] = 11
+    model.training_step(batch, 1)
+    assert logged[0]["train/policy_lag"].item() == pytest.approx(2.5)
+    step[0] = 12
+    model.training_step({**batch, "policy_version": torch.full((B, T + 1), -1)}, 2)
+    assert model._lag_sums.tolist() == [0, 0], "the sums start again after a written step"
 
 
 # -- settings groups -----------------------------------------------------------------------

@@ -39,7 +39,20 @@ from lightning_wm.optim import GradClipper, OptimSettings, build_optimizer, opti
 from lightning_wm.settings import as_settings
 from lightning_wm.world_model import frozen
 
-__all__ = ["IMPALA", "IMPALA_LOSS", "IMPALA_NET", "IMPALA_OPTIM"]
+__all__ = ["IMPALA", "IMPALA_LOSS", "IMPALA_NET", "IMPALA_OPTIM", "policy_lag_sums"]
+
+
+def policy_lag_sums(policy_version: Tensor, step: int) -> Tensor:
+    """``[lag summed over the acted rows, their count]`` (float64 ``[2]``) of a batch trained at
+    optimizer step ``step``: a row's lag is ``step - policy_version``, the learner steps between the
+    weights that acted and the ones that learn. ``policy_version`` ``[B, T+1]``: the last column
+    (the bootstrap row) is not trained on, and rows of the random prefill policy (version -1) are
+    left out. Summed over the steps between two logged ones, their ratio is ``train/policy_lag``:
+    one step's batch alone would read one phase of a chunk that feeds several batches."""
+    version = policy_version[:, :-1]
+    acted = version >= 0
+    lag = torch.where(acted, step - version, torch.zeros_like(version))
+    return torch.stack([lag.sum(), acted.sum()]).double()
 
 
 class IMPALA(RLModule):
@@ -104,6 +117,7 @@ class IMPALA(RLModule):
         self.net = ActorCritic(env_spec, self.net_settings, encoder=encoder(env_spec) if encoder is not None else None)
         self.clipper = GradClipper.from_settings(self.optim.clip)
         self._clip_stats: dict[str, Tensor] = {}
+        self._lag_sums: Tensor | None = None  # [2]: lag summed over acted rows, their count
         self.compile_settings = compile = as_compile_settings(compile)
         if compile.mode in ("cells", "graph"):
             raise ValueError(
@@ -154,6 +168,9 @@ class IMPALA(RLModule):
         if self.priority:
             result["priority"] = out.priority.detach()
         # only on the steps Lightning writes: each self.log call costs time in Lightning's bookkeeping
+        if "policy_version" in batch:
+            sums = policy_lag_sums(batch["policy_version"], self.global_step)
+            self._lag_sums = sums if self._lag_sums is None else self._lag_sums + sums
         if self.logs_step(self.global_step + 1):
             self._report(batch, out, encoder_logs)
         return result
@@ -197,11 +214,11 @@ class IMPALA(RLModule):
             "train/rho_clipped_fraction": out.stats["rho_clipped_fraction"],
             "train/entropy_weight": out.stats["entropy_weight"],
         }
-        if "policy_version" in batch:  # rows of the random prefill policy carry -1
-            version = batch["policy_version"][:, :-1]
-            acted = version >= 0
-            if acted.any():
-                logs["train/policy_lag"] = (self.global_step - version[acted].double()).mean().float()
+        if self._lag_sums is not None:  # the mean over the steps since the last written one
+            lag_total, rows = self._lag_sums
+            self._lag_sums = None
+            if rows > 0:
+                logs["train/policy_lag"] = (lag_total / rows).float()
         logs.update({f"train/{k}": v for k, v in self._clip_stats.items()})
         logs.update(encoder_logs)
         self.log_dict(logs, on_step=True, on_epoch=False, batch_size=B)
