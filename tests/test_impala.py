@@ -381,11 +381,10 @@ def test_entropy_weight_schedule_moves_linearly_then_holds():
         VTraceLossSettings(entropy_anneal_start=-1)
 
 
-def test_the_learner_uses_the_entropy_weight_of_its_step():
-    """total(step 0) - total(step 100) = -(0.1 - 0.01) * entropy: only the entropy weight moved."""
+def cartpole_unrolls(B: int = 2, T: int = 4) -> dict[str, torch.Tensor]:
+    """A random batch of ``B`` CartPole unrolls ``[B, T+1, ...]`` with behaviour logits (seeded)."""
     torch.manual_seed(0)
-    B, T = 2, 4
-    batch = {
+    return {
         "obs": torch.randn(B, T + 1, 4),
         "reward": torch.rand(B, T + 1),
         "is_first": torch.zeros(B, T + 1, dtype=torch.bool),
@@ -394,6 +393,11 @@ def test_the_learner_uses_the_entropy_weight_of_its_step():
         "action": torch.randint(0, 2, (B, T + 1)),
         "logits": torch.randn(B, T + 1, 2),
     }
+
+
+def test_the_learner_uses_the_entropy_weight_of_its_step():
+    """total(step 0) - total(step 100) = -(0.1 - 0.01) * entropy: only the entropy weight moved."""
+    batch = cartpole_unrolls()
     model = IMPALA(
         CARTPOLE,
         net={"hidden": 8},
@@ -417,18 +421,8 @@ def test_policy_lag_sums_hand_values():
 def test_logged_policy_lag_is_the_mean_over_the_steps_since_the_last_written_one(monkeypatch):
     """A chunk that feeds two batches is trained at steps 10 and 11 (lags 2 and 3); the logger
     writes step 11 alone, and ``train/policy_lag`` reads 2.5, not the one step's 3."""
-    torch.manual_seed(0)
     B, T = 2, 4
-    batch = {
-        "obs": torch.randn(B, T + 1, 4),
-        "reward": torch.rand(B, T + 1),
-        "is_first": torch.zeros(B, T + 1, dtype=torch.bool),
-        "is_last": torch.zeros(B, T + 1, dtype=torch.bool),
-        "is_terminal": torch.zeros(B, T + 1, dtype=torch.bool),
-        "action": torch.randint(0, 2, (B, T + 1)),
-        "logits": torch.randn(B, T + 1, 2),
-        "policy_version": torch.full((B, T + 1), 8),
-    }
+    batch = {**cartpole_unrolls(B, T), "policy_version": torch.full((B, T + 1), 8)}
     model = IMPALA(CARTPOLE, net={"hidden": 8})
     step = [10]
     logged = []
