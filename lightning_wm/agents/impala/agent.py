@@ -167,10 +167,10 @@ class IMPALA(RLModule):
         result = {"loss": loss}
         if self.priority:
             result["priority"] = out.priority.detach()
-        # only on the steps Lightning writes: each self.log call costs time in Lightning's bookkeeping
-        if "policy_version" in batch:
+        if "policy_version" in batch:  # summed on the device every step, read on the written ones
             sums = policy_lag_sums(batch["policy_version"], self.global_step)
             self._lag_sums = sums if self._lag_sums is None else self._lag_sums + sums
+        # only on the steps Lightning writes: each self.log call costs time in Lightning's bookkeeping
         if self.logs_step(self.global_step + 1):
             self._report(batch, out, encoder_logs)
         return result
