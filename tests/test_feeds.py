@@ -8,7 +8,9 @@ import torch
 from lightning_wm.data.acting import ActorMetrics, Chunk
 from lightning_wm.data.acting.base import Acting
 from lightning_wm.data.batches import ReplayFeed, UnrollBatcher
+from lightning_wm.data.batches.unroll import UnrollBatches
 from lightning_wm.data.collector import Collector
+from lightning_wm.data.settings import ModelReplaySettings, UnrollReplaySettings
 
 from support.countdown import CountingAgent, countdown_envs
 
@@ -191,6 +193,32 @@ def test_unroll_replay_max_use():
     assert sum(uses.values()) == 30 * 4 and next_id < 30 * 4, "replay reused unrolls"
     with pytest.raises(ValueError, match="at least batch_size"):
         UnrollBatcher(batch_size=4, capacity=2)
+
+
+def unroll_uses(replay: UnrollReplaySettings, batches: int) -> tuple[dict[int, int], FakeActors]:
+    """Uses of each unroll id over ``batches`` batches of 4 from two always-ready fake actors."""
+    actors = FakeActors(num_actors=2, envs_per_actor=2)
+    side = UnrollBatches(4, 4, replay, ModelReplaySettings(), seed=0)
+    side.setup(actors, rank=0, seed=0)
+    uses: dict[int, int] = {}
+    for _ in range(batches):
+        for i in side.next_batch()["index"].tolist():
+            uses[i] = uses.get(i, 0) + 1
+    return uses, actors
+
+
+def test_unroll_replay_use_all_uses_each_unroll_max_use_times():
+    """Actors always ready: eagerly each batch takes a chunk of both (4 new unrolls for 4 uses), so
+    max_use 2 is not reached; with use_all every unroll is used twice (chunks taken only when needed)."""
+    uses, actors = unroll_uses(UnrollReplaySettings(capacity=8, max_use=2, use_all=True), 40)
+    done = [n for i, n in uses.items() if i < 2 * actors.sent - 8]  # ids of unrolls no longer in the replay
+    assert len(done) > 60 and set(done) == {2} and actors.sent == 40
+    eager, actors = unroll_uses(UnrollReplaySettings(capacity=8, max_use=2), 40)
+    assert sum(n == 1 for n in eager.values()) > 20 and actors.sent == 2 * 40
+    with pytest.raises(ValueError, match=r"use_all paces a replay: set replay.capacity > 0"):
+        UnrollReplaySettings(use_all=True)
+    with pytest.raises(ValueError, match=r"must hold batch_size - 1 leftovers and a chunk's 2 unrolls: .* at least 5"):
+        unroll_uses(UnrollReplaySettings(capacity=4, max_use=2, use_all=True), 1)
 
 
 def test_prioritized_unroll_replay_draws_by_priority_and_weights():

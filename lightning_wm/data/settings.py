@@ -205,6 +205,12 @@ class UnrollReplaySettings:
             ``capacity`` unrolls (at least ``batch_size``) and draws each batch among those used
             fewer than ``max_use`` times.
         max_use: uses of an unroll at most (with replay).
+        use_all: with actors, take new unrolls only when fewer than ``batch_size`` kept ones
+            have uses left, so that each is used ``max_use`` times (``capacity`` must hold the
+            leftovers and one actor's chunk) and the updates per frame acted are fixed whatever
+            the speeds of actors and learner (actors wait on the learner); false takes up to one
+            chunk per actor every batch without waiting, so fresh unrolls keep coming and a slow
+            learner uses each fewer times. In process every unroll is used ``max_use`` times.
         prioritized: draw replayed unrolls in proportion to ``priority ** alpha`` (needs
             ``capacity > 0``); batches then carry ``weight [B]`` (exponent ``beta``) and the
             learner's ``"priority"`` outputs come back through the ``ReplayFeedback`` callback.
@@ -214,6 +220,7 @@ class UnrollReplaySettings:
 
     capacity: int = 0
     max_use: int = 1
+    use_all: bool = False
     prioritized: bool = False
     alpha: float = 0.6
     beta: float = 0.4
@@ -226,6 +233,8 @@ class UnrollReplaySettings:
             raise ValueError(
                 "replay.prioritized draws from a replay: set replay.capacity > 0 (unrolls kept), or prioritized: false"
             )
+        if self.use_all and self.capacity == 0:
+            raise ValueError("replay.use_all paces a replay: set replay.capacity > 0 (unrolls kept), or use_all: false")
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,13 @@ class UnrollBatches(BatchSide):
     def setup(self, acting: Acting, rank: int, seed: int) -> None:
         """The model replay, if any (one stream per env; sampler RNG from ``seed``)."""
         self.acting = acting
+        chunk_unrolls = acting.num_streams // max(1, acting.concurrent_sources)
+        if self.replay.use_all and self.replay.capacity < self.batch_size - 1 + chunk_unrolls:
+            raise ValueError(
+                f"replay.use_all uses every unroll max_use times, so replay.capacity ({self.replay.capacity}) must "
+                f"hold batch_size - 1 leftovers and a chunk's {chunk_unrolls} unrolls: set it to at least "
+                f"{self.batch_size - 1 + chunk_unrolls}"
+            )
         if self.model_replay.capacity > 0 and self.model_buffer is None:
             self.model_buffer = ReplayBuffer(
                 self.model_replay.capacity, acting.num_streams, checkpoint=self.model_replay.save, seed=seed
@@ -77,15 +84,16 @@ class UnrollBatches(BatchSide):
 
     # -- one batch ------------------------------------------------------------------------
     def make_rows(self) -> None:
-        """Take chunks until the batch has its unrolls; with replay also take (without waiting)
-        up to one chunk per concurrent source, so fresh unrolls keep coming while old ones are
-        reused."""
+        """Take chunks until the batch has its unrolls; with replay (unless ``replay.use_all``)
+        also take (without waiting) up to one chunk per concurrent source, so fresh unrolls keep
+        coming while old ones are reused."""
         acting, batcher = self.acting, self.batcher
         if acting is None:
             raise RuntimeError("setup() was not called")
         acting.check()
+        eager = self.replay.capacity > 0 and not self.replay.use_all
         taken, waited = 0, 0.0
-        while not batcher.ready() or (self.replay.capacity > 0 and taken < acting.concurrent_sources):
+        while not batcher.ready() or (eager and taken < acting.concurrent_sources):
             start = time.monotonic()
             chunk = acting.next_chunk(timeout=0.5 if not batcher.ready() else 0.0)
             if not batcher.ready():
