@@ -58,17 +58,21 @@ def test_gpu_configs_learn_as_their_cpu_configs(gpu, cpu, allowed):
     assert a["trainer.accelerator"] == "gpu" and differ & allowed == allowed
 
 
-def test_the_pong_gpu_job_makes_the_cpu_configs_updates_on_twice_the_rows():
-    """pong_gpu.yaml's header: pong_cpu.yaml's network, loss, optimizer and number of updates, each
-    update on twice the unrolls, acted by policy-copy actors; nothing else may differ."""
+def test_the_pong_gpu_job_makes_the_cpu_configs_updates_on_twice_the_rows_each_used_twice():
+    """pong_gpu.yaml's header: pong_cpu.yaml's network, loss and optimizer, each update on twice the
+    unrolls, each unroll used exactly twice (so twice the updates, the anneal over them), acted by
+    policy-copy actors; nothing else may differ."""
     differ, gpu = differing_keys("impala/pong_gpu.yaml", "impala/pong_cpu.yaml")
     cpu = flat_config("impala/pong_cpu.yaml")
     device = {"trainer.accelerator", "trainer.devices", "trainer.torch_threads"}
     when = {"trainer.val_check_interval", "trainer.checkpoint_every_n_steps"}
-    rest = differ - device - when - {"data.init_args.batch_size"}
-    assert all(key.startswith("data.init_args.acting.") for key in rest), sorted(rest)
+    updates = {"data.init_args.batch_size", "trainer.max_steps", "model.init_args.optim.lr_anneal_steps"}
+    rest = differ - device - when - updates
+    assert all(key.startswith(("data.init_args.acting.", "data.init_args.replay.")) for key in rest), sorted(rest)
     assert gpu["data.init_args.batch_size"] == 2 * cpu["data.init_args.batch_size"]
-    assert gpu["trainer.max_steps"] == cpu["trainer.max_steps"] and gpu["data.init_args.acting.policy"] == "copies"
+    assert gpu["data.init_args.replay.max_use"] == 2 and gpu["data.init_args.replay.use_all"] is True
+    assert gpu["trainer.max_steps"] == gpu["model.init_args.optim.lr_anneal_steps"] == 2 * cpu["trainer.max_steps"]
+    assert gpu["data.init_args.acting.policy"] == "copies"
 
 
 def test_the_dreamer_actors_config_is_the_in_process_config_with_actors():
