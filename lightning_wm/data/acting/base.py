@@ -71,9 +71,14 @@ class Acting(ABC):
         return 0
 
     @property
+    def chunk_streams(self) -> int:
+        """Env streams of one source, the columns (unrolls) of its chunks."""
+        return self.num_streams // max(1, self.concurrent_sources)
+
+    @property
     def chunk_rows(self) -> int:
         """New rows of one chunk: ``chunk_length`` steps of each env of one source."""
-        return self.chunk_length * (self.num_streams // max(1, self.concurrent_sources))
+        return self.chunk_length * self.chunk_streams
 
     @abstractmethod
     def setup(self, rank: int, rows: Any = None) -> None:

@@ -52,7 +52,7 @@ class ReplayFeed:
         if self.slack < chunk_rows:
             raise ValueError(
                 f"replay ratio slack ({self.slack} rows) must be at least one chunk "
-                f"({acting.chunk_length} steps x {chunk_rows // acting.chunk_length} envs = {chunk_rows} rows)"
+                f"({acting.chunk_length} steps x {acting.chunk_streams} envs = {chunk_rows} rows)"
             )
         if replay_ratio <= 0:
             raise ValueError(f"replay_ratio must be > 0, got {replay_ratio}")

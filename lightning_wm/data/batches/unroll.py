@@ -65,7 +65,7 @@ class UnrollBatches(BatchSide):
     def setup(self, acting: Acting, rank: int, seed: int) -> None:
         """The model replay, if any (one stream per env; sampler RNG from ``seed``)."""
         self.acting = acting
-        chunk_unrolls = acting.num_streams // max(1, acting.concurrent_sources)
+        chunk_unrolls = acting.chunk_streams
         if self.replay.use_all and self.replay.capacity < self.batch_size - 1 + chunk_unrolls:
             raise ValueError(
                 f"replay.use_all uses every unroll max_use times, so replay.capacity ({self.replay.capacity}) must "
